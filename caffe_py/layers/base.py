@@ -1,0 +1,136 @@
+"""The Layer base class: Caffe's Layer::SetUp/Reshape/Forward as an ``nn.Module``.
+
+A layer is built once per net with the shapes of its bottoms. ``setup`` checks them, creates
+the learnable blobs and returns the top shapes (shape inference happens at build time, so a
+bad net fails before any data flows). ``forward`` takes bottom tensors and returns the tops;
+it must work from the tensors it gets (the batch size may differ from the build shapes).
+
+Blobs are kept in Caffe's order (``blob_names``), so weights copy by (layer name, index) to
+and from .caffemodel-style snapshots. Learnable blobs are ``nn.Parameter``; state blobs that
+Caffe stores but never trains (BatchNorm's statistics) are buffers.
+"""
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any, ClassVar
+
+import torch
+from torch import nn
+
+from ..errors import NetError
+from ..spec.net_spec import FillerParameter, LayerParameter
+from . import fillers
+
+Shape = tuple[int, ...]
+
+
+@dataclass
+class BuildContext:
+    """What a layer may know while it is built."""
+
+    phase: str = "TRAIN"
+    device: torch.device = field(default_factory=lambda: torch.device("cpu"))
+    generator: torch.Generator = field(default_factory=lambda: torch.Generator().manual_seed(0))
+    """CPU generator for fillers: a net's initial weights depend only on the seed."""
+    options: dict[str, Any] = field(default_factory=dict)
+    """Net-wide switches (e.g. 'fuse_bias_activation': False); unknown keys are ignored."""
+
+
+class Layer(nn.Module):
+    """Base of every layer type. Subclasses set the class attributes and define setup/forward."""
+
+    type_name: ClassVar[str] = ""
+    params: ClassVar[dict[str, type]] = {}
+    """The ``<x>_param`` blocks this type takes, key -> message class."""
+    bottoms: ClassVar[tuple[int, int | None]] = (1, 1)
+    """Allowed bottom count (min, max); max None means any number."""
+    tops: ClassVar[tuple[int, int | None]] = (1, 1)
+    """Allowed top count (min, max)."""
+    is_loss: ClassVar[bool] = False
+    """Loss layers weight their first top by 1 unless loss_weight says otherwise."""
+
+    def __init__(self, spec: LayerParameter, bottom_shapes: Sequence[Shape], ctx: BuildContext):
+        super().__init__()
+        self.spec = spec
+        self.name = spec.name
+        self.phase = ctx.phase
+        self.ctx = ctx
+        self.blob_names: list[str] = []
+        self.bottom_shapes = [tuple(s) for s in bottom_shapes]
+        self._check_count("bottom", len(bottom_shapes), self.bottoms)
+        self._check_count("top", len(spec.top), self.tops)
+        self.top_shapes: list[Shape] = [tuple(int(d) for d in s)
+                                        for s in self.setup(self.bottom_shapes)]
+        if len(self.top_shapes) != len(spec.top):
+            raise self.fail(f"produces {len(self.top_shapes)} tops but {len(spec.top)} are named")
+
+    # --- what subclasses define -------------------------------------------------------------
+    def setup(self, bottom_shapes: list[Shape]) -> list[Shape]:
+        """Check bottom shapes, create blobs, return top shapes."""
+        raise NotImplementedError(f"{type(self).__name__}.setup")
+
+    # --- helpers for subclasses -------------------------------------------------------------
+    def param(self, key: str | None = None) -> Any:
+        """This layer's parameter block (the first declared one when ``key`` is None)."""
+        return self.spec.params[key or next(iter(self.params))]
+
+    def add_blob(self, name: str, shape: Sequence[int], filler: FillerParameter | None = None,
+                 learnable: bool = True) -> torch.Tensor:
+        """Create the next blob in Caffe order, initialised by ``filler`` (None: zeros)."""
+        value = fillers.fill(filler, tuple(shape), self.ctx.generator)
+        value = value.to(self.ctx.device)
+        if learnable:
+            setattr(self, name, nn.Parameter(value))
+        else:
+            self.register_buffer(name, value)
+        self.blob_names.append(name)
+        return getattr(self, name)
+
+    def blobs(self) -> list[torch.Tensor]:
+        """All blobs in Caffe order (learnable and state)."""
+        return [getattr(self, n) for n in self.blob_names]
+
+    def fail(self, problem: str, fix: str | None = None) -> NetError:
+        """An error about this layer, with its file:line when it came from a file."""
+        err = self.spec.error(problem, fix)
+        return NetError(str(err))
+
+    def bottom_error(self, index: int, problem: str, fix: str | None = None) -> NetError:
+        """An error about bottom ``index``, naming the blob."""
+        blob = self.spec.bottom[index] if index < len(self.spec.bottom) else f"#{index}"
+        return self.fail(f"bottom '{blob}' (index {index}) {problem}", fix)
+
+    def require_axes(self, index: int, shape: Shape, n: int | Sequence[int]) -> None:
+        """Fail unless bottom ``index`` has ``n`` axes (or one of several counts)."""
+        allowed = (n,) if isinstance(n, int) else tuple(n)
+        if len(shape) not in allowed:
+            want = " or ".join(str(a) for a in allowed)
+            raise self.bottom_error(index, f"has shape {list(shape)}; expected {want} axes")
+
+    def _check_count(self, what: str, n: int, bounds: tuple[int, int | None]) -> None:
+        lo, hi = bounds
+        if n < lo or (hi is not None and n > hi):
+            if hi == lo:
+                want = f"exactly {lo}"
+            elif hi is None:
+                want = f"at least {lo}"
+            else:
+                want = f"{lo} to {hi}"
+            raise self.fail(f"takes {want} {what}(s), got {n}")
+
+    def extra_repr(self) -> str:
+        return f"name={self.name!r}, tops={self.top_shapes}"
+
+
+def canonical_axis(layer: Layer, axis: int, num_axes: int, what: str = "axis") -> int:
+    """Caffe's CanonicalAxisIndex: negative axes count from the end; out of range fails."""
+    if not -num_axes <= axis < num_axes:
+        raise layer.fail(f"{what} {axis} is out of range for a blob with {num_axes} axes")
+    return axis % num_axes
+
+
+def count(shape: Sequence[int], start: int = 0, end: int | None = None) -> int:
+    """The product of ``shape[start:end]`` (Caffe's Blob::count)."""
+    return math.prod(shape[start:end])

@@ -1,0 +1,267 @@
+"""One schema for every spec: typed, defaulted, documented dataclasses, parsed with line marks.
+
+A *message* is a dataclass whose fields mirror a caffe.proto message. Declare each field with
+:func:`field`, which records its documentation, its allowed values (Caffe's enums), whether it
+is a path (resolved against the YAML file's directory), and numeric bounds::
+
+    @dataclass
+    class PoolingParameter:
+        pool: str = field("MAX", "pooling method", choices=("MAX", "AVE", "STOCHASTIC"))
+        kernel_size: list[int] = field([], "window size; one value, or one per spatial axis")
+
+:func:`parse_message` turns a loaded YAML mapping into an instance. It rejects unknown keys
+(naming the nearest valid one), checks every type, accepts a single value where a list is
+declared (as prototxt does for repeated fields), and then calls the message's optional
+``check(self, v: Check)`` hook for rules that span fields. Every failure is a
+:class:`~caffe_py.errors.SpecError` naming the file, line and key path.
+"""
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import math
+import types
+import typing
+from collections.abc import Iterable
+from dataclasses import MISSING
+from pathlib import Path
+from typing import Any
+
+from ..errors import SpecError
+from .yamlio import MarkedDict, MarkedList
+
+
+def field(default: Any = MISSING, doc: str = "", *, choices: Iterable[str] | None = None,
+          path: bool = False, min: float | None = None, max: float | None = None) -> Any:
+    """A message field. Mutable defaults (lists) are copied per instance."""
+    meta = {"doc": doc, "choices": tuple(choices) if choices else None, "path": path,
+            "min": min, "max": max}
+    if isinstance(default, list):
+        return dataclasses.field(default_factory=lambda d=default: list(d), metadata=meta)
+    if dataclasses.is_dataclass(default):
+        return dataclasses.field(default_factory=lambda d=default: dataclasses.replace(d),
+                                 metadata=meta)
+    return dataclasses.field(default=default, metadata=meta)
+
+
+@dataclasses.dataclass(frozen=True)
+class Source:
+    """Where a spec was read from: a file (for messages) and its directory (for paths)."""
+
+    file: str = "<string>"
+    base_dir: Path = Path(".")
+
+    @classmethod
+    def of(cls, path: str | Path) -> Source:
+        path = Path(path)
+        return cls(file=str(path), base_dir=path.resolve().parent)
+
+
+@dataclasses.dataclass(frozen=True)
+class Location:
+    """A message's place in its file, kept so later errors (net build, solver) can point at it."""
+
+    file: str
+    line: int
+    path: str
+
+    def error(self, problem: str, fix: str | None = None, key: str | None = None,
+              line: int | None = None) -> SpecError:
+        path = f"{self.path}.{key}" if key and self.path else (key or self.path)
+        return SpecError(problem, file=self.file, line=line or self.line, path=path, fix=fix)
+
+
+class Check:
+    """Handed to a message's ``check`` hook: raise errors at a key's line."""
+
+    def __init__(self, node: MarkedDict, src: Source, path: str):
+        self.node, self.src, self.path = node, src, path
+
+    def fail(self, key: str | None, problem: str, fix: str | None = None) -> typing.NoReturn:
+        line = self.node.line_of(key) if key and isinstance(self.node, MarkedDict) else \
+            getattr(self.node, "line", None)
+        raise SpecError(problem, file=self.src.file, line=line, path=_join(self.path, key),
+                        fix=fix)
+
+
+def location(msg: Any) -> Location | None:
+    """The location a parsed message was read from (None for messages built in code)."""
+    return getattr(msg, "_location", None)
+
+
+def is_set(msg: Any, name: str) -> bool:
+    """Whether a field was written in the spec (Caffe's ``has_<field>()``)."""
+    return name in getattr(msg, "_set_fields", ())
+
+
+def field_names(cls: type) -> list[str]:
+    return [f.name for f in dataclasses.fields(cls) if not f.name.startswith("_")]
+
+
+def suggest(word: str, options: Iterable[str]) -> str | None:
+    """The nearest of ``options`` to ``word``, or None when nothing is close."""
+    options = list(options)
+    lowered = {o.lower(): o for o in options}
+    if word.lower() in lowered:
+        return lowered[word.lower()]
+    match = difflib.get_close_matches(word, options, n=1, cutoff=0.6)
+    return match[0] if match else None
+
+
+def unknown_key_error(key: str, known: Iterable[str], what: str, node: MarkedDict, src: Source,
+                      path: str) -> SpecError:
+    near = suggest(key, known)
+    fix = f"did you mean '{near}'?" if near else f"valid keys: {', '.join(sorted(known))}"
+    return SpecError(f"unknown key '{key}' in {what}", file=src.file, line=node.line_of(key),
+                     path=_join(path, key), fix=fix)
+
+
+def parse_message(cls: type, node: Any, src: Source, path: str = "",
+                  skip: Iterable[str] = ()) -> Any:
+    """Build message ``cls`` from a loaded mapping; ``skip`` names keys the caller handles."""
+    if node is None:
+        node = MarkedDict()
+    if not isinstance(node, dict):
+        raise SpecError(f"expected a mapping for {cls.__name__}, got {_kind(node)}",
+                        file=src.file, line=getattr(node, "line", None), path=path)
+    if not isinstance(node, MarkedDict):
+        node = _marked(node)
+    hints = typing.get_type_hints(cls)
+    fields = {f.name: f for f in dataclasses.fields(cls) if not f.name.startswith("_")}
+    skip = set(skip)
+    values = {}
+    for key, raw in node.items():
+        if key in skip:
+            continue
+        if key not in fields:
+            raise unknown_key_error(key, fields, cls.__name__, node, src, path)
+        f = fields[key]
+        values[key] = convert(raw, hints[key], f.metadata, src, _join(path, key),
+                              node.line_of(key))
+    obj = cls(**values)
+    object.__setattr__(obj, "_set_fields", frozenset(values))
+    object.__setattr__(obj, "_location", Location(src.file, node.line, path))
+    hook = getattr(obj, "check", None)
+    if hook is not None:
+        hook(Check(node, src, path))
+    return obj
+
+
+def convert(raw: Any, tp: Any, meta: typing.Mapping, src: Source, path: str, line: int) -> Any:
+    """Convert one YAML value to the declared type ``tp``."""
+    def fail(problem: str, fix: str | None = None) -> typing.NoReturn:
+        raise SpecError(problem, file=src.file, line=line, path=path, fix=fix)
+
+    origin = typing.get_origin(tp)
+    if origin in (typing.Union, types.UnionType):
+        args = [a for a in typing.get_args(tp) if a is not type(None)]
+        if raw is None:
+            return None
+        return convert(raw, args[0], meta, src, path, line)
+    if origin is list:
+        (item_tp,) = typing.get_args(tp)
+        items = raw if isinstance(raw, list) else [raw]
+        lines = raw.item_lines if isinstance(raw, MarkedList) else [line] * len(items)
+        return [convert(item, item_tp, meta, src, f"{path}[{i}]", lines[i])
+                for i, item in enumerate(items)]
+    if dataclasses.is_dataclass(tp):
+        return parse_message(tp, raw, src, path)
+    if tp is bool:
+        if not isinstance(raw, bool):
+            fail(f"expected true or false, got {_show(raw)}")
+        return raw
+    if tp is int:
+        if isinstance(raw, bool) or not isinstance(raw, int):
+            if isinstance(raw, float) and raw.is_integer():
+                raw = int(raw)
+            else:
+                fail(f"expected an integer, got {_show(raw)}")
+        _bounds(raw, meta, fail)
+        return raw
+    if tp is float:
+        value = _to_float(raw)
+        if value is None:
+            fail(f"expected a number, got {_show(raw)}")
+        _bounds(value, meta, fail)
+        return value
+    if tp is str:
+        if isinstance(raw, bool) or raw is None or isinstance(raw, (dict, list)):
+            fail(f"expected a string, got {_show(raw)}")
+        value = str(raw)
+        choices = meta.get("choices")
+        if choices and value not in choices:
+            near = suggest(value, choices)
+            fix = f"did you mean '{near}'?" if near else f"use one of {', '.join(choices)}"
+            fail(f"'{value}' is not one of {', '.join(choices)}", fix)
+        if meta.get("path") and value:
+            value = str(resolve_path(value, src))
+        return value
+    raise TypeError(f"unsupported field type {tp!r} at {path}")  # a schema bug, not user input
+
+
+def resolve_path(value: str, src: Source) -> Path:
+    """A path written in a spec, resolved against that spec's directory."""
+    p = Path(value).expanduser()
+    return p if p.is_absolute() else (src.base_dir / p)
+
+
+def _bounds(value: float, meta: typing.Mapping, fail) -> None:
+    lo, hi = meta.get("min"), meta.get("max")
+    if lo is not None and value < lo:
+        fail(f"{value} is below the minimum {lo}", f"use a value >= {lo}")
+    if hi is not None and value > hi:
+        fail(f"{value} is above the maximum {hi}", f"use a value <= {hi}")
+
+
+def _to_float(raw: Any) -> float | None:
+    if isinstance(raw, bool):
+        return None
+    if isinstance(raw, (int, float)):
+        return float(raw)
+    if isinstance(raw, str):  # YAML 1.1 reads '1e-4' (no dot) as a string
+        try:
+            value = float(raw)
+        except ValueError:
+            return None
+        return value if not math.isnan(value) else None
+    return None
+
+
+def _join(path: str, key: str | None) -> str:
+    if not key:
+        return path
+    return f"{path}.{key}" if path else key
+
+
+def _kind(value: Any) -> str:
+    if isinstance(value, list):
+        return "a list"
+    if value is None:
+        return "nothing"
+    return f"{type(value).__name__} {_show(value)}"
+
+
+def _show(value: Any) -> str:
+    text = repr(value)
+    return text if len(text) <= 40 else text[:37] + "..."
+
+
+def _marked(node: dict) -> MarkedDict:
+    out = MarkedDict(node)
+    out.key_lines = {}
+    return out
+
+
+def to_dict(msg: Any) -> dict:
+    """A message as plain data (for printing and for saving next to snapshots)."""
+    out = {}
+    for f in dataclasses.fields(msg):
+        if f.name.startswith("_"):
+            continue
+        value = getattr(msg, f.name)
+        if dataclasses.is_dataclass(value):
+            value = to_dict(value)
+        elif isinstance(value, list):
+            value = [to_dict(v) if dataclasses.is_dataclass(v) else v for v in value]
+        out[f.name] = value
+    return out

@@ -1,0 +1,121 @@
+"""Safe YAML loading that remembers where every key came from.
+
+Mappings load as :class:`MarkedDict` and sequences as :class:`MarkedList`; both carry the
+1-based line of the node and of each key or item, so that validation errors can point at
+``file:line``. Duplicate keys are an error (PyYAML silently keeps the last one), and any tag
+that would construct a Python object (``!!python/...``) is refused before anything runs:
+the loader is a ``yaml.SafeLoader``, which has no constructor for those tags.
+"""
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from ..errors import SpecError
+
+
+class MarkedDict(dict):
+    """A mapping with ``line`` (its own) and ``key_lines`` (each key's)."""
+
+    line: int = 0
+    key_lines: dict[str, int]
+
+    def line_of(self, key: str) -> int:
+        return self.key_lines.get(key, self.line)
+
+
+class MarkedList(list):
+    """A sequence with ``line`` (its own) and ``item_lines`` (each item's)."""
+
+    line: int = 0
+    item_lines: list[int]
+
+    def line_of(self, index: int) -> int:
+        return self.item_lines[index] if index < len(self.item_lines) else self.line
+
+
+class _MarkedLoader(yaml.SafeLoader):
+    """SafeLoader that builds marked containers and rejects duplicate keys."""
+
+    source = "<string>"
+
+    def construct_mapping(self, node, deep=False):  # noqa: D102 (PyYAML hook)
+        if not isinstance(node, yaml.MappingNode):
+            raise yaml.constructor.ConstructorError(None, None, "expected a mapping",
+                                                    node.start_mark)
+        self.flatten_mapping(node)
+        out = MarkedDict()
+        out.line = node.start_mark.line + 1
+        out.key_lines = {}
+        for key_node, value_node in node.value:
+            key = self.construct_object(key_node, deep=True)
+            if not isinstance(key, str):
+                key = str(key)
+            line = key_node.start_mark.line + 1
+            if key in out:
+                raise SpecError(f"duplicate key '{key}' (first at line {out.key_lines[key]})",
+                                file=self.source, line=line,
+                                fix="remove one of the two; a repeated field is a YAML list")
+            out[key] = self.construct_object(value_node, deep=True)
+            out.key_lines[key] = line
+        return out
+
+    def construct_sequence(self, node, deep=False):  # noqa: D102 (PyYAML hook)
+        out = MarkedList(self.construct_object(child, deep=True) for child in node.value)
+        out.line = node.start_mark.line + 1
+        out.item_lines = [child.start_mark.line + 1 for child in node.value]
+        return out
+
+
+_MarkedLoader.add_constructor("tag:yaml.org,2002:map", _MarkedLoader.construct_mapping)
+_MarkedLoader.add_constructor("tag:yaml.org,2002:seq", _MarkedLoader.construct_sequence)
+
+
+def loads(text: str, source: str = "<string>") -> Any:
+    """Parse YAML text; errors name ``source`` and the line."""
+    loader = _MarkedLoader(text)
+    loader.source = source
+    try:
+        return loader.get_single_data()
+    except SpecError:
+        raise
+    except yaml.constructor.ConstructorError as exc:
+        mark = exc.problem_mark or exc.context_mark
+        line = mark.line + 1 if mark else None
+        tag = _tag_of(exc)
+        if tag is not None:
+            raise SpecError(f"tag '{tag}' is not allowed", file=source, line=line,
+                            fix="specs are plain data; remove the tag") from None
+        raise SpecError(str(exc.problem), file=source, line=line) from None
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        line = mark.line + 1 if mark else None
+        problem = getattr(exc, "problem", None) or str(exc).splitlines()[0]
+        raise SpecError(f"invalid YAML: {problem}", file=source, line=line,
+                        fix="check the indentation and quoting near this line") from None
+    finally:
+        loader.dispose()
+
+
+def load(path: str | Path) -> Any:
+    """Load a YAML file; a missing or unreadable file is a one-line :class:`SpecError`."""
+    path = Path(path)
+    try:
+        text = path.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise SpecError("file not found", file=str(path),
+                        fix="check the path (relative to the current directory)") from None
+    except (OSError, UnicodeDecodeError) as exc:
+        raise SpecError(f"cannot read: {exc.__class__.__name__}", file=str(path)) from None
+    return loads(text, source=str(path))
+
+
+def _tag_of(exc: yaml.constructor.ConstructorError) -> str | None:
+    """The offending tag of a 'could not determine a constructor' error, if that is what it is."""
+    problem = str(exc.problem or "")
+    marker = "constructor for the tag '"
+    if marker not in problem:
+        return None
+    return problem.split(marker, 1)[1].split("'", 1)[0]
