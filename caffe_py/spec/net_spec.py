@@ -136,6 +136,14 @@ class LossParameter:
 
 
 @dataclass
+class SoftmaxParameter:
+    """Softmax and SoftmaxWithLoss: the axis the probabilities sum to 1 over."""
+
+    axis: int = field(1, "the class axis (negative counts from the end)")
+    engine: str = field("DEFAULT", "implementation", choices=("DEFAULT", "CAFFE", "CUDNN", "TORCH"))
+
+
+@dataclass
 class LayerParameter:
     """One layer: its wiring, multipliers, phase rules and its type's own parameter blocks.
 
@@ -274,5 +282,5 @@ def _p(path: str, key: str) -> str:
 
 
 __all__ = ["BlobShape", "FillerParameter", "ParamSpec", "NetStateRule", "TransformationParameter",
-           "DataParameter", "LossParameter", "LayerParameter", "NetParameter", "parse_layer",
-           "parse_net", "load_net", "convert", "PHASES"]
+           "DataParameter", "LossParameter", "SoftmaxParameter", "LayerParameter", "NetParameter",
+           "parse_layer", "parse_net", "load_net", "convert", "PHASES"]
