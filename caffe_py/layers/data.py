@@ -1,1 +1,150 @@
-"""Layer family: data."""
+"""Layer family: data (Input, DummyData, Data).
+
+None of these layers has bottoms. ``Input`` returns the tensors the net is given,
+``DummyData`` makes tensors from fillers, and ``Data`` returns the next batch of the feed the
+data pipeline attached to it (``caffe_py.io.ReaderPool.attach``); no layer reads a file in
+``forward``.
+"""
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+import torch
+
+from ..spec.net_spec import BlobShape, FillerParameter
+from ..spec.schema import Check, field
+from . import fillers
+from .base import Layer, Shape
+from .registry import register
+
+
+# --- Input ----------------------------------------------------------------------------------
+@dataclass
+class InputParameter:
+    """The shapes of a net's inputs (Caffe's InputParameter)."""
+
+    shape: list[BlobShape] = field([], "one shape per top, or one shape for every top")
+
+
+@register("Input")
+class Input(Layer):
+    """The net's inputs: ``forward`` returns the tensors last given to :meth:`provide`.
+
+    The shapes in ``input_param`` are the build shapes (what shape inference sees); the
+    tensors provided later may have another batch size but must have as many axes.
+    """
+
+    params = {"input_param": InputParameter}
+    bottoms = (0, 0)
+    tops = (1, None)
+
+    def setup(self, bottom_shapes: list[Shape]) -> list[Shape]:
+        shapes = self.param().shape
+        n = len(self.spec.top)
+        if len(shapes) not in (1, n):
+            raise self.fail(f"input_param.shape has {len(shapes)} entries for {n} tops",
+                            "give one shape for every top, or one per top")
+        self._provided: tuple[torch.Tensor, ...] | None = None
+        return [tuple(s.dim) for s in (shapes * n if len(shapes) == 1 else shapes)]
+
+    def provide(self, *tensors: torch.Tensor) -> None:
+        """Set the tensors the next ``forward`` returns, one per top in order."""
+        if len(tensors) != len(self.spec.top):
+            raise self.fail(f"was given {len(tensors)} tensors for {len(self.spec.top)} tops "
+                            f"({', '.join(self.spec.top)})", "pass one tensor per top")
+        for top, want, got in zip(self.spec.top, self.top_shapes, tensors, strict=True):
+            if not isinstance(got, torch.Tensor) or got.dim() != len(want):
+                shape = list(got.shape) if isinstance(got, torch.Tensor) else type(got).__name__
+                raise self.fail(f"input '{top}' has shape {shape}; expected {len(want)} axes "
+                                f"like {list(want)}", "reshape the input to the declared axes")
+        self._provided = tuple(tensors)
+
+    def provide_named(self, inputs: Mapping[str, torch.Tensor]) -> None:
+        """Set the inputs from a mapping top name -> tensor (the net's ``inputs`` argument)."""
+        missing = [t for t in self.spec.top if t not in inputs]
+        if missing:
+            raise self.fail(f"no tensor given for input(s) {', '.join(missing)}",
+                            "pass them in the net's inputs, keyed by top name")
+        self.provide(*(inputs[t] for t in self.spec.top))
+
+    def forward(self) -> torch.Tensor | tuple[torch.Tensor, ...]:
+        if self._provided is None:
+            raise self.fail("has no input tensors", "pass the net its inputs by top name")
+        return self._provided[0] if len(self._provided) == 1 else self._provided
+
+
+# --- DummyData ------------------------------------------------------------------------------
+@dataclass
+class DummyDataParameter:
+    """Tops made by fillers (Caffe's DummyDataParameter)."""
+
+    data_filler: list[FillerParameter] = field(
+        [], "one filler for every top, or one per top (none: constant 0)")
+    shape: list[BlobShape] = field([], "one shape for every top, or one per top")
+    num: list[int] = field([], "legacy shape: N per top (or one for all)")
+    channels: list[int] = field([], "legacy shape: C per top (or one for all)")
+    height: list[int] = field([], "legacy shape: H per top (or one for all)")
+    width: list[int] = field([], "legacy shape: W per top (or one for all)")
+
+    def check(self, v: Check) -> None:
+        legacy = any((self.num, self.channels, self.height, self.width))
+        if legacy and self.shape:
+            v.fail("shape", "both shape and the legacy num/channels/height/width are set",
+                   "keep one of them")
+
+
+@register("DummyData")
+class DummyData(Layer):
+    """Tops filled by ``data_filler``: constant fillers once at build, others every forward.
+
+    As in Caffe, a constant top is the same tensor on every forward (it is never written by a
+    later layer: layers compute out of place unless they keep autograd correct).
+    """
+
+    params = {"dummy_data_param": DummyDataParameter}
+    bottoms = (0, 0)
+    tops = (1, None)
+
+    def setup(self, bottom_shapes: list[Shape]) -> list[Shape]:
+        p = self.param()
+        n = len(self.spec.top)
+        shapes = self._shapes(p, n)
+        if len(p.data_filler) not in (0, 1, n):
+            raise self.fail(f"dummy_data_param.data_filler has {len(p.data_filler)} entries "
+                            f"for {n} tops", "give none, one, or one per top")
+        given = p.data_filler or [FillerParameter()]
+        self._fillers = [given[0] if len(given) == 1 else given[i] for i in range(n)]
+        self._refill = [f.type != "constant" for f in self._fillers]
+        self._gen = torch.Generator()
+        if any(self._refill):
+            self._gen.manual_seed(int(torch.randint(2**62, (1,), generator=self.ctx.generator)))
+        for i, (shape, filler) in enumerate(zip(shapes, self._fillers, strict=True)):
+            if not self._refill[i]:
+                value = fillers.fill(filler, shape, self._gen).to(self.ctx.device)
+                self.register_buffer(f"_top{i}", value, persistent=False)
+        return shapes
+
+    def _shapes(self, p: DummyDataParameter, n: int) -> list[Shape]:
+        legacy = {"num": p.num, "channels": p.channels, "height": p.height, "width": p.width}
+        if any(legacy.values()):
+            for key, values in legacy.items():
+                if len(values) not in (1, n):
+                    raise self.fail(f"dummy_data_param.{key} has {len(values)} entries for "
+                                    f"{n} tops", "give one for every top, or one per top")
+            pick = {k: (v * n if len(v) == 1 else v) for k, v in legacy.items()}
+            return [(pick["num"][i], pick["channels"][i], pick["height"][i], pick["width"][i])
+                    for i in range(n)]
+        if len(p.shape) not in (1, n):
+            raise self.fail(f"dummy_data_param.shape has {len(p.shape)} entries for {n} tops",
+                            "give one shape for every top, or one per top")
+        return [tuple(s.dim) for s in (p.shape * n if len(p.shape) == 1 else p.shape)]
+
+    def forward(self) -> torch.Tensor | tuple[torch.Tensor, ...]:
+        out = []
+        for i, shape in enumerate(self.top_shapes):
+            if self._refill[i]:
+                out.append(fillers.fill(self._fillers[i], shape, self._gen).to(self.ctx.device))
+            else:
+                out.append(getattr(self, f"_top{i}"))
+        return out[0] if len(out) == 1 else tuple(out)

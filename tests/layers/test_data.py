@@ -1,0 +1,104 @@
+"""Input, DummyData and Data layers."""
+from __future__ import annotations
+
+import threading
+
+import pytest
+import torch
+
+from caffe_py.errors import NetError
+from caffe_py.layers import BuildContext, lookup
+from caffe_py.spec.net_spec import parse_layer
+from caffe_py.spec.schema import Source
+
+
+@pytest.fixture(autouse=True)
+def no_stray_threads():
+    before = threading.active_count()
+    yield
+    assert threading.active_count() == before
+
+
+def build(node: dict, bottom_shapes=(), phase="TRAIN", seed=0):
+    spec = parse_layer(node, Source(), "layer")
+    ctx = BuildContext(phase=phase, generator=torch.Generator().manual_seed(seed))
+    return lookup(spec.type)(spec, list(bottom_shapes), ctx)
+
+
+# --- Input ----------------------------------------------------------------------------------
+def test_input_one_shape_for_every_top():
+    layer = build({"name": "in", "type": "Input", "top": ["a", "b"],
+                   "input_param": {"shape": {"dim": [2, 3]}}})
+    assert layer.top_shapes == [(2, 3), (2, 3)]
+
+
+def test_input_returns_provided_tensors_by_name():
+    layer = build({"name": "in", "type": "Input", "top": ["data", "label"],
+                   "input_param": {"shape": [{"dim": [2, 1, 4, 4]}, {"dim": [2]}]}})
+    assert layer.top_shapes == [(2, 1, 4, 4), (2,)]
+    x, y = torch.arange(48.0).view(3, 1, 4, 4), torch.tensor([0, 1, 2])
+    layer.provide_named({"label": y, "data": x})
+    out = layer()
+    assert out[0] is x and out[1] is y
+
+
+def test_input_without_tensors_is_an_error():
+    layer = build({"name": "in", "type": "Input", "top": "data",
+                   "input_param": {"shape": {"dim": [1, 2]}}})
+    with pytest.raises(NetError, match="layer 'in' \\(Input\\): has no input tensors; pass"):
+        layer()
+
+
+def test_input_checks_counts_and_axes():
+    with pytest.raises(NetError, match="input_param.shape has 2 entries for 3 tops"):
+        build({"name": "in", "type": "Input", "top": ["a", "b", "c"],
+               "input_param": {"shape": [{"dim": [1]}, {"dim": [2]}]}})
+    layer = build({"name": "in", "type": "Input", "top": ["a"],
+                   "input_param": {"shape": {"dim": [1, 2]}}})
+    with pytest.raises(NetError, match=r"input 'a' has shape \[3\]; expected 2 axes like \[1, 2\]"):
+        layer.provide(torch.zeros(3))
+    with pytest.raises(NetError, match="no tensor given for input\\(s\\) a"):
+        layer.provide_named({"b": torch.zeros(1, 2)})
+
+
+# --- DummyData ------------------------------------------------------------------------------
+def test_dummy_data_default_is_constant_zero_and_the_same_tensor():
+    layer = build({"name": "d", "type": "DummyData", "top": "x",
+                   "dummy_data_param": {"shape": {"dim": [2, 3]}}})
+    first, second = layer(), layer()
+    assert first is second
+    assert torch.equal(first, torch.zeros(2, 3))
+
+
+def test_dummy_data_legacy_shape_and_per_top_fillers():
+    layer = build({"name": "d", "type": "DummyData", "top": ["x", "y"],
+                   "dummy_data_param": {
+                       "num": 2, "channels": [3, 1], "height": 4, "width": 5,
+                       "data_filler": [{"type": "constant", "value": 7},
+                                       {"type": "uniform", "min": 1, "max": 2}]}})
+    assert layer.top_shapes == [(2, 3, 4, 5), (2, 1, 4, 5)]
+    x1, y1 = layer()
+    x2, y2 = layer()
+    assert x1 is x2 and torch.equal(x1, torch.full((2, 3, 4, 5), 7.0))
+    # non-constant fillers are drawn again on every forward
+    assert not torch.equal(y1, y2)
+    assert float(y1.min()) >= 1.0 and float(y1.max()) <= 2.0
+
+
+def test_dummy_data_random_fillers_are_seeded():
+    node = {"name": "d", "type": "DummyData", "top": "x",
+            "dummy_data_param": {"shape": {"dim": [4]}, "data_filler": {"type": "gaussian"}}}
+    a, b, c = build(node, seed=3), build(node, seed=3), build(node, seed=4)
+    first = a()
+    assert torch.equal(first, b())
+    assert not torch.equal(first, c())
+
+
+def test_dummy_data_count_errors():
+    with pytest.raises(NetError, match="dummy_data_param.data_filler has 2 entries for 3 tops"):
+        build({"name": "d", "type": "DummyData", "top": ["a", "b", "c"],
+               "dummy_data_param": {"shape": {"dim": [1]},
+                                    "data_filler": [{"value": 1}, {"value": 2}]}})
+    with pytest.raises(NetError, match="dummy_data_param.channels has 2 entries for 3 tops"):
+        build({"name": "d", "type": "DummyData", "top": ["a", "b", "c"],
+               "dummy_data_param": {"num": 1, "channels": [1, 2], "height": 1, "width": 1}})
