@@ -1,0 +1,162 @@
+"""One replica's parameters and gradients as views into two flat buffers (Caffe's GPUParams).
+
+After :class:`FlatParams` is built, every ``param.data`` is a view into ``flat.data`` and every
+``param.grad`` a view into ``flat.grad``, so moving all the weights (or all the gradients) of a
+replica is one copy per bucket instead of one per tensor, and the solver keeps updating the very
+same ``nn.Parameter`` objects.
+
+Layout: parameters are laid out in *reverse* order, so that the parameters whose gradients
+backward produces first (the last layers) come first; the buffer is then cut into buckets of
+about ``bucket_bytes`` at parameter boundaries. Bucket 0 is the first one ready during backward.
+Each parameter starts on a 64-byte boundary (its padding stays zero) and keeps its own strides
+(a channels_last weight stays channels_last).
+"""
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import torch
+
+ALIGN_BYTES = 64
+DEFAULT_BUCKET_BYTES = 25 * 2**20
+
+
+@dataclass(frozen=True)
+class Bucket:
+    """Elements [start, end) of the flat buffers, holding the parameters ``members``."""
+
+    index: int
+    start: int
+    end: int
+    members: tuple[int, ...]
+    """Indices into the parameter list, in layout order."""
+
+    @property
+    def numel(self) -> int:
+        return self.end - self.start
+
+
+class FlatParams:
+    """Flat data (and optionally grad) buffers for a list of same-dtype, same-device tensors.
+
+    ``with_grad=False`` is for state blobs (BatchNorm statistics) that are broadcast with the
+    weights but never reduced.
+    """
+
+    def __init__(self, tensors: Sequence[torch.Tensor], *, with_grad: bool = True,
+                 bucket_bytes: int = DEFAULT_BUCKET_BYTES):
+        self.tensors = list(tensors)
+        self.with_grad = with_grad
+        if not self.tensors:
+            self.data = torch.empty(0)
+            self.grad = torch.empty(0) if with_grad else None
+            self.offsets: list[int] = []
+            self.strides: list[tuple[int, ...]] = []
+            self.buckets: list[Bucket] = []
+            self.bucket_of: list[int] = []
+            return
+        first = self.tensors[0]
+        for k, t in enumerate(self.tensors):
+            if t.dtype != first.dtype or t.device != first.device:
+                raise ValueError(f"flat buffers need one dtype and device: tensor {k} is "
+                                 f"{t.dtype} on {t.device}, tensor 0 {first.dtype} on "
+                                 f"{first.device}")
+        self.offsets, total = _layout(self.tensors)
+        self.strides = [_dense_strides(t) for t in self.tensors]
+        self.data = torch.zeros(total, dtype=first.dtype, device=first.device)
+        self.grad = torch.zeros_like(self.data) if with_grad else None
+        self.buckets = _cut(self.tensors, self.offsets, total, bucket_bytes)
+        self.bucket_of = [0] * len(self.tensors)
+        for b in self.buckets:
+            for k in b.members:
+                self.bucket_of[k] = b.index
+        self._bind()
+
+    @property
+    def device(self) -> torch.device:
+        return self.data.device
+
+    @property
+    def numel(self) -> int:
+        return self.data.numel()
+
+    def view(self, buffer: torch.Tensor, k: int) -> torch.Tensor:
+        """Tensor ``k``'s window of ``buffer`` (data, grad, or a same-layout buffer)."""
+        return buffer.as_strided(self.tensors[k].shape, self.strides[k], self.offsets[k])
+
+    def bucket(self, buffer: torch.Tensor, b: int) -> torch.Tensor:
+        """Bucket ``b``'s slice of ``buffer``."""
+        bk = self.buckets[b]
+        return buffer[bk.start:bk.end]
+
+    def rebind_grads(self) -> int:
+        """Make every ``param.grad`` a view into ``self.grad`` again; returns how many moved.
+
+        A solver that sets ``grad = None`` when it clears, or an autograd step that replaced
+        a gradient, leaves gradients outside the buffer: copy them in (or zero the window
+        when there is none) so the buffer holds exactly the current gradients.
+        """
+        assert self.grad is not None
+        moved = 0
+        for k, t in enumerate(self.tensors):
+            view = self.view(self.grad, k)
+            g = t.grad
+            if g is not None and g.data_ptr() == view.data_ptr() and g.stride() == view.stride():
+                continue
+            if g is None:
+                view.zero_()
+            else:
+                view.copy_(g)
+            t.grad = view
+            moved += 1
+        return moved
+
+    def _bind(self) -> None:
+        for k, t in enumerate(self.tensors):
+            view = self.view(self.data, k)
+            view.copy_(t.detach())
+            t.data = view
+            if self.grad is not None:
+                if t.grad is not None:
+                    self.view(self.grad, k).copy_(t.grad)
+                t.grad = self.view(self.grad, k)
+
+
+def _layout(tensors: Sequence[torch.Tensor]) -> tuple[list[int], int]:
+    """Offsets (in elements) for tensors laid out in reverse order, each 64-byte aligned."""
+    align = max(1, ALIGN_BYTES // tensors[0].element_size())
+    offsets = [0] * len(tensors)
+    pos = 0
+    for k in reversed(range(len(tensors))):
+        offsets[k] = pos
+        pos += -(-tensors[k].numel() // align) * align
+    return offsets, pos
+
+
+def _cut(tensors: Sequence[torch.Tensor], offsets: list[int], total: int,
+         bucket_bytes: int) -> list[Bucket]:
+    """Cut the layout into buckets of >= bucket_bytes at tensor boundaries (the last smaller)."""
+    limit = max(1, bucket_bytes // tensors[0].element_size())
+    buckets: list[Bucket] = []
+    members: list[int] = []
+    start = 0
+    order = list(reversed(range(len(tensors))))
+    for pos, k in enumerate(order):
+        members.append(k)
+        end = offsets[order[pos + 1]] if pos + 1 < len(order) else total
+        if end - start >= limit or pos + 1 == len(order):
+            buckets.append(Bucket(len(buckets), start, end, tuple(members)))
+            members, start = [], end
+    return buckets
+
+
+def _dense_strides(t: torch.Tensor) -> tuple[int, ...]:
+    """The tensor's own strides when dense (contiguous or channels_last), else contiguous."""
+    if t.is_contiguous() or (t.dim() == 4 and t.is_contiguous(memory_format=torch.channels_last)):
+        return tuple(t.stride())
+    strides, step = [], 1
+    for size in reversed(t.shape):
+        strides.append(step)
+        step *= max(size, 1)
+    return tuple(reversed(strides))

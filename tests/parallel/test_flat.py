@@ -1,0 +1,90 @@
+"""Flat parameter/gradient buffers: views, layout, buckets, strides, rebinding."""
+from __future__ import annotations
+
+import pytest
+import torch
+from torch import nn
+
+from caffe_py.parallel.flat import FlatParams
+
+
+def _model():
+    torch.manual_seed(0)
+    return nn.Sequential(nn.Conv2d(3, 4, 3), nn.ReLU(), nn.Flatten(), nn.Linear(4 * 6 * 6, 5))
+
+
+def test_params_become_views_and_keep_values():
+    model = _model()
+    before = [p.detach().clone() for p in model.parameters()]
+    flat = FlatParams(list(model.parameters()))
+    for p, b in zip(model.parameters(), before, strict=True):
+        assert torch.equal(p, b)
+        assert p.untyped_storage().data_ptr() == flat.data.untyped_storage().data_ptr()
+        assert p.grad.untyped_storage().data_ptr() == flat.grad.untyped_storage().data_ptr()
+    # reverse layout, 64-byte (16 float) alignment: the last bias comes first
+    # conv.weight 108 -> 112, conv.bias 4 -> 16, fc.weight 720, fc.bias 5 -> 16
+    assert flat.offsets == [752, 736, 16, 0]
+    assert flat.numel == 864
+
+
+def test_backward_accumulates_into_the_flat_grad():
+    model = _model()
+    flat = FlatParams(list(model.parameters()))
+    x = torch.randn(2, 3, 8, 8, generator=torch.Generator().manual_seed(1))
+    model(x).sum().backward()
+    ref = _model()
+    ref(x).sum().backward()
+    for k, p in enumerate(ref.parameters()):
+        assert torch.equal(flat.view(flat.grad, k), p.grad)
+    assert flat.grad.abs().sum() > 0
+    flat.grad.zero_()
+    assert all(float(p.grad.abs().sum()) == 0 for p in model.parameters())
+
+
+def test_writes_to_flat_data_reach_the_module():
+    model = _model()
+    flat = FlatParams(list(model.parameters()))
+    flat.data.fill_(0.5)
+    assert float(model[3].bias.detach()[0]) == 0.5
+    assert float(model[0].weight.detach()[0, 0, 0, 0]) == 0.5
+
+
+def test_buckets_cover_the_buffer_in_backward_order():
+    model = _model()
+    flat = FlatParams(list(model.parameters()), bucket_bytes=100 * 4)
+    # linear weight (720) is one bucket, then the rest together reach 100 elements
+    assert [(b.start, b.end, b.members) for b in flat.buckets] == [
+        (0, 736, (3, 2)), (736, 864, (1, 0))]
+    assert flat.bucket_of == [1, 1, 0, 0]
+    assert sum(b.numel for b in flat.buckets) == flat.numel
+
+
+def test_channels_last_weights_keep_their_strides():
+    model = _model().to(memory_format=torch.channels_last)
+    w = model[0].weight
+    strides = w.stride()
+    FlatParams(list(model.parameters()))
+    assert w.stride() == strides and w.is_contiguous(memory_format=torch.channels_last)
+
+
+def test_rebind_after_grad_set_to_none():
+    model = _model()
+    flat = FlatParams(list(model.parameters()))
+    for p in model.parameters():
+        p.grad = None
+    x = torch.ones(1, 3, 8, 8)
+    model(x).sum().backward()
+    assert flat.grad.abs().sum() == 0
+    assert flat.rebind_grads() == 4
+    assert torch.equal(flat.view(flat.grad, 3), model[3].bias.grad)
+    assert flat.rebind_grads() == 0 and float(flat.grad[0]) == 1.0
+
+
+def test_state_buffers_without_grad_and_mixed_dtypes():
+    bn = nn.BatchNorm2d(3)
+    flat = FlatParams([bn.running_mean, bn.running_var], with_grad=False)
+    assert flat.grad is None
+    flat.data.fill_(2.0)
+    assert float(bn.running_var[1]) == 2.0
+    with pytest.raises(ValueError, match="tensor 1 is torch.float64 on cpu"):
+        FlatParams([torch.zeros(2), torch.zeros(2, dtype=torch.float64)])
