@@ -190,7 +190,10 @@ class NetParameter:
     layer: list[LayerParameter] = field([], "the layers, in order")
     input: list[str] = field([], "legacy net inputs (prefer an Input layer)")
     input_shape: list[BlobShape] = field([], "legacy: one shape per input")
-    force_backward: bool = field(False, "back-propagate into every layer")
+    input_dim: list[int] = field([], "older legacy: 4 sizes (N, C, H, W) per input")
+    force_backward: bool = field(
+        False, "accepted for Caffe compatibility; autograd already back-propagates wherever a "
+               "gradient is needed, so it changes nothing")
     _location: Location | None = dataclasses.field(default=None, repr=False, compare=False)
 
 

@@ -89,6 +89,15 @@ def location(msg: Any) -> Location | None:
     return getattr(msg, "_location", None)
 
 
+def key_line(msg: Any, key: str) -> int | None:
+    """The line of ``key`` in the mapping ``msg`` was parsed from (else the message's line)."""
+    lines = getattr(msg, "_key_lines", None) or {}
+    if key in lines:
+        return lines[key]
+    loc = location(msg)
+    return loc.line if loc is not None else None
+
+
 def is_set(msg: Any, name: str) -> bool:
     """Whether a field was written in the spec (Caffe's ``has_<field>()``)."""
     return name in getattr(msg, "_set_fields", ())
@@ -141,6 +150,7 @@ def parse_message(cls: type, node: Any, src: Source, path: str = "",
     obj = cls(**values)
     object.__setattr__(obj, "_set_fields", frozenset(values))
     object.__setattr__(obj, "_location", Location(src.file, node.line, path))
+    object.__setattr__(obj, "_key_lines", dict(getattr(node, "key_lines", {})))
     hook = getattr(obj, "check", None)
     if hook is not None:
         hook(Check(node, src, path))

@@ -1,0 +1,474 @@
+"""The Net: Caffe's Net::Init and Forward over a NetParameter, with PyTorch autograd.
+
+A net is built for one phase (TRAIN or TEST), level and set of stages: layers whose
+include/exclude rules do not match are dropped, then each kept layer is built in order with
+the shapes of its bottoms (shape inference happens here, so a bad net fails before any data
+flows). Blobs are named; a top equal to its bottom at the same index is in place and just
+rebinds the name. Learnable blobs with the same ``param.name`` are one tensor (Caffe's weight
+sharing). The loss is Caffe's: the sum over weighted tops of ``loss_weight * top.sum()``.
+"""
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+
+from .errors import NetError
+from .layers import registry
+from .layers.base import BuildContext, Layer, Shape
+from .spec.net_spec import BlobShape, LayerParameter, NetParameter, ParamSpec
+from .spec.schema import Location, is_set, key_line, suggest
+
+
+@dataclass
+class NetOutput:
+    """What one forward pass gives."""
+
+    loss: torch.Tensor
+    """Scalar: sum of loss_weight * top.sum() over every weighted top (0 when none)."""
+    outputs: dict[str, torch.Tensor]
+    """Every top no later layer consumes, in the order the layers produce them."""
+
+
+@dataclass
+class LearnableParam:
+    """One learnable blob as the solver sees it (a shared blob is listed once, by its owner).
+
+    A blob with ``lr_mult == 0`` is frozen: its ``requires_grad`` is False, so its ``grad``
+    stays None (Caffe computes no gradient for it either).
+    """
+
+    name: str
+    """'<owner layer>/<blob index>', e.g. 'conv1/0' for conv1's weights."""
+    param: nn.Parameter
+    lr_mult: float
+    decay_mult: float
+
+
+@dataclass
+class SummaryRow:
+    """One line of ``cpy net``: a layer, its tops with shapes, and its own parameter count."""
+
+    name: str
+    type: str
+    tops: list[tuple[str, Shape]]
+    params: int
+    """Learnable values this layer owns (a blob it shares from another layer counts there)."""
+
+
+@dataclass
+class CopyResult:
+    """What :meth:`Net.copy_from` did: layers copied, and source layers the net lacks."""
+
+    copied: list[str] = field(default_factory=list)
+    ignored: list[str] = field(default_factory=list)
+
+
+@dataclass
+class _Blob:
+    """Where one Caffe blob of one layer lives, and how the solver treats it."""
+
+    layer: Layer
+    index: int
+    attr: str
+    lr_mult: float = 1.0
+    decay_mult: float = 1.0
+    owner: _Blob | None = None
+    """The blob this one shares (None: it owns its tensor)."""
+
+
+class Net(nn.Module):
+    """A Caffe net built for one phase; call it with the net's inputs to run forward."""
+
+    def __init__(self, spec: NetParameter, phase: str = "TRAIN", *, stages: Iterable[str] = (),
+                 level: int = 0, device: str | torch.device = "cpu", seed: int = 0,
+                 options: Mapping[str, Any] | None = None):
+        super().__init__()
+        if phase not in ("TRAIN", "TEST"):
+            raise NetError(f"phase '{phase}' is not TRAIN or TEST")
+        self.spec = spec
+        self.name = spec.name
+        self.phase = phase
+        self.stages = frozenset(stages)
+        self.level = level
+        self.device = torch.device(device)
+        self.ctx = BuildContext(phase=phase, device=self.device,
+                                generator=torch.Generator().manual_seed(seed),
+                                options=dict(options or {}))
+        self.layers = nn.ModuleList()
+        self.blobs: dict[str, Shape] = {}
+        """Every blob name -> its shape at build time (an in-place blob: its last shape)."""
+        self._loss_weights: list[tuple[str, float]] = []
+        self._blob_refs: list[_Blob] = []
+        self._rebinds: list[tuple[Layer, str, Layer, str]] = []
+        self._views: list[tuple[_Blob, Shape]] = []
+        self.input_names: list[str] = []
+        self.output_names: list[str] = []
+        self._build(self._kept_layers())
+
+    # --- building ---------------------------------------------------------------------------
+    def _kept_layers(self) -> list[LayerParameter]:
+        """Caffe's FilterNet, plus the legacy ``input`` fields as an Input layer first."""
+        kept = [lp for lp in self.spec.layer if lp.kept_for(self.phase, self.level, self.stages)]
+        seen: dict[str, LayerParameter] = {}
+        for lp in kept:
+            if lp.name in seen:
+                raise _at(lp, f"layer name '{lp.name}' is used twice in the {self.phase} net "
+                              f"(first at {_where(seen[lp.name])})",
+                          "give every layer a unique name, or include each in one phase only")
+            seen[lp.name] = lp
+        legacy = self._legacy_input()
+        return ([legacy] if legacy is not None else []) + kept
+
+    def _legacy_input(self) -> LayerParameter | None:
+        """``input`` + ``input_shape`` / ``input_dim`` become an Input layer named 'input'."""
+        spec = self.spec
+        if not spec.input:
+            return None
+        shapes = [list(s.dim) for s in spec.input_shape]
+        if spec.input_dim:
+            if shapes or len(spec.input_dim) != 4 * len(spec.input):
+                raise _net_error(spec, f"{len(spec.input)} input(s) need {4 * len(spec.input)} "
+                                       f"input_dim values, got {len(spec.input_dim)}"
+                                 if not shapes else "input_shape and input_dim are both set",
+                                 "give input_shape (one per input) or 4 input_dim per input")
+            shapes = [spec.input_dim[4 * i:4 * i + 4] for i in range(len(spec.input))]
+        if len(shapes) != len(spec.input):
+            raise _net_error(spec, f"{len(spec.input)} input(s) but {len(shapes)} shapes",
+                             "give one input_shape per input")
+        input_param = registry.lookup("Input").params["input_param"]
+        layer = LayerParameter(name="input", type="Input", top=list(spec.input))
+        layer.params = {"input_param": input_param(shape=[BlobShape(dim=d) for d in shapes])}
+        loc = getattr(spec, "_location", None)
+        if loc is not None:
+            layer._location = Location(loc.file, key_line(spec, "input"), "input")
+        return layer
+
+    def _build(self, layer_specs: list[LayerParameter]) -> None:
+        producers: dict[str, LayerParameter] = {}   # blob name -> layer that last wrote it
+        available: dict[str, None] = {}              # tops nobody has consumed yet, in order
+        params_by_name: dict[str, _Blob] = {}
+        for i, lp in enumerate(layer_specs):
+            bottom_shapes = [self._bottom_shape(lp, k, layer_specs[i + 1:])
+                             for k in range(len(lp.bottom))]
+            self._check_wiring(lp, producers)
+            _check_database(lp)
+            layer = registry.lookup(lp.type)(lp, bottom_shapes, self.ctx)
+            self.layers.append(layer)
+            for name in lp.bottom:
+                available.pop(name, None)
+            for j, (name, shape) in enumerate(zip(lp.top, layer.top_shapes, strict=True)):
+                producers[name] = lp
+                available.pop(name, None)
+                available[name] = None
+                self.blobs[name] = shape
+                weight = _loss_weight(layer, j)
+                if weight != 0.0:
+                    self._loss_weights.append((name, weight))
+            if lp.type == "Input":
+                self.input_names.extend(lp.top)
+            self._register_blobs(layer, params_by_name)
+        self.output_names = list(available)
+
+    def _bottom_shape(self, lp: LayerParameter, k: int, later: list[LayerParameter]) -> Shape:
+        name = lp.bottom[k]
+        if name in self.blobs:
+            return self.blobs[name]
+        problem = f"Unknown bottom blob '{name}' (layer '{lp.name}', bottom index {k})"
+        producer = next((x for x in later if name in x.top), None)
+        if producer is not None:
+            raise _at(lp, f"{problem}: only the later layer '{producer.name}' "
+                          f"({_where(producer)}) produces it",
+                      "a layer reads only blobs produced above it: move it below "
+                      f"'{producer.name}' or break the cycle", key="bottom", named=False)
+        near = suggest(name, self.blobs)
+        hint = f"did you mean '{near}'?" if near else \
+            "name a top of an earlier layer in this phase"
+        known = ", ".join(self.blobs) or "none"
+        raise _at(lp, problem, f"{hint} (blobs so far: {known})", key="bottom", named=False)
+
+    def _check_wiring(self, lp: LayerParameter, producers: dict[str, LayerParameter]) -> None:
+        for j, name in enumerate(lp.top):
+            in_place = j < len(lp.bottom) and lp.bottom[j] == name
+            if name in lp.top[:j]:
+                raise _at(lp, f"Top blob '{name}' produced by multiple sources: it is named "
+                              "twice in this layer's tops", "give each top its own name",
+                          key="top")
+            if name in producers and not in_place:
+                first = producers[name]
+                raise _at(lp, f"Top blob '{name}' produced by multiple sources: layer "
+                              f"'{first.name}' ({_where(first)}) already produces it",
+                          "rename one of the tops; in place needs top[k] == bottom[k]",
+                          key="top")
+        if lp.propagate_down and len(lp.propagate_down) != len(lp.bottom):
+            raise _at(lp, f"propagate_down has {len(lp.propagate_down)} entries for "
+                          f"{len(lp.bottom)} bottoms", "give one per bottom, or none",
+                      key="propagate_down")
+        if lp.loss_weight and len(lp.loss_weight) != len(lp.top):
+            raise _at(lp, f"loss_weight has {len(lp.loss_weight)} entries for {len(lp.top)} "
+                          "tops", "give one per top, or none", key="loss_weight")
+
+    def _register_blobs(self, layer: Layer, params_by_name: dict[str, _Blob]) -> None:
+        """Caffe's AppendParam: multipliers per blob, sharing by ``param.name``."""
+        specs = layer.spec.param
+        if len(specs) > len(layer.blob_names):
+            raise _at(layer.spec, f"{len(specs)} param entries for {len(layer.blob_names)} "
+                                  f"blob(s) ({', '.join(layer.blob_names) or 'none'})",
+                      "give at most one param entry per blob, in blob order", key="param")
+        for index, attr in enumerate(layer.blob_names):
+            ps = specs[index] if index < len(specs) else ParamSpec()
+            ref = _Blob(layer, index, attr, ps.lr_mult, ps.decay_mult)
+            owner = params_by_name.get(ps.name) if ps.name else None
+            if owner is None:
+                if ps.name:
+                    params_by_name[ps.name] = ref
+            else:
+                self._share(ref, ps, owner)
+            tensor = getattr(layer, attr)
+            if isinstance(tensor, nn.Parameter) and ref.owner is None and ref.lr_mult == 0:
+                tensor.requires_grad_(False)
+            self._blob_refs.append(ref)
+
+    def _share(self, ref: _Blob, ps: ParamSpec, owner: _Blob) -> None:
+        mine, theirs = getattr(ref.layer, ref.attr), getattr(owner.layer, owner.attr)
+        who = f"param '{ps.name}' (owner layer '{owner.layer.name}')"
+        if ps.share_mode == "STRICT" and mine.shape != theirs.shape:
+            raise _at(ref.layer.spec, f"cannot share {who}: shape {list(mine.shape)} here vs "
+                                      f"{list(theirs.shape)} in the owner (share_mode STRICT)",
+                      "make the shapes equal, or set share_mode: PERMISSIVE if only the counts "
+                      "must match", key="param")
+        if mine.numel() != theirs.numel():
+            raise _at(ref.layer.spec, f"cannot share {who}: {mine.numel()} values here vs "
+                                      f"{theirs.numel()} in the owner (share_mode PERMISSIVE)",
+                      "make the element counts equal", key="param")
+        if isinstance(mine, nn.Parameter) != isinstance(theirs, nn.Parameter):
+            raise _at(ref.layer.spec, f"cannot share {who}: one blob is learnable and the "
+                                      "other is not", "share blobs of the same kind", key="param")
+        owner_spec = _param_spec(owner)
+        for mult in ("lr_mult", "decay_mult"):
+            if not is_set(ps, mult):
+                setattr(ref, mult, getattr(owner, mult))
+            elif owner_spec is not None and is_set(owner_spec, mult):
+                if getattr(ps, mult) != getattr(owner_spec, mult):
+                    raise _at(ref.layer.spec, f"Shared param '{ps.name}' has mismatched {mult}: "
+                                              f"{getattr(ps, mult):g} here, "
+                                              f"{getattr(owner_spec, mult):g} in the owner "
+                                              f"layer '{owner.layer.name}'",
+                              f"set the same {mult} on every sharer, or set it only on the "
+                              "owner", key="param")
+            else:  # Caffe: the first sharer that sets it decides
+                setattr(owner, mult, getattr(ps, mult))
+        ref.owner = owner
+        if mine.shape == theirs.shape:
+            setattr(ref.layer, ref.attr, theirs)
+        else:  # PERMISSIVE: the sharer sees the owner's values in its own shape
+            if isinstance(mine, nn.Parameter):
+                del ref.layer._parameters[ref.attr]
+            else:
+                del ref.layer._buffers[ref.attr]
+            self._views.append((ref, tuple(mine.shape)))
+            setattr(ref.layer, ref.attr, theirs.view(mine.shape))
+
+    # --- forward ----------------------------------------------------------------------------
+    def forward(self, inputs: Mapping[str, torch.Tensor] | None = None) -> NetOutput:
+        """Run every layer in order; ``inputs`` maps each net input name to its tensor."""
+        inputs = dict(inputs or {})
+        unknown = [k for k in inputs if k not in self.input_names]
+        if unknown:
+            raise NetError(f"net '{self.name}': '{unknown[0]}' is not an input of the net "
+                           f"(its inputs: {', '.join(self.input_names) or 'none'})")
+        self._bind_shared()
+        blobs: dict[str, torch.Tensor] = {}
+        for layer in self.layers:
+            lp = layer.spec
+            if lp.type == "Input":
+                layer.provide_named(inputs)
+            bottoms = [blobs[b] for b in lp.bottom]
+            for k, down in enumerate(lp.propagate_down):
+                if not down:
+                    bottoms[k] = bottoms[k].detach()
+            tops = layer(*bottoms)
+            if isinstance(tops, torch.Tensor):
+                tops = (tops,)
+            for name, value in zip(lp.top, tops, strict=True):
+                blobs[name] = value
+        loss = torch.zeros((), device=self.device)
+        for name, weight in self._loss_weights:
+            loss = loss + weight * blobs[name].sum()
+        return NetOutput(loss, {name: blobs[name] for name in self.output_names})
+
+    def _bind_shared(self) -> None:
+        """Re-point shared blobs (a layer may have rebound its own attribute since)."""
+        for layer, attr, src, src_attr in self._rebinds:
+            value = getattr(src, src_attr)
+            if getattr(layer, attr) is not value:
+                setattr(layer, attr, value)
+        for ref, shape in self._views:
+            owner = ref.owner
+            setattr(ref.layer, ref.attr, getattr(owner.layer, owner.attr).view(shape))
+
+    # --- parameters and weights -------------------------------------------------------------
+    def learnable_params(self) -> list[LearnableParam]:
+        """Every learnable blob once, in layer and blob order, with its multipliers."""
+        out = []
+        for ref in self._blob_refs:
+            tensor = getattr(ref.layer, ref.attr)
+            if ref.owner is None and isinstance(tensor, nn.Parameter):
+                out.append(LearnableParam(f"{ref.layer.name}/{ref.index}", tensor,
+                                          ref.lr_mult, ref.decay_mult))
+        return out
+
+    def layer_blobs(self) -> dict[str, list[torch.Tensor]]:
+        """Layer name -> its blobs in Caffe order (what a weights file holds); none skipped."""
+        return {layer.name: layer.blobs() for layer in self.layers if layer.blob_names}
+
+    def copy_from(self, blobs_by_layer: Mapping[str, list[torch.Tensor]],
+                  source: str | Path = "<weights>") -> CopyResult:
+        """Caffe's CopyTrainedLayersFrom: copy by layer name; layers the net lacks are skipped."""
+        result = CopyResult()
+        by_name = {layer.name: layer for layer in self.layers}
+        for name, values in blobs_by_layer.items():
+            layer = by_name.get(name)
+            if layer is None:
+                result.ignored.append(name)
+                continue
+            targets = layer.blobs()
+            if len(values) != len(targets):
+                raise NetError(f"{source}: layer '{name}' has {len(values)} blob(s) in the "
+                               f"weights but {len(targets)} in the net; the weights are for "
+                               "another net")
+            for i, (value, target) in enumerate(zip(values, targets, strict=True)):
+                value = torch.as_tensor(value)
+                if not _same_shape(value.shape, target.shape):
+                    raise NetError(f"{source}: layer '{name}' blob {i}: shape "
+                                   f"{list(value.shape)} in the weights, {list(target.shape)} in "
+                                   "the net; the weights are for another net (or rename the "
+                                   "layer to start it afresh)")
+                with torch.no_grad():
+                    target.copy_(value.reshape(target.shape))
+            result.copied.append(name)
+        return result
+
+    def share_weights_with(self, other: Net) -> list[str]:
+        """Caffe's ShareTrainedLayersWith: use ``other``'s blob tensors for same-named layers.
+
+        Returns the names of the layers that now share. A layer of this net that ``other``
+        lacks keeps its own blobs, as in Caffe.
+        """
+        theirs = {layer.name: layer for layer in other.layers}
+        shared = []
+        for layer in self.layers:
+            src = theirs.get(layer.name)
+            if src is None or not layer.blob_names:
+                continue
+            if len(src.blob_names) != len(layer.blob_names):
+                raise NetError(f"layer '{layer.name}' has {len(layer.blob_names)} blob(s) here "
+                               f"but {len(src.blob_names)} in net '{other.name}' "
+                               f"({other.phase}); layers of one name must match across phases")
+            for i, (attr, src_attr) in enumerate(zip(layer.blob_names, src.blob_names,
+                                                     strict=True)):
+                a, b = getattr(layer, attr), getattr(src, src_attr)
+                if a.shape != b.shape:
+                    raise NetError(f"layer '{layer.name}' blob {i}: shape {list(a.shape)} here "
+                                   f"but {list(b.shape)} in net '{other.name}' ({other.phase}); "
+                                   "layers of one name must match across phases")
+                self._rebinds.append((layer, attr, src, src_attr))
+            shared.append(layer.name)
+        self._bind_shared()
+        return shared
+
+    # --- looking around ---------------------------------------------------------------------
+    def layer_by_name(self, name: str) -> Layer:
+        for layer in self.layers:
+            if layer.name == name:
+                return layer
+        near = suggest(name, [layer.name for layer in self.layers])
+        fix = f"; did you mean '{near}'?" if near else ""
+        raise NetError(f"net '{self.name}' ({self.phase}) has no layer '{name}'{fix}")
+
+    def data_layers(self) -> list[Layer]:
+        """The layers of type Data, in order (the data pipeline attaches a feed to each)."""
+        return [layer for layer in self.layers if layer.spec.type == "Data"]
+
+    @property
+    def loss_weights(self) -> dict[str, float]:
+        """Top name -> its non-zero loss weight."""
+        return dict(self._loss_weights)
+
+    def summary(self) -> list[SummaryRow]:
+        """One row per layer: name, type, tops with their shapes, learnable values it owns."""
+        owned: dict[int, int] = {}
+        for ref in self._blob_refs:
+            tensor = getattr(ref.layer, ref.attr)
+            if ref.owner is None and isinstance(tensor, nn.Parameter):
+                owned[id(ref.layer)] = owned.get(id(ref.layer), 0) + tensor.numel()
+        return [SummaryRow(layer.name, layer.spec.type,
+                           list(zip(layer.spec.top, layer.top_shapes, strict=True)),
+                           owned.get(id(layer), 0)) for layer in self.layers]
+
+    def extra_repr(self) -> str:
+        return f"name={self.name!r}, phase={self.phase}, layers={len(self.layers)}"
+
+
+def _loss_weight(layer: Layer, top: int) -> float:
+    """Caffe: an explicit loss_weight, else 1 for a loss layer's first top, else 0."""
+    if layer.spec.loss_weight:
+        return float(layer.spec.loss_weight[top])
+    return 1.0 if layer.is_loss and top == 0 else 0.0
+
+
+def _check_database(lp: LayerParameter) -> None:
+    """A Data layer's LMDB must exist before the net can learn its shapes from it."""
+    data_param = lp.params.get("data_param") if lp.type == "Data" else None
+    source = getattr(data_param, "source", "")
+    if not source or Path(source).exists():
+        return
+    fix = ("run `make data` to create it" if "fashion_mnist" in source else
+           "convert the data into it first (`make data` creates the Fashion-MNIST databases)")
+    raise _at(lp, f"database {source} does not exist", fix, key="data_param")
+
+
+def _param_spec(ref: _Blob) -> ParamSpec | None:
+    specs = ref.layer.spec.param
+    return specs[ref.index] if ref.index < len(specs) else None
+
+
+def _same_shape(source: torch.Size, target: torch.Size) -> bool:
+    """Equal shapes, or Caffe's legacy 4-axis form with leading 1s (e.g. 1 x 1 x N x M)."""
+    if source == target:
+        return True
+    strip = lambda s: list(s)[next((i for i, d in enumerate(s) if d != 1), len(s)):]
+    return math.prod(source) == math.prod(target) and strip(source) == strip(target)
+
+
+def _where(lp: LayerParameter) -> str:
+    loc = getattr(lp, "_location", None)
+    return f"line {loc.line}" if loc is not None else f"layer '{lp.name}'"
+
+
+def _at(lp: LayerParameter, problem: str, fix: str | None = None,
+        key: str | None = None, named: bool = True) -> NetError:
+    """A NetError at the layer's line (or the line of ``key`` inside it) in its spec file."""
+    if named:
+        problem = f"layer '{lp.name}' ({lp.type}): {problem}"
+    loc = getattr(lp, "_location", None)
+    if loc is None:
+        return NetError(f"{problem}; {fix}" if fix else problem)
+    line = key_line(lp, key) if key else loc.line
+    path = f"{loc.path}.{key}" if key else loc.path
+    return NetError(str(Location(loc.file, line, path).error(problem, fix)))
+
+
+def _net_error(spec: NetParameter, problem: str, fix: str) -> NetError:
+    loc = getattr(spec, "_location", None)
+    if loc is None:
+        return NetError(f"{problem}; {fix}")
+    return NetError(str(loc.error(problem, fix)))
+
+
+__all__ = ["Net", "NetOutput", "LearnableParam", "SummaryRow", "CopyResult"]
