@@ -1,0 +1,252 @@
+"""The solver spec: Caffe's SolverParameter as a typed message, loaded from YAML.
+
+Field names and defaults are caffe.proto's, so a lenet_solver.prototxt translates line for
+line. The nets are named by path (``net``, ``train_net``, ``test_net``) or written inline
+(``net_param``, ``train_net_param``, ``test_net_param``, parsed by
+:func:`caffe_py.spec.net_spec.parse_net`). Relative paths resolve against the solver file's
+directory. :meth:`SolverParameter.check` holds the cross-field rules Caffe enforces with
+CHECKs (AdaGrad without momentum, a ``step`` policy with a ``stepsize``, one ``test_iter`` per
+test net...), reported at the offending key's line.
+"""
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from ..errors import SpecError
+from . import yamlio
+from .net_spec import NetParameter, parse_net
+from .schema import Check, Location, Source, field, is_set, parse_message
+
+SOLVER_TYPES = ("SGD", "Nesterov", "AdaGrad", "RMSProp", "AdaDelta", "Adam")
+LR_POLICIES = ("fixed", "step", "exp", "inv", "multistep", "poly", "sigmoid")
+PRECISIONS = ("FLOAT32", "BF16")
+SNAPSHOT_FORMATS = ("pt",)
+
+# Which fields each lr policy reads (beyond base_lr); a policy missing one is an error.
+_POLICY_NEEDS = {
+    "fixed": (),
+    "step": ("gamma", "stepsize"),
+    "exp": ("gamma",),
+    "inv": ("gamma", "power"),
+    "multistep": ("gamma", "stepvalue"),
+    "poly": ("power",),
+    "sigmoid": ("gamma", "stepsize"),
+}
+_INLINE_NETS = ("net_param", "train_net_param", "test_net_param")
+
+
+@dataclass
+class NetState:
+    """The state a net is built in: phase, level and stages (select layers by rule)."""
+
+    phase: str = field("TEST", "TRAIN or TEST", choices=("TRAIN", "TEST"))
+    level: int = field(0, "compared with a rule's min_level / max_level")
+    stage: list[str] = field([], "stages set for this net")
+
+
+@dataclass
+class SolverParameter:
+    """How to train: the nets, the schedule, the update rule and the snapshots."""
+
+    # --- the nets ------------------------------------------------------------------------
+    net: str = field("", "one net spec for TRAIN and TEST (phase rules pick the layers)",
+                     path=True)
+    net_param: NetParameter | None = field(None, "the net written inline (instead of net)")
+    train_net: str = field("", "the TRAIN net spec (instead of net)", path=True)
+    train_net_param: NetParameter | None = field(None, "the TRAIN net written inline")
+    test_net: list[str] = field([], "TEST net specs, one per test net", path=True)
+    test_net_param: list[NetParameter] = field([], "TEST nets written inline")
+    train_state: NetState | None = field(None, "level and stages of the TRAIN net")
+    test_state: list[NetState] = field([], "level and stages of each TEST net")
+    # --- testing ---------------------------------------------------------------------------
+    test_iter: list[int] = field([], "batches per test pass, one value per test net", min=1)
+    test_interval: int = field(0, "test every this many iterations (0: never)", min=0)
+    test_initialization: bool = field(True, "also test before the first iteration")
+    # --- schedule and display --------------------------------------------------------------
+    base_lr: float = field(0.0, "the base learning rate", min=0)
+    display: int = field(0, "print the loss every this many iterations (0: never)", min=0)
+    average_loss: int = field(1, "the displayed loss is the mean of this many iterations",
+                              min=1)
+    max_iter: int = field(0, "iterations to train", min=0)
+    iter_size: int = field(1, "forward/backward passes per update (gradient accumulation)",
+                           min=1)
+    lr_policy: str = field("fixed", "learning-rate schedule", choices=LR_POLICIES)
+    gamma: float = field(0.0, "step/exp/inv/multistep/sigmoid: the rate's factor")
+    power: float = field(0.0, "inv/poly: the exponent")
+    stepsize: int = field(0, "step: iterations per step; sigmoid: the midpoint", min=0)
+    stepvalue: list[int] = field([], "multistep: the iterations where the rate drops", min=0)
+    # --- the update ------------------------------------------------------------------------
+    type: str = field("SGD", "the update rule", choices=SOLVER_TYPES)
+    momentum: float = field(0.0, "SGD/Nesterov momentum; AdaDelta decay; Adam beta1",
+                            min=0, max=1)
+    momentum2: float = field(0.999, "Adam beta2", min=0, max=1)
+    rms_decay: float = field(0.99, "RMSProp: decay of the squared-gradient history",
+                             min=0, max=1)
+    delta: float = field(1e-8, "AdaGrad/RMSProp/AdaDelta/Adam: added to the denominator",
+                         min=0)
+    weight_decay: float = field(0.0, "regularization strength (times each blob's decay_mult)",
+                                min=0)
+    regularization_type: str = field("L2", "L2 adds decay*w, L1 adds decay*sign(w)",
+                                     choices=("L2", "L1"))
+    clip_gradients: float = field(-1.0, "scale gradients down when their global L2 norm "
+                                        "exceeds this (< 0: off)")
+    # --- snapshots -------------------------------------------------------------------------
+    snapshot: int = field(0, "write a snapshot every this many iterations (0: only at the end)",
+                          min=0)
+    snapshot_prefix: str = field("", "snapshot path prefix (empty: the solver file's name)",
+                                 path=True)
+    snapshot_after_train: bool = field(True, "write a snapshot when training ends")
+    snapshot_format: str = field("pt", "pt: torch.save, loaded with weights_only=True",
+                                 choices=SNAPSHOT_FORMATS)
+    # --- machine ---------------------------------------------------------------------------
+    random_seed: int = field(-1, "seed for fillers, dropout and data order (-1: the clock)")
+    solver_mode: str = field("GPU", "CPU or GPU (cpy train --gpus decides when given)",
+                             choices=("CPU", "GPU"))
+    device_id: int = field(0, "the GPU to use when --gpus is not given", min=0)
+    precision: str = field("FLOAT32", "FLOAT32, or BF16: forward/backward under bfloat16 "
+                                      "autocast, weights and update in float32",
+                           choices=PRECISIONS)
+    _location: Location | None = dataclasses.field(default=None, repr=False, compare=False)
+    _file: str = dataclasses.field(default="<string>", repr=False, compare=False)
+
+    def validate(self, v: Check) -> None:
+        """Caffe's cross-field CHECKs; run by :func:`parse_solver` once inline nets are in."""
+        self._check_nets(v)
+        self._check_policy(v)
+        if self.type in ("AdaGrad", "RMSProp") and self.momentum != 0:
+            v.fail("momentum", f"momentum cannot be used with {self.type} "
+                               f"(got {self.momentum:g})", "remove momentum or set it to 0")
+        if self.type == "AdaDelta" and not is_set(self, "momentum"):
+            v.fail("type", "AdaDelta needs momentum (its decay rate)", "add e.g. momentum: 0.95")
+
+    def _check_nets(self, v: Check) -> None:
+        train = [k for k in ("net", "net_param", "train_net", "train_net_param") if is_set(self, k)]
+        if not train:
+            v.fail(None, "no net is given", "add 'net: <file>' (or net_param, train_net)")
+        if len(train) > 1:
+            v.fail(train[1], f"{' and '.join(train)} are all set; a solver trains one net",
+                   "keep one of them")
+        explicit = len(self.test_net) + len(self.test_net_param)
+        generic = bool(self.net or self.net_param)
+        n_iter = len(self.test_iter)
+        if explicit and n_iter != explicit and not (generic and n_iter > explicit):
+            key = "test_iter" if n_iter else ("test_net" if self.test_net else "test_net_param")
+            v.fail(key, f"{explicit} test net(s) but {n_iter} test_iter value(s)",
+                   "give one test_iter per test net")
+        if not generic and not explicit and n_iter:
+            v.fail("test_iter", "test_iter is given but there is no test net",
+                   "add test_net, or use 'net:' for both phases")
+        if self.test_state and len(self.test_state) != max(n_iter, explicit):
+            v.fail("test_state", f"{len(self.test_state)} test_state value(s) for "
+                                 f"{max(n_iter, explicit)} test net(s)",
+                   "give one test_state per test net")
+        if self.test_interval and not n_iter:
+            v.fail("test_interval", "test_interval is set but test_iter is not",
+                   "add test_iter (batches per test pass), or remove test_interval")
+
+    def _check_policy(self, v: Check) -> None:
+        if not is_set(self, "base_lr"):
+            v.fail(None, "base_lr is not set", "add e.g. 'base_lr: 0.01'")
+        for need in _POLICY_NEEDS[self.lr_policy]:
+            if not is_set(self, need):
+                v.fail("lr_policy", f"lr_policy {self.lr_policy} needs {need}",
+                       f"add '{need}: <value>'")
+        if self.lr_policy == "step" and self.stepsize <= 0:
+            v.fail("stepsize", "lr_policy step needs stepsize > 0", "set stepsize >= 1")
+        if self.lr_policy == "poly" and self.max_iter <= 0:
+            v.fail("max_iter", "lr_policy poly needs max_iter > 0", "set max_iter")
+        if any(b <= a for a, b in zip(self.stepvalue, self.stepvalue[1:], strict=False)):
+            v.fail("stepvalue", f"stepvalue must increase, got {self.stepvalue}",
+                   "list the iterations in ascending order")
+
+    # --- what the solver reads --------------------------------------------------------------
+    @property
+    def file(self) -> str:
+        """The file the spec came from (``<string>`` when built in code)."""
+        return self._file
+
+    def train_net_spec(self) -> tuple[NetParameter, NetState]:
+        """The TRAIN net and its state (Caffe's Solver::InitTrainNet)."""
+        state = dataclasses.replace(self.train_state or NetState(), phase="TRAIN")
+        for inline, path in (("train_net_param", "train_net"), ("net_param", "net")):
+            if getattr(self, inline) is not None:
+                return getattr(self, inline), state
+            if getattr(self, path):
+                return _load_net(getattr(self, path), self, path), state
+        raise SpecError("no net is given", file=self._file, fix="add 'net: <file>'")
+
+    def test_net_specs(self) -> list[tuple[NetParameter, NetState]]:
+        """The TEST nets in Caffe's order: test_net_param, test_net, then the generic net."""
+        nets = list(self.test_net_param)
+        nets += [_load_net(p, self, "test_net") for p in self.test_net]
+        generic = self.net_param or (_load_net(self.net, self, "net") if self.net else None)
+        if generic is not None:
+            nets += [generic] * (len(self.test_iter) - len(nets))
+        states = self.test_state or [NetState() for _ in nets]
+        return [(net, dataclasses.replace(state, phase="TEST"))
+                for net, state in zip(nets, states, strict=True)]
+
+
+def parse_solver(node: Any, src: Source) -> SolverParameter:
+    """Parse a SolverParameter mapping; inline nets go through the net spec parser."""
+    if not isinstance(node, dict):
+        raise SpecError("a solver spec is a mapping of SolverParameter fields", file=src.file,
+                        line=getattr(node, "line", None))
+    if not isinstance(node, yamlio.MarkedDict):
+        node = yamlio.MarkedDict(node)
+        node.key_lines = {}
+    spec = parse_message(SolverParameter, node, src, skip=_INLINE_NETS)
+    spec.net_param = _inline(node, "net_param", src)
+    spec.train_net_param = _inline(node, "train_net_param", src)
+    tests = node.get("test_net_param", [])
+    tests = tests if isinstance(tests, list) else [tests]
+    spec.test_net_param = [parse_net(t, src, f"test_net_param[{i}]")
+                           for i, t in enumerate(tests)]
+    given = set(spec._set_fields) | {k for k in _INLINE_NETS if k in node}
+    object.__setattr__(spec, "_set_fields", frozenset(given))
+    object.__setattr__(spec, "_key_lines", dict(node.key_lines))
+    spec._file = src.file
+    spec.validate(Check(node, src, ""))
+    _default_prefix(spec, src, str(node.get("snapshot_prefix", "")))
+    return spec
+
+
+def load_solver(path: str | Path) -> SolverParameter:
+    """Load and validate a solver spec file."""
+    return parse_solver(yamlio.load(path), Source.of(path))
+
+
+def _inline(node: dict, key: str, src: Source) -> NetParameter | None:
+    return parse_net(node[key], src, key) if key in node else None
+
+
+def _load_net(path: str, spec: SolverParameter, key: str) -> NetParameter:
+    from .net_spec import load_net
+
+    if not Path(path).exists():
+        loc = spec._location
+        raise SpecError(f"net file not found: {path}", file=spec._file,
+                        line=_key_line(spec, key) or (loc.line if loc else None), path=key,
+                        fix="check the path (relative to the solver file's directory)")
+    return load_net(path)
+
+
+def _key_line(spec: SolverParameter, key: str) -> int | None:
+    return getattr(spec, "_key_lines", {}).get(key)
+
+
+def _default_prefix(spec: SolverParameter, src: Source, written: str) -> None:
+    """Caffe 1.0's UpgradeSnapshotPrefixProperty: an empty prefix is the solver file's name
+    without extension; a prefix naming a directory gets that name appended."""
+    stem = Path(src.file).stem if src.file != "<string>" else "caffe_py"
+    if not spec.snapshot_prefix:
+        spec.snapshot_prefix = str(src.base_dir / stem)
+    elif written.endswith(("/", "\\")) or Path(spec.snapshot_prefix).is_dir():
+        spec.snapshot_prefix = str(Path(spec.snapshot_prefix) / stem)
+
+
+__all__ = ["SolverParameter", "NetState", "parse_solver", "load_solver", "SOLVER_TYPES",
+           "LR_POLICIES", "PRECISIONS"]
