@@ -1,1 +1,251 @@
-"""Layer family: loss."""
+"""Layer family: losses and Accuracy, as Caffe 1.0 computes them.
+
+Normalization (LossParameter): the summed loss is divided by max(1, n) where n is the count of
+positions whose label is not ``ignore_label`` (VALID), all positions (FULL), the outer count
+(BATCH_SIZE) or 1 (NONE). ``normalize: true|false`` is the legacy spelling of VALID|BATCH_SIZE
+and is used only when ``normalization`` is not written. SoftmaxWithLoss defaults to VALID;
+SigmoidCrossEntropyLoss defaults to BATCH_SIZE, as Caffe 1.0 keeps its old behaviour there
+(sigmoid_cross_entropy_loss_layer.cpp: "normalization_ = BATCH_SIZE" when neither is set).
+
+Labels are class indices stored in any dtype (Data layers give floats); like Caffe they are
+truncated to integers. A label outside [0, C) that is not ignored is a DataError (checked with
+one reduction and one host sync per batch; ``options['check_labels'] = False`` skips it, e.g.
+inside a CUDA graph, and then out-of-range labels are clamped instead of crashing the kernel).
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+from ..errors import DataError
+from ..spec.net_spec import LossParameter, SoftmaxParameter
+from ..spec.schema import field, is_set
+from .base import Layer, Shape, canonical_axis, count
+from .registry import register
+
+# Caffe clamps the probability at FLT_MIN before the log: the loss of one position is at most
+# -log(FLT_MIN) ~ 87.34.
+_MAX_NLL = -math.log(float(np.finfo(np.float32).tiny))
+
+
+def normalization_mode(p: LossParameter, default: str) -> str:
+    """The normalization Caffe uses: ``normalization`` if written, else legacy ``normalize``."""
+    if is_set(p, "normalization"):
+        return p.normalization
+    if p.normalize is not None:
+        return "VALID" if p.normalize else "BATCH_SIZE"
+    return default
+
+
+def normalizer(mode: str, outer: int, inner: int,
+               valid: torch.Tensor | None) -> torch.Tensor | float:
+    """max(1, n) for the mode; VALID counts ``valid`` (all positions when nothing is ignored)."""
+    if mode == "VALID" and valid is not None:
+        return valid.sum().clamp(min=1)
+    n = {"FULL": outer * inner, "VALID": outer * inner, "BATCH_SIZE": outer, "NONE": 1}[mode]
+    return float(max(1, n))
+
+
+def check_label_range(layer: Layer, labels: torch.Tensor, valid: torch.Tensor | None,
+                      num_classes: int, param_key: str) -> None:
+    """Raise a DataError when a non-ignored label is outside [0, num_classes)."""
+    if not layer.ctx.options.get("check_labels", True):
+        return
+    bad = (labels < 0) | (labels >= num_classes)
+    if valid is not None:
+        bad &= valid
+    if bool(bad.any()):  # the one host sync
+        value = int(labels[bad].flatten()[0])
+        err = layer.spec.error(
+            f"label {value} is outside [0, {num_classes}) ({num_classes} classes)",
+            f"check the data's labels, or set {param_key}.ignore_label: {value} to skip them")
+        raise DataError(str(err))
+
+
+def require_batch_axis(layer: Layer, shape: Shape) -> None:
+    if len(shape) == 0:
+        raise layer.bottom_error(0, "is a scalar; a loss needs a batch axis")
+
+
+def label_count_error(layer: Layer, bottom_shapes: list[Shape], axis: int) -> Exception:
+    scores, labels = bottom_shapes
+    want = list(scores[:axis]) + list(scores[axis + 1:])
+    return layer.bottom_error(
+        1, f"has shape {list(labels)} ({count(labels)} labels) but bottom "
+           f"'{layer.spec.bottom[0]}' of shape {list(scores)} needs {count(want)}, one per "
+           f"position outside the class axis {axis}", f"give the labels the shape {want}")
+
+
+def split_class_axis(layer: Layer, bottom_shapes: list[Shape], axis: int) -> tuple[int, int]:
+    """Canonical class axis of bottom 0, checking one label per position outside it."""
+    scores, labels = bottom_shapes
+    axis = canonical_axis(layer, axis, len(scores))
+    if count(scores, 0, axis) * count(scores, axis + 1) != count(labels):
+        raise label_count_error(layer, bottom_shapes, axis)
+    return axis, scores[axis]
+
+
+def as_positions(scores: torch.Tensor, labels: torch.Tensor,
+                 axis: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """scores (outer, C, inner) and integer labels (outer, 1, inner) from the live tensors."""
+    outer = math.prod(scores.shape[:axis])
+    scores = scores.reshape(outer, scores.shape[axis], -1)
+    return scores, labels.reshape(outer, 1, scores.shape[2]).long()
+
+
+@register("SoftmaxWithLoss")
+class SoftmaxWithLoss(Layer):
+    """Multinomial logistic loss of the softmax over ``axis``: -log(max(p_label, FLT_MIN)).
+
+    Bottoms: scores (... x C x ...) and labels (one per position outside the class axis, e.g.
+    N or N x H x W for N x C x H x W scores). Tops: the loss (a scalar) and, optionally, the
+    probabilities. The gradient is Caffe's (p - onehot) / normalizer, also where the FLT_MIN
+    clamp is active.
+    """
+
+    params = {"loss_param": LossParameter, "softmax_param": SoftmaxParameter}
+    bottoms = (2, 2)
+    tops = (1, 2)
+    is_loss = True
+
+    def setup(self, bottom_shapes: list[Shape]) -> list[Shape]:
+        p: LossParameter = self.param("loss_param")
+        self.axis, self.classes = split_class_axis(
+            self, bottom_shapes, self.param("softmax_param").axis)
+        self.ignore_label = p.ignore_label
+        self.mode = normalization_mode(p, "VALID")
+        return [()] + [bottom_shapes[0]] * (len(self.spec.top) - 1)
+
+    def forward(self, scores: torch.Tensor, labels: torch.Tensor):
+        logp = F.log_softmax(scores, dim=self.axis)
+        logp3, lab = as_positions(logp, labels.detach(), self.axis)
+        valid = None if self.ignore_label is None else lab != self.ignore_label
+        check_label_range(self, lab, valid, self.classes, "loss_param")
+        nll = -logp3.gather(1, lab.clamp(0, self.classes - 1))  # (outer, 1, inner)
+        # clamp the value at -log(FLT_MIN) but keep the unclamped gradient, as Caffe does
+        nll = nll - (nll - nll.clamp(max=_MAX_NLL)).detach()
+        total = (nll * valid).sum() if valid is not None else nll.sum()
+        loss = total / normalizer(self.mode, lab.shape[0], lab.shape[2], valid)
+        if len(self.top_shapes) == 2:
+            return loss, logp.exp()
+        return loss
+
+
+@register("EuclideanLoss")
+class EuclideanLoss(Layer):
+    """sum((a - b)^2) / (2 N), N = bottom 0's first axis; both bottoms get gradients.
+
+    ``loss_param`` is accepted (Caffe lets any layer carry one) but this loss, like Caffe's,
+    does not normalise by it.
+    """
+
+    params = {"loss_param": LossParameter}
+    bottoms = (2, 2)
+    is_loss = True
+
+    def setup(self, bottom_shapes: list[Shape]) -> list[Shape]:
+        a, b = bottom_shapes
+        require_batch_axis(self, a)
+        if not b or a[0] != b[0] or count(a, 1) != count(b, 1):
+            raise self.bottom_error(
+                1, f"has shape {list(b)} but bottom '{self.spec.bottom[0]}' has shape "
+                   f"{list(a)}", "both bottoms need the same first axis and count per item")
+        return [()]
+
+    def forward(self, a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+        return F.mse_loss(a, b.reshape(a.shape), reduction="sum") / (2 * a.shape[0])
+
+
+@register("SigmoidCrossEntropyLoss")
+class SigmoidCrossEntropyLoss(Layer):
+    """Cross-entropy of sigmoid(x) against targets in [0, 1], in the stable form
+    max(x, 0) - x t + log(1 + exp(-|x|)); targets equal to ``ignore_label`` add nothing.
+    Normalization defaults to BATCH_SIZE (Caffe 1.0); the targets get no gradient."""
+
+    params = {"loss_param": LossParameter}
+    bottoms = (2, 2)
+    is_loss = True
+
+    def setup(self, bottom_shapes: list[Shape]) -> list[Shape]:
+        x, t = bottom_shapes
+        require_batch_axis(self, x)
+        if count(x) != count(t):
+            raise self.bottom_error(
+                1, f"has shape {list(t)} ({count(t)} targets) but bottom "
+                   f"'{self.spec.bottom[0]}' has shape {list(x)} ({count(x)} values)",
+                "give one target per input value")
+        p: LossParameter = self.param()
+        self.ignore_label = p.ignore_label
+        self.mode = normalization_mode(p, "BATCH_SIZE")
+        return [()]
+
+    def forward(self, x: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
+        target = target.detach().reshape(x.shape).to(x.dtype)
+        outer, inner = x.shape[0], x[0].numel()
+        if self.ignore_label is None:
+            total = F.binary_cross_entropy_with_logits(x, target, reduction="sum")
+            return total / normalizer(self.mode, outer, inner, None)
+        valid = target.long() != self.ignore_label  # Caffe compares int(target)
+        per_value = F.binary_cross_entropy_with_logits(x, target * valid, reduction="none")
+        return (per_value * valid).sum() / normalizer(self.mode, outer, inner, valid)
+
+
+@dataclass
+class AccuracyParameter:
+    """Caffe's AccuracyParameter."""
+
+    top_k: int = field(1, "a prediction is right when the label is among the k best classes",
+                       min=1)
+    axis: int = field(1, "the class axis (negative counts from the end)")
+    ignore_label: int | None = field(None, "positions with this label are not counted")
+
+
+@register("Accuracy")
+class Accuracy(Layer):
+    """Fraction of non-ignored positions whose label ranks in the top k; optional second top:
+    the accuracy per class (C; 0 for a class with no positions).
+
+    Ranking follows Caffe's sort of (score, class) pairs in descending order: a class beats
+    the label when its score is higher, or equal with a higher class index, so ties go to the
+    higher index. No gradient flows.
+    """
+
+    params = {"accuracy_param": AccuracyParameter}
+    bottoms = (2, 2)
+    tops = (1, 2)
+
+    def setup(self, bottom_shapes: list[Shape]) -> list[Shape]:
+        p: AccuracyParameter = self.param()
+        self.axis, self.classes = split_class_axis(self, bottom_shapes, p.axis)
+        if p.top_k > self.classes:
+            raise self.fail(f"top_k {p.top_k} exceeds the {self.classes} classes of bottom "
+                            f"'{self.spec.bottom[0]}'",
+                            f"use accuracy_param.top_k <= {self.classes}")
+        self.top_k = p.top_k
+        self.ignore_label = p.ignore_label
+        return [()] + [(self.classes,)] * (len(self.spec.top) - 1)
+
+    @torch.no_grad()
+    def forward(self, scores: torch.Tensor, labels: torch.Tensor):
+        s3, lab = as_positions(scores, labels, self.axis)  # (outer, C, inner), (outer, 1, inner)
+        valid = (torch.ones_like(lab, dtype=torch.bool) if self.ignore_label is None
+                 else lab != self.ignore_label)
+        check_label_range(self, lab, valid, self.classes, "accuracy_param")
+        lab = lab.clamp(0, self.classes - 1)
+        label_score = s3.gather(1, lab)
+        index = torch.arange(self.classes, device=s3.device).view(1, -1, 1)
+        better = (s3 > label_score) | ((s3 == label_score) & (index > lab))
+        hit = (better.sum(dim=1, keepdim=True) < self.top_k) & valid
+        n = valid.sum()
+        accuracy = (hit.sum() / n.clamp(min=1)).to(scores.dtype)
+        if len(self.top_shapes) == 1:
+            return accuracy
+        per_class_n = torch.zeros(self.classes, dtype=scores.dtype, device=scores.device)
+        per_class_n.index_add_(0, lab.flatten(), valid.flatten().to(scores.dtype))
+        per_class_hit = torch.zeros_like(per_class_n)
+        per_class_hit.index_add_(0, lab.flatten(), hit.flatten().to(scores.dtype))
+        return accuracy, per_class_hit / per_class_n.clamp(min=1)

@@ -1,1 +1,225 @@
-"""Layer family: normalization."""
+"""Layer family: normalization (BatchNorm) and the per-channel affine pair that follows it
+(Scale, Bias), as Caffe 1.0 defines them (batch_norm_layer.cpp, scale_layer.cpp,
+bias_layer.cpp).
+
+Caffe's BatchNorm has no affine part: a Scale layer with ``bias_term: true`` follows it. Its
+three blobs are running *sums*, not running means: ``mean_sum`` and ``var_sum`` (C) decay by
+``moving_average_fraction`` and add the batch statistics, and ``count`` (1) decays the same way
+and adds 1, so the global statistics are ``mean_sum / count`` and ``var_sum / count``.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+
+from ..spec.net_spec import FillerParameter
+from ..spec.schema import field
+from .base import Layer, Shape, canonical_axis
+from .registry import register
+
+_ONE = FillerParameter(type="constant", value=1.0)
+
+
+@dataclass
+class BatchNormParameter:
+    """Caffe's BatchNormParameter."""
+
+    use_global_stats: bool | None = field(
+        None, "normalise with the stored statistics instead of the batch's "
+              "(default: true in TEST, false in TRAIN)")
+    moving_average_fraction: float = field(
+        0.999, "decay of the running sums per iteration", min=0.0, max=1.0)
+    eps: float = field(1e-5, "added to the variance before the square root", min=0.0)
+
+
+@register("BatchNorm")
+class BatchNorm(Layer):
+    """y = (x - mean) / sqrt(var + eps) per channel (axis 1; a 1-axis blob is one channel).
+
+    TRAIN (use_global_stats false) uses the batch mean and biased variance over N and the
+    spatial axes and updates the running sums in place (the unbiased variance, m / (m - 1)
+    with m values per channel, goes into ``var_sum``); a TEST net sharing the buffers sees the
+    update. Global statistics divide the sums by ``count``; a zero count means "no statistics
+    yet" and, as in Caffe, uses mean 0 and variance 0.
+    """
+
+    params = {"batch_norm_param": BatchNormParameter}
+
+    def setup(self, bottom_shapes: list[Shape]) -> list[Shape]:
+        (shape,) = bottom_shapes
+        if len(shape) < 1:
+            raise self.bottom_error(0, "is a scalar; BatchNorm needs at least a batch axis")
+        p: BatchNormParameter = self.param()
+        self.use_global_stats = (self.phase == "TEST" if p.use_global_stats is None
+                                 else p.use_global_stats)
+        self.maf = p.moving_average_fraction
+        self.eps = p.eps
+        self.channels = shape[1] if len(shape) > 1 else 1
+        self.add_blob("mean_sum", (self.channels,), learnable=False)
+        self.add_blob("var_sum", (self.channels,), learnable=False)
+        self.add_blob("count", (1,), learnable=False)
+        return [shape]
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        shape = x.shape
+        if x.dim() == 1:
+            x = x.view(-1, 1)  # (N,) is N values of one channel
+        if self.use_global_stats:
+            y = self._normalize_global(x)
+        elif x.numel() // self.channels > 1:
+            y = self._normalize_batch(x)
+        else:
+            y = self._normalize_single(x)
+        return y.view(shape)
+
+    def _normalize_global(self, x: torch.Tensor) -> torch.Tensor:
+        # 1 / count, or 0 before any statistics were gathered (Caffe's scale_factor)
+        inv = torch.where(self.count == 0, torch.zeros_like(self.count), self.count.reciprocal())
+        return F.batch_norm(x, self.mean_sum * inv, self.var_sum * inv, training=False,
+                            eps=self.eps)
+
+    def _normalize_batch(self, x: torch.Tensor) -> torch.Tensor:
+        # With momentum 1 PyTorch writes the batch mean and the unbiased (m / (m - 1)) variance
+        # into the two scratch vectors, so one fused kernel gives both the output and the
+        # statistics that Caffe's update needs.
+        stat_dtype = x.dtype if x.dtype in (torch.float32, torch.float64) else torch.float32
+        mean = torch.zeros(self.channels, dtype=stat_dtype, device=x.device)
+        var = torch.zeros(self.channels, dtype=stat_dtype, device=x.device)
+        y = F.batch_norm(x, mean, var, training=True, momentum=1.0, eps=self.eps)
+        self._update_stats(mean, var)
+        return y
+
+    def _normalize_single(self, x: torch.Tensor) -> torch.Tensor:
+        # One value per channel (N = 1, no spatial axes): PyTorch refuses, Caffe gives
+        # variance 0, an output of 0 and (m / (m - 1) undefined) a bias correction of 1.
+        dims = [0] + list(range(2, x.dim()))
+        mean = x.mean(dim=dims, keepdim=True)
+        centred = x - mean
+        var = centred.square().mean(dim=dims, keepdim=True)
+        y = centred / torch.sqrt(var + self.eps)
+        self._update_stats(mean.detach().flatten(), var.detach().flatten())
+        return y
+
+    @torch.no_grad()
+    def _update_stats(self, mean: torch.Tensor, unbiased_var: torch.Tensor) -> None:
+        self.count.mul_(self.maf).add_(1.0)
+        self.mean_sum.mul_(self.maf).add_(mean.to(self.mean_sum.dtype))
+        self.var_sum.mul_(self.maf).add_(unbiased_var.to(self.var_sum.dtype))
+
+
+@dataclass
+class ScaleParameter:
+    """Caffe's ScaleParameter."""
+
+    axis: int = field(1, "the first axis of bottom[0] the scale applies along "
+                         "(negative counts from the end)")
+    num_axes: int = field(1, "how many axes the learned scale spans (-1: to the end; 0: a "
+                             "scalar); ignored with a second bottom, whose shape decides",
+                          min=-1)
+    filler: FillerParameter | None = field(None, "initial scale (default: constant 1)")
+    bias_term: bool = field(False, "also learn a bias of the same shape, added after scaling")
+    bias_filler: FillerParameter | None = field(None, "initial bias (default: zeros)")
+
+
+@dataclass
+class BiasParameter:
+    """Caffe's BiasParameter."""
+
+    axis: int = field(1, "the first axis of bottom[0] the bias applies along "
+                         "(negative counts from the end)")
+    num_axes: int = field(1, "how many axes the learned bias spans (-1: to the end; 0: a "
+                             "scalar); ignored with a second bottom, whose shape decides",
+                          min=-1)
+    filler: FillerParameter | None = field(None, "initial bias (default: zeros)")
+
+
+def operand_shape(layer: Layer, bottom_shapes: list[Shape], axis: int,
+                  num_axes: int) -> tuple[int, Shape]:
+    """(axis, shape) of the scale or bias that broadcasts over bottom 0 from ``axis`` on.
+
+    With two bottoms the second is the operand and must match bottom 0's axes from ``axis``;
+    with one the learned blob spans ``num_axes`` axes (-1: all remaining).
+    """
+    shape = bottom_shapes[0]
+    if len(bottom_shapes) == 2:
+        other = bottom_shapes[1]
+        if len(other) == 0:
+            return 0, other
+        axis = canonical_axis(layer, axis, len(shape))
+        first = f"bottom '{layer.spec.bottom[0]}'"
+        if axis + len(other) > len(shape):
+            raise layer.bottom_error(
+                1, f"has {len(other)} axes, which from axis {axis} extend past {first} of "
+                   f"shape {list(shape)}", f"use an axis <= {len(shape) - len(other)}")
+        span = shape[axis:axis + len(other)]
+        if span != other:
+            raise layer.bottom_error(
+                1, f"has shape {list(other)} but {first} has {list(span)} at axes "
+                   f"{axis}..{axis + len(other) - 1} (shape {list(shape)})",
+                f"give bottom 1 the shape {list(span)} or change axis")
+        return axis, other
+    if num_axes == 0:
+        return 0, ()
+    axis = canonical_axis(layer, axis, len(shape))
+    end = len(shape) if num_axes == -1 else axis + num_axes
+    if end > len(shape):
+        raise layer.fail(f"axis {axis} with num_axes {num_axes} extends past bottom "
+                         f"'{layer.spec.bottom[0]}' of shape {list(shape)}",
+                         f"use num_axes <= {len(shape) - axis} or -1")
+    return axis, shape[axis:end]
+
+
+def trailing_view(operand: torch.Tensor, trailing: int) -> torch.Tensor:
+    """``operand`` with ``trailing`` size-1 axes so that it broadcasts against bottom 0."""
+    return operand.view(*operand.shape, *([1] * trailing))
+
+
+@register("Scale")
+class Scale(Layer):
+    """y = x * scale (+ bias), the scale broadcast along bottom 0's axes from ``axis``.
+
+    One bottom: the scale is a learned blob (Caffe order: scale, then bias when bias_term).
+    Two bottoms: the second bottom is the scale, and only the bias (if any) is learned.
+    """
+
+    params = {"scale_param": ScaleParameter}
+    bottoms = (1, 2)
+
+    def setup(self, bottom_shapes: list[Shape]) -> list[Shape]:
+        p: ScaleParameter = self.param()
+        self.axis, shape = operand_shape(self, bottom_shapes, p.axis, p.num_axes)
+        self.trailing = len(bottom_shapes[0]) - self.axis - len(shape)
+        if len(bottom_shapes) == 1:
+            self.add_blob("scale", shape, p.filler or _ONE)
+        self.bias_term = p.bias_term
+        if p.bias_term:
+            self.add_blob("bias", shape, p.bias_filler)
+        return [bottom_shapes[0]]
+
+    def forward(self, x: torch.Tensor, scale: torch.Tensor | None = None) -> torch.Tensor:
+        s = trailing_view(self.scale if scale is None else scale, self.trailing)
+        if self.bias_term:
+            return torch.addcmul(trailing_view(self.bias, self.trailing), x, s)
+        return x * s
+
+
+@register("Bias")
+class Bias(Layer):
+    """y = x + bias, the bias broadcast along bottom 0's axes from ``axis`` (a learned blob,
+    or the second bottom)."""
+
+    params = {"bias_param": BiasParameter}
+    bottoms = (1, 2)
+
+    def setup(self, bottom_shapes: list[Shape]) -> list[Shape]:
+        p: BiasParameter = self.param()
+        self.axis, shape = operand_shape(self, bottom_shapes, p.axis, p.num_axes)
+        self.trailing = len(bottom_shapes[0]) - self.axis - len(shape)
+        if len(bottom_shapes) == 1:
+            self.add_blob("bias", shape, p.filler)
+        return [bottom_shapes[0]]
+
+    def forward(self, x: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
+        return x + trailing_view(self.bias if bias is None else bias, self.trailing)
