@@ -1,0 +1,342 @@
+"""Tree synchronisation of N replicas in one process (Caffe rc3's P2PSync, over flat buffers).
+
+Each replica is driven by its own thread and its own Solver; the solver calls two hooks per
+iteration and knows nothing else about the other replicas:
+
+``on_start`` (before forward)
+    weights flow down the tree: a replica waits until its parent holds this iteration's
+    weights, then copies the parent's flat data buffer into its own (one copy per bucket) and
+    tells its own children. The root's weights are those of its last update.
+``on_gradient_ready`` (after backward)
+    gradients flow up: a replica waits for each child in the tree's fixed order and adds the
+    child's subtree sum into its own flat gradient (bucket by bucket), then pushes the sum into
+    its parent's receive buffer. The root scales by 1/N; its Solver (``applies_updates``) then
+    applies Caffe's update to the mean gradient, which equals the gradient of one replica with
+    an N times larger batch (each loss divides by its own batch).
+
+Waiting is on the CPU only for "my peer has *issued* its copy" (a generation counter); the GPU
+order between replicas goes through CUDA events, so a thread never blocks on GPU work. Every
+wait is bounded and watches a shared stop event: when any replica fails, all threads unwind
+and the error names the failing replica and device.
+"""
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from ..errors import CaffePyError, SolverError
+from .flat import DEFAULT_BUCKET_BYTES, FlatParams
+from .topology import Tree, build_tree, peer_matrix
+
+DEFAULT_TIMEOUT_S = 900.0
+_POLL_S = 0.05
+
+
+class StopReplica(Exception):
+    """Raised inside a replica's thread when it must unwind (another replica failed)."""
+
+
+class RunFinished(Exception):
+    """Raised inside a non-root replica when the root ended the run (e.g. a stop signal)."""
+
+
+class Signal:
+    """A counter one thread raises and others wait on: "generation g is issued"."""
+
+    def __init__(self) -> None:
+        self._cond = threading.Condition()
+        self._value = 0
+        self.event: Any = None
+        """The CUDA event recorded with the last post (None on CPU)."""
+
+    @property
+    def value(self) -> int:
+        return self._value
+
+    def post(self, value: int, event: Any = None) -> None:
+        with self._cond:
+            self._value, self.event = value, event
+            self._cond.notify_all()
+
+    def wake(self) -> None:
+        with self._cond:
+            self._cond.notify_all()
+
+    def wait(self, value: int, group: SyncGroup, who: int, what: str) -> Any:
+        """Wait until the counter reaches ``value``; return the event posted with it."""
+        deadline = time.monotonic() + group.timeout
+        with self._cond:
+            while self._value < value:
+                group.check(who)
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    raise SolverError(
+                        f"replica {who} ({group.devices[who]}) waited {group.timeout:.0f} s for "
+                        f"{what} at iteration {value - 1}; a replica is stuck: look for an error "
+                        f"above, or raise the sync timeout if the root's test phase is longer")
+                self._cond.wait(min(left, _POLL_S * 10))
+            return self.event
+
+
+@dataclass
+class Failure:
+    replica: int
+    device: torch.device
+    error: BaseException
+
+
+@dataclass
+class ReplicaState:
+    """One replica's buffers, stream and signals."""
+
+    index: int
+    device: torch.device
+    flat: FlatParams
+    state: FlatParams
+    stream: Any = None
+    """The replica's compute stream (CUDA) or None."""
+    iteration: int = 0
+    weights: Signal = field(default_factory=Signal)
+    grads: Signal = field(default_factory=Signal)
+    inbox: dict[int, torch.Tensor] = field(default_factory=dict)
+    """child index -> a gradient-sized receive buffer on this replica's device."""
+
+
+class SyncGroup:
+    """What all replicas of one run share: devices, buffers, the stop event, the first failure."""
+
+    def __init__(self, devices: Sequence[torch.device], *, timeout: float = DEFAULT_TIMEOUT_S,
+                 bucket_bytes: int = DEFAULT_BUCKET_BYTES):
+        self.devices = [torch.device(d) for d in devices]
+        self.n = len(self.devices)
+        self.timeout = timeout
+        self.bucket_bytes = bucket_bytes
+        self.stop = threading.Event()
+        self.finished = threading.Event()
+        self.failure: Failure | None = None
+        self.replicas: list[ReplicaState | None] = [None] * self.n
+        self._lock = threading.Lock()
+
+    def setup(self, i: int, params: Sequence[torch.Tensor],
+              state: Sequence[torch.Tensor] = ()) -> ReplicaState:
+        """Move replica ``i``'s learnable params (and state blobs) into flat buffers."""
+        device = self.devices[i]
+        stream = torch.cuda.Stream(device) if device.type == "cuda" else None
+        rep = ReplicaState(i, device, FlatParams(params, bucket_bytes=self.bucket_bytes),
+                           FlatParams(state, with_grad=False, bucket_bytes=self.bucket_bytes),
+                           stream)
+        self.replicas[i] = rep
+        return rep
+
+    def replica(self, i: int) -> ReplicaState:
+        rep = self.replicas[i]
+        if rep is None:
+            raise RuntimeError(f"replica {i} was not set up before its first iteration")
+        return rep
+
+    def check_shapes(self) -> None:
+        """All replicas must hold the same parameter layout (the same net)."""
+        ref = self.replica(0)
+        for i in range(1, self.n):
+            rep = self.replica(i)
+            if (rep.flat.numel, rep.state.numel) != (ref.flat.numel, ref.state.numel):
+                raise SolverError(
+                    f"replica {i} ({rep.device}) has {rep.flat.numel} parameter elements, "
+                    f"replica 0 has {ref.flat.numel}; every replica must build the same net")
+
+    # --- stopping ---------------------------------------------------------------------------
+    def fail(self, i: int, error: BaseException) -> None:
+        """Record the first failure and make every other thread unwind."""
+        with self._lock:
+            if self.failure is None:
+                self.failure = Failure(i, self.devices[i], error)
+        self.stop.set()
+        self.wake_all()
+
+    def finish(self) -> None:
+        """The root ended the run: replicas waiting for weights end too."""
+        self.finished.set()
+        self.wake_all()
+
+    def wake_all(self) -> None:
+        for rep in self.replicas:
+            if rep is not None:
+                rep.weights.wake()
+                rep.grads.wake()
+
+    def check(self, who: int) -> None:
+        if self.stop.is_set():
+            raise StopReplica(f"replica {who} stops: another replica failed")
+        if self.finished.is_set() and who != 0:
+            raise RunFinished()
+
+
+class TreeCallback:
+    """The solver callback of replica ``index`` in a tree-synchronised run."""
+
+    def __init__(self, sync: TreeSync, index: int):
+        self.sync, self.index = sync, index
+
+    def on_start(self, solver: Any = None) -> None:
+        self.sync.weights_down(self.index)
+
+    def on_gradient_ready(self, solver: Any = None) -> None:
+        self.sync.grads_up(self.index)
+
+
+class TreeSync(SyncGroup):
+    """Weights down and gradients up a :class:`Tree`, bucket by bucket."""
+
+    def __init__(self, devices: Sequence[torch.device], *, tree: Tree | None = None, **kw: Any):
+        super().__init__(devices, **kw)
+        self.tree = tree or build_tree(self.n, peer_matrix(self.devices))
+        if self.tree.n != self.n:
+            raise ValueError(f"tree over {self.tree.n} replicas for {self.n} devices")
+
+    def callback(self, i: int) -> TreeCallback:
+        return TreeCallback(self, i)
+
+    def setup(self, i: int, params: Sequence[torch.Tensor],
+              state: Sequence[torch.Tensor] = ()) -> ReplicaState:
+        rep = super().setup(i, params, state)
+        for child in self.tree.children(i):
+            rep.inbox[child] = torch.zeros_like(rep.flat.grad)
+        return rep
+
+    def weights_down(self, i: int) -> None:
+        """on_start: take this iteration's weights from the parent, then offer them below."""
+        rep = self.replica(i)
+        rep.iteration += 1
+        parent = self.tree.parent(i)
+        with _on_stream(rep.stream):
+            if parent is not None:
+                src = self.replica(parent)
+                event = src.weights.wait(rep.iteration, self, i,
+                                         f"weights from replica {parent} ({src.device})")
+                _wait_event(rep.stream, event)
+                _copy_buckets(rep.flat, rep.flat.data, src.flat.data)
+                _copy_buckets(rep.state, rep.state.data, src.state.data)
+            rep.weights.post(rep.iteration, _record(rep.stream))
+
+    def grads_up(self, i: int) -> None:
+        """on_gradient_ready: add the children's sums in fixed order, push to the parent."""
+        rep = self.replica(i)
+        rep.flat.rebind_grads()
+        with _on_stream(rep.stream):
+            for child in self.tree.children(i):
+                src = self.replica(child)
+                event = src.grads.wait(rep.iteration, self, i,
+                                       f"gradients from replica {child} ({src.device})")
+                _wait_event(rep.stream, event)
+                rep.flat.grad.add_(rep.inbox[child])
+            parent = self.tree.parent(i)
+            if parent is None:
+                if self.n > 1:
+                    rep.flat.grad.mul_(1.0 / self.n)
+                return
+            dst = self.replica(parent)
+            # the push runs on this replica's stream; the parent waits for its event
+            _copy_buckets(rep.flat, dst.inbox[i], rep.flat.grad)
+            rep.grads.post(rep.iteration, _record(rep.stream))
+
+
+# --- threads ---------------------------------------------------------------------------------
+def run_replicas(group: SyncGroup, targets: Sequence[Callable[[], None]], *,
+                 join_timeout: float | None = None) -> None:
+    """Run ``targets[i]`` in thread i, each on its replica's device and stream; re-raise a failure.
+
+    The first exception in any thread stops all of them; the error names the replica and its
+    device. A thread that does not end within ``join_timeout`` after a stop is reported.
+    """
+    threads = [threading.Thread(target=_guarded, args=(group, i, fn), name=f"cpy-replica-{i}",
+                                daemon=True) for i, fn in enumerate(targets)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        while t.is_alive():
+            t.join(_POLL_S * 4)
+            if group.stop.is_set():
+                break
+    grace = join_timeout if join_timeout is not None else min(group.timeout, 60.0)
+    deadline = time.monotonic() + grace
+    for t in threads:
+        t.join(max(0.0, deadline - time.monotonic()))
+    stuck = [t.name for t in threads if t.is_alive()]
+    if group.failure is not None:
+        raise replica_error(group.failure, stuck)
+    if stuck:
+        raise SolverError(f"replica threads {', '.join(stuck)} did not end within {grace:.0f} s")
+
+
+def _guarded(group: SyncGroup, i: int, fn: Callable[[], None]) -> None:
+    device = group.devices[i]
+    try:
+        if device.type == "cuda":
+            torch.cuda.set_device(device)
+            rep = group.replicas[i]
+            if rep is not None and rep.stream is not None:
+                torch.cuda.set_stream(rep.stream)
+        fn()
+        if i == 0:
+            group.finish()
+    except (StopReplica, RunFinished):
+        return
+    except BaseException as exc:  # noqa: BLE001 - any failure must stop every replica
+        group.fail(i, exc)
+
+
+def replica_error(failure: Failure, stuck: Sequence[str] = ()) -> CaffePyError:
+    """One line naming the replica, its device and what went wrong."""
+    err, where = failure.error, f"replica {failure.replica} ({failure.device})"
+    if isinstance(err, torch.cuda.OutOfMemoryError):
+        msg = (f"{where}: out of GPU memory; lower the net's batch_size (each GPU runs the "
+               f"full batch) or use fewer/larger GPUs")
+    elif isinstance(err, CaffePyError):
+        msg = f"{where}: {err}"
+    else:
+        msg = f"{where} failed: {type(err).__name__}: {err}"
+    if stuck:
+        msg += f" (threads still running: {', '.join(stuck)})"
+    out = SolverError(msg)
+    out.__cause__ = err
+    return out
+
+
+# --- device helpers (no-ops on CPU) ---------------------------------------------------------
+class _on_stream:
+    """``torch.cuda.stream(s)`` for a CUDA stream, nothing for None."""
+
+    def __init__(self, stream: Any):
+        self.ctx = torch.cuda.stream(stream) if stream is not None else None
+
+    def __enter__(self) -> None:
+        if self.ctx is not None:
+            self.ctx.__enter__()
+
+    def __exit__(self, *exc: Any) -> None:
+        if self.ctx is not None:
+            self.ctx.__exit__(*exc)
+
+
+def _record(stream: Any) -> Any:
+    if stream is None:
+        return None
+    event = torch.cuda.Event()
+    event.record(stream)
+    return event
+
+
+def _wait_event(stream: Any, event: Any) -> None:
+    if stream is not None and event is not None:
+        stream.wait_event(event)
+
+
+def _copy_buckets(flat: FlatParams, dst: torch.Tensor, src: torch.Tensor) -> None:
+    """dst <- src one bucket at a time (cross-device copies are asynchronous on GPU)."""
+    for b in range(len(flat.buckets)):
+        flat.bucket(dst, b).copy_(flat.bucket(src, b), non_blocking=True)
