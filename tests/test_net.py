@@ -1,0 +1,290 @@
+"""The Net's own semantics, on toy layers (conftest) plus Input and DummyData."""
+from __future__ import annotations
+
+import pytest
+import torch
+
+from caffe_py.errors import NetError
+from caffe_py.net import Net
+
+pytestmark = pytest.mark.usefixtures("toy_layers")
+
+PHASED = """
+name: phased
+input: data
+input_shape: {dim: [2, 3]}
+layer:
+  - {name: a, type: ToyScale, bottom: data, top: a, include: {phase: TRAIN}}
+  - {name: a, type: ToyScale, bottom: data, top: a, include: {phase: TEST},
+     toy_param: {value: 2}}
+  - {name: deep, type: ToyScale, bottom: a, top: deep, include: {min_level: 1}}
+  - {name: staged, type: ToyScale, bottom: a, top: staged, include: {stage: [x, y]}}
+  - {name: notx, type: ToyScale, bottom: a, top: notx, include: {not_stage: x}}
+  - {name: nottest, type: ToyScale, bottom: a, top: nottest, exclude: {phase: TEST}}
+"""
+
+
+def names(net: Net) -> list[str]:
+    return [layer.name for layer in net.layers]
+
+
+def test_phase_level_and_stage_rules(spec_of):
+    spec = spec_of(PHASED)
+    assert names(Net(spec, "TRAIN")) == ["input", "a", "notx", "nottest"]
+    assert names(Net(spec, "TEST")) == ["input", "a", "notx"]
+    assert names(Net(spec, "TEST", level=1)) == ["input", "a", "deep", "notx"]
+    assert names(Net(spec, "TRAIN", stages=["x"])) == ["input", "a", "nottest"]
+    assert names(Net(spec, "TRAIN", stages=["x", "y"])) == ["input", "a", "staged", "nottest"]
+    out = Net(spec, "TEST")({"data": torch.ones(2, 3)}).outputs
+    assert out["notx"].tolist() == [[2.0] * 3] * 2
+
+
+def test_legacy_inputs_become_an_input_layer(spec_of):
+    net = Net(spec_of("name: n\ninput: [x, y]\ninput_dim: [2, 3, 1, 1, 4, 1, 1, 1]\n"))
+    assert net.layers[0].spec.type == "Input" and net.layers[0].name == "input"
+    assert net.blobs == {"x": (2, 3, 1, 1), "y": (4, 1, 1, 1)}
+    assert net.input_names == ["x", "y"] and net.output_names == ["x", "y"]
+
+
+def test_inputs_are_checked_by_name(spec_of):
+    net = Net(spec_of("name: n\ninput: x\ninput_shape: {dim: [2, 3]}\n"))
+    with pytest.raises(NetError) as err:
+        net({"x": torch.ones(2, 3), "z": torch.ones(1)})
+    assert str(err.value) == "net 'n': 'z' is not an input of the net (its inputs: x)"
+    with pytest.raises(NetError) as err:
+        net()
+    assert str(err.value) == ("net.yaml:2: input: layer 'input' (Input): no tensor given for "
+                              "input(s) x; pass them in the net's inputs, keyed by top name")
+
+
+IN_PLACE = """
+name: inplace
+input: data
+input_shape: {dim: [2, 3, 4]}
+layer:
+  - {name: s1, type: ToyScale, bottom: data, top: s1, toy_param: {value: 2}}
+  - {name: s2, type: ToyScale, bottom: s1, top: s1, toy_param: {value: 3}}
+  - {name: loss, type: ToyLoss, bottom: s1, top: [loss, mean]}
+"""
+
+
+def test_in_place_rebinds_and_shapes_are_inferred(spec_of):
+    net = Net(spec_of(IN_PLACE))
+    assert net.blobs == {"data": (2, 3, 4), "s1": (2, 3, 4), "loss": (), "mean": ()}
+    result = net({"data": torch.ones(2, 3, 4)})
+    # s1 = 6 everywhere: loss = 24 * 36 / 2; 'mean' is an output with weight 0
+    assert result.loss.item() == 432.0
+    assert list(result.outputs) == ["loss", "mean"]
+    assert result.outputs["mean"].item() == 6.0
+    assert net.loss_weights == {"loss": 1.0}
+
+
+def test_explicit_loss_weights_on_any_top(spec_of):
+    text = IN_PLACE.replace("top: [loss, mean]}", "top: [loss, mean], loss_weight: [0.5, 2]}")
+    text = text.replace("top: s1, toy_param: {value: 3}}",
+                        "top: s1, toy_param: {value: 3}, loss_weight: 0.25}")
+    net = Net(spec_of(text))
+    result = net({"data": torch.ones(2, 3, 4)})
+    # 0.25 * sum(s1) + 0.5 * 432 + 2 * 6
+    assert result.loss.item() == pytest.approx(0.25 * 144 + 216 + 12)
+    assert net.loss_weights == {"s1": 0.25, "loss": 0.5, "mean": 2.0}
+
+
+def test_no_loss_is_a_zero_scalar(spec_of):
+    result = Net(spec_of(PHASED))({"data": torch.ones(2, 3)})
+    assert result.loss.shape == () and result.loss.item() == 0.0
+
+
+def test_outputs_are_unconsumed_tops_in_order(spec_of):
+    net = Net(spec_of(PHASED), "TRAIN")
+    assert net.output_names == ["notx", "nottest"]
+
+
+def test_propagate_down_false_detaches_that_bottom(spec_of):
+    net = Net(spec_of("""
+name: pd
+input: data
+input_shape: {dim: [1, 2]}
+layer:
+  - {name: left, type: ToyScale, bottom: data, top: left}
+  - {name: right, type: ToyScale, bottom: data, top: right}
+  - {name: add, type: ToyAdd, bottom: [left, right], top: sum, propagate_down: [true, false]}
+  - {name: loss, type: ToyLoss, bottom: sum, top: loss}
+"""))
+    net({"data": torch.tensor([[1.0, 2.0]])}).loss.backward()
+    # sum = 2x; d loss / d left.w = sum * x = 2x^2
+    assert net.layer_by_name("left").weight.grad.tolist() == [2.0, 8.0]
+    assert net.layer_by_name("right").weight.grad is None
+
+
+MULTS = """
+name: mults
+input: data
+input_shape: {dim: [2, 3]}
+layer:
+  - name: s1
+    type: ToyScale
+    bottom: data
+    top: s1
+    param: [{lr_mult: 1}, {lr_mult: 2, decay_mult: 0}]
+    toy_param: {bias_term: true}
+  - {name: frozen, type: ToyScale, bottom: s1, top: s2, param: {lr_mult: 0}}
+  - {name: stat, type: ToyStat, bottom: s2, top: s3, param: [{lr_mult: 0.5}, {lr_mult: 0}]}
+"""
+
+
+def test_learnable_params_carry_multipliers(spec_of):
+    net = Net(spec_of(MULTS))
+    got = [(p.name, tuple(p.param.shape), p.lr_mult, p.decay_mult)
+           for p in net.learnable_params()]
+    assert got == [("s1/0", (3,), 1.0, 1.0), ("s1/1", (3,), 2.0, 0.0),
+                   ("frozen/0", (3,), 0.0, 1.0), ("stat/0", (3,), 0.5, 1.0)]
+    frozen = net.layer_by_name("frozen").weight
+    assert not frozen.requires_grad
+    assert [len(b) for b in net.layer_blobs().values()] == [2, 1, 2]
+
+
+def test_too_many_param_entries(spec_of):
+    spec = spec_of(MULTS.replace("param: {lr_mult: 0}}", "param: [{lr_mult: 0}, {}]}"))
+    with pytest.raises(NetError) as err:
+        Net(spec)
+    assert str(err.value) == ("net.yaml:12: layer[1].param: layer 'frozen' (ToyScale): 2 param "
+                              "entries for 1 blob(s) (weight); give at most one param entry "
+                              "per blob, in blob order")
+
+
+SHARED = """
+name: shared
+input: data
+input_shape: {dim: [1, 4]}
+layer:
+  - {name: a, type: ToyScale, bottom: data, top: a, param: {name: w, lr_mult: 2},
+     toy_param: {value: 2}}
+  - {name: b, type: ToyScale, bottom: data, top: b, param: {name: w}, toy_param: {value: 5}}
+  - {name: add, type: ToyAdd, bottom: [a, b], top: sum}
+  - {name: loss, type: ToyLoss, bottom: sum, top: loss}
+"""
+
+
+def test_shared_params_are_one_tensor_listed_once(spec_of):
+    net = Net(spec_of(SHARED))
+    a, b = net.layer_by_name("a"), net.layer_by_name("b")
+    assert a.weight is b.weight
+    params = net.learnable_params()
+    assert [(p.name, p.lr_mult) for p in params] == [("a/0", 2.0)]
+    assert a.weight.tolist() == [2.0] * 4  # the owner's filler wins
+    assert [r.params for r in net.summary()] == [0, 4, 0, 0, 0]
+    net({"data": torch.ones(1, 4)}).loss.backward()
+    # sum = 2 * w * x = 4; d/dw = sum * x from each branch: 4 + 4
+    assert a.weight.grad.tolist() == [8.0] * 4
+
+
+def test_sharer_may_repeat_or_set_the_owners_multipliers(spec_of):
+    same = SHARED.replace("param: {name: w}", "param: {name: w, lr_mult: 2}")
+    assert Net(spec_of(same)).learnable_params()[0].lr_mult == 2.0
+    adopted = SHARED.replace("param: {name: w, lr_mult: 2}", "param: {name: w}")
+    adopted = adopted.replace("param: {name: w}, toy_param: {value: 5}",
+                              "param: {name: w, decay_mult: 3}, toy_param: {value: 5}")
+    got = Net(spec_of(adopted)).learnable_params()[0]
+    assert (got.lr_mult, got.decay_mult) == (1.0, 3.0)
+
+
+def test_strict_sharing_needs_equal_shapes_permissive_equal_counts(spec_of):
+    text = SHARED.replace("param: {name: w}, toy_param: {value: 5}",
+                          "param: {name: w}, toy_param: {shape: [2, 2]}")
+    with pytest.raises(NetError) as err:
+        Net(spec_of(text))
+    assert str(err.value) == (
+        "net.yaml:8: layer[1].param: layer 'b' (ToyScale): cannot share param 'w' (owner layer "
+        "'a'): shape [2, 2] here vs [4] in the owner (share_mode STRICT); make the shapes equal, "
+        "or set share_mode: PERMISSIVE if only the counts must match")
+    net = Net(spec_of(text.replace("param: {name: w}",
+                                   "param: {name: w, share_mode: PERMISSIVE}")))
+    a, b = net.layer_by_name("a"), net.layer_by_name("b")
+    assert b.weight.shape == (2, 2) and b.weight.data_ptr() == a.weight.data_ptr()
+    assert [p.name for p in net.learnable_params()] == ["a/0"]
+    net({"data": torch.ones(1, 4)}).loss.backward()
+    assert a.weight.grad.tolist() == [8.0] * 4
+    with torch.no_grad():
+        a.weight.fill_(0.5)  # a solver update on the owner reaches the sharer
+    assert net({"data": torch.ones(1, 4)}).outputs["loss"].item() == 2.0
+
+
+def test_seed_decides_the_initial_weights(spec_of):
+    text = """
+name: seeded
+layer:
+  - {name: d, type: DummyData, top: noise, dummy_data_param: {shape: {dim: [3]},
+     data_filler: {type: gaussian}}}
+"""
+    first = Net(spec_of(text), seed=1)()
+    again = Net(spec_of(text), seed=1)()
+    other = Net(spec_of(text), seed=2)()
+    assert torch.equal(first.outputs["noise"], again.outputs["noise"])
+    assert not torch.equal(first.outputs["noise"], other.outputs["noise"])
+
+
+def test_copy_from_by_layer_name(spec_of):
+    net = Net(spec_of(MULTS))
+    result = net.copy_from({"s1": [torch.full((3,), 7.0), torch.full((1, 1, 1, 3), 8.0)],
+                            "absent": [torch.zeros(1)]}, source="w.caffemodel")
+    assert (result.copied, result.ignored) == (["s1"], ["absent"])
+    s1 = net.layer_by_name("s1")
+    assert s1.weight.tolist() == [7.0] * 3 and s1.bias.tolist() == [8.0] * 3
+    with pytest.raises(NetError) as err:
+        net.copy_from({"frozen": [torch.zeros(4)]}, source="w.caffemodel")
+    assert str(err.value) == ("w.caffemodel: layer 'frozen' blob 0: shape [4] in the weights, "
+                              "[3] in the net; the weights are for another net (or rename the "
+                              "layer to start it afresh)")
+    with pytest.raises(NetError) as err:
+        net.copy_from({"stat": [torch.zeros(3)]}, source="w.caffemodel")
+    assert str(err.value) == ("w.caffemodel: layer 'stat' has 1 blob(s) in the weights but 2 in "
+                              "the net; the weights are for another net")
+
+
+def test_test_net_shares_the_train_nets_blobs(spec_of):
+    spec = spec_of(MULTS.replace("  - {name: frozen",
+                                 "  - {name: only_test, type: ToyScale, bottom: s1, top: t, "
+                                 "include: {phase: TEST}}\n  - {name: frozen"))
+    train, test = Net(spec, "TRAIN"), Net(spec, "TEST", seed=5)
+    assert test.share_weights_with(train) == ["s1", "frozen", "stat"]
+    for name in ("s1", "frozen", "stat"):
+        mine, theirs = test.layer_by_name(name).blobs(), train.layer_by_name(name).blobs()
+        assert all(a is b for a, b in zip(mine, theirs, strict=True))
+    assert test.layer_by_name("only_test").weight is not None
+    train({"data": torch.ones(2, 3)})
+    train({"data": torch.ones(2, 3)})
+    assert test.layer_by_name("stat").count.item() == 2.0  # BatchNorm-like state is shared too
+    with torch.no_grad():
+        train.layer_by_name("s1").weight.fill_(3.0)
+    assert test({"data": torch.ones(2, 3)}).outputs["s3"].tolist() == [[3.0] * 3] * 2
+
+
+def test_share_weights_with_checks_shapes(spec_of):
+    train = Net(spec_of(MULTS))
+    test = Net(spec_of(MULTS.replace("dim: [2, 3]", "dim: [2, 5]")), "TEST")
+    with pytest.raises(NetError) as err:
+        test.share_weights_with(train)
+    assert str(err.value) == ("layer 's1' blob 0: shape [5] here but [3] in net 'mults' (TRAIN); "
+                              "layers of one name must match across phases")
+
+
+def test_layer_by_name_suggests(spec_of):
+    net = Net(spec_of(MULTS))
+    with pytest.raises(NetError) as err:
+        net.layer_by_name("frozn")
+    assert str(err.value) == "net 'mults' (TRAIN) has no layer 'frozn'; did you mean 'frozen'?"
+
+
+def test_summary_rows(spec_of):
+    rows = Net(spec_of(MULTS)).summary()
+    assert [(r.name, r.type, r.tops, r.params) for r in rows] == [
+        ("input", "Input", [("data", (2, 3))], 0),
+        ("s1", "ToyScale", [("s1", (2, 3))], 6),
+        ("frozen", "ToyScale", [("s2", (2, 3))], 3),
+        ("stat", "ToyStat", [("s3", (2, 3))], 3)]
+
+
+def test_force_backward_is_accepted(spec_of):
+    net = Net(spec_of("name: fb\nforce_backward: true\n" + IN_PLACE.split("\n", 2)[2]))
+    assert net({"data": torch.ones(2, 3, 4)}).loss.item() == 432.0
