@@ -9,11 +9,13 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass
+from typing import Protocol
 
 import torch
 
-from ..spec.net_spec import BlobShape, FillerParameter
-from ..spec.schema import Check, field
+from ..errors import DataError
+from ..spec.net_spec import BlobShape, DataParameter, FillerParameter, TransformationParameter
+from ..spec.schema import Check, field, is_set
 from . import fillers
 from .base import Layer, Shape
 from .registry import register
@@ -148,3 +150,64 @@ class DummyData(Layer):
             else:
                 out.append(getattr(self, f"_top{i}"))
         return out[0] if len(out) == 1 else tuple(out)
+
+
+# --- Data -----------------------------------------------------------------------------------
+class Feed(Protocol):
+    """What the data pipeline attaches to a Data layer (caffe_py.io.prefetch.Prefetcher)."""
+
+    def next(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """The next batch: data (B, C, H, W) float32 and labels (B,) int64, on the device."""
+
+
+_LEGACY_TRANSFORM = ("mean_file", "scale", "crop_size", "mirror")
+
+
+@register("Data")
+class Data(Layer):
+    """Batches from an LMDB of Datum records: tops data (B, C, h, w) and, optionally, label (B,).
+
+    Building opens the database and reads its first record for the shapes (C, H, W, then the
+    crop). ``forward`` returns the next batch of the feed that
+    :meth:`caffe_py.io.ReaderPool.attach` gave the layer.
+    """
+
+    params = {"data_param": DataParameter, "transform_param": TransformationParameter}
+    bottoms = (0, 0)
+    tops = (1, 2)
+
+    def setup(self, bottom_shapes: list[Shape]) -> list[Shape]:
+        from ..io.datum import datum_to_array, decode_record
+        from ..io.lmdb_store import open_db
+        from ..io.transformer import Transformer, force_color
+
+        dp, tp = self.param("data_param"), self.param("transform_param")
+        for key in _LEGACY_TRANSFORM:
+            if is_set(dp, key):
+                raise self.fail(f"data_param.{key} is deprecated",
+                                f"move it to transform_param.{key}")
+        with open_db(dp.source) as db:  # missing: a DataError naming the path and the fix
+            key, value = db.first()
+        self.color = True if dp.force_encoded_color else force_color(tp)
+        first = datum_to_array(decode_record(value, source=dp.source, key=key), color=self.color)
+        self.record_shape: tuple[int, int, int] = tuple(int(d) for d in first.shape)
+        self.record_dtype = first.dtype
+        try:
+            transformer = Transformer(tp, self.phase, self.record_shape, where="")
+        except DataError as exc:
+            raise self.fail(str(exc)) from None
+        self._feed: Feed | None = None
+        shapes: list[Shape] = [(dp.batch_size, *transformer.out_shape)]
+        return shapes + [(dp.batch_size,)] if len(self.spec.top) == 2 else shapes
+
+    def attach(self, feed: Feed) -> None:
+        """Give the layer its feed (done by the data pipeline, never by user code)."""
+        self._feed = feed
+
+    def forward(self) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
+        if self._feed is None:
+            raise self.fail("has no data feed attached",
+                            "start the data pipeline: caffe_py.io.ReaderPool(...).attach(net) "
+                            "and .start() before running the net")
+        data, label = self._feed.next()
+        return (data, label) if len(self.spec.top) == 2 else data

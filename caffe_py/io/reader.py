@@ -1,0 +1,398 @@
+"""Caffe rc3's DataReader: one producer thread per database, records handed round-robin.
+
+A *stream* is one Data layer (phase, layer name) read by every replica that attached it. The
+stream has its own read position; record ``g`` of the stream (counted from its origin, wrapping
+at the end of the database) goes to replica ``g % N``, so replica i of N gets records i, i+N,
+i+2N, ... and one iteration of N replicas of batch B reads exactly the next N x B records.
+
+One thread per database serves every stream of that database: it reads the LMDB in key order,
+decodes each record and appends it to the bounded queue of the replica whose turn it is (one
+queue per (stream, replica), holding ``prefetch x batch_size`` records). Two Data layers that
+read the same database in one net (a data layer and a label-only one, say) are two streams with
+two read positions, so each sees exactly the sequence it would see reading the database alone,
+and a slow one never blocks the other.
+
+The read positions that :meth:`ReaderPool.state` saves count what the training loop has
+consumed (not what the threads have read ahead), so :meth:`ReaderPool.load_state` resumes the
+exact record sequence.
+"""
+from __future__ import annotations
+
+import atexit
+import threading
+import time
+import weakref
+from collections import deque
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import lmdb
+import numpy as np
+import torch
+
+from ..errors import DataError
+from ..spec.net_spec import TransformationParameter
+from .datum import decode_record, format_key
+from .lmdb_store import open_db
+from .transformer import record_array
+
+WAIT_SLICE_S = 0.2
+"""Every blocking wait sleeps at most this long before it checks for errors and stop."""
+STALL_TIMEOUT_S = 60.0
+"""A consumer that gets no record for this long raises instead of hanging."""
+JOIN_TIMEOUT_S = 10.0
+
+
+@dataclass
+class Record:
+    """One decoded record: its position in the stream, key, pixels (C, H, W) and label."""
+
+    position: int
+    key: bytes
+    array: np.ndarray
+    label: int
+
+
+class RecordQueue:
+    """A bounded queue of records for one (stream, replica); the consumer side."""
+
+    def __init__(self, source: _Source, stream: _Stream, capacity: int):
+        self.source, self.stream, self.capacity = source, stream, capacity
+        self.items: deque[Record] = deque()
+        self.consumed = 0
+        """Records handed to the training loop (advanced by :meth:`mark_consumed`)."""
+
+    def __len__(self) -> int:
+        return len(self.items)
+
+    def get(self, n: int, timeout: float = STALL_TIMEOUT_S) -> list[Record]:
+        """The next ``n`` records, waiting for the producer (at most ``timeout`` s idle)."""
+        out: list[Record] = []
+        cond = self.source.cond
+        idle_since = time.monotonic()
+        with cond:
+            while len(out) < n:
+                if self.items:
+                    while self.items and len(out) < n:
+                        out.append(self.items.popleft())
+                    cond.notify_all()  # room for the producer
+                    idle_since = time.monotonic()
+                    continue
+                self.source.raise_if_failed()
+                if time.monotonic() - idle_since > timeout:
+                    raise DataError(f"{self.source.path}: no record arrived for {timeout:.0f} s "
+                                    f"(stream {self.stream.name}); another replica may have "
+                                    "stopped reading")
+                cond.wait(WAIT_SLICE_S)
+        return out
+
+    def mark_consumed(self, n: int) -> None:
+        self.consumed += n
+
+
+@dataclass
+class _Stream:
+    """One Data layer's read position over a database, shared by its replicas."""
+
+    name: str
+    color: bool | None
+    record_shape: tuple[int, int, int]
+    dtype: np.dtype
+    queues: dict[int, RecordQueue] = field(default_factory=dict)  # replica -> queue
+    origin: int = 0  # database index of stream position 0
+    starts: list[int] = field(default_factory=list)  # per replica slot: first position to send
+    position: int = 0  # the next position the producer reads
+    cursor: Any = None
+
+    @property
+    def replicas(self) -> list[int]:
+        return sorted(self.queues)
+
+    def target(self) -> tuple[RecordQueue, bool]:
+        """The queue whose turn it is, and whether this position is skipped (before its
+        replica's start after a resume)."""
+        slot = self.position % len(self.queues)
+        queue = self.queues[self.replicas[slot]]
+        return queue, self.position < self.starts[slot]
+
+    def state(self) -> dict[str, Any]:
+        n = len(self.queues)
+        nxt = [self.starts[s] + n * self.queues[r].consumed for s, r in enumerate(self.replicas)]
+        return {"replicas": n, "origin": self.origin, "next": nxt}
+
+
+class _Source:
+    """One database and its producer thread, serving every stream that reads it."""
+
+    def __init__(self, path: str, stop: threading.Event):
+        self.path = path
+        self.stop = stop
+        self.cond = threading.Condition()
+        self.streams: dict[str, _Stream] = {}
+        self.error: BaseException | None = None
+        self.thread: threading.Thread | None = None
+        self.env: lmdb.Environment | None = None
+        self.size = 0
+
+    def raise_if_failed(self) -> None:
+        if self.error is not None:
+            raise self.error
+        if self.stop.is_set():
+            raise DataError(f"{self.path}: the data reader was closed")
+        if self.thread is not None and not self.thread.is_alive():
+            raise DataError(f"{self.path}: the reading thread stopped")
+
+    # --- the producer -------------------------------------------------------------------------
+    def start(self) -> None:
+        db = open_db(self.path)  # a missing or corrupt database fails here, in the caller
+        self.size = len(db)
+        db.close()
+        if self.size == 0:
+            raise DataError(f"{self.path}: the database is empty; convert the data again")
+        self.env = lmdb.open(self.path, readonly=True, lock=False, readahead=True, subdir=True,
+                             max_readers=512)
+        self.thread = threading.Thread(target=self._run, name=f"cpy-reader:{self.path}",
+                                       daemon=True)
+        self.thread.start()
+
+    def _run(self) -> None:
+        txn = self.env.begin(buffers=False)
+        try:
+            for stream in self.streams.values():
+                stream.cursor = txn.cursor()
+                self._seek(stream, (stream.origin + min(stream.starts)) % self.size)
+                stream.position = min(stream.starts)
+            self._produce()
+        except BaseException as exc:  # noqa: BLE001 (handed to the consumers, never lost)
+            with self.cond:
+                self.error = exc if isinstance(exc, DataError) else DataError(
+                    f"{self.path}: reading failed ({type(exc).__name__}: {exc})")
+                self.cond.notify_all()
+        finally:
+            for stream in self.streams.values():
+                stream.cursor = None
+            txn.abort()
+            self.env.close()
+
+    def _seek(self, stream: _Stream, index: int) -> None:
+        """Put the stream's cursor on the database's ``index``-th record (keys only)."""
+        cursor = stream.cursor
+        cursor.first()
+        for _ in range(index):
+            if not cursor.next():
+                cursor.first()
+
+    def _produce(self) -> None:
+        streams = list(self.streams.values())
+        turn = 0
+        while not self.stop.is_set():
+            with self.cond:
+                stream = self._next_ready(streams, turn)
+                if stream is None:
+                    self.cond.wait(WAIT_SLICE_S)
+                    continue
+            turn = (streams.index(stream) + 1) % len(streams)
+            queue, skip = stream.target()
+            key, value = bytes(stream.cursor.key()), stream.cursor.value()
+            record = None if skip else self._decode(stream, key, value)
+            if not stream.cursor.next():
+                stream.cursor.first()  # the end of the database: wrap to the first record
+            with self.cond:
+                if record is not None:
+                    queue.items.append(record)
+                    self.cond.notify_all()
+                stream.position += 1
+
+    def _next_ready(self, streams: Sequence[_Stream], turn: int) -> _Stream | None:
+        """The first stream (from ``turn``, in rotation) whose next record has somewhere to go."""
+        for i in range(len(streams)):
+            stream = streams[(turn + i) % len(streams)]
+            queue, skip = stream.target()
+            if skip or len(queue.items) < queue.capacity:
+                return stream
+        return None
+
+    def _decode(self, stream: _Stream, key: bytes, value: bytes) -> Record:
+        datum = decode_record(value, source=self.path, key=key)
+        try:
+            array = record_array(datum, _color_param(stream.color))
+        except DataError as exc:
+            raise DataError(f"{self.path}: record {format_key(key)}: {exc}") from None
+        if tuple(array.shape) != stream.record_shape or array.dtype != stream.dtype:
+            raise DataError(f"{self.path}: record {format_key(key)} is {_describe(array)} but "
+                            f"the first record is {_describe_shape(stream)}; a Data layer "
+                            "needs records of one size and kind (resize when converting)")
+        return Record(stream.position, key, array, int(datum.label))
+
+
+def _describe(array: np.ndarray) -> str:
+    return f"{array.dtype} {list(array.shape)}"
+
+
+def _describe_shape(stream: _Stream) -> str:
+    return f"{stream.dtype} {list(stream.record_shape)}"
+
+
+def _color_param(color: bool | None) -> TransformationParameter:
+    return TransformationParameter(force_color=color is True, force_gray=color is False)
+
+
+class ReaderPool:
+    """Readers for every Data layer of N replicas' nets; see the module docstring.
+
+    ``attach`` every replica's net, optionally ``load_state``, then ``start``; ``close`` (or
+    leaving the ``with`` block) stops and joins every thread.
+    """
+
+    def __init__(self, replicas: int = 1):
+        if replicas < 1:
+            raise ValueError(f"replicas must be >= 1, got {replicas}")
+        self.replicas = replicas
+        self._stop = threading.Event()
+        self._sources: dict[str, _Source] = {}
+        self._feeds: list[Any] = []
+        self._started = False
+        self._closed = False
+        _open_pools.add(self)
+
+    # --- wiring -------------------------------------------------------------------------------
+    def subscribe(self, source: str, stream: str, *, replica: int, batch_size: int,
+                  prefetch: int, record_shape: Sequence[int], dtype: Any = np.uint8,
+                  color: bool | None = None, rand_skip: int = 0, seed: int = 0) -> RecordQueue:
+        """The record queue of ``replica`` for ``stream`` (a layer) over database ``source``."""
+        if self._started:
+            raise DataError(f"{source}: cannot attach a reader after the pool has started")
+        if not 0 <= replica < self.replicas:
+            raise ValueError(f"replica {replica} is outside 0..{self.replicas - 1}")
+        src = self._sources.setdefault(source, _Source(source, self._stop))
+        st = src.streams.get(stream)
+        if st is None:
+            st = src.streams[stream] = _Stream(stream, color, tuple(record_shape), np.dtype(dtype))
+            if rand_skip:  # Caffe skips up to rand_skip records once at the start
+                st.origin = int(np.random.default_rng(seed).integers(0, rand_skip + 1))
+        if replica in st.queues:
+            raise DataError(f"{source}: stream {stream} already has replica {replica} attached")
+        queue = RecordQueue(src, st, capacity=prefetch * batch_size)
+        st.queues[replica] = queue
+        return queue
+
+    def attach(self, net: Any, *, replica: int = 0, device: str | torch.device = "cpu",
+               seed: int = 0) -> list[Any]:
+        """Attach a feed to every Data layer of ``net`` (``net.data_layers()``)."""
+        return [self.attach_layer(layer, replica=replica, device=device, seed=seed)
+                for layer in net.data_layers()]
+
+    def attach_layer(self, layer: Any, *, replica: int = 0, device: str | torch.device = "cpu",
+                     seed: int = 0) -> Any:
+        """Attach a feed (a :class:`~caffe_py.io.prefetch.Prefetcher`) to one Data layer."""
+        from .prefetch import Prefetcher
+        from .transformer import Transformer
+
+        dp, tp = layer.param("data_param"), layer.param("transform_param")
+        stream = f"{layer.phase}/{layer.name}"
+        queue = self.subscribe(dp.source, stream, replica=replica, batch_size=dp.batch_size,
+                               prefetch=dp.prefetch, record_shape=layer.record_shape,
+                               dtype=layer.record_dtype, color=layer.color,
+                               rand_skip=dp.rand_skip, seed=seed)
+        where = f"layer '{layer.name}' ({dp.source}): "
+        transformer = Transformer(tp, layer.phase, layer.record_shape, seed=seed, where=where)
+        feed = Prefetcher(queue, transformer, dp.batch_size, device=torch.device(device),
+                          name=f"{stream}#{replica}")
+        layer.attach(feed)
+        self._feeds.append(feed)
+        return feed
+
+    # --- state --------------------------------------------------------------------------------
+    def state(self) -> dict[str, dict[str, Any]]:
+        """Read positions, ``{source: {stream: {"replicas", "origin", "next": [...]}}}``:
+        plain ints, for the solver state."""
+        return {path: {name: st.state() for name, st in src.streams.items()}
+                for path, src in self._sources.items()}
+
+    def load_state(self, state: dict[str, dict[str, Any]]) -> None:
+        """Resume from :meth:`state`'s output; call after attaching, before :meth:`start`."""
+        if self._started:
+            raise DataError("load the data reader state before the readers start")
+        for path, streams in state.items():
+            src = self._sources.get(path)
+            for name, saved in streams.items():
+                st = src.streams.get(name) if src else None
+                if st is None:
+                    raise DataError(f"{path}: the saved data state has stream {name}, which no "
+                                    "attached Data layer reads; resume with the same nets")
+                _restore(st, saved, path)
+
+    # --- lifetime -----------------------------------------------------------------------------
+    def start(self) -> None:
+        if self._started:
+            return
+        self._started = True
+        try:
+            for src in self._sources.values():
+                for st in src.streams.values():
+                    if not st.starts:
+                        st.starts = list(range(len(st.queues)))
+                src.start()
+            for feed in self._feeds:
+                feed.start()
+        except BaseException:
+            self.close()
+            raise
+
+    def close(self) -> None:
+        """Stop and join every thread (idempotent)."""
+        if self._closed:
+            return
+        self._closed = True
+        self._stop.set()
+        for feed in self._feeds:
+            feed.close()
+        for src in self._sources.values():
+            with src.cond:
+                src.cond.notify_all()
+            if src.thread is not None:
+                src.thread.join(JOIN_TIMEOUT_S)
+        _open_pools.discard(self)
+
+    def __enter__(self) -> ReaderPool:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def threads(self) -> Iterator[threading.Thread]:
+        """Every thread this pool started (for tests and diagnostics)."""
+        for src in self._sources.values():
+            if src.thread is not None:
+                yield src.thread
+        for feed in self._feeds:
+            if feed.thread is not None:
+                yield feed.thread
+
+
+def _restore(st: _Stream, saved: dict[str, Any], path: str) -> None:
+    n, saved_n = len(st.queues), int(saved["replicas"])
+    nxt = [int(v) for v in saved["next"]]
+    if saved_n == n:
+        st.origin, st.starts = int(saved["origin"]), nxt
+        return
+    consumed = {(p - slot) // saved_n for slot, p in enumerate(nxt)}
+    if len(consumed) != 1:
+        raise DataError(f"{path}: the saved data state of {st.name} is for {saved_n} replicas "
+                        f"that had read unequal amounts, and this run has {n}; resume with "
+                        f"{saved_n} devices")
+    # Everything before position saved_n x consumed was read: continue from there with the
+    # new round-robin.
+    st.origin = int(saved["origin"]) + saved_n * consumed.pop()
+    st.starts = list(range(n))
+
+
+_open_pools: weakref.WeakSet[ReaderPool] = weakref.WeakSet()
+
+
+@atexit.register
+def _close_open_pools() -> None:
+    """Stop readers left open at exit (e.g. after Ctrl-C) before the interpreter tears down."""
+    for pool in list(_open_pools):
+        pool.close()

@@ -1,0 +1,277 @@
+"""Caffe's DataTransformer (data_transformer.cpp), split into a host half and a device half.
+
+Per record, in Caffe's order: crop (random offsets in TRAIN, the centre in TEST) -> mirror
+(at random, when set, in both phases) -> ``(x - mean) * scale``. The mean is a full-size image
+(``mean_file``, indexed at the crop offset and mirrored with the crop, as Caffe indexes it) or
+one value per channel (``mean_value``).
+
+- :meth:`Transformer.host` crops and mirrors records into a (B, C, h, w) batch of the records'
+  own dtype (uint8 for pixel records), so the host-to-device copy moves bytes, not floats.
+- :meth:`Transformer.device` turns that batch into float32 on the device and subtracts the
+  mean and scales there.
+
+Random choices are a pure function of (seed, record position in the stream): a batch gets the
+same crops whichever thread assembles it and however far ahead, a resumed run repeats them, and
+N replicas of batch B draw exactly what one replica of batch N x B draws.
+"""
+from __future__ import annotations
+
+import struct
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from ..errors import DataError
+from ..spec.net_spec import TransformationParameter
+from .datum import Datum, datum_to_array
+
+_MASK64 = (1 << 64) - 1
+
+
+def force_color(tp: TransformationParameter) -> bool | None:
+    """The ``color`` argument for decoding encoded records: True, False or None (native)."""
+    if tp.force_color:
+        return True
+    if tp.force_gray:
+        return False
+    return None
+
+
+def record_array(datum: Datum, tp: TransformationParameter) -> np.ndarray:
+    """A record's pixels (C, H, W): uint8 for ``data``, float32 for ``float_data``."""
+    return datum_to_array(datum, color=force_color(tp))
+
+
+@dataclass(frozen=True)
+class Choices:
+    """The random choices for one batch: crop offsets (B, 2) as (h_off, w_off), flips (B,)."""
+
+    offsets: np.ndarray
+    flips: np.ndarray
+
+
+class Transformer:
+    """Applies one layer's ``transform_param`` to records of shape ``record_shape`` (C, H, W).
+
+    ``where`` names the layer and database in error messages. Construction validates the
+    parameters against the record shape (crop size, mean shape, mean_value count).
+    """
+
+    def __init__(self, tp: TransformationParameter, phase: str, record_shape: Sequence[int],
+                 *, seed: int = 0, where: str = ""):
+        self.tp, self.phase, self.seed = tp, phase, int(seed) & _MASK64
+        self.where = where
+        c, h, w = (int(d) for d in record_shape)
+        self.record_shape = (c, h, w)
+        crop = tp.crop_size
+        if crop and (crop > h or crop > w):
+            raise DataError(f"{where}transform_param.crop_size {crop} is larger than the "
+                            f"records ({c} x {h} x {w}); use a crop_size <= {min(h, w)}")
+        self.out_shape = (c, crop, crop) if crop else (c, h, w)
+        self.mean = self._load_mean()  # (C, H, W) float32, (C, 1, 1), or None
+
+    # --- validation ---------------------------------------------------------------------------
+    def _load_mean(self) -> np.ndarray | None:
+        c = self.record_shape[0]
+        if self.tp.mean_file:
+            mean = read_mean_file(self.tp.mean_file)
+            if tuple(mean.shape) != self.record_shape:
+                raise DataError(f"{self.where}mean_file {self.tp.mean_file} has shape "
+                                f"{list(mean.shape)} but the records are "
+                                f"{list(self.record_shape)}; compute the mean of this "
+                                "database (cpy compute-mean) or fix transform_param.mean_file")
+            return mean
+        values = self.tp.mean_value
+        if not values:
+            return None
+        if len(values) not in (1, c):
+            raise DataError(f"{self.where}transform_param.mean_value has {len(values)} values "
+                            f"for {c} channels; give one value, or one per channel")
+        return np.asarray(values * c if len(values) == 1 else values,
+                          dtype=np.float32).reshape(c, 1, 1)
+
+    # --- random choices -----------------------------------------------------------------------
+    def choices(self, positions: Sequence[int]) -> Choices:
+        """Crop offsets and flips for the records at these stream positions.
+
+        Per record, as Caffe draws them: mirror first, then h_off, then w_off (TRAIN only);
+        TEST crops the centre.
+        """
+        _, h, w = self.record_shape
+        crop = self.tp.crop_size
+        n = len(positions)
+        offsets = np.zeros((n, 2), dtype=np.int64)
+        flips = np.zeros(n, dtype=bool)
+        for i, pos in enumerate(positions):
+            state = (self.seed ^ (int(pos) * 0x9E3779B97F4A7C15)) & _MASK64
+            r_mirror, state = _splitmix64(state)
+            r_h, state = _splitmix64(state)
+            r_w, _ = _splitmix64(state)
+            flips[i] = self.tp.mirror and bool(r_mirror & 1)
+            if crop and self.phase == "TRAIN":
+                offsets[i] = (r_h % (h - crop + 1), r_w % (w - crop + 1))
+            elif crop:
+                offsets[i] = ((h - crop) // 2, (w - crop) // 2)
+        return Choices(offsets, flips)
+
+    # --- the host half ------------------------------------------------------------------------
+    def host(self, arrays: Sequence[np.ndarray], choices: Choices, out: np.ndarray) -> None:
+        """Crop and mirror each (C, H, W) record into ``out`` (B, C, h, w), keeping its dtype."""
+        _, ch, cw = self.out_shape
+        for i, array in enumerate(arrays):
+            h0, w0 = (int(v) for v in choices.offsets[i])
+            window = array[:, h0:h0 + ch, w0:w0 + cw]
+            out[i] = window[:, :, ::-1] if choices.flips[i] else window
+
+    # --- the device half ----------------------------------------------------------------------
+    def device_mean(self, device: torch.device) -> torch.Tensor | None:
+        """The mean as a float32 tensor on ``device`` (computed once per feed)."""
+        return None if self.mean is None else torch.from_numpy(self.mean).to(device)
+
+    def device(self, batch: torch.Tensor, choices: Choices,
+               mean: torch.Tensor | None) -> torch.Tensor:
+        """(B, C, h, w) cropped and mirrored records -> float32 ``(x - mean) * scale``.
+
+        ``mean`` is :meth:`device_mean` on the batch's device.
+        """
+        x = batch.to(torch.float32)
+        if mean is not None:
+            x = x - self._mean_for(mean, choices, batch.device)
+        if self.tp.scale != 1.0:
+            x = x * self.tp.scale
+        return x
+
+    def _mean_for(self, mean: torch.Tensor, choices: Choices,
+                  device: torch.device) -> torch.Tensor:
+        """The mean each record subtracts: (C, 1, 1), (C, h, w), or (B, C, h, w) when the
+        crop offsets or flips differ between records."""
+        if self.tp.mean_file == "":
+            return mean
+        _, ch, cw = self.out_shape
+        same = (choices.offsets == choices.offsets[0]).all() and \
+            (choices.flips == choices.flips[0]).all()
+        if same:
+            h0, w0 = (int(v) for v in choices.offsets[0])
+            window = mean[:, h0:h0 + ch, w0:w0 + cw]
+            return window.flip(-1) if choices.flips[0] else window
+        offsets = torch.from_numpy(choices.offsets).to(device)
+        flips = torch.from_numpy(choices.flips).to(device)
+        rows = offsets[:, :1] + torch.arange(ch, device=device)  # (B, h)
+        steps = torch.arange(cw, device=device)
+        steps = torch.where(flips[:, None], cw - 1 - steps, steps)
+        cols = offsets[:, 1:] + steps  # (B, w), reversed for flipped records
+        picked = mean[:, rows[:, :, None], cols[:, None, :]]  # (C, B, h, w)
+        return picked.permute(1, 0, 2, 3)
+
+    def __call__(self, arrays: Sequence[np.ndarray], positions: Sequence[int]) -> torch.Tensor:
+        """The whole transform on the CPU, for a list of records: (B, C, h, w) float32."""
+        choices = self.choices(positions)
+        out = np.empty((len(arrays), *self.out_shape), dtype=arrays[0].dtype)
+        self.host(arrays, choices, out)
+        return self.device(torch.from_numpy(out), choices, self.device_mean(torch.device("cpu")))
+
+
+def _splitmix64(state: int) -> tuple[int, int]:
+    """One step of splitmix64: (a 64-bit random value, the next state)."""
+    state = (state + 0x9E3779B97F4A7C15) & _MASK64
+    z = state
+    z = ((z ^ (z >> 30)) * 0xBF58476D1CE4E5B9) & _MASK64
+    z = ((z ^ (z >> 27)) * 0x94D049BB133111EB) & _MASK64
+    return z ^ (z >> 31), state
+
+
+# --- mean files -----------------------------------------------------------------------------
+def read_mean_file(path: str | Path) -> np.ndarray:
+    """A BlobProto mean image (compute_image_mean's output) as a (C, H, W) float32 array."""
+    path = Path(path)
+    try:
+        buf = path.read_bytes()
+    except OSError as exc:
+        raise DataError(f"mean_file {path}: cannot read ({exc.strerror}); create it with "
+                        "`cpy compute-mean` or fix transform_param.mean_file") from None
+    try:
+        shape, values = _parse_blobproto(buf)
+    except (ValueError, IndexError, struct.error) as exc:
+        raise DataError(f"mean_file {path}: not a BlobProto ({exc}); create it with "
+                        "`cpy compute-mean`") from None
+    if len(shape) == 4 and shape[0] == 1:
+        shape = shape[1:]
+    if len(shape) != 3 or int(np.prod(shape)) != values.size:
+        raise DataError(f"mean_file {path}: shape {shape} with {values.size} values is not a "
+                        "(1, C, H, W) mean image; create it with `cpy compute-mean`")
+    return values.reshape(shape)
+
+
+def _parse_blobproto(buf: bytes) -> tuple[list[int], np.ndarray]:
+    """(shape, float32 values) of a BlobProto: shape=7 or legacy num..width=1..4, data=5
+    (packed or not) or double_data=8."""
+    legacy = {1: 1, 2: 1, 3: 1, 4: 1}
+    shape: list[int] | None = None
+    floats: list[np.ndarray] = []
+    pos = 0
+    while pos < len(buf):
+        key, pos = _varint(buf, pos)
+        number, wire = key >> 3, key & 7
+        if wire == 0:
+            value, pos = _varint(buf, pos)
+            if number in legacy:
+                legacy[number] = value
+        elif wire == 2:
+            size, pos = _varint(buf, pos)
+            body = buf[pos:pos + size]
+            if len(body) != size:
+                raise ValueError(f"field {number} runs past the end")
+            pos += size
+            if number == 7:
+                shape = _blob_shape(body)
+            elif number == 5:
+                floats.append(np.frombuffer(body, dtype="<f4"))
+            elif number == 8:
+                floats.append(np.frombuffer(body, dtype="<f8").astype(np.float32))
+        elif wire == 5:
+            if number == 5:
+                floats.append(np.frombuffer(buf[pos:pos + 4], dtype="<f4"))
+            pos += 4
+        elif wire == 1:
+            if number == 8:
+                floats.append(np.frombuffer(buf[pos:pos + 8], dtype="<f8").astype(np.float32))
+            pos += 8
+        else:
+            raise ValueError(f"wire type {wire} at byte {pos}")
+    if shape is None:
+        shape = [legacy[1], legacy[2], legacy[3], legacy[4]]
+    values = np.concatenate(floats) if floats else np.zeros(0, np.float32)
+    return shape, values.astype(np.float32)
+
+
+def _blob_shape(body: bytes) -> list[int]:
+    dims: list[int] = []
+    pos = 0
+    while pos < len(body):
+        key, pos = _varint(body, pos)
+        if key == (1 << 3) | 2:  # packed dims
+            size, pos = _varint(body, pos)
+            end = pos + size
+            while pos < end:
+                value, pos = _varint(body, pos)
+                dims.append(value)
+        elif key == (1 << 3):
+            value, pos = _varint(body, pos)
+            dims.append(value)
+        else:
+            raise ValueError(f"unexpected field in BlobShape: tag {key}")
+    return dims
+
+
+def _varint(buf: bytes, pos: int) -> tuple[int, int]:
+    result = shift = 0
+    while True:
+        byte = buf[pos]
+        pos += 1
+        result |= (byte & 0x7F) << shift
+        if not byte & 0x80:
+            return result, pos
+        shift += 7
