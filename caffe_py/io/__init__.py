@@ -9,6 +9,7 @@ from .datum import (
     encode_datum,
 )
 from .lmdb_store import LmdbReader, LmdbWriter, open_db, partial_path
+from .reader import ReaderPool as ReaderPool  # the reading side: threads, queues, prefetch
 
 __all__ = [
     "Datum", "LmdbReader", "LmdbWriter", "datum_from_array", "datum_to_array", "decode_datum",
