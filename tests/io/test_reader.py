@@ -1,0 +1,256 @@
+"""ReaderPool: rc3's round-robin DataReader, wrap-around, streams, bounds, state and failures."""
+from __future__ import annotations
+
+import threading
+import time
+
+import numpy as np
+import pytest
+import torch
+
+from caffe_py.errors import DataError
+from caffe_py.io.datum import datum_from_array, encode_datum
+from caffe_py.io.lmdb_store import LmdbWriter
+from caffe_py.io.reader import ReaderPool
+from caffe_py.layers import BuildContext, lookup
+from caffe_py.spec.net_spec import parse_layer
+from caffe_py.spec.schema import Source
+
+SHAPE = (1, 4, 4)
+
+
+@pytest.fixture(autouse=True)
+def no_stray_threads():
+    before = threading.active_count()
+    yield
+    assert threading.active_count() == before
+
+
+def make_db(path, n: int, corrupt: int | None = None) -> str:
+    """Record i: every pixel i % 256, label i; key %08d. ``corrupt`` stores garbage there."""
+    with LmdbWriter(path) as writer:
+        for i in range(n):
+            value = encode_datum(datum_from_array(np.full(SHAPE, i % 256, np.uint8), i))
+            writer.put(b"%08d" % i, b"\xff\xff\xff" if i == corrupt else value)
+    return str(path)
+
+
+def labels(queue, n: int) -> list[int]:
+    return [r.label for r in queue.get(n, timeout=5)]
+
+
+def subscribe(pool, db, replica=0, stream="TRAIN/data", batch_size=2, prefetch=4):
+    return pool.subscribe(db, stream, replica=replica, batch_size=batch_size,
+                          prefetch=prefetch, record_shape=SHAPE)
+
+
+@pytest.mark.parametrize("n", [1, 2, 3])
+def test_round_robin_one_record_per_replica_in_turn(tmp_path, n):
+    db = make_db(tmp_path / "db", 100)
+    with ReaderPool(replicas=n) as pool:
+        queues = [subscribe(pool, db, replica=i) for i in range(n)]
+        pool.start()
+        got = [labels(q, 6) for q in queues]
+    assert got == [[i + n * k for k in range(6)] for i in range(n)]
+
+
+def test_wraps_to_the_first_record(tmp_path):
+    db = make_db(tmp_path / "db", 5)
+    with ReaderPool(replicas=2) as pool:
+        a, b = subscribe(pool, db, 0), subscribe(pool, db, 1)
+        pool.start()
+        assert labels(a, 6) == [0, 2, 4, 1, 3, 0]
+        assert labels(b, 6) == [1, 3, 0, 2, 4, 1]
+
+
+def test_two_layers_on_one_source_each_read_it_alone(tmp_path):
+    db = make_db(tmp_path / "db", 7)
+    with ReaderPool(replicas=1) as pool:
+        data = subscribe(pool, db, stream="TRAIN/data", batch_size=3)
+        other = subscribe(pool, db, stream="TRAIN/label_only", batch_size=2)
+        pool.start()
+        # one stream racing ahead never blocks the other
+        assert labels(data, 20) == [i % 7 for i in range(20)]
+        assert labels(other, 9) == [i % 7 for i in range(9)]
+        assert len(list(pool.threads())) == 1  # one producer for the database
+
+
+def test_queue_bound_is_prefetch_times_batch(tmp_path):
+    db = make_db(tmp_path / "db", 50)
+    with ReaderPool(replicas=2) as pool:
+        a = subscribe(pool, db, 0, batch_size=3, prefetch=2)
+        b = subscribe(pool, db, 1, batch_size=3, prefetch=2)
+        pool.start()
+        deadline = time.monotonic() + 5
+        while len(a) < 6 and time.monotonic() < deadline:
+            time.sleep(0.01)
+        time.sleep(0.2)  # the producer now waits for room
+        stream = a.stream
+        assert (len(a), len(b), stream.position) == (6, 6, 12)
+        assert labels(a, 1) == [0]
+        time.sleep(0.2)  # one slot freed: exactly record 12 (replica 0's turn) is read
+        assert (len(a), len(b), stream.position) == (6, 6, 13)
+
+
+def test_corrupt_record_reaches_the_consumer_naming_the_key(tmp_path):
+    db = make_db(tmp_path / "db", 6, corrupt=3)
+    with ReaderPool() as pool:
+        q = subscribe(pool, db, batch_size=2, prefetch=4)
+        pool.start()
+        assert labels(q, 3) == [0, 1, 2]
+        with pytest.raises(DataError, match=f"^{db}: record '00000003' is not a Caffe Datum"):
+            q.get(1, timeout=5)
+        with pytest.raises(DataError, match="record '00000003'"):  # and stays failed
+            q.get(1, timeout=5)
+
+
+def test_a_stalled_consumer_raises_instead_of_hanging(tmp_path):
+    db = make_db(tmp_path / "db", 10)
+    with ReaderPool(replicas=2) as pool:
+        a, _ = subscribe(pool, db, 0, batch_size=1, prefetch=1), subscribe(pool, db, 1,
+                                                                          batch_size=1,
+                                                                          prefetch=1)
+        pool.start()
+        assert labels(a, 1) == [0]
+        # replica 1 never reads, so record 3 (replica 1's turn) blocks the round-robin
+        assert labels(a, 1) == [2]
+        with pytest.raises(DataError, match="no record arrived for 0 s .*another replica"):
+            a.get(1, timeout=0.3)
+
+
+def test_closed_pool_wakes_consumers(tmp_path):
+    db = make_db(tmp_path / "db", 10)
+    pool = ReaderPool(replicas=2)
+    a = subscribe(pool, db, 0, batch_size=1, prefetch=1)
+    subscribe(pool, db, 1, batch_size=1, prefetch=1)
+    pool.start()
+    errors = []
+    waiter = threading.Thread(target=lambda: _collect(errors, a.get, 5, 30))
+    waiter.start()
+    time.sleep(0.3)
+    pool.close()
+    pool.close()  # idempotent
+    waiter.join(5)
+    assert not waiter.is_alive()
+    assert [str(e) for e in errors] == [f"{db}: the data reader was closed"]
+
+
+def _collect(errors, fn, *args):
+    try:
+        fn(*args)
+    except DataError as exc:
+        errors.append(exc)
+
+
+def test_missing_database_fails_at_start(tmp_path):
+    pool = ReaderPool()
+    subscribe(pool, str(tmp_path / "nope"))
+    with pytest.raises(DataError, match="nope: database not found; create it with `cpy convert`"):
+        pool.start()
+    assert list(pool.threads()) == []
+
+
+# --- through Data layers: state and resume --------------------------------------------------
+class FakeNet:
+    def __init__(self, *layers):
+        self.layers = layers
+
+    def data_layers(self):
+        return list(self.layers)
+
+
+def data_layer(db, name="data", batch_size=3, crop=2):
+    spec = parse_layer({"name": name, "type": "Data", "top": ["data", "label"],
+                        "data_param": {"source": db, "batch_size": batch_size},
+                        "transform_param": {"crop_size": crop, "mirror": True}},
+                       Source(), "layer")
+    return lookup("Data")(spec, [], BuildContext())
+
+
+def run(pools_nets, steps):
+    """Labels (and data) of ``steps`` forwards of every replica."""
+    out = []
+    for _ in range(steps):
+        for layer in pools_nets:
+            data, label = layer()
+            out.append((label.tolist(), data))
+    return out
+
+
+def test_state_resumes_the_exact_sequence(tmp_path):
+    db = make_db(tmp_path / "db", 11)
+    straight = data_layer(db)
+    with ReaderPool() as pool:
+        pool.attach(FakeNet(straight), seed=5)
+        pool.start()
+        expected = run([straight], 6)
+    first = data_layer(db)
+    with ReaderPool() as pool:
+        pool.attach(FakeNet(first), seed=5)
+        pool.start()
+        head = run([first], 4)
+        state = pool.state()
+    assert state == {db: {"TRAIN/data": {"replicas": 1, "origin": 0, "next": [12]}}}
+    resumed = data_layer(db)
+    with ReaderPool() as pool:
+        pool.attach(FakeNet(resumed), seed=5)
+        pool.load_state(state)
+        pool.start()
+        tail = run([resumed], 2)
+    for (want_label, want), (got_label, got) in zip(expected, head + tail, strict=True):
+        assert want_label == got_label
+        assert torch.equal(want, got)  # the same crops and flips too
+
+
+def test_n_replicas_of_b_read_what_one_replica_of_n_b_reads(tmp_path):
+    db = make_db(tmp_path / "db", 13)
+    one = data_layer(db, batch_size=6)
+    with ReaderPool() as pool:
+        pool.attach(FakeNet(one), seed=1)
+        pool.start()
+        big = run([one], 3)
+    layers = [data_layer(db, batch_size=2) for _ in range(3)]
+    with ReaderPool(replicas=3) as pool:
+        for i, layer in enumerate(layers):
+            pool.attach(FakeNet(layer), replica=i, seed=1)
+        pool.start()
+        small = run(layers, 3)
+    for step in range(3):
+        parts = small[3 * step:3 * step + 3]
+        merged = sorted(zip(sum((p[0] for p in parts), []),
+                            torch.cat([p[1] for p in parts]), strict=True),
+                        key=lambda t: t[0])
+        want = sorted(zip(big[step][0], big[step][1], strict=True), key=lambda t: t[0])
+        assert [m[0] for m in merged] == [w[0] for w in want]
+        assert all(torch.equal(m[1], w[1]) for m, w in zip(merged, want, strict=True))
+
+
+def test_state_moves_to_another_replica_count(tmp_path):
+    db = make_db(tmp_path / "db", 40)
+    layers = [data_layer(db, batch_size=2) for _ in range(2)]
+    with ReaderPool(replicas=2) as pool:
+        for i, layer in enumerate(layers):
+            pool.attach(FakeNet(layer), replica=i)
+        pool.start()
+        run(layers, 3)  # 12 records read
+        state = pool.state()
+    assert state[db]["TRAIN/data"]["next"] == [12, 13]
+    single = data_layer(db, batch_size=4)
+    with ReaderPool() as pool:
+        pool.attach(FakeNet(single))
+        pool.load_state(state)
+        pool.start()
+        assert single()[1].tolist() == [12, 13, 14, 15]
+    uneven = {db: {"TRAIN/data": {"replicas": 2, "origin": 0, "next": [12, 15]}}}
+    with ReaderPool() as pool:
+        pool.attach(FakeNet(data_layer(db)))
+        with pytest.raises(DataError, match="for 2 replicas that had read unequal amounts"):
+            pool.load_state(uneven)
+
+
+def test_state_for_an_unknown_stream_is_an_error(tmp_path):
+    db = make_db(tmp_path / "db", 4)
+    with ReaderPool() as pool:
+        pool.attach(FakeNet(data_layer(db)))
+        with pytest.raises(DataError, match="stream TEST/x, which no attached Data layer reads"):
+            pool.load_state({db: {"TEST/x": {"replicas": 1, "origin": 0, "next": [0]}}})
