@@ -30,9 +30,18 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from ..errors import DataError
-
-# Wire types.
-_VARINT, _FIXED64, _LEN, _FIXED32 = 0, 1, 2, 5
+from .wire import (
+    FIXED32,
+    LEN,
+    VARINT,
+    WireError,
+    as_int32,
+    read_len,
+    read_varint,
+    skip,
+    tag,
+    varint,
+)
 
 _FLOAT = struct.Struct("<f")
 
@@ -62,25 +71,10 @@ class Datum:
 # Encoding
 
 
-def _varint(value: int) -> bytes:
-    """Base-128 varint of an unsigned 64-bit value; a negative int32 becomes 10 bytes."""
-    value &= 0xFFFFFFFFFFFFFFFF
-    out = bytearray()
-    while value > 0x7F:
-        out.append((value & 0x7F) | 0x80)
-        value >>= 7
-    out.append(value)
-    return bytes(out)
-
-
-def _tag(number: int, wire: int) -> bytes:
-    return _varint((number << 3) | wire)
-
-
 def _int_field(number: int, value: int) -> bytes:
     if not -(2**31) <= value < 2**31:
         raise DataError(f"Datum field {number} = {value} does not fit in int32")
-    return _tag(number, _VARINT) + _varint(value)
+    return tag(number, VARINT) + varint(value)
 
 
 def encode_datum(datum: Datum) -> bytes:
@@ -91,13 +85,13 @@ def encode_datum(datum: Datum) -> bytes:
         for number, value in zip((1, 2, 3), dims, strict=True):
             parts.append(_int_field(number, value))
     if datum.data or not datum.float_data:
-        parts += [_tag(4, _LEN), _varint(len(datum.data)), bytes(datum.data)]
+        parts += [tag(4, LEN), varint(len(datum.data)), bytes(datum.data)]
     parts.append(_int_field(5, datum.label))
-    float_tag = _tag(6, _FIXED32)
+    float_tag = tag(6, FIXED32)
     for value in datum.float_data:
         parts += [float_tag, _FLOAT.pack(value)]
     if datum.encoded is not None:
-        parts += [_tag(7, _VARINT), b"\x01" if datum.encoded else b"\x00"]
+        parts += [tag(7, VARINT), b"\x01" if datum.encoded else b"\x00"]
     return b"".join(parts)
 
 
@@ -105,51 +99,9 @@ def encode_datum(datum: Datum) -> bytes:
 # Decoding
 
 
-class _Truncated(Exception):
-    pass
-
-
-def _read_varint(buf: bytes, pos: int) -> tuple[int, int]:
-    result = shift = 0
-    while True:
-        if pos >= len(buf):
-            raise _Truncated(f"truncated varint at byte {pos}")
-        byte = buf[pos]
-        pos += 1
-        result |= (byte & 0x7F) << shift
-        if not byte & 0x80:
-            return result & 0xFFFFFFFFFFFFFFFF, pos
-        shift += 7
-        if shift >= 70:
-            raise _Truncated(f"varint longer than 10 bytes at byte {pos}")
-
-
-def _as_int32(value: int) -> int:
-    value &= 0xFFFFFFFF
-    return value - (1 << 32) if value & 0x80000000 else value
-
-
-def _skip(buf: bytes, pos: int, wire: int) -> int:
-    """Position after an unknown field's payload."""
-    if wire == _VARINT:
-        return _read_varint(buf, pos)[1]
-    if wire == _FIXED64:
-        end = pos + 8
-    elif wire == _FIXED32:
-        end = pos + 4
-    elif wire == _LEN:
-        size, pos = _read_varint(buf, pos)
-        end = pos + size
-    else:
-        raise _Truncated(f"unsupported wire type {wire} at byte {pos}")
-    if end > len(buf):
-        raise _Truncated(f"field runs past the end ({end} > {len(buf)} bytes)")
-    return end
-
-
 def _read_floats(buf: bytes, pos: int, end: int, out: list[float]) -> None:
     if (end - pos) % 4:
-        raise _Truncated("packed float_data length is not a multiple of 4")
+        raise WireError("packed float_data length is not a multiple of 4")
     out.extend(v for (v,) in _FLOAT.iter_unpack(buf[pos:end]))
 
 
@@ -158,7 +110,7 @@ def decode_datum(buf: bytes) -> Datum:
     parse; callers that know the database and key use :func:`decode_record` instead."""
     try:
         return _decode(bytes(buf))
-    except _Truncated as exc:
+    except WireError as exc:
         raise DataError(f"not a Caffe Datum: {exc}") from None
 
 
@@ -166,38 +118,35 @@ def _decode(buf: bytes) -> Datum:
     datum = Datum()
     pos, size = 0, len(buf)
     while pos < size:
-        key, pos = _read_varint(buf, pos)
+        key, pos = read_varint(buf, pos)
         number, wire = key >> 3, key & 7
         if number == 0:
-            raise _Truncated(f"field number 0 at byte {pos}")
-        if wire == _VARINT and number in (1, 2, 3, 5, 7):
-            value, pos = _read_varint(buf, pos)
+            raise WireError(f"field number 0 at byte {pos}")
+        if number not in _KNOWN:
+            pos = skip(buf, pos, number, wire)
+        elif wire == VARINT and number in (1, 2, 3, 5, 7):
+            value, pos = read_varint(buf, pos)
             if number == 7:
                 datum.encoded = value != 0
             else:
-                setattr(datum, _INT_FIELDS[number], _as_int32(value))
-        elif wire == _LEN and number in (4, 6):
-            length, pos = _read_varint(buf, pos)
-            end = pos + length
-            if end > size:
-                raise _Truncated(f"field {number} runs past the end ({end} > {size} bytes)")
+                setattr(datum, _INT_FIELDS[number], as_int32(value))
+        elif wire == LEN and number in (4, 6):
+            start, pos = read_len(buf, pos, number)
             if number == 4:
-                datum.data = buf[pos:end]
+                datum.data = buf[start:pos]
             else:
-                _read_floats(buf, pos, end, datum.float_data)
-            pos = end
-        elif wire == _FIXED32 and number == 6:
+                _read_floats(buf, start, pos, datum.float_data)
+        elif wire == FIXED32 and number == 6:
             if pos + 4 > size:
-                raise _Truncated(f"float_data runs past the end at byte {pos}")
+                raise WireError(f"field 6 runs past the end ({pos + 4} > {size} bytes)")
             datum.float_data.append(_FLOAT.unpack_from(buf, pos)[0])
             pos += 4
-        elif number in _INT_FIELDS or number in (4, 6, 7):
-            raise _Truncated(f"field {number} has wire type {wire}")
         else:
-            pos = _skip(buf, pos, wire)
+            raise WireError(f"field {number} has wire type {wire}")
     return datum
 
 
+_KNOWN = frozenset(range(1, 8))
 _INT_FIELDS = {1: "channels", 2: "height", 3: "width", 5: "label"}
 
 
@@ -205,7 +154,7 @@ def decode_record(value: bytes, *, source: str, key: bytes) -> Datum:
     """Parse one database value; a failure names the database and the key."""
     try:
         return _decode(bytes(value))
-    except _Truncated as exc:
+    except WireError as exc:
         raise DataError(
             f"{source}: record {format_key(key)} is not a Caffe Datum ({exc}); "
             "rebuild the database with `cpy convert`") from None

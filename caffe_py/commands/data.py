@@ -1,0 +1,113 @@
+"""`cpy convert idx|imageset|cifar`, `cpy compute-mean`, `cpy db-info`: Caffe's data tools
+(convert_mnist_data, convert_imageset, convert_cifar_data, compute_image_mean) over LMDB."""
+from __future__ import annotations
+
+import sys
+
+import click
+
+from ..io.convert import (
+    ImagesetOptions,
+    ProgressFactory,
+    convert_cifar,
+    convert_idx,
+    convert_imageset,
+    no_progress,
+)
+from ..io.dbinfo import db_info
+from ..io.images import ENCODE_TYPES
+from ..io.mean import compute_mean
+
+_RESUME_HELP = "continue an interrupted conversion (DB.partial) after its last committed record"
+
+
+def progress_bars() -> ProgressFactory:
+    """tqdm bars on a terminal; nothing when stderr is a file or a pipe (logs stay clean)."""
+    if not sys.stderr.isatty():
+        return no_progress
+    from tqdm import tqdm
+
+    def make(total: int, description: str):
+        return tqdm(total=total, desc=description, unit="rec", unit_scale=True, leave=False,
+                    file=sys.stderr, mininterval=0.3)
+
+    return make
+
+
+@click.group("convert")
+def convert_group() -> None:
+    """Convert a dataset into an LMDB of Caffe Datum records (readable by Caffe too)."""
+
+
+@convert_group.command("idx")
+@click.argument("images", type=click.Path(dir_okay=False))
+@click.argument("labels", type=click.Path(dir_okay=False))
+@click.argument("db", type=click.Path())
+@click.option("--resume", is_flag=True, help=_RESUME_HELP)
+def convert_idx_command(images: str, labels: str, db: str, resume: bool) -> None:
+    """MNIST-format IMAGES and LABELS (IDX, gzipped or not) into DB, keys %08d."""
+    click.echo(convert_idx(images, labels, db, resume=resume, progress=progress_bars()).line())
+
+
+@convert_group.command("imageset")
+@click.argument("root", type=click.Path(file_okay=False))
+@click.argument("listfile", type=click.Path(dir_okay=False))
+@click.argument("db", type=click.Path())
+@click.option("--gray", is_flag=True, help="store one gray channel instead of BGR")
+@click.option("--shuffle", is_flag=True, help="shuffle the list before writing")
+@click.option("--seed", type=int, default=0, show_default=True, help="the shuffle's seed")
+@click.option("--resize-width", type=int, default=0, show_default=True,
+              help="resize every image to this width (with --resize-height)")
+@click.option("--resize-height", type=int, default=0, show_default=True,
+              help="resize every image to this height (with --resize-width)")
+@click.option("--check-size", is_flag=True, help="require every image to have the same size")
+@click.option("--encoded", is_flag=True, help="store the image files (PNG/JPEG), not pixels")
+@click.option("--encode-type", type=click.Choice(ENCODE_TYPES), default=None,
+              help="with --encoded: re-encode to this format (default: keep each file's own)")
+@click.option("--resume", is_flag=True, help=_RESUME_HELP)
+def convert_imageset_command(root: str, listfile: str, db: str, gray: bool, shuffle: bool,
+                             seed: int, resize_width: int, resize_height: int, check_size: bool,
+                             encoded: bool, encode_type: str | None, resume: bool) -> None:
+    """Images named in LISTFILE ('path label' lines, paths relative to ROOT) into DB, keys
+    %08d_<path>, pixels in BGR order as Caffe's convert_imageset stores them."""
+    if encode_type and not encoded:
+        raise click.UsageError("--encode-type needs --encoded")
+    options = ImagesetOptions(gray=gray, shuffle=shuffle, seed=seed, resize_width=resize_width,
+                              resize_height=resize_height, check_size=check_size,
+                              encoded=encoded, encode_type=encode_type or "")
+    result = convert_imageset(root, listfile, db, options, resume=resume,
+                              progress=progress_bars())
+    click.echo(result.line())
+
+
+@convert_group.command("cifar")
+@click.argument("directory", type=click.Path(file_okay=False))
+@click.argument("db_prefix", type=click.Path())
+@click.option("--resume", is_flag=True,
+              help=_RESUME_HELP + "; a database already complete is skipped")
+def convert_cifar_command(directory: str, db_prefix: str, resume: bool) -> None:
+    """CIFAR-10 binary batches in DIRECTORY into DB_PREFIX_train_lmdb (data_batch_1..5.bin)
+    and DB_PREFIX_test_lmdb (test_batch.bin), RGB as Caffe's converter stores them."""
+    for result in convert_cifar(directory, db_prefix, resume=resume, progress=progress_bars()):
+        click.echo(result.line())
+
+
+@click.command("compute-mean")
+@click.argument("db", type=click.Path())
+@click.argument("out", type=click.Path(dir_okay=False))
+def compute_mean_command(db: str, out: str) -> None:
+    """Write the mean image of DB to OUT (a Caffe .binaryproto, for transform_param.mean_file)
+    and print the per-channel means."""
+    for line in compute_mean(db, out, progress=progress_bars()).lines():
+        click.echo(line)
+
+
+@click.command("db-info")
+@click.argument("db", type=click.Path())
+def db_info_command(db: str) -> None:
+    """Count, shape and label histogram of DB, after checking that every record decodes."""
+    for line in db_info(db, progress=progress_bars()).lines():
+        click.echo(line)
+
+
+COMMANDS = [convert_group, compute_mean_command, db_info_command]
