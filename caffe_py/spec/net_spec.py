@@ -200,13 +200,14 @@ class NetParameter:
 _LAYER_KEYS = [n for n in field_names(LayerParameter) if n != "params"]
 
 
-def parse_layer(node: Any, src: Source, path: str) -> LayerParameter:
+def parse_layer(node: Any, src: Source, path: str, line: int | None = None) -> LayerParameter:
     """Parse one layer: common keys first, then the blocks its type declares."""
     from ..layers import registry  # the layer library registers itself on import
 
     if not isinstance(node, dict):
-        raise SpecError("expected a mapping (a layer)", file=src.file,
-                        line=getattr(node, "line", None), path=path)
+        raise SpecError(f"expected a mapping (a layer), got {node!r}", file=src.file,
+                        line=getattr(node, "line", None) or line, path=path,
+                        fix="write the layer's fields under it, e.g. '- name: conv1'")
     node = node if isinstance(node, yamlio.MarkedDict) else _mark(node)
     layer_type = node.get("type")
     if layer_type is None:
@@ -222,10 +223,10 @@ def parse_layer(node: Any, src: Source, path: str) -> LayerParameter:
         if key in _LAYER_KEYS or key in declared:
             continue
         if key.endswith("_param") and registry.declares_param(key):
-            raise SpecError(f"'{key}' does not apply to a {layer_type} layer",
+            raise SpecError(f"'{key}' does not apply to {_a(layer_type)} layer",
                             file=src.file, line=node.line_of(key), path=f"{path}.{key}",
                             fix=_allowed_blocks(layer_type, declared))
-        raise unknown_key_error(key, _LAYER_KEYS + list(declared), f"a {layer_type} layer",
+        raise unknown_key_error(key, _LAYER_KEYS + list(declared), f"{_a(layer_type)} layer",
                                 node, src, path)
     spec = parse_message(LayerParameter, node, src, path, skip=block_keys)
     spec.params = {key: (parse_message(declared[key], node[key], src, f"{path}.{key}")
@@ -233,7 +234,8 @@ def parse_layer(node: Any, src: Source, path: str) -> LayerParameter:
                    for key in declared}
     spec._location = Location(src.file, node.line, path)
     if not spec.name:
-        raise spec.error("the layer has no name", "add 'name: <unique name>'")
+        raise SpecError(f"the {layer_type} layer has no name", file=src.file, line=node.line,
+                        path=path, fix="add 'name: <unique name>'")
     return spec
 
 
@@ -253,7 +255,8 @@ def parse_net(node: Any, src: Source, path: str = "") -> NetParameter:
         lpath = f"{path}.layer[{i}]" if path else f"layer[{i}]"
         if isinstance(layer_node, yamlio.MarkedDict) and not layer_node.line and lines:
             layer_node.line = lines[i]
-        net.layer.append(parse_layer(layer_node, src, lpath))
+        net.layer.append(parse_layer(layer_node, src, lpath,
+                                     line=lines[i] if i < len(lines) else None))
     net._location = Location(src.file, getattr(node, "line", 1), path)
     if len(net.input_shape) not in (0, len(net.input)):
         raise SpecError(f"{len(net.input)} inputs but {len(net.input_shape)} input_shape entries",
@@ -270,8 +273,13 @@ def load_net(path: str | Path) -> NetParameter:
 
 def _allowed_blocks(layer_type: str, declared: dict) -> str:
     if not declared:
-        return f"a {layer_type} layer takes no parameter block"
-    return f"a {layer_type} layer takes {', '.join(sorted(declared))}"
+        return f"{_a(layer_type)} layer takes no parameter block"
+    return f"{_a(layer_type)} layer takes {', '.join(sorted(declared))}"
+
+
+def _a(word: str) -> str:
+    """'a ReLU', 'an InnerProduct'."""
+    return f"an {word}" if word[:1].lower() in "aeiou" else f"a {word}"
 
 
 def _mark(node: dict) -> yamlio.MarkedDict:

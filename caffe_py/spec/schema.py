@@ -126,13 +126,17 @@ def unknown_key_error(key: str, known: Iterable[str], what: str, node: MarkedDic
 
 
 def parse_message(cls: type, node: Any, src: Source, path: str = "",
-                  skip: Iterable[str] = ()) -> Any:
-    """Build message ``cls`` from a loaded mapping; ``skip`` names keys the caller handles."""
+                  skip: Iterable[str] = (), line: int | None = None) -> Any:
+    """Build message ``cls`` from a loaded mapping; ``skip`` names keys the caller handles.
+
+    ``line`` is where the value sits when ``node`` is a scalar (which carries no line).
+    """
     if node is None:
-        node = MarkedDict()
+        node = _marked({})
+        node.line = line or 0
     if not isinstance(node, dict):
         raise SpecError(f"expected a mapping for {cls.__name__}, got {_kind(node)}",
-                        file=src.file, line=getattr(node, "line", None), path=path)
+                        file=src.file, line=getattr(node, "line", None) or line, path=path)
     if not isinstance(node, MarkedDict):
         node = _marked(node)
     hints = typing.get_type_hints(cls)
@@ -175,7 +179,7 @@ def convert(raw: Any, tp: Any, meta: typing.Mapping, src: Source, path: str, lin
         return [convert(item, item_tp, meta, src, f"{path}[{i}]", lines[i])
                 for i, item in enumerate(items)]
     if dataclasses.is_dataclass(tp):
-        return parse_message(tp, raw, src, path)
+        return parse_message(tp, raw, src, path, line=line)
     if tp is bool:
         if not isinstance(raw, bool):
             fail(f"expected true or false, got {_show(raw)}")
