@@ -176,7 +176,7 @@ def test_euclidean_loss_value_and_gradients_of_both_bottoms():
     ta = torch.from_numpy(a).requires_grad_()
     tb = torch.from_numpy(b).requires_grad_()
     loss = layer(ta, tb)
-    assert float(loss) == pytest.approx(((a.reshape(4, 6) - b) ** 2).sum() / 8, rel=1e-12)
+    assert loss.item() == pytest.approx(((a.reshape(4, 6) - b) ** 2).sum() / 8, rel=1e-12)
     loss.backward()
     np.testing.assert_allclose(ta.grad.numpy(), (a - b.reshape(a.shape)) / 4, rtol=1e-12)
     np.testing.assert_allclose(tb.grad.numpy(), (b - a.reshape(b.shape)) / 4, rtol=1e-12)
