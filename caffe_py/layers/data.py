@@ -177,7 +177,7 @@ class Data(Layer):
     tops = (1, 2)
 
     def setup(self, bottom_shapes: list[Shape]) -> list[Shape]:
-        from ..io.datum import datum_to_array, decode_record
+        from ..io.datum import datum_to_array, decode_record, format_key
         from ..io.lmdb_store import open_db
         from ..io.transformer import Transformer, force_color
 
@@ -189,7 +189,11 @@ class Data(Layer):
         with open_db(dp.source) as db:  # missing: a DataError naming the path and the fix
             key, value = db.first()
         self.color = True if dp.force_encoded_color else force_color(tp)
-        first = datum_to_array(decode_record(value, source=dp.source, key=key), color=self.color)
+        datum = decode_record(value, source=dp.source, key=key)
+        try:
+            first = datum_to_array(datum, color=self.color)
+        except DataError as exc:
+            raise DataError(f"{dp.source}: record {format_key(key)}: {exc}") from None
         self.record_shape: tuple[int, int, int] = tuple(int(d) for d in first.shape)
         self.record_dtype = first.dtype
         try:

@@ -3,10 +3,11 @@ from __future__ import annotations
 
 import threading
 
+import numpy as np
 import pytest
 import torch
 
-from caffe_py.errors import NetError
+from caffe_py.errors import DataError, NetError
 from caffe_py.layers import BuildContext, lookup
 from caffe_py.spec.net_spec import parse_layer
 from caffe_py.spec.schema import Source
@@ -102,3 +103,71 @@ def test_dummy_data_count_errors():
     with pytest.raises(NetError, match="dummy_data_param.channels has 2 entries for 3 tops"):
         build({"name": "d", "type": "DummyData", "top": ["a", "b", "c"],
                "dummy_data_param": {"num": 1, "channels": [1, 2], "height": 1, "width": 1}})
+
+
+# --- Data -----------------------------------------------------------------------------------
+def make_db(path, shape=(3, 10, 12), n=3, floats=False) -> str:
+    from caffe_py.io.datum import datum_from_array, encode_datum
+    from caffe_py.io.lmdb_store import LmdbWriter
+
+    with LmdbWriter(path) as writer:
+        for i in range(n):
+            array = np.full(shape, i, np.float32 if floats else np.uint8)
+            writer.put(b"%08d" % i, encode_datum(datum_from_array(array, i)))
+    return str(path)
+
+
+def data_node(db, tops=("data", "label"), **transform):
+    return {"name": "mnist", "type": "Data", "top": list(tops),
+            "data_param": {"source": db, "batch_size": 5}, "transform_param": transform}
+
+
+def test_data_shapes_come_from_the_first_record(tmp_path):
+    db = make_db(tmp_path / "db")
+    layer = build(data_node(db))
+    assert layer.top_shapes == [(5, 3, 10, 12), (5,)]
+    assert (layer.record_shape, layer.record_dtype) == ((3, 10, 12), np.uint8)
+    cropped = build(data_node(db, tops=("data",), crop_size=8))
+    assert cropped.top_shapes == [(5, 3, 8, 8)]
+    floats = build(data_node(make_db(tmp_path / "f", floats=True)))
+    assert floats.record_dtype == np.float32
+
+
+def test_data_missing_database_names_the_path_and_the_fix(tmp_path):
+    db = tmp_path / "fashion_mnist" / "train_lmdb"
+    with pytest.raises(DataError, match=rf"^{db}: database not found; run `make data`$"):
+        build(data_node(str(db)))
+    other = tmp_path / "mine"
+    with pytest.raises(DataError, match="database not found; create it with `cpy convert`"):
+        build(data_node(str(other)))
+
+
+def test_data_transform_errors_name_the_layer(tmp_path):
+    db = make_db(tmp_path / "db")
+    with pytest.raises(NetError, match=r"layer 'mnist' \(Data\): transform_param.crop_size 11 "
+                                       r"is larger than the records \(3 x 10 x 12\)"):
+        build(data_node(db, crop_size=11))
+    with pytest.raises(NetError, match=r"data_param.scale is deprecated; move it to "
+                                       r"transform_param.scale"):
+        build({**data_node(db), "data_param": {"source": db, "batch_size": 5, "scale": 0.5}})
+
+
+def test_data_without_a_feed_is_a_clear_error(tmp_path):
+    layer = build(data_node(make_db(tmp_path / "db")))
+    with pytest.raises(NetError, match=r"layer 'mnist' \(Data\): has no data feed attached; "
+                                       r"start the data pipeline"):
+        layer()
+
+
+def test_data_returns_the_feed_batches(tmp_path):
+    class Feed:
+        def next(self):
+            return torch.ones(5, 3, 10, 12), torch.arange(5)
+
+    both = build(data_node(make_db(tmp_path / "db")))
+    both.attach(Feed())
+    data, label = both()
+    assert data.shape == (5, 3, 10, 12) and label.tolist() == [0, 1, 2, 3, 4]
+    only = build(data_node(str(tmp_path / "db"), tops=("data",)))
+    only.attach(Feed())
+    assert only().shape == (5, 3, 10, 12)
