@@ -9,9 +9,18 @@ from .datum import (
     encode_datum,
 )
 from .lmdb_store import LmdbReader, LmdbWriter, open_db, partial_path
-from .reader import ReaderPool as ReaderPool  # the reading side: threads, queues, prefetch
 
 __all__ = [
     "Datum", "LmdbReader", "LmdbWriter", "datum_from_array", "datum_to_array", "decode_datum",
-    "decode_record", "encode_datum", "open_db", "partial_path",
+    "decode_record", "encode_datum", "open_db", "partial_path", "ReaderPool",
 ]
+
+
+def __getattr__(name: str):
+    # The reading side (threads, queues, prefetch) needs torch; importing it lazily keeps the
+    # converters and `make data` free of torch's two-second import.
+    if name == "ReaderPool":
+        from .reader import ReaderPool
+
+        return ReaderPool
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -143,14 +143,14 @@ def read_idx_bytes(path: Path) -> bytes:
 
 def _idx_header(path: Path, data: bytes, magic: int, dims: int, what: str) -> tuple[int, ...]:
     size = 4 * (1 + dims)
+    found = struct.unpack(">i", data[:4])[0] if len(data) >= 4 else None
+    if found is not None and found != magic:
+        raise DataError(f"{path}: not an IDX {what} file (magic number {found}, expected "
+                        f"{magic}); check the argument order: IMAGES LABELS DB")
     if len(data) < size:
         raise DataError(f"{path}: truncated IDX file ({len(data)} bytes, shorter than its "
                         f"{size}-byte header); download it again")
-    header = struct.unpack(f">{1 + dims}i", data[:size])
-    if header[0] != magic:
-        raise DataError(f"{path}: not an IDX {what} file (magic number {header[0]}, expected "
-                        f"{magic}); check the argument order: IMAGES LABELS DB")
-    return header[1:]
+    return struct.unpack(f">{dims}i", data[4:size])
 
 
 class IdxSource:

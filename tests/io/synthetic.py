@@ -1,0 +1,45 @@
+"""Small synthetic inputs for the converter tests: IDX files, PNG images, CIFAR batches."""
+from __future__ import annotations
+
+import gzip
+import struct
+from pathlib import Path
+
+import numpy as np
+from PIL import Image
+
+
+def write_idx(folder: Path, images: np.ndarray, labels: np.ndarray, *, gz: bool = True
+              ) -> tuple[Path, Path]:
+    """MNIST-format files for (N, rows, cols) uint8 images and (N,) labels."""
+    n, rows, cols = images.shape
+    image_bytes = struct.pack(">4i", 2051, n, rows, cols) + images.astype(np.uint8).tobytes()
+    label_bytes = struct.pack(">2i", 2049, len(labels)) + labels.astype(np.uint8).tobytes()
+    suffix = ".gz" if gz else ""
+    image_path = folder / f"images-idx3-ubyte{suffix}"
+    label_path = folder / f"labels-idx1-ubyte{suffix}"
+    image_path.write_bytes(gzip.compress(image_bytes) if gz else image_bytes)
+    label_path.write_bytes(gzip.compress(label_bytes) if gz else label_bytes)
+    return image_path, label_path
+
+
+def random_idx(folder: Path, n: int, rows: int = 3, cols: int = 4, seed: int = 0, gz=True):
+    rng = np.random.default_rng(seed)
+    images = rng.integers(0, 256, (n, rows, cols), dtype=np.uint8)
+    labels = rng.integers(0, 10, n, dtype=np.uint8)
+    return (*write_idx(folder, images, labels, gz=gz), images, labels)
+
+
+def write_png(path: Path, array_hwc: np.ndarray) -> Path:
+    """An RGB (H, W, 3) or gray (H, W) uint8 array as a PNG file."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    Image.fromarray(array_hwc, mode="RGB" if array_hwc.ndim == 3 else "L").save(path)
+    return path
+
+
+def write_cifar_batch(path: Path, images_rgb_chw: np.ndarray, labels: np.ndarray) -> Path:
+    """CIFAR-10 binary records: a label byte, then the R, G and B 32x32 planes."""
+    records = [bytes([int(label)]) + image.astype(np.uint8).tobytes()
+               for image, label in zip(images_rgb_chw, labels, strict=True)]
+    path.write_bytes(b"".join(records))
+    return path
