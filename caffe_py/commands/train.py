@@ -1,0 +1,160 @@
+"""`cpy train`, `cpy test`, `cpy time`, `cpy device-query`: Caffe's tools/caffe.cpp actions.
+
+Thin: parse and check the flags, then call caffe_py.solver. Every user error is a
+CaffePyError, which the CLI group prints as one line with exit status 1.
+"""
+from __future__ import annotations
+
+import json
+import os
+
+import click
+import torch
+
+from ..devices import describe, parse_devices
+from ..errors import SolverError
+from ..net import Net
+from ..solver import evaluate
+from ..solver.signals import EFFECTS
+from ..solver.snapshot import load_weights
+from ..solver.solver import TrainOptions, train
+from ..spec.net_spec import load_net
+from ..spec.solver_spec import PRECISIONS, load_solver
+
+GPUS_HELP = "devices: cpu, cpu:N (N CPU replicas), 0 or 0,1,2,3 (CUDA ids), or all"
+
+
+@click.command("train")
+@click.option("--solver", "solver_file", required=True, metavar="S.yaml",
+              help="the solver spec (SolverParameter fields)")
+@click.option("--gpus", default=None, metavar="LIST", help=GPUS_HELP)
+@click.option("--weights", default=None, metavar="W[,W2]",
+              help="weights files to fine-tune from, copied by layer name in order")
+@click.option("--snapshot", default=None, metavar="STATE",
+              help="a <prefix>_iter_<N>.solverstate.pt file to resume from")
+@click.option("--sigint-effect", type=click.Choice(EFFECTS), default="stop", show_default=True,
+              help="what Ctrl-C does (after the current iteration)")
+@click.option("--sighup-effect", type=click.Choice(EFFECTS), default="snapshot",
+              show_default=True, help="what SIGHUP does (after the current iteration)")
+@click.option("--precision", type=click.Choice(PRECISIONS), default=None,
+              help="override the solver's precision")
+@click.option("--reduction", type=click.Choice(["tree", "nccl"]), default="tree",
+              show_default=True, help="multi-device gradient reduction")
+def train_command(solver_file: str, gpus: str | None, weights: str | None,
+                  snapshot: str | None, sigint_effect: str, sighup_effect: str,
+                  precision: str | None, reduction: str) -> None:
+    """Train the net of a solver spec (Caffe's `caffe train`)."""
+    if weights and snapshot:
+        raise click.UsageError("--weights and --snapshot are exclusive: --weights starts a new "
+                               "run from those weights, --snapshot resumes one")
+    param = load_solver(solver_file)
+    devices = parse_devices(gpus, solver_mode=param.solver_mode, device_id=param.device_id)
+    options = TrainOptions(weights=[w for w in (weights or "").split(",") if w],
+                           snapshot=snapshot, sigint_effect=sigint_effect,
+                           sighup_effect=sighup_effect, precision=precision,
+                           reduction=reduction)
+    click.echo(f"Using {describe(devices)}")
+    train(param, devices, options)
+
+
+@click.command("test")
+@click.option("--model", required=True, metavar="NET.yaml", help="the net spec (TEST phase)")
+@click.option("--weights", required=True, metavar="W", help="the trained weights")
+@click.option("--iterations", type=click.IntRange(min=1), default=50, show_default=True,
+              help="batches to run")
+@click.option("--gpus", default=None, metavar="LIST", help=f"{GPUS_HELP} (the first is used)")
+@click.option("--json", "as_json", is_flag=True,
+              help="print one JSON object {output: mean} on stdout (logs go to stderr)")
+def test_command(model: str, weights: str, iterations: int, gpus: str | None,
+                 as_json: bool) -> None:
+    """Score a trained net: each batch's outputs, then their means (Caffe's `caffe test`)."""
+    log = (lambda m: click.echo(m, err=True)) if as_json else click.echo
+    device = parse_devices(gpus, solver_mode="CPU")[0]
+    log(f"Using {device}")
+    net = _net(model, "TEST", device)
+    blobs = load_weights(weights)
+    net.copy_from(blobs, source=weights)
+
+    def on_batch(i: int, values: dict[str, torch.Tensor], loss: float) -> None:
+        for name, value in values.items():
+            for v in value.tolist():
+                log(f"Batch {i}, {name} = {v:g}")
+
+    with evaluate.fed(net):
+        means = evaluate.run_batches(net, iterations, on_batch=on_batch)
+    log(f"Loss: {float(means['__loss__']):g}")
+    outputs = evaluate.output_means(means)
+    for name, value in outputs.items():
+        weight = net.loss_weights.get(name, 0.0)
+        for v in value.tolist():
+            extra = f" (* {weight:g} = {weight * v:g} loss)" if weight else ""
+            log(f"{name} = {v:g}{extra}")
+    if as_json:
+        result = {name: (v.item() if v.numel() == 1 else v.tolist())
+                  for name, v in outputs.items()}
+        click.echo(json.dumps(result))
+
+
+@click.command("time")
+@click.option("--model", required=True, metavar="NET.yaml", help="the net spec (TRAIN phase)")
+@click.option("--iterations", type=click.IntRange(min=1), default=50, show_default=True,
+              help="forward-backward passes to time")
+@click.option("--gpus", default=None, metavar="LIST", help=f"{GPUS_HELP} (the first is used)")
+def time_command(model: str, iterations: int, gpus: str | None) -> None:
+    """Time each layer's forward and backward (Caffe's `caffe time`)."""
+    device = parse_devices(gpus, solver_mode="CPU")[0]
+    click.echo(f"Using {device}")
+    net = Net(load_net(model), "TRAIN", device=device)
+    inputs = evaluate.random_inputs(net)
+    with evaluate.fed(net):
+        click.echo("Performing Forward")
+        loss = net(inputs).loss
+        click.echo(f"Initial loss: {float(loss.detach()):g}")
+        click.echo("Performing Backward")
+        if loss.requires_grad:
+            loss.backward()
+        click.echo("*** Benchmark begins ***")
+        click.echo(f"Testing for {iterations} iterations.")
+        times = evaluate.time_layers(net, iterations, click.echo, inputs)
+    for line in evaluate.time_report(net, times, iterations):
+        click.echo(line)
+    click.echo("*** Benchmark ends ***")
+
+
+@click.command("device-query")
+def device_query_command() -> None:
+    """List the CUDA devices: name, memory, capability and peer access."""
+    if not torch.cuda.is_available() or torch.cuda.device_count() == 0:
+        click.echo(f"No CUDA device is available: caffe-py runs on the CPU "
+                   f"({os.cpu_count()} cores, torch {torch.__version__}, "
+                   f"{torch.get_num_threads()} threads).")
+        return
+    n = torch.cuda.device_count()
+    for i in range(n):
+        props = torch.cuda.get_device_properties(i)
+        click.echo(f"Device id:                     {i}")
+        click.echo(f"Name:                          {props.name}")
+        click.echo(f"Total global memory:           {props.total_memory / 2**30:.2f} GiB")
+        click.echo(f"Major revision number:         {props.major}")
+        click.echo(f"Minor revision number:         {props.minor}")
+        click.echo(f"Number of multiprocessors:     {props.multi_processor_count}")
+    if n > 1:
+        click.echo("Peer access (row can access column):")
+        click.echo("      " + " ".join(f"{j:>4}" for j in range(n)))
+        for i in range(n):
+            row = ["   -" if i == j else
+                   f"{'yes' if torch.cuda.can_device_access_peer(i, j) else 'no':>4}"
+                   for j in range(n)]
+            click.echo(f"{i:>4}  " + " ".join(row))
+
+
+def _net(model: str, phase: str, device: torch.device) -> Net:
+    net = Net(load_net(model), phase, device=device)
+    inputs = [layer.name for layer in net.layers if layer.spec.type == "Input"]
+    if inputs:
+        raise SolverError(f"{model}: the {phase} net has Input layer '{inputs[0]}', which "
+                          "cpy test cannot feed; score a net that reads its data (Data layer)")
+    return net
+
+
+COMMANDS = [train_command, test_command, time_command, device_query_command]

@@ -1,0 +1,64 @@
+"""The ``--gpus`` flag: which devices a command runs on.
+
+``cpu`` (one CPU replica), ``cpu:N`` (N replicas on the CPU, for testing parallel training
+without GPUs), ``0`` / ``0,1,2,3`` (CUDA ids, each checked against the machine) and ``all``.
+Without the flag, a solver's ``solver_mode: GPU`` uses ``device_id`` when CUDA exists, and
+everything else runs on the CPU.
+"""
+from __future__ import annotations
+
+import torch
+
+from .errors import CaffePyError
+
+
+class DeviceError(CaffePyError):
+    """A device list that names devices this machine does not have."""
+
+
+def parse_devices(text: str | None, *, solver_mode: str = "GPU",
+                  device_id: int = 0) -> list[torch.device]:
+    """The devices ``--gpus text`` names (``None``: the default described above)."""
+    n_cuda = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    if text is None:
+        if solver_mode == "GPU" and n_cuda:
+            return [_cuda(device_id, n_cuda, f"device_id {device_id}")]
+        return [torch.device("cpu")]
+    spec = text.strip().lower()
+    if spec == "cpu":
+        return [torch.device("cpu")]
+    if spec.startswith("cpu:"):
+        count = spec[4:]
+        if not count.isdigit() or int(count) < 1:
+            raise DeviceError(f"--gpus {text}: expected cpu:N with N >= 1 CPU replicas, "
+                              "e.g. cpu:2")
+        return [torch.device("cpu")] * int(count)
+    if spec == "all":
+        if not n_cuda:
+            raise DeviceError("--gpus all: no CUDA device is available; use --gpus cpu")
+        return [torch.device("cuda", i) for i in range(n_cuda)]
+    parts = [p.strip() for p in spec.split(",")]
+    if not all(p.isdigit() for p in parts):
+        raise DeviceError(f"--gpus {text}: expected cpu, cpu:N, all, or GPU ids like 0,1")
+    ids = [int(p) for p in parts]
+    if len(set(ids)) != len(ids):
+        raise DeviceError(f"--gpus {text}: a GPU is listed twice; list each id once")
+    return [_cuda(i, n_cuda, f"--gpus {text}") for i in ids]
+
+
+def _cuda(index: int, n_cuda: int, what: str) -> torch.device:
+    if not n_cuda:
+        raise DeviceError(f"{what}: no CUDA device is available on this machine; "
+                          "use --gpus cpu")
+    if index >= n_cuda:
+        have = ", ".join(str(i) for i in range(n_cuda))
+        raise DeviceError(f"{what}: GPU {index} does not exist (this machine has {n_cuda}: "
+                          f"{have}); see cpy device-query")
+    return torch.device("cuda", index)
+
+
+def describe(devices: list[torch.device]) -> str:
+    """'cpu', 'cpu x 2' or 'cuda:0, cuda:1' for the start-of-run banner."""
+    if all(d.type == "cpu" for d in devices):
+        return "cpu" if len(devices) == 1 else f"cpu x {len(devices)}"
+    return ", ".join(str(d) for d in devices)

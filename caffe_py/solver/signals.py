@@ -1,0 +1,55 @@
+"""Caffe's SignalHandler: SIGINT / SIGHUP only set a flag; the solver acts between iterations.
+
+Each signal maps to an effect (``stop``, ``snapshot`` or ``none``; Caffe's defaults are
+SIGINT -> stop and SIGHUP -> snapshot). :meth:`SignalHandler.requested_action` is the
+solver's action callback: it returns (and clears) the pending effect, SIGINT first.
+"""
+from __future__ import annotations
+
+import signal
+import threading
+from types import FrameType
+
+EFFECTS = ("stop", "snapshot", "none")
+NONE, STOP, SNAPSHOT = "none", "stop", "snapshot"
+
+
+class SignalHandler:
+    """Install with ``with SignalHandler(sigint, sighup) as h:``; old handlers come back after."""
+
+    def __init__(self, sigint_effect: str = STOP, sighup_effect: str = SNAPSHOT):
+        for effect in (sigint_effect, sighup_effect):
+            if effect not in EFFECTS:
+                raise ValueError(f"signal effect {effect!r} is not one of {EFFECTS}")
+        self.effects = {signal.SIGINT: sigint_effect}
+        if hasattr(signal, "SIGHUP"):
+            self.effects[signal.SIGHUP] = sighup_effect
+        self._pending: dict[int, bool] = {s: False for s in self.effects}
+        self._previous: dict[int, object] = {}
+
+    def __enter__(self) -> SignalHandler:
+        if threading.current_thread() is threading.main_thread():
+            for sig in self.effects:
+                self._previous[sig] = signal.signal(sig, self._handle)
+        return self
+
+    def __exit__(self, *exc) -> None:
+        for sig, previous in self._previous.items():
+            signal.signal(sig, previous)
+        self._previous.clear()
+
+    def _handle(self, signum: int, frame: FrameType | None) -> None:
+        self._pending[signum] = True
+
+    def requested_action(self) -> str:
+        """The pending effect (SIGINT's before SIGHUP's), cleared once returned."""
+        for sig, effect in self.effects.items():
+            if self._pending[sig]:
+                self._pending[sig] = False
+                return effect
+        return NONE
+
+
+def no_action() -> str:
+    """The action callback when no handler is installed."""
+    return NONE

@@ -1,0 +1,151 @@
+"""Snapshot files: weights (``<prefix>_iter_<N>.pt``) and solver state
+(``<prefix>_iter_<N>.solverstate.pt``), written atomically and loaded safely.
+
+A weights file maps layer name -> its blobs in Caffe order, so weights copy by layer name as a
+.caffemodel does. A solver state holds what Caffe's SolverState holds (iteration, current_step,
+history blobs, the weights file it goes with) plus what exact resumption needs on top: the
+random generators (torch CPU/CUDA, each layer's own) and the data readers' positions.
+
+Both are ``torch.save`` dictionaries of tensors and plain values, loaded with
+``torch.load(weights_only=True)``, which builds no Python objects but those: nothing in a
+snapshot can execute code. Each is written to a temporary file in the target directory, flushed
+and fsynced, then renamed over the target (``os.replace``), so a crash mid-write leaves either
+the old file or none, never a truncated one that loads.
+"""
+from __future__ import annotations
+
+import os
+import tempfile
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from ..errors import SolverError
+
+FORMAT_VERSION = 1
+WEIGHTS_KIND, STATE_KIND = "weights", "solverstate"
+STATE_SUFFIX = ".solverstate"
+
+
+def snapshot_paths(prefix: str, iteration: int, fmt: str = "pt") -> tuple[Path, Path]:
+    """(weights, solver state) paths for ``iteration``: no zero padding, as Caffe."""
+    stem = f"{prefix}_iter_{iteration}"
+    return Path(f"{stem}.{fmt}"), Path(f"{stem}{STATE_SUFFIX}.{fmt}")
+
+
+def is_state_path(path: str | Path) -> bool:
+    """Whether the file name says solver state (``*.solverstate`` or ``*.solverstate.<ext>``)."""
+    name = Path(path).name
+    return name.endswith(STATE_SUFFIX) or f"{STATE_SUFFIX}." in name
+
+
+def check_writable(prefix: str) -> None:
+    """Fail before training when snapshots cannot be written (Caffe's
+    CheckSnapshotWritePermissions); the directory is created when missing."""
+    directory = Path(prefix).parent
+    try:
+        directory.mkdir(parents=True, exist_ok=True)
+        with tempfile.NamedTemporaryFile(dir=directory, prefix=".write_test_", suffix=".tmp"):
+            pass
+    except OSError as exc:
+        raise SolverError(f"cannot write snapshots to '{directory}' (snapshot_prefix {prefix}): "
+                          f"{exc.strerror or exc}; make the directory writable or change "
+                          "snapshot_prefix") from None
+
+
+def atomic_save(obj: Any, path: Path) -> None:
+    """torch.save to a temp file in the same directory, fsync, then rename over ``path``."""
+    path = Path(path)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "wb") as f:
+            torch.save(obj, f)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+    _fsync_dir(path.parent)
+
+
+def save_weights(blobs_by_layer: Mapping[str, list[torch.Tensor]], path: Path) -> None:
+    """Write layer name -> blobs (copied to CPU, detached)."""
+    layers = {name: [b.detach().to("cpu", copy=True) for b in blobs]
+              for name, blobs in blobs_by_layer.items()}
+    atomic_save({"caffe_py": WEIGHTS_KIND, "version": FORMAT_VERSION, "layers": layers}, path)
+
+
+def load_weights(path: str | Path) -> dict[str, list[torch.Tensor]]:
+    """Layer name -> blobs from a weights file; a solver state or a foreign file is an error."""
+    path = Path(path)
+    if is_state_path(path):
+        raise SolverError(f"{path} is a solver state, not weights; pass it to --snapshot to "
+                          "resume training, or give the matching weights file to --weights")
+    data = _load(path, WEIGHTS_KIND)
+    layers = data.get("layers")
+    if not isinstance(layers, dict) or not all(
+            isinstance(v, list) and all(isinstance(t, torch.Tensor) for t in v)
+            for v in layers.values()):
+        raise SolverError(f"{path}: the weights file is damaged (no layer -> blobs table)")
+    return layers
+
+
+def save_state(state: dict[str, Any], path: Path) -> None:
+    atomic_save({"caffe_py": STATE_KIND, "version": FORMAT_VERSION, **state}, path)
+
+
+def load_state(path: str | Path) -> dict[str, Any]:
+    """A solver state; a weights file or a foreign file is an error."""
+    path = Path(path)
+    if not is_state_path(path) and path.exists():
+        raise SolverError(f"{path} is not a solver state (its name has no '.solverstate'); "
+                          "pass weights to --weights, or give the <prefix>_iter_<N>.solverstate"
+                          ".pt file to --snapshot")
+    state = _load(path, STATE_KIND)
+    for key, kind in (("iter", int), ("current_step", int), ("history", list)):
+        if not isinstance(state.get(key), kind):
+            raise SolverError(f"{path}: the solver state is damaged ('{key}' is missing)")
+    return state
+
+
+def weights_path_of(state: Mapping[str, Any], state_path: str | Path) -> Path:
+    """The weights file a state goes with (saved by name, found next to the state file)."""
+    return Path(state_path).parent / str(state.get("learned_net", ""))
+
+
+def _load(path: Path, want: str) -> dict[str, Any]:
+    if not path.is_file():
+        raise SolverError(f"{path}: file not found; check the path")
+    try:
+        data = torch.load(path, map_location="cpu", weights_only=True)
+    except Exception as exc:  # noqa: BLE001 (any unpickling failure means "not ours")
+        reason = str(exc).strip().splitlines()[0][:120] if str(exc).strip() else type(exc).__name__
+        raise SolverError(f"{path}: not a caffe-py snapshot that loads safely ({reason}); give a "
+                          "file written by cpy train") from None
+    kind = data.get("caffe_py") if isinstance(data, dict) else None
+    if kind != want:
+        what = {WEIGHTS_KIND: "weights", STATE_KIND: "a solver state"}.get(kind, "not caffe-py's")
+        flag = "--weights" if want == WEIGHTS_KIND else "--snapshot"
+        raise SolverError(f"{path}: holds {what}, which {flag} does not take; pass weights to "
+                          "--weights and <prefix>_iter_<N>.solverstate.pt to --snapshot")
+    if data.get("version") != FORMAT_VERSION:
+        raise SolverError(f"{path}: snapshot format version {data.get('version')} is not "
+                          f"{FORMAT_VERSION}; write it again with this caffe-py")
+    return data
+
+
+def _fsync_dir(directory: Path) -> None:
+    """Make the rename itself durable (POSIX); a no-op where directories cannot be opened."""
+    try:
+        fd = os.open(directory, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
