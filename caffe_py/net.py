@@ -18,7 +18,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from .errors import NetError
+from .errors import DataError, NetError
 from .layers import registry
 from .layers.base import BuildContext, Layer, Shape
 from .spec.net_spec import BlobShape, LayerParameter, NetParameter, ParamSpec
@@ -157,8 +157,7 @@ class Net(nn.Module):
             bottom_shapes = [self._bottom_shape(lp, k, layer_specs[i + 1:])
                              for k in range(len(lp.bottom))]
             self._check_wiring(lp, producers)
-            _check_database(lp)
-            layer = registry.lookup(lp.type)(lp, bottom_shapes, self.ctx)
+            layer = self._build_layer(lp, bottom_shapes)
             self.layers.append(layer)
             for name in lp.bottom:
                 available.pop(name, None)
@@ -174,6 +173,12 @@ class Net(nn.Module):
                 self.input_names.extend(lp.top)
             self._register_blobs(layer, params_by_name)
         self.output_names = list(available)
+
+    def _build_layer(self, lp: LayerParameter, bottom_shapes: list[Shape]) -> Layer:
+        try:
+            return registry.lookup(lp.type)(lp, bottom_shapes, self.ctx)
+        except DataError as exc:  # e.g. a Data layer's database is missing: say which layer
+            raise DataError(str(_at(lp, str(exc)))) from None
 
     def _bottom_shape(self, lp: LayerParameter, k: int, later: list[LayerParameter]) -> Shape:
         name = lp.bottom[k]
@@ -420,17 +425,6 @@ def _loss_weight(layer: Layer, top: int) -> float:
     if layer.spec.loss_weight:
         return float(layer.spec.loss_weight[top])
     return 1.0 if layer.is_loss and top == 0 else 0.0
-
-
-def _check_database(lp: LayerParameter) -> None:
-    """A Data layer's LMDB must exist before the net can learn its shapes from it."""
-    data_param = lp.params.get("data_param") if lp.type == "Data" else None
-    source = getattr(data_param, "source", "")
-    if not source or Path(source).exists():
-        return
-    fix = ("run `make data` to create it" if "fashion_mnist" in source else
-           "convert the data into it first (`make data` creates the Fashion-MNIST databases)")
-    raise _at(lp, f"database {source} does not exist", fix, key="data_param")
 
 
 def _param_spec(ref: _Blob) -> ParamSpec | None:

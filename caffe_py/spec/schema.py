@@ -20,6 +20,7 @@ from __future__ import annotations
 import dataclasses
 import difflib
 import math
+import os
 import types
 import typing
 from collections.abc import Iterable
@@ -216,7 +217,8 @@ def convert(raw: Any, tp: Any, meta: typing.Mapping, src: Source, path: str, lin
 def resolve_path(value: str, src: Source) -> Path:
     """A path written in a spec, resolved against that spec's directory."""
     p = Path(value).expanduser()
-    return p if p.is_absolute() else (src.base_dir / p)
+    # normpath folds 'configs/../data' for readable messages; symlinks are left alone
+    return p if p.is_absolute() else Path(os.path.normpath(src.base_dir / p))
 
 
 def _bounds(value: float, meta: typing.Mapping, fail) -> None:

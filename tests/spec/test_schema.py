@@ -100,7 +100,7 @@ def test_check_hook_points_at_the_key():
 
 def test_paths_resolve_against_the_files_directory(tmp_path):
     assert parse("source: ../data/db", base=Path("/specs/configs")).source == \
-        str(Path("/specs/configs/../data/db"))
+        "/specs/data/db"
     assert parse("source: /abs/db").source == "/abs/db"
     spec_dir = tmp_path / "configs"
     spec_dir.mkdir()

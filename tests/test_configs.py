@@ -1,0 +1,151 @@
+"""The shipped net configs: they build, with Caffe's shapes and parameter counts."""
+from __future__ import annotations
+
+import importlib.util
+import shutil
+from collections import Counter
+from pathlib import Path
+
+import pytest
+import torch
+
+from caffe_py.io.datum import Datum, encode_datum
+from caffe_py.io.lmdb_store import LmdbWriter
+from caffe_py.io.mean import compute_mean
+from caffe_py.layers import known_types
+from caffe_py.net import Net
+from caffe_py.spec import yamlio
+from caffe_py.spec.net_spec import load_net
+
+CONFIGS = Path(__file__).resolve().parents[1] / "configs"
+NEEDED = {"Data", "DummyData", "Convolution", "Pooling", "InnerProduct", "ReLU", "Accuracy",
+          "SoftmaxWithLoss", "BatchNorm", "Scale", "Eltwise"}
+MISSING = sorted(NEEDED - set(known_types()))
+needs_layers = pytest.mark.skipif(bool(MISSING), reason=f"layer types not written yet: {MISSING}")
+
+
+def generator():
+    spec = importlib.util.spec_from_file_location("make_resnet50", CONFIGS / "make_resnet50.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def write_db(path: Path, shape: tuple[int, int, int], n: int = 4) -> None:
+    with LmdbWriter(path) as db:
+        for i in range(n):
+            pixels = bytes((i * 7 + j) % 256 for j in range(shape[0] * shape[1] * shape[2]))
+            db.put(b"%08d" % i, encode_datum(Datum(*shape, data=pixels, label=i % 10)))
+
+
+def copy_config(name: str, root: Path) -> Path:
+    """The config inside ``root/configs`` so that its ../data paths land in ``root/data``."""
+    (root / "configs").mkdir(exist_ok=True)
+    return Path(shutil.copy(CONFIGS / name, root / "configs" / name))
+
+
+def rows(net: Net) -> list[tuple[str, list[tuple[int, ...]], int]]:
+    return [(r.name, [shape for _, shape in r.tops], r.params) for r in net.summary()]
+
+
+def test_resnet50_files_are_the_generators_output():
+    make = generator()
+    for filename, dummy in make.OUTPUTS.items():
+        assert (CONFIGS / filename).read_text() == make.render(dummy), \
+            f"{filename} is stale: run python configs/make_resnet50.py"
+
+
+def test_resnet50_layer_counts():
+    layers = yamlio.load(CONFIGS / "resnet50.yaml")["layer"]
+    assert Counter(lp["type"] for lp in layers) == {
+        "Convolution": 53, "BatchNorm": 53, "Scale": 53, "ReLU": 49, "Eltwise": 16,
+        "Pooling": 2, "InnerProduct": 1, "Data": 2, "SoftmaxWithLoss": 1, "Accuracy": 2}
+    dummy = yamlio.load(CONFIGS / "resnet50_dummy.yaml")["layer"]
+    assert dummy[1:] == layers[2:]
+    assert dummy[0]["dummy_data_param"]["shape"] == [{"dim": [256, 3, 224, 224]}, {"dim": [256]}]
+
+
+@needs_layers
+def test_lenet_reads_fashion_mnist_next_to_the_repository():
+    spec = load_net(CONFIGS / "lenet.yaml")
+    sources = [lp.params["data_param"].source for lp in spec.layer[:2]]
+    data = CONFIGS.parent / "data" / "fashion_mnist"
+    assert sources == [str(data / "train_lmdb"), str(data / "test_lmdb")]
+
+
+@needs_layers
+def test_lenet_shapes_and_parameters(tmp_path):
+    config = copy_config("lenet.yaml", tmp_path)
+    for split in ("train", "test"):
+        write_db(tmp_path / "data" / "fashion_mnist" / f"{split}_lmdb", (1, 28, 28))
+    train = Net(load_net(config), "TRAIN")
+    assert rows(train) == [
+        ("mnist", [(64, 1, 28, 28), (64,)], 0),
+        ("conv1", [(64, 20, 24, 24)], 520),
+        ("pool1", [(64, 20, 12, 12)], 0),
+        ("conv2", [(64, 50, 8, 8)], 25050),
+        ("pool2", [(64, 50, 4, 4)], 0),
+        ("ip1", [(64, 500)], 400500),
+        ("relu1", [(64, 500)], 0),
+        ("ip2", [(64, 10)], 5010),
+        ("loss", [()], 0)]
+    assert [(p.name, p.lr_mult) for p in train.learnable_params()] == [
+        ("conv1/0", 1.0), ("conv1/1", 2.0), ("conv2/0", 1.0), ("conv2/1", 2.0),
+        ("ip1/0", 1.0), ("ip1/1", 2.0), ("ip2/0", 1.0), ("ip2/1", 2.0)]
+    assert train.output_names == ["loss"] and [layer.name for layer in train.data_layers()] == \
+        ["mnist"]
+    test = Net(load_net(config), "TEST")
+    assert test.blobs["data"] == (100, 1, 28, 28) and test.output_names == ["accuracy", "loss"]
+    assert test.share_weights_with(train) == ["conv1", "conv2", "ip1", "ip2"]
+
+
+@needs_layers
+def test_cifar10_quick_shapes_and_parameters(tmp_path):
+    config = copy_config("cifar10_quick.yaml", tmp_path)
+    data = tmp_path / "data" / "cifar10"
+    for split in ("train", "test"):
+        write_db(data / f"cifar10_{split}_lmdb", (3, 32, 32))
+    compute_mean(data / "cifar10_train_lmdb", data / "mean.binaryproto")
+    net = Net(load_net(config), "TEST")
+    assert [(name, shapes[0], n) for name, shapes, n in rows(net)[1:]] == [
+        ("conv1", (100, 32, 32, 32), 2432),
+        ("pool1", (100, 32, 16, 16), 0),
+        ("relu1", (100, 32, 16, 16), 0),
+        ("conv2", (100, 32, 16, 16), 25632),
+        ("relu2", (100, 32, 16, 16), 0),
+        ("pool2", (100, 32, 8, 8), 0),
+        ("conv3", (100, 64, 8, 8), 51264),
+        ("relu3", (100, 64, 8, 8), 0),
+        ("pool3", (100, 64, 4, 4), 0),
+        ("ip1", (100, 64), 65600),
+        ("ip2", (100, 10), 650),
+        ("accuracy", (), 0),
+        ("loss", (), 0)]
+
+
+@needs_layers
+def test_resnet50_dummy_builds_with_the_published_parameter_count():
+    spec = load_net(CONFIGS / "resnet50_dummy.yaml")
+    net = Net(spec, "TEST")
+    assert sum(r.params for r in net.summary()) == 25_557_032
+    assert net.blobs["pool5"] == (256, 2048, 1, 1) and net.blobs["fc1000"] == (256, 1000)
+    assert net.blobs["res3a"] == (256, 512, 28, 28) and net.blobs["res5c"] == (256, 2048, 7, 7)
+    assert net.output_names == ["loss", "accuracy", "accuracy_top5"]
+    frozen = [p.name for p in net.learnable_params() if p.lr_mult == 0]
+    assert frozen == []  # BatchNorm's statistics are buffers, never learnable params
+
+
+@needs_layers
+@pytest.mark.slow
+def test_resnet50_trains_one_step_at_batch_1():
+    spec = load_net(CONFIGS / "resnet50_dummy.yaml")
+    for shape in spec.layer[0].params["dummy_data_param"].shape:
+        shape.dim[0] = 1
+    torch.manual_seed(0)
+    net = Net(spec, "TRAIN")
+    loss = net().loss
+    # the label is 0 and fc1000 starts near 0: the loss is close to log(1000)
+    assert abs(loss.item() - 6.9078) < 0.5
+    loss.backward()
+    grads = [p.param.grad for p in net.learnable_params()]
+    assert all(g is not None and torch.isfinite(g).all() for g in grads)
