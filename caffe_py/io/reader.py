@@ -42,6 +42,8 @@ WAIT_SLICE_S = 0.2
 STALL_TIMEOUT_S = 60.0
 """A consumer that gets no record for this long raises instead of hanging."""
 JOIN_TIMEOUT_S = 10.0
+CHUNK = 64
+"""Records the producer reads between taking the queues' lock."""
 
 
 @dataclass
@@ -105,20 +107,23 @@ class _Stream:
     position: int = 0  # the next position the producer reads
     cursor: Any = None
 
-    @property
-    def replicas(self) -> list[int]:
-        return sorted(self.queues)
+    order: list[int] = field(default_factory=list)  # the replicas, in round-robin order
+    raw_prefix: bytes = b""  # the bytes every raw record of record_shape starts with
 
-    def target(self) -> tuple[RecordQueue, bool]:
-        """The queue whose turn it is, and whether this position is skipped (before its
+    @property
+    def size(self) -> int:
+        return int(np.prod(self.record_shape))
+
+    def target(self) -> tuple[int, bool]:
+        """The replica whose turn it is, and whether this position is skipped (before that
         replica's start after a resume)."""
         slot = self.position % len(self.queues)
-        queue = self.queues[self.replicas[slot]]
-        return queue, self.position < self.starts[slot]
+        return self.order[slot], self.position < self.starts[slot]
 
     def state(self) -> dict[str, Any]:
         n = len(self.queues)
-        nxt = [self.starts[s] + n * self.queues[r].consumed for s, r in enumerate(self.replicas)]
+        starts = self.starts or list(range(n))
+        nxt = [starts[s] + n * self.queues[r].consumed for s, r in enumerate(sorted(self.queues))]
         return {"replicas": n, "origin": self.origin, "next": nxt}
 
 
@@ -192,28 +197,46 @@ class _Source:
                 if stream is None:
                     self.cond.wait(WAIT_SLICE_S)
                     continue
+                room = {r: q.capacity - len(q.items) for r, q in stream.queues.items()}
             turn = (streams.index(stream) + 1) % len(streams)
-            queue, skip = stream.target()
-            key, value = bytes(stream.cursor.key()), stream.cursor.value()
-            record = None if skip else self._decode(stream, key, value)
-            if not stream.cursor.next():
-                stream.cursor.first()  # the end of the database: wrap to the first record
-            with self.cond:
-                if record is not None:
-                    queue.items.append(record)
-                    self.cond.notify_all()
+            self._read_chunk(stream, room)
+
+    def _read_chunk(self, stream: _Stream, room: dict[int, int]) -> None:
+        """Read up to CHUNK records of one stream while their queues have room, then append
+        them under one lock (records read before a failing one are still delivered)."""
+        ready: list[tuple[RecordQueue, Record]] = []
+        try:
+            for _ in range(CHUNK):
+                replica, skip = stream.target()
+                if not skip and room[replica] == 0:
+                    break
+                key, value = stream.cursor.item()
+                if not skip:
+                    room[replica] -= 1
+                    ready.append((stream.queues[replica], self._decode(stream, key, value)))
+                if not stream.cursor.next():
+                    stream.cursor.first()  # the end of the database: wrap to the first record
                 stream.position += 1
+        finally:
+            with self.cond:
+                for queue, record in ready:
+                    queue.items.append(record)
+                self.cond.notify_all()
 
     def _next_ready(self, streams: Sequence[_Stream], turn: int) -> _Stream | None:
         """The first stream (from ``turn``, in rotation) whose next record has somewhere to go."""
         for i in range(len(streams)):
             stream = streams[(turn + i) % len(streams)]
-            queue, skip = stream.target()
+            replica, skip = stream.target()
+            queue = stream.queues[replica]
             if skip or len(queue.items) < queue.capacity:
                 return stream
         return None
 
     def _decode(self, stream: _Stream, key: bytes, value: bytes) -> Record:
+        fast = _raw_record(value, stream)
+        if fast is not None:
+            return Record(stream.position, key, *fast)
         datum = decode_record(value, source=self.path, key=key)
         try:
             array = record_array(datum, _color_param(stream.color))
@@ -224,6 +247,48 @@ class _Source:
                             f"the first record is {_describe_shape(stream)}; a Data layer "
                             "needs records of one size and kind (resize when converting)")
         return Record(stream.position, key, array, int(datum.label))
+
+
+def _raw_prefix(shape: Sequence[int]) -> bytes:
+    """What Caffe's serializer writes before the pixels of a raw (C, H, W) uint8 record."""
+    c, h, w = shape
+    return b"".join((b"\x08", _varint(c), b"\x10", _varint(h), b"\x18", _varint(w),
+                     b"\x22", _varint(c * h * w)))
+
+
+def _varint(value: int) -> bytes:
+    out = bytearray()
+    while value > 0x7F:
+        out.append((value & 0x7F) | 0x80)
+        value >>= 7
+    out.append(value)
+    return bytes(out)
+
+
+def _raw_record(value: bytes, stream: _Stream) -> tuple[np.ndarray, int] | None:
+    """The fast path for the common record (channels, height, width, data, label, and an
+    optional encoded=false, in Caffe's field order): (pixels, label), or None for anything
+    else, which the full decoder then handles."""
+    prefix = stream.raw_prefix
+    if not prefix or not value.startswith(prefix):
+        return None
+    end = len(prefix) + stream.size
+    if len(value) < end + 2 or value[end] != 0x28:
+        return None
+    label, shift, pos = 0, 0, end + 1
+    while pos < len(value) and shift < 35:
+        byte = value[pos]
+        pos += 1
+        label |= (byte & 0x7F) << shift
+        if not byte & 0x80:
+            break
+        shift += 7
+    else:
+        return None
+    if label >= 1 << 31 or value[pos:] not in (b"", b"\x38\x00"):
+        return None  # a negative label or more fields: the full decoder's job
+    pixels = np.frombuffer(value, np.uint8, stream.size, len(prefix))
+    return pixels.reshape(stream.record_shape), label
 
 
 def _describe(array: np.ndarray) -> str:
@@ -331,8 +396,11 @@ class ReaderPool:
         try:
             for src in self._sources.values():
                 for st in src.streams.values():
+                    st.order = sorted(st.queues)
                     if not st.starts:
                         st.starts = list(range(len(st.queues)))
+                    if st.dtype == np.uint8:
+                        st.raw_prefix = _raw_prefix(st.record_shape)
                 src.start()
             for feed in self._feeds:
                 feed.start()

@@ -105,6 +105,11 @@ class Transformer:
         n = len(positions)
         offsets = np.zeros((n, 2), dtype=np.int64)
         flips = np.zeros(n, dtype=bool)
+        if crop and self.phase == "TEST" and not self.tp.mirror:
+            offsets[:] = ((h - crop) // 2, (w - crop) // 2)
+            return Choices(offsets, flips)
+        if not (crop or self.tp.mirror):
+            return Choices(offsets, flips)
         for i, pos in enumerate(positions):
             state = (self.seed ^ (int(pos) * 0x9E3779B97F4A7C15)) & _MASK64
             r_mirror, state = _splitmix64(state)
@@ -121,6 +126,9 @@ class Transformer:
     def host(self, arrays: Sequence[np.ndarray], choices: Choices, out: np.ndarray) -> None:
         """Crop and mirror each (C, H, W) record into ``out`` (B, C, h, w), keeping its dtype."""
         _, ch, cw = self.out_shape
+        if not (self.tp.crop_size or choices.flips.any()):
+            np.stack(arrays, out=out)  # one copy of the whole batch
+            return
         for i, array in enumerate(arrays):
             h0, w0 = (int(v) for v in choices.offsets[i])
             window = array[:, h0:h0 + ch, w0:w0 + cw]

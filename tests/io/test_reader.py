@@ -254,3 +254,32 @@ def test_state_for_an_unknown_stream_is_an_error(tmp_path):
         pool.attach(FakeNet(data_layer(db)))
         with pytest.raises(DataError, match="stream TEST/x, which no attached Data layer reads"):
             pool.load_state({db: {"TEST/x": {"replicas": 1, "origin": 0, "next": [0]}}})
+
+
+def test_records_the_fast_path_leaves_to_the_full_decoder(tmp_path):
+    """Negative labels, an explicit encoded=false and float records read back exactly."""
+    path = tmp_path / "db"
+    with LmdbWriter(path) as writer:
+        for i in range(4):
+            datum = datum_from_array(np.full(SHAPE, i, np.uint8), -i if i % 2 else 1000 * i,
+                                     encoded=False if i < 2 else None)
+            writer.put(b"%08d" % i, encode_datum(datum))
+    with ReaderPool() as pool:
+        q = subscribe(pool, str(path))
+        pool.start()
+        got = q.get(4, timeout=5)
+    assert [r.label for r in got] == [0, -1, 2000, -3]
+    assert [int(r.array.max()) for r in got] == [0, 1, 2, 3]
+
+
+def test_a_record_of_another_size_names_its_key(tmp_path):
+    path = tmp_path / "db"
+    with LmdbWriter(path) as writer:
+        writer.put(b"a", encode_datum(datum_from_array(np.zeros(SHAPE, np.uint8), 0)))
+        writer.put(b"b", encode_datum(datum_from_array(np.zeros((1, 5, 4), np.uint8), 0)))
+    with ReaderPool() as pool:
+        q = subscribe(pool, str(path))
+        pool.start()
+        with pytest.raises(DataError, match=r"record 'b' is uint8 \[1, 5, 4\] but the first "
+                                            r"record is uint8 \[1, 4, 4\]; a Data layer needs"):
+            q.get(2, timeout=5)
