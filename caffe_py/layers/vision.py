@@ -1,1 +1,443 @@
-"""Layer family: vision."""
+"""Layer family: vision (Convolution, Deconvolution, Pooling, LRN).
+
+Each forward is one torch op where PyTorch's rule is Caffe's. Where they differ (Pooling's
+output rounding in a few corner cases, pad larger than half the kernel) the input is padded
+explicitly so that the same op computes Caffe's numbers; ``caffe_pool_size`` is Caffe's rule.
+"""
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+
+from ..spec.net_spec import FillerParameter
+from ..spec.schema import field
+from .base import Layer, Shape, canonical_axis
+from .common import given, same_shapes
+from .registry import register
+
+FLT_MAX = 3.4028234663852886e38
+FLT_MIN = 1.1754943508222875e-38
+
+
+# --- Convolution and Deconvolution ----------------------------------------------------------
+@dataclass
+class ConvolutionParameter:
+    """Convolution and Deconvolution settings (Caffe's ConvolutionParameter)."""
+
+    num_output: int = field(0, "the number of output channels", min=0)
+    bias_term: bool = field(True, "add a learnable bias of shape (num_output,)")
+    pad: list[int] = field([], "zero padding: once, or once per spatial axis (default 0)", min=0)
+    kernel_size: list[int] = field([], "kernel size: once, or once per spatial axis", min=0)
+    stride: list[int] = field([], "stride: once, or once per spatial axis (default 1)", min=0)
+    dilation: list[int] = field([], "kernel dilation: once, or once per spatial axis "
+                                    "(default 1)", min=0)
+    pad_h: int = field(0, "2-D only: padding along H (instead of pad)", min=0)
+    pad_w: int = field(0, "2-D only: padding along W (instead of pad)", min=0)
+    kernel_h: int = field(0, "2-D only: kernel height (instead of kernel_size)", min=0)
+    kernel_w: int = field(0, "2-D only: kernel width (instead of kernel_size)", min=0)
+    stride_h: int = field(0, "2-D only: stride along H (instead of stride)", min=0)
+    stride_w: int = field(0, "2-D only: stride along W (instead of stride)", min=0)
+    group: int = field(1, "split channels and outputs into this many independent groups", min=1)
+    weight_filler: FillerParameter | None = field(None, "weight init (none: zeros, as Caffe)")
+    bias_filler: FillerParameter | None = field(None, "bias init (none: zeros, as Caffe)")
+    engine: str = field("DEFAULT", "implementation (all map to torch's convolution)",
+                        choices=("DEFAULT", "CAFFE", "CUDNN"))
+    axis: int = field(1, "the channel axis; the axes after it are spatial")
+    force_nd_im2col: bool = field(False, "accepted for compatibility; has no effect")
+
+
+def _per_axis(layer: Layer, p: ConvolutionParameter, name: str, n: int,
+              default: int | None) -> tuple[int, ...]:
+    """Caffe's per-spatial-axis value of ``name`` (kernel_size, pad, stride or dilation)."""
+    stem = name.removesuffix("_size")
+    h, w = f"{stem}_h", f"{stem}_w"
+    values = list(getattr(p, name))
+    if name != "dilation" and (given(p, h) or given(p, w)):
+        if n != 2:
+            raise layer.fail(f"{h} and {w} apply to 2-D convolution only; this bottom has "
+                             f"{n} spatial axes", f"use {name}")
+        if values:
+            raise layer.fail(f"both {name} and {h}/{w} are set", "keep one of them")
+        if not (given(p, h) and given(p, w)):
+            raise layer.fail(f"only one of {h} and {w} is set", f"set both, or use {name}")
+        return (getattr(p, h), getattr(p, w))
+    if not values:
+        if default is None:
+            raise layer.fail("no kernel size is set", "set kernel_size (or kernel_h and kernel_w)")
+        return (default,) * n
+    if len(values) not in (1, n):
+        raise layer.fail(f"{name} is given {len(values)} times for {n} spatial axes",
+                         "give it once, or once per spatial axis")
+    return tuple(values) * n if len(values) == 1 else tuple(values)
+
+
+def conv_out_size(size: int, k: int, s: int, p: int, d: int) -> int:
+    """Convolution's output length (floor)."""
+    return (size + 2 * p - (d * (k - 1) + 1)) // s + 1
+
+
+def deconv_out_size(size: int, k: int, s: int, p: int, d: int) -> int:
+    """Deconvolution's output length: the input length of the matching convolution."""
+    return s * (size - 1) + d * (k - 1) + 1 - 2 * p
+
+
+@register("Convolution")
+class Convolution(Layer):
+    """N-d convolution (1 to 3 spatial axes) with Caffe's weight (O, C/group, *kernel).
+
+    Several bottoms share the weights and give one top each, as in Caffe.
+    """
+
+    params = {"convolution_param": ConvolutionParameter}
+    bottoms = (1, None)
+    tops = (1, None)
+    _ops: tuple[Callable[..., torch.Tensor], ...] = (F.conv1d, F.conv2d, F.conv3d)
+
+    def setup(self, bottom_shapes: list[Shape]) -> list[Shape]:
+        p = self.param()
+        if len(bottom_shapes) != len(self.spec.top):
+            raise self.fail(f"has {len(bottom_shapes)} bottoms but {len(self.spec.top)} tops",
+                            "name one top per bottom")
+        same_shapes(self, bottom_shapes, f"all bottoms of a {self.type_name} share its weights "
+                                         "and need the same shape")
+        shape = bottom_shapes[0]
+        self.axis = canonical_axis(self, p.axis, len(shape))
+        n = len(shape) - self.axis - 1
+        if not 1 <= n <= 3:
+            raise self.bottom_error(0, f"has shape {list(shape)}: {n} spatial axes after the "
+                                       f"channel axis {self.axis}",
+                                    "1 to 3 spatial axes are supported")
+        self.kernel = _per_axis(self, p, "kernel_size", n, None)
+        self.stride = _per_axis(self, p, "stride", n, 1)
+        self.pad = _per_axis(self, p, "pad", n, 0)
+        self.dilation = _per_axis(self, p, "dilation", n, 1)
+        for what, values in (("kernel size", self.kernel), ("stride", self.stride),
+                             ("dilation", self.dilation)):
+            if min(values) < 1:
+                raise self.fail(f"{what} {list(values)} has a zero", f"every {what} is >= 1")
+        self._check_groups(p, shape[self.axis])
+        self.group = p.group
+        self.has_bias = p.bias_term
+        self.add_blob("weight", self._weight_shape(p.num_output, shape[self.axis]),
+                      p.weight_filler)
+        if p.bias_term:
+            self.add_blob("bias", (p.num_output,), p.bias_filler)
+        self._op = self._ops[n - 1]
+        out = self._spatial_out(shape[self.axis + 1:])
+        return [shape[:self.axis] + (p.num_output,) + out] * len(bottom_shapes)
+
+    def _check_groups(self, p: ConvolutionParameter, channels: int) -> None:
+        if p.num_output < 1:
+            raise self.fail("num_output is not set", "set convolution_param.num_output")
+        if channels % p.group:
+            raise self.bottom_error(0, f"has {channels} channels, which group {p.group} does "
+                                       f"not divide", "make channels a multiple of group")
+        if p.num_output % p.group:
+            raise self.fail(f"num_output {p.num_output} is not a multiple of group {p.group}",
+                            "make num_output a multiple of group")
+
+    def _weight_shape(self, num_output: int, channels: int) -> Shape:
+        return (num_output, channels // self.group) + self.kernel
+
+    def _spatial_out(self, sizes: Shape) -> Shape:
+        out = tuple(conv_out_size(*a) for a in
+                    zip(sizes, self.kernel, self.stride, self.pad, self.dilation, strict=True))
+        if min(out) < 1:
+            eff = [d * (k - 1) + 1 for k, d in zip(self.kernel, self.dilation, strict=True)]
+            padded = [s + 2 * p for s, p in zip(sizes, self.pad, strict=True)]
+            raise self.bottom_error(0, f"of spatial size {list(sizes)} padded to {padded} is "
+                                       f"smaller than the (dilated) kernel {eff}",
+                                    "use a smaller kernel_size or dilation, or more pad")
+        return out
+
+    def _conv(self, x: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+        return self._op(x, self.weight, bias, self.stride, self.pad, self.dilation, self.group)
+
+    def forward(self, *bottoms: torch.Tensor) -> torch.Tensor | tuple[torch.Tensor, ...]:
+        tops = tuple(self._convolve(x) for x in bottoms)
+        return tops[0] if len(tops) == 1 else tops
+
+    def _convolve(self, x: torch.Tensor) -> torch.Tensor:
+        bias = self.bias if self.has_bias else None
+        if self.axis == 1:
+            return self._conv(x, bias)
+        lead = x.shape[:self.axis]  # the axes before the channel axis act as the batch
+        y = self._conv(x.reshape(-1, *x.shape[self.axis:]), bias)
+        return y.reshape(*lead, *y.shape[1:])
+
+
+@register("Deconvolution")
+class Deconvolution(Convolution):
+    """Transposed convolution; Caffe's weight (C, num_output/group, *kernel) is torch's too."""
+
+    _ops = (F.conv_transpose1d, F.conv_transpose2d, F.conv_transpose3d)
+
+    def _weight_shape(self, num_output: int, channels: int) -> Shape:
+        return (channels, num_output // self.group) + self.kernel
+
+    def _spatial_out(self, sizes: Shape) -> Shape:
+        out = tuple(deconv_out_size(*a) for a in
+                    zip(sizes, self.kernel, self.stride, self.pad, self.dilation, strict=True))
+        if min(out) < 1:
+            raise self.bottom_error(0, f"of spatial size {list(sizes)} gives an output of "
+                                       f"{list(out)} with pad {list(self.pad)}",
+                                    "use less pad")
+        return out
+
+    def _conv(self, x: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+        return self._op(x, self.weight, bias, self.stride, self.pad, 0, self.group,
+                        self.dilation)
+
+
+# --- Pooling --------------------------------------------------------------------------------
+@dataclass
+class PoolingParameter:
+    """Pooling settings (Caffe's PoolingParameter)."""
+
+    pool: str = field("MAX", "pooling method", choices=("MAX", "AVE", "STOCHASTIC"))
+    pad: int = field(0, "padding on each side (MAX and AVE only)", min=0)
+    pad_h: int = field(0, "padding along H (instead of pad)", min=0)
+    pad_w: int = field(0, "padding along W (instead of pad)", min=0)
+    kernel_size: int = field(0, "square window size", min=0)
+    kernel_h: int = field(0, "window height (instead of kernel_size)", min=0)
+    kernel_w: int = field(0, "window width (instead of kernel_size)", min=0)
+    stride: int = field(1, "step between windows", min=0)
+    stride_h: int = field(0, "step along H (instead of stride)", min=0)
+    stride_w: int = field(0, "step along W (instead of stride)", min=0)
+    engine: str = field("DEFAULT", "implementation (all map to torch's pooling)",
+                        choices=("DEFAULT", "CAFFE", "CUDNN"))
+    global_pooling: bool = field(False, "pool over the whole H x W (no kernel, pad 0, stride 1)")
+
+
+def caffe_pool_size(size: int, k: int, s: int, p: int) -> int:
+    """Caffe's pooled length: ceil rounding, and with padding no window starting in the pad."""
+    out = -(-(size + 2 * p - k) // s) + 1
+    if p > 0 and (out - 1) * s >= size + p:
+        out -= 1
+    return out
+
+
+def torch_pool_size(size: int, k: int, s: int, p: int) -> int:
+    """PyTorch's ceil_mode length (its last-window rule applies with or without padding)."""
+    out = -(-(size + 2 * p - k) // s) + 1
+    if (out - 1) * s >= size + p:
+        out -= 1
+    return out
+
+
+@dataclass(frozen=True)
+class _PoolPlan:
+    """How one input size is pooled: Caffe's output size and whether torch's op gives it."""
+
+    out: tuple[int, int]
+    direct: bool
+    pads: tuple[int, int, int, int]  # F.pad's (left, right, top, bottom); right/bottom may crop
+
+
+@register("Pooling")
+class Pooling(Layer):
+    """MAX, AVE and STOCHASTIC pooling over (N, C, H, W) with Caffe's rounding.
+
+    A second top (MAX only) is Caffe's argmax mask: the flat index h * W + w in the input plane.
+    """
+
+    params = {"pooling_param": PoolingParameter}
+    tops = (1, 2)
+
+    def setup(self, bottom_shapes: list[Shape]) -> list[Shape]:
+        p = self.param()
+        shape = bottom_shapes[0]
+        self.require_axes(0, shape, 4)
+        self.method = p.pool
+        self.global_pooling = p.global_pooling
+        if len(self.spec.top) == 2 and p.pool != "MAX":
+            raise self.fail(f"{p.pool} pooling has one top; only MAX gives a second top (the "
+                            "argmax mask)", "remove the second top")
+        if p.global_pooling:
+            self._check_global(p)
+            self.kernel, self.stride, self.pad = shape[2:], (1, 1), (0, 0)
+        else:
+            self.kernel = self._pair(p, "kernel_size", None)
+            self.stride = self._pair(p, "stride", p.stride)
+            self.pad = self._pair(p, "pad", p.pad)
+            self._check_window(p, shape)
+        self._plans: dict[tuple[int, int], _PoolPlan] = {}
+        out = self._plan(shape[2], shape[3]).out
+        return [shape[:2] + out] * len(self.spec.top)
+
+    def _check_global(self, p: PoolingParameter) -> None:
+        if any(given(p, k) for k in ("kernel_size", "kernel_h", "kernel_w")):
+            raise self.fail("global_pooling takes the whole input as the window; a kernel size "
+                            "is also set", "remove kernel_size/kernel_h/kernel_w")
+        if any(given(p, k) for k in ("pad", "pad_h", "pad_w", "stride", "stride_h",
+                                     "stride_w")):
+            raise self.fail("global_pooling needs pad 0 and stride 1",
+                            "remove pad and stride")
+
+    def _pair(self, p: PoolingParameter, name: str, default: int | None) -> tuple[int, int]:
+        stem = name.removesuffix("_size")
+        h, w = f"{stem}_h", f"{stem}_w"
+        if given(p, h) or given(p, w):
+            if given(p, name):
+                raise self.fail(f"both {name} and {h}/{w} are set", "keep one of them")
+            if not (given(p, h) and given(p, w)):
+                raise self.fail(f"only one of {h} and {w} is set", f"set both, or use {name}")
+            return getattr(p, h), getattr(p, w)
+        if default is None and not given(p, name):
+            raise self.fail("no kernel size is set",
+                            "set kernel_size (or kernel_h and kernel_w), or global_pooling")
+        value = getattr(p, name)
+        return value, value
+
+    def _check_window(self, p: PoolingParameter, shape: Shape) -> None:
+        if min(self.kernel) < 1 or min(self.stride) < 1:
+            raise self.fail(f"kernel {list(self.kernel)} and stride {list(self.stride)} must be "
+                            ">= 1", "set positive sizes")
+        if max(self.pad) > 0 and p.pool == "STOCHASTIC":
+            raise self.fail("STOCHASTIC pooling takes no padding",
+                            "remove pad, or use MAX or AVE")
+        if any(pd >= k for pd, k in zip(self.pad, self.kernel, strict=True)):
+            raise self.fail(f"pad {list(self.pad)} must be smaller than the kernel "
+                            f"{list(self.kernel)}", "use less pad")
+        padded = [s + 2 * pd for s, pd in zip(shape[2:], self.pad, strict=True)]
+        if any(k > s for k, s in zip(self.kernel, padded, strict=True)):
+            raise self.bottom_error(0, f"of spatial size {list(shape[2:])} padded to {padded} "
+                                       f"is smaller than the kernel {list(self.kernel)}",
+                                    "use a smaller kernel_size or more pad")
+
+    def _plan(self, height: int, width: int) -> _PoolPlan:
+        plan = self._plans.get((height, width))
+        if plan is None:
+            plan = self._plans[(height, width)] = self._make_plan(height, width)
+        return plan
+
+    def _make_plan(self, height: int, width: int) -> _PoolPlan:
+        sizes = (height, width)
+        kernel = sizes if self.global_pooling else self.kernel
+        geometry = list(zip(sizes, kernel, self.stride, self.pad, strict=True))
+        out = tuple(caffe_pool_size(*g) for g in geometry)
+        # torch's op also refuses pad > kernel / 2
+        direct = all(caffe_pool_size(*g) == torch_pool_size(*g) and g[3] <= g[1] // 2
+                     for g in geometry)
+        # Explicit padding: the input spans exactly the windows, (out - 1) * s + k per axis.
+        ends = [(o - 1) * s + k - n - p for o, (n, k, s, p) in zip(out, geometry, strict=True)]
+        pads = (self.pad[1], ends[1], self.pad[0], ends[0])
+        return _PoolPlan(out=out, direct=direct, pads=pads)  # type: ignore[arg-type]
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
+        plan = self._plan(x.shape[2], x.shape[3])
+        kernel = tuple(x.shape[2:]) if self.global_pooling else self.kernel
+        if self.method == "MAX":
+            return self._max(x, plan, kernel)
+        if self.method == "AVE":
+            return self._ave(x, plan, kernel)
+        if self.phase == "TRAIN":
+            return self._stochastic_train(x, plan, kernel)
+        return self._stochastic_test(x, plan, kernel)
+
+    def _max(self, x: torch.Tensor, plan: _PoolPlan, kernel: Any) -> Any:
+        want_mask = len(self.top_shapes) == 2
+        if plan.direct:
+            y = F.max_pool2d(x, kernel, self.stride, self.pad, ceil_mode=True,
+                             return_indices=want_mask)
+            if not want_mask:
+                return y
+            return y[0], y[1].to(x.dtype)
+        # Caffe starts each window at -FLT_MAX, so padding with it reproduces empty windows too.
+        xp = F.pad(x, plan.pads, value=-FLT_MAX)
+        y = F.max_pool2d(xp, kernel, self.stride, return_indices=want_mask)
+        if not want_mask:
+            return y
+        y, index = y
+        return y, self._unpad_index(index, xp.shape[3], x.shape[2], x.shape[3]).to(x.dtype)
+
+    def _unpad_index(self, index: torch.Tensor, padded_w: int, h: int, w: int) -> torch.Tensor:
+        """Flat indices into the padded plane -> h * W + w in the input, -1 in the padding."""
+        row = index // padded_w - self.pad[0]
+        col = index % padded_w - self.pad[1]
+        inside = (row >= 0) & (row < h) & (col >= 0) & (col < w)
+        return torch.where(inside, row * w + col, torch.full_like(index, -1))
+
+    def _ave(self, x: torch.Tensor, plan: _PoolPlan, kernel: Any) -> torch.Tensor:
+        if self.global_pooling:
+            return x.mean((2, 3), keepdim=True)
+        if plan.direct:  # torch's divisor with count_include_pad is Caffe's: clipped to H + pad
+            return F.avg_pool2d(x, kernel, self.stride, self.pad, ceil_mode=True,
+                                count_include_pad=True)
+        sums = F.avg_pool2d(F.pad(x, plan.pads), kernel, self.stride, divisor_override=1)
+        return sums / self._divisor(x, plan)
+
+    def _divisor(self, x: torch.Tensor, plan: _PoolPlan) -> torch.Tensor:
+        """Caffe's AVE divisor per output (H_out, W_out): the window clipped to H + pad."""
+        sizes = []
+        for n, o, k, s, p in zip(x.shape[2:], plan.out, self.kernel, self.stride, self.pad,
+                                 strict=True):
+            start = torch.arange(o, device=x.device) * s - p
+            end = torch.clamp(start + k, max=n + p)
+            sizes.append((end - start).clamp(min=1))  # Caffe divides 0 by 0 in an empty window
+        return (sizes[0][:, None] * sizes[1][None, :]).to(x.dtype)
+
+    def _stochastic_train(self, x: torch.Tensor, plan: _PoolPlan, kernel: Any) -> torch.Tensor:
+        # Sample one element per window with probability value / window sum (Caffe's cumulative
+        # scan: the first element whose running sum reaches u * sum, u ~ U[0, 1)).
+        # (Tensor.unfold gives strided views; F.unfold loops over the batch on the CPU.)
+        xp = F.pad(x, plan.pads)
+        windows = xp.unfold(2, kernel[0], self.stride[0]).unfold(3, kernel[1], self.stride[1])
+        windows = windows.reshape(*x.shape[:2], *plan.out, -1)  # (N, C, oh, ow, kh*kw)
+        running = windows.cumsum(-1)
+        threshold = torch.rand_like(running[..., :1]) * running[..., -1:]
+        pick = (running >= threshold).to(torch.uint8).argmax(-1, keepdim=True)  # first reached
+        return windows.gather(-1, pick).squeeze(-1)
+
+    def _stochastic_test(self, x: torch.Tensor, plan: _PoolPlan, kernel: Any) -> torch.Tensor:
+        # The probability-weighted mean: sum(x^2) / sum(x), with Caffe's FLT_MIN against 0/0.
+        both = F.pad(torch.cat([x * x, x], 1), plan.pads)
+        sums = F.avg_pool2d(both, kernel, self.stride, divisor_override=1)
+        squares, values = sums.split(x.shape[1], 1)
+        return squares / (values + FLT_MIN)
+
+
+# --- LRN ------------------------------------------------------------------------------------
+@dataclass
+class LRNParameter:
+    """Local response normalisation (Caffe's LRNParameter)."""
+
+    local_size: int = field(5, "channels summed (ACROSS_CHANNELS) or the side of the square "
+                               "window (WITHIN_CHANNEL); odd", min=1)
+    alpha: float = field(1.0, "scale of the sum of squares")
+    beta: float = field(0.75, "exponent")
+    norm_region: str = field("ACROSS_CHANNELS", "normalise over nearby channels or a spatial "
+                                                "window", choices=("ACROSS_CHANNELS",
+                                                                   "WITHIN_CHANNEL"))
+    k: float = field(1.0, "ACROSS_CHANNELS: the constant added (WITHIN_CHANNEL uses 1)")
+    engine: str = field("DEFAULT", "implementation (all map to torch)",
+                        choices=("DEFAULT", "CAFFE", "CUDNN"))
+
+
+@register("LRN")
+class LRN(Layer):
+    """b = a * (k + alpha/n * sum of a^2 over n channels)^-beta, or the WITHIN_CHANNEL form
+    b = a * (1 + alpha * mean of a^2 over an n x n window, zero-padded)^-beta."""
+
+    params = {"lrn_param": LRNParameter}
+
+    def setup(self, bottom_shapes: list[Shape]) -> list[Shape]:
+        p = self.param()
+        self.require_axes(0, bottom_shapes[0], 4)
+        if p.local_size % 2 == 0:
+            raise self.fail(f"local_size {p.local_size} is even; LRN needs an odd local_size",
+                            f"use {p.local_size - 1} or {p.local_size + 1}")
+        self.size, self.alpha, self.beta, self.k = p.local_size, p.alpha, p.beta, p.k
+        self.across = p.norm_region == "ACROSS_CHANNELS"
+        return [bottom_shapes[0]]
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.across:
+            return F.local_response_norm(x, self.size, self.alpha, self.beta, self.k)
+        # The window never passes H + pad here, so Caffe's divisor is always size^2.
+        mean = F.avg_pool2d(x * x, self.size, 1, (self.size - 1) // 2, count_include_pad=True)
+        return x * (1.0 + self.alpha * mean).pow(-self.beta)
