@@ -58,6 +58,7 @@ def check_writable(prefix: str) -> None:
 def atomic_save(obj: Any, path: Path) -> None:
     """torch.save to a temp file in the same directory, fsync, then rename over ``path``."""
     path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     try:
         with os.fdopen(fd, "wb") as f:

@@ -102,13 +102,13 @@ class Solver:
         self.pool = self._attach(self.net, pool)
         build_tests = (replica == 0) if test_nets is None else test_nets
         self.test_nets: list[Net] = []
-        self._test_pools: list[Any] = []
+        self._test_pool = self.pool if self.pool in self._pools else None
         if build_tests:
             for spec, state in param.test_net_specs():
                 net = self._build(spec, "TEST", state)
                 net.share_weights_with(self.net)
                 self.test_nets.append(net)
-                self._test_pools.append(self._attach(net, None))
+                self._test_pool = self._attach(net, self._test_pool)
         window = max(param.average_loss, 1)
         self._losses = torch.zeros(window, device=self.device)
         self._n_losses = 0
@@ -127,7 +127,11 @@ class Solver:
         return net
 
     def _attach(self, net: Net, pool: Any) -> Any:
-        """The readers for ``net``'s Data layers: ``pool`` when shared, else our own."""
+        """The readers for ``net``'s Data layers: ``pool`` when given, else one we own.
+
+        A shared pool (parallel training) serves this replica's TRAIN net; our own pool serves
+        the TEST nets too, so a TRAIN and a TEST net may read one database.
+        """
         if not net.data_layers():
             return pool
         if pool is None:
@@ -135,8 +139,8 @@ class Solver:
 
             pool = ReaderPool(replicas=1)
             self._pools.append(pool)
-        pool.attach(net, replica=self.replica if pool not in self._pools else 0,
-                    device=self.device, seed=self.seed)
+        replica = 0 if pool in self._pools else self.replica
+        pool.attach(net, replica=replica, device=self.device, seed=self.seed)
         return pool
 
     def start(self) -> None:
@@ -160,6 +164,8 @@ class Solver:
     def solve(self, resume_file: str | None = None) -> None:
         """Caffe's Solver::Solve: train to max_iter, snapshot, and show the final numbers."""
         p = self.param
+        if self.verbose:
+            snap.check_writable(p.snapshot_prefix)
         self.log(f"Solving {self.net.name}")
         self.log(f"Learning Rate Policy: {p.lr_policy}")
         if resume_file:
@@ -359,7 +365,8 @@ class Solver:
             "history": [h.detach().cpu() for h in self.updater.history],
             "rng": self._rng_state(),
             "data": self.pool.state() if self.pool is not None else None,
-            "test_data": [p.state() if p is not None else None for p in self._test_pools],
+            "test_data": (self._test_pool.state() if self._test_pool not in (None, self.pool)
+                          else None),
         }
 
     def restore(self, path: str) -> None:
@@ -381,9 +388,8 @@ class Solver:
         self._load_rng_state(state.get("rng") or {})
         if self.pool is not None and state.get("data"):
             self.pool.load_state(state["data"])
-        for pool, saved in zip(self._test_pools, state.get("test_data") or [], strict=False):
-            if pool is not None and saved:
-                pool.load_state(saved)
+        if self._test_pool not in (None, self.pool) and state.get("test_data"):
+            self._test_pool.load_state(state["test_data"])
         self._last_display = (time.perf_counter(), self.iter)
 
     def _generators(self) -> dict[str, torch.Generator]:

@@ -1,0 +1,193 @@
+"""The training loop: Caffe's Step order, display and test lines, snapshots, exact resume."""
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from caffe_py.errors import SolverError
+from caffe_py.solver import Solver, TrainOptions, train
+from caffe_py.solver.snapshot import load_state, load_weights
+
+
+def run(param, resume=None, **kw):
+    lines: list[str] = []
+    with Solver(param, log=lines.append, **kw) as solver:
+        solver.solve(resume)
+    return solver, lines
+
+
+def weights_of(solver):
+    return {k: [b.clone() for b in v] for k, v in solver.net.layer_blobs().items()}
+
+
+def assert_bitwise(a, b):
+    assert a.keys() == b.keys()
+    for name in a:
+        for x, y in zip(a[name], b[name], strict=True):
+            assert torch.equal(x, y), name
+
+
+def test_display_test_and_snapshot_lines_follow_caffe(ws):
+    p = ws.load(test_iter=2, test_interval=3, display=3, snapshot=3, max_iter=6,
+                lr_policy="step", gamma=0.5, stepsize=3)
+    solver, lines = run(p)
+    prefix = str(ws.root / "snaps" / "tiny")
+    assert lines[:4] == ["Solving tiny", "Learning Rate Policy: step",
+                         "Iteration 0, Testing net (#0)", lines[3]]
+    assert lines[3].startswith("    Test net output #0: loss = ")
+    assert lines[4].startswith("Iteration 0 (") and ", loss = " in lines[4]
+    assert lines[5].startswith("    Train net output #0: loss = ") and "(* 1 = " in lines[5]
+    assert lines[6] == "Iteration 0, lr = 0.1"
+    assert lines[7:9] == [f"Snapshotting to {prefix}_iter_3.pt",
+                          f"Snapshotting solver state to {prefix}_iter_3.solverstate.pt"]
+    assert "Iteration 3, lr = 0.05" in lines
+    assert lines[-4].startswith("Iteration 6, loss = ")
+    assert lines[-3:-1] == ["Iteration 6, Testing net (#0)", lines[-2]]
+    assert lines[-1] == "Optimization Done."
+    assert lines[-6:-4] == [f"Snapshotting to {prefix}_iter_6.pt",
+                            f"Snapshotting solver state to {prefix}_iter_6.solverstate.pt"]
+    assert solver.iter == 6 and solver.current_step == 1  # rate of it 5: 5 // 3
+    state = load_state(f"{prefix}_iter_6.solverstate.pt")
+    assert (state["iter"], state["current_step"], state["learned_net"]) == (
+        6, 1, "tiny_iter_6.pt")
+
+
+def test_test_outputs_are_the_mean_over_test_iter(ws):
+    # Zero weights (no filler) give uniform softmax: the loss is log(3) on every batch.
+    ws.net(DUMMY_ZERO := (ws.root / "net.yaml").read_text().replace(
+        ", weight_filler: {type: xavier}", ""))
+    assert "xavier" not in DUMMY_ZERO
+    p = ws.load(test_iter=3, test_interval=10, max_iter=0, snapshot_after_train=False)
+    solver, lines = run(p)
+    assert f"    Test net output #0: loss = {math.log(3):g} (* 1 = {math.log(3):g} loss)" in lines
+    assert solver.last_test[0]["loss"].item() == pytest.approx(math.log(3))
+
+
+@pytest.mark.parametrize("rule", [
+    {"type": "SGD", "lr_policy": "multistep", "gamma": 0.5, "stepvalue": "[2, 4]"},
+    {"type": "Adam", "momentum2": 0.99, "lr_policy": "fixed"},
+])
+def test_resume_is_bitwise_identical_with_dummy_data(ws, rule):
+    straight, _ = run(ws.load(max_iter=6, test_iter=1, test_interval=2, **rule))
+    first, _ = run(ws.load(max_iter=3, test_iter=1, test_interval=2, snapshot_prefix="b/t",
+                           **rule))
+    state = ws.root / "b" / "t_iter_3.solverstate.pt"
+    resumed, lines = run(ws.load(max_iter=6, test_iter=1, test_interval=2, snapshot_prefix="c/t",
+                                 **rule), resume=str(state))
+    assert lines[2] == f"Restoring previous solver status from {state}"
+    assert resumed.iter == 6 and resumed.current_step == straight.current_step
+    assert_bitwise(weights_of(straight), weights_of(resumed))
+    for h1, h2 in zip(straight.updater.history, resumed.updater.history, strict=True):
+        assert torch.equal(h1, h2)
+    assert not torch.equal(weights_of(first)["ip"][0], weights_of(straight)["ip"][0])
+
+
+def test_resume_is_bitwise_identical_with_an_lmdb(ws):
+    ws.net(ws.LMDB_NET, batch=2)
+    common = {"max_iter": 8, "test_iter": 2, "test_interval": 3, "lr_policy": "fixed"}
+    straight, _ = run(ws.load(**common))
+    run(ws.load(**{**common, "max_iter": 4}, snapshot_prefix="b/t"))
+    resumed, _ = run(ws.load(**common, snapshot_prefix="c/t"),
+                     resume=str(ws.root / "b" / "t_iter_4.solverstate.pt"))
+    assert_bitwise(weights_of(straight), weights_of(resumed))
+    assert straight.last_test[0]["acc"].item() == resumed.last_test[0]["acc"].item()
+
+
+def test_iter_size_k_with_batch_b_equals_batch_k_times_b(ws):
+    ws.net(ws.LMDB_NET, batch=2)
+    small, _ = run(ws.load(max_iter=3, iter_size=2, weight_decay=0.01))
+    ws.net(ws.LMDB_NET, batch=4)
+    big, _ = run(ws.load(max_iter=3, weight_decay=0.01))
+    for a, b in zip(weights_of(small)["ip"], weights_of(big)["ip"], strict=True):
+        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)
+
+
+def test_lr_mult_zero_blob_stays_fixed_in_a_net(ws):
+    text = (ws.root / "net.yaml").read_text().replace(
+        "{lr_mult: 2, decay_mult: 0}", "{lr_mult: 0}").replace(
+        "weight_filler: {type: xavier}", "weight_filler: {type: xavier}, "
+        "bias_filler: {type: constant, value: 0.5}")
+    ws.net(text)
+    solver, _ = run(ws.load(max_iter=4, weight_decay=0.1))
+    assert torch.equal(solver.net.layer_blobs()["ip"][1], torch.full((3,), 0.5))
+
+
+class Recorder:
+    def __init__(self, calls):
+        self.calls = calls
+
+    def on_start(self, solver):
+        self.calls.append(("start", solver.iter))
+
+    def on_gradient_ready(self, solver):
+        grad = solver.updater.params[0].grad
+        self.calls.append(("grad", solver.iter, grad is not None and bool(grad.abs().sum() > 0)))
+
+
+def test_callbacks_run_around_backward_and_applies_updates_false_keeps_weights(ws):
+    calls: list = []
+    p = ws.load(max_iter=2, snapshot_after_train=False)
+    with Solver(p, callbacks=[Recorder(calls)], log=lambda m: None) as solver:
+        before = weights_of(solver)
+        solver.applies_updates = False
+        solver.step(2)
+        assert calls == [("start", 0), ("grad", 0, True), ("start", 1), ("grad", 1, True)]
+        assert_bitwise(before, weights_of(solver))
+        assert solver.iter == 2
+
+
+def test_non_finite_loss_stops_naming_the_iteration_and_writes_no_snapshot(ws):
+    text = (ws.root / "net.yaml").read_text().replace("{type: gaussian}",
+                                                      "{type: constant, value: .inf}")
+    ws.net(text)
+    p = ws.load(max_iter=4, snapshot=2)
+    with pytest.raises(SolverError) as err:
+        run(p)
+    assert str(err.value).startswith("iteration 0: the loss is not finite (NaN or inf); "
+                                     "training stopped and no snapshot was written")
+    assert not list(ws.root.glob("snaps/*"))
+
+
+def test_bf16_precision_keeps_float32_weights(ws):
+    solver, _ = run(ws.load(max_iter=2, precision="BF16", snapshot_after_train=False))
+    assert solver.precision == "BF16"
+    assert all(w.dtype == torch.float32 for w in solver.updater.params)
+    assert all(torch.isfinite(w).all() for w in solver.updater.params)
+
+
+def test_finetune_copies_weights_by_layer_name(ws):
+    first, _ = run(ws.load(max_iter=2))
+    weights = ws.root / "snaps" / "tiny_iter_2.pt"
+    with Solver(ws.load(max_iter=2), log=lambda m: None) as solver:
+        solver.load_weights([str(weights)])
+        assert_bitwise({"ip": load_weights(weights)["ip"]}, {"ip": solver.net.layer_blobs()["ip"]})
+
+
+def test_train_rejects_unwritable_snapshot_dir_before_training(ws):
+    (ws.root / "afile").write_text("x")
+    p = ws.load(snapshot_prefix="afile/sub/tiny")
+    with pytest.raises(SolverError) as err:
+        train(p, [torch.device("cpu")], TrainOptions(), log=lambda m: None)
+    assert str(err.value).startswith(f"cannot write snapshots to '{ws.root / 'afile' / 'sub'}' "
+                                     f"(snapshot_prefix {ws.root / 'afile' / 'sub' / 'tiny'}):")
+    assert str(err.value).endswith("make the directory writable or change snapshot_prefix")
+
+
+def test_train_rejects_weights_with_snapshot_and_swapped_files(ws):
+    p = ws.load()
+    cpu = [torch.device("cpu")]
+    with pytest.raises(SolverError, match="--weights and --snapshot are both given"):
+        train(p, cpu, TrainOptions(weights=["a.pt"], snapshot="a.solverstate.pt"))
+    with pytest.raises(SolverError, match=r"^x\.solverstate\.pt is a solver state, not weights"):
+        train(p, cpu, TrainOptions(weights=["x.solverstate.pt"]))
+    with pytest.raises(SolverError, match=r"^x\.pt is not a solver state"):
+        train(p, cpu, TrainOptions(snapshot="x.pt"))
+
+
+def test_input_layer_in_a_train_net_is_an_error(ws):
+    ws.net("name: n\nlayer:\n  - {name: in, type: Input, top: x, "
+           "input_param: {shape: {dim: [2, 3]}}}\n")
+    with pytest.raises(SolverError, match="the TRAIN net 'n' has Input layer 'in'"):
+        Solver(ws.load(), log=lambda m: None)
