@@ -1,1 +1,256 @@
-"""Layer family: activation."""
+"""Layer family: activation (ReLU, PReLU, ELU, Sigmoid, TanH, AbsVal, Power).
+
+Every layer keeps its bottom's shape. The backend is chosen once, when the layer is built,
+from the ``engine`` field (Caffe's DEFAULT | CAFFE | CUDNN, plus CUDA and TORCH):
+
+- TORCH: PyTorch's ops (caffe_py/kernels/reference.py).
+- CUDA: the custom CUDA kernels (caffe_py/kernels/functions.py); an error on a CPU net.
+- DEFAULT, CAFFE, CUDNN: the kernels when the net is built on a CUDA device and the extension
+  builds, PyTorch's ops otherwise (a failed build warns once per process and falls back).
+
+The net option ``activation_engine`` (CUDA or TORCH) replaces DEFAULT in every layer that
+leaves ``engine`` at DEFAULT; PReLU, which has no engine field in Caffe, follows it too.
+
+In place: when a layer's top names its bottom (Caffe's in-place form) and the net option
+``inplace_activations`` is true, ReLU (negative_slope >= 0), ELU (alpha >= 0), Sigmoid and
+TanH overwrite their input and keep only the output for the backward, which saves one tensor
+per layer. It is opt-in because only the net knows whether an earlier layer's backward needs
+that input: autograd's version counters raise at backward time if one does (for example a
+Dropout working in place on a ReLU's output), so a wrong choice fails loudly, never silently.
+"""
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+
+from ..kernels import build, functions, reference
+from ..spec.net_spec import FillerParameter
+from ..spec.schema import field
+from .base import Layer, Shape
+from .registry import register
+
+ENGINES = ("DEFAULT", "CAFFE", "CUDNN", "CUDA", "TORCH")
+_ENGINE_DOC = ("implementation: DEFAULT/CAFFE/CUDNN pick the CUDA kernels on a GPU net, CUDA "
+               "requires them, TORCH uses PyTorch's ops")
+_NET_ENGINES = ("DEFAULT", "CUDA", "TORCH")
+
+
+@dataclass
+class ReLUParameter:
+    """ReLU: y = max(x, 0) + negative_slope * min(x, 0)."""
+
+    negative_slope: float = field(0.0, "slope for x <= 0 (0: plain ReLU, > 0: leaky ReLU)")
+    engine: str = field("DEFAULT", _ENGINE_DOC, choices=ENGINES)
+
+
+@dataclass
+class PReLUParameter:
+    """PReLU: ReLU with a learned slope per channel (axis 1), or one shared slope."""
+
+    filler: FillerParameter | None = field(None, "initial slopes (none: constant 0.25, as Caffe)")
+    channel_shared: bool = field(False, "one slope for every channel instead of one each")
+
+
+@dataclass
+class ELUParameter:
+    """ELU: y = x for x > 0, alpha * (exp(x) - 1) otherwise."""
+
+    alpha: float = field(1.0, "the value y approaches as x goes to minus infinity, negated")
+    engine: str = field("DEFAULT", _ENGINE_DOC, choices=ENGINES)
+
+
+@dataclass
+class SigmoidParameter:
+    """Sigmoid: y = 1 / (1 + exp(-x))."""
+
+    engine: str = field("DEFAULT", _ENGINE_DOC, choices=ENGINES)
+
+
+@dataclass
+class TanHParameter:
+    """TanH: y = tanh(x)."""
+
+    engine: str = field("DEFAULT", _ENGINE_DOC, choices=ENGINES)
+
+
+@dataclass
+class PowerParameter:
+    """Power: y = (shift + scale * x) ^ power."""
+
+    power: float = field(1.0, "the exponent")
+    scale: float = field(1.0, "multiplies x first")
+    shift: float = field(0.0, "added after scaling")
+
+
+def choose_backend(layer: Layer, engine: str) -> str:
+    """'cuda' or 'torch' for a layer built on ``layer.ctx.device`` with ``engine``."""
+    if engine == "DEFAULT":
+        engine = layer.ctx.options.get("activation_engine", "DEFAULT")
+        if engine not in _NET_ENGINES:
+            raise layer.fail(f"the net option activation_engine is '{engine}'",
+                             f"use one of {', '.join(_NET_ENGINES)}")
+    if engine == "TORCH":
+        return "torch"
+    device = torch.device(layer.ctx.device)
+    if device.type != "cuda":
+        if engine == "CUDA":
+            raise layer.fail(f"engine CUDA needs a CUDA device but the net is built on "
+                             f"{device}", "build the net on a GPU, or use engine DEFAULT or "
+                             "TORCH")
+        return "torch"
+    return "cuda" if build.available() else "torch"
+
+
+class _Elementwise(Layer):
+    """One bottom, one top of the same shape."""
+
+    def setup(self, bottom_shapes: list[Shape]) -> list[Shape]:
+        self.configure(bottom_shapes[0])
+        return [bottom_shapes[0]]
+
+    def configure(self, shape: Shape) -> None:
+        """Read the parameters and choose the backend."""
+
+    def in_place_requested(self) -> bool:
+        """The spec names its top as its bottom and the net allows in-place activations."""
+        return (self.spec.top[0] == self.spec.bottom[0]
+                and bool(self.ctx.options.get("inplace_activations", False)))
+
+
+class _Activation(_Elementwise):
+    """ReLU, ELU, Sigmoid and TanH: one kind of the shared kernels, with parameter ``p``."""
+
+    kind: int = reference.RELU
+
+    def configure(self, shape: Shape) -> None:
+        param = self.param()
+        self.p = self.activation_parameter(param)
+        self.backend = choose_backend(self, param.engine)
+        self._impl: Callable[..., torch.Tensor] = (
+            functions.activation if self.backend == "cuda" else reference.activation)
+        self.inplace = (self.in_place_requested()
+                        and functions.output_derivable(self.kind, self.p))
+        self._bias_from: tuple[Layer, int] | None = None
+
+    def activation_parameter(self, param) -> float:
+        return 0.0
+
+    def attach_bias(self, producer: Layer, axis: int) -> None:
+        """Add ``producer``'s bias here, in the fused kernel (the fusion pass calls this).
+
+        The bias stays the producer's parameter (same object, same blob order); it is read at
+        each forward, so weight sharing that re-points it is followed.
+        """
+        if self.backend != "cuda" or not functions.output_derivable(self.kind, self.p):
+            raise self.fail("cannot fuse a bias into this layer",
+                            "fusion needs the CUDA backend and an output-derivable activation")
+        self._bias_from = (producer, axis)
+
+    @property
+    def fused_bias(self) -> bool:
+        return self._bias_from is not None
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self._bias_from is not None:
+            producer, axis = self._bias_from
+            # The producer (Convolution/InnerProduct) never needs its output for its backward.
+            return functions.bias_activation(x, producer.bias, self.kind, self.p, axis,
+                                             inplace=True)
+        inplace = self.inplace and not (x.is_leaf and x.requires_grad)
+        return self._impl(x, self.kind, self.p, inplace)
+
+    def extra_repr(self) -> str:
+        fused = ", fused bias" if self._bias_from is not None else ""
+        return f"{super().extra_repr()}, backend={self.backend}, inplace={self.inplace}{fused}"
+
+
+@register("ReLU")
+class ReLU(_Activation):
+    """Caffe's ReLU with negative_slope (leaky when it is not 0)."""
+
+    params = {"relu_param": ReLUParameter}
+    kind = reference.RELU
+
+    def activation_parameter(self, param: ReLUParameter) -> float:
+        return param.negative_slope
+
+
+@register("ELU")
+class ELU(_Activation):
+    params = {"elu_param": ELUParameter}
+    kind = reference.ELU
+
+    def activation_parameter(self, param: ELUParameter) -> float:
+        return param.alpha
+
+
+@register("Sigmoid")
+class Sigmoid(_Activation):
+    params = {"sigmoid_param": SigmoidParameter}
+    kind = reference.SIGMOID
+
+
+@register("TanH")
+class TanH(_Activation):
+    params = {"tanh_param": TanHParameter}
+    kind = reference.TANH
+
+
+@register("PReLU")
+class PReLU(_Elementwise):
+    """Learned slopes over axis 1: one per channel, or one shared (a 0-axis blob, as Caffe)."""
+
+    params = {"prelu_param": PReLUParameter}
+
+    def configure(self, shape: Shape) -> None:
+        p = self.param()
+        if len(shape) < 2:
+            raise self.bottom_error(0, f"has shape {list(shape)}; PReLU needs at least 2 axes "
+                                       "(N, C, ...)")
+        filler = p.filler or FillerParameter(type="constant", value=0.25)
+        count = 1 if p.channel_shared else shape[1]
+        self.add_blob("slope", (count,), filler)
+        if p.channel_shared:  # Caffe's shared slope is a blob with no axes
+            self.slope = nn.Parameter(self.slope.detach().reshape(()))
+        self.backend = choose_backend(self, "DEFAULT")
+        self._impl: Callable[..., torch.Tensor] = (
+            functions.prelu if self.backend == "cuda" else reference.prelu)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self._impl(x, self.slope)
+
+
+@register("AbsVal")
+class AbsVal(_Elementwise):
+    """y = |x|; the gradient at 0 is 0, as Caffe's sign(0)."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.abs(x)
+
+
+@register("Power")
+class Power(_Elementwise):
+    """y = (shift + scale * x) ^ power, with Caffe's shortcuts for constant results."""
+
+    params = {"power_param": PowerParameter}
+
+    def configure(self, shape: Shape) -> None:
+        p = self.param()
+        self.power, self.scale, self.shift = p.power, p.scale, p.shift
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.scale == 0.0 or self.power == 0.0:
+            # Caffe: a constant (1 for power 0, else shift^power) whose gradient is 0; the
+            # where() keeps x in the graph so that x still receives that zero gradient.
+            value = 1.0 if self.power == 0.0 else self.shift ** self.power
+            keep = torch.ones_like(x, dtype=torch.bool)
+            return torch.where(keep, torch.full_like(x, value), x)
+        base = x * self.scale + self.shift if (self.scale, self.shift) != (1.0, 0.0) else x
+        if self.power == 1.0:
+            return base if base is not x else x.clone()
+        if self.power == 2.0:
+            return base * base
+        return torch.pow(base, self.power)

@@ -1,0 +1,182 @@
+// Shared pieces of the activation kernels: 16-byte packs, launch sizing and the math of each
+// activation, written once for the forward and once for the backward.
+//
+// Every kernel streams memory in "memory order": the caller hands tensors that share one dense
+// layout (contiguous or channels_last), so element i of one tensor pairs with element i of the
+// others. Arithmetic is done in float (double for double tensors) and rounded once on store,
+// as PyTorch's own kernels do.
+#pragma once
+
+#include <ATen/ATen.h>
+#include <c10/cuda/CUDAException.h>
+#include <c10/cuda/CUDAGuard.h>
+#include <c10/cuda/CUDAStream.h>
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <cstdint>
+
+namespace caffe_py {
+
+constexpr int kBlock = 256;   // threads per block for the streaming kernels
+constexpr int kUnroll = 4;    // packs in flight per thread per loop trip
+// Resident blocks per multiprocessor the register budget must allow (4 x 256 threads: half
+// occupancy, enough loads in flight to cover HBM latency; caps registers at 64 per thread).
+constexpr int kMinBlocks = 4;
+
+// Activation kinds; the numbers are the Python side's constants (kernels/functions.py).
+enum Kind : int64_t { kRelu = 0, kElu = 1, kSigmoid = 2, kTanh = 3 };
+
+// N elements loaded or stored with one instruction (16 bytes for the vector path).
+template <typename T, int N>
+struct alignas(sizeof(T) * N) Pack {
+  T v[N];
+};
+
+// Elements per 16-byte pack: 4 floats, 8 halfs or bfloat16s, 2 doubles.
+template <typename T>
+constexpr int pack_width() {
+  return static_cast<int>(16 / sizeof(T));
+}
+
+template <typename T>
+struct OpMath {
+  using type = float;
+};
+template <>
+struct OpMath<double> {
+  using type = double;
+};
+
+inline bool aligned16(const void* p) {
+  return reinterpret_cast<std::uintptr_t>(p) % 16 == 0;
+}
+
+// Threads the current device keeps resident at once: multiprocessors x threads per
+// multiprocessor. Read once per device (cudaDeviceGetAttribute is cheap, but not free).
+inline int64_t resident_threads() {
+  static int64_t cache[64] = {0};
+  int dev = 0;
+  C10_CUDA_CHECK(cudaGetDevice(&dev));
+  if (dev < 64 && cache[dev] != 0) return cache[dev];
+  int sms = 0, per_sm = 0;
+  C10_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev));
+  C10_CUDA_CHECK(cudaDeviceGetAttribute(&per_sm, cudaDevAttrMaxThreadsPerMultiProcessor, dev));
+  const int64_t threads = static_cast<int64_t>(sms) * per_sm;
+  if (dev < 64) cache[dev] = threads;
+  return threads;
+}
+
+// Blocks in one full wave: every multiprocessor at full occupancy.
+inline int wave_blocks(int threads_per_block = kBlock) {
+  return static_cast<int>(std::max<int64_t>(1, resident_threads() / threads_per_block));
+}
+
+// Blocks for a grid-stride loop over `work` thread-sized items: at most one full wave, so each
+// thread loops instead of blocks relaunching.
+inline int grid_size(int64_t work, int threads_per_block = kBlock) {
+  const int64_t need = (work + threads_per_block - 1) / threads_per_block;
+  return static_cast<int>(std::max<int64_t>(1, std::min<int64_t>(need, wave_blocks())));
+}
+
+__device__ __forceinline__ float exp_(float x) { return expf(x); }
+__device__ __forceinline__ double exp_(double x) { return exp(x); }
+__device__ __forceinline__ float expm1_(float x) { return expm1f(x); }
+__device__ __forceinline__ double expm1_(double x) { return expm1(x); }
+__device__ __forceinline__ float tanh_(float x) { return tanhf(x); }
+__device__ __forceinline__ double tanh_(double x) { return tanh(x); }
+
+// ---- forward: y = f(x); p is negative_slope (ReLU) or alpha (ELU) ----------------------------
+struct ReluFwd {
+  template <typename A>
+  __device__ __forceinline__ A operator()(A x, A p) const {
+    // Caffe: max(x, 0) + p * min(x, 0). With p == 0 this is torch.relu: 0 for -inf, NaN kept.
+    if (x > A(0)) return x;
+    if (p == A(0)) return x != x ? x : A(0);
+    return x * p;
+  }
+};
+struct EluFwd {
+  template <typename A>
+  __device__ __forceinline__ A operator()(A x, A p) const {
+    return x > A(0) ? x : p * expm1_(x);
+  }
+};
+struct SigmoidFwd {
+  template <typename A>
+  __device__ __forceinline__ A operator()(A x, A) const {
+    return A(1) / (A(1) + exp_(-x));
+  }
+};
+struct TanhFwd {
+  template <typename A>
+  __device__ __forceinline__ A operator()(A x, A) const {
+    return tanh_(x);
+  }
+};
+
+// ---- backward: dL/dx from dL/dy (g) and a saved tensor s -------------------------------------
+// ReLU: s is x or y (same sign when p >= 0). Caffe: g * ((s > 0) + p * (s <= 0)).
+struct ReluBwd {
+  template <typename A>
+  __device__ __forceinline__ A operator()(A g, A s, A p) const {
+    if (s > A(0)) return g;
+    return p == A(0) ? A(0) : g * p;
+  }
+};
+// ELU from its output (alpha >= 0): y <= 0 exactly where x <= 0, and dy/dx = y + alpha there.
+struct EluBwdFromOutput {
+  template <typename A>
+  __device__ __forceinline__ A operator()(A g, A y, A p) const {
+    return y > A(0) ? g : g * (y + p);
+  }
+};
+// ELU from its input (any alpha): dy/dx = alpha * exp(x) for x <= 0.
+struct EluBwdFromInput {
+  template <typename A>
+  __device__ __forceinline__ A operator()(A g, A x, A p) const {
+    return x > A(0) ? g : g * p * exp_(x);
+  }
+};
+struct SigmoidBwd {
+  template <typename A>
+  __device__ __forceinline__ A operator()(A g, A y, A) const {
+    return g * (A(1) - y) * y;
+  }
+};
+struct TanhBwd {
+  template <typename A>
+  __device__ __forceinline__ A operator()(A g, A y, A) const {
+    return g * (A(1) - y * y);
+  }
+};
+
+// ---- argument checks shared by the host wrappers ---------------------------------------------
+inline bool dense_like(const at::Tensor& a, const at::Tensor& ref) {
+  if (a.sizes() != ref.sizes()) return false;
+  if (a.strides() == ref.strides()) return true;
+  if (a.is_contiguous() && ref.is_contiguous()) return true;
+  if (a.dim() == 4 && a.is_contiguous(at::MemoryFormat::ChannelsLast) &&
+      ref.is_contiguous(at::MemoryFormat::ChannelsLast))
+    return true;
+  return a.dim() == 5 && a.is_contiguous(at::MemoryFormat::ChannelsLast3d) &&
+         ref.is_contiguous(at::MemoryFormat::ChannelsLast3d);
+}
+
+inline void check_same(const at::Tensor& a, const at::Tensor& ref, const char* name) {
+  TORCH_CHECK(a.is_cuda(), name, " must be a CUDA tensor");
+  TORCH_CHECK(a.device() == ref.device(), name, " is on ", a.device(), " but x is on ",
+              ref.device());
+  TORCH_CHECK(a.scalar_type() == ref.scalar_type(), name, " has dtype ", a.scalar_type(),
+              " but x has ", ref.scalar_type());
+  TORCH_CHECK(dense_like(a, ref), name, " must have x's shape ", ref.sizes(),
+              " and the same dense memory layout");
+}
+
+inline void check_input(const at::Tensor& x) {
+  TORCH_CHECK(x.is_cuda(), "x must be a CUDA tensor");
+  TORCH_CHECK(x.is_non_overlapping_and_dense(),
+              "x must be dense (contiguous or channels_last); call .contiguous() first");
+}
+
+}  // namespace caffe_py

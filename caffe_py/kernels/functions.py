@@ -1,0 +1,167 @@
+"""The CUDA kernels as autograd Functions (forward and backward are the custom kernels).
+
+Tensors reach the kernels in one dense memory layout: contiguous, or channels_last for 4-D and
+5-D tensors (the per-channel ops then see the channel as the fastest axis). Anything else is
+made contiguous first; a gradient that arrives in another layout is copied into the input's.
+
+In place (``inplace=True``) overwrites x, marks it dirty for autograd and keeps the output
+for the backward: only kinds whose derivative follows from the output allow it (ReLU with a
+negative_slope >= 0, ELU with alpha >= 0, Sigmoid, TanH). Autograd's version counter then
+raises if anything else needed the overwritten input, so a wrong in-place choice fails loudly
+instead of giving wrong gradients.
+"""
+from __future__ import annotations
+
+import math
+
+import torch
+from torch.autograd.function import once_differentiable
+
+from . import build
+from .reference import ELU, RELU
+
+_FORMATS = (torch.contiguous_format, torch.channels_last, torch.channels_last_3d)
+
+
+def memory_format(x: torch.Tensor) -> torch.memory_format | None:
+    """The dense layout the kernels can stream x in, or None (x must be copied first)."""
+    if x.is_contiguous():
+        return torch.contiguous_format
+    if x.dim() == 4 and x.is_contiguous(memory_format=torch.channels_last):
+        return torch.channels_last
+    if x.dim() == 5 and x.is_contiguous(memory_format=torch.channels_last_3d):
+        return torch.channels_last_3d
+    return None
+
+
+def dense(x: torch.Tensor) -> torch.Tensor:
+    return x if memory_format(x) is not None else x.contiguous()
+
+
+def like(t: torch.Tensor, ref: torch.Tensor) -> torch.Tensor:
+    """t in ref's memory layout (ref is dense)."""
+    fmt = memory_format(ref)
+    if t.is_contiguous(memory_format=fmt) and memory_format(t) == fmt:
+        return t
+    return t.contiguous(memory_format=fmt)
+
+
+def channel_view(x: torch.Tensor, axis: int, channels: int) -> tuple[int, int]:
+    """(C, inner) of x viewed in memory order as [outer, C, inner] for channel ``axis``.
+
+    ``channels`` == 1 is a shared parameter: one channel over everything.
+    """
+    if channels == 1:
+        return 1, max(1, x.numel())
+    if memory_format(x) is torch.contiguous_format:
+        return channels, max(1, math.prod(x.shape[axis + 1:]))
+    return channels, 1  # channels_last: the channel is the fastest axis (axis is 1 here)
+
+
+def output_derivable(kind: int, p: float) -> bool:
+    """Whether the backward can use the output alone (what in place and bias fusion need)."""
+    return not ((kind == RELU or kind == ELU) and p < 0.0)
+
+
+class _Activation(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x: torch.Tensor, kind: int, p: float, inplace: bool) -> torch.Tensor:
+        ext = build.load()
+        from_output = output_derivable(kind, p)
+        inplace = inplace and from_output and memory_format(x) is not None
+        xd = dense(x)
+        out = x if inplace else torch.empty_like(xd)
+        ext.act_forward(xd, out, kind, p)
+        if inplace:
+            ctx.mark_dirty(x)
+        ctx.save_for_backward(out if from_output else xd)
+        ctx.kind, ctx.p, ctx.from_output = kind, p, from_output
+        return out
+
+    @staticmethod
+    @once_differentiable
+    def backward(ctx, g: torch.Tensor):
+        (saved,) = ctx.saved_tensors
+        g = like(g, saved)
+        grad_in = torch.empty_like(saved)
+        build.load().act_backward(g, saved, grad_in, ctx.kind, ctx.p, ctx.from_output)
+        return grad_in, None, None, None
+
+
+class _PReLU(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x: torch.Tensor, slope: torch.Tensor) -> torch.Tensor:
+        xd = dense(x)
+        a = slope.detach().to(xd.dtype).contiguous()
+        C, inner = channel_view(xd, 1, a.numel())
+        out = torch.empty_like(xd)
+        build.load().prelu_forward(xd, a, out, C, inner)
+        ctx.save_for_backward(xd, a)
+        ctx.slope_dtype = slope.dtype
+        return out
+
+    @staticmethod
+    @once_differentiable
+    def backward(ctx, g: torch.Tensor):
+        x, a = ctx.saved_tensors
+        g = like(g, x)
+        C, inner = channel_view(x, 1, a.numel())
+        grad_x = torch.empty_like(x)
+        dslope = build.load().prelu_backward(g, x, a, grad_x, C, inner)
+        return grad_x, dslope.to(ctx.slope_dtype)
+
+
+class _BiasActivation(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x: torch.Tensor, bias: torch.Tensor, kind: int, p: float, axis: int,
+                inplace: bool) -> torch.Tensor:
+        if not output_derivable(kind, p):
+            raise ValueError("the fused bias + activation needs ReLU's negative_slope >= 0 "
+                             "or ELU's alpha >= 0")
+        inplace = inplace and memory_format(x) is not None
+        xd = dense(x)
+        b = bias.detach().to(xd.dtype).contiguous()
+        C, inner = channel_view(xd, axis, b.numel())
+        out = x if inplace else torch.empty_like(xd)
+        build.load().bias_act_forward(xd, b, out, C, inner, kind, p)
+        if inplace:
+            ctx.mark_dirty(x)
+        ctx.save_for_backward(out, b)
+        ctx.kind, ctx.p, ctx.axis, ctx.bias_dtype = kind, p, axis, bias.dtype
+        return out
+
+    @staticmethod
+    @once_differentiable
+    def backward(ctx, g: torch.Tensor):
+        y, b = ctx.saved_tensors
+        g = like(g, y)
+        C, inner = channel_view(y, ctx.axis, b.numel())
+        grad_x = torch.empty_like(y)
+        dbias = build.load().bias_act_backward(g, y, b, grad_x, C, inner, ctx.kind, ctx.p)
+        return grad_x, dbias.to(ctx.bias_dtype), None, None, None, None
+
+
+def activation(x: torch.Tensor, kind: int, p: float = 0.0, inplace: bool = False) -> torch.Tensor:
+    """ReLU (p = negative_slope), ELU (p = alpha), Sigmoid or TanH through the CUDA kernels."""
+    return _Activation.apply(x, kind, float(p), inplace)
+
+
+def prelu(x: torch.Tensor, slope: torch.Tensor) -> torch.Tensor:
+    """PReLU over axis 1 with C slopes, or one shared slope."""
+    if x.dim() < 2 and slope.numel() > 1:
+        raise ValueError(f"PReLU with {slope.numel()} slopes needs an input with a channel axis")
+    if slope.numel() > 1 and x.shape[1] != slope.numel():
+        raise ValueError(f"PReLU has {slope.numel()} slopes but the input has {x.shape[1]} "
+                         "channels")
+    return _PReLU.apply(x, slope)
+
+
+def bias_activation(x: torch.Tensor, bias: torch.Tensor, kind: int, p: float = 0.0,
+                    axis: int = 1, inplace: bool = False) -> torch.Tensor:
+    """activation(x + bias along ``axis``) in one pass; backward gives dx and dbias."""
+    if x.shape[axis] != bias.numel():
+        raise ValueError(f"the bias has {bias.numel()} values but axis {axis} of the input has "
+                         f"{x.shape[axis]}")
+    if memory_format(x) is not torch.contiguous_format and axis != 1:
+        x = x.contiguous()
+    return _BiasActivation.apply(x, bias, kind, float(p), axis, inplace)
