@@ -2,36 +2,20 @@
 (convert_mnist_data, convert_imageset, convert_cifar_data, compute_image_mean) over LMDB."""
 from __future__ import annotations
 
-import sys
-
 import click
 
 from ..io.convert import (
     ImagesetOptions,
-    ProgressFactory,
     convert_cifar,
     convert_idx,
     convert_imageset,
-    no_progress,
+    terminal_progress,
 )
 from ..io.dbinfo import db_info
 from ..io.images import ENCODE_TYPES
 from ..io.mean import compute_mean
 
 _RESUME_HELP = "continue an interrupted conversion (DB.partial) after its last committed record"
-
-
-def progress_bars() -> ProgressFactory:
-    """tqdm bars on a terminal; nothing when stderr is a file or a pipe (logs stay clean)."""
-    if not sys.stderr.isatty():
-        return no_progress
-    from tqdm import tqdm
-
-    def make(total: int, description: str):
-        return tqdm(total=total, desc=description, unit="rec", unit_scale=True, leave=False,
-                    file=sys.stderr, mininterval=0.3)
-
-    return make
 
 
 @click.group("convert")
@@ -46,7 +30,7 @@ def convert_group() -> None:
 @click.option("--resume", is_flag=True, help=_RESUME_HELP)
 def convert_idx_command(images: str, labels: str, db: str, resume: bool) -> None:
     """MNIST-format IMAGES and LABELS (IDX, gzipped or not) into DB, keys %08d."""
-    click.echo(convert_idx(images, labels, db, resume=resume, progress=progress_bars()).line())
+    click.echo(convert_idx(images, labels, db, resume=resume, progress=terminal_progress()).line())
 
 
 @convert_group.command("imageset")
@@ -76,7 +60,7 @@ def convert_imageset_command(root: str, listfile: str, db: str, gray: bool, shuf
                               resize_height=resize_height, check_size=check_size,
                               encoded=encoded, encode_type=encode_type or "")
     result = convert_imageset(root, listfile, db, options, resume=resume,
-                              progress=progress_bars())
+                              progress=terminal_progress())
     click.echo(result.line())
 
 
@@ -88,7 +72,7 @@ def convert_imageset_command(root: str, listfile: str, db: str, gray: bool, shuf
 def convert_cifar_command(directory: str, db_prefix: str, resume: bool) -> None:
     """CIFAR-10 binary batches in DIRECTORY into DB_PREFIX_train_lmdb (data_batch_1..5.bin)
     and DB_PREFIX_test_lmdb (test_batch.bin), RGB as Caffe's converter stores them."""
-    for result in convert_cifar(directory, db_prefix, resume=resume, progress=progress_bars()):
+    for result in convert_cifar(directory, db_prefix, resume=resume, progress=terminal_progress()):
         click.echo(result.line())
 
 
@@ -98,7 +82,7 @@ def convert_cifar_command(directory: str, db_prefix: str, resume: bool) -> None:
 def compute_mean_command(db: str, out: str) -> None:
     """Write the mean image of DB to OUT (a Caffe .binaryproto, for transform_param.mean_file)
     and print the per-channel means."""
-    for line in compute_mean(db, out, progress=progress_bars()).lines():
+    for line in compute_mean(db, out, progress=terminal_progress()).lines():
         click.echo(line)
 
 
@@ -106,7 +90,7 @@ def compute_mean_command(db: str, out: str) -> None:
 @click.argument("db", type=click.Path())
 def db_info_command(db: str) -> None:
     """Count, shape and label histogram of DB, after checking that every record decodes."""
-    for line in db_info(db, progress=progress_bars()).lines():
+    for line in db_info(db, progress=terminal_progress()).lines():
         click.echo(line)
 
 

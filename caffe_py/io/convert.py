@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import gzip
 import struct
+import sys
 import time
 import zlib
 from collections.abc import Callable, Iterator
@@ -47,6 +48,20 @@ class _NoProgress:
 
 def no_progress(total: int, description: str) -> Progress:
     return _NoProgress()
+
+
+def terminal_progress() -> ProgressFactory:
+    """tqdm bars on stderr when it is a terminal; none when it is a file or a pipe, so logs
+    hold only the summary lines."""
+    if not sys.stderr.isatty():
+        return no_progress
+    from tqdm import tqdm
+
+    def make(total: int, description: str) -> Progress:
+        return tqdm(total=total, desc=description, unit="rec", unit_scale=True, leave=False,
+                    file=sys.stderr, mininterval=0.3)
+
+    return make
 
 
 @dataclass

@@ -1,0 +1,134 @@
+"""`cpy convert`, `cpy compute-mean`, `cpy db-info`: output lines and exact error messages."""
+from __future__ import annotations
+
+import gzip
+import re
+import struct
+
+import numpy as np
+import pytest
+from click.testing import CliRunner
+from PIL import Image
+
+from caffe_py.cli import cli
+
+
+def _run(*args: str):
+    result = CliRunner().invoke(cli, [str(a) for a in args])
+    assert "Traceback" not in result.output + result.stderr
+    return result
+
+
+@pytest.fixture
+def idx(tmp_path):
+    """Four 2x3 images and their labels as gzipped IDX files."""
+    images = np.arange(24, dtype=np.uint8).reshape(4, 2, 3)
+    image_path, label_path = tmp_path / "images.gz", tmp_path / "labels.gz"
+    image_path.write_bytes(gzip.compress(struct.pack(">4i", 2051, 4, 2, 3) + images.tobytes()))
+    label_path.write_bytes(gzip.compress(struct.pack(">2i", 2049, 4) + bytes([1, 0, 1, 1])))
+    return image_path, label_path
+
+
+def test_convert_idx_then_db_info_and_mean(idx, tmp_path):
+    db = tmp_path / "db"
+    result = _run("convert", "idx", *idx, db)
+    assert result.exit_code == 0, result.output
+    assert re.fullmatch(rf"{db}: 4 records, 96 bytes, \d+\.\d s\n", result.output)
+
+    info = _run("db-info", db)
+    assert info.exit_code == 0
+    assert info.output.splitlines()[:-1] == [
+        f"database  {db}", "records   4", "shape     1 x 2 x 3 (C x H x W), uint8, raw",
+        "keys      '00000000' .. '00000003'", "labels    2 distinct",
+        "  0         1   25.0%", "  1         3   75.0%"]
+
+    mean = _run("compute-mean", db, tmp_path / "mean.binaryproto")
+    assert mean.exit_code == 0
+    # Pixel k of image i is 6 i + k: the mean of pixel k is 9 + k, its average 11.5.
+    assert mean.output.splitlines()[1:] == ["mean_value channel [0]: 11.5"]
+
+
+def test_swapped_idx_arguments(idx, tmp_path):
+    images, labels = idx
+    result = _run("convert", "idx", labels, images, tmp_path / "db")
+    assert result.exit_code == 1
+    assert result.stderr == (f"Error: {labels}: not an IDX images file (magic number 2049, "
+                             "expected 2051); check the argument order: IMAGES LABELS DB\n")
+
+
+def test_existing_and_partial_databases_are_refused(idx, tmp_path):
+    db = tmp_path / "db"
+    assert _run("convert", "idx", *idx, db).exit_code == 0
+    result = _run("convert", "idx", *idx, db)
+    assert (result.exit_code, result.stderr) == (
+        1, f"Error: {db} already exists; delete it or write to another path\n")
+    db.rename(tmp_path / "db2.partial")
+    result = _run("convert", "idx", *idx, tmp_path / "db2")
+    assert (result.exit_code, result.stderr) == (
+        1, f"Error: {tmp_path}/db2.partial is left from an interrupted conversion; delete it, "
+           "or pass --resume to continue it\n")
+    result = _run("convert", "idx", *idx, tmp_path / "db2", "--resume")
+    assert result.exit_code == 0
+    assert result.output.endswith(" s (resumed after 4)\n")
+    assert result.output.startswith(f"{tmp_path}/db2: 0 records, 0 bytes, ")
+
+
+def test_imageset_errors(tmp_path):
+    Image.fromarray(np.zeros((2, 2, 3), np.uint8)).save(tmp_path / "a.png")
+    listfile = tmp_path / "list.txt"
+    listfile.write_text("a.png 0\nb.png\n")
+    result = _run("convert", "imageset", tmp_path, listfile, tmp_path / "db")
+    assert (result.exit_code, result.stderr) == (
+        1, f"Error: {listfile}:2: 'b.png' has no label; each line is 'path label'\n")
+    listfile.write_text("a.png 0\nb.png 1\n")
+    result = _run("convert", "imageset", tmp_path, listfile, tmp_path / "db")
+    assert (result.exit_code, result.stderr) == (
+        1, f"Error: {listfile}:2: {tmp_path}/b.png: image not found\n")
+    result = _run("convert", "imageset", tmp_path, listfile, tmp_path / "x", "--encode-type",
+                  "png")
+    assert result.exit_code == 2 and "--encode-type needs --encoded" in result.stderr
+
+
+def test_imageset_flags(tmp_path):
+    rng = np.random.default_rng(0)
+    for name in ("a.png", "b.png", "c.png"):
+        Image.fromarray(rng.integers(0, 256, (4, 6, 3), dtype=np.uint8)).save(tmp_path / name)
+    listfile = tmp_path / "list.txt"
+    listfile.write_text("a.png 0\nb.png 1\nc.png 2\n")
+    db = tmp_path / "db"
+    result = _run("convert", "imageset", tmp_path, listfile, db, "--gray", "--shuffle",
+                  "--seed", "3", "--resize-width", "3", "--resize-height", "2", "--check-size")
+    assert result.exit_code == 0, result.stderr
+    info = _run("db-info", db).output.splitlines()
+    assert info[2] == "shape     1 x 2 x 3 (C x H x W), uint8, raw"
+    encoded = _run("convert", "imageset", tmp_path, listfile, tmp_path / "enc", "--encoded",
+                   "--encode-type", "jpg")
+    assert encoded.exit_code == 0
+    info = _run("db-info", tmp_path / "enc").output.splitlines()
+    assert info[2] == "shape     3 x 4 x 6 (C x H x W), uint8, encoded images (3 of 3)"
+
+
+def test_convert_cifar(tmp_path):
+    folder = tmp_path / "cifar"
+    folder.mkdir()
+    record = bytes([7]) + bytes(3072)
+    for name in [f"data_batch_{i}.bin" for i in range(1, 6)] + ["test_batch.bin"]:
+        (folder / name).write_bytes(record * 2)
+    result = _run("convert", "cifar", folder, tmp_path / "cifar10")
+    assert result.exit_code == 0
+    lines = result.output.splitlines()
+    assert lines[0].startswith(f"{tmp_path}/cifar10_train_lmdb: 10 records, ")
+    assert lines[1].startswith(f"{tmp_path}/cifar10_test_lmdb: 2 records, ")
+
+
+def test_db_info_missing_and_corrupt(tmp_path):
+    result = _run("db-info", tmp_path / "nope")
+    assert (result.exit_code, result.stderr) == (
+        1, f"Error: {tmp_path}/nope: database not found; create it with `cpy convert` or fix "
+           "data_param.source\n")
+    (tmp_path / "bad").mkdir()
+    (tmp_path / "bad" / "data.mdb").write_bytes(bytes(8192))
+    result = _run("db-info", tmp_path / "bad")
+    assert result.exit_code == 1
+    assert re.fullmatch(rf"Error: {tmp_path}/bad: corrupt LMDB database \(.+\); delete it and "
+                        r"convert the data again\n", result.stderr)
