@@ -191,6 +191,13 @@ class Net(nn.Module):
                           f"({_where(producer)}) produces it",
                       "a layer reads only blobs produced above it: move it below "
                       f"'{producer.name}' or break the cycle", key="bottom", named=False)
+        dropped = next((x for x in self.spec.layer if name in x.top
+                        and not x.kept_for(self.phase, self.level, self.stages)), None)
+        if dropped is not None:
+            raise _at(lp, f"{problem}: only layer '{dropped.name}' ({_where(dropped)}) produces "
+                          f"it, and its include/exclude rules leave it out of the {self.phase} "
+                          "net", "make both layers belong to the same phases", key="bottom",
+                      named=False)
         near = suggest(name, self.blobs)
         hint = f"did you mean '{near}'?" if near else \
             "name a top of an earlier layer in this phase"
