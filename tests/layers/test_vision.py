@@ -455,13 +455,14 @@ def test_stochastic_pooling_train_samples_in_proportion_to_value():
 
 
 def test_stochastic_pooling_train_gradient_goes_to_the_sample_and_seed_repeats():
-    layer = build(pool_yaml("{pool: STOCHASTIC, kernel_size: 3, stride: 2}"), [(2, 3, 7, 7)])
-    x = (torch.arange(2 * 3 * 49, dtype=torch.float32).view(2, 3, 7, 7) + 1.0).requires_grad_()
+    # H = 6 leaves a partial last window of rows 4..5 (ceil rounding); it must sample inside.
+    layer = build(pool_yaml("{pool: STOCHASTIC, kernel_size: 3, stride: 2}"), [(2, 3, 6, 7)])
+    x = (torch.arange(2 * 3 * 42, dtype=torch.float32).view(2, 3, 6, 7) + 1.0).requires_grad_()
     torch.manual_seed(7)
     y = layer(x)
     torch.manual_seed(7)
     torch.testing.assert_close(layer(x), y)
-    assert tuple(y.shape) == (2, 3, 3, 3)
+    assert tuple(y.shape) == (2, 3, 3, 3) and bool((y >= 1.0).all())
     y.sum().backward()
     # every value is distinct, so the sampled element is the one whose value was returned;
     # windows overlap, so an element sampled by two windows gets a gradient of 2
@@ -500,6 +501,20 @@ def test_pooling_errors(param, shape, message):
 def test_pooling_mask_top_only_for_max():
     with pytest.raises(NetError, match="AVE pooling has one top; only MAX gives a second top"):
         build(pool_yaml("{pool: AVE, kernel_size: 2}", tops="[out, mask]"), [(1, 1, 4, 4)])
+
+
+def test_pooling_built_from_messages_in_code():
+    from caffe_py.layers.vision import PoolingParameter
+    from caffe_py.spec.net_spec import LayerParameter
+
+    param = PoolingParameter(pool="AVE", kernel_h=3, kernel_w=2, stride_h=2, stride_w=1)
+    spec = LayerParameter(name="p", type="Pooling", bottom=["d"], top=["o"],
+                          params={"pooling_param": param})
+    layer = lookup("Pooling")(spec, [(1, 1, 5, 4)], BuildContext())
+    assert (layer.kernel, layer.stride, layer.pad) == ((3, 2), (2, 1), (0, 0))
+    x = rand(1, 1, 5, 4)
+    np.testing.assert_allclose(layer(x).numpy(), caffe_pool(x.numpy(), "AVE", (3, 2), (2, 1),
+                                                            (0, 0)), rtol=1e-12)
 
 
 # --- LRN ------------------------------------------------------------------------------------
