@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import os
 import tempfile
+import warnings
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -121,7 +122,9 @@ def _load(path: Path, want: str) -> dict[str, Any]:
     if not path.is_file():
         raise SolverError(f"{path}: file not found; check the path")
     try:
-        data = torch.load(path, map_location="cpu", weights_only=True)
+        with warnings.catch_warnings():  # a foreign pickle's protocol warning is noise here
+            warnings.simplefilter("ignore")
+            data = torch.load(path, map_location="cpu", weights_only=True)
     except Exception as exc:  # noqa: BLE001 (any unpickling failure means "not ours")
         reason = str(exc).strip().splitlines()[0][:120] if str(exc).strip() else type(exc).__name__
         raise SolverError(f"{path}: not a caffe-py snapshot that loads safely ({reason}); give a "

@@ -443,6 +443,9 @@ def train(param: SolverParameter, devices: Sequence[torch.device], options: Trai
         raise SolverError(f"{options.snapshot} is not a solver state (its name has no "
                           "'.solverstate'); pass weights to --weights, or give the "
                           "<prefix>_iter_<N>.solverstate.pt file to --snapshot")
+    for path in [*options.weights, *([options.snapshot] if options.snapshot else [])]:
+        if not Path(path).is_file():
+            raise SolverError(f"{path}: file not found; check the path")
     snap.check_writable(param.snapshot_prefix)
     if len(devices) > 1:
         try:

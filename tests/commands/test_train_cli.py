@@ -1,0 +1,215 @@
+"""cpy train / test / time / device-query from the command line: output, errors, signals."""
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+from click.testing import CliRunner
+
+from caffe_py.cli import cli
+
+ROOT = Path(__file__).resolve().parents[2]
+NET = """\
+name: tiny
+layer:
+  - name: data
+    type: DummyData
+    top: [data, label]
+    dummy_data_param:
+      shape: [{dim: [4, 6]}, {dim: [4]}]
+      data_filler: [{type: gaussian}, {type: uniform, min: 0, max: 2.99}]
+  - name: ip
+    type: InnerProduct
+    bottom: data
+    top: ip
+    inner_product_param: {num_output: 3, weight_filler: {type: xavier}}
+  - name: loss
+    type: SoftmaxWithLoss
+    bottom: [ip, label]
+    top: loss
+  - name: prob
+    type: Softmax
+    bottom: ip
+    top: prob
+    include: {phase: TEST}
+"""
+SOLVER = """\
+net: net.yaml
+base_lr: 0.05
+momentum: 0.9
+max_iter: {max_iter}
+display: {display}
+snapshot_prefix: snaps/tiny
+random_seed: 3
+"""
+
+
+@pytest.fixture
+def work(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "net.yaml").write_text(NET)
+    (tmp_path / "solver.yaml").write_text(SOLVER.format(max_iter=4, display=2))
+    return tmp_path
+
+
+def invoke(*args):
+    return CliRunner().invoke(cli, list(args), catch_exceptions=False)
+
+
+def test_train_then_test_json(work):
+    result = invoke("train", "--solver", "solver.yaml", "--gpus", "cpu")
+    assert result.exit_code == 0, result.output
+    out = result.stdout.splitlines()
+    assert out[0] == "Using cpu"
+    assert out[1] == ("Batch: 4 per replica x 1 replica x iter_size 1 = 4 per update "
+                      "(device cpu, precision FLOAT32)")
+    assert "Iteration 2, lr = 0.05" in out and out[-1] == "Optimization Done."
+    assert (work / "snaps" / "tiny_iter_4.pt").is_file()
+    result = invoke("test", "--model", "net.yaml", "--weights", "snaps/tiny_iter_4.pt",
+                    "--iterations", "3", "--json")
+    assert result.exit_code == 0, result.output
+    scores = json.loads(result.stdout)
+    assert list(scores) == ["loss", "prob"]
+    assert len(scores["prob"]) == 12 and sum(scores["prob"]) == pytest.approx(4.0, rel=1e-5)
+    assert "Batch 2, loss = " in result.stderr and "Loss: " in result.stderr
+
+
+def test_test_prints_batches_then_means_as_caffe(work):
+    invoke("train", "--solver", "solver.yaml")
+    result = invoke("test", "--model", "net.yaml", "--weights", "snaps/tiny_iter_4.pt",
+                    "--iterations", "2")
+    lines = result.stdout.splitlines()
+    assert lines[1].startswith("Batch 0, loss = ")
+    loss_lines = [ln for ln in lines if ln.startswith("loss = ")]
+    assert len(loss_lines) == 1 and "(* 1 = " in loss_lines[0]
+    batch = [float(ln.split(" = ")[1]) for ln in lines if ln.startswith("Batch ") and
+             ", loss = " in ln]
+    assert float(loss_lines[0].split(" = ")[1].split(" ")[0]) == pytest.approx(
+        sum(batch) / 2, rel=1e-4)
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--weights", "a.pt", "--snapshot", "a.solverstate.pt"],
+     "--weights and --snapshot are exclusive"),
+    (["--weights", "snaps/tiny_iter_4.solverstate.pt"],
+     "Error: snaps/tiny_iter_4.solverstate.pt is a solver state, not weights; pass it to "
+     "--snapshot to resume training"),
+    (["--snapshot", "snaps/tiny_iter_4.pt"],
+     "Error: snaps/tiny_iter_4.pt is not a solver state (its name has no '.solverstate'); "
+     "pass weights to --weights, or give the <prefix>_iter_<N>.solverstate.pt file to "
+     "--snapshot"),
+    (["--gpus", "cpu:0"], "Error: --gpus cpu:0: expected cpu:N with N >= 1 CPU replicas, "
+                          "e.g. cpu:2"),
+    (["--weights", "missing.pt"], "Error: missing.pt: file not found; check the path"),
+])
+def test_train_flag_errors_are_one_line(work, args, message):
+    result = CliRunner().invoke(cli, ["train", "--solver", "solver.yaml", *args])
+    assert result.exit_code in (1, 2)
+    assert message in result.stderr
+    assert "Traceback" not in result.output
+
+
+def test_missing_solver_and_unwritable_snapshot_dir(work):
+    result = CliRunner().invoke(cli, ["train", "--solver", "nope.yaml"])
+    assert result.exit_code == 1
+    assert result.stderr == ("Error: nope.yaml: file not found; check the path (relative to the "
+                             "current directory)\n")
+    (work / "snaps").write_text("a file where the directory should be")
+    result = CliRunner().invoke(cli, ["train", "--solver", "solver.yaml"])
+    assert result.exit_code == 1
+    assert result.stderr.startswith(f"Error: cannot write snapshots to '{work / 'snaps'}'")
+    assert len(result.stderr.splitlines()) == 1
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the no-CUDA message")
+def test_gpu_ids_without_cuda(work):
+    result = CliRunner().invoke(cli, ["train", "--solver", "solver.yaml", "--gpus", "0,1"])
+    assert result.exit_code == 1
+    assert result.stderr == ("Error: --gpus 0,1: no CUDA device is available on this machine; "
+                             "use --gpus cpu\n")
+
+
+def test_time_lists_every_layer_and_the_totals(work):
+    result = invoke("time", "--model", "net.yaml", "--iterations", "2")
+    assert result.exit_code == 0, result.output
+    lines = result.stdout.splitlines()
+    assert "Testing for 2 iterations." in lines
+    for layer in ("data", "ip", "loss"):
+        assert any(ln.strip().startswith(f"{layer}\tforward: ") for ln in lines)
+        assert any(ln.strip().startswith(f"{layer}\tbackward: ") for ln in lines)
+    for total in ("Average Forward pass: ", "Average Backward pass: ",
+                  "Average Forward-Backward: ", "Total Time: "):
+        assert any(ln.startswith(total) and ln.endswith(" ms.") for ln in lines)
+    assert lines[-1] == "*** Benchmark ends ***"
+
+
+def test_device_query(work):
+    result = invoke("device-query")
+    assert result.exit_code == 0
+    if not torch.cuda.is_available():
+        assert result.stdout.startswith("No CUDA device is available: caffe-py runs on the CPU")
+
+
+def _train_process(work: Path, *flags: str) -> subprocess.Popen:
+    (work / "solver.yaml").write_text(SOLVER.format(max_iter=10**7, display=20))
+    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    return subprocess.Popen([sys.executable, str(ROOT / "cli.py"), "train", "--solver",
+                             "solver.yaml", *flags], cwd=work, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, env=env)
+
+
+def _wait_for(proc: subprocess.Popen, needle: str, seen: list[str], timeout: float = 60) -> str:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        line = proc.stdout.readline()
+        if not line:
+            break
+        seen.append(line.rstrip("\n"))
+        if needle in line:
+            return line
+    proc.kill()
+    raise AssertionError(f"never saw {needle!r}; got {seen[-5:]}")
+
+
+@pytest.mark.slow
+def test_sighup_snapshots_and_sigint_stops_with_a_final_snapshot(work):
+    proc = _train_process(work)
+    seen: list[str] = []
+    try:
+        _wait_for(proc, "Train net output", seen)
+        proc.send_signal(signal.SIGHUP)
+        hup = _wait_for(proc, "Snapshotting to", seen)
+        proc.send_signal(signal.SIGINT)
+        rest, err = proc.communicate(timeout=60)
+    finally:
+        proc.kill()
+    seen += rest.splitlines()
+    assert proc.returncode == 0, err
+    assert seen[-1] == "Optimization stopped early."
+    snaps = sorted(p.name for p in (work / "snaps").glob("*.solverstate.pt"))
+    assert len(snaps) == 2  # the SIGHUP one, and the final one written on stop
+    hup_iter = int(hup.split("_iter_")[1].split(".")[0])
+    assert f"tiny_iter_{hup_iter}.solverstate.pt" in snaps
+
+
+@pytest.mark.slow
+def test_sigint_with_effect_none_keeps_training(work):
+    proc = _train_process(work, "--sigint-effect", "none", "--sighup-effect", "stop")
+    seen: list[str] = []
+    try:
+        _wait_for(proc, "Train net output", seen)
+        proc.send_signal(signal.SIGINT)
+        _wait_for(proc, "Train net output", seen)  # still training
+        proc.send_signal(signal.SIGHUP)
+        rest, err = proc.communicate(timeout=60)
+    finally:
+        proc.kill()
+    assert proc.returncode == 0, err
+    assert rest.splitlines()[-1] == "Optimization stopped early."
