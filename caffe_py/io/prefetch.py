@@ -7,7 +7,9 @@ runs the rest of the transform there (float conversion, mean subtraction, scale)
 marks the batch ready; :meth:`Prefetcher.next` makes the compute stream wait on it and records
 the tensors on that stream, so the caching allocator never hands their memory out early. A host
 buffer is refilled only after its previous copy has finished (its event). On the CPU the same
-path runs without streams or pinning.
+path runs without streams or pinning, and the float half runs in the training loop's thread
+(a torch CPU op in the prefetch thread would start a second OpenMP team spinning against the
+loop's).
 """
 from __future__ import annotations
 
@@ -21,15 +23,16 @@ import torch
 
 from ..errors import DataError
 from .reader import JOIN_TIMEOUT_S, STALL_TIMEOUT_S, WAIT_SLICE_S, RecordQueue
-from .transformer import Transformer
+from .transformer import Choices, Transformer
 
 
 @dataclass
 class _Batch:
-    data: torch.Tensor  # (B, C, h, w) float32 on the device
+    data: torch.Tensor  # (B, C, h, w): float32 on CUDA; cropped records still to finish on CPU
     label: torch.Tensor  # (B,) int64 on the device
     ready: torch.cuda.Event | None
     records: int
+    choices: Choices | None  # CPU only: the flips and offsets the float half needs
 
 
 @dataclass
@@ -112,20 +115,28 @@ class Prefetcher:
     def _assemble(self, slot: _HostSlot) -> _Batch:
         records = self.records.get(self.batch_size)
         choices = self.transformer.choices([r.position for r in records])
+        labels = np.fromiter((r.label for r in records), dtype=np.int64, count=len(records))
+        if not self._cuda:
+            # A fresh buffer per batch (the loop keeps the last one), filled by numpy only: a
+            # torch CPU op here would start a second OpenMP team that spins against the
+            # training loop's; next() runs the float half in the loop's thread.
+            data = np.empty(slot.data.shape, dtype=slot.data.numpy().dtype)
+            self.transformer.host([r.array for r in records], choices, data)
+            return _Batch(torch.from_numpy(data), torch.from_numpy(labels), None,
+                          len(records), choices)
         if slot.copied is not None:
             slot.copied.synchronize()  # the previous batch in this buffer has left it
-        self.transformer.host([r.array for r in records], choices, slot.data.numpy())
-        slot.label.numpy()[:] = [r.label for r in records]
-        if not self._cuda:
-            data = self.transformer.device(slot.data.clone(), choices, self._mean)
-            return _Batch(data, slot.label.clone(), None, len(records))
+        # uint8 flips are cheaper on the GPU than strided host copies
+        self.transformer.host([r.array for r in records], choices, slot.data.numpy(),
+                              mirror=False)
+        slot.label.numpy()[:] = labels
         with torch.cuda.stream(self._side):
             raw = slot.data.to(self.device, non_blocking=True)
             label = slot.label.to(self.device, non_blocking=True)
-            data = self.transformer.device(raw, choices, self._mean)
+            data = self.transformer.device(raw, choices, self._mean, mirror=True)
             slot.copied = torch.cuda.Event()
             slot.copied.record(self._side)
-        return _Batch(data, label, slot.copied, len(records))
+        return _Batch(data, label, slot.copied, len(records), None)
 
     # --- the consumer -------------------------------------------------------------------------
     def next(self) -> tuple[torch.Tensor, torch.Tensor]:
@@ -137,14 +148,17 @@ class Prefetcher:
         if isinstance(item, _Failure):
             self._put_back(item)
             raise item.error
+        data = item.data
         if item.ready is not None:
             current = torch.cuda.current_stream(self.device)
             current.wait_event(item.ready)
-            item.data.record_stream(current)
+            data.record_stream(current)
             item.label.record_stream(current)
+        else:
+            data = self.transformer.device(data, item.choices, self._mean)
         self.records.mark_consumed(item.records)
         self.delivered += 1
-        return item.data, item.label
+        return data, item.label
 
     def _take(self) -> _Batch | _Failure:
         waited_since = time.monotonic()

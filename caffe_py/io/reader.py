@@ -109,10 +109,11 @@ class _Stream:
 
     order: list[int] = field(default_factory=list)  # the replicas, in round-robin order
     raw_prefix: bytes = b""  # the bytes every raw record of record_shape starts with
+    size: int = 0  # values per record, C x H x W
 
-    @property
-    def size(self) -> int:
-        return int(np.prod(self.record_shape))
+    def __post_init__(self) -> None:
+        c, h, w = self.record_shape
+        self.size = c * h * w
 
     def target(self) -> tuple[int, bool]:
         """The replica whose turn it is, and whether this position is skipped (before that

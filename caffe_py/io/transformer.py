@@ -123,33 +123,41 @@ class Transformer:
         return Choices(offsets, flips)
 
     # --- the host half ------------------------------------------------------------------------
-    def host(self, arrays: Sequence[np.ndarray], choices: Choices, out: np.ndarray) -> None:
-        """Crop and mirror each (C, H, W) record into ``out`` (B, C, h, w), keeping its dtype."""
+    def host(self, arrays: Sequence[np.ndarray], choices: Choices, out: np.ndarray, *,
+             mirror: bool = True) -> None:
+        """Crop each (C, H, W) record into ``out`` (B, C, h, w), keeping its dtype; mirror too
+        unless ``mirror`` is False (the device half flips instead)."""
         _, ch, cw = self.out_shape
-        if not (self.tp.crop_size or choices.flips.any()):
+        flips = choices.flips if mirror else np.zeros_like(choices.flips)
+        if not (self.tp.crop_size or flips.any()):
             np.stack(arrays, out=out)  # one copy of the whole batch
             return
         for i, array in enumerate(arrays):
             h0, w0 = (int(v) for v in choices.offsets[i])
             window = array[:, h0:h0 + ch, w0:w0 + cw]
-            out[i] = window[:, :, ::-1] if choices.flips[i] else window
+            out[i] = window[:, :, ::-1] if flips[i] else window
 
     # --- the device half ----------------------------------------------------------------------
     def device_mean(self, device: torch.device) -> torch.Tensor | None:
         """The mean as a float32 tensor on ``device`` (computed once per feed)."""
         return None if self.mean is None else torch.from_numpy(self.mean).to(device)
 
-    def device(self, batch: torch.Tensor, choices: Choices,
-               mean: torch.Tensor | None) -> torch.Tensor:
-        """(B, C, h, w) cropped and mirrored records -> float32 ``(x - mean) * scale``.
+    def device(self, batch: torch.Tensor, choices: Choices, mean: torch.Tensor | None, *,
+               mirror: bool = False) -> torch.Tensor:
+        """(B, C, h, w) cropped records -> float32 ``(x - mean) * scale``; with ``mirror`` the
+        records the choices flip are flipped here (``host`` was called with mirror=False).
 
-        ``mean`` is :meth:`device_mean` on the batch's device.
+        ``mean`` is :meth:`device_mean` on the batch's device. ``batch`` is consumed: its
+        memory may be reused for the result.
         """
+        if mirror and choices.flips.any():
+            idx = torch.from_numpy(np.flatnonzero(choices.flips)).to(batch.device)
+            batch[idx] = batch[idx].flip(-1)
         x = batch.to(torch.float32)
         if mean is not None:
-            x = x - self._mean_for(mean, choices, batch.device)
+            x.sub_(self._mean_for(mean, choices, batch.device))
         if self.tp.scale != 1.0:
-            x = x * self.tp.scale
+            x.mul_(self.tp.scale)
         return x
 
     def _mean_for(self, mean: torch.Tensor, choices: Choices,

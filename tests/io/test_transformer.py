@@ -177,3 +177,19 @@ def test_mean_file_legacy_dims_and_doubles(tmp_path):
     doubles.write_bytes(blob + struct.pack("<B", 0x28))  # a tag with no value after it
     with pytest.raises(DataError, match="not a BlobProto"):
         read_mean_file(doubles)
+
+
+def test_mirroring_on_the_device_half_gives_the_same_batch(tmp_path):
+    mean = np.random.default_rng(2).uniform(0, 255, (3, 7, 9)).astype(np.float32)
+    path = tmp_path / "mean.binaryproto"
+    path.write_bytes(blobproto(mean[None]))
+    tp = TransformationParameter(crop_size=5, mirror=True, mean_file=str(path), scale=0.25)
+    arrays, positions = records(8), list(range(8))
+    t = Transformer(tp, "TRAIN", (3, 7, 9), seed=4)
+    choices = t.choices(positions)
+    assert choices.flips.any() and not choices.flips.all()
+    host = np.empty((8, 3, 5, 5), np.uint8)
+    t.host(arrays, choices, host, mirror=False)
+    split = t.device(torch.from_numpy(host), choices, t.device_mean(torch.device("cpu")),
+                     mirror=True)
+    assert torch.equal(split, t(arrays, positions))

@@ -1,0 +1,306 @@
+"""Data pipeline benchmark: how fast the reader decodes and the feed delivers, and (with
+--train) what share of a training step waits for data.
+
+    python benchmarks/data_pipeline.py                     # CPU: records/s and batches/s
+    python benchmarks/data_pipeline.py --save docs/data_pipeline.md
+    python benchmarks/data_pipeline.py --device cuda --train --save docs/data_pipeline.md
+
+Everything runs on synthetic LMDBs written to a temporary directory: 28x28x1 records
+(MNIST-like) and 3x224x224 records (ImageNet-like), uint8. ``--train`` times forward/backward
+steps of a LeNet-like and a ResNet-50-like net (plain torch, so nothing but torch and this
+repository is needed) fed by the Data layer through the ReaderPool, against the same steps fed
+by a DummyData layer (data already on the device): the ratio of the step rates is the share of
+the step not spent waiting for data (goal >= 0.97).
+"""
+from __future__ import annotations
+
+import argparse
+import datetime
+import os
+import platform
+import sys
+import tempfile
+import threading
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+# Idle OpenMP workers sleep instead of spinning: a spinning team steals the cores the reader
+# threads need on a small CPU machine (set before torch loads OpenMP; see docs/data_pipeline.md).
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+
+import numpy as np  # noqa: E402
+import torch  # noqa: E402
+import torch.nn.functional as F  # noqa: E402
+from torch import nn  # noqa: E402
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from caffe_py.io.datum import datum_from_array, encode_datum  # noqa: E402
+from caffe_py.io.lmdb_store import LmdbWriter  # noqa: E402
+from caffe_py.io.reader import ReaderPool  # noqa: E402
+from caffe_py.layers import BuildContext, lookup  # noqa: E402
+from caffe_py.spec.net_spec import parse_layer  # noqa: E402
+from caffe_py.spec.schema import Source  # noqa: E402
+
+
+@dataclass
+class Kind:
+    """One record kind: its shape, how many records the database holds, the batch size, the
+    transform (as a Caffe user would set it) and the net trained on it with --train."""
+
+    name: str
+    shape: tuple[int, int, int]
+    records: int
+    batch: int
+    transform: dict
+    model: str
+
+
+KINDS = [
+    Kind("28x28x1", (1, 28, 28), 20000, 64, {"scale": 0.00390625}, "LeNet"),
+    Kind("3x224x224", (3, 224, 224), 768, 128,
+         {"mirror": True, "mean_value": [104, 117, 123], "scale": 0.017}, "ResNet-50"),
+]
+
+
+class _Net:
+    def __init__(self, layers):
+        self.layers = layers
+
+    def data_layers(self):
+        return self.layers
+
+
+def make_db(root: str, kind: Kind) -> str:
+    path = os.path.join(root, f"db_{kind.name}")
+    rng = np.random.default_rng(0)
+    base = rng.integers(0, 256, (16, *kind.shape), dtype=np.uint8)
+    with LmdbWriter(path) as writer:
+        for i in range(kind.records):
+            datum = datum_from_array(base[i % 16], i % 10)
+            writer.put(b"%08d" % i, encode_datum(datum))
+    return path
+
+
+def data_layer(db: str, kind: Kind, device: str, phase: str = "TRAIN"):
+    spec = parse_layer({"name": "data", "type": "Data", "top": ["data", "label"],
+                        "data_param": {"source": db, "batch_size": kind.batch},
+                        "transform_param": kind.transform}, Source(), "layer")
+    return lookup("Data")(spec, [], BuildContext(phase=phase, device=torch.device(device)))
+
+
+def dummy_layer(kind: Kind, device: str):
+    spec = parse_layer({"name": "data", "type": "DummyData", "top": ["data", "label"],
+                        "dummy_data_param": {"shape": [{"dim": [kind.batch, *kind.shape]},
+                                                       {"dim": [kind.batch]}]}},
+                       Source(), "layer")
+    return lookup("DummyData")(spec, [], BuildContext(device=torch.device(device)))
+
+
+# --- pipeline rates -------------------------------------------------------------------------
+def decode_rate(db: str, kind: Kind, seconds: float) -> float:
+    """Records/s through the producer thread alone (read, decode, queue)."""
+    with ReaderPool() as pool:
+        queue = pool.subscribe(db, "bench", replica=0, batch_size=kind.batch, prefetch=4,
+                               record_shape=kind.shape)
+        pool.start()
+        queue.get(kind.batch)
+        n, start = 0, time.perf_counter()
+        while time.perf_counter() - start < seconds:
+            n += len(queue.get(kind.batch))
+        return n / (time.perf_counter() - start)
+
+
+def batch_rate(db: str, kind: Kind, device: str, seconds: float) -> float:
+    """Batches/s the Data layer delivers (reader + transform + prefetch, nothing computing)."""
+    layer = data_layer(db, kind, device)
+    with ReaderPool() as pool:
+        pool.attach(_Net([layer]), device=device)
+        pool.start()
+        layer()
+        n, start = 0, time.perf_counter()
+        while time.perf_counter() - start < seconds:
+            data, _ = layer()
+            n += 1
+        if device == "cuda":
+            torch.cuda.synchronize()
+        return n / (time.perf_counter() - start)
+
+
+# --- training steps -------------------------------------------------------------------------
+class LeNet(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.conv1, self.conv2 = nn.Conv2d(1, 20, 5), nn.Conv2d(20, 50, 5)
+        self.fc1, self.fc2 = nn.Linear(800, 500), nn.Linear(500, 10)
+
+    def forward(self, x):
+        x = F.max_pool2d(self.conv1(x), 2, 2)
+        x = F.max_pool2d(self.conv2(x), 2, 2)
+        return self.fc2(F.relu(self.fc1(x.flatten(1))))
+
+
+class Bottleneck(nn.Module):
+    def __init__(self, cin: int, width: int, stride: int):
+        super().__init__()
+        cout = width * 4
+        self.body = nn.Sequential(
+            nn.Conv2d(cin, width, 1, bias=False), nn.BatchNorm2d(width), nn.ReLU(inplace=True),
+            nn.Conv2d(width, width, 3, stride, 1, bias=False), nn.BatchNorm2d(width),
+            nn.ReLU(inplace=True), nn.Conv2d(width, cout, 1, bias=False), nn.BatchNorm2d(cout))
+        self.skip = nn.Identity() if stride == 1 and cin == cout else nn.Sequential(
+            nn.Conv2d(cin, cout, 1, stride, bias=False), nn.BatchNorm2d(cout))
+
+    def forward(self, x):
+        return F.relu(self.body(x) + self.skip(x))
+
+
+def resnet50(classes: int = 1000) -> nn.Module:
+    layers: list[nn.Module] = [nn.Conv2d(3, 64, 7, 2, 3, bias=False), nn.BatchNorm2d(64),
+                               nn.ReLU(inplace=True), nn.MaxPool2d(3, 2, 1)]
+    cin = 64
+    for width, blocks, stride in ((64, 3, 1), (128, 4, 2), (256, 6, 2), (512, 3, 2)):
+        for b in range(blocks):
+            layers.append(Bottleneck(cin, width, stride if b == 0 else 1))
+            cin = width * 4
+    layers += [nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(cin, classes)]
+    return nn.Sequential(*layers)
+
+
+def train_rate(model: nn.Module, source, device: str, steps: int, warmup: int,
+               channels_last: bool) -> tuple[float, float]:
+    """(steps/s, ms per step spent in the data layer's forward) for SGD steps on ``source``."""
+    opt = torch.optim.SGD(model.parameters(), lr=1e-3, momentum=0.9)
+    fmt = torch.channels_last if channels_last else torch.contiguous_format
+    autocast = torch.autocast(device, dtype=torch.bfloat16, enabled=device == "cuda")
+
+    def step() -> float:
+        t0 = time.perf_counter()
+        x, y = source()
+        waited = time.perf_counter() - t0
+        x = x.contiguous(memory_format=fmt)
+        with autocast:
+            loss = F.cross_entropy(model(x), y.long())
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        opt.step()
+        return waited
+
+    for _ in range(warmup):
+        step()
+    _sync(device)
+    waited, start = 0.0, time.perf_counter()
+    for _ in range(steps):
+        waited += step()
+    _sync(device)
+    elapsed = time.perf_counter() - start
+    return steps / elapsed, 1000 * waited / steps
+
+
+def _sync(device: str) -> None:
+    if device == "cuda":
+        torch.cuda.synchronize()
+
+
+def train_compare(db: str, kind: Kind, device: str, steps: int, warmup: int) -> dict:
+    torch.manual_seed(0)
+    if kind.model == "LeNet":
+        model, channels_last = LeNet(), False
+    else:
+        model, channels_last = resnet50(), device == "cuda"
+    model = model.to(device, memory_format=torch.channels_last if channels_last
+                     else torch.contiguous_format)
+    dummy = dummy_layer(kind, device)
+    dummy_rate, _ = train_rate(model, dummy, device, steps, warmup, channels_last)
+    layer = data_layer(db, kind, device)
+    with ReaderPool() as pool:
+        pool.attach(_Net([layer]), device=device)
+        pool.start()
+        data_rate, wait_ms = train_rate(model, layer, device, steps, warmup, channels_last)
+    return {"dummy": dummy_rate, "data": data_rate, "wait_ms": wait_ms,
+            "ratio": data_rate / dummy_rate}
+
+
+# --- report ---------------------------------------------------------------------------------
+def machine(device: str) -> str:
+    cpu = platform.processor() or platform.machine()
+    text = f"{os.cpu_count()} CPU cores ({cpu}), Python {platform.python_version()}, " \
+           f"torch {torch.__version__}"
+    if device == "cuda":
+        text += f", {torch.cuda.get_device_name()}"
+    return text
+
+
+def run(args) -> str:
+    device = args.device
+    kinds = [k for k in KINDS if not args.kinds or k.name in args.kinds]
+    lines = [f"Machine: {machine(device)}. Date: {datetime.date.today().isoformat()}. "
+             f"Command: `python benchmarks/data_pipeline.py {' '.join(sys.argv[1:])}`.", "",
+             "| records | batch | transform | decoded records/s | batches/s delivered "
+             "(images/s) |", "|---|---|---|---|---|"]
+    train_rows = []
+    with tempfile.TemporaryDirectory() as root:
+        for kind in kinds:
+            db = make_db(root, kind)
+            rec = decode_rate(db, kind, args.seconds)
+            bat = batch_rate(db, kind, device, args.seconds)
+            transform = ", ".join(f"{k} {v}" for k, v in kind.transform.items())
+            lines.append(f"| {kind.name} uint8 | {kind.batch} | {transform} | {rec:,.0f} | "
+                         f"{bat:,.1f} ({bat * kind.batch:,.0f}) |")
+            print(lines[-1], flush=True)
+            if args.train:
+                steps = args.steps or (300 if kind.model == "LeNet" else 40)
+                r = train_compare(db, kind, device, steps, warmup=max(5, steps // 10))
+                train_rows.append(f"| {kind.model} | {kind.batch} | {r['dummy']:,.1f} | "
+                                  f"{r['data']:,.1f} | {r['ratio']:.3f} | "
+                                  f"{r['wait_ms']:.2f} |")
+                print(train_rows[-1], flush=True)
+    if train_rows:
+        lines += ["", f"Training steps on {device} (SGD, forward + backward; bf16 autocast and "
+                  "channels_last for ResNet-50 on CUDA):", "",
+                  "| net | batch | steps/s fed by DummyData | steps/s fed by Data | ratio | "
+                  "ms/step in the Data layer |", "|---|---|---|---|---|---|", *train_rows]
+    return "\n".join(lines)
+
+
+def save(path: Path, tag: str, table: str) -> None:
+    """Replace the section between ``<!-- bench:tag -->`` markers (or append it), atomically."""
+    begin, end = f"<!-- bench:{tag} -->", f"<!-- /bench:{tag} -->"
+    text = path.read_text() if path.exists() else ""
+    block = f"{begin}\n{table}\n{end}"
+    if begin in text and end in text:
+        text = text[:text.index(begin)] + block + text[text.index(end) + len(end):]
+    else:
+        text = text.rstrip("\n") + "\n\n" + block + "\n"
+    tmp = path.with_name(path.name + ".tmp")
+    with open(tmp, "w") as f:
+        f.write(text)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--device", default="cpu", choices=("cpu", "cuda"))
+    parser.add_argument("--train", action="store_true",
+                        help="also time training steps fed by Data vs DummyData")
+    parser.add_argument("--seconds", type=float, default=4.0, help="per rate measurement")
+    parser.add_argument("--steps", type=int, default=0, help="training steps per measurement")
+    parser.add_argument("--kinds", nargs="*", default=[], help="e.g. 28x28x1")
+    parser.add_argument("--save", type=Path, help="write the table into this markdown file")
+    args = parser.parse_args()
+    if args.device == "cuda" and not torch.cuda.is_available():
+        parser.error("--device cuda: no CUDA device here")
+    if args.device == "cuda":
+        torch.backends.cudnn.benchmark = True
+    table = run(args)
+    print("\n" + table)
+    if args.save:
+        save(args.save, f"{args.device}{'-train' if args.train else ''}", table)
+    assert threading.active_count() == 1, "a pipeline thread outlived its pool"
+
+
+if __name__ == "__main__":
+    main()
