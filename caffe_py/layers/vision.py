@@ -319,14 +319,14 @@ class Pooling(Layer):
         sizes = (height, width)
         kernel = sizes if self.global_pooling else self.kernel
         geometry = list(zip(sizes, kernel, self.stride, self.pad, strict=True))
-        out = tuple(caffe_pool_size(*g) for g in geometry)
+        out = (caffe_pool_size(*geometry[0]), caffe_pool_size(*geometry[1]))
         # torch's op also refuses pad > kernel / 2
         direct = all(caffe_pool_size(*g) == torch_pool_size(*g) and g[3] <= g[1] // 2
                      for g in geometry)
         # Explicit padding: the input spans exactly the windows, (out - 1) * s + k per axis.
         ends = [(o - 1) * s + k - n - p for o, (n, k, s, p) in zip(out, geometry, strict=True)]
         pads = (self.pad[1], ends[1], self.pad[0], ends[0])
-        return _PoolPlan(out=out, direct=direct, pads=pads)  # type: ignore[arg-type]
+        return _PoolPlan(out=out, direct=direct, pads=pads)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
         plan = self._plan(x.shape[2], x.shape[3])
