@@ -2,6 +2,10 @@
 (convert_mnist_data, convert_imageset, convert_cifar_data, compute_image_mean) over LMDB."""
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
 import click
 
 from ..io.convert import (
@@ -13,9 +17,24 @@ from ..io.convert import (
 )
 from ..io.dbinfo import db_info
 from ..io.images import ENCODE_TYPES
+from ..io.lmdb_store import partial_path
 from ..io.mean import compute_mean
 
 _RESUME_HELP = "continue an interrupted conversion (DB.partial) after its last committed record"
+
+
+@contextmanager
+def resumable(*dbs: str | Path) -> Iterator[None]:
+    """Turn Ctrl-C during a conversion into one line that says how to continue it."""
+    try:
+        yield
+    except KeyboardInterrupt:
+        left = [str(partial_path(db)) for db in dbs if partial_path(db).exists()]
+        if left:
+            raise click.ClickException(
+                f"interrupted: {', '.join(left)} keeps the records written so far; run the "
+                "same command with --resume to continue it") from None
+        raise click.ClickException("interrupted before any record was written") from None
 
 
 @click.group("convert")
@@ -30,7 +49,9 @@ def convert_group() -> None:
 @click.option("--resume", is_flag=True, help=_RESUME_HELP)
 def convert_idx_command(images: str, labels: str, db: str, resume: bool) -> None:
     """MNIST-format IMAGES and LABELS (IDX, gzipped or not) into DB, keys %08d."""
-    click.echo(convert_idx(images, labels, db, resume=resume, progress=terminal_progress()).line())
+    with resumable(db):
+        result = convert_idx(images, labels, db, resume=resume, progress=terminal_progress())
+    click.echo(result.line())
 
 
 @convert_group.command("imageset")
@@ -59,8 +80,9 @@ def convert_imageset_command(root: str, listfile: str, db: str, gray: bool, shuf
     options = ImagesetOptions(gray=gray, shuffle=shuffle, seed=seed, resize_width=resize_width,
                               resize_height=resize_height, check_size=check_size,
                               encoded=encoded, encode_type=encode_type or "")
-    result = convert_imageset(root, listfile, db, options, resume=resume,
-                              progress=terminal_progress())
+    with resumable(db):
+        result = convert_imageset(root, listfile, db, options, resume=resume,
+                                  progress=terminal_progress())
     click.echo(result.line())
 
 
@@ -72,7 +94,10 @@ def convert_imageset_command(root: str, listfile: str, db: str, gray: bool, shuf
 def convert_cifar_command(directory: str, db_prefix: str, resume: bool) -> None:
     """CIFAR-10 binary batches in DIRECTORY into DB_PREFIX_train_lmdb (data_batch_1..5.bin)
     and DB_PREFIX_test_lmdb (test_batch.bin), RGB as Caffe's converter stores them."""
-    for result in convert_cifar(directory, db_prefix, resume=resume, progress=terminal_progress()):
+    with resumable(f"{db_prefix}_train_lmdb", f"{db_prefix}_test_lmdb"):
+        results = convert_cifar(directory, db_prefix, resume=resume,
+                                progress=terminal_progress())
+    for result in results:
         click.echo(result.line())
 
 

@@ -132,3 +132,38 @@ def test_db_info_missing_and_corrupt(tmp_path):
     assert result.exit_code == 1
     assert re.fullmatch(rf"Error: {tmp_path}/bad: corrupt LMDB database \(.+\); delete it and "
                         r"convert the data again\n", result.stderr)
+
+
+@pytest.mark.parametrize("calls, message", [
+    (1, "interrupted before any record was written"),
+    (3, "interrupted: {db}.partial keeps the records written so far; run the same command "
+        "with --resume to continue it"),
+])
+def test_ctrl_c_says_how_to_resume(idx, tmp_path, monkeypatch, calls, message):
+    from caffe_py.commands import data as commands
+    from caffe_py.io.convert import convert_idx
+
+    def interrupted(*args, **kwargs):
+        kwargs["progress"] = lambda total, name: _Interrupt(calls)
+        return convert_idx(*args, **kwargs)
+
+    monkeypatch.setattr(commands, "convert_idx", interrupted)
+    db = tmp_path / "db"
+    result = _run("convert", "idx", *idx, db)
+    assert (result.exit_code, result.stderr) == (1, f"Error: {message.format(db=db)}\n")
+
+
+class _Interrupt:
+    """A progress bar that raises KeyboardInterrupt on its ``calls``-th update (the first
+    update reports the resumed records, then one per record written)."""
+
+    def __init__(self, calls: int):
+        self.left = calls
+
+    def update(self, n: int) -> None:
+        self.left -= 1
+        if not self.left:
+            raise KeyboardInterrupt
+
+    def close(self) -> None:
+        pass
