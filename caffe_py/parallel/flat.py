@@ -95,11 +95,14 @@ class FlatParams:
 
         A solver that sets ``grad = None`` when it clears, or an autograd step that replaced
         a gradient, leaves gradients outside the buffer: copy them in (or zero the window
-        when there is none) so the buffer holds exactly the current gradients.
+        when there is none) so the buffer holds exactly the current gradients. Frozen tensors
+        (``requires_grad`` False, Caffe's lr_mult 0) keep no gradient; their window stays 0.
         """
         assert self.grad is not None
         moved = 0
         for k, t in enumerate(self.tensors):
+            if not t.requires_grad:
+                continue
             view = self.view(self.grad, k)
             g = t.grad
             if g is not None and g.data_ptr() == view.data_ptr() and g.stride() == view.stride():
@@ -117,7 +120,7 @@ class FlatParams:
             view = self.view(self.data, k)
             view.copy_(t.detach())
             t.data = view
-            if self.grad is not None:
+            if self.grad is not None and t.requires_grad:
                 if t.grad is not None:
                     self.view(self.grad, k).copy_(t.grad)
                 t.grad = self.view(self.grad, k)

@@ -99,7 +99,10 @@ def test_on_start_brings_every_replica_level_with_the_root():
     models, sync = _train(5)
     # the root updated after the last iteration; the others still hold the weights they used
     assert not torch.equal(sync.replica(3).flat.data, sync.replica(0).flat.data)
-    run_replicas(sync, [lambda i=i: sync.callback(i).on_start() for i in range(5)])
+    # the root's thread ending ends a run, so every thread waits for the others here
+    sync.finished.clear()
+    done = threading.Barrier(5, timeout=10)
+    run_replicas(sync, [lambda i=i: (sync.callback(i).on_start(), done.wait()) for i in range(5)])
     for i in range(1, 5):
         assert torch.equal(sync.replica(i).flat.data, sync.replica(0).flat.data)
         for p, q in zip(models[i].parameters(), models[0].parameters(), strict=True):

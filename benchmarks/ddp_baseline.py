@@ -1,0 +1,131 @@
+"""The PyTorch baselines for benchmarks/multigpu.py: the same caffe-py Net, driven by plain loops.
+
+    # one GPU, a minimal loop: forward, backward, torch.optim.SGD step
+    python benchmarks/ddp_baseline.py --solver configs/resnet50_dummy.yaml --plain
+    # DistributedDataParallel on 4 GPUs (keep NCCL_NVLS_ENABLE=0 in the environment)
+    torchrun --nproc_per_node 4 benchmarks/ddp_baseline.py --solver configs/resnet50_dummy.yaml
+
+The model is the TRAIN net of the solver spec, built by caffe_py.net.Net on each GPU (same
+layers, same per-GPU batch), under the solver's precision (BF16: bfloat16 autocast, float32
+weights and update) and, with --channels-last, in channels_last memory format. Rank 0 prints one
+JSON line: {"name", "gpus", "batch", "images_per_s", "step_ms"}.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import time
+from contextlib import nullcontext
+from pathlib import Path
+
+import torch
+from torch import nn
+
+from caffe_py.net import Net
+from caffe_py.spec.solver_spec import SolverParameter, load_solver
+
+
+class LossOf(nn.Module):
+    """The net's weighted loss as the only output (what DDP and the plain loop need)."""
+
+    def __init__(self, net: Net):
+        super().__init__()
+        self.net = net
+
+    def forward(self) -> torch.Tensor:
+        return self.net().loss
+
+
+def build_net(param: SolverParameter, device: torch.device, *, channels_last: bool,
+              seed: int = 1) -> Net:
+    """The solver's TRAIN net on ``device``, optionally in channels_last format."""
+    spec, state = param.train_net_spec()
+    net = Net(spec, "TRAIN", stages=state.stage, level=state.level, device=device, seed=seed)
+    if channels_last:
+        net = net.to(memory_format=torch.channels_last)
+    return net
+
+
+def batch_size(net: Net) -> int:
+    """The per-GPU batch: the first axis of the first data layer's first top."""
+    first = net.layers[0]
+    return int(first.top_shapes[0][0])
+
+
+def autocast(param: SolverParameter, device: torch.device):
+    if param.precision == "BF16":
+        return torch.autocast(device.type, dtype=torch.bfloat16)
+    return nullcontext()
+
+
+def sgd(param: SolverParameter, module: nn.Module) -> torch.optim.SGD:
+    params = [p for p in module.parameters() if p.requires_grad]
+    return torch.optim.SGD(params, lr=param.base_lr or 0.01, momentum=param.momentum,
+                           weight_decay=param.weight_decay)
+
+
+def timed_loop(model: nn.Module, opt: torch.optim.Optimizer, param: SolverParameter,
+               device: torch.device, warmup: int, iters: int, sync=lambda: None) -> float:
+    """Seconds for ``iters`` steps after ``warmup`` steps (GPU work included)."""
+    start = 0.0
+    for it in range(warmup + iters):
+        if it == warmup:
+            torch.cuda.synchronize(device)
+            sync()
+            start = time.perf_counter()
+        opt.zero_grad(set_to_none=True)
+        with autocast(param, device):
+            loss = model()
+        loss.backward()
+        opt.step()
+    torch.cuda.synchronize(device)
+    sync()
+    return time.perf_counter() - start
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--solver", required=True, help="solver spec (its TRAIN net is the model)")
+    ap.add_argument("--plain", action="store_true", help="one GPU, no DDP")
+    ap.add_argument("--warmup", type=int, default=15)
+    ap.add_argument("--iters", type=int, default=30)
+    ap.add_argument("--channels-last", action="store_true")
+    ap.add_argument("--json", type=Path, help="also append the result line to this file")
+    args = ap.parse_args()
+    torch.backends.cudnn.benchmark = True
+    param = load_solver(args.solver)
+    if args.plain:
+        world, rank, device = 1, 0, torch.device("cuda", 0)
+        torch.cuda.set_device(device)
+        model = LossOf(build_net(param, device, channels_last=args.channels_last))
+        seconds = timed_loop(model, sgd(param, model), param, device, args.warmup, args.iters)
+        name = "pytorch 1-GPU loop"
+    else:
+        import torch.distributed as dist
+        from torch.nn.parallel import DistributedDataParallel as DDP
+
+        dist.init_process_group("nccl")
+        rank, world = dist.get_rank(), dist.get_world_size()
+        device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", rank)))
+        torch.cuda.set_device(device)
+        module = LossOf(build_net(param, device, channels_last=args.channels_last))
+        model = DDP(module, device_ids=[device.index], gradient_as_bucket_view=True)
+        seconds = timed_loop(model, sgd(param, model), param, device, args.warmup, args.iters,
+                             sync=dist.barrier)
+        name = f"torchrun DDP x{world}"
+    batch = batch_size(model.module.net if hasattr(model, "module") else model.net)
+    if rank == 0:
+        line = json.dumps({"name": name, "gpus": world, "batch": batch,
+                           "images_per_s": round(args.iters * batch * world / seconds, 1),
+                           "step_ms": round(1000 * seconds / args.iters, 2)})
+        print(line, flush=True)
+        if args.json:
+            with args.json.open("a") as f:
+                f.write(line + "\n")
+    if not args.plain:
+        dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main()

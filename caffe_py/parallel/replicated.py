@@ -1,0 +1,227 @@
+"""Data-parallel training in one process: one Solver and one thread per device.
+
+``train_replicated(param, devices, options)`` is what ``cpy train --gpus 0,1,2,3`` (or
+``--gpus cpu:N``) calls. Every replica builds the full TRAIN net on its device and reads its own
+share of each database (a shared :class:`~caffe_py.io.ReaderPool`: replica i of N gets records
+i, i+N, ...), so each device runs the net's batch size and the effective batch is batch x N, as
+in Caffe. Replica 0 is the root: it alone applies updates, runs the test nets, displays and
+snapshots; the others are Caffe's WorkerSolvers (``applies_updates`` False, seeds
+random_seed + replica index). Weights and gradients move through :mod:`.sync` (the tree) or
+:mod:`.nccl` (the ring), plugged in as solver callbacks.
+"""
+from __future__ import annotations
+
+import copy
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import torch
+
+from ..errors import SolverError
+from ..solver import snapshot as snap
+from ..solver.signals import SignalHandler
+from ..solver.solver import Solver, TrainOptions, resolve_seed, stdout_log
+from ..spec.solver_spec import SolverParameter
+from .nccl import NcclSync
+from .sync import DEFAULT_TIMEOUT_S, SyncGroup, TreeSync, replica_error, run_replicas
+
+REDUCTIONS = ("tree", "nccl")
+Log = Callable[[str], None]
+
+
+def parse_devices(text: str) -> list[torch.device]:
+    """``--gpus``: '0,1,3', 'all' (every visible GPU) or 'cpu:N' (N replicas on CPU threads)."""
+    text = text.strip().lower()
+    if text.startswith("cpu"):
+        count = text[3:].lstrip(":") or "1"
+        if not count.isdigit() or int(count) < 1:
+            raise SolverError(f"--gpus {text}: give cpu:N with N >= 1 CPU replicas, e.g. cpu:4")
+        return [torch.device("cpu")] * int(count)
+    available = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    if text == "all":
+        if not available:
+            raise SolverError("--gpus all: no CUDA GPU is visible; use --gpus cpu:N to train "
+                              "N replicas on CPU")
+        return [torch.device("cuda", i) for i in range(available)]
+    ids: list[int] = []
+    for part in text.split(","):
+        part = part.strip()
+        if not part.isdigit():
+            raise SolverError(f"--gpus {text}: '{part}' is not a GPU id; give ids like 0,1,2, "
+                              "'all', or cpu:N")
+        ids.append(int(part))
+    return check_devices([torch.device("cuda", i) for i in ids])
+
+
+def check_devices(devices: Sequence[torch.device | str | int]) -> list[torch.device]:
+    """Devices as torch.device, each CUDA id existing and listed once."""
+    out = [torch.device("cuda", d) if isinstance(d, int) else torch.device(d) for d in devices]
+    if not out:
+        raise SolverError("no device to train on; give --gpus ids, 'all' or cpu:N")
+    available = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    seen: set[int] = set()
+    for d in out:
+        if d.type != "cuda":
+            continue
+        index = 0 if d.index is None else d.index
+        if index >= available:
+            have = f"{available} GPU(s) (ids 0-{available - 1})" if available else "no GPU"
+            raise SolverError(f"GPU {index} does not exist: this machine has {have}; pass "
+                              "--gpus with existing ids, 'all', or cpu:N")
+        if index in seen:
+            raise SolverError(f"GPU {index} is listed twice in --gpus; list each GPU once")
+        seen.add(index)
+    kinds = {d.type for d in out}
+    if len(kinds) > 1:
+        raise SolverError("--gpus mixes CPU and GPU replicas; use one kind")
+    return [torch.device("cuda", d.index or 0) if d.type == "cuda" else d for d in out]
+
+
+class ReplicatedRun:
+    """N Solvers (one per device) wired to one sync group and one reader pool.
+
+    Build it, optionally add ``root_callbacks`` (benchmarks time the root's iterations), then
+    :meth:`run`. :meth:`close` stops the readers (also done by ``with``).
+    """
+
+    def __init__(self, param: SolverParameter, devices: Sequence[torch.device | str | int],
+                 options: TrainOptions | None = None, *, log: Log = stdout_log,
+                 action: Callable[[], str] | None = None, timeout: float = DEFAULT_TIMEOUT_S,
+                 root_callbacks: Sequence[Any] = ()):
+        from ..io import ReaderPool
+
+        self.options = options or TrainOptions()
+        if self.options.reduction not in REDUCTIONS:
+            raise SolverError(f"reduction '{self.options.reduction}' is not one of "
+                              f"{', '.join(REDUCTIONS)}")
+        self.devices = check_devices(devices)
+        self.param = param
+        self.log = log
+        n = len(self.devices)
+        base_seed = resolve_seed(param.random_seed)
+        self.sync: SyncGroup = (NcclSync(self.devices, timeout=timeout)
+                                if self.options.reduction == "nccl"
+                                else TreeSync(self.devices, timeout=timeout))
+        self.pool = ReaderPool(replicas=n)
+        self.solvers: list[Solver] = []
+        try:
+            for i, device in enumerate(self.devices):
+                extra = list(root_callbacks) if i == 0 else []
+                kw: dict[str, Any] = {"action": action} if (i == 0 and action) else {}
+                solver = self._build_solver(i, device, base_seed + i, extra, kw)
+                solver.applies_updates = i == 0
+                self.solvers.append(solver)
+                self.sync.setup(i, [lp.param for lp in solver.net.learnable_params()],
+                                state_blobs(solver.net))
+            self.sync.check_shapes()
+        except BaseException:
+            self.close()
+            raise
+
+    def _build_solver(self, i: int, device: torch.device, seed: int, extra: list[Any],
+                      kw: dict[str, Any]) -> Solver:
+        try:
+            return Solver(self.param, device=device, replica=i, seed=seed, pool=self.pool,
+                          callbacks=[self.sync.callback(i), *extra], log=self.log,
+                          precision=self.options.precision, **kw)
+        except torch.cuda.OutOfMemoryError as exc:
+            raise replica_error(_failure(self.sync, i, exc)) from None
+
+    @property
+    def root(self) -> Solver:
+        return self.solvers[0]
+
+    def banner(self) -> list[str]:
+        """The start-of-run lines: per-replica and effective batch, then the tree."""
+        p, n = self.param, len(self.devices)
+        batch = self.root.batch_size()
+        names = [_name(d, i) for i, d in enumerate(self.devices)]
+        lines = [f"Batch: {batch} per replica x {n} replicas x iter_size {p.iter_size} = "
+                 f"{batch * n * p.iter_size} per update (effective batch {batch * n}; "
+                 f"devices {', '.join(names)}; reduction {self.options.reduction}; precision "
+                 f"{self.root.precision})"]
+        if isinstance(self.sync, TreeSync):
+            lines += self.sync.tree.describe(names).splitlines()
+        else:
+            lines.append(f"NCCL ring all-reduce over {', '.join(names)}; root {names[0]}")
+        return lines
+
+    def prepare(self) -> None:
+        """Fine-tune weights or resume on the root, then start the readers."""
+        opts = self.options
+        if opts.weights:
+            self.root.load_weights(opts.weights)
+        if opts.snapshot:
+            self.root.restore(opts.snapshot)
+            for worker in self.solvers[1:]:
+                worker.iter, worker.current_step = self.root.iter, self.root.current_step
+        self.pool.start()
+        for solver in self.solvers:
+            solver.start()
+
+    def run(self) -> Solver:
+        """Train every replica to max_iter; the root snapshots. Returns the root's Solver."""
+        for line in self.banner():
+            self.log(line)
+        self.prepare()
+        targets = [self.root.solve] + [lambda s=s: s.step(self.param.max_iter - s.iter)
+                                       for s in self.solvers[1:]]
+        run_replicas(self.sync, targets)
+        return self.root
+
+    def close(self) -> None:
+        for solver in self.solvers:
+            solver.close()
+        self.pool.close()
+
+    def __enter__(self) -> ReplicatedRun:
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+
+def train_replicated(param: SolverParameter, devices: Sequence[torch.device | str | int],
+                     options: TrainOptions | None = None, *, log: Log = stdout_log) -> Solver:
+    """``cpy train`` on several devices; the root's Solver is returned when training ends."""
+    options = options or TrainOptions()
+    if options.weights and options.snapshot:
+        raise SolverError("--weights and --snapshot are both given; --weights starts a new run "
+                          "from those weights, --snapshot resumes one: give only one")
+    if options.precision:
+        param = copy.copy(param)
+        param.precision = options.precision
+    snap.check_writable(param.snapshot_prefix)
+    with SignalHandler(options.sigint_effect, options.sighup_effect) as signals, \
+            ReplicatedRun(param, devices, options, log=log,
+                          action=signals.requested_action) as run:
+        return run.run()
+
+
+def state_blobs(net: Any) -> list[torch.Tensor]:
+    """Blobs that are not learnable but travel with the weights (BatchNorm's running sums).
+
+    Only floating blobs of the learnable dtype go into the flat state buffer; shared blobs
+    are listed once.
+    """
+    learnable = {id(lp.param) for lp in net.learnable_params()}
+    dtypes = {lp.param.dtype for lp in net.learnable_params()} or {torch.float32}
+    seen: set[int] = set()
+    out = []
+    for blobs in net.layer_blobs().values():
+        for t in blobs:
+            if id(t) in learnable or id(t) in seen or isinstance(t, torch.nn.Parameter):
+                continue
+            if t.dtype in dtypes and t.is_floating_point():
+                seen.add(id(t))
+                out.append(t)
+    return out
+
+
+def _name(device: torch.device, i: int) -> str:
+    return f"cpu#{i}" if device.type == "cpu" else str(device)
+
+
+def _failure(group: SyncGroup, i: int, exc: BaseException):
+    from .sync import Failure
+    return Failure(i, group.devices[i], exc)

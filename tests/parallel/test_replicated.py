@@ -1,0 +1,182 @@
+"""train_replicated on CPU replicas: N x batch B equals 1 x batch N*B, through the real Solver,
+the Data layer and a tiny LMDB (the round-robin reader gives identical record sets)."""
+from __future__ import annotations
+
+import threading
+
+import numpy as np
+import pytest
+import torch
+
+from caffe_py.errors import SolverError
+from caffe_py.io.datum import datum_from_array, encode_datum
+from caffe_py.io.lmdb_store import LmdbWriter
+from caffe_py.parallel import ReplicatedRun, parse_devices, train_replicated
+from caffe_py.solver.solver import Solver, TrainOptions
+from caffe_py.spec.solver_spec import load_solver
+
+B, ITERS = 4, 6
+SOLVER = """
+net_param:
+  name: tiny
+  layer:
+    - {{name: data, type: Data, top: [data, label], transform_param: {{scale: 0.00390625}},
+       data_param: {{source: {db}, batch_size: {batch}}}}}
+    - {{name: conv, type: Convolution, bottom: data, top: conv,
+       convolution_param: {{num_output: 2, kernel_size: 3, weight_filler: {{type: xavier}},
+                           bias_filler: {{type: constant, value: 0.1}}}}}}
+    - {{name: ip, type: InnerProduct, bottom: conv, top: ip,
+       inner_product_param: {{num_output: 3, weight_filler: {{type: xavier}}}}}}
+    - {{name: loss, type: SoftmaxWithLoss, bottom: [ip, label], top: loss}}
+type: {type}
+base_lr: {lr}
+momentum: 0.9
+weight_decay: 0.001
+lr_policy: inv
+gamma: 0.01
+power: 0.75
+iter_size: {iter_size}
+max_iter: {iters}
+random_seed: 7
+solver_mode: CPU
+snapshot_after_train: {snap}
+snapshot_prefix: {prefix}
+"""
+
+
+@pytest.fixture(autouse=True)
+def no_stray_threads():
+    before = {t.ident for t in threading.enumerate()}
+    yield
+    left = [t.name for t in threading.enumerate() if t.ident not in before and t.is_alive()]
+    assert left == []
+
+
+@pytest.fixture(scope="module")
+def db(tmp_path_factory):
+    path = tmp_path_factory.mktemp("lmdb") / "train_lmdb"
+    rng = np.random.default_rng(0)
+    with LmdbWriter(path) as writer:
+        for i in range(97):   # not a multiple of any batch: the reader wraps
+            image = rng.integers(0, 256, (1, 6, 6), dtype=np.uint8)
+            writer.put(b"%08d" % i, encode_datum(datum_from_array(image, int(i % 3))))
+    return str(path)
+
+
+def _param(tmp_path, db, *, batch, type_="SGD", iter_size=1, iters=ITERS, snap="false",
+           name="s"):
+    lr = 0.01 if type_ == "Adam" else 0.1
+    text = SOLVER.format(db=db, batch=batch, type=type_, lr=lr, iter_size=iter_size,
+                         iters=iters, snap=snap, prefix=tmp_path / f"{name}_snap")
+    path = tmp_path / f"{name}.yaml"
+    path.write_text(text)
+    return load_solver(path)
+
+
+def _weights(solver):
+    return [lp.param.detach().clone() for lp in solver.net.learnable_params()]
+
+
+def _single(tmp_path, db, n, **kw):
+    with Solver(_param(tmp_path, db, batch=n * B, name="ref", **kw), log=lambda m: None) as s:
+        s.solve()
+        return _weights(s)
+
+
+def _replicated(tmp_path, db, n, **kw):
+    param = _param(tmp_path, db, batch=B, name="rep", **kw)
+    with ReplicatedRun(param, ["cpu"] * n, log=lambda m: None) as run:
+        run.run()
+        return _weights(run.root), run
+
+
+def _rel(a, b):
+    return max(((x - y).norm() / y.norm()).item() for x, y in zip(a, b, strict=True))
+
+
+@pytest.mark.parametrize("n", [1, 2, 3, 4])
+def test_sgd_momentum_n_replicas_equal_one_with_n_times_the_batch(tmp_path, db, n):
+    ref = _single(tmp_path, db, n)
+    got, _ = _replicated(tmp_path, db, n)
+    assert _rel(got, ref) < 1e-5
+
+
+@pytest.mark.parametrize("n", [2, 3])
+def test_adam(tmp_path, db, n):
+    assert _rel(_replicated(tmp_path, db, n, type_="Adam")[0],
+                _single(tmp_path, db, n, type_="Adam")) < 1e-5
+
+
+@pytest.mark.parametrize("n", [2, 4])
+def test_iter_size(tmp_path, db, n):
+    assert _rel(_replicated(tmp_path, db, n, iter_size=2)[0],
+                _single(tmp_path, db, n, iter_size=2)) < 1e-5
+
+
+def test_weights_moved_and_workers_hold_the_roots_weights(tmp_path, db):
+    got, run = _replicated(tmp_path, db, 3)
+    start = _weights(Solver(_param(tmp_path, db, batch=B, name="init"), log=lambda m: None))
+    assert _rel(got, start) > 1e-3
+    # workers trained the last iteration with the weights before the root's last update
+    assert run.solvers[1].applies_updates is False and run.solvers[0].applies_updates is True
+    assert [s.iter for s in run.solvers] == [ITERS] * 3
+
+
+def test_two_runs_are_bit_identical(tmp_path, db):
+    a, _ = _replicated(tmp_path, db, 3)
+    b, _ = _replicated(tmp_path, db, 3)
+    assert all(torch.equal(x, y) for x, y in zip(a, b, strict=True))
+
+
+def test_train_replicated_logs_batches_and_tree_and_snapshots(tmp_path, db):
+    lines = []
+    param = _param(tmp_path, db, batch=B, snap="true", name="cli")
+    root = train_replicated(param, parse_devices("cpu:3"), TrainOptions(), log=lines.append)
+    assert lines[:4] == [
+        "Batch: 4 per replica x 3 replicas x iter_size 1 = 12 per update (effective batch 12; "
+        "devices cpu#0, cpu#1, cpu#2; reduction tree; precision FLOAT32)",
+        "reduction tree over 3 replica(s): root cpu#0, height 1 (<= ceil(log2 3) = 2)",
+        "  round 1: cpu#0 <- cpu#1 (p2p)",
+        "  round 2: cpu#0 <- cpu#2 (p2p)"]
+    assert root.iter == ITERS
+    assert (tmp_path / f"cli_snap_iter_{ITERS}.caffemodel.pt").exists() or any(
+        p.name.startswith(f"cli_snap_iter_{ITERS}") for p in tmp_path.iterdir())
+
+
+def test_an_exception_in_one_worker_names_it_and_stops_all(tmp_path, db, monkeypatch):
+    param = _param(tmp_path, db, batch=B, iters=50, name="boom")
+    with ReplicatedRun(param, ["cpu"] * 3, log=lambda m: None) as run:
+        worker = run.solvers[2]
+        real = worker._forward_backward
+
+        def boom():
+            if worker.iter == 3:
+                raise RuntimeError("injected in replica 2")
+            return real()
+
+        monkeypatch.setattr(worker, "_forward_backward", boom)
+        with pytest.raises(SolverError, match=r"^replica 2 \(cpu\) failed: RuntimeError: "
+                                              r"injected in replica 2$"):
+            run.run()
+        assert run.root.iter <= 4
+
+
+def test_device_errors():
+    with pytest.raises(SolverError, match=r"^--gpus cpu:0: give cpu:N with N >= 1"):
+        parse_devices("cpu:0")
+    with pytest.raises(SolverError, match=r"^--gpus 0,x: 'x' is not a GPU id"):
+        parse_devices("0,x")
+    if not torch.cuda.is_available():
+        with pytest.raises(SolverError) as err:
+            parse_devices("7")
+        assert str(err.value) == ("GPU 7 does not exist: this machine has no GPU; pass --gpus "
+                                  "with existing ids, 'all', or cpu:N")
+        with pytest.raises(SolverError, match=r"^--gpus all: no CUDA GPU is visible"):
+            parse_devices("all")
+    assert parse_devices("cpu:2") == [torch.device("cpu")] * 2
+
+
+def test_nccl_needs_cuda(tmp_path, db):
+    param = _param(tmp_path, db, batch=B, name="nccl")
+    with pytest.raises(SolverError, match=r"^reduction 'nccl' needs CUDA devices, got cpu, cpu"):
+        ReplicatedRun(param, ["cpu"] * 2, TrainOptions(reduction="nccl"))
