@@ -66,10 +66,13 @@ class LmdbWriter:
         self.partial = partial_path(self.path)
         self.commit_every = commit_every
         self._check_target(resume)
-        self.partial.parent.mkdir(parents=True, exist_ok=True)
         try:
+            self.partial.parent.mkdir(parents=True, exist_ok=True)
             self._env = lmdb.open(str(self.partial), map_size=map_size, subdir=True,
                                   readahead=False, meminit=False, max_dbs=0)
+        except OSError as exc:
+            raise DataError(f"{self.partial}: cannot create ({exc.strerror}); choose a "
+                            "writable path") from None
         except lmdb.Error as exc:
             raise DataError(f"{self.partial}: cannot open for writing ({_reason(exc)}); "
                             "delete it and convert again") from None
@@ -111,6 +114,10 @@ class LmdbWriter:
                 # The transaction was aborted on the way out of `with`; double and retry.
                 self.map_size *= 2
                 self._env.set_mapsize(self.map_size)
+            except lmdb.Error as exc:
+                raise DataError(f"{self.partial}: cannot write ({_reason(exc)}); free disk "
+                                "space or fix the folder's permissions, then run the same "
+                                "command with --resume") from None
         self.written += len(self._pending)
         self.bytes += sum(len(k) + len(v) for k, v in self._pending)
         self.last_key = self._pending[-1][0]

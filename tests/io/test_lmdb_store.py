@@ -118,3 +118,11 @@ def test_empty_database_has_no_first_record(tmp_path):
         assert len(reader) == 0 and list(reader) == []
         with pytest.raises(DataError, match="the database is empty"):
             reader.first()
+
+
+def test_unwritable_location(tmp_path):
+    (tmp_path / "file").write_bytes(b"x")
+    with pytest.raises(DataError) as info:
+        LmdbWriter(tmp_path / "file" / "db")
+    assert str(info.value) == (f"{tmp_path}/file/db.partial: cannot create (Not a directory); "
+                               "choose a writable path")
