@@ -12,6 +12,7 @@ from caffe_py.errors import SolverError
 from caffe_py.io.datum import datum_from_array, encode_datum
 from caffe_py.io.lmdb_store import LmdbWriter
 from caffe_py.parallel import ReplicatedRun, parse_devices, train_replicated
+from caffe_py.solver.snapshot import load_weights
 from caffe_py.solver.solver import Solver, TrainOptions
 from caffe_py.spec.solver_spec import load_solver
 
@@ -139,8 +140,31 @@ def test_train_replicated_logs_batches_and_tree_and_snapshots(tmp_path, db):
         "  round 1: cpu#0 <- cpu#1 (p2p)",
         "  round 2: cpu#0 <- cpu#2 (p2p)"]
     assert root.iter == ITERS
-    assert (tmp_path / f"cli_snap_iter_{ITERS}.caffemodel.pt").exists() or any(
-        p.name.startswith(f"cli_snap_iter_{ITERS}") for p in tmp_path.iterdir())
+    weights = load_weights(tmp_path / f"cli_snap_iter_{ITERS}.pt")
+    assert torch.equal(weights["ip"][0], root.net.layer_by_name("ip").blobs()[0].detach())
+    assert (tmp_path / f"cli_snap_iter_{ITERS}.solverstate.pt").is_file()
+
+
+def test_a_failure_leaves_the_last_snapshot_intact(tmp_path, db, monkeypatch):
+    param = _param(tmp_path, db, batch=B, iters=20, name="snap")
+    param.snapshot = 2
+    with ReplicatedRun(param, ["cpu"] * 2, log=lambda m: None) as run:
+        worker = run.solvers[1]
+        real = worker._forward_backward
+
+        def out_of_memory():
+            if worker.iter == 5:
+                raise MemoryError("no room")
+            return real()
+
+        monkeypatch.setattr(worker, "_forward_backward", out_of_memory)
+        with pytest.raises(SolverError, match=r"^replica 1 \(cpu\) failed: MemoryError: no room$"):
+            run.run()
+    snaps = sorted(p.name for p in tmp_path.iterdir() if p.name.startswith("snap_snap_iter"))
+    assert snaps == [f"snap_snap_iter_{i}{kind}.pt" for i in (2, 4)
+                     for kind in ("", ".solverstate")]
+    assert set(load_weights(tmp_path / "snap_snap_iter_4.pt")) == {"conv", "ip"}
+    assert not [p for p in tmp_path.iterdir() if p.name.endswith(".tmp")]
 
 
 def test_an_exception_in_one_worker_names_it_and_stops_all(tmp_path, db, monkeypatch):
