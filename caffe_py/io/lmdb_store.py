@@ -71,8 +71,11 @@ class LmdbWriter:
             self._env = lmdb.open(str(self.partial), map_size=map_size, subdir=True,
                                   readahead=False, meminit=False, max_dbs=0)
         except OSError as exc:
-            raise DataError(f"{self.partial}: cannot create ({exc.strerror}); choose a "
-                            "writable path") from None
+            blocker = next((p for p in self.partial.parents if p.exists()), None)
+            why = (f"{blocker} is a file, not a folder" if blocker and not blocker.is_dir()
+                   else exc.strerror)
+            raise DataError(f"{self.partial}: cannot create ({why}); choose a writable "
+                            "path") from None
         except lmdb.Error as exc:
             raise DataError(f"{self.partial}: cannot open for writing ({_reason(exc)}); "
                             "delete it and convert again") from None

@@ -124,5 +124,5 @@ def test_unwritable_location(tmp_path):
     (tmp_path / "file").write_bytes(b"x")
     with pytest.raises(DataError) as info:
         LmdbWriter(tmp_path / "file" / "db")
-    assert str(info.value) == (f"{tmp_path}/file/db.partial: cannot create (Not a directory); "
-                               "choose a writable path")
+    assert str(info.value) == (f"{tmp_path}/file/db.partial: cannot create ({tmp_path}/file "
+                               "is a file, not a folder); choose a writable path")
