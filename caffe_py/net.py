@@ -307,6 +307,8 @@ class Net(nn.Module):
             tops = layer(*bottoms)
             if isinstance(tops, torch.Tensor):
                 tops = (tops,)
+            elif tops is None:  # a layer without tops (Silence)
+                tops = ()
             for name, value in zip(lp.top, tops, strict=True):
                 blobs[name] = value
         loss = torch.zeros((), device=self.device)

@@ -1,0 +1,152 @@
+"""Every registered layer type builds in a minimal net and runs forward and backward there.
+
+The parametrisation is over the library's registered types at collection time, so a new type
+without an entry in MINIMAL fails here until someone writes its minimal spec.
+"""
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+
+from caffe_py.errors import SpecError
+from caffe_py.io.datum import Datum, encode_datum
+from caffe_py.io.lmdb_store import LmdbWriter
+from caffe_py.layers import registry
+from caffe_py.net import Net
+from caffe_py.spec.net_spec import parse_net
+from caffe_py.spec.schema import Source
+
+# The net's inputs: x and y (N, C, H, W); v and prob (N, K); label (N,) in [0, K); seq (T, N, D)
+# and cont (T, N) for the recurrent layers.
+INPUTS = {"x": (2, 3, 4, 4), "y": (2, 3, 4, 4), "v": (2, 3), "prob": (2, 3), "label": (2,),
+          "seq": (3, 2, 4), "cont": (3, 2)}
+
+
+def one(type_name: str, bottom: str | list[str] = "x", top: str | list[str] = "out",
+        **params) -> list[dict]:
+    return [{"name": "under_test", "type": type_name, "bottom": bottom, "top": top, **params}]
+
+
+ACTIVATIONS = ("ReLU", "PReLU", "ELU", "Sigmoid", "TanH", "AbsVal", "Power", "BNLL", "Exp",
+               "Log", "Threshold", "Clip", "Swish", "GELU")
+
+MINIMAL: dict[str, list[dict]] = {
+    "Input": [{"name": "under_test", "type": "Input", "top": "extra",
+               "input_param": {"shape": {"dim": [2, 5]}}}],
+    "DummyData": [{"name": "under_test", "type": "DummyData", "top": "out",
+                   "dummy_data_param": {"shape": {"dim": [2, 3]},
+                                        "data_filler": {"type": "gaussian"}}}],
+    "Data": [{"name": "under_test", "type": "Data", "top": ["out", "out_label"],
+              "data_param": {"source": "set by the test", "batch_size": 2}}],
+    "Convolution": one("Convolution", convolution_param={
+        "num_output": 2, "kernel_size": 3, "weight_filler": {"type": "xavier"}}),
+    "Deconvolution": one("Deconvolution", convolution_param={
+        "num_output": 2, "kernel_size": 2, "stride": 2, "weight_filler": {"type": "xavier"}}),
+    "Pooling": one("Pooling", pooling_param={"kernel_size": 2, "stride": 2}),
+    "InnerProduct": one("InnerProduct", inner_product_param={
+        "num_output": 2, "weight_filler": {"type": "xavier"}}),
+    "LRN": one("LRN", lrn_param={"local_size": 3}),
+    "BatchNorm": one("BatchNorm"),
+    "Scale": one("Scale", scale_param={"bias_term": True}),
+    "Bias": one("Bias"),
+    "Concat": one("Concat", ["x", "y"]),
+    "Eltwise": one("Eltwise", ["x", "y"]),
+    "Split": one("Split", "x", ["out", "out2"]),
+    "Slice": one("Slice", "x", ["out", "out2"], slice_param={"slice_point": 1}),
+    "Flatten": one("Flatten"),
+    "Reshape": one("Reshape", reshape_param={"shape": {"dim": [0, -1]}}),
+    "Dropout": one("Dropout"),
+    "Silence": one("Silence", ["x", "y"], []),
+    "Softmax": one("Softmax", "v"),
+    "SoftmaxWithLoss": one("SoftmaxWithLoss", ["v", "label"]),
+    "EuclideanLoss": one("EuclideanLoss", ["x", "y"]),
+    "SigmoidCrossEntropyLoss": one("SigmoidCrossEntropyLoss", ["v", "prob"]),
+    "Accuracy": one("Accuracy", ["v", "label"]),
+    "RNN": one("RNN", ["seq", "cont"], recurrent_param={
+        "num_output": 2, "weight_filler": {"type": "uniform", "min": -0.1, "max": 0.1}}),
+    "LSTM": one("LSTM", ["seq", "cont"], recurrent_param={
+        "num_output": 2, "weight_filler": {"type": "uniform", "min": -0.1, "max": 0.1}}),
+    **{name: one(name) for name in ACTIVATIONS},
+}
+
+
+def library_types() -> list[str]:
+    """Types the library registers (test modules may register toy types of their own)."""
+    return [t for t in registry.known_types()
+            if registry.lookup(t).__module__.startswith("caffe_py.layers.")]
+
+
+class FixedFeed:
+    """Stands in for the data pipeline's prefetcher."""
+
+    def next(self) -> tuple[torch.Tensor, torch.Tensor]:
+        return torch.rand(2, 1, 4, 4), torch.tensor([0, 1])
+
+
+def make_inputs(gen: torch.Generator) -> dict[str, torch.Tensor]:
+    out = {name: torch.randn(shape, generator=gen, requires_grad=True)
+           for name, shape in INPUTS.items()}
+    out["prob"] = torch.rand(INPUTS["prob"], generator=gen)
+    out["label"] = torch.tensor([0, 2])
+    out["cont"] = torch.tensor([[0.0, 0.0], [1.0, 1.0], [1.0, 1.0]])
+    return out
+
+
+def write_db(path: Path) -> None:
+    with LmdbWriter(path) as db:
+        for i in range(3):
+            db.put(b"%08d" % i, encode_datum(Datum(1, 4, 4, data=bytes(range(16)), label=i)))
+
+
+@pytest.mark.parametrize("type_name", library_types())
+def test_type_builds_and_runs_in_a_minimal_net(type_name, tmp_path):
+    if type_name not in MINIMAL:
+        pytest.fail(f"layer type '{type_name}' has no minimal spec: add one to MINIMAL in "
+                    "tests/layers/test_registry.py")
+    layers = [dict(lp) for lp in MINIMAL[type_name]]
+    if type_name == "Data":
+        write_db(tmp_path / "db")
+        layers[0]["data_param"] = {**layers[0]["data_param"], "source": str(tmp_path / "db")}
+    spec = parse_net({"name": f"minimal_{type_name}", "input": list(INPUTS),
+                      "input_shape": [{"dim": list(s)} for s in INPUTS.values()],
+                      "layer": layers}, Source())
+    net = Net(spec, "TRAIN", seed=3)
+    layer = net.layer_by_name("under_test")
+    assert type(layer) is registry.lookup(type_name)
+    for data_layer in net.data_layers():
+        data_layer.attach(FixedFeed())
+    inputs = make_inputs(torch.Generator().manual_seed(0))
+    if type_name == "Input":
+        inputs["extra"] = torch.ones(2, 5)
+    result = net(inputs)
+    for top in layer.spec.top:  # the shapes inferred at build time are the real ones
+        assert tuple(result.outputs[top].shape) == net.blobs[top], top
+    floats = [t for t in result.outputs.values() if t.is_floating_point() and t.requires_grad]
+    if floats:
+        sum(t.sum() for t in floats).backward()
+
+
+def test_every_minimal_spec_names_a_real_parameter_block():
+    """Entries for types not registered yet are allowed; a wrong block name is not."""
+    for type_name in sorted(set(MINIMAL) & set(library_types())):
+        cls = registry.lookup(type_name)
+        for key in MINIMAL[type_name][0]:
+            if key.endswith("_param"):
+                assert key in cls.params, f"{type_name} takes no {key}"
+
+
+def test_unknown_type_lists_the_known_ones():
+    with pytest.raises(SpecError) as err:
+        registry.lookup("Convolutoin")
+    assert str(err.value) == (f"unknown layer type 'Convolutoin'; did you mean 'Convolution'? "
+                              f"known types: {', '.join(registry.known_types())}")
+
+
+def test_registering_a_type_twice_names_the_first():
+    first = registry.lookup("Convolution")
+    with pytest.raises(RuntimeError) as err:
+        registry.register("Convolution")(type("Again", (first,), {}))
+    assert str(err.value) == ("layer type 'Convolution' is already registered by "
+                              f"{first.__module__}.{first.__qualname__}")
