@@ -143,3 +143,32 @@ def test_resnet50_wiring_trains_one_step_at_a_sixteenth_of_the_width():
     grads = [p.param.grad for p in net.learnable_params()]
     assert len(grads) == 53 + 2 * 53 + 2
     assert all(g is not None and torch.isfinite(g).all() for g in grads)
+
+
+def test_cpy_net_prints_the_layer_table(tmp_path):
+    from click.testing import CliRunner
+
+    from caffe_py.cli import cli
+
+    config = copy_config("lenet.yaml", tmp_path)
+    for split in ("train", "test"):
+        write_db(tmp_path / "data" / "fashion_mnist" / f"{split}_lmdb", (1, 28, 28))
+    result = CliRunner().invoke(cli, ["net", str(config), "--phase", "TEST", "--stage", "s",
+                                      "--level", "2"])
+    assert (result.exit_code, result.stderr) == (0, "")
+    assert result.stdout.splitlines() == [
+        "net 'LeNet' (TEST, stage s, level 2)",
+        "layer     type             top shapes                params",
+        "mnist     Data             data [100, 1, 28, 28]          0",
+        "                           label [100]",
+        "conv1     Convolution      conv1 [100, 20, 24, 24]      520",
+        "pool1     Pooling          pool1 [100, 20, 12, 12]        0",
+        "conv2     Convolution      conv2 [100, 50, 8, 8]     25,050",
+        "pool2     Pooling          pool2 [100, 50, 4, 4]          0",
+        "ip1       InnerProduct     ip1 [100, 500]           400,500",
+        "relu1     ReLU             ip1 [100, 500]                 0",
+        "ip2       InnerProduct     ip2 [100, 10]              5,010",
+        "accuracy  Accuracy         accuracy []                    0",
+        "loss      SoftmaxWithLoss  loss []                        0",
+        "10 layers, 431,080 learnable parameters (1.64 MiB as float32)",
+        "inputs: none; outputs: accuracy, loss; loss: 1 * loss"]

@@ -288,3 +288,26 @@ def test_summary_rows(spec_of):
 def test_force_backward_is_accepted(spec_of):
     net = Net(spec_of("name: fb\nforce_backward: true\n" + IN_PLACE.split("\n", 2)[2]))
     assert net({"data": torch.ones(2, 3, 4)}).loss.item() == 432.0
+
+
+def test_build_context_carries_device_seed_and_options(spec_of):
+    net = Net(spec_of(MULTS), "TEST", options={"fuse_bias_activation": False})
+    layer = net.layer_by_name("s1")
+    assert layer.ctx is net.ctx and layer.phase == "TEST"
+    assert net.ctx.options == {"fuse_bias_activation": False}
+    assert net.ctx.device == torch.device("cpu") and layer.weight.device.type == "cpu"
+
+
+def test_unknown_phase_is_refused(spec_of):
+    with pytest.raises(NetError) as err:
+        Net(spec_of(MULTS), "VAL")
+    assert str(err.value) == "phase 'VAL' is not TRAIN or TEST"
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_net_on_cuda_keeps_blobs_and_loss_there(spec_of):
+    net = Net(spec_of(IN_PLACE), device="cuda")
+    assert all(p.param.is_cuda for p in net.learnable_params())
+    result = net({"data": torch.ones(2, 3, 4, device="cuda")})
+    assert result.loss.is_cuda and result.loss.item() == 432.0
