@@ -58,22 +58,24 @@ struct BiasActBwd {
 };
 
 template <typename T, int V, typename Op>
-__global__ void __launch_bounds__(kBlock, kMinBlocks) channel_fwd_kernel(const T* x, const T* param, T* y, int64_t n, int64_t C,
-                                   int64_t inner, typename OpMath<T>::type p, Op op) {
+__global__ void __launch_bounds__(kBlock, kMinBlocks)
+channel_fwd_kernel(const T* x, const T* param, T* y, int64_t n, int64_t C, int64_t inner,
+                   typename OpMath<T>::type p, Op op) {
   using A = typename OpMath<T>::type;
   using P = Pack<T, V>;
+  constexpr int U = Unroll<T>::value;
   const int64_t packs = n / V;
-  const int64_t step = static_cast<int64_t>(gridDim.x) * blockDim.x * kUnroll;
-  for (int64_t base = static_cast<int64_t>(blockIdx.x) * blockDim.x * kUnroll + threadIdx.x;
+  const int64_t step = static_cast<int64_t>(gridDim.x) * blockDim.x * U;
+  for (int64_t base = static_cast<int64_t>(blockIdx.x) * blockDim.x * U + threadIdx.x;
        base < packs; base += step) {
-    P in[kUnroll];
+    P in[U];
 #pragma unroll
-    for (int u = 0; u < kUnroll; ++u) {
+    for (int u = 0; u < U; ++u) {
       const int64_t j = base + static_cast<int64_t>(u) * blockDim.x;
       if (j < packs) in[u] = reinterpret_cast<const P*>(x)[j];
     }
 #pragma unroll
-    for (int u = 0; u < kUnroll; ++u) {
+    for (int u = 0; u < U; ++u) {
       const int64_t j = base + static_cast<int64_t>(u) * blockDim.x;
       if (j < packs) {
         const int64_t e0 = j * V;
@@ -102,12 +104,14 @@ __global__ void __launch_bounds__(kBlock, kMinBlocks) channel_fwd_kernel(const T
 
 // Rows path. Requires inner % V == 0 so that every row starts on a pack boundary.
 template <typename T, int V, typename Op>
-__global__ void __launch_bounds__(kBlock, kMinBlocks) channel_bwd_rows(const T* g, const T* s, const T* param, T* gx,
+__global__ void __launch_bounds__(kBlock, kMinBlocks)
+channel_bwd_rows(const T* g, const T* s, const T* param, T* gx,
                                  typename OpMath<T>::type* partial, int64_t rows, int64_t inner,
                                  int64_t C, int64_t segs, typename OpMath<T>::type p, Op op) {
   using A = typename OpMath<T>::type;
   using P = Pack<T, V>;
-  constexpr int kSegPacks = 32 * kUnroll;  // packs per warp task
+  constexpr int U = Unroll<T>::value;
+  constexpr int kSegPacks = 32 * U;  // packs per warp task
   const int lane = threadIdx.x & 31;
   const int64_t warp = (static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x) >> 5;
   const int64_t nwarps = (static_cast<int64_t>(gridDim.x) * blockDim.x) >> 5;
@@ -122,9 +126,9 @@ __global__ void __launch_bounds__(kBlock, kMinBlocks) channel_bwd_rows(const T* 
     const P* gr = reinterpret_cast<const P*>(g + row * inner);
     const P* sr = reinterpret_cast<const P*>(s + row * inner);
     P* gxr = reinterpret_cast<P*>(gx + row * inner);
-    P gin[kUnroll], sin[kUnroll];
+    P gin[U], sin[U];
 #pragma unroll
-    for (int u = 0; u < kUnroll; ++u) {
+    for (int u = 0; u < U; ++u) {
       const int64_t v = first + u * 32 + lane;
       if (v < row_packs) {
         gin[u] = gr[v];
@@ -133,7 +137,7 @@ __global__ void __launch_bounds__(kBlock, kMinBlocks) channel_bwd_rows(const T* 
     }
     A acc = A(0);
 #pragma unroll
-    for (int u = 0; u < kUnroll; ++u) {
+    for (int u = 0; u < U; ++u) {
       const int64_t v = first + u * 32 + lane;
       if (v < row_packs) {
         P out;
@@ -155,11 +159,13 @@ __global__ void __launch_bounds__(kBlock, kMinBlocks) channel_bwd_rows(const T* 
 
 // Columns path. Requires L % V == 0. Block (TX, TY): x walks columns, y walks rows.
 template <typename T, int V, typename Op>
-__global__ void __launch_bounds__(kBlock, kMinBlocks) channel_bwd_cols(const T* g, const T* s, const T* param, T* gx,
+__global__ void __launch_bounds__(kBlock, kMinBlocks)
+channel_bwd_cols(const T* g, const T* s, const T* param, T* gx,
                                  typename OpMath<T>::type* partial, int64_t outer, int64_t L,
                                  int64_t inner, typename OpMath<T>::type p, Op op) {
   using A = typename OpMath<T>::type;
   using P = Pack<T, V>;
+  constexpr int U = Unroll<T>::value;
   const int64_t packs_per_row = L / V;
   const int64_t col = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
   const bool active = col < packs_per_row;
@@ -180,10 +186,10 @@ __global__ void __launch_bounds__(kBlock, kMinBlocks) channel_bwd_cols(const T* 
   }
   const int64_t rstep = static_cast<int64_t>(gridDim.y) * blockDim.y;
   for (int64_t r0 = static_cast<int64_t>(blockIdx.y) * blockDim.y + threadIdx.y; r0 < outer;
-       r0 += rstep * kUnroll) {
-    P gin[kUnroll], sin[kUnroll];
+       r0 += rstep * U) {
+    P gin[U], sin[U];
 #pragma unroll
-    for (int u = 0; u < kUnroll; ++u) {
+    for (int u = 0; u < U; ++u) {
       const int64_t row = r0 + u * rstep;
       if (active && row < outer) {
         gin[u] = reinterpret_cast<const P*>(g)[row * packs_per_row + col];
@@ -191,7 +197,7 @@ __global__ void __launch_bounds__(kBlock, kMinBlocks) channel_bwd_cols(const T* 
       }
     }
 #pragma unroll
-    for (int u = 0; u < kUnroll; ++u) {
+    for (int u = 0; u < U; ++u) {
       const int64_t row = r0 + u * rstep;
       if (active && row < outer) {
         P out;
@@ -229,17 +235,18 @@ void launch_channel_fwd(const at::Tensor& x, const at::Tensor& param, at::Tensor
                         int64_t inner, double p, Op op) {
   using A = typename OpMath<T>::type;
   constexpr int V = pack_width<T>();
+  constexpr int U = Unroll<T>::value;
   const int64_t n = x.numel();
   const T* xp = x.const_data_ptr<T>();
   const T* pp = param.const_data_ptr<T>();
   T* yp = y.mutable_data_ptr<T>();
   auto stream = c10::cuda::getCurrentCUDAStream();
   if (aligned16(xp) && aligned16(yp)) {
-    const int blocks = grid_size((n / V + kUnroll - 1) / kUnroll);
+    const int blocks = grid_size((n / V + U - 1) / U);
     channel_fwd_kernel<T, V, Op>
         <<<blocks, kBlock, 0, stream>>>(xp, pp, yp, n, C, inner, static_cast<A>(p), op);
   } else {
-    const int blocks = grid_size((n + kUnroll - 1) / kUnroll);
+    const int blocks = grid_size((n + U - 1) / U);
     channel_fwd_kernel<T, 1, Op>
         <<<blocks, kBlock, 0, stream>>>(xp, pp, yp, n, C, inner, static_cast<A>(p), op);
   }
@@ -250,7 +257,8 @@ template <typename T, int V, typename Op>
 void launch_rows(const T* gp, const T* sp, const T* pp, T* gxp, typename OpMath<T>::type* part,
                  int64_t rows, int64_t inner, int64_t C, double p, Op op) {
   using A = typename OpMath<T>::type;
-  const int64_t seg_packs = 32 * kUnroll;
+  constexpr int U = Unroll<T>::value;
+  const int64_t seg_packs = 32 * U;
   const int64_t segs = (inner / V + seg_packs - 1) / seg_packs;
   const int blocks = grid_size(rows * segs * 32);
   channel_bwd_rows<T, V, Op><<<blocks, kBlock, 0, c10::cuda::getCurrentCUDAStream()>>>(
@@ -262,13 +270,14 @@ template <typename T, int V, typename Op>
 void launch_cols(const T* gp, const T* sp, const T* pp, T* gxp, typename OpMath<T>::type* part,
                  int64_t outer, int64_t L, int64_t inner, double p, Op op) {
   using A = typename OpMath<T>::type;
+  constexpr int U = Unroll<T>::value;
   const int64_t packs_per_row = L / V;
   int tx = 1;
   while (tx < 32 && tx < packs_per_row) tx *= 2;
   const int ty = kBlock / tx;
   const int64_t gx_blocks = (packs_per_row + tx - 1) / tx;
   TORCH_CHECK(gx_blocks <= INT32_MAX, "a row of ", L, " elements is too long");
-  const int64_t rows_needed = (outer + static_cast<int64_t>(ty) * kUnroll - 1) / (ty * kUnroll);
+  const int64_t rows_needed = (outer + static_cast<int64_t>(ty) * U - 1) / (ty * U);
   const int64_t want = (wave_blocks() + gx_blocks - 1) / gx_blocks;
   const int64_t gy_blocks = std::max<int64_t>(1, std::min({want, rows_needed, int64_t{65535}}));
   const dim3 grid(static_cast<unsigned>(gx_blocks), static_cast<unsigned>(gy_blocks));

@@ -19,9 +19,14 @@
 namespace caffe_py {
 
 constexpr int kBlock = 256;   // threads per block for the streaming kernels
-constexpr int kUnroll = 4;    // packs in flight per thread per loop trip
-// Resident blocks per multiprocessor the register budget must allow (4 x 256 threads: half
-// occupancy, enough loads in flight to cover HBM latency; caps registers at 64 per thread).
+// Packs in flight per thread per loop trip: 4 for float; 2 for the 2- and 8-byte types, whose
+// conversions take more registers (4 of them spill under the 64-register cap below).
+template <typename T>
+struct Unroll {
+  static constexpr int value = sizeof(T) == 4 ? 4 : 2;
+};
+// Resident blocks per multiprocessor the register budget must allow: 4 x 256 threads, half
+// occupancy, enough loads in flight to cover HBM latency (caps registers at 64 per thread).
 constexpr int kMinBlocks = 4;
 
 // Activation kinds; the numbers are the Python side's constants (kernels/functions.py).

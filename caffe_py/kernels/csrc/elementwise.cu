@@ -1,9 +1,10 @@
 // Elementwise activations: y = f(x) and dx = f'(g, s), one streaming pass each.
 //
-// Each thread moves kUnroll 16-byte packs per loop trip (all loads first, then the math and
-// the stores, so kUnroll loads are in flight), in a grid-stride loop over a grid of at most one
-// full wave. Elements past the last whole pack, and every element when a pointer is not 16-byte
-// aligned (a view such as x[1:]), take the scalar path: the same kernel with a pack of one.
+// Each thread moves U = Unroll<T>::value 16-byte packs per loop trip (all loads first, then
+// the math and the stores, so U loads are in flight), in a grid-stride loop over a grid of at
+// most one full wave. Elements past the last whole pack, and every element when a pointer is
+// not 16-byte aligned (a view such as x[1:]), take the scalar path: the same kernel with a
+// pack of one.
 // `out` may be `x` itself (in place): each element is read before it is written, by one thread.
 #include "common.cuh"
 
@@ -11,21 +12,23 @@ namespace caffe_py {
 namespace {
 
 template <typename T, int V, typename Op>
-__global__ void __launch_bounds__(kBlock, kMinBlocks) unary_kernel(const T* x, T* y, int64_t n, typename OpMath<T>::type p, Op op) {
+__global__ void __launch_bounds__(kBlock, kMinBlocks)
+unary_kernel(const T* x, T* y, int64_t n, typename OpMath<T>::type p, Op op) {
   using A = typename OpMath<T>::type;
   using P = Pack<T, V>;
+  constexpr int U = Unroll<T>::value;
   const int64_t packs = n / V;
-  const int64_t step = static_cast<int64_t>(gridDim.x) * blockDim.x * kUnroll;
-  for (int64_t base = static_cast<int64_t>(blockIdx.x) * blockDim.x * kUnroll + threadIdx.x;
+  const int64_t step = static_cast<int64_t>(gridDim.x) * blockDim.x * U;
+  for (int64_t base = static_cast<int64_t>(blockIdx.x) * blockDim.x * U + threadIdx.x;
        base < packs; base += step) {
-    P in[kUnroll];
+    P in[U];
 #pragma unroll
-    for (int u = 0; u < kUnroll; ++u) {
+    for (int u = 0; u < U; ++u) {
       const int64_t j = base + static_cast<int64_t>(u) * blockDim.x;
       if (j < packs) in[u] = reinterpret_cast<const P*>(x)[j];
     }
 #pragma unroll
-    for (int u = 0; u < kUnroll; ++u) {
+    for (int u = 0; u < U; ++u) {
       const int64_t j = base + static_cast<int64_t>(u) * blockDim.x;
       if (j < packs) {
         P out;
@@ -41,17 +44,19 @@ __global__ void __launch_bounds__(kBlock, kMinBlocks) unary_kernel(const T* x, T
 }
 
 template <typename T, int V, typename Op>
-__global__ void __launch_bounds__(kBlock, kMinBlocks) binary_kernel(const T* g, const T* s, T* gi, int64_t n,
+__global__ void __launch_bounds__(kBlock, kMinBlocks)
+binary_kernel(const T* g, const T* s, T* gi, int64_t n,
                               typename OpMath<T>::type p, Op op) {
   using A = typename OpMath<T>::type;
   using P = Pack<T, V>;
+  constexpr int U = Unroll<T>::value;
   const int64_t packs = n / V;
-  const int64_t step = static_cast<int64_t>(gridDim.x) * blockDim.x * kUnroll;
-  for (int64_t base = static_cast<int64_t>(blockIdx.x) * blockDim.x * kUnroll + threadIdx.x;
+  const int64_t step = static_cast<int64_t>(gridDim.x) * blockDim.x * U;
+  for (int64_t base = static_cast<int64_t>(blockIdx.x) * blockDim.x * U + threadIdx.x;
        base < packs; base += step) {
-    P gin[kUnroll], sin[kUnroll];
+    P gin[U], sin[U];
 #pragma unroll
-    for (int u = 0; u < kUnroll; ++u) {
+    for (int u = 0; u < U; ++u) {
       const int64_t j = base + static_cast<int64_t>(u) * blockDim.x;
       if (j < packs) {
         gin[u] = reinterpret_cast<const P*>(g)[j];
@@ -59,7 +64,7 @@ __global__ void __launch_bounds__(kBlock, kMinBlocks) binary_kernel(const T* g, 
       }
     }
 #pragma unroll
-    for (int u = 0; u < kUnroll; ++u) {
+    for (int u = 0; u < U; ++u) {
       const int64_t j = base + static_cast<int64_t>(u) * blockDim.x;
       if (j < packs) {
         P out;
@@ -84,11 +89,12 @@ void launch_unary(const at::Tensor& x, at::Tensor& y, double p, Op op) {
   auto stream = c10::cuda::getCurrentCUDAStream();
   using A = typename OpMath<T>::type;
   constexpr int V = pack_width<T>();
+  constexpr int U = Unroll<T>::value;
   if (aligned16(xp) && aligned16(yp)) {
-    const int blocks = grid_size((n / V + kUnroll - 1) / kUnroll);
+    const int blocks = grid_size((n / V + U - 1) / U);
     unary_kernel<T, V, Op><<<blocks, kBlock, 0, stream>>>(xp, yp, n, static_cast<A>(p), op);
   } else {
-    const int blocks = grid_size((n + kUnroll - 1) / kUnroll);
+    const int blocks = grid_size((n + U - 1) / U);
     unary_kernel<T, 1, Op><<<blocks, kBlock, 0, stream>>>(xp, yp, n, static_cast<A>(p), op);
   }
   C10_CUDA_KERNEL_LAUNCH_CHECK();
@@ -103,11 +109,12 @@ void launch_binary(const at::Tensor& g, const at::Tensor& s, at::Tensor& gi, dou
   auto stream = c10::cuda::getCurrentCUDAStream();
   using A = typename OpMath<T>::type;
   constexpr int V = pack_width<T>();
+  constexpr int U = Unroll<T>::value;
   if (aligned16(gp) && aligned16(sp) && aligned16(gip)) {
-    const int blocks = grid_size((n / V + kUnroll - 1) / kUnroll);
+    const int blocks = grid_size((n / V + U - 1) / U);
     binary_kernel<T, V, Op><<<blocks, kBlock, 0, stream>>>(gp, sp, gip, n, static_cast<A>(p), op);
   } else {
-    const int blocks = grid_size((n + kUnroll - 1) / kUnroll);
+    const int blocks = grid_size((n + U - 1) / U);
     binary_kernel<T, 1, Op><<<blocks, kBlock, 0, stream>>>(gp, sp, gip, n, static_cast<A>(p), op);
   }
   C10_CUDA_KERNEL_LAUNCH_CHECK();

@@ -1,0 +1,96 @@
+"""The extension build: cache directory, one-line errors, one attempt and one warning, and
+`cpy build-ext`. The compiler itself is replaced here; the GPU tests build for real."""
+from __future__ import annotations
+
+import types
+import warnings
+
+import pytest
+import torch
+from click.testing import CliRunner
+
+from caffe_py.cli import cli
+from caffe_py.kernels import build
+
+
+@pytest.fixture(autouse=True)
+def fresh_build_state():
+    build.reset()
+    yield
+    build.reset()
+
+
+def test_build_dir_honours_torch_extensions_dir(monkeypatch, tmp_path):
+    monkeypatch.setenv("TORCH_EXTENSIONS_DIR", str(tmp_path))
+    d = build.build_dir()
+    assert d.parent == tmp_path / "caffe_py"
+    assert d.name.startswith("torch") and "_cu" in d.name
+    monkeypatch.delenv("TORCH_EXTENSIONS_DIR")
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    assert build.build_dir().parent == tmp_path / "home" / ".cache" / "caffe_py" / \
+        "torch_extensions"
+
+
+def test_first_error_line_is_picked_from_compiler_output():
+    exc = RuntimeError("Error building extension 'caffe_py_kernels': [1/3] nvcc ...\n"
+                       "FAILED: channel.cuda.o\n"
+                       "channel.cu(12): error: identifier \"foo\" is undefined\n"
+                       "2 errors detected")
+    assert build._first_error(exc) == 'channel.cu(12): error: identifier "foo" is undefined'
+    assert build._first_error(OSError("Ninja is required to load C++ extensions")) == \
+        "Ninja is required to load C++ extensions"
+
+
+@pytest.mark.skipif(torch.version.cuda is not None, reason="checks a CPU-only PyTorch")
+def test_cpu_only_torch_is_a_build_error():
+    with pytest.raises(build.BuildError) as err:
+        build.load()
+    assert str(err.value) == f"this PyTorch ({torch.__version__}) was built without CUDA"
+
+
+def test_a_failed_build_is_tried_once_and_warned_once(monkeypatch):
+    calls = []
+
+    def fail(verbose):
+        calls.append(verbose)
+        raise build.BuildError("no CUDA toolkit found (nvcc)")
+
+    monkeypatch.setattr(build, "_compile", fail)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        assert build.available() is False
+        assert build.available() is False
+    with pytest.raises(build.BuildError, match="no CUDA toolkit"):
+        build.load()
+    assert calls == [False]
+    assert len(caught) == 1 and caught[0].category is build.KernelFallbackWarning
+
+
+def test_a_successful_build_is_loaded_once(monkeypatch):
+    module = types.ModuleType("caffe_py_kernels")
+    calls = []
+    monkeypatch.setattr(build, "_compile", lambda verbose: calls.append(verbose) or module)
+    assert build.load() is module and build.load() is module and build.available()
+    assert calls == [False]
+
+
+def test_cpy_build_ext_reports_where_and_how_long(monkeypatch, tmp_path):
+    monkeypatch.setenv("TORCH_EXTENSIONS_DIR", str(tmp_path))
+    seen = []
+    monkeypatch.setattr(build, "_compile",
+                        lambda verbose: seen.append(verbose) or types.ModuleType("m"))
+    result = CliRunner().invoke(cli, ["build-ext", "--verbose"])
+    assert result.exit_code == 0, result.output
+    assert result.output.startswith(f"built caffe_py_kernels in {build.build_dir()} (")
+    assert result.output.endswith(" s)\n")
+    assert seen == [True]
+
+
+def test_cpy_build_ext_failure_is_one_line_and_exit_1(monkeypatch):
+    def fail(verbose):
+        raise build.BuildError("building the CUDA kernels in /x failed: nvcc fatal")
+
+    monkeypatch.setattr(build, "_compile", fail)
+    result = CliRunner().invoke(cli, ["build-ext"])
+    assert result.exit_code == 1
+    assert result.output == "Error: building the CUDA kernels in /x failed: nvcc fatal\n"
