@@ -17,13 +17,14 @@ from __future__ import annotations
 import os
 import tempfile
 import warnings
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
-from typing import Any
+from typing import Any, BinaryIO
 
 import torch
 
 from ..errors import SolverError
+from . import caffemodel
 
 FORMAT_VERSION = 1
 WEIGHTS_KIND, STATE_KIND = "weights", "solverstate"
@@ -31,8 +32,13 @@ STATE_SUFFIX = ".solverstate"
 
 
 def snapshot_paths(prefix: str, iteration: int, fmt: str = "pt") -> tuple[Path, Path]:
-    """(weights, solver state) paths for ``iteration``: no zero padding, as Caffe."""
+    """(weights, solver state) paths for ``iteration``: no zero padding, as Caffe.
+
+    ``pt``: ``.pt`` and ``.solverstate.pt``; ``caffemodel``: Caffe's ``.caffemodel`` and
+    ``.solverstate``."""
     stem = f"{prefix}_iter_{iteration}"
+    if fmt == "caffemodel":
+        return Path(f"{stem}.caffemodel"), Path(f"{stem}{STATE_SUFFIX}")
     return Path(f"{stem}.{fmt}"), Path(f"{stem}{STATE_SUFFIX}.{fmt}")
 
 
@@ -58,12 +64,17 @@ def check_writable(prefix: str) -> None:
 
 def atomic_save(obj: Any, path: Path) -> None:
     """torch.save to a temp file in the same directory, fsync, then rename over ``path``."""
+    atomic_write(path, lambda f: torch.save(obj, f))
+
+
+def atomic_write(path: Path, write: Callable[[BinaryIO], Any]) -> None:
+    """Run ``write`` on a temp file in ``path``'s directory, fsync, rename over ``path``."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     try:
         with os.fdopen(fd, "wb") as f:
-            torch.save(obj, f)
+            write(f)
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, path)
@@ -73,8 +84,14 @@ def atomic_save(obj: Any, path: Path) -> None:
     _fsync_dir(path.parent)
 
 
-def save_weights(blobs_by_layer: Mapping[str, list[torch.Tensor]], path: Path) -> None:
-    """Write layer name -> blobs (copied to CPU, detached)."""
+def save_weights(blobs_by_layer: Mapping[str, list[torch.Tensor]], path: Path,
+                 types: Mapping[str, str] | None = None, net_name: str = "") -> None:
+    """Write layer name -> blobs: a Caffe NetParameter for ``.caffemodel``, else torch.save."""
+    path = Path(path)
+    if path.suffix == ".caffemodel":
+        payload = caffemodel.encode_net(net_name, blobs_by_layer, types)
+        atomic_write(path, lambda f: f.write(payload))
+        return
     layers = {name: [b.detach().to("cpu", copy=True) for b in blobs]
               for name, blobs in blobs_by_layer.items()}
     atomic_save({"caffe_py": WEIGHTS_KIND, "version": FORMAT_VERSION, "layers": layers}, path)
@@ -86,6 +103,9 @@ def load_weights(path: str | Path) -> dict[str, list[torch.Tensor]]:
     if is_state_path(path):
         raise SolverError(f"{path} is a solver state, not weights; pass it to --snapshot to "
                           "resume training, or give the matching weights file to --weights")
+    _refuse_hdf5(path)
+    if path.suffix == ".caffemodel":
+        return caffemodel.decode_net(_read_bytes(path), str(path))
     data = _load(path, WEIGHTS_KIND)
     layers = data.get("layers")
     if not isinstance(layers, dict) or not all(
@@ -96,6 +116,12 @@ def load_weights(path: str | Path) -> dict[str, list[torch.Tensor]]:
 
 
 def save_state(state: dict[str, Any], path: Path) -> None:
+    """A Caffe SolverState (plus extras) for ``*.solverstate``, else torch.save."""
+    path = Path(path)
+    if path.name.endswith(STATE_SUFFIX):
+        payload = caffemodel.encode_state(state)
+        atomic_write(path, lambda f: f.write(payload))
+        return
     atomic_save({"caffe_py": STATE_KIND, "version": FORMAT_VERSION, **state}, path)
 
 
@@ -106,7 +132,12 @@ def load_state(path: str | Path) -> dict[str, Any]:
         raise SolverError(f"{path} is not a solver state (its name has no '.solverstate'); "
                           "pass weights to --weights, or give the <prefix>_iter_<N>.solverstate"
                           ".pt file to --snapshot")
-    state = _load(path, STATE_KIND)
+    _refuse_hdf5(path)
+    if path.name.endswith(STATE_SUFFIX):
+        state = caffemodel.decode_state(_read_bytes(path), str(path))
+        state.setdefault("type", None)
+    else:
+        state = _load(path, STATE_KIND)
     for key, kind in (("iter", int), ("current_step", int), ("history", list)):
         if not isinstance(state.get(key), kind):
             raise SolverError(f"{path}: the solver state is damaged ('{key}' is missing)")
@@ -116,6 +147,18 @@ def load_state(path: str | Path) -> dict[str, Any]:
 def weights_path_of(state: Mapping[str, Any], state_path: str | Path) -> Path:
     """The weights file a state goes with (saved by name, found next to the state file)."""
     return Path(state_path).parent / str(state.get("learned_net", ""))
+
+
+def _read_bytes(path: Path) -> bytes:
+    if not path.is_file():
+        raise SolverError(f"{path}: file not found; check the path")
+    return path.read_bytes()
+
+
+def _refuse_hdf5(path: Path) -> None:
+    if path.suffix == ".h5":
+        raise SolverError(f"{path}: HDF5 snapshots are not supported; convert it with Caffe to "
+                          "a binary .caffemodel / .solverstate (snapshot_format: BINARYPROTO)")
 
 
 def _load(path: Path, want: str) -> dict[str, Any]:

@@ -350,7 +350,8 @@ class Solver:
         weights, state = snap.snapshot_paths(self.param.snapshot_prefix, self.iter,
                                              self.param.snapshot_format)
         self.log(f"Snapshotting to {weights}")
-        snap.save_weights(self.net.layer_blobs(), weights)
+        types = {layer.name: layer.spec.type for layer in self.net.layers}
+        snap.save_weights(self.net.layer_blobs(), weights, types, self.net.name)
         self.log(f"Snapshotting solver state to {state}")
         snap.save_state(self.state_dict(weights.name), state)
         return weights, state
@@ -379,7 +380,7 @@ class Solver:
         if not weights.is_file():
             raise SolverError(f"{path}: its weights file {weights} is missing; keep the "
                               "<prefix>_iter_<N> weights next to the solver state")
-        if state.get("type") != self.param.type:
+        if state.get("type") not in (None, self.param.type):  # None: written by Caffe
             raise SolverError(f"{path}: saved by a {state.get('type')} solver, this one is "
                               f"{self.param.type}; resume with the same solver type")
         self.net.copy_from(snap.load_weights(weights), source=weights)

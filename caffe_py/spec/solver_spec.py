@@ -23,7 +23,7 @@ from .schema import Check, Location, Source, field, is_set, parse_message
 SOLVER_TYPES = ("SGD", "Nesterov", "AdaGrad", "RMSProp", "AdaDelta", "Adam")
 LR_POLICIES = ("fixed", "step", "exp", "inv", "multistep", "poly", "sigmoid")
 PRECISIONS = ("FLOAT32", "BF16")
-SNAPSHOT_FORMATS = ("pt",)
+SNAPSHOT_FORMATS = ("pt", "caffemodel", "BINARYPROTO")
 
 # Which fields each lr policy reads (beyond base_lr); a policy missing one is an error.
 _POLICY_NEEDS = {
@@ -99,8 +99,9 @@ class SolverParameter:
     snapshot_prefix: str = field("", "snapshot path prefix (empty: the solver file's name)",
                                  path=True)
     snapshot_after_train: bool = field(True, "write a snapshot when training ends")
-    snapshot_format: str = field("pt", "pt: torch.save, loaded with weights_only=True",
-                                 choices=SNAPSHOT_FORMATS)
+    snapshot_format: str = field("pt", "pt: torch.save (loaded with weights_only=True); "
+                                       "caffemodel (or BINARYPROTO): Caffe's .caffemodel and "
+                                       ".solverstate", choices=SNAPSHOT_FORMATS)
     # --- machine ---------------------------------------------------------------------------
     random_seed: int = field(-1, "seed for fillers, dropout and data order (-1: the clock)")
     solver_mode: str = field("GPU", "CPU or GPU (cpy train --gpus decides when given)",
@@ -210,6 +211,8 @@ def parse_solver(node: Any, src: Source) -> SolverParameter:
     object.__setattr__(spec, "_key_lines", dict(node.key_lines))
     spec._file = src.file
     spec.validate(Check(node, src, ""))
+    if spec.snapshot_format == "BINARYPROTO":  # Caffe's enum name for the same files
+        spec.snapshot_format = "caffemodel"
     _default_prefix(spec, src, str(node.get("snapshot_prefix", "")))
     return spec
 

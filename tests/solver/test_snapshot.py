@@ -105,3 +105,52 @@ def test_check_writable_creates_the_directory_and_fails_on_a_file(tmp_path):
     (tmp_path / "f").write_text("")
     with pytest.raises(SolverError, match=r"^cannot write snapshots to '.*f/d' \(snapshot_prefix"):
         snap.check_writable(str(tmp_path / "f" / "d" / "p"))
+
+
+def test_caffemodel_round_trip_and_caffe_names(tmp_path):
+    assert snap.snapshot_paths("p", 7, "caffemodel") == (
+        snap.Path("p_iter_7.caffemodel"), snap.Path("p_iter_7.solverstate"))
+    blobs = {"conv1": [torch.randn(2, 1, 3, 3), torch.randn(2)], "ip": [torch.randn(3, 4)]}
+    path = tmp_path / "m.caffemodel"
+    snap.save_weights(blobs, path, {"conv1": "Convolution", "ip": "InnerProduct"}, "net")
+    back = snap.load_weights(path)
+    assert list(back) == ["conv1", "ip"]
+    assert all(torch.equal(a, b) for k in blobs for a, b in zip(blobs[k], back[k], strict=True))
+    state = {"iter": 12, "current_step": 2, "learned_net": "m.caffemodel", "type": "Adam",
+             "history": [torch.randn(3), torch.randn(2, 2)], "rng": {"torch": torch.get_rng_state()}}
+    spath = tmp_path / "m.solverstate"
+    snap.save_state(state, spath)
+    loaded = snap.load_state(spath)
+    assert (loaded["iter"], loaded["current_step"], loaded["learned_net"], loaded["type"]) == (
+        12, 2, "m.caffemodel", "Adam")
+    assert torch.equal(loaded["history"][1], state["history"][1])
+    assert torch.equal(loaded["rng"]["torch"], state["rng"]["torch"])
+
+
+def test_reads_caffe_written_protobuf_by_hand():
+    """A NetParameter as Caffe writes it: layer (100) {name, type, bottom, blobs {shape, data}}
+    plus a legacy V1 'layers' (2) {name = 4, blobs = 6 with num/channels/height/width}."""
+    import struct
+
+    from caffe_py.io.wire import len_field, tag, varint
+
+    data = struct.pack("<3f", 1.0, 2.0, 3.0)
+    shape = len_field(7, len_field(1, varint(1) + varint(3)))
+    v2 = len_field(100, len_field(1, b"fc") + len_field(2, b"InnerProduct")
+                   + len_field(3, b"data") + len_field(7, shape + len_field(5, data)))
+    legacy = b"".join(tag(n, 0) + varint(v) for n, v in ((1, 1), (2, 1), (3, 1), (4, 2)))
+    v1 = len_field(2, len_field(4, b"old") + len_field(6, legacy + len_field(5, data[:8])))
+    layers = snap.caffemodel.decode_net(len_field(1, b"net") + v2 + v1, "x.caffemodel")
+    assert layers["fc"][0].tolist() == [[1.0, 2.0, 3.0]]
+    assert layers["old"][0].shape == (1, 1, 1, 2)
+
+
+def test_garbage_caffemodel_is_a_one_line_error(tmp_path):
+    path = tmp_path / "bad.caffemodel"
+    path.write_bytes(b"\x0a\xff\xff\xff")
+    with pytest.raises(SolverError, match=r"bad.caffemodel: not a Caffe NetParameter"):
+        snap.load_weights(path)
+    h5 = tmp_path / "w.caffemodel.h5"
+    h5.write_bytes(b"")
+    with pytest.raises(SolverError, match="HDF5 snapshots are not supported"):
+        snap.load_weights(h5)

@@ -68,12 +68,14 @@ def test_test_outputs_are_the_mean_over_test_iter(ws):
 @pytest.mark.parametrize("rule", [
     {"type": "SGD", "lr_policy": "multistep", "gamma": 0.5, "stepvalue": "[2, 4]"},
     {"type": "Adam", "momentum2": 0.99, "lr_policy": "fixed"},
+    {"type": "Nesterov", "snapshot_format": "caffemodel"},
 ])
 def test_resume_is_bitwise_identical_with_dummy_data(ws, rule):
     straight, _ = run(ws.load(max_iter=6, test_iter=1, test_interval=2, **rule))
     first, _ = run(ws.load(max_iter=3, test_iter=1, test_interval=2, snapshot_prefix="b/t",
                            **rule))
-    state = ws.root / "b" / "t_iter_3.solverstate.pt"
+    ext = ".solverstate" if rule.get("snapshot_format") else ".solverstate.pt"
+    state = ws.root / "b" / f"t_iter_3{ext}"
     resumed, lines = run(ws.load(max_iter=6, test_iter=1, test_interval=2, snapshot_prefix="c/t",
                                  **rule), resume=str(state))
     assert lines[2] == f"Restoring previous solver status from {state}"
