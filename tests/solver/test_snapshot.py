@@ -117,7 +117,8 @@ def test_caffemodel_round_trip_and_caffe_names(tmp_path):
     assert list(back) == ["conv1", "ip"]
     assert all(torch.equal(a, b) for k in blobs for a, b in zip(blobs[k], back[k], strict=True))
     state = {"iter": 12, "current_step": 2, "learned_net": "m.caffemodel", "type": "Adam",
-             "history": [torch.randn(3), torch.randn(2, 2)], "rng": {"torch": torch.get_rng_state()}}
+             "history": [torch.randn(3), torch.randn(2, 2)],
+             "rng": {"torch": torch.get_rng_state()}}
     spath = tmp_path / "m.solverstate"
     snap.save_state(state, spath)
     loaded = snap.load_state(spath)
