@@ -13,7 +13,7 @@ import click
 from .errors import CaffePyError
 
 # One module per command family; each exposes COMMANDS, a list of click commands.
-COMMAND_MODULES = ("net", "data", "train", "ext")
+COMMAND_MODULES = ("net", "data", "train", "ext", "tools")
 
 
 class _Group(click.Group):

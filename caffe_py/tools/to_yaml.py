@@ -1,0 +1,585 @@
+"""Caffe .prototxt (a net or a solver) -> caffe-py YAML, with the field names unchanged.
+
+The YAML follows the prototxt line for line: key order, comments and one-line blocks are kept
+(``include { phase: TRAIN }`` becomes ``include: [{phase: TRAIN}]``), enums become bare words
+and strings plain scalars (quoted only where YAML would read them as something else).
+caffe-py's own schema decides the shapes: a repeated message field (``layer``, ``param``,
+``include``, ``input_shape``, ...) is always a list; a repeated scalar written once stays a
+scalar (``bottom: data``, ``kernel_size: 5``), which the loader accepts as a one-item list.
+Fields the schema does not know are carried over as written, so the loader can name them.
+
+Legacy nets are upgraded as Caffe's ``UpgradeNetAsNeeded`` does: V1 ``layers`` blocks become
+``layer`` (enum types to type strings, ``blobs_lr`` / ``weight_decay`` / ``param`` /
+``blob_share_mode`` into ``param`` blocks, data-layer transform fields into
+``transform_param``); ``input_dim`` becomes one ``input_shape`` per input; a solver's
+``solver_type`` enum becomes ``type``.
+
+Caffe resolves relative paths against the directory it runs from, caffe-py against the spec
+file's directory, so relative paths are rewritten from ``root`` (where Caffe ran) to the output
+file's directory. A solver's net files become ``<stem>.yaml`` beside the output, with a note
+saying which file to import next.
+"""
+from __future__ import annotations
+
+import dataclasses
+import os
+import re
+import tempfile
+import types
+import typing
+from dataclasses import dataclass
+from pathlib import Path, PurePath
+from typing import Any
+
+import yaml
+
+from ..errors import SpecError
+from ..spec.net_spec import LayerParameter, NetParameter, load_net
+from ..spec.schema import suggest
+from ..spec.solver_spec import SolverParameter, load_solver
+from .prototxt import BOOL_WORDS, Field, Ident, Message, PrototxtError, parse_file
+
+# Caffe's UpgradeV1LayerType (upgrade_proto.cpp): V1 enum name -> V2 type string.
+V1_LAYER_TYPES = {
+    "NONE": "", "ABSVAL": "AbsVal", "ACCURACY": "Accuracy", "ARGMAX": "ArgMax", "BNLL": "BNLL",
+    "CONCAT": "Concat", "CONTRASTIVE_LOSS": "ContrastiveLoss", "CONVOLUTION": "Convolution",
+    "DECONVOLUTION": "Deconvolution", "DATA": "Data", "DROPOUT": "Dropout",
+    "DUMMY_DATA": "DummyData", "EUCLIDEAN_LOSS": "EuclideanLoss", "ELTWISE": "Eltwise",
+    "EXP": "Exp", "FLATTEN": "Flatten", "HDF5_DATA": "HDF5Data", "HDF5_OUTPUT": "HDF5Output",
+    "HINGE_LOSS": "HingeLoss", "IM2COL": "Im2col", "IMAGE_DATA": "ImageData",
+    "INFOGAIN_LOSS": "InfogainLoss", "INNER_PRODUCT": "InnerProduct", "LRN": "LRN",
+    "MEMORY_DATA": "MemoryData", "MULTINOMIAL_LOGISTIC_LOSS": "MultinomialLogisticLoss",
+    "MVN": "MVN", "POOLING": "Pooling", "POWER": "Power", "RELU": "ReLU", "SIGMOID": "Sigmoid",
+    "SIGMOID_CROSS_ENTROPY_LOSS": "SigmoidCrossEntropyLoss", "SILENCE": "Silence",
+    "SOFTMAX": "Softmax", "SOFTMAX_LOSS": "SoftmaxWithLoss", "SPLIT": "Split", "SLICE": "Slice",
+    "TANH": "TanH", "WINDOW_DATA": "WindowData", "THRESHOLD": "Threshold",
+}
+# V1LayerParameter's per-blob repeated fields -> the ParamSpec field each one sets, by index.
+_V1_PARAM_FIELDS = {"param": "name", "blob_share_mode": "share_mode", "blobs_lr": "lr_mult",
+                    "weight_decay": "decay_mult"}
+# UpgradeNetDataTransformation: these data layers' transform fields move to transform_param.
+_V1_DATA_BLOCKS = {"DATA": "data_param", "IMAGE_DATA": "image_data_param",
+                   "WINDOW_DATA": "window_data_param"}
+_TRANSFORM_KEYS = ("scale", "mean_file", "crop_size", "mirror")
+# UpgradeSolverType: the SolverParameter.SolverType enum -> the type string.
+SOLVER_TYPES_V1 = {"SGD": "SGD", "NESTEROV": "Nesterov", "ADAGRAD": "AdaGrad",
+                   "RMSPROP": "RMSProp", "ADADELTA": "AdaDelta", "ADAM": "Adam"}
+_NET_FILE_KEYS = ("net", "train_net", "test_net")
+_NET_MARKS = ("layer", "layers")
+_SOLVER_MARKS = ("base_lr", "net", "train_net", "net_param", "train_net_param")
+_WIDTH = 100
+
+
+@dataclass
+class Conversion:
+    """The YAML text, which prototxt line each YAML line came from, and notes for the user."""
+
+    kind: str
+    text: str
+    source_lines: dict[int, int]
+    notes: list[str]
+
+    def source_line(self, yaml_line: int | None) -> int | None:
+        """The prototxt line behind ``yaml_line`` (the nearest mapped line above it)."""
+        if yaml_line is None:
+            return None
+        earlier = [n for n in self.source_lines if n <= yaml_line]
+        return self.source_lines[max(earlier)] if earlier else None
+
+
+@dataclass
+class ImportReport:
+    """What ``import_file`` wrote: the kind, a one-line summary and the notes."""
+
+    out: Path
+    kind: str
+    summary: str
+    notes: list[str]
+
+
+def detect_kind(msg: Message, source: str) -> str:
+    """'net' for a file with layer/layers, 'solver' for one with base_lr/net/train_net."""
+    names = set(msg.names())
+    if names & set(_NET_MARKS):
+        return "net"
+    if names & set(_SOLVER_MARKS):
+        return "solver"
+    raise SpecError("cannot tell whether this is a net or a solver: it has no "
+                    "'layer'/'layers' and no 'base_lr'/'net'/'train_net'", file=source,
+                    fix="pass --kind net or --kind solver")
+
+
+def convert(msg: Message, kind: str, *, source: str, root: Path | None = None,
+            out: Path | None = None) -> Conversion:
+    """Convert a parsed prototxt of ``kind`` ('net' or 'solver') to YAML text.
+
+    ``root`` is where Caffe ran (relative paths resolve there) and ``out`` the YAML file to be
+    written (paths are rewritten relative to its directory); without both, paths stay as written.
+    """
+    conv = _Converter(source, root, out.parent if out is not None else None, out)
+    node = conv.message(msg, NetParameter if kind == "net" else SolverParameter, "")
+    if conv.rebased:
+        conv.notes.append(f"relative paths were rewritten from {conv.root} (where Caffe ran; "
+                          f"--caffe-root) to be relative to {conv.out_dir}")
+    writer = _Writer()
+    writer.add(0, f"# Imported from {source} by cpy import-prototxt.")
+    if not node.entries and not node.tail:
+        writer.add(0, "{}")
+    _emit_map(node, 0, writer)
+    notes = list(dict.fromkeys(conv.notes))  # two data layers moving 'scale' say it once
+    return Conversion(kind, "\n".join(writer.lines) + "\n", writer.sources, notes)
+
+
+def import_file(source: str | Path, out: str | Path, kind: str = "auto",
+                root: str | Path | None = None) -> ImportReport:
+    """Convert ``source`` to ``out`` (written atomically), then load ``out`` to validate it.
+
+    A spec that does not load is a :class:`SpecError` naming both the YAML line and the
+    prototxt line it came from; ``out`` stays written so that it can be fixed in place.
+    """
+    source, out = Path(source), Path(out)
+    if out.exists() and source.exists() and out.resolve() == source.resolve():
+        raise SpecError("the output would overwrite the input", file=str(out),
+                        fix="name a .yaml file as OUT")
+    msg = parse_file(source)
+    kind = detect_kind(msg, str(source)) if kind == "auto" else kind
+    root = Path(root if root is not None else Path.cwd()).resolve()
+    conv = convert(msg, kind, source=str(source), root=root, out=out.resolve())
+    _write_atomic(out, conv.text)
+    try:
+        if kind == "net":
+            net = load_net(out)
+            summary = f"{len(net.layer)} layer{'s' if len(net.layer) != 1 else ''}"
+        else:
+            solver = load_solver(out)
+            summary = (f"solver {solver.type}, lr_policy {solver.lr_policy}, "
+                       f"max_iter {solver.max_iter}")
+    except SpecError as exc:
+        raise _validation_error(exc, conv, source, out) from None
+    return ImportReport(out, kind, summary, conv.notes)
+
+
+def _validation_error(exc: SpecError, conv: Conversion, source: Path, out: Path) -> SpecError:
+    line = conv.source_line(exc.line) if exc.file == str(out) else None
+    where = f"{source}:{line}" if line else str(source)
+    fix = f"{exc.fix}; " if exc.fix else ""
+    return SpecError(exc.problem, file=exc.file, line=exc.line, path=exc.path,
+                     fix=f"{fix}it comes from {where}; {out} was written, so fix it there "
+                         f"(or fix the prototxt and import again)")
+
+
+def _write_atomic(path: Path, text: str) -> None:
+    """Temp file in the same directory, fsync, rename: a crash leaves the old file or the new."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as fh:
+            fh.write(text)
+            fh.flush()
+            os.fsync(fh.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+# --- schema-driven conversion ---------------------------------------------------------------
+@dataclass(frozen=True)
+class _Kind:
+    """What the schema says about one field."""
+
+    repeated: bool
+    tp: Any            # a scalar type (int, float, str, bool) or a message class
+    path: bool = False
+
+
+@dataclass
+class _Node:
+    """A mapping to write; ``comments``/``trailing`` apply when it is an item of a list."""
+
+    entries: list[_Entry]
+    line: int = 0
+    one_line: bool = False
+    tail: list[str] = dataclasses.field(default_factory=list)
+    comments: list[str] = dataclasses.field(default_factory=list)
+    trailing: str | None = None
+
+
+@dataclass
+class _Entry:
+    key: str
+    value: Any         # a scalar, a list of scalars, a _Node, or a list of _Node
+    line: int
+    comments: list[str]
+    trailing: str | None
+
+
+def _schema(cls: type) -> dict[str, _Kind]:
+    hints = typing.get_type_hints(cls)
+    out = {}
+    for f in dataclasses.fields(cls):
+        if f.name.startswith("_") or f.name == "params":
+            continue
+        tp = hints[f.name]
+        if typing.get_origin(tp) in (typing.Union, types.UnionType):
+            tp = next(a for a in typing.get_args(tp) if a is not type(None))
+        repeated = typing.get_origin(tp) is list
+        if repeated:
+            (tp,) = typing.get_args(tp)
+        out[f.name] = _Kind(repeated, tp, bool(f.metadata.get("path")))
+    return out
+
+
+class _Converter:
+    def __init__(self, source: str, root: Path | None, out_dir: Path | None,
+                 out: Path | None):
+        self.source, self.root, self.out_dir, self.out = source, root, out_dir, out
+        self.notes: list[str] = []
+        self.rebased = False
+
+    def fail(self, at: Field | Message, problem: str, fix: str | None = None) -> PrototxtError:
+        return PrototxtError(problem, file=self.source, line=at.line, column=at.column, fix=fix)
+
+    def message(self, msg: Message, cls: type | None, path: str) -> _Node:
+        if cls is NetParameter:
+            return self.fields(self.upgrade_net(msg), _schema(NetParameter), path)
+        if cls is LayerParameter:
+            return self.fields(msg, self.layer_schema(msg), path)
+        if cls is SolverParameter:
+            return self.fields(self.upgrade_solver(msg), _schema(SolverParameter), path)
+        return self.fields(msg, _schema(cls) if cls is not None else None, path)
+
+    def layer_schema(self, msg: Message) -> dict[str, _Kind]:
+        """LayerParameter's fields plus the blocks the layer's type declares."""
+        from ..layers import registry
+
+        schema = _schema(LayerParameter)
+        type_field = msg.first("type")
+        if type_field is not None and isinstance(type_field.value, str):
+            try:
+                declared = registry.lookup(type_field.value).params
+            except SpecError:  # an unknown type: the loader names it with the known ones
+                declared = {}
+            schema.update({k: _Kind(False, cls) for k, cls in declared.items()})
+        return schema
+
+    def fields(self, msg: Message, schema: dict[str, _Kind] | None, path: str) -> _Node:
+        node = _Node([], msg.line, msg.one_line, list(msg.tail))
+        for name in msg.names():
+            kind = schema.get(name) if schema is not None else None
+            node.entries.append(self.entry(name, msg.all(name), kind, path))
+        return node
+
+    def entry(self, name: str, group: list[Field], kind: _Kind | None, path: str) -> _Entry:
+        key_path = f"{path}.{name}" if path else name
+        if kind is not None and not kind.repeated and len(group) > 1:
+            raise self.fail(group[1], f"'{name}' is given {len(group)} times (first at line "
+                                      f"{group[0].line}) but it is not a repeated field",
+                            "keep one of them")
+        values = [self.value(f, kind, f"{key_path}[{i}]" if len(group) > 1 else key_path)
+                  for i, f in enumerate(group)]
+        first = group[0]
+        as_list = (kind.repeated and dataclasses.is_dataclass(kind.tp)) if kind is not None \
+            else len(group) > 1
+        if any(isinstance(v, _Node) for v in values) and as_list:
+            for f, v in zip(group, values, strict=True):
+                if isinstance(v, _Node):
+                    v.comments, v.trailing = list(f.comments), f.trailing
+            return _Entry(name, values, first.line, [], None)
+        comments = [c for f in group for c in f.comments]
+        trailing = "; ".join(f.trailing.strip() for f in group if f.trailing) or None
+        if trailing is not None:
+            trailing = " " + trailing
+        value = values[0] if len(values) == 1 else values
+        return _Entry(name, value, first.line, comments, trailing)
+
+    def value(self, f: Field, kind: _Kind | None, path: str) -> Any:
+        if isinstance(f.value, Message):
+            cls = kind.tp if kind is not None and dataclasses.is_dataclass(kind.tp) else None
+            return self.message(f.value, cls, path)
+        return self.scalar(f.value, kind, path)
+
+    def scalar(self, v: Any, kind: _Kind | None, path: str) -> Any:
+        tp = kind.tp if kind is not None else None
+        if tp is bool:
+            if isinstance(v, Ident) and v in BOOL_WORDS:
+                return BOOL_WORDS[v]
+            if type(v) is int and v in (0, 1):
+                return bool(v)
+        if kind is None and isinstance(v, Ident) and v.lower() in ("true", "false"):
+            return v.lower() == "true"
+        if isinstance(v, Ident):
+            return str(v)
+        if isinstance(v, str) and re.sub(r"\[\d+\]$", "", path) in _NET_FILE_KEYS:
+            return self.net_file(path, v)
+        if kind is not None and kind.path and isinstance(v, str):
+            return self.rebase(v)
+        return v
+
+    def rebase(self, value: str) -> str:
+        """A path relative to where Caffe ran -> relative to the output file's directory."""
+        if not value or self.root is None or self.out_dir is None or Path(value).is_absolute():
+            return value
+        new = os.path.relpath(os.path.normpath(self.root / value), self.out_dir)
+        new = new.replace(os.sep, "/") + ("/" if value.endswith("/") else "")
+        self.rebased |= new != value
+        return new
+
+    def net_file(self, key: str, value: str) -> str:
+        """A solver's net file: <stem>.yaml beside the output, and a note to import it too."""
+        new = PurePath(value).stem + ".yaml"
+        caffe_path = os.path.normpath(self.root / value) if self.root is not None else value
+        shown = os.path.relpath(caffe_path) if self.root is not None else value
+        target = os.path.relpath(self.out_dir / new) if self.out_dir is not None else new
+        self.notes.append(f"{key.split('[')[0]}: {value} is now {new}; import it too: "
+                          f"cpy import-prototxt {shown} {target}")
+        return new
+
+    # --- Caffe's upgrades, on the parsed prototxt (positions kept for errors) ---------------
+    def upgrade_net(self, msg: Message) -> Message:
+        v1, v2 = msg.all("layers"), msg.all("layer")
+        if v1 and v2:
+            raise self.fail(v1[0], "the net has both 'layer' (current) and 'layers' (V1) "
+                                   "blocks; Caffe refuses to upgrade it too",
+                            "write every layer as 'layer { ... }'")
+        fields = []
+        for f in msg.fields:
+            if f.name == "layers" and isinstance(f.value, Message):
+                f = dataclasses.replace(f, name="layer", value=self.upgrade_v1_layer(f.value))
+            fields.append(f)
+        if v1:
+            self.notes.append(f"upgraded {len(v1)} V1 'layers' blocks to 'layer' "
+                              "(as Caffe's UpgradeV1Net)")
+        fields = self.upgrade_input_dim(msg, fields)
+        return dataclasses.replace(msg, fields=fields)
+
+    def upgrade_input_dim(self, msg: Message, fields: list[Field]) -> list[Field]:
+        """input_dim (4 per input: N, C, H, W) -> one input_shape { dim ... } per input."""
+        dims = msg.all("input_dim")
+        if not dims:
+            return fields
+        inputs = msg.all("input")
+        if msg.first("input_shape") is not None:
+            raise self.fail(dims[0], "both input_dim and input_shape are given",
+                            "keep input_shape")
+        if len(dims) != 4 * len(inputs):
+            raise self.fail(dims[0], f"{len(dims)} input_dim values for {len(inputs)} "
+                                     f"input(s); Caffe takes 4 (N, C, H, W) per input",
+                            "give 4 input_dim values per input")
+        shapes = [Field("input_shape", Message([dataclasses.replace(d, name="dim", comments=[])
+                                                for d in dims[4 * i:4 * i + 4]],
+                                               line=dims[4 * i].line, one_line=True),
+                        dims[4 * i].line, dims[4 * i].column, dims[4 * i].comments if i else
+                        [c for d in dims for c in d.comments])
+                  for i in range(len(inputs))]
+        at = fields.index(dims[0])
+        rest = [f for f in fields if f.name != "input_dim"]
+        return rest[:at] + shapes + rest[at:]
+
+    def upgrade_v1_layer(self, m: Message) -> Message:
+        """Caffe's UpgradeV1LayerParameter (and UpgradeNetDataTransformation) on one block."""
+        out: list[Field | None] = []
+        specs: dict[int, list[Field]] = {}
+        counts = dict.fromkeys(_V1_PARAM_FIELDS, 0)
+        spec_at, v1_type = None, None
+        for f in m.fields:
+            if f.name == "type" and isinstance(f.value, Ident):
+                v1_type = self.v1_type(f)
+                f = dataclasses.replace(f, value=V1_LAYER_TYPES[v1_type])
+            elif f.name in _V1_PARAM_FIELDS:
+                spec_at = len(out) if spec_at is None else spec_at
+                if spec_at == len(out):
+                    out.append(None)
+                specs.setdefault(counts[f.name], []).append(
+                    dataclasses.replace(f, name=_V1_PARAM_FIELDS[f.name], comments=[]))
+                counts[f.name] += 1
+                continue
+            elif f.name == "layer":
+                raise self.fail(f, "a V0 'layer' block inside a V1 'layers' block",
+                                "upgrade the file with Caffe's upgrade_net_proto_text first")
+            out.append(f)
+        params = [Field("param", Message(specs[i], line=specs[i][0].line, one_line=True),
+                        specs[i][0].line, specs[i][0].column) for i in sorted(specs)]
+        fields = [x for f in out for x in ([f] if f is not None else params)]
+        if v1_type in _V1_DATA_BLOCKS:
+            fields = self.move_transform(fields, _V1_DATA_BLOCKS[v1_type])
+        return dataclasses.replace(m, fields=fields)
+
+    def v1_type(self, f: Field) -> str:
+        if f.value not in V1_LAYER_TYPES:
+            near = suggest(f.value, V1_LAYER_TYPES)
+            hint = f"did you mean {near}? " if near else ""
+            raise self.fail(f, f"unknown V1 layer type '{f.value}'",
+                            f"{hint}V1 types: {', '.join(sorted(V1_LAYER_TYPES)[1:])}")
+        if f.value == "NONE":
+            raise self.fail(f, "V1 layer type NONE has no V2 type", "give the layer a type")
+        return str(f.value)
+
+    def move_transform(self, fields: list[Field], block: str) -> list[Field]:
+        """scale/mean_file/crop_size/mirror of a V1 data block -> transform_param (they win)."""
+        data = next((f for f in fields if f.name == block and isinstance(f.value, Message)), None)
+        if data is None:
+            return fields
+        moved = [f for f in data.value.fields if f.name in _TRANSFORM_KEYS]
+        if not moved:
+            return fields
+        kept = [f for f in data.value.fields if f.name not in _TRANSFORM_KEYS]
+        new_data = dataclasses.replace(data, value=dataclasses.replace(data.value, fields=kept))
+        old = next((f for f in fields if f.name == "transform_param"
+                    and isinstance(f.value, Message)), None)
+        names = {f.name for f in moved}
+        if old is not None:
+            merged = [f for f in old.value.fields if f.name not in names] + moved
+            transform = dataclasses.replace(old, value=dataclasses.replace(old.value,
+                                                                           fields=merged))
+        else:
+            transform = Field("transform_param", Message(moved, line=moved[0].line),
+                              moved[0].line, moved[0].column)
+        self.notes.append(f"moved {', '.join(f.name for f in moved)} from {block} to "
+                          "transform_param (as Caffe's UpgradeNetDataTransformation)")
+        out = []
+        for f in fields:
+            if f is data:
+                out += [transform, new_data] if old is None else [new_data]
+            elif f is old:
+                out.append(transform)
+            else:
+                out.append(f)
+        return out
+
+    def upgrade_solver(self, msg: Message) -> Message:
+        """Caffe's UpgradeSolverType: solver_type: NESTEROV -> type: Nesterov."""
+        old = msg.first("solver_type")
+        if old is None:
+            return msg
+        if msg.first("type") is not None:
+            raise self.fail(old, "both solver_type (the old enum) and type are given; Caffe "
+                                 "refuses this too", "keep type")
+        if old.value not in SOLVER_TYPES_V1:
+            raise self.fail(old, f"unknown solver_type '{old.value}'",
+                            f"use one of {', '.join(SOLVER_TYPES_V1)}")
+        new = dataclasses.replace(old, name="type", value=SOLVER_TYPES_V1[old.value])
+        return dataclasses.replace(msg, fields=[new if f is old else f for f in msg.fields])
+
+
+# --- writing YAML ---------------------------------------------------------------------------
+class _Writer:
+    def __init__(self) -> None:
+        self.lines: list[str] = []
+        self.sources: dict[int, int] = {}   # 1-based YAML line -> prototxt line
+
+    def add(self, indent: int, text: str, source: int | None = None,
+            trailing: str | None = None) -> None:
+        self.lines.append(" " * indent + text + (f"  #{trailing}" if trailing else ""))
+        if source:
+            self.sources[len(self.lines)] = source
+
+    def comments(self, indent: int, comments: list[str]) -> None:
+        for c in comments:
+            self.add(indent, f"#{c}")
+
+    def extend(self, other: _Writer) -> None:
+        offset = len(self.lines)
+        self.lines += other.lines
+        self.sources.update({n + offset: s for n, s in other.sources.items()})
+
+
+def _emit_map(node: _Node, indent: int, w: _Writer) -> None:
+    for e in node.entries:
+        _emit_entry(e, indent, w)
+    w.comments(indent, node.tail)
+
+
+def _emit_entry(e: _Entry, indent: int, w: _Writer) -> None:
+    w.comments(indent, e.comments)
+    v, head = e.value, f"{e.key}:"
+    if isinstance(v, _Node):
+        flow = _flow(v)
+        if flow is not None and indent + len(head) + 1 + len(flow) <= _WIDTH:
+            w.add(indent, f"{head} {flow}", e.line, e.trailing)
+        else:
+            w.add(indent, head, e.line, e.trailing)
+            _emit_map(v, indent + 2, w)
+    elif isinstance(v, list) and any(isinstance(x, _Node) for x in v):
+        flows = [_flow(x) if isinstance(x, _Node) else _scalar(x) for x in v]
+        text = f"{head} [{', '.join(f or '' for f in flows)}]"
+        quiet = all(not x.comments and not x.trailing for x in v if isinstance(x, _Node))
+        if None not in flows and quiet and indent + len(text) <= _WIDTH:
+            w.add(indent, text, e.line, e.trailing)
+            return
+        w.add(indent, head, e.line, e.trailing)
+        for item in v:
+            _emit_item(item, indent + 2, w)
+    elif isinstance(v, list):
+        w.add(indent, f"{head} [{', '.join(_scalar(x) for x in v)}]", e.line, e.trailing)
+    else:
+        w.add(indent, f"{head} {_scalar(v)}", e.line, e.trailing)
+
+
+def _emit_item(item: Any, indent: int, w: _Writer) -> None:
+    """One '- ' item of a block list; a mapping's first key shares the dash's line."""
+    if not isinstance(item, _Node):
+        w.add(indent, f"- {_scalar(item)}")
+        return
+    w.comments(indent, item.comments + ([item.trailing] if item.trailing else []))
+    flow = _flow(item)
+    if flow is not None and indent + 2 + len(flow) <= _WIDTH:
+        w.add(indent, f"- {flow}", item.line)
+        return
+    first = item.entries[0]
+    w.comments(indent, first.comments)
+    sub = _Writer()
+    _emit_map(dataclasses.replace(item, entries=[dataclasses.replace(first, comments=[])]
+                                  + item.entries[1:]), indent + 2, sub)
+    sub.lines[0] = " " * indent + "- " + sub.lines[0][indent + 2:]
+    w.extend(sub)
+
+
+def _flow(node: _Node) -> str | None:
+    """``{k: v, ...}`` for a block written on one line with no comments; else None."""
+    if not node.entries:
+        return "{}"
+    if not node.one_line or node.tail or any(e.comments or e.trailing for e in node.entries):
+        return None
+    parts = []
+    for e in node.entries:
+        v = e.value
+        if isinstance(v, _Node):
+            text = _flow(v)
+        elif isinstance(v, list):
+            items = [_flow(x) if isinstance(x, _Node) else _scalar(x) for x in v]
+            text = None if None in items else f"[{', '.join(items)}]"
+        else:
+            text = _scalar(v)
+        if text is None:
+            return None
+        parts.append(f"{e.key}: {text}")
+    return "{" + ", ".join(parts) + "}"
+
+
+_PLAIN = re.compile(r"[A-Za-z_./][\w./+-]*(?: [\w./+-]+)*")
+
+
+def _scalar(v: Any) -> str:
+    """One value as YAML that loads back to the same value and type."""
+    if isinstance(v, bool):
+        return "true" if v else "false"
+    if isinstance(v, int):
+        return str(v)
+    if isinstance(v, float):
+        if v != v:
+            return ".nan"
+        if v in (float("inf"), float("-inf")):
+            return ".inf" if v > 0 else "-.inf"
+        text = repr(v)
+        # YAML 1.1 reads 1e-08 (no dot) as a string: write 1.0e-08
+        return text.replace("e", ".0e") if "e" in text and "." not in text else text
+    text = str(v)
+    if _PLAIN.fullmatch(text) and yaml.safe_load(text) == text:
+        return text
+    quoted = yaml.safe_dump(text, default_style='"', width=10**9, allow_unicode=True)
+    return quoted.strip()
+
+
+__all__ = ["Conversion", "ImportReport", "V1_LAYER_TYPES", "SOLVER_TYPES_V1", "convert",
+           "detect_kind", "import_file"]
