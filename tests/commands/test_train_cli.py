@@ -213,3 +213,14 @@ def test_sigint_with_effect_none_keeps_training(work):
         proc.kill()
     assert proc.returncode == 0, err
     assert rest.splitlines()[-1] == "Optimization stopped early."
+
+
+def test_weights_for_another_net_name_the_layer(work):
+    invoke("train", "--solver", "solver.yaml")
+    (work / "net.yaml").write_text(NET.replace("num_output: 3", "num_output: 5"))
+    result = CliRunner().invoke(cli, ["train", "--solver", "solver.yaml", "--weights",
+                                      "snaps/tiny_iter_4.pt"])
+    assert result.exit_code == 1
+    assert result.stderr == ("Error: snaps/tiny_iter_4.pt: layer 'ip' blob 0: shape [3, 6] in "
+                             "the weights, [5, 6] in the net; the weights are for another net (or "
+                             "rename the layer to start it afresh)\n")

@@ -193,3 +193,19 @@ def test_input_layer_in_a_train_net_is_an_error(ws):
            "input_param: {shape: {dim: [2, 3]}}}\n")
     with pytest.raises(SolverError, match="the TRAIN net 'n' has Input layer 'in'"):
         Solver(ws.load(), log=lambda m: None)
+
+
+def test_smoothed_loss_is_the_mean_of_the_last_average_loss_iterations(ws):
+    with Solver(ws.load(average_loss=3), log=lambda m: None) as solver:
+        for i, loss in enumerate([1.0, 2.0, 3.0, 4.0]):
+            solver.iter = i
+            solver._track_loss(torch.tensor(loss))
+            if i == 1:
+                assert solver.smoothed_loss() == 1.5  # fewer than 3 so far: their mean
+        assert solver.smoothed_loss() == 3.0
+        solver.iter = 7
+        solver._track_loss(torch.tensor(float("nan")))
+        solver.iter = 8
+        solver._track_loss(torch.tensor(float("inf")))
+        with pytest.raises(SolverError, match="^iteration 7: the loss is not finite"):
+            solver._check_finite()
