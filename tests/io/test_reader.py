@@ -283,3 +283,40 @@ def test_a_record_of_another_size_names_its_key(tmp_path):
         with pytest.raises(DataError, match=r"record 'b' is uint8 \[1, 5, 4\] but the first "
                                             r"record is uint8 \[1, 4, 4\]; a Data layer needs"):
             q.get(2, timeout=5)
+
+
+CHILD = """
+import sys, numpy as np
+from caffe_py.io.reader import ReaderPool
+pool = ReaderPool(replicas=2)
+q = pool.subscribe(sys.argv[1], "s", replica=0, batch_size=1, prefetch=1, record_shape=(1, 4, 4))
+pool.subscribe(sys.argv[1], "s", replica=1, batch_size=1, prefetch=1, record_shape=(1, 4, 4))
+pool.start()
+q.get(1)
+print("waiting", flush=True)
+if sys.argv[2] == "exit":
+    sys.exit(3)  # the pool is left open: its threads must not hold the process
+q.get(1)
+q.get(1)  # replica 1 never reads: blocks until Ctrl-C
+"""
+
+
+@pytest.mark.parametrize("how", ["exit", "sigint"])
+def test_no_hang_at_exit_or_on_ctrl_c(tmp_path, how):
+    import signal
+    import subprocess
+    import sys
+
+    db = make_db(tmp_path / "db", 10)
+    child = subprocess.Popen([sys.executable, "-c", CHILD, db, how], stdout=subprocess.PIPE,
+                             stderr=subprocess.PIPE, text=True)
+    assert child.stdout.readline() == "waiting\n"
+    if how == "sigint":
+        time.sleep(0.3)
+        child.send_signal(signal.SIGINT)
+    _, err = child.communicate(timeout=20)
+    if how == "exit":
+        assert child.returncode == 3
+    else:
+        # an uncaught KeyboardInterrupt ends Python by SIGINT, after the traceback
+        assert child.returncode == -signal.SIGINT and err.rstrip().endswith("KeyboardInterrupt")
