@@ -63,6 +63,11 @@ CASES = {
         HEAD + "  - name: c\n    type: Convolution\n    pooling_param: {pool: MAX}\n",
         "{f}:7: layer[0].pooling_param: 'pooling_param' does not apply to a Convolution layer; "
         "a Convolution layer takes convolution_param"),
+    "include and exclude": (
+        HEAD + "  - name: s\n    type: ToyScale\n    include: {phase: TRAIN}\n"
+        "    exclude: {phase: TEST}\n",
+        "{f}:8: layer[0].exclude: a layer takes include rules or exclude rules, not both (as in "
+        "Caffe); keep one of them"),
     "missing type": (
         HEAD + "  - {name: s, bottom: data}\n",
         "{f}:5: layer[0]: the layer has no 'type'; add e.g. 'type: Convolution'"),

@@ -164,6 +164,11 @@ class LayerParameter:
     params: dict[str, Any] = dataclasses.field(default_factory=dict)
     _location: Location | None = dataclasses.field(default=None, repr=False, compare=False)
 
+    def check(self, v: Check) -> None:
+        if self.include and self.exclude:
+            v.fail("exclude", "a layer takes include rules or exclude rules, not both (as in "
+                   "Caffe)", "keep one of them")
+
     def kept_for(self, phase: str, level: int = 0, stages: set[str] | None = None) -> bool:
         """Caffe's StateMeetsRule: include rules if given, else no exclude rule matching."""
         stages = stages or set()
