@@ -8,7 +8,7 @@
 The model is the TRAIN net of the solver spec, built by caffe_py.net.Net on each GPU (same
 layers, same per-GPU batch), under the solver's precision (BF16: bfloat16 autocast, float32
 weights and update) and, with --channels-last, in channels_last memory format. Rank 0 prints one
-JSON line: {"name", "gpus", "batch", "images_per_s", "step_ms"}.
+JSON line: {"kind", "model", "run", "gpus", "batch", "images_per_s", "step_ms"}.
 """
 from __future__ import annotations
 
@@ -65,13 +65,18 @@ def sgd(param: SolverParameter, module: nn.Module) -> torch.optim.SGD:
                            weight_decay=param.weight_decay)
 
 
+def synchronize(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
 def timed_loop(model: nn.Module, opt: torch.optim.Optimizer, param: SolverParameter,
                device: torch.device, warmup: int, iters: int, sync=lambda: None) -> float:
     """Seconds for ``iters`` steps after ``warmup`` steps (GPU work included)."""
     start = 0.0
     for it in range(warmup + iters):
         if it == warmup:
-            torch.cuda.synchronize(device)
+            synchronize(device)
             sync()
             start = time.perf_counter()
         opt.zero_grad(set_to_none=True)
@@ -79,7 +84,7 @@ def timed_loop(model: nn.Module, opt: torch.optim.Optimizer, param: SolverParame
             loss = model()
         loss.backward()
         opt.step()
-    torch.cuda.synchronize(device)
+    synchronize(device)
     sync()
     return time.perf_counter() - start
 
@@ -92,12 +97,13 @@ def main() -> None:
     ap.add_argument("--iters", type=int, default=30)
     ap.add_argument("--channels-last", action="store_true")
     ap.add_argument("--json", type=Path, help="also append the result line to this file")
+    ap.add_argument("--cpu", action="store_true", help="smoke test on CPU (gloo for DDP)")
     args = ap.parse_args()
     torch.backends.cudnn.benchmark = True
     param = load_solver(args.solver)
     if args.plain:
-        world, rank, device = 1, 0, torch.device("cuda", 0)
-        torch.cuda.set_device(device)
+        world, rank = 1, 0
+        device = torch.device("cpu") if args.cpu else torch.device("cuda", 0)
         model = LossOf(build_net(param, device, channels_last=args.channels_last))
         seconds = timed_loop(model, sgd(param, model), param, device, args.warmup, args.iters)
         name = "pytorch 1-GPU loop"
@@ -105,18 +111,24 @@ def main() -> None:
         import torch.distributed as dist
         from torch.nn.parallel import DistributedDataParallel as DDP
 
-        dist.init_process_group("nccl")
+        dist.init_process_group("gloo" if args.cpu else "nccl")
         rank, world = dist.get_rank(), dist.get_world_size()
-        device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", rank)))
-        torch.cuda.set_device(device)
+        if args.cpu:
+            device = torch.device("cpu")
+        else:
+            device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", rank)))
+            torch.cuda.set_device(device)
         module = LossOf(build_net(param, device, channels_last=args.channels_last))
-        model = DDP(module, device_ids=[device.index], gradient_as_bucket_view=True)
+        model = DDP(module, device_ids=[device.index] if device.type == "cuda" else None,
+                    gradient_as_bucket_view=True)
         seconds = timed_loop(model, sgd(param, model), param, device, args.warmup, args.iters,
                              sync=dist.barrier)
         name = f"torchrun DDP x{world}"
-    batch = batch_size(model.module.net if hasattr(model, "module") else model.net)
+    net = model.module.net if hasattr(model, "module") else model.net
+    batch = batch_size(net)
     if rank == 0:
-        line = json.dumps({"name": name, "gpus": world, "batch": batch,
+        line = json.dumps({"kind": "throughput", "model": net.name, "run": name,
+                           "gpus": world, "batch": batch,
                            "images_per_s": round(args.iters * batch * world / seconds, 1),
                            "step_ms": round(1000 * seconds / args.iters, 2)})
         print(line, flush=True)

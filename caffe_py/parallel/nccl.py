@@ -10,6 +10,7 @@ broken at once when any replica fails.
 from __future__ import annotations
 
 import threading
+import time
 from collections.abc import Sequence
 from typing import Any
 
@@ -78,6 +79,7 @@ class NcclSync(SyncGroup):
         self._meet(self._reduce, i, "the gradient all-reduce")
 
     def _meet(self, barrier: threading.Barrier, i: int, what: str) -> None:
+        started = time.perf_counter()
         try:
             barrier.wait(self.timeout)
         except threading.BrokenBarrierError:
@@ -88,6 +90,8 @@ class NcclSync(SyncGroup):
                 f"replica {i} ({self.devices[i]}) waited {self.timeout:.0f} s at {what} "
                 f"(iteration {self.replica(i).iteration - 1}); another replica is stuck"
             ) from None
+        finally:
+            self.replica(i).wait_s += time.perf_counter() - started
 
     def _reps(self) -> list[ReplicaState]:
         return [self.replica(i) for i in range(self.n)]

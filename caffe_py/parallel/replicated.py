@@ -80,14 +80,17 @@ def check_devices(devices: Sequence[torch.device | str | int]) -> list[torch.dev
 class ReplicatedRun:
     """N Solvers (one per device) wired to one sync group and one reader pool.
 
-    Build it, optionally add ``root_callbacks`` (benchmarks time the root's iterations), then
-    :meth:`run`. :meth:`close` stops the readers (also done by ``with``).
+    Build it, then :meth:`run`; :meth:`close` stops the readers (also done by ``with``).
+    ``extra_callbacks(i)`` gives replica i more callbacks after the sync one (benchmarks time
+    and profile steps with it); ``memory_format`` (e.g. ``torch.channels_last``) converts each
+    net before its weights move into the flat buffers.
     """
 
     def __init__(self, param: SolverParameter, devices: Sequence[torch.device | str | int],
                  options: TrainOptions | None = None, *, log: Log = stdout_log,
                  action: Callable[[], str] | None = None, timeout: float = DEFAULT_TIMEOUT_S,
-                 root_callbacks: Sequence[Any] = ()):
+                 extra_callbacks: Callable[[int], Sequence[Any]] | None = None,
+                 memory_format: torch.memory_format | None = None):
         from ..io import ReaderPool
 
         self.options = options or TrainOptions()
@@ -106,10 +109,12 @@ class ReplicatedRun:
         self.solvers: list[Solver] = []
         try:
             for i, device in enumerate(self.devices):
-                extra = list(root_callbacks) if i == 0 else []
+                extra = list(extra_callbacks(i)) if extra_callbacks else []
                 kw: dict[str, Any] = {"action": action} if (i == 0 and action) else {}
                 solver = self._build_solver(i, device, base_seed + i, extra, kw)
                 solver.applies_updates = i == 0
+                if memory_format is not None:
+                    solver.net.to(memory_format=memory_format)
                 self.solvers.append(solver)
                 self.sync.setup(i, [lp.param for lp in solver.net.learnable_params()],
                                 state_blobs(solver.net))

@@ -69,6 +69,13 @@ class Signal:
 
     def wait(self, value: int, group: SyncGroup, who: int, what: str) -> Any:
         """Wait until the counter reaches ``value``; return the event posted with it."""
+        started = time.perf_counter()
+        try:
+            return self._wait(value, group, who, what)
+        finally:
+            group.replica(who).wait_s += time.perf_counter() - started
+
+    def _wait(self, value: int, group: SyncGroup, who: int, what: str) -> Any:
         deadline = time.monotonic() + group.timeout
         with self._cond:
             while self._value < value:
@@ -101,6 +108,8 @@ class ReplicaState:
     stream: Any = None
     """The replica's compute stream (CUDA) or None."""
     iteration: int = 0
+    wait_s: float = 0.0
+    """Seconds this replica's thread spent waiting for its peers (a benchmark diagnostic)."""
     weights: Signal = field(default_factory=Signal)
     grads: Signal = field(default_factory=Signal)
     inbox: dict[int, torch.Tensor] = field(default_factory=dict)
@@ -280,6 +289,8 @@ def _guarded(group: SyncGroup, i: int, fn: Callable[[], None]) -> None:
             torch.cuda.set_device(device)
             rep = group.replicas[i]
             if rep is not None and rep.stream is not None:
+                # the nets and flat buffers were made on the default stream of another thread
+                rep.stream.wait_stream(torch.cuda.default_stream(device))
                 torch.cuda.set_stream(rep.stream)
         fn()
         if i == 0:

@@ -1,0 +1,93 @@
+#!/usr/bin/env bash
+# caffe-py data parallelism vs PyTorch on one multi-GPU host (written for 4 x H200).
+# One command, about 6-8 minutes, every step under its own time limit:
+#     OUT=/some/dir bash benchmarks/gpu_multigpu.sh
+# Logs, JSON results, the profile and the markdown table go to $OUT (default: a temp dir);
+# the table is printed last. Rows: ResNet-50 (configs/resnet50_dummy.yaml, batch 256 per GPU,
+# bf16 autocast, channels_last) with a plain 1-GPU PyTorch loop, torchrun DDP x4, caffe-py
+# tree on 1-4 GPUs and NCCL on 4; LeNet (batch 64, fp32) the same way on 1 and 4; the time to
+# reduce ResNet-50's gradient (tree vs torch.cuda.nccl.all_reduce); a torch.profiler summary.
+set -u
+cd "$(dirname "$0")/.."
+OUT=${OUT:-$(mktemp -d /tmp/cpy_multigpu.XXXXXX)}
+mkdir -p "$OUT"
+export NCCL_NVLS_ENABLE=0          # NVLink SHARP multicast stays off on these machines
+export PYTHONUNBUFFERED=1
+JSON=$OUT/multigpu_results.jsonl
+LOG=$OUT/multigpu_log.txt
+: > "$JSON"
+: > "$LOG"
+START=$(date +%s)
+BUDGET=${BUDGET_S:-460}            # seconds for all runs; later runs are skipped past it
+NGPU=$(python -c "import torch; print(torch.cuda.device_count())")
+WARM=${WARMUP:-15}
+ITERS=${ITERS:-30}
+
+run() {  # run NAME LIMIT_S COMMAND...: bounded, logged, failure noted and skipped
+    local name=$1 limit=$2
+    shift 2
+    local used=$(( $(date +%s) - START ))
+    if (( used + limit / 3 > BUDGET )); then
+        echo "-- skipped $name: ${used}s of the ${BUDGET}s budget used" | tee -a "$LOG"
+        return
+    fi
+    echo "== $name (limit ${limit}s, at ${used}s)" | tee -a "$LOG"
+    timeout --kill-after=10 "$limit" "$@" >> "$LOG" 2>&1
+    local rc=$?
+    if (( rc != 0 )); then
+        echo "!! $name failed (exit $rc); its last lines:" | tee -a "$LOG"
+        tail -n 5 "$LOG"
+    else
+        tail -n 1 "$LOG"
+    fi
+}
+
+gpus() { seq -s, 0 $(( $1 - 1 )); }
+
+{
+    echo "# $(date -u) $(hostname)"
+    nvidia-smi --query-gpu=index,name,memory.total --format=csv,noheader
+    nvidia-smi topo -m
+    python -c "import torch; print('torch', torch.__version__, 'cuda', torch.version.cuda, \
+'nccl', torch.cuda.nccl.version())"
+} >> "$LOG" 2>&1
+
+SPECS=$OUT/specs
+python benchmarks/multigpu.py solver --net configs/resnet50_dummy.yaml --out "$SPECS" \
+    --name resnet50 --precision BF16 >> "$LOG" 2>&1
+python benchmarks/multigpu.py solver --net configs/lenet.yaml --lenet --batch 64 \
+    --out "$SPECS" --name lenet --precision FLOAT32 >> "$LOG" 2>&1
+R=$SPECS/resnet50_solver.yaml
+L=$SPECS/lenet_solver.yaml
+N=$(( NGPU < 4 ? NGPU : 4 ))
+T=(--warmup "$WARM" --iters "$ITERS" --json "$JSON")
+
+run "ResNet-50 PyTorch 1-GPU loop" 150 \
+    python benchmarks/ddp_baseline.py --solver "$R" --plain --channels-last "${T[@]}"
+run "ResNet-50 torchrun DDP x$N" 180 \
+    torchrun --standalone --nproc_per_node "$N" benchmarks/ddp_baseline.py --solver "$R" \
+    --channels-last "${T[@]}"
+for n in $(seq 1 "$N"); do
+    run "ResNet-50 caffe-py tree x$n" 150 \
+        python benchmarks/multigpu.py caffe --solver "$R" --gpus "$(gpus "$n")" \
+        --channels-last "${T[@]}"
+done
+run "ResNet-50 caffe-py nccl x$N" 150 \
+    python benchmarks/multigpu.py caffe --solver "$R" --gpus "$(gpus "$N")" --reduction nccl \
+    --channels-last "${T[@]}"
+run "ResNet-50 gradient reduction x$N" 120 \
+    python benchmarks/multigpu.py reduce --solver "$R" --gpus "$(gpus "$N")" --iters 20 \
+    --json "$JSON"
+LT=(--warmup 50 --iters 200 --json "$JSON")
+run "LeNet PyTorch 1-GPU loop" 90 python benchmarks/ddp_baseline.py --solver "$L" --plain "${LT[@]}"
+run "LeNet torchrun DDP x$N" 120 \
+    torchrun --standalone --nproc_per_node "$N" benchmarks/ddp_baseline.py --solver "$L" "${LT[@]}"
+run "LeNet caffe-py tree x1" 90 python benchmarks/multigpu.py caffe --solver "$L" --gpus 0 "${LT[@]}"
+run "LeNet caffe-py tree x$N" 90 \
+    python benchmarks/multigpu.py caffe --solver "$L" --gpus "$(gpus "$N")" "${LT[@]}"
+run "ResNet-50 caffe-py tree x$N, profiled" 150 \
+    python benchmarks/multigpu.py caffe --solver "$R" --gpus "$(gpus "$N")" --channels-last \
+    --warmup 10 --iters 8 --json "$JSON" --profile "$OUT/profile_resnet50_tree$N.txt"
+
+echo "== done in $(( $(date +%s) - START ))s; logs, results and profile in $OUT" | tee -a "$LOG"
+python benchmarks/multigpu.py table --json "$JSON" | tee "$OUT/multigpu_table.md"

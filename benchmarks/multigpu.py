@@ -1,0 +1,341 @@
+"""Multi-GPU benchmark of caffe-py's data parallelism (driven by benchmarks/gpu_multigpu.sh).
+
+Subcommands (each prints one JSON line per result and appends it to --json):
+
+    solver   write a benchmark solver spec for a net (DummyData made constant, see below)
+    caffe    caffe-py's ReplicatedRun (the code `cpy train --gpus` runs) on --gpus: images/s,
+             per-replica host CPU ms and sync-wait ms per step; --profile writes a
+             torch.profiler summary of the root replica's steps
+    reduce   reduce (+ broadcast) one net's gradient: caffe-py's tree engine, its NCCL engine,
+             a bare P2P tree and a bare torch.cuda.nccl.all_reduce
+    table    the markdown tables of every result in --json
+
+The benchmark nets keep their DummyData shapes but use constant fillers: a gaussian top is
+refilled on the host every forward (Caffe's rule), 154 MB per ResNet-50 step per replica,
+which would measure the host's random number generator instead of the GPUs. The baselines
+(benchmarks/ddp_baseline.py) run the very same solver file.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+import yaml
+
+from caffe_py.parallel import ReplicatedRun, parse_devices
+from caffe_py.parallel.nccl import NcclSync
+from caffe_py.parallel.sync import SyncGroup, TreeSync, run_replicas
+from caffe_py.solver.solver import TrainOptions
+from caffe_py.spec.solver_spec import load_solver
+
+
+# --- benchmark specs ---------------------------------------------------------------------------
+def constant_dummy_data(net: dict) -> dict:
+    """The net with every DummyData top filled once by a constant (no per-step host refill)."""
+    for layer in net["layer"]:
+        if layer.get("type") == "DummyData":
+            p = layer.setdefault("dummy_data_param", {})
+            tops = len(layer["top"]) if isinstance(layer["top"], list) else 1
+            p["data_filler"] = [{"type": "constant", "value": 0.5 if k == 0 else 0.0}
+                                for k in range(tops)]
+    return net
+
+
+def lenet_dummy(lenet: dict, batch: int) -> dict:
+    """configs/lenet.yaml with its Data layers replaced by one DummyData of MNIST's shape."""
+    layers = [layer for layer in lenet["layer"] if layer.get("type") != "Data"
+              and not _test_only(layer)]
+    data = {"name": "data", "type": "DummyData", "top": ["data", "label"],
+            "dummy_data_param": {"shape": [{"dim": [batch, 1, 28, 28]}, {"dim": [batch]}]}}
+    return constant_dummy_data({"name": lenet.get("name", "LeNet"), "layer": [data, *layers]})
+
+
+def _test_only(layer: dict) -> bool:
+    inc = layer.get("include")
+    rules = inc if isinstance(inc, list) else [inc] if inc else []
+    return bool(rules) and all(r.get("phase") == "TEST" for r in rules)
+
+
+def cmd_solver(args: argparse.Namespace) -> None:
+    out = args.out.resolve()
+    out.mkdir(parents=True, exist_ok=True)
+    net = yaml.safe_load(args.net.read_text())
+    net = lenet_dummy(net, args.batch or 64) if args.lenet else constant_dummy_data(net)
+    net_path = out / f"{args.name}_net.yaml"
+    net_path.write_text(yaml.safe_dump(net, sort_keys=False))
+    solver = {"net": str(net_path), "base_lr": args.lr, "momentum": 0.9,
+              "weight_decay": 1e-4, "lr_policy": "fixed", "max_iter": 1, "display": 0,
+              "random_seed": 1, "precision": args.precision, "snapshot_after_train": False,
+              "snapshot_prefix": str(out / f"{args.name}_snap")}
+    path = out / f"{args.name}_solver.yaml"
+    path.write_text(yaml.safe_dump(solver, sort_keys=False))
+    print(path)
+
+
+# --- caffe-py throughput ------------------------------------------------------------------------
+def sync_devices(devices: list[torch.device]) -> None:
+    for d in dict.fromkeys(devices):
+        if d.type == "cuda":
+            torch.cuda.synchronize(d)
+
+
+class StepClock:
+    """Callback of one replica: wall time of the timed steps, host CPU time of its thread
+    (from the first timed step to the last backward), and an optional profile of 5 steps."""
+
+    def __init__(self, devices: list[torch.device], warmup: int, root: bool,
+                 profile: Path | None):
+        self.devices, self.warmup, self.root, self.profile = devices, warmup, root, profile
+        self.start = self.cpu0 = self.cpu = 0.0
+        self.wait0 = 0.0
+        self.prof: Any = None
+
+    def on_start(self, solver: Any) -> None:
+        if solver.iter != self.warmup:
+            if self.prof is not None and solver.iter == self.warmup + 5:
+                self._stop_profile()
+            return
+        self.cpu0 = time.thread_time()
+        if self.root:
+            sync_devices(self.devices)
+            self.start = time.perf_counter()
+            if self.profile is not None:
+                from torch.profiler import ProfilerActivity, profile
+                acts = [ProfilerActivity.CPU] + (
+                    [ProfilerActivity.CUDA] if torch.cuda.is_available() else [])
+                self.prof = profile(activities=acts)
+                self.prof.__enter__()
+
+    def on_gradient_ready(self, solver: Any) -> None:
+        self.cpu = time.thread_time() - self.cpu0
+
+    def _stop_profile(self) -> None:
+        self.prof.__exit__(None, None, None)
+        sort = "cuda_time_total" if torch.cuda.is_available() else "cpu_time_total"
+        table = self.prof.key_averages().table(sort_by=sort, row_limit=40)
+        self.profile.write_text("torch.profiler over 5 steps of the root replica "
+                                "(all threads' ops appear)\n" + table)
+        self.prof = None
+
+
+def cmd_caffe(args: argparse.Namespace) -> None:
+    torch.backends.cudnn.benchmark = True
+    devices = parse_devices(args.gpus)
+    param = load_solver(args.solver)
+    param.max_iter = args.warmup + args.iters
+    clocks = [StepClock(devices, args.warmup, i == 0, args.profile if i == 0 else None)
+              for i in range(len(devices))]
+    fmt = torch.channels_last if args.channels_last else None
+    with ReplicatedRun(param, devices, TrainOptions(reduction=args.reduction),
+                       log=lambda m: None, extra_callbacks=lambda i: [clocks[i]],
+                       memory_format=fmt) as run:
+        batch = run.root.batch_size()
+        waits = [0.0] * len(devices)
+
+        class Waits:  # sync waits before the timed steps are not counted
+            def on_start(self, solver: Any) -> None:
+                if solver.iter == args.warmup:
+                    for i, rep in enumerate(run.sync.replicas):
+                        waits[i] = rep.wait_s
+
+            def on_gradient_ready(self, solver: Any) -> None:
+                pass
+
+        run.root.callbacks.append(Waits())
+        run.run()
+        sync_devices(devices)
+        seconds = time.perf_counter() - clocks[0].start
+        wait_ms = [1000 * (rep.wait_s - w) / args.iters for rep, w in
+                   zip(run.sync.replicas, waits, strict=True)]
+        name = run.root.net.name
+    n = len(devices)
+    run_name = f"caffe-py {args.reduction}" + (" channels_last" if args.channels_last else "")
+    emit(args.json, {
+        "kind": "throughput" if args.profile is None else "profiled", "model": name,
+        "run": run_name,
+        "gpus": n, "batch": batch, "images_per_s": round(args.iters * batch * n / seconds, 1),
+        "step_ms": round(1000 * seconds / args.iters, 2),
+        "cpu_ms_per_step": [round(1000 * c.cpu / args.iters, 2) for c in clocks],
+        "sync_wait_ms_per_step": [round(w, 2) for w in wait_ms]})
+
+
+# --- reduction micro-benchmark ------------------------------------------------------------------
+def grad_shapes(solver_path: Path) -> list[torch.Size]:
+    from caffe_py.net import Net
+
+    spec, state = load_solver(solver_path).train_net_spec()
+    net = Net(spec, "TRAIN", stages=state.stage, level=state.level, device="cpu")
+    return [lp.param.shape for lp in net.learnable_params() if lp.param.requires_grad]
+
+
+def engine_ms(group: SyncGroup, devices: list[torch.device], shapes, iters: int) -> float:
+    """ms per weights-down + grads-up through an engine's threads (no compute between)."""
+    for i, d in enumerate(devices):
+        group.setup(i, [torch.nn.Parameter(torch.ones(s, device=d)) for s in shapes])
+    cbs = [group.callback(i) for i in range(len(devices))]
+    clock: dict[str, float] = {}
+    go = threading.Barrier(len(devices))
+
+    def loop(i: int) -> None:
+        for k in range(iters + 5):
+            if k == 5:
+                go.wait(60)
+                if i == 0:
+                    sync_devices(devices)
+                    clock["t0"] = time.perf_counter()
+            cbs[i].on_start()
+            cbs[i].on_gradient_ready()
+        go.wait(60)
+        sync_devices(devices)
+
+    run_replicas(group, [lambda i=i: loop(i) for i in range(len(devices))])
+    return 1000 * (time.perf_counter() - clock["t0"]) / iters
+
+
+def bare_tree_ms(devices, shapes, iters: int) -> tuple[float, float]:
+    """ms of a bare P2P tree reduce, and of reduce + broadcast, from one thread."""
+    from caffe_py.parallel.topology import build_tree, peer_matrix
+
+    tree = build_tree(len(devices), peer_matrix(devices))
+    numel = sum(torch.Size(s).numel() for s in shapes)
+    grads = [torch.ones(numel, device=d) for d in devices]
+    inbox = {e.child: torch.empty(numel, device=devices[e.parent]) for e in tree.edges}
+
+    def reduce() -> None:
+        for e in tree.edges:  # round by round: children's sums are complete first
+            inbox[e.child].copy_(grads[e.child], non_blocking=True)
+            grads[e.parent].add_(inbox[e.child])
+        grads[0].mul_(1.0 / len(devices))
+
+    def broadcast() -> None:
+        for e in reversed(tree.edges):
+            grads[e.child].copy_(grads[e.parent], non_blocking=True)
+
+    out = []
+    for steps in ((reduce,), (reduce, broadcast)):
+        for k in range(iters + 5):
+            if k == 5:
+                sync_devices(devices)
+                t0 = time.perf_counter()
+            for step in steps:
+                step()
+        sync_devices(devices)
+        out.append(1000 * (time.perf_counter() - t0) / iters)
+    return out[0], out[1]
+
+
+def bare_nccl_ms(devices, shapes, iters: int) -> float:
+    import torch.cuda.nccl as nccl
+
+    numel = sum(torch.Size(s).numel() for s in shapes)
+    grads = [torch.ones(numel, device=d) for d in devices]
+    for k in range(iters + 5):
+        if k == 5:
+            sync_devices(devices)
+            t0 = time.perf_counter()
+        nccl.all_reduce(grads)
+    sync_devices(devices)
+    return 1000 * (time.perf_counter() - t0) / iters
+
+
+def cmd_reduce(args: argparse.Namespace) -> None:
+    devices = parse_devices(args.gpus)
+    shapes = grad_shapes(args.solver)
+    mb = round(sum(torch.Size(s).numel() for s in shapes) * 4 / 1e6, 1)
+    n = len(devices)
+    base = {"kind": "reduce", "gpus": n, "mb": mb, "tensors": len(shapes)}
+    reduce_ms, both_ms = bare_tree_ms(devices, shapes, args.iters)
+    emit(args.json, {**base, "op": "bare P2P tree: reduce (copies + adds, 1/N)",
+                     "ms": round(reduce_ms, 3)})
+    emit(args.json, {**base, "op": "bare P2P tree: reduce + broadcast", "ms": round(both_ms, 3)})
+    ms = engine_ms(TreeSync(devices), devices, shapes, args.iters)
+    emit(args.json, {**base, "op": "caffe-py tree engine: reduce + broadcast (threads)",
+                     "ms": round(ms, 3)})
+    if all(d.type == "cuda" for d in devices):
+        emit(args.json, {**base, "op": "bare torch.cuda.nccl.all_reduce",
+                         "ms": round(bare_nccl_ms(devices, shapes, args.iters), 3)})
+        ms = engine_ms(NcclSync(devices), devices, shapes, args.iters)
+        emit(args.json, {**base, "op": "caffe-py nccl engine: all_reduce + broadcast (threads)",
+                         "ms": round(ms, 3)})
+
+
+# --- results ------------------------------------------------------------------------------------
+def emit(path: Path | None, record: dict) -> None:
+    line = json.dumps(record)
+    print(line, flush=True)
+    if path is not None:
+        with path.open("a") as f:
+            f.write(line + "\n")
+
+
+def cmd_table(args: argparse.Namespace) -> None:
+    records = [json.loads(x) for x in args.json.read_text().splitlines() if x.strip()]
+    print(throughput_table([r for r in records if r.get("kind") == "throughput"]))
+    print()
+    print(reduce_table([r for r in records if r.get("kind") == "reduce"]))
+
+
+def throughput_table(rows: list[dict]) -> str:
+    out = ["| model | run | GPUs | batch/GPU | images/s | vs PyTorch 1-GPU x N | vs DDP | "
+           "sync wait ms/step (per replica) |", "|---|---|---|---|---|---|---|---|"]
+    for model in dict.fromkeys(r["model"] for r in rows):
+        mine = [r for r in rows if r["model"] == model]
+        plain = next((r for r in mine if r["run"] == "pytorch 1-GPU loop"), None)
+        for r in mine:
+            ddp = next((d for d in mine if d["run"].startswith("torchrun DDP")
+                        and d["gpus"] == r["gpus"]), None)
+            lin = (f"{r['images_per_s'] / (plain['images_per_s'] * r['gpus']):.1%}"
+                   if plain else "-")
+            vs = (f"{r['images_per_s'] / ddp['images_per_s']:.2f}x"
+                  if ddp and ddp is not r else "-")
+            waits = ", ".join(f"{w:g}" for w in r.get("sync_wait_ms_per_step", [])) or "-"
+            out.append(f"| {model} | {r['run']} | {r['gpus']} | {r['batch']} | "
+                       f"{r['images_per_s']:,.0f} | {lin} | {vs} | {waits} |")
+    return "\n".join(out)
+
+
+def reduce_table(rows: list[dict]) -> str:
+    out = ["| gradient reduction | GPUs | MB (tensors) | ms |", "|---|---|---|---|"]
+    for r in rows:
+        out.append(f"| {r['op']} | {r['gpus']} | {r['mb']} ({r['tensors']}) | {r['ms']} |")
+    return "\n".join(out)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    sub = ap.add_subparsers(dest="cmd", required=True)
+    s = sub.add_parser("solver")
+    s.add_argument("--net", type=Path, required=True)
+    s.add_argument("--out", type=Path, required=True)
+    s.add_argument("--name", required=True)
+    s.add_argument("--lenet", action="store_true", help="net is configs/lenet.yaml")
+    s.add_argument("--batch", type=int, default=0)
+    s.add_argument("--precision", default="BF16", choices=("BF16", "FLOAT32"))
+    s.add_argument("--lr", type=float, default=0.01)
+    c = sub.add_parser("caffe")
+    c.add_argument("--solver", type=Path, required=True)
+    c.add_argument("--gpus", required=True)
+    c.add_argument("--reduction", default="tree", choices=("tree", "nccl"))
+    c.add_argument("--channels-last", action="store_true")
+    c.add_argument("--profile", type=Path)
+    r = sub.add_parser("reduce")
+    r.add_argument("--solver", type=Path, required=True)
+    r.add_argument("--gpus", required=True)
+    for p in (c, r):
+        p.add_argument("--warmup", type=int, default=15)
+        p.add_argument("--iters", type=int, default=30)
+        p.add_argument("--json", type=Path)
+    t = sub.add_parser("table")
+    t.add_argument("--json", type=Path, required=True)
+    args = ap.parse_args()
+    {"solver": cmd_solver, "caffe": cmd_caffe, "reduce": cmd_reduce,
+     "table": cmd_table}[args.cmd](args)
+
+
+if __name__ == "__main__":
+    main()
