@@ -304,7 +304,13 @@ class Net(nn.Module):
             for k, down in enumerate(lp.propagate_down):
                 if not down:
                     bottoms[k] = bottoms[k].detach()
-            tops = layer(*bottoms)
+            try:
+                tops = layer(*bottoms)
+            except RuntimeError as exc:
+                reshaped = _reshaped_bottom(layer, bottoms)
+                if reshaped is None:
+                    raise
+                raise NetError(reshaped) from exc
             if isinstance(tops, torch.Tensor):
                 tops = (tops,)
             elif tops is None:  # a layer without tops (Silence)
@@ -434,6 +440,18 @@ def _loss_weight(layer: Layer, top: int) -> float:
     if layer.spec.loss_weight:
         return float(layer.spec.loss_weight[top])
     return 1.0 if layer.is_loss and top == 0 else 0.0
+
+
+def _reshaped_bottom(layer: Layer, bottoms: list[torch.Tensor]) -> str | None:
+    """Why a forward failed, when a bottom's shape beyond the batch axis differs from the
+    build shape (e.g. an input of another image size); None when they all match."""
+    for k, (tensor, built) in enumerate(zip(bottoms, layer.bottom_shapes, strict=True)):
+        got = tuple(tensor.shape)
+        if len(got) != len(built) or got[1:] != built[1:]:
+            return (f"layer '{layer.name}' ({layer.spec.type}): bottom '{layer.spec.bottom[k]}' "
+                    f"has shape {list(got)} but the net was built for {list(built)}; only the "
+                    "batch size (axis 0) may differ: give inputs of the declared shape")
+    return None
 
 
 def _param_spec(ref: _Blob) -> ParamSpec | None:

@@ -311,3 +311,13 @@ def test_net_on_cuda_keeps_blobs_and_loss_there(spec_of):
     assert all(p.param.is_cuda for p in net.learnable_params())
     result = net({"data": torch.ones(2, 3, 4, device="cuda")})
     assert result.loss.is_cuda and result.loss.item() == 432.0
+
+
+def test_inputs_of_another_shape_name_the_layer(spec_of):
+    net = Net(spec_of(MULTS))
+    assert net({"data": torch.ones(5, 3)}).outputs["s3"].shape == (5, 3)  # batch may differ
+    with pytest.raises(NetError) as err:
+        net({"data": torch.ones(2, 4)})
+    assert str(err.value) == ("layer 's1' (ToyScale): bottom 'data' has shape [2, 4] but the net "
+                              "was built for [2, 3]; only the batch size (axis 0) may differ: "
+                              "give inputs of the declared shape")

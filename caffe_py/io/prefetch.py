@@ -57,7 +57,7 @@ class Prefetcher:
                  device: torch.device, name: str = "feed",
                  stop: threading.Event | None = None):
         self.records, self.transformer, self.batch_size = records, transformer, batch_size
-        self.device, self.name = torch.device(device), name
+        self.device, self.name = _with_index(torch.device(device)), name
         self.stop = stop if stop is not None else records.source.stop
         self.thread: threading.Thread | None = None
         self.delivered = 0
@@ -70,19 +70,22 @@ class Prefetcher:
 
     # --- lifetime -----------------------------------------------------------------------------
     def start(self) -> None:
-        dtype = np.dtype(np.float32 if self._float_records() else np.uint8)
-        shape = (self.batch_size, *self.transformer.out_shape)
-        self._slots = [_HostSlot(shape, dtype, pin=self._cuda) for _ in range(2)]
         self._mean = self.transformer.device_mean(self.device)
         if self._cuda:
+            self._slots = [_HostSlot(self._host_shape(), self._host_dtype(), pin=True)
+                           for _ in range(2)]
             self._side = torch.cuda.Stream(self.device)
             self._side.wait_stream(torch.cuda.current_stream(self.device))  # the mean's copy
         self.thread = threading.Thread(target=self._run, name=f"cpy-prefetch:{self.name}",
                                        daemon=True)
         self.thread.start()
 
-    def _float_records(self) -> bool:
-        return self.records.stream.dtype == np.float32
+    def _host_shape(self) -> tuple[int, ...]:
+        return (self.batch_size, *self.transformer.out_shape)
+
+    def _host_dtype(self) -> np.dtype:
+        """The records' own dtype: uint8 pixels cross to the device as bytes."""
+        return np.dtype(self.records.stream.dtype)
 
     def close(self) -> None:
         self.stop.set()
@@ -96,7 +99,7 @@ class Prefetcher:
         slot = 0
         try:
             while not self.stop.is_set():
-                batch = self._assemble(self._slots[slot])
+                batch = self._assemble(self._slots[slot] if self._cuda else None)
                 if not self._put(batch):
                     return
                 slot = 1 - slot
@@ -112,7 +115,7 @@ class Prefetcher:
                 continue
         return False
 
-    def _assemble(self, slot: _HostSlot) -> _Batch:
+    def _assemble(self, slot: _HostSlot | None) -> _Batch:
         records = self.records.get(self.batch_size)
         choices = self.transformer.choices([r.position for r in records])
         labels = np.fromiter((r.label for r in records), dtype=np.int64, count=len(records))
@@ -120,10 +123,11 @@ class Prefetcher:
             # A fresh buffer per batch (the loop keeps the last one), filled by numpy only: a
             # torch CPU op here would start a second OpenMP team that spins against the
             # training loop's; next() runs the float half in the loop's thread.
-            data = np.empty(slot.data.shape, dtype=slot.data.numpy().dtype)
+            data = np.empty(self._host_shape(), dtype=self._host_dtype())
             self.transformer.host([r.array for r in records], choices, data)
             return _Batch(torch.from_numpy(data), torch.from_numpy(labels), None,
                           len(records), choices)
+        assert slot is not None
         if slot.copied is not None:
             slot.copied.synchronize()  # the previous batch in this buffer has left it
         # uint8 flips are cheaper on the GPU than strided host copies
@@ -180,3 +184,10 @@ class Prefetcher:
             self._ready.put_nowait(item)
         except queue.Full:
             pass
+
+
+def _with_index(device: torch.device) -> torch.device:
+    """``cuda`` -> ``cuda:<current>``: the feed thread sets its device, which needs an index."""
+    if device.type == "cuda" and device.index is None:
+        return torch.device("cuda", torch.cuda.current_device())
+    return device
