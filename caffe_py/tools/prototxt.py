@@ -280,6 +280,13 @@ class _Parser:
                 msg.tail = tok.leading
                 msg.one_line = opener is not None and opener.line == tok.line
                 return tok
+            if tok.kind == "symbol" and tok.text in "}>":
+                if closing is None:
+                    raise self.fail(tok, f"'{tok.text}' closes no open block",
+                                    "remove it, or open the block it closes")
+                raise self.fail(tok, f"'{tok.text}' cannot close the block opened with "
+                                     f"'{opener.text}' at {opener.line}:{opener.column}",
+                                f"close it with '{closing}'")
             msg.fields.extend(self._field())
             if self.at(",") or self.at(";"):
                 self.take()

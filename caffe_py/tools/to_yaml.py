@@ -410,7 +410,7 @@ class _Converter:
             near = suggest(f.value, V1_LAYER_TYPES)
             hint = f"did you mean {near}? " if near else ""
             raise self.fail(f, f"unknown V1 layer type '{f.value}'",
-                            f"{hint}V1 types: {', '.join(sorted(V1_LAYER_TYPES)[1:])}")
+                            f"{hint}V1 types: {', '.join(sorted(set(V1_LAYER_TYPES) - {'NONE'}))}")
         if f.value == "NONE":
             raise self.fail(f, "V1 layer type NONE has no V2 type", "give the layer a type")
         return str(f.value)
