@@ -239,7 +239,8 @@ def machine(device: str) -> str:
            f"torch {torch.__version__}"
     if device == "cuda":
         text += f", {torch.cuda.get_device_name()}"
-    return text
+    load = os.getloadavg()[0]
+    return f"{text}, load average {load:.1f} at the start (other work on the machine)"
 
 
 def run(args) -> str:

@@ -355,7 +355,7 @@ class ReaderPool:
         from .prefetch import Prefetcher
         from .transformer import Transformer
 
-        dp, tp = layer.param("data_param"), layer.param("transform_param")
+        dp, tp = layer.param("data_param"), layer.transform
         stream = f"{layer.phase}/{layer.name}"
         queue = self.subscribe(dp.source, stream, replica=replica, batch_size=dp.batch_size,
                                prefetch=dp.prefetch, record_shape=layer.record_shape,

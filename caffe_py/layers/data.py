@@ -7,6 +7,7 @@ data pipeline attached to it (``caffe_py.io.ReaderPool.attach``); no layer reads
 """
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Protocol
@@ -168,7 +169,8 @@ class Data(Layer):
     """Batches from an LMDB of Datum records: tops data (B, C, h, w) and, optionally, label (B,).
 
     Building opens the database and reads its first record for the shapes (C, H, W, then the
-    crop). ``forward`` returns the next batch of the feed that
+    crop). ``self.transform`` is the effective transform_param (deprecated data_param fields
+    moved in). ``forward`` returns the next batch of the feed that
     :meth:`caffe_py.io.ReaderPool.attach` gave the layer.
     """
 
@@ -182,10 +184,7 @@ class Data(Layer):
         from ..io.transformer import Transformer, force_color
 
         dp, tp = self.param("data_param"), self.param("transform_param")
-        for key in _LEGACY_TRANSFORM:
-            if is_set(dp, key):
-                raise self.fail(f"data_param.{key} is deprecated",
-                                f"move it to transform_param.{key}")
+        tp = self.transform = self._upgraded_transform(dp, tp)
         with open_db(dp.source) as db:  # missing: a DataError naming the path and the fix
             key, value = db.first()
         self.color = True if dp.force_encoded_color else force_color(tp)
@@ -203,6 +202,17 @@ class Data(Layer):
         self._feed: Feed | None = None
         shapes: list[Shape] = [(dp.batch_size, *transformer.out_shape)]
         return shapes + [(dp.batch_size,)] if len(self.spec.top) == 2 else shapes
+
+    def _upgraded_transform(self, dp: DataParameter,
+                            tp: TransformationParameter) -> TransformationParameter:
+        """transform_param with the deprecated data_param fields moved in, as Caffe's
+        UpgradeNetDataTransformation does (the spec itself is left as written)."""
+        moved = {key: getattr(dp, key) for key in _LEGACY_TRANSFORM if is_set(dp, key)}
+        both = [key for key in moved if is_set(tp, key)]
+        if both:
+            raise self.fail(f"{both[0]} is set in both data_param and transform_param",
+                            f"keep transform_param.{both[0]} only")
+        return dataclasses.replace(tp, **moved) if moved else tp
 
     def attach(self, feed: Feed) -> None:
         """Give the layer its feed (done by the data pipeline, never by user code)."""

@@ -147,9 +147,21 @@ def test_data_transform_errors_name_the_layer(tmp_path):
     with pytest.raises(NetError, match=r"layer 'mnist' \(Data\): transform_param.crop_size 11 "
                                        r"is larger than the records \(3 x 10 x 12\)"):
         build(data_node(db, crop_size=11))
-    with pytest.raises(NetError, match=r"data_param.scale is deprecated; move it to "
-                                       r"transform_param.scale"):
-        build({**data_node(db), "data_param": {"source": db, "batch_size": 5, "scale": 0.5}})
+    with pytest.raises(NetError, match=r"crop_size is set in both data_param and "
+                                       r"transform_param; keep transform_param.crop_size only"):
+        build({**data_node(db, crop_size=4),
+               "data_param": {"source": db, "batch_size": 5, "crop_size": 8}})
+
+
+def test_data_moves_deprecated_data_param_fields_into_the_transform(tmp_path):
+    db = make_db(tmp_path / "db")
+    layer = build({**data_node(db, scale=0.5),
+                   "data_param": {"source": db, "batch_size": 5, "crop_size": 8,
+                                  "mirror": True}})
+    assert layer.top_shapes[0] == (5, 3, 8, 8)
+    t = layer.transform
+    assert (t.crop_size, t.mirror, t.scale) == (8, True, 0.5)
+    assert layer.param("transform_param").crop_size == 0  # the spec is left as written
 
 
 def test_data_without_a_feed_is_a_clear_error(tmp_path):
