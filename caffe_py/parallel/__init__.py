@@ -2,9 +2,11 @@
 through the solver's callbacks by a reduction tree (Caffe rc3's P2PSync) or an NCCL ring.
 
 ``train_replicated(param, devices, options)`` is the entry point ``cpy train --gpus`` uses for
-more than one device; ``parse_devices`` reads the ``--gpus`` value ('0,1', 'all', 'cpu:N').
+more than one device; ``parse_devices`` (from caffe_py.devices) reads a ``--gpus`` value
+('0,1', 'all', 'cpu:N').
 """
-from .replicated import ReplicatedRun, check_devices, parse_devices, train_replicated
+from ..devices import parse_devices
+from .replicated import ReplicatedRun, check_devices, train_replicated
 from .topology import Tree, build_tree
 
 __all__ = ["ReplicatedRun", "Tree", "build_tree", "check_devices", "parse_devices",

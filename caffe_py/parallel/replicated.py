@@ -17,6 +17,7 @@ from typing import Any
 
 import torch
 
+from ..devices import DeviceError
 from ..errors import SolverError
 from ..solver import snapshot as snap
 from ..solver.signals import SignalHandler
@@ -29,35 +30,12 @@ REDUCTIONS = ("tree", "nccl")
 Log = Callable[[str], None]
 
 
-def parse_devices(text: str) -> list[torch.device]:
-    """``--gpus``: '0,1,3', 'all' (every visible GPU) or 'cpu:N' (N replicas on CPU threads)."""
-    text = text.strip().lower()
-    if text.startswith("cpu"):
-        count = text[3:].lstrip(":") or "1"
-        if not count.isdigit() or int(count) < 1:
-            raise SolverError(f"--gpus {text}: give cpu:N with N >= 1 CPU replicas, e.g. cpu:4")
-        return [torch.device("cpu")] * int(count)
-    available = torch.cuda.device_count() if torch.cuda.is_available() else 0
-    if text == "all":
-        if not available:
-            raise SolverError("--gpus all: no CUDA GPU is visible; use --gpus cpu:N to train "
-                              "N replicas on CPU")
-        return [torch.device("cuda", i) for i in range(available)]
-    ids: list[int] = []
-    for part in text.split(","):
-        part = part.strip()
-        if not part.isdigit():
-            raise SolverError(f"--gpus {text}: '{part}' is not a GPU id; give ids like 0,1,2, "
-                              "'all', or cpu:N")
-        ids.append(int(part))
-    return check_devices([torch.device("cuda", i) for i in ids])
-
-
 def check_devices(devices: Sequence[torch.device | str | int]) -> list[torch.device]:
-    """Devices as torch.device, each CUDA id existing and listed once."""
+    """Devices as torch.device, each CUDA id existing and listed once (for library callers;
+    ``cpy train`` has checked its ``--gpus`` with :func:`caffe_py.devices.parse_devices`)."""
     out = [torch.device("cuda", d) if isinstance(d, int) else torch.device(d) for d in devices]
     if not out:
-        raise SolverError("no device to train on; give --gpus ids, 'all' or cpu:N")
+        raise DeviceError("no device to train on; give --gpus ids, 'all' or cpu:N")
     available = torch.cuda.device_count() if torch.cuda.is_available() else 0
     seen: set[int] = set()
     for d in out:
@@ -66,14 +44,14 @@ def check_devices(devices: Sequence[torch.device | str | int]) -> list[torch.dev
         index = 0 if d.index is None else d.index
         if index >= available:
             have = f"{available} GPU(s) (ids 0-{available - 1})" if available else "no GPU"
-            raise SolverError(f"GPU {index} does not exist: this machine has {have}; pass "
+            raise DeviceError(f"GPU {index} does not exist: this machine has {have}; pass "
                               "--gpus with existing ids, 'all', or cpu:N")
         if index in seen:
-            raise SolverError(f"GPU {index} is listed twice in --gpus; list each GPU once")
+            raise DeviceError(f"GPU {index} is listed twice in --gpus; list each GPU once")
         seen.add(index)
     kinds = {d.type for d in out}
     if len(kinds) > 1:
-        raise SolverError("--gpus mixes CPU and GPU replicas; use one kind")
+        raise DeviceError("--gpus mixes CPU and GPU replicas; use one kind")
     return [torch.device("cuda", d.index or 0) if d.type == "cuda" else d for d in out]
 
 
