@@ -250,7 +250,7 @@ def parse_net(node: Any, src: Source, path: str = "") -> NetParameter:
         raise SpecError("a net spec is a mapping with 'name' and 'layer'", file=src.file,
                         line=getattr(node, "line", None), path=path)
     node = node if isinstance(node, yamlio.MarkedDict) else _mark(node)
-    layers = node.get("layer", [])
+    layers = node.get("layer") or []  # 'layer:' with nothing under it is no layers
     net = parse_message(NetParameter, node, src, path, skip=("layer",))
     if not isinstance(layers, list):
         layers = [layers]

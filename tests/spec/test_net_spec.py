@@ -93,6 +93,10 @@ def test_unknown_type_suggests_and_lists_known(spec_of):
          f"known types: {known}")
 
 
+def test_an_empty_layer_list_is_no_layers(spec_of):
+    assert spec_of("name: n\nlayer:\n").layer == []
+
+
 def test_net_errors(spec_of):
     assert error_of(spec_of, "- a\n") == \
         "net.yaml:1: a net spec is a mapping with 'name' and 'layer'"
