@@ -94,6 +94,16 @@ def time_layers(net: Net, iterations: int, log: Callable[[str], None],
         sync()
         times.forward[layer.name] += (time.perf_counter() - starts[layer.name]) * 1e3
 
+    needs = _bottoms_needing_grad(net, inputs)
+    hooks = [layer.register_forward_pre_hook(before) for layer in net.layers]
+    try:  # warm-up: the first isolated backward of a layer pays one-time setup costs
+        with torch.no_grad():
+            net(inputs)
+        for layer in reversed(net.layers):
+            _time_backward(layer, seen[layer.name], needs[layer.name], sync)
+    finally:
+        for h in hooks:
+            h.remove()
     hooks = [h for layer in net.layers
              for h in (layer.register_forward_pre_hook(before),
                        layer.register_forward_hook(after))]
@@ -103,7 +113,8 @@ def time_layers(net: Net, iterations: int, log: Callable[[str], None],
             with torch.no_grad():
                 net(inputs)
             for layer in reversed(net.layers):
-                times.backward[layer.name] += _time_backward(layer, seen[layer.name], sync)
+                times.backward[layer.name] += _time_backward(
+                    layer, seen[layer.name], needs[layer.name], sync)
             times.iterations.append((time.perf_counter() - start) * 1e3)
             log(f"Iteration: {len(times.iterations)} forward-backward time: "
                 f"{times.iterations[-1]:.3f} ms.")
@@ -113,9 +124,30 @@ def time_layers(net: Net, iterations: int, log: Callable[[str], None],
     return times
 
 
-def _time_backward(layer: torch.nn.Module, bottoms: tuple, sync: Callable[[], None]) -> float:
+def _bottoms_needing_grad(net: Net, inputs: Mapping[str, torch.Tensor] | None
+                          ) -> dict[str, list[bool]]:
+    """Per layer, which bottoms a real backward computes gradients for (Caffe's
+    bottom_need_backward): the data layers' tops, for one, need none."""
+    needs: dict[str, list[bool]] = {}
+
+    def record(layer, args):
+        needs[layer.name] = [isinstance(a, torch.Tensor) and a.requires_grad for a in args]
+
+    hooks = [layer.register_forward_pre_hook(record) for layer in net.layers]
+    try:
+        with torch.enable_grad():
+            net(inputs)
+    finally:
+        for h in hooks:
+            h.remove()
+    return needs
+
+
+def _time_backward(layer: torch.nn.Module, bottoms: tuple, needs: list[bool],
+                   sync: Callable[[], None]) -> float:
     """Milliseconds of one backward through ``layer`` alone (0 when nothing needs a gradient)."""
-    inputs = [b.clone().requires_grad_(True) if b.is_floating_point() else b for b in bottoms]
+    inputs = [b.clone().requires_grad_(True) if need else b
+              for b, need in zip(bottoms, needs, strict=True)]
     with torch.enable_grad():
         tops = layer(*inputs)
     tops = [tops] if isinstance(tops, torch.Tensor) else list(tops)
