@@ -111,3 +111,52 @@ def test_forward_before_start_and_after_close(tmp_path):
     with pytest.raises(DataError, match="reader was closed|feed TRAIN/data#0 stopped"):
         for _ in range(10):  # batches already prefetched may still come out
             layer()
+
+
+def _pipeline_batch(db, transform, batch_size=2):
+    spec = parse_layer({"name": "data", "type": "Data", "top": ["data", "label"],
+                        "data_param": {"source": db, "batch_size": batch_size},
+                        "transform_param": transform}, Source(), "layer")
+    layer = lookup("Data")(spec, [], BuildContext(phase="TEST"))
+    with ReaderPool() as pool:
+        pool.attach(type("Net", (), {"data_layers": lambda self: [layer]})())
+        pool.start()
+        return layer, layer()
+
+
+def test_encoded_images_decode_in_bgr_or_forced_gray(tmp_path):
+    import io
+
+    from PIL import Image
+
+    from caffe_py.io.datum import Datum
+
+    rgb = np.zeros((2, 3, 3), np.uint8)
+    rgb[..., 0], rgb[..., 1], rgb[..., 2] = 10, 20, 30  # R, G, B
+    png = io.BytesIO()
+    Image.fromarray(rgb).save(png, format="PNG")
+    with LmdbWriter(tmp_path / "db") as writer:
+        for i in range(2):
+            writer.put(b"%d" % i, encode_datum(Datum(data=png.getvalue(), label=i,
+                                                     encoded=True)))
+    db = str(tmp_path / "db")
+    layer, (data, label) = _pipeline_batch(db, {})
+    assert layer.top_shapes[0] == (2, 3, 2, 3)
+    assert data[0, :, 0, 0].tolist() == [30.0, 20.0, 10.0]  # BGR, as OpenCV gives Caffe
+    assert label.tolist() == [0, 1]
+    gray_layer, (gray, _) = _pipeline_batch(db, {"force_gray": True})
+    assert gray_layer.top_shapes[0] == (2, 1, 2, 3)
+    # ITU-R 601 luma, as both OpenCV and Pillow compute it
+    assert gray[0, 0, 0, 0].item() == round(0.299 * 10 + 0.587 * 20 + 0.114 * 30)
+
+
+def test_float_records_flow_through_as_floats(tmp_path):
+    values = np.arange(2 * 2 * 3, dtype=np.float32).reshape(2, 2, 3) / 7
+    with LmdbWriter(tmp_path / "db") as writer:
+        for i in range(3):
+            writer.put(b"%d" % i, encode_datum(datum_from_array(values + i, i)))
+    layer, (data, label) = _pipeline_batch(str(tmp_path / "db"),
+                                           {"scale": 2.0, "mean_value": [0.5]}, batch_size=3)
+    assert layer.record_dtype == np.float32
+    want = torch.from_numpy(np.stack([(values + i - 0.5) * 2 for i in range(3)]))
+    torch.testing.assert_close(data, want, rtol=0, atol=0)
