@@ -105,9 +105,9 @@ channel_fwd_kernel(const T* x, const T* param, T* y, int64_t n, int64_t C, int64
 // Rows path. Requires inner % V == 0 so that every row starts on a pack boundary.
 template <typename T, int V, typename Op>
 __global__ void __launch_bounds__(kBlock, kMinBlocks)
-channel_bwd_rows(const T* g, const T* s, const T* param, T* gx,
-                                 typename OpMath<T>::type* partial, int64_t rows, int64_t inner,
-                                 int64_t C, int64_t segs, typename OpMath<T>::type p, Op op) {
+channel_bwd_rows(const T* g, const T* s, const T* param, T* gx, typename OpMath<T>::type* partial,
+                 int64_t rows, int64_t inner, int64_t C, int64_t segs,
+                 typename OpMath<T>::type p, Op op) {
   using A = typename OpMath<T>::type;
   using P = Pack<T, V>;
   constexpr int U = Unroll<T>::value;
@@ -160,9 +160,8 @@ channel_bwd_rows(const T* g, const T* s, const T* param, T* gx,
 // Columns path. Requires L % V == 0. Block (TX, TY): x walks columns, y walks rows.
 template <typename T, int V, typename Op>
 __global__ void __launch_bounds__(kBlock, kMinBlocks)
-channel_bwd_cols(const T* g, const T* s, const T* param, T* gx,
-                                 typename OpMath<T>::type* partial, int64_t outer, int64_t L,
-                                 int64_t inner, typename OpMath<T>::type p, Op op) {
+channel_bwd_cols(const T* g, const T* s, const T* param, T* gx, typename OpMath<T>::type* partial,
+                 int64_t outer, int64_t L, int64_t inner, typename OpMath<T>::type p, Op op) {
   using A = typename OpMath<T>::type;
   using P = Pack<T, V>;
   constexpr int U = Unroll<T>::value;

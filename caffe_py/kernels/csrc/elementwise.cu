@@ -45,8 +45,7 @@ unary_kernel(const T* x, T* y, int64_t n, typename OpMath<T>::type p, Op op) {
 
 template <typename T, int V, typename Op>
 __global__ void __launch_bounds__(kBlock, kMinBlocks)
-binary_kernel(const T* g, const T* s, T* gi, int64_t n,
-                              typename OpMath<T>::type p, Op op) {
+binary_kernel(const T* g, const T* s, T* gi, int64_t n, typename OpMath<T>::type p, Op op) {
   using A = typename OpMath<T>::type;
   using P = Pack<T, V>;
   constexpr int U = Unroll<T>::value;

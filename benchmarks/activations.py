@@ -1,0 +1,298 @@
+"""Speed of the CUDA activation kernels against PyTorch's ops, and of whole training steps.
+
+Run on a CUDA machine (benchmarks/gpu_kernels.sh does, after building and testing):
+
+    python benchmarks/activations.py [--sizes-mb 64 256] [--dtypes float32 bfloat16]
+
+For each tensor size and dtype it measures the device-to-device copy bandwidth (x.copy_ and
+clone), then each kernel's forward and backward against PyTorch's op (F.relu, F.leaky_relu,
+F.prelu, F.elu, torch.sigmoid, torch.tanh and their backward ops), and the fused bias + ReLU
+against PyTorch's two ops (x + b[None, :, None, None], then relu). Bandwidth counts the bytes
+each op must read and write (parameters aside); a timing is the median over repeats of a
+back-to-back loop between two CUDA events. It then times LeNet and ResNet-50 training steps
+(forward + backward) with the activations on the kernels (engine CUDA) and on PyTorch (TORCH).
+
+The markdown table goes to stdout, and to $OUT/kernels.md when OUT is set (or --out).
+"""
+from __future__ import annotations
+
+import argparse
+import datetime
+import os
+import platform
+import statistics
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from caffe_py.kernels import build  # noqa: E402
+from caffe_py.kernels import reference as ref  # noqa: E402
+
+aten = torch.ops.aten
+
+
+def timed(fn: Callable[[], object], iters: int = 20, repeats: int = 7) -> float:
+    """Median seconds per call of ``fn``, run ``iters`` times back to back per repeat."""
+    for _ in range(3):
+        fn()
+    torch.cuda.synchronize()
+    samples = []
+    for _ in range(repeats):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        for _ in range(iters):
+            fn()
+        end.record()
+        end.synchronize()
+        samples.append(start.elapsed_time(end) / 1e3 / iters)
+    return statistics.median(samples)
+
+
+@dataclass
+class Row:
+    op: str
+    dtype: str
+    mb: int
+    fwd_ours: float  # GB/s
+    fwd_torch: float
+    bwd_ours: float
+    bwd_torch: float
+    copy: float
+
+    def cells(self) -> list[str]:
+        def pct(v: float) -> str:
+            return f"{100 * v / self.copy:.0f}%"
+
+        return [self.op, self.dtype, str(self.mb),
+                f"{self.fwd_ours:.0f}", f"{self.fwd_torch:.0f}", pct(self.fwd_ours),
+                f"{self.fwd_ours / self.fwd_torch:.2f}x",
+                f"{self.bwd_ours:.0f}", f"{self.bwd_torch:.0f}", pct(self.bwd_ours),
+                f"{self.bwd_ours / self.bwd_torch:.2f}x"]
+
+
+HEADER = ["op", "dtype", "MB", "fwd GB/s", "torch fwd", "fwd/copy", "fwd vs torch",
+          "bwd GB/s", "torch bwd", "bwd/copy", "bwd vs torch"]
+
+
+def kernel_rows(ext, mb: int, dtype: torch.dtype) -> tuple[list[Row], dict[str, float]]:
+    """Every kernel at one size and dtype; tensors (N, 64, 64, 64) of ``mb`` megabytes."""
+    esize = torch.empty((), dtype=dtype).element_size()
+    n_elems = mb * 2 ** 20 // esize
+    shape = (n_elems // (64 * 64 * 64), 64, 64, 64)
+    nbytes = n_elems * esize
+    x = torch.randn(shape, device="cuda").to(dtype)
+    g = torch.randn(shape, device="cuda").to(dtype)
+    y = torch.empty_like(x)
+    gi = torch.empty_like(x)
+    C, inner = 64, 64 * 64
+    slope = torch.full((C,), 0.25, device="cuda", dtype=dtype)
+    bias = torch.randn(C, device="cuda", dtype=dtype)
+
+    copy_s = timed(lambda: y.copy_(x))
+    clone_s = timed(lambda: x.clone())
+    copy_bw = 2 * nbytes / copy_s / 1e9
+    copies = {"copy_": copy_bw, "clone": 2 * nbytes / clone_s / 1e9}
+
+    def gbps(seconds: float, passes: int) -> float:
+        return passes * nbytes / seconds / 1e9
+
+    rows = []
+
+    def add(name, ours_f, torch_f, ours_b, torch_b, bwd_passes=3):
+        rows.append(Row(name, str(dtype).replace("torch.", ""), mb,
+                        gbps(timed(ours_f), 2), gbps(timed(torch_f), 2),
+                        gbps(timed(ours_b), bwd_passes), gbps(timed(torch_b), bwd_passes),
+                        copy_bw))
+
+    ext.act_forward(x, y, ref.RELU, 0.0)
+    add("ReLU", lambda: ext.act_forward(x, y, ref.RELU, 0.0), lambda: F.relu(x),
+        lambda: ext.act_backward(g, y, gi, ref.RELU, 0.0, True),
+        lambda: aten.threshold_backward(g, y, 0))
+    add("ReLU slope 0.1", lambda: ext.act_forward(x, y, ref.RELU, 0.1),
+        lambda: F.leaky_relu(x, 0.1),
+        lambda: ext.act_backward(g, x, gi, ref.RELU, 0.1, True),
+        lambda: aten.leaky_relu_backward(g, x, 0.1, False))
+    ext.act_forward(x, y, ref.ELU, 1.0)
+    add("ELU", lambda: ext.act_forward(x, y, ref.ELU, 1.0), lambda: F.elu(x),
+        lambda: ext.act_backward(g, y, gi, ref.ELU, 1.0, True),
+        lambda: aten.elu_backward(g, 1.0, 1, 1, True, y))
+    ext.act_forward(x, y, ref.SIGMOID, 0.0)
+    add("Sigmoid", lambda: ext.act_forward(x, y, ref.SIGMOID, 0.0), lambda: torch.sigmoid(x),
+        lambda: ext.act_backward(g, y, gi, ref.SIGMOID, 0.0, True),
+        lambda: aten.sigmoid_backward(g, y))
+    ext.act_forward(x, y, ref.TANH, 0.0)
+    add("TanH", lambda: ext.act_forward(x, y, ref.TANH, 0.0), lambda: torch.tanh(x),
+        lambda: ext.act_backward(g, y, gi, ref.TANH, 0.0, True),
+        lambda: aten.tanh_backward(g, y))
+
+    xg = x.detach().requires_grad_()
+    wg = slope.detach().requires_grad_()
+    torch_prelu = F.prelu(xg, wg)
+    add("PReLU (per channel)", lambda: ext.prelu_forward(x, slope, y, C, inner),
+        lambda: F.prelu(x, slope),
+        lambda: ext.prelu_backward(g, x, slope, gi, C, inner),
+        lambda: torch.autograd.grad(torch_prelu, (xg, wg), g, retain_graph=True))
+
+    b4 = bias[None, :, None, None]
+    ext.bias_act_forward(x, bias, y, C, inner, ref.RELU, 0.0)
+    add("bias + ReLU (fused vs 2 ops)",
+        lambda: ext.bias_act_forward(x, bias, y, C, inner, ref.RELU, 0.0),
+        lambda: F.relu(x + b4),
+        lambda: ext.bias_act_backward(g, y, bias, gi, C, inner, ref.RELU, 0.0),
+        lambda: (aten.threshold_backward(g, y, 0).sum((0, 2, 3))))
+    xl = x.contiguous(memory_format=torch.channels_last)
+    yl, gl, gil = torch.empty_like(xl), g.contiguous(memory_format=torch.channels_last), \
+        torch.empty_like(xl)
+    ext.bias_act_forward(xl, bias, yl, C, 1, ref.RELU, 0.0)
+    add("bias + ReLU, channels_last",
+        lambda: ext.bias_act_forward(xl, bias, yl, C, 1, ref.RELU, 0.0),
+        lambda: F.relu(xl + b4),
+        lambda: ext.bias_act_backward(gl, yl, bias, gil, C, 1, ref.RELU, 0.0),
+        lambda: (aten.threshold_backward(gl, yl, 0).sum((0, 2, 3))))
+    return rows, copies
+
+
+LENET = """
+name: LeNet
+layer:
+  - {name: data, type: Input, top: data, input_param: {shape: {dim: [64, 1, 28, 28]}}}
+  - {name: label, type: Input, top: label, input_param: {shape: {dim: [64]}}}
+  - {name: conv1, type: Convolution, bottom: data, top: conv1,
+     convolution_param: {num_output: 20, kernel_size: 5, stride: 1,
+                         weight_filler: {type: xavier}, bias_filler: {type: constant}}}
+  - {name: pool1, type: Pooling, bottom: conv1, top: pool1,
+     pooling_param: {pool: MAX, kernel_size: 2, stride: 2}}
+  - {name: conv2, type: Convolution, bottom: pool1, top: conv2,
+     convolution_param: {num_output: 50, kernel_size: 5, stride: 1,
+                         weight_filler: {type: xavier}, bias_filler: {type: constant}}}
+  - {name: pool2, type: Pooling, bottom: conv2, top: pool2,
+     pooling_param: {pool: MAX, kernel_size: 2, stride: 2}}
+  - {name: ip1, type: InnerProduct, bottom: pool2, top: ip1,
+     inner_product_param: {num_output: 500, weight_filler: {type: xavier},
+                           bias_filler: {type: constant}}}
+  - {name: relu1, type: ReLU, bottom: ip1, top: ip1}
+  - {name: ip2, type: InnerProduct, bottom: ip1, top: ip2,
+     inner_product_param: {num_output: 10, weight_filler: {type: xavier},
+                           bias_filler: {type: constant}}}
+  - {name: loss, type: SoftmaxWithLoss, bottom: [ip2, label], top: loss}
+"""
+
+
+def net_rows(resnet_batch: int) -> list[list[str]]:
+    """Training-step times (forward + backward) per net and activation setting."""
+    try:
+        from caffe_py.kernels.fusion import fuse_bias_activation
+        from caffe_py.net import Net
+        from caffe_py.spec.net_spec import parse_net
+        from caffe_py.spec.schema import Source
+        from caffe_py.spec.yamlio import loads
+    except ImportError as exc:  # the Net is not there yet: the kernel table still stands
+        print(f"(skipping whole-net steps: {exc})", file=sys.stderr)
+        return []
+    nets = [("LeNet (batch 64)", LENET, lambda: {
+        "data": torch.rand(64, 1, 28, 28, device="cuda"),
+        "label": torch.randint(0, 10, (64,), device="cuda").float()})]
+    resnet = ROOT / "configs" / "resnet50_dummy.yaml"
+    if resnet.exists():
+        text = resnet.read_text().replace("dim: [256, 3, 224, 224]}, {dim: [256]}",
+                                          f"dim: [{resnet_batch}, 3, 224, 224]}}, "
+                                          f"{{dim: [{resnet_batch}]}}")
+        nets.append((f"ResNet-50 (batch {resnet_batch})", text, lambda: None))
+    else:
+        print(f"(skipping ResNet-50: {resnet} is missing)", file=sys.stderr)
+    settings = [("TORCH", {"activation_engine": "TORCH"}, False),
+                ("CUDA", {"activation_engine": "CUDA"}, False),
+                ("CUDA + in place", {"activation_engine": "CUDA", "inplace_activations": True},
+                 False),
+                ("CUDA + bias fusion", {"activation_engine": "CUDA"}, True)]
+    rows = []
+    for title, text, make_inputs in nets:
+        spec = parse_net(loads(text, "bench.yaml"), Source("bench.yaml"))
+        base = None
+        for label, options, fuse in settings:
+            net = Net(spec, device="cuda", options=options)
+            fused = fuse_bias_activation(net) if fuse else []
+            if fuse and not fused:
+                continue
+            inputs = make_inputs()
+            torch.cuda.reset_peak_memory_stats()
+
+            def step(net=net, inputs=inputs):
+                for p in net.parameters():
+                    p.grad = None
+                net(inputs).loss.backward()
+
+            seconds = timed(step, iters=3, repeats=5)
+            peak = torch.cuda.max_memory_allocated() / 2 ** 30
+            base = base or seconds
+            rows.append([title, label, f"{seconds * 1e3:.2f}", f"{base / seconds:.3f}x",
+                         f"{peak:.2f}", str(len(fused)) if fuse else "-"])
+            del net, inputs
+            torch.cuda.empty_cache()
+    return rows
+
+
+def table(header: list[str], rows: list[list[str]]) -> str:
+    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    lines += ["| " + " | ".join(r) + " |" for r in rows]
+    return "\n".join(lines)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--sizes-mb", type=int, nargs="+", default=[64, 256])
+    ap.add_argument("--dtypes", nargs="+", default=["float32", "bfloat16"])
+    ap.add_argument("--resnet-batch", type=int, default=64)
+    ap.add_argument("--no-nets", action="store_true", help="kernels only")
+    ap.add_argument("--out", help="also write the report here (default: $OUT/kernels.md)")
+    args = ap.parse_args()
+    if not torch.cuda.is_available():
+        sys.exit("benchmarks/activations.py needs a CUDA device")
+    t0 = time.perf_counter()
+    where, build_s = build.build()
+    ext = build.load()
+    lines = [f"# Activation kernels: {torch.cuda.get_device_name()}", "",
+             f"- date: {datetime.datetime.now(datetime.timezone.utc):%Y-%m-%d %H:%M} UTC",
+             f"- command: `python {' '.join(sys.argv)}`",
+             f"- torch {torch.__version__}, CUDA {torch.version.cuda}, Python "
+             f"{platform.python_version()}, TORCH_CUDA_ARCH_LIST="
+             f"{os.environ.get('TORCH_CUDA_ARCH_LIST', '(all visible)')}",
+             f"- extension build or load: {build_s:.1f} s in {where}", ""]
+    rows, copy_lines = [], []
+    for dtype_name in args.dtypes:
+        dtype = getattr(torch, dtype_name)
+        for mb in args.sizes_mb:
+            r, copies = kernel_rows(ext, mb, dtype)
+            torch.cuda.empty_cache()  # the tensors of that size are gone with the call
+            rows += r
+            copy_lines.append(f"- copy {dtype_name} {mb} MB: x.copy_ {copies['copy_']:.0f} GB/s, "
+                              f"clone {copies['clone']:.0f} GB/s")
+    lines += ["## Device copy bandwidth (bytes read + written)", "", *copy_lines, "",
+              "## Kernels (GB/s counts bytes read + written; fwd/copy against x.copy_)", "",
+              table(HEADER, [r.cells() for r in rows]), ""]
+    if not args.no_nets:
+        net_table = net_rows(args.resnet_batch)
+        if net_table:
+            lines += ["## Training step (forward + backward), median", "",
+                      table(["net", "activations", "ms/step", "speed vs TORCH", "peak GiB",
+                             "fused pairs"], net_table), ""]
+    lines.append(f"Total benchmark time {time.perf_counter() - t0:.0f} s.")
+    report = "\n".join(lines) + "\n"
+    print(report)
+    out = args.out or (os.path.join(os.environ["OUT"], "kernels.md") if os.environ.get("OUT")
+                       else None)
+    if out:
+        Path(out).write_text(report)
+        print(f"(written to {out})", file=sys.stderr)
+
+
+if __name__ == "__main__":
+    main()
