@@ -349,3 +349,61 @@ def test_conversion_leaves_the_parsed_message_alone():
     convert(msg, "net", source="s")
     assert [f.name for f in msg.fields] == [f.name for f in before.fields]
     assert msg.all("layers")[2].value.first("blobs_lr").value == 1
+
+
+def _random_tree(rng, depth: int) -> list[tuple[str, object]]:
+    """(key, value) pairs; a value is a scalar or a nested list of pairs; keys may repeat."""
+    pairs = []
+    for _ in range(rng.randint(0, 4)):
+        key = f"k{rng.randint(0, 3)}"
+        kind = rng.choice(["int", "float", "str", "bool", "block"] if depth else
+                          ["int", "float", "str", "bool"])
+        if kind == "int":
+            value = rng.randint(-10**6, 10**6)
+        elif kind == "float":
+            value = rng.choice([rng.uniform(-1e3, 1e3), 10.0 ** rng.randint(-12, 12), -0.0])
+        elif kind == "str":
+            value = "".join(rng.choice("ab :#'\"\\\t-[]{}é1") for _ in range(rng.randint(0, 6)))
+        elif kind == "bool":
+            value = rng.random() < 0.5
+        else:
+            value = _random_tree(rng, depth - 1)
+        pairs.append((key, value))
+    return pairs
+
+
+def _prototxt(pairs, rng) -> str:
+    out = []
+    for key, value in pairs:
+        if isinstance(value, list):
+            out.append(f"{key} {{\n{_prototxt(value, rng)}}}" if rng.random() < 0.5
+                       else f"{key} < {_prototxt(value, rng)} >")
+        elif isinstance(value, bool):
+            out.append(f"{key}: {'true' if value else 'false'}")
+        elif isinstance(value, str):
+            out.append(f"{key}: {_quote(value)}  # c")
+        else:
+            out.append(f"{key}: {value!r}")
+    return "\n".join(out) + "\n"
+
+
+def _expected(pairs):
+    """What the YAML must load as: repeated keys grouped into lists at their first place."""
+    out: dict = {}
+    for key, value in pairs:
+        value = _expected(value) if isinstance(value, list) else value
+        out.setdefault(key, []).append(value)
+    return {k: v[0] if len(v) == 1 else v for k, v in out.items()}
+
+
+def test_random_trees_load_back_as_written():
+    import random
+
+    rng = random.Random(1701)
+    for _ in range(150):
+        pairs = [("layer", [("name", "x"), ("type", "ReLU")])] + _random_tree(rng, 3)
+        text = _prototxt(pairs, rng)
+        loaded = yamlio.loads(convert(parse(text), "net", source="r").text)
+        expected = _expected(pairs)
+        expected["layer"] = [expected["layer"]]
+        assert loaded == expected, text
