@@ -97,7 +97,7 @@ class _PReLU(torch.autograd.Function):
         out = torch.empty_like(xd)
         build.load().prelu_forward(xd, a, out, C, inner)
         ctx.save_for_backward(xd, a)
-        ctx.slope_dtype = slope.dtype
+        ctx.slope_dtype, ctx.slope_shape = slope.dtype, slope.shape
         return out
 
     @staticmethod
@@ -108,7 +108,7 @@ class _PReLU(torch.autograd.Function):
         C, inner = channel_view(x, 1, a.numel())
         grad_x = torch.empty_like(x)
         dslope = build.load().prelu_backward(g, x, a, grad_x, C, inner)
-        return grad_x, dslope.to(ctx.slope_dtype)
+        return grad_x, dslope.to(ctx.slope_dtype).reshape(ctx.slope_shape)
 
 
 class _BiasActivation(torch.autograd.Function):
@@ -127,7 +127,8 @@ class _BiasActivation(torch.autograd.Function):
         if inplace:
             ctx.mark_dirty(x)
         ctx.save_for_backward(out, b)
-        ctx.kind, ctx.p, ctx.axis, ctx.bias_dtype = kind, p, axis, bias.dtype
+        ctx.kind, ctx.p, ctx.axis = kind, p, axis
+        ctx.bias_dtype, ctx.bias_shape = bias.dtype, bias.shape
         return out
 
     @staticmethod
@@ -138,7 +139,8 @@ class _BiasActivation(torch.autograd.Function):
         C, inner = channel_view(y, ctx.axis, b.numel())
         grad_x = torch.empty_like(y)
         dbias = build.load().bias_act_backward(g, y, b, grad_x, C, inner, ctx.kind, ctx.p)
-        return grad_x, dbias.to(ctx.bias_dtype), None, None, None, None
+        return (grad_x, dbias.to(ctx.bias_dtype).reshape(ctx.bias_shape), None, None, None,
+                None)
 
 
 def activation(x: torch.Tensor, kind: int, p: float = 0.0, inplace: bool = False) -> torch.Tensor:

@@ -158,6 +158,8 @@ def test_prelu_autograd_function_and_layouts():
         slope = torch.tensor([0.1, 0.2, -0.3, 0.4], dtype=torch.float64, device="cuda",
                              requires_grad=True)
         assert torch.autograd.gradcheck(functions.prelu, (x, slope))
+        shared = torch.tensor(0.3, dtype=torch.float64, device="cuda", requires_grad=True)
+        assert torch.autograd.gradcheck(functions.prelu, (x, shared))  # a 0-axis blob
 
 
 # ---- fused bias + activation -----------------------------------------------------------------
