@@ -5,8 +5,10 @@
 # Logs, JSON results, the profile and the markdown table go to $OUT (default: a temp dir);
 # the table is printed last. Rows: ResNet-50 (configs/resnet50_dummy.yaml, batch 256 per GPU,
 # bf16 autocast, channels_last) with a plain 1-GPU PyTorch loop, torchrun DDP x4, caffe-py
-# tree on 1-4 GPUs and NCCL on 4; LeNet (batch 64, fp32) the same way on 1 and 4; the time to
-# reduce ResNet-50's gradient (tree vs torch.cuda.nccl.all_reduce); a torch.profiler summary.
+# tree on 1-4 GPUs (eager, and with each replica's step as a CUDA graph) and NCCL on 4; LeNet
+# (batch 64, fp32) on 1 and 4; the time to reduce ResNet-50's gradient (tree vs
+# torch.cuda.nccl.all_reduce); a torch.profiler summary. The GPU tests of tests/parallel run
+# first.
 set -u
 cd "$(dirname "$0")/.."
 OUT=${OUT:-$(mktemp -d /tmp/cpy_multigpu.XXXXXX)}
@@ -18,7 +20,7 @@ LOG=$OUT/multigpu_log.txt
 : > "$JSON"
 : > "$LOG"
 START=$(date +%s)
-BUDGET=${BUDGET_S:-460}            # seconds for all runs; later runs are skipped past it
+BUDGET=${BUDGET_S:-450}            # seconds for all runs; later runs are skipped past it
 NGPU=$(python -c "import torch; print(torch.cuda.device_count())")
 WARM=${WARMUP:-15}
 ITERS=${ITERS:-30}
@@ -62,32 +64,43 @@ L=$SPECS/lenet_solver.yaml
 N=$(( NGPU < 4 ? NGPU : 4 ))
 T=(--warmup "$WARM" --iters "$ITERS" --json "$JSON")
 
+run "GPU tests (tests/parallel -m gpu)" 150 python -m pytest -q -m gpu tests/parallel
+
+# the most telling rows first: a later row is skipped if the time budget runs out
 run "ResNet-50 PyTorch 1-GPU loop" 150 \
     python benchmarks/ddp_baseline.py --solver "$R" --plain --channels-last "${T[@]}"
 run "ResNet-50 torchrun DDP x$N" 180 \
     torchrun --standalone --nproc_per_node "$N" benchmarks/ddp_baseline.py --solver "$R" \
     --channels-last "${T[@]}"
-for n in $(seq 1 "$N"); do
-    run "ResNet-50 caffe-py tree x$n" 150 \
-        python benchmarks/multigpu.py caffe --solver "$R" --gpus "$(gpus "$n")" \
-        --channels-last "${T[@]}"
+run "ResNet-50 caffe-py tree x$N" 150 python benchmarks/multigpu.py caffe --solver "$R" \
+    --gpus "$(gpus "$N")" --channels-last "${T[@]}"
+run "ResNet-50 caffe-py tree + CUDA graphs x$N" 150 python benchmarks/multigpu.py caffe \
+    --solver "$R" --gpus "$(gpus "$N")" --channels-last --graphs "${T[@]}"
+run "ResNet-50 caffe-py nccl x$N" 150 python benchmarks/multigpu.py caffe --solver "$R" \
+    --gpus "$(gpus "$N")" --reduction nccl --channels-last "${T[@]}"
+for n in $(seq 1 $(( N - 1 ))); do
+    run "ResNet-50 caffe-py tree x$n" 150 python benchmarks/multigpu.py caffe --solver "$R" \
+        --gpus "$(gpus "$n")" --channels-last "${T[@]}"
 done
-run "ResNet-50 caffe-py nccl x$N" 150 \
-    python benchmarks/multigpu.py caffe --solver "$R" --gpus "$(gpus "$N")" --reduction nccl \
-    --channels-last "${T[@]}"
-run "ResNet-50 gradient reduction x$N" 120 \
-    python benchmarks/multigpu.py reduce --solver "$R" --gpus "$(gpus "$N")" --iters 20 \
-    --json "$JSON"
-LT=(--warmup 50 --iters 200 --json "$JSON")
+run "ResNet-50 caffe-py tree + CUDA graphs x1" 150 python benchmarks/multigpu.py caffe \
+    --solver "$R" --gpus 0 --channels-last --graphs "${T[@]}"
+run "ResNet-50 gradient reduction x$N" 120 python benchmarks/multigpu.py reduce \
+    --solver "$R" --gpus "$(gpus "$N")" --iters 20 --json "$JSON"
+LT=(--warmup 50 --iters 300 --json "$JSON")
 run "LeNet PyTorch 1-GPU loop" 90 python benchmarks/ddp_baseline.py --solver "$L" --plain "${LT[@]}"
 run "LeNet torchrun DDP x$N" 120 \
     torchrun --standalone --nproc_per_node "$N" benchmarks/ddp_baseline.py --solver "$L" "${LT[@]}"
-run "LeNet caffe-py tree x1" 90 python benchmarks/multigpu.py caffe --solver "$L" --gpus 0 "${LT[@]}"
-run "LeNet caffe-py tree x$N" 90 \
-    python benchmarks/multigpu.py caffe --solver "$L" --gpus "$(gpus "$N")" "${LT[@]}"
-run "ResNet-50 caffe-py tree x$N, profiled" 150 \
-    python benchmarks/multigpu.py caffe --solver "$R" --gpus "$(gpus "$N")" --channels-last \
-    --warmup 10 --iters 8 --json "$JSON" --profile "$OUT/profile_resnet50_tree$N.txt"
+run "LeNet caffe-py tree x1" 90 python benchmarks/multigpu.py caffe --solver "$L" --gpus 0 \
+    "${LT[@]}"
+run "LeNet caffe-py tree + CUDA graphs x1" 90 python benchmarks/multigpu.py caffe --solver "$L" \
+    --gpus 0 --graphs "${LT[@]}"
+run "LeNet caffe-py tree x$N" 90 python benchmarks/multigpu.py caffe --solver "$L" \
+    --gpus "$(gpus "$N")" "${LT[@]}"
+run "LeNet caffe-py tree + CUDA graphs x$N" 90 python benchmarks/multigpu.py caffe \
+    --solver "$L" --gpus "$(gpus "$N")" --graphs "${LT[@]}"
+run "ResNet-50 caffe-py tree x$N, profiled" 150 python benchmarks/multigpu.py caffe \
+    --solver "$R" --gpus "$(gpus "$N")" --channels-last --warmup 10 --iters 8 --json "$JSON" \
+    --profile "$OUT/profile_resnet50_tree$N.txt"
 
 echo "== done in $(( $(date +%s) - START ))s; logs, results and profile in $OUT" | tee -a "$LOG"
 python benchmarks/multigpu.py table --json "$JSON" | tee "$OUT/multigpu_table.md"

@@ -131,9 +131,10 @@ def cmd_caffe(args: argparse.Namespace) -> None:
     clocks = [StepClock(devices, args.warmup, i == 0, args.profile if i == 0 else None)
               for i in range(len(devices))]
     fmt = torch.channels_last if args.channels_last else None
+    notes: list[str] = []
     with ReplicatedRun(param, devices, TrainOptions(reduction=args.reduction),
-                       log=lambda m: None, extra_callbacks=lambda i: [clocks[i]],
-                       memory_format=fmt) as run:
+                       log=notes.append, extra_callbacks=lambda i: [clocks[i]],
+                       memory_format=fmt, cuda_graphs=args.graphs) as run:
         batch = run.root.batch_size()
         waits = [0.0] * len(devices)
 
@@ -154,7 +155,11 @@ def cmd_caffe(args: argparse.Namespace) -> None:
                    zip(run.sync.replicas, waits, strict=True)]
         name = run.root.net.name
     n = len(devices)
-    run_name = f"caffe-py {args.reduction}" + (" channels_last" if args.channels_last else "")
+    run_name = f"caffe-py {args.reduction}" + (" + CUDA graphs" if args.graphs else "")
+    fallbacks = [m for m in notes if m.startswith("CUDA graphs off")]
+    if fallbacks:
+        run_name += " (graphs fell back to eager)"
+        print("\n".join(fallbacks), flush=True)
     emit(args.json, {
         "kind": "throughput" if args.profile is None else "profiled", "model": name,
         "run": run_name,
@@ -322,6 +327,7 @@ def main() -> None:
     c.add_argument("--gpus", required=True)
     c.add_argument("--reduction", default="tree", choices=("tree", "nccl"))
     c.add_argument("--channels-last", action="store_true")
+    c.add_argument("--graphs", action="store_true", help="each replica's step as a CUDA graph")
     c.add_argument("--profile", type=Path)
     r = sub.add_parser("reduce")
     r.add_argument("--solver", type=Path, required=True)

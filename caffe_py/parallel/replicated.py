@@ -23,6 +23,7 @@ from ..solver import snapshot as snap
 from ..solver.signals import SignalHandler
 from ..solver.solver import Solver, TrainOptions, resolve_seed, stdout_log
 from ..spec.solver_spec import SolverParameter
+from .graphs import use_cuda_graphs
 from .nccl import NcclSync
 from .sync import DEFAULT_TIMEOUT_S, SyncGroup, TreeSync, replica_error, run_replicas
 
@@ -61,14 +62,17 @@ class ReplicatedRun:
     Build it, then :meth:`run`; :meth:`close` stops the readers (also done by ``with``).
     ``extra_callbacks(i)`` gives replica i more callbacks after the sync one (benchmarks time
     and profile steps with it); ``memory_format`` (e.g. ``torch.channels_last``) converts each
-    net before its weights move into the flat buffers.
+    net before its weights move into the flat buffers; ``cuda_graphs`` runs each replica's
+    forward/backward as one CUDA graph replay (:mod:`.graphs`; default: the options'
+    ``cuda_graphs`` field when it has one, else off).
     """
 
     def __init__(self, param: SolverParameter, devices: Sequence[torch.device | str | int],
                  options: TrainOptions | None = None, *, log: Log = stdout_log,
                  action: Callable[[], str] | None = None, timeout: float = DEFAULT_TIMEOUT_S,
                  extra_callbacks: Callable[[int], Sequence[Any]] | None = None,
-                 memory_format: torch.memory_format | None = None):
+                 memory_format: torch.memory_format | None = None,
+                 cuda_graphs: bool | None = None):
         from ..io import ReaderPool
 
         self.options = options or TrainOptions()
@@ -97,6 +101,9 @@ class ReplicatedRun:
                 self.sync.setup(i, [lp.param for lp in solver.net.learnable_params()],
                                 state_blobs(solver.net))
             self.sync.check_shapes()
+            if cuda_graphs is None:
+                cuda_graphs = bool(getattr(self.options, "cuda_graphs", False))
+            self.graphs = [use_cuda_graphs(s, log) for s in self.solvers] if cuda_graphs else []
         except BaseException:
             self.close()
             raise

@@ -1,0 +1,110 @@
+"""The same equivalences on CUDA devices: tree and NCCL across GPUs, CUDA graphs vs eager.
+
+Skipped without CUDA (marker ``gpu``); the multi-GPU cases need at least two GPUs.
+"""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from caffe_py.devices import DeviceError
+from caffe_py.io.datum import datum_from_array, encode_datum
+from caffe_py.io.lmdb_store import LmdbWriter
+from caffe_py.parallel import ReplicatedRun, check_devices
+from caffe_py.solver.solver import TrainOptions
+from caffe_py.spec.solver_spec import load_solver
+
+pytestmark = [pytest.mark.gpu,
+              pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")]
+two_gpus = pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs 2 GPUs")
+
+B, ITERS = 8, 5
+SOLVER = """
+net_param:
+  name: tiny
+  layer:
+    - {{name: data, type: Data, top: [data, label], transform_param: {{scale: 0.00390625}},
+       data_param: {{source: {db}, batch_size: {batch}}}}}
+    - {{name: conv, type: Convolution, bottom: data, top: conv,
+       convolution_param: {{num_output: 4, kernel_size: 3, weight_filler: {{type: xavier}}}}}}
+    - {{name: relu, type: ReLU, bottom: conv, top: conv}}
+    - {{name: ip, type: InnerProduct, bottom: conv, top: ip,
+       inner_product_param: {{num_output: 3, weight_filler: {{type: xavier}}}}}}
+    - {{name: loss, type: SoftmaxWithLoss, bottom: [ip, label], top: loss}}
+base_lr: 0.05
+momentum: 0.9
+max_iter: {iters}
+random_seed: 11
+snapshot_after_train: false
+snapshot_prefix: {prefix}
+"""
+
+
+@pytest.fixture(autouse=True)
+def exact_float32():
+    conv, mm = torch.backends.cudnn.allow_tf32, torch.backends.cuda.matmul.allow_tf32
+    torch.backends.cudnn.allow_tf32 = torch.backends.cuda.matmul.allow_tf32 = False
+    yield
+    torch.backends.cudnn.allow_tf32, torch.backends.cuda.matmul.allow_tf32 = conv, mm
+
+
+@pytest.fixture(scope="module")
+def db(tmp_path_factory):
+    path = tmp_path_factory.mktemp("lmdb") / "gpu_lmdb"
+    rng = np.random.default_rng(1)
+    with LmdbWriter(path) as writer:
+        for i in range(200):
+            image = rng.integers(0, 256, (1, 8, 8), dtype=np.uint8)
+            writer.put(b"%08d" % i, encode_datum(datum_from_array(image, int(i % 3))))
+    return str(path)
+
+
+def _train(tmp_path, db, devices, batch, **kw):
+    path = tmp_path / f"s{len(devices)}_{batch}.yaml"
+    path.write_text(SOLVER.format(db=db, batch=batch, iters=ITERS, prefix=tmp_path / "snap"))
+    notes: list[str] = []
+    with ReplicatedRun(load_solver(path), devices, log=notes.append, **kw) as run:
+        run.run()
+        weights = [lp.param.detach().cpu() for lp in run.root.net.learnable_params()]
+    return weights, notes
+
+
+def _rel(a, b):
+    return max(((x - y).norm() / y.norm()).item() for x, y in zip(a, b, strict=True))
+
+
+@two_gpus
+@pytest.mark.parametrize("reduction", ["tree", "nccl"])
+def test_gpus_equal_one_gpu_with_the_whole_batch(tmp_path, db, reduction):
+    n = min(torch.cuda.device_count(), 4)
+    devices = [torch.device("cuda", i) for i in range(n)]
+    got, _ = _train(tmp_path, db, devices, B, options=TrainOptions(reduction=reduction))
+    ref, _ = _train(tmp_path, db, devices[:1], n * B)
+    assert _rel(got, ref) < 1e-5
+
+
+@two_gpus
+def test_tree_runs_are_bit_identical(tmp_path, db):
+    devices = [torch.device("cuda", i) for i in range(2)]
+    torch.backends.cudnn.deterministic = True
+    try:
+        a, _ = _train(tmp_path, db, devices, B)
+        b, _ = _train(tmp_path, db, devices, B)
+    finally:
+        torch.backends.cudnn.deterministic = False
+    assert all(torch.equal(x, y) for x, y in zip(a, b, strict=True))
+
+
+def test_cuda_graphs_match_eager(tmp_path, db):
+    devices = [torch.device("cuda", i) for i in range(min(torch.cuda.device_count(), 2))]
+    graphed, notes = _train(tmp_path, db, devices, B, cuda_graphs=True)
+    assert not [m for m in notes if m.startswith("CUDA graphs off")]
+    eager, _ = _train(tmp_path, db, devices, B, cuda_graphs=False)
+    assert _rel(graphed, eager) < 1e-5
+
+
+def test_a_gpu_that_does_not_exist():
+    n = torch.cuda.device_count()
+    with pytest.raises(DeviceError, match=rf"^GPU {n} does not exist: this machine has {n} GPU"):
+        check_devices([0, n])

@@ -1,0 +1,61 @@
+"""CUDA graphs for a replica's step: when a step cannot be captured it says why and stays eager
+(CPU); on a GPU the captured step gives the eager step's weights (test_gpu.py)."""
+from __future__ import annotations
+
+import torch
+
+from caffe_py.parallel import ReplicatedRun
+from caffe_py.parallel.graphs import uncapturable_reason
+from caffe_py.solver.solver import Solver
+from caffe_py.spec.solver_spec import load_solver
+
+DUMMY = """
+net_param:
+  name: dummy
+  layer:
+    - {{name: data, type: DummyData, top: [data, label],
+       dummy_data_param: {{shape: [{{dim: [4, 3]}}, {{dim: [4]}}],
+                          data_filler: [{{type: {filler}}}, {{type: constant}}]}}}}
+    - {{name: ip, type: InnerProduct, bottom: data, top: ip,
+       inner_product_param: {{num_output: 2, weight_filler: {{type: xavier}}}}}}
+    - {{name: loss, type: SoftmaxWithLoss, bottom: [ip, label], top: loss}}
+base_lr: 0.1
+max_iter: 3
+random_seed: 3
+solver_mode: CPU
+snapshot_after_train: false
+snapshot_prefix: {prefix}
+"""
+
+
+def _param(tmp_path, filler):
+    path = tmp_path / f"{filler}.yaml"
+    path.write_text(DUMMY.format(filler=filler, prefix=tmp_path / "s"))
+    return load_solver(path)
+
+
+def test_reasons_a_step_cannot_be_captured(tmp_path):
+    solver = Solver(_param(tmp_path, "gaussian"), log=lambda m: None)
+    assert uncapturable_reason(solver) == "the replica runs on cpu, not CUDA"
+    solver.device = torch.device("cuda", 0)   # only the reason is asked: nothing runs there
+    assert uncapturable_reason(solver) == (
+        "DummyData layer 'data' refills a top on the host every forward (a non-constant "
+        "filler); use constant fillers to capture")
+    solver = Solver(_param(tmp_path, "constant"), log=lambda m: None)
+    solver.device = torch.device("cuda", 0)
+    assert uncapturable_reason(solver) is None
+
+
+def test_cpu_replicas_fall_back_to_eager_and_train_the_same(tmp_path):
+    lines: list[str] = []
+    with ReplicatedRun(_param(tmp_path, "uniform"), ["cpu"] * 2, log=lines.append,
+                       cuda_graphs=True) as run:
+        run.run()
+        graphed = [lp.param.detach().clone() for lp in run.root.net.learnable_params()]
+    assert sorted(m for m in lines if m.startswith("CUDA graphs")) == [
+        f"CUDA graphs off for replica {i} (cpu): the replica runs on cpu, not CUDA; running "
+        "eagerly" for i in (0, 1)]
+    with ReplicatedRun(_param(tmp_path, "uniform"), ["cpu"] * 2, log=lambda m: None) as run:
+        run.run()
+        eager = [lp.param.detach() for lp in run.root.net.learnable_params()]
+    assert all(torch.equal(a, b) for a, b in zip(graphed, eager, strict=True))
