@@ -80,7 +80,7 @@ def _compile(verbose: bool) -> ModuleType:
         print(f"caffe_py: compiling the CUDA activation kernels for {arch} in {directory} "
               "(first use only; about a minute)...", file=sys.stderr, flush=True)
     try:
-        return cpp_extension.load(
+        module = cpp_extension.load(
             name=NAME, sources=[str(CSRC / s) for s in SOURCES],
             extra_cflags=["-O3"], extra_cuda_cflags=list(NVCC_FLAGS),
             build_directory=str(directory), verbose=verbose)
@@ -88,6 +88,25 @@ def _compile(verbose: bool) -> ModuleType:
         raise BuildError(f"building the CUDA kernels in {directory} failed: "
                          f"{_first_error(exc)}; run `cpy build-ext --verbose` for the "
                          "compiler's output") from None
+    _smoke_test(module)
+    return module
+
+
+def _smoke_test(module: ModuleType) -> None:
+    """Run one tiny kernel: a build for another GPU architecture fails here, not mid-training."""
+    if not torch.cuda.is_available():
+        return
+    x = torch.tensor([-1.0, 2.0], device="cuda")
+    try:
+        module.act_forward(x, x, 0, 0.0)
+        ok = x.tolist() == [0.0, 2.0]
+    except RuntimeError as exc:
+        raise BuildError(f"the built CUDA kernels do not run on {torch.cuda.get_device_name()}: "
+                         f"{_first_error(exc)}; set TORCH_CUDA_ARCH_LIST to this GPU's "
+                         "compute capability and run `cpy build-ext`") from None
+    if not ok:
+        raise BuildError(f"the built CUDA kernels give wrong results on "
+                         f"{torch.cuda.get_device_name()}; rebuild with `cpy build-ext`")
 
 
 def _first_error(exc: BaseException) -> str:
