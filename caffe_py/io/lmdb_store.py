@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import threading
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -186,7 +187,7 @@ class LmdbReader:
     def __init__(self, path: str | os.PathLike, *, fix: str | None = None):
         self.path = Path(path)
         self.source = str(path)
-        self._env = _open_readonly(self.path, fix or missing_fix(self.path))
+        self._env = acquire_readonly(self.path, fix or missing_fix(self.path))
         self._count = int(self._env.stat()["entries"])
 
     def __len__(self) -> int:
@@ -218,7 +219,9 @@ class LmdbReader:
         raise DataError(f"{self.source}: the database is empty; convert the data again")
 
     def close(self) -> None:
-        self._env.close()
+        if self._env is not None:
+            release_readonly(self._env)
+            self._env = None
 
     def __enter__(self) -> LmdbReader:
         return self
@@ -230,6 +233,37 @@ class LmdbReader:
 def open_db(path: str | os.PathLike, *, fix: str | None = None) -> LmdbReader:
     """Open a database for reading; a missing or corrupt one is a one-line :class:`DataError`."""
     return LmdbReader(path, fix=fix)
+
+
+# LMDB allows one environment per database per process (py-lmdb refuses a second open), yet
+# several readers may want one database at once: a TRAIN and a TEST pool, db-info while a
+# reader runs. Read-only environments are therefore shared, with a reference count.
+_SHARED: dict[str, list] = {}  # real path -> [environment, references]
+_SHARED_LOCK = threading.Lock()
+
+
+def acquire_readonly(path: str | os.PathLike, fix: str | None = None) -> lmdb.Environment:
+    """The process's read-only environment of ``path``; hand it back with release_readonly."""
+    path = Path(path)
+    key = os.path.realpath(path)
+    with _SHARED_LOCK:
+        entry = _SHARED.get(key)
+        if entry is None:
+            entry = _SHARED[key] = [_open_readonly(path, fix or missing_fix(path)), 0]
+        entry[1] += 1
+        return entry[0]
+
+
+def release_readonly(env: lmdb.Environment) -> None:
+    """Drop one reference to a shared environment; the last one closes it."""
+    with _SHARED_LOCK:
+        for key, entry in _SHARED.items():
+            if entry[0] is env:
+                entry[1] -= 1
+                if entry[1] == 0:
+                    del _SHARED[key]
+                    env.close()
+                return
 
 
 def _open_readonly(path: Path, fix: str) -> lmdb.Environment:

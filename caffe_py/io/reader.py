@@ -34,7 +34,7 @@ import torch
 from ..errors import DataError
 from ..spec.net_spec import TransformationParameter
 from .datum import decode_record, format_key
-from .lmdb_store import open_db
+from .lmdb_store import acquire_readonly, open_db, release_readonly
 from .transformer import record_array
 
 WAIT_SLICE_S = 0.2
@@ -156,8 +156,7 @@ class _Source:
         db.close()
         if self.size == 0:
             raise DataError(f"{self.path}: the database is empty; convert the data again")
-        self.env = lmdb.open(self.path, readonly=True, lock=False, readahead=True, subdir=True,
-                             max_readers=512)
+        self.env = acquire_readonly(self.path)
         self.thread = threading.Thread(target=self._run, name=f"cpy-reader:{self.path}",
                                        daemon=True)
         self.thread.start()
@@ -179,7 +178,7 @@ class _Source:
             for stream in self.streams.values():
                 stream.cursor = None
             txn.abort()
-            self.env.close()
+            release_readonly(self.env)
 
     def _seek(self, stream: _Stream, index: int) -> None:
         """Put the stream's cursor on the database's ``index``-th record (keys only)."""

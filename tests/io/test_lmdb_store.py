@@ -126,3 +126,16 @@ def test_unwritable_location(tmp_path):
         LmdbWriter(tmp_path / "file" / "db")
     assert str(info.value) == (f"{tmp_path}/file/db.partial: cannot create ({tmp_path}/file "
                                "is a file, not a folder); choose a writable path")
+
+
+def test_two_readers_of_one_database_share_its_environment(tmp_path):
+    with LmdbWriter(tmp_path / "db") as writer:
+        for key, value in _records(3):
+            writer.put(key, value)
+    first, second = open_db(tmp_path / "db"), open_db(tmp_path / "db")
+    first.close()
+    assert len(second) == 3
+    assert second.first() == _records(3)[0]
+    second.close()
+    with open_db(tmp_path / "db") as again:  # the last close released it; it opens anew
+        assert len(again) == 3

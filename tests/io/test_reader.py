@@ -54,6 +54,19 @@ def test_round_robin_one_record_per_replica_in_turn(tmp_path, n):
     assert got == [[i + n * k for k in range(6)] for i in range(n)]
 
 
+def test_two_pools_read_one_database_at_once(tmp_path):
+    """A TRAIN pool and a separate TEST pool on one database (LMDB allows one open per
+    process; the environment is shared), and both still read it from the start."""
+    db = make_db(tmp_path / "db", 10)
+    with ReaderPool(replicas=1) as train, ReaderPool(replicas=1) as test:
+        a = subscribe(train, db, stream="TRAIN/data")
+        b = subscribe(test, db, stream="TEST/data")
+        train.start()
+        test.start()
+        assert labels(a, 4) == [0, 1, 2, 3]
+        assert labels(b, 3) == [0, 1, 2]
+
+
 def test_wraps_to_the_first_record(tmp_path):
     db = make_db(tmp_path / "db", 5)
     with ReaderPool(replicas=2) as pool:
