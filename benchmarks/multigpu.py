@@ -153,6 +153,8 @@ def cmd_caffe(args: argparse.Namespace) -> None:
         seconds = time.perf_counter() - clocks[0].start
         wait_ms = [1000 * (rep.wait_s - w) / args.iters for rep, w in
                    zip(run.sync.replicas, waits, strict=True)]
+        early = [rep.early / max(1, param.max_iter * len(rep.flat.buckets))
+                 for rep in run.sync.replicas]
         name = run.root.net.name
     n = len(devices)
     run_name = f"caffe-py {args.reduction}" + (" + CUDA graphs" if args.graphs else "")
@@ -166,7 +168,8 @@ def cmd_caffe(args: argparse.Namespace) -> None:
         "gpus": n, "batch": batch, "images_per_s": round(args.iters * batch * n / seconds, 1),
         "step_ms": round(1000 * seconds / args.iters, 2),
         "cpu_ms_per_step": [round(1000 * c.cpu / args.iters, 2) for c in clocks],
-        "sync_wait_ms_per_step": [round(w, 2) for w in wait_ms]})
+        "sync_wait_ms_per_step": [round(w, 2) for w in wait_ms],
+        "buckets_sent_during_backward": [round(e, 2) for e in early]})
 
 
 # --- reduction micro-benchmark ------------------------------------------------------------------

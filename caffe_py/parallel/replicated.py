@@ -84,9 +84,13 @@ class ReplicatedRun:
         self.log = log
         n = len(self.devices)
         base_seed = resolve_seed(param.random_seed)
+        if cuda_graphs is None:
+            cuda_graphs = bool(getattr(self.options, "cuda_graphs", False))
+        # a graph replay runs no hooks: with graphs the tree reduces after backward
         self.sync: SyncGroup = (NcclSync(self.devices, timeout=timeout)
                                 if self.options.reduction == "nccl"
-                                else TreeSync(self.devices, timeout=timeout))
+                                else TreeSync(self.devices, timeout=timeout,
+                                              overlap=not cuda_graphs))
         self.pool = ReaderPool(replicas=n)
         self.solvers: list[Solver] = []
         try:
@@ -101,8 +105,6 @@ class ReplicatedRun:
                 self.sync.setup(i, [lp.param for lp in solver.net.learnable_params()],
                                 state_blobs(solver.net))
             self.sync.check_shapes()
-            if cuda_graphs is None:
-                cuda_graphs = bool(getattr(self.options, "cuda_graphs", False))
             self.graphs = [use_cuda_graphs(s, log) for s in self.solvers] if cuda_graphs else []
         except BaseException:
             self.close()

@@ -83,7 +83,7 @@ class Signal:
                 left = deadline - time.monotonic()
                 if left <= 0:
                     raise SolverError(
-                        f"replica {who} ({group.devices[who]}) waited {group.timeout:.0f} s for "
+                        f"replica {who} ({group.devices[who]}) waited {group.timeout:g} s for "
                         f"{what} at iteration {value - 1}; a replica is stuck: look for an error "
                         f"above, or raise the sync timeout if the root's test phase is longer")
                 self._cond.wait(min(left, _POLL_S * 10))
@@ -111,9 +111,20 @@ class ReplicaState:
     wait_s: float = 0.0
     """Seconds this replica's thread spent waiting for its peers (a benchmark diagnostic)."""
     weights: Signal = field(default_factory=Signal)
-    grads: Signal = field(default_factory=Signal)
+    grads: list[Signal] = field(default_factory=list)
+    """Per bucket: "my subtree's sum of this bucket is in my parent's inbox"."""
     inbox: dict[int, torch.Tensor] = field(default_factory=dict)
     """child index -> a gradient-sized receive buffer on this replica's device."""
+    reduce_stream: Any = None
+    """CUDA: the side stream where this replica adds and pushes buckets during backward."""
+    passes: int = 1
+    """Backward passes per iteration (the solver's iter_size)."""
+    collecting: bool = False
+    early: int = 0
+    """Buckets reduced while backward was still running (a benchmark diagnostic)."""
+    fired: list[int] = field(default_factory=list)
+    expected: list[int] = field(default_factory=list)
+    done: list[bool] = field(default_factory=list)
 
 
 class SyncGroup:
@@ -176,7 +187,8 @@ class SyncGroup:
         for rep in self.replicas:
             if rep is not None:
                 rep.weights.wake()
-                rep.grads.wake()
+                for signal in rep.grads:
+                    signal.wake()
 
     def check(self, who: int) -> None:
         if self.stop.is_set():
@@ -192,20 +204,31 @@ class TreeCallback:
         self.sync, self.index = sync, index
 
     def on_start(self, solver: Any = None) -> None:
-        self.sync.weights_down(self.index)
+        param = getattr(solver, "param", None)
+        self.sync.weights_down(self.index, passes=getattr(param, "iter_size", 1))
 
     def on_gradient_ready(self, solver: Any = None) -> None:
         self.sync.grads_up(self.index)
 
 
 class TreeSync(SyncGroup):
-    """Weights down and gradients up a :class:`Tree`, bucket by bucket."""
+    """Weights down and gradients up a :class:`Tree`, bucket by bucket.
 
-    def __init__(self, devices: Sequence[torch.device], *, tree: Tree | None = None, **kw: Any):
+    With ``overlap`` (the default) a bucket is reduced while backward is still running: a
+    post-accumulate-grad hook per parameter counts the bucket's gradients, and once all are in
+    (after the last of iter_size passes) the bucket is added to the children's sums of it, if
+    they have arrived, and pushed to the parent, on a side stream. What is left is done after
+    backward, in bucket order. Either way each bucket is summed once, own gradient first, then
+    the children in the tree's order, so the result is the same bit for bit.
+    """
+
+    def __init__(self, devices: Sequence[torch.device], *, tree: Tree | None = None,
+                 overlap: bool = True, **kw: Any):
         super().__init__(devices, **kw)
         self.tree = tree or build_tree(self.n, peer_matrix(self.devices))
         if self.tree.n != self.n:
             raise ValueError(f"tree over {self.tree.n} replicas for {self.n} devices")
+        self.overlap = overlap
 
     def callback(self, i: int) -> TreeCallback:
         return TreeCallback(self, i)
@@ -215,9 +238,22 @@ class TreeSync(SyncGroup):
         rep = super().setup(i, params, state)
         for child in self.tree.children(i):
             rep.inbox[child] = torch.zeros_like(rep.flat.grad)
+        buckets = rep.flat.buckets
+        rep.grads = [Signal() for _ in buckets]
+        rep.done = [False] * len(buckets)
+        rep.fired = [0] * len(buckets)
+        rep.expected = [sum(rep.flat.tensors[k].requires_grad for k in b.members)
+                        for b in buckets]
+        if rep.stream is not None:
+            rep.reduce_stream = torch.cuda.Stream(rep.device)
+        if self.overlap:
+            for k, t in enumerate(rep.flat.tensors):
+                if t.requires_grad:
+                    t.register_post_accumulate_grad_hook(
+                        lambda _p, rep=rep, b=rep.flat.bucket_of[k]: self._on_grad(rep, b))
         return rep
 
-    def weights_down(self, i: int) -> None:
+    def weights_down(self, i: int, passes: int = 1) -> None:
         """on_start: take this iteration's weights from the parent, then offer them below."""
         rep = self.replica(i)
         rep.iteration += 1
@@ -231,27 +267,67 @@ class TreeSync(SyncGroup):
                 _copy_buckets(rep.flat, rep.flat.data, src.flat.data)
                 _copy_buckets(rep.state, rep.state.data, src.state.data)
             rep.weights.post(rep.iteration, _record(rep.stream))
+        rep.passes = max(1, int(passes))
+        rep.fired = [0] * len(rep.fired)
+        rep.done = [False] * len(rep.done)
+        rep.collecting = True
 
     def grads_up(self, i: int) -> None:
-        """on_gradient_ready: add the children's sums in fixed order, push to the parent."""
+        """on_gradient_ready: reduce and push every bucket backward has not already sent."""
         rep = self.replica(i)
-        rep.flat.rebind_grads()
-        with _on_stream(rep.stream):
-            for child in self.tree.children(i):
-                src = self.replica(child)
-                event = src.grads.wait(rep.iteration, self, i,
-                                       f"gradients from replica {child} ({src.device})")
-                _wait_event(rep.stream, event)
-                rep.flat.grad.add_(rep.inbox[child])
-            parent = self.tree.parent(i)
+        rep.collecting = False
+        if rep.flat.rebind_grads() and any(rep.done):
+            raise SolverError(
+                f"replica {i}: a gradient was replaced instead of accumulated in place, after "
+                "its bucket was already sent; clear gradients in place (zero_), not with None")
+        ready = _record(rep.stream)
+        for b in range(len(rep.done)):
+            if not rep.done[b]:
+                self._reduce_bucket(rep, b, ready, block=True)
+        if rep.reduce_stream is not None:
+            rep.stream.wait_stream(rep.reduce_stream)   # the update reads the sums
+
+    def _on_grad(self, rep: ReplicaState, b: int) -> None:
+        """Post-accumulate hook (backward's thread): reduce bucket b once it is complete."""
+        if not rep.collecting or (rep.stream is not None
+                                  and torch.cuda.is_current_stream_capturing()):
+            return
+        rep.fired[b] += 1
+        if rep.fired[b] == rep.expected[b] * rep.passes and not self.stop.is_set():
+            ready = _record(torch.cuda.current_stream(rep.device)) if rep.stream else None
+            self._reduce_bucket(rep, b, ready, block=False)
+            rep.early += rep.done[b]
+
+    def _reduce_bucket(self, rep: ReplicaState, b: int, ready: Any, *, block: bool) -> None:
+        """grad[b] += each child's bucket b (tree order); the root scales, others push up.
+
+        Without ``block`` nothing is done unless every child's bucket has arrived.
+        """
+        kids = self.tree.children(rep.index)
+        if not block and any(self.replica(c).grads[b].value < rep.iteration for c in kids):
+            return
+        events = [self.replica(c).grads[b].wait(
+            rep.iteration, self, rep.index,
+            f"gradient bucket {b} from replica {c} ({self.devices[c]})") for c in kids]
+        stream = rep.reduce_stream
+        with _on_stream(stream):
+            _wait_event(stream, ready)
+            for event in events:
+                _wait_event(stream, event)
+            grad = rep.flat.bucket(rep.flat.grad, b)
+            for c in kids:
+                grad.add_(rep.flat.bucket(rep.inbox[c], b))
+            parent = self.tree.parent(rep.index)
             if parent is None:
                 if self.n > 1:
-                    rep.flat.grad.mul_(1.0 / self.n)
-                return
-            dst = self.replica(parent)
-            # the push runs on this replica's stream; the parent waits for its event
-            _copy_buckets(rep.flat, dst.inbox[i], rep.flat.grad)
-            rep.grads.post(rep.iteration, _record(rep.stream))
+                    grad.mul_(1.0 / self.n)
+            else:
+                rep.flat.bucket(self.replica(parent).inbox[rep.index], b).copy_(
+                    grad, non_blocking=True)
+            event = _record(stream)
+        rep.done[b] = True
+        if parent is not None:
+            rep.grads[b].post(rep.iteration, event)
 
 
 # --- threads ---------------------------------------------------------------------------------
@@ -308,7 +384,7 @@ def replica_error(failure: Failure, stuck: Sequence[str] = ()) -> CaffePyError:
         msg = (f"{where}: out of GPU memory; lower the net's batch_size (each GPU runs the "
                f"full batch) or use fewer/larger GPUs")
     elif isinstance(err, CaffePyError):
-        msg = f"{where}: {err}"
+        msg = str(err) if str(err).startswith(where) else f"{where}: {err}"
     else:
         msg = f"{where} failed: {type(err).__name__}: {err}"
     if stuck:

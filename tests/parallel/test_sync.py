@@ -47,9 +47,10 @@ def _loop(model, cb, xs, ys, applies, fail_at=None):
                     p.sub_(h)
 
 
-def _train(n, *, fail=None, tree=None, bucket_bytes=64):
+def _train(n, *, fail=None, tree=None, bucket_bytes=64, overlap=True):
     xs, ys = _data(n * B)
-    sync = TreeSync([torch.device("cpu")] * n, tree=tree, bucket_bytes=bucket_bytes, timeout=20)
+    sync = TreeSync([torch.device("cpu")] * n, tree=tree, bucket_bytes=bucket_bytes, timeout=20,
+                    overlap=overlap)
     models = [_model(seed=i) for i in range(n)]   # different inits: on_start must fix them
     for i, m in enumerate(models):
         sync.setup(i, list(m.parameters()))
@@ -134,8 +135,8 @@ def test_a_stuck_replica_times_out_with_a_message():
         cbs[0].on_start()
         cbs[0].on_gradient_ready()   # replica 1 never sends
 
-    with pytest.raises(SolverError, match=r"^replica 0 \(cpu\): replica 0 \(cpu\) waited 0 s "
-                                          r"for gradients from replica 1 \(cpu\) at iteration 0"):
+    with pytest.raises(SolverError, match=r"^replica 0 \(cpu\) waited 0.3 s for gradient "
+                                          r"bucket 0 from replica 1 \(cpu\) at iteration 0; "):
         run_replicas(sync, [root, lambda: None], join_timeout=5)
 
 
@@ -148,3 +149,15 @@ def test_custom_tree_and_bucket_sizes_give_the_same_weights():
     for p, q, r in zip(a[0].parameters(), b[0].parameters(), c[0].parameters(), strict=True):
         assert torch.equal(p, q)
         assert ((p - r).norm() / p.norm()).item() < 1e-6
+
+
+def test_reducing_during_backward_changes_no_bit():
+    a, sync = _train(4)
+    b, plain = _train(4, overlap=False)
+    for p, q in zip(a[0].parameters(), b[0].parameters(), strict=True):
+        assert torch.equal(p, q)
+    # 64-byte buckets: 4 of them; leaves (1, 3) have no children to wait for, so every bucket
+    # left during backward; nothing did without hooks
+    assert len(sync.replica(1).flat.buckets) == 4
+    assert [sync.replica(i).early for i in (1, 3)] == [4 * STEPS] * 2
+    assert [plain.replica(i).early for i in range(4)] == [0] * 4
