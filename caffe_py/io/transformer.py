@@ -16,7 +16,6 @@ N replicas of batch B draw exactly what one replica of batch N x B draws.
 """
 from __future__ import annotations
 
-import struct
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -26,6 +25,7 @@ import torch
 
 from ..errors import DataError
 from ..spec.net_spec import TransformationParameter
+from . import blobproto
 from .datum import Datum, datum_to_array
 
 _MASK64 = (1 << 64) - 1
@@ -201,93 +201,8 @@ def _splitmix64(state: int) -> tuple[int, int]:
 
 # --- mean files -----------------------------------------------------------------------------
 def read_mean_file(path: str | Path) -> np.ndarray:
-    """A BlobProto mean image (compute_image_mean's output) as a (C, H, W) float32 array."""
-    path = Path(path)
+    """transform_param.mean_file as a (C, H, W) float32 array; errors name the field."""
     try:
-        buf = path.read_bytes()
-    except OSError as exc:
-        raise DataError(f"mean_file {path}: cannot read ({exc.strerror}); create it with "
-                        "`cpy compute-mean` or fix transform_param.mean_file") from None
-    try:
-        shape, values = _parse_blobproto(buf)
-    except (ValueError, IndexError, struct.error) as exc:
-        raise DataError(f"mean_file {path}: not a BlobProto ({exc}); create it with "
-                        "`cpy compute-mean`") from None
-    if len(shape) == 4 and shape[0] == 1:
-        shape = shape[1:]
-    if len(shape) != 3 or int(np.prod(shape)) != values.size:
-        raise DataError(f"mean_file {path}: shape {shape} with {values.size} values is not a "
-                        "(1, C, H, W) mean image; create it with `cpy compute-mean`")
-    return values.reshape(shape)
-
-
-def _parse_blobproto(buf: bytes) -> tuple[list[int], np.ndarray]:
-    """(shape, float32 values) of a BlobProto: shape=7 or legacy num..width=1..4, data=5
-    (packed or not) or double_data=8."""
-    legacy = {1: 1, 2: 1, 3: 1, 4: 1}
-    shape: list[int] | None = None
-    floats: list[np.ndarray] = []
-    pos = 0
-    while pos < len(buf):
-        key, pos = _varint(buf, pos)
-        number, wire = key >> 3, key & 7
-        if wire == 0:
-            value, pos = _varint(buf, pos)
-            if number in legacy:
-                legacy[number] = value
-        elif wire == 2:
-            size, pos = _varint(buf, pos)
-            body = buf[pos:pos + size]
-            if len(body) != size:
-                raise ValueError(f"field {number} runs past the end")
-            pos += size
-            if number == 7:
-                shape = _blob_shape(body)
-            elif number == 5:
-                floats.append(np.frombuffer(body, dtype="<f4"))
-            elif number == 8:
-                floats.append(np.frombuffer(body, dtype="<f8").astype(np.float32))
-        elif wire == 5:
-            if number == 5:
-                floats.append(np.frombuffer(buf[pos:pos + 4], dtype="<f4"))
-            pos += 4
-        elif wire == 1:
-            if number == 8:
-                floats.append(np.frombuffer(buf[pos:pos + 8], dtype="<f8").astype(np.float32))
-            pos += 8
-        else:
-            raise ValueError(f"wire type {wire} at byte {pos}")
-    if shape is None:
-        shape = [legacy[1], legacy[2], legacy[3], legacy[4]]
-    values = np.concatenate(floats) if floats else np.zeros(0, np.float32)
-    return shape, values.astype(np.float32)
-
-
-def _blob_shape(body: bytes) -> list[int]:
-    dims: list[int] = []
-    pos = 0
-    while pos < len(body):
-        key, pos = _varint(body, pos)
-        if key == (1 << 3) | 2:  # packed dims
-            size, pos = _varint(body, pos)
-            end = pos + size
-            while pos < end:
-                value, pos = _varint(body, pos)
-                dims.append(value)
-        elif key == (1 << 3):
-            value, pos = _varint(body, pos)
-            dims.append(value)
-        else:
-            raise ValueError(f"unexpected field in BlobShape: tag {key}")
-    return dims
-
-
-def _varint(buf: bytes, pos: int) -> tuple[int, int]:
-    result = shift = 0
-    while True:
-        byte = buf[pos]
-        pos += 1
-        result |= (byte & 0x7F) << shift
-        if not byte & 0x80:
-            return result, pos
-        shift += 7
+        return blobproto.read_mean_file(path)
+    except DataError as exc:
+        raise DataError(f"mean_file {exc}") from None

@@ -156,11 +156,12 @@ def test_errors_name_the_problem_and_the_fix(tmp_path):
     with pytest.raises(DataError, match=rf"^mean_file {path} has shape \[3, 4, 4\] but the "
                                         r"records are \[3, 7, 9\]; compute the mean"):
         Transformer(TransformationParameter(mean_file=str(path)), "TRAIN", (3, 7, 9))
-    with pytest.raises(DataError, match=r"mean_file .*missing: cannot read \(No such file"):
+    with pytest.raises(DataError, match=r"^mean_file .*missing: file not found; create a mean "
+                                        r"file with `cpy compute-mean"):
         read_mean_file(tmp_path / "missing")
     bad = tmp_path / "bad"
     bad.write_bytes(b"\x3a\x05\x0a")
-    with pytest.raises(DataError, match="not a BlobProto"):
+    with pytest.raises(DataError, match="not a Caffe BlobProto"):
         read_mean_file(bad)
 
 
@@ -175,7 +176,7 @@ def test_mean_file_legacy_dims_and_doubles(tmp_path):
     doubles.write_bytes(blob)
     np.testing.assert_array_equal(read_mean_file(doubles), mean[0])
     doubles.write_bytes(blob + struct.pack("<B", 0x28))  # a tag with no value after it
-    with pytest.raises(DataError, match="not a BlobProto"):
+    with pytest.raises(DataError, match="not a Caffe BlobProto"):
         read_mean_file(doubles)
 
 
