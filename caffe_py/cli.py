@@ -2,21 +2,44 @@
 
 Commands are thin: they parse and check flags, then call the library. A
 :class:`~caffe_py.errors.CaffePyError` from the library becomes one line on stderr and exit
-status 1, never a traceback.
+status 1, never a traceback. A command's module is imported only when that command runs (or
+when help lists them), so `cpy convert` does not pay for importing torch.
 """
 from __future__ import annotations
 
 import importlib
+import os
+import sys
 
 import click
 
 from .errors import CaffePyError
 
-# One module per command family; each exposes COMMANDS, a list of click commands.
-COMMAND_MODULES = ("net", "data", "train", "ext", "tools")
+# Idle OpenMP threads of torch's CPU kernels otherwise spin between ops and starve the data
+# reader's threads on small machines; this must be set before torch is first imported.
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+
+# command name -> the module under caffe_py/commands/ that defines it (in its COMMANDS list)
+COMMANDS = {
+    "train": "train", "test": "train", "time": "train", "device-query": "train",
+    "net": "net",
+    "convert": "data", "compute-mean": "data", "db-info": "data",
+    "import-prototxt": "tools",
+    "build-ext": "ext",
+}
 
 
 class _Group(click.Group):
+    def list_commands(self, ctx: click.Context) -> list[str]:
+        return list(COMMANDS)
+
+    def get_command(self, ctx: click.Context, name: str) -> click.Command | None:
+        module_name = COMMANDS.get(name)
+        if module_name is None:
+            return None
+        module = importlib.import_module(f"{__package__}.commands.{module_name}")
+        return next(c for c in module.COMMANDS if c.name == name)
+
     def invoke(self, ctx: click.Context):
         try:
             return super().invoke(ctx)
@@ -30,10 +53,9 @@ def cli() -> None:
     """caffe-py: train Caffe-style nets from YAML specs on CPUs and GPUs."""
 
 
-for _name in COMMAND_MODULES:
-    for _command in importlib.import_module(f"{__package__}.commands.{_name}").COMMANDS:
-        cli.add_command(_command)
-
-
 def main() -> None:
-    cli(prog_name="cpy")
+    try:
+        cli(prog_name="cpy")
+    except KeyboardInterrupt:  # e.g. during start-up, before a command's own handling
+        click.echo("Interrupted.", err=True)
+        sys.exit(130)
