@@ -268,7 +268,8 @@ def chain(spec_of, options, fuse=False):
     return net, fused, out.loss.item(), [p.param.grad for p in net.learnable_params()]
 
 
-def test_conv_relu_in_place_ip_chain_on_the_kernels(spec_of):
+def test_conv_relu_in_place_ip_chain_on_the_kernels(spec_of, monkeypatch):
+    monkeypatch.setattr(torch.backends.cudnn, "allow_tf32", False)  # compare float32 to float32
     torch_net, _, loss, grads = chain(spec_of, {"activation_engine": "TORCH"})
     assert torch_net.layer_by_name("relu").backend == "torch"
     for options, fuse in (({}, False), ({"inplace_activations": True}, False), ({}, True)):
