@@ -14,6 +14,7 @@ from __future__ import annotations
 import os
 import re
 import sys
+import threading
 import time
 import warnings
 from pathlib import Path
@@ -40,6 +41,7 @@ class KernelFallbackWarning(RuntimeWarning):
 _module: ModuleType | None = None
 _failure: BuildError | None = None
 _warned = False
+_lock = threading.Lock()  # nets built by several replica threads share one build
 
 
 def build_dir() -> Path:
@@ -121,16 +123,17 @@ def _first_error(exc: BaseException) -> str:
 def load(verbose: bool = False) -> ModuleType:
     """The built extension module; builds it on first use. Raises BuildError."""
     global _module, _failure
-    if _module is not None:
+    with _lock:
+        if _module is not None:
+            return _module
+        if _failure is not None:
+            raise _failure
+        try:
+            _module = _compile(verbose)
+        except BuildError as exc:
+            _failure = exc
+            raise
         return _module
-    if _failure is not None:
-        raise _failure
-    try:
-        _module = _compile(verbose)
-    except BuildError as exc:
-        _failure = exc
-        raise
-    return _module
 
 
 def build(verbose: bool = False) -> tuple[Path, float]:
@@ -147,8 +150,9 @@ def available() -> bool:
         load()
         return True
     except BuildError as exc:
-        if not _warned:
-            _warned = True
+        with _lock:
+            first, _warned = not _warned, True
+        if first:
             warnings.warn(f"caffe_py: the CUDA activation kernels are unavailable ({exc}); "
                           "the activation layers use PyTorch's ops instead",
                           KernelFallbackWarning, stacklevel=2)

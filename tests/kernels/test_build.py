@@ -94,3 +94,25 @@ def test_cpy_build_ext_failure_is_one_line_and_exit_1(monkeypatch):
     result = CliRunner().invoke(cli, ["build-ext"])
     assert result.exit_code == 1
     assert result.output == "Error: building the CUDA kernels in /x failed: nvcc fatal\n"
+
+
+def test_threads_share_one_build(monkeypatch):
+    import threading
+    import time
+
+    module = types.ModuleType("caffe_py_kernels")
+    calls = []
+
+    def slow(verbose):
+        calls.append(verbose)
+        time.sleep(0.2)
+        return module
+
+    monkeypatch.setattr(build, "_compile", slow)
+    got = []
+    threads = [threading.Thread(target=lambda: got.append(build.load())) for _ in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=10)
+    assert calls == [False] and got == [module] * 4
