@@ -100,7 +100,7 @@ class ReplicatedRun:
                 solver = self._build_solver(i, device, base_seed + i, extra, kw)
                 solver.applies_updates = i == 0
                 if memory_format is not None:
-                    solver.net.to(memory_format=memory_format)
+                    _convert(solver, memory_format)
                 self.solvers.append(solver)
                 self.sync.setup(i, [lp.param for lp in solver.net.learnable_params()],
                                 state_blobs(solver.net))
@@ -208,6 +208,15 @@ def state_blobs(net: Any) -> list[torch.Tensor]:
                 seen.add(id(t))
                 out.append(t)
     return out
+
+
+def _convert(solver: Solver, memory_format: torch.memory_format) -> None:
+    """The net (and the update's history, so the foreach update sees one layout) in
+    ``memory_format``; the Parameter objects stay the same."""
+    solver.net.to(memory_format=memory_format)
+    for h in solver.updater.history:
+        if h.dim() == 4:
+            h.data = h.data.contiguous(memory_format=memory_format)
 
 
 def _name(device: torch.device, i: int) -> str:

@@ -204,3 +204,14 @@ def test_nccl_needs_cuda(tmp_path, db):
     param = _param(tmp_path, db, batch=B, name="nccl")
     with pytest.raises(SolverError, match=r"^reduction 'nccl' needs CUDA devices, got cpu, cpu"):
         ReplicatedRun(param, ["cpu"] * 2, TrainOptions(reduction="nccl"))
+
+
+def test_channels_last_replicas_train_the_same(tmp_path, db):
+    param = _param(tmp_path, db, batch=B, name="cl")
+    with ReplicatedRun(param, ["cpu"] * 2, log=lambda m: None,
+                       memory_format=torch.channels_last) as run:
+        conv = run.root.net.layer_by_name("conv").blobs()[0]
+        assert conv.is_contiguous(memory_format=torch.channels_last)
+        run.run()
+        got = _weights(run.root)
+    assert _rel(got, _replicated(tmp_path, db, 2)[0]) < 1e-5
