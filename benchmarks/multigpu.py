@@ -91,7 +91,7 @@ class StepClock:
     def __init__(self, devices: list[torch.device], warmup: int, root: bool,
                  profile: Path | None):
         self.devices, self.warmup, self.root, self.profile = devices, warmup, root, profile
-        self.start = self.cpu0 = self.cpu = 0.0
+        self.start = self.cpu0 = self.cpu = self.process0 = self.process_cpu = 0.0
         self.wait0 = 0.0
         self.prof: Any = None
 
@@ -102,6 +102,7 @@ class StepClock:
             return
         self.cpu0 = time.thread_time()
         if self.root:
+            self.process0 = time.process_time()
             sync_devices(self.devices)
             self.start = time.perf_counter()
             if self.profile is not None:
@@ -113,6 +114,8 @@ class StepClock:
 
     def on_gradient_ready(self, solver: Any) -> None:
         self.cpu = time.thread_time() - self.cpu0
+        if self.root:
+            self.process_cpu = time.process_time() - self.process0
 
     def _stop_profile(self) -> None:
         self.prof.__exit__(None, None, None)
@@ -168,17 +171,19 @@ def cmd_caffe(args: argparse.Namespace) -> None:
         "gpus": n, "batch": batch, "images_per_s": round(args.iters * batch * n / seconds, 1),
         "step_ms": round(1000 * seconds / args.iters, 2),
         "cpu_ms_per_step": [round(1000 * c.cpu / args.iters, 2) for c in clocks],
+        "process_cpu_ms_per_step": round(1000 * clocks[0].process_cpu / args.iters, 2),
         "sync_wait_ms_per_step": [round(w, 2) for w in wait_ms],
         "buckets_sent_during_backward": [round(e, 2) for e in early]})
 
 
 # --- reduction micro-benchmark ------------------------------------------------------------------
-def grad_shapes(solver_path: Path) -> list[torch.Size]:
+def grad_shapes(solver_path: Path) -> tuple[str, list[torch.Size]]:
     from caffe_py.net import Net
 
     spec, state = load_solver(solver_path).train_net_spec()
     net = Net(spec, "TRAIN", stages=state.stage, level=state.level, device="cpu")
-    return [lp.param.shape for lp in net.learnable_params() if lp.param.requires_grad]
+    return net.name, [lp.param.shape for lp in net.learnable_params()
+                      if lp.param.requires_grad]
 
 
 def engine_ms(group: SyncGroup, devices: list[torch.device], shapes, iters: int) -> float:
@@ -253,10 +258,10 @@ def bare_nccl_ms(devices, shapes, iters: int) -> float:
 
 def cmd_reduce(args: argparse.Namespace) -> None:
     devices = parse_devices(args.gpus)
-    shapes = grad_shapes(args.solver)
+    model, shapes = grad_shapes(args.solver)
     mb = round(sum(torch.Size(s).numel() for s in shapes) * 4 / 1e6, 1)
     n = len(devices)
-    base = {"kind": "reduce", "gpus": n, "mb": mb, "tensors": len(shapes)}
+    base = {"kind": "reduce", "model": model, "gpus": n, "mb": mb, "tensors": len(shapes)}
     reduce_ms, both_ms = bare_tree_ms(devices, shapes, args.iters)
     emit(args.json, {**base, "op": "bare P2P tree: reduce (copies + adds, 1/N)",
                      "ms": round(reduce_ms, 3)})
@@ -283,14 +288,17 @@ def emit(path: Path | None, record: dict) -> None:
 
 def cmd_table(args: argparse.Namespace) -> None:
     records = [json.loads(x) for x in args.json.read_text().splitlines() if x.strip()]
-    print(throughput_table([r for r in records if r.get("kind") == "throughput"]))
+    reduce_rows = [r for r in records if r.get("kind") == "reduce"]
+    print(throughput_table([r for r in records if r.get("kind") == "throughput"], reduce_rows))
     print()
-    print(reduce_table([r for r in records if r.get("kind") == "reduce"]))
+    print(reduce_table(reduce_rows))
 
 
-def throughput_table(rows: list[dict]) -> str:
-    out = ["| model | run | GPUs | batch/GPU | images/s | vs PyTorch 1-GPU x N | vs DDP | "
-           "sync wait ms/step (per replica) |", "|---|---|---|---|---|---|---|---|"]
+def throughput_table(rows: list[dict], reduce_rows: list[dict] = ()) -> str:
+    out = ["| model | run | GPUs | batch/GPU | images/s | step ms | vs PyTorch 1-GPU x N | "
+           "vs DDP | sync wait ms/step (per replica) | host CPU ms/step (per replica) |",
+           "|---|---|---|---|---|---|---|---|---|---|"]
+    notes: list[str] = []
     for model in dict.fromkeys(r["model"] for r in rows):
         mine = [r for r in rows if r["model"] == model]
         plain = next((r for r in mine if r["run"] == "pytorch 1-GPU loop"), None)
@@ -302,15 +310,43 @@ def throughput_table(rows: list[dict]) -> str:
             vs = (f"{r['images_per_s'] / ddp['images_per_s']:.2f}x"
                   if ddp and ddp is not r else "-")
             waits = ", ".join(f"{w:g}" for w in r.get("sync_wait_ms_per_step", [])) or "-"
+            cpu = ", ".join(f"{c:g}" for c in r.get("cpu_ms_per_step", [])) or "-"
             out.append(f"| {model} | {r['run']} | {r['gpus']} | {r['batch']} | "
-                       f"{r['images_per_s']:,.0f} | {lin} | {vs} | {waits} |")
+                       f"{r['images_per_s']:,.0f} | {r['step_ms']:g} | {lin} | {vs} | {waits} | "
+                       f"{cpu} |")
+            if ddp and ddp is not r and r["images_per_s"] < 0.97 * ddp["images_per_s"]:
+                notes.append(limits(model, r, ddp, reduce_rows))
+    if notes:
+        out += ["", "What limits the caffe-py rows below DDP:", *notes]
     return "\n".join(out)
 
 
+def limits(model: str, r: dict, ddp: dict, reduce_rows: list[dict]) -> str:
+    """One line: the share of the step the GIL-holding threads, the waits, the copies take."""
+    step = r["step_ms"]
+    cpu = r.get("cpu_ms_per_step", [])
+    waits = r.get("sync_wait_ms_per_step", [])
+    parts = [f"- {model}, {r['run']} x{r['gpus']}: {r['images_per_s'] / ddp['images_per_s']:.2f}x"
+             f" DDP, step {step:g} ms vs DDP {ddp['step_ms']:g} ms"]
+    if cpu:
+        parts.append(f"replica threads' own CPU {sum(cpu):.1f} ms/step, whole process "
+                     f"{r.get('process_cpu_ms_per_step', 0):g} ms/step (Python work of all "
+                     f"threads near the step time means the GIL serialises them)")
+    if waits:
+        parts.append(f"longest sync wait {max(waits):g} ms/step ({max(waits) / step:.0%})")
+    tree = [x for x in reduce_rows if x["op"].startswith("caffe-py tree engine")
+            and x.get("model") == model and x["gpus"] == r["gpus"]]
+    if tree:
+        parts.append(f"tree reduce+broadcast alone {tree[0]['ms']:g} ms "
+                     f"({tree[0]['ms'] / step:.0%})")
+    return "; ".join(parts)
+
+
 def reduce_table(rows: list[dict]) -> str:
-    out = ["| gradient reduction | GPUs | MB (tensors) | ms |", "|---|---|---|---|"]
+    out = ["| gradient reduction | model | GPUs | MB (tensors) | ms |", "|---|---|---|---|---|"]
     for r in rows:
-        out.append(f"| {r['op']} | {r['gpus']} | {r['mb']} ({r['tensors']}) | {r['ms']} |")
+        out.append(f"| {r['op']} | {r.get('model', '-')} | {r['gpus']} | {r['mb']} "
+                   f"({r['tensors']}) | {r['ms']} |")
     return "\n".join(out)
 
 

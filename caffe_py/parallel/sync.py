@@ -8,11 +8,12 @@ iteration and knows nothing else about the other replicas:
     weights, then copies the parent's flat data buffer into its own (one copy per bucket) and
     tells its own children. The root's weights are those of its last update.
 ``on_gradient_ready`` (after backward)
-    gradients flow up: a replica waits for each child in the tree's fixed order and adds the
-    child's subtree sum into its own flat gradient (bucket by bucket), then pushes the sum into
-    its parent's receive buffer. The root scales by 1/N; its Solver (``applies_updates``) then
-    applies Caffe's update to the mean gradient, which equals the gradient of one replica with
-    an N times larger batch (each loss divides by its own batch).
+    gradients flow up: per bucket, a replica adds its children's subtree sums (in the tree's
+    fixed order) into its own flat gradient and pushes the sum into its parent's receive
+    buffer; with ``overlap`` a bucket goes as soon as backward has finished it. The root
+    scales by 1/N; its Solver (``applies_updates``) then applies Caffe's update to the mean
+    gradient, which equals the gradient of one replica with an N times larger batch (each
+    loss divides by its own batch).
 
 Waiting is on the CPU only for "my peer has *issued* its copy" (a generation counter); the GPU
 order between replicas goes through CUDA events, so a thread never blocks on GPU work. Every
