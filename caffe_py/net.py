@@ -19,6 +19,7 @@ import torch
 from torch import nn
 
 from .errors import DataError, NetError
+from .kernels.fusion import fuse_bias_activation
 from .layers import registry
 from .layers.base import BuildContext, Layer, Shape
 from .spec.net_spec import BlobShape, LayerParameter, NetParameter, ParamSpec
@@ -110,6 +111,8 @@ class Net(nn.Module):
         self.input_names: list[str] = []
         self.output_names: list[str] = []
         self._build(self._kept_layers())
+        self.fused: list[tuple[str, str]] = fuse_bias_activation(self)
+        """(producer, activation) pairs whose bias add runs inside the activation kernel."""
 
     # --- building ---------------------------------------------------------------------------
     def _kept_layers(self) -> list[LayerParameter]:

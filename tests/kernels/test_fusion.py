@@ -53,8 +53,9 @@ def run(net: Net) -> tuple[float, list[torch.Tensor]]:
 
 
 def test_fused_net_matches_the_unfused_net(spec_of, cuda_backend):
-    plain = Net(spec_of(NET), seed=5)
-    fused = Net(spec_of(NET), seed=5)
+    plain = Net(spec_of(NET), seed=5, options={"fuse_bias_activation": False})
+    fused = Net(spec_of(NET), seed=5, options={"fuse_bias_activation": False})
+    fused.ctx.options["fuse_bias_activation"] = True  # run the pass on the built net
     params_before = [p.param for p in fused.learnable_params()]
     blobs_before = {k: [id(t) for t in v] for k, v in fused.layer_blobs().items()}
     assert fuse_bias_activation(fused) == [("conv", "relu1"), ("ip1", "relu2"), ("ip2", "tanh")]
@@ -75,8 +76,14 @@ def test_fused_net_matches_the_unfused_net(spec_of, cuda_backend):
     assert fuse_bias_activation(fused) == []
 
 
+def test_the_net_fuses_when_it_is_built(spec_of, cuda_backend):
+    assert Net(spec_of(NET), seed=5).fused == [("conv", "relu1"), ("ip1", "relu2"),
+                                               ("ip2", "tanh")]
+
+
 def test_the_option_turns_it_off(spec_of, cuda_backend):
     net = Net(spec_of(NET), options={"fuse_bias_activation": False})
+    assert net.fused == []
     assert fuse_bias_activation(net) == []
     assert net.layer_by_name("conv").has_bias
 
@@ -100,8 +107,7 @@ def test_ineligible_pairs_are_left_alone(spec_of, cuda_backend, old, new, left):
     text = NET.replace(old, new)
     if "top: r2" in new:
         text = text.replace("bottom: ip1, top: ip2", "bottom: r2, top: ip2")
-    net = Net(spec_of(text), seed=5)
-    fused = fuse_bias_activation(net)
+    fused = Net(spec_of(text), seed=5).fused
     assert left not in [p for p, _ in fused]
     assert ("conv", "relu1") in fused
 
@@ -112,10 +118,10 @@ def test_a_reader_between_producer_and_activation_blocks_fusion(spec_of, cuda_ba
         "  - {name: peek, type: Power, bottom: conv, top: peek}\n"
         "  - {name: relu1, type: ReLU, bottom: conv, top: conv, relu_param: {negative_slope: 0.1}}"
         "\n  - {name: silence, type: Silence, bottom: peek}")
-    net = Net(spec_of(text), seed=5)
-    assert fuse_bias_activation(net) == [("ip1", "relu2"), ("ip2", "tanh")]
+    assert Net(spec_of(text), seed=5).fused == [("ip1", "relu2"), ("ip2", "tanh")]
 
 
 def test_a_cpu_net_fuses_nothing(spec_of):
     net = Net(spec_of(NET))
+    assert net.fused == []
     assert fuse_bias_activation(net) == []
