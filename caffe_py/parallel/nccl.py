@@ -45,8 +45,19 @@ class NcclCallback:
 class NcclSync(SyncGroup):
     """All-reduce the gradients and broadcast the weights with NCCL collectives."""
 
-    def __init__(self, devices: Sequence[torch.device], **kw: Any):
+    def __init__(self, devices: Sequence[torch.device], *, collectives: Any = None,
+                 **kw: Any):
+        """``collectives`` stands in for ``torch.cuda.nccl`` (all_reduce and broadcast over
+        one tensor per replica); tests pass a CPU one."""
         super().__init__(devices, **kw)
+        if collectives is None:
+            self._check_cuda()
+            import torch.cuda.nccl as collectives
+        self.nccl = collectives
+        self._reduce = threading.Barrier(self.n, action=self._all_reduce)
+        self._broadcast = threading.Barrier(self.n, action=self._broadcast_weights)
+
+    def _check_cuda(self) -> None:
         bad = [str(d) for d in self.devices if d.type != "cuda"]
         if bad:
             raise SolverError(f"reduction 'nccl' needs CUDA devices, got {', '.join(bad)}; "
@@ -55,8 +66,6 @@ class NcclSync(SyncGroup):
             raise SolverError("reduction 'nccl' needs distinct GPUs; a GPU id is listed twice")
         if not nccl_available():
             raise SolverError("this torch build has no NCCL; use reduction 'tree'")
-        self._reduce = threading.Barrier(self.n, action=self._all_reduce)
-        self._broadcast = threading.Barrier(self.n, action=self._broadcast_weights)
 
     def callback(self, i: int) -> NcclCallback:
         return NcclCallback(self, i)
@@ -97,17 +106,18 @@ class NcclSync(SyncGroup):
         return [self.replica(i) for i in range(self.n)]
 
     def _all_reduce(self) -> None:
-        import torch.cuda.nccl as nccl
         reps = self._reps()
-        nccl.all_reduce([r.flat.grad for r in reps], streams=[r.stream for r in reps])
+        self.nccl.all_reduce([r.flat.grad for r in reps], streams=[r.stream for r in reps])
         root = reps[0]
+        if root.stream is None:
+            root.flat.grad.mul_(1.0 / self.n)
+            return
         with torch.cuda.device(root.device), torch.cuda.stream(root.stream):
             root.flat.grad.mul_(1.0 / self.n)
 
     def _broadcast_weights(self) -> None:
-        import torch.cuda.nccl as nccl
         reps = self._reps()
         streams = [r.stream for r in reps]
-        nccl.broadcast([r.flat.data for r in reps], root=0, streams=streams)
+        self.nccl.broadcast([r.flat.data for r in reps], root=0, streams=streams)
         if reps[0].state.numel:
-            nccl.broadcast([r.state.data for r in reps], root=0, streams=streams)
+            self.nccl.broadcast([r.state.data for r in reps], root=0, streams=streams)
