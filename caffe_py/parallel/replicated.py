@@ -133,7 +133,8 @@ class ReplicatedRun:
                  f"devices {', '.join(names)}; reduction {self.options.reduction}; precision "
                  f"{self.root.precision})"]
         if isinstance(self.sync, TreeSync):
-            lines += self.sync.tree.describe(names).splitlines()
+            on_gpus = any(d.type == "cuda" for d in self.devices)
+            lines += self.sync.tree.describe(names, links=on_gpus).splitlines()
         else:
             lines.append(f"NCCL ring all-reduce over {', '.join(names)}; root {names[0]}")
         return lines

@@ -74,16 +74,18 @@ class Tree:
     def height(self) -> int:
         return max(self.depth(i) for i in range(self.n))
 
-    def describe(self, names: Sequence[str] | None = None) -> str:
+    def describe(self, names: Sequence[str] | None = None, links: bool = True) -> str:
         """One line per round, e.g. ``round 1: cuda:0 <- cuda:1 (p2p), cuda:2 <- cuda:3 (host)``.
 
-        The first line names the replica count, the root and the height.
+        The first line names the replica count, the root and the height; ``links=False``
+        leaves out the (p2p)/(host) marks (CPU replicas share one memory).
         """
         names = list(names) if names is not None else [str(i) for i in range(self.n)]
         lines = [f"reduction tree over {self.n} replica(s): root {names[0]}, "
                  f"height {self.height()} (<= ceil(log2 {self.n}) = {_log2_ceil(self.n)})"]
         for r in range(1, self.rounds + 1):
-            pairs = [f"{names[e.parent]} <- {names[e.child]} ({'p2p' if e.peer else 'host'})"
+            pairs = [f"{names[e.parent]} <- {names[e.child]}"
+                     + (f" ({'p2p' if e.peer else 'host'})" if links else "")
                      for e in self.edges if e.round == r]
             lines.append(f"  round {r}: " + ", ".join(pairs))
         return "\n".join(lines)

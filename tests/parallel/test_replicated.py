@@ -138,8 +138,8 @@ def test_train_replicated_logs_batches_and_tree_and_snapshots(tmp_path, db):
         "Batch: 4 per replica x 3 replicas x iter_size 1 = 12 per update (effective batch 12; "
         "devices cpu#0, cpu#1, cpu#2; reduction tree; precision FLOAT32)",
         "reduction tree over 3 replica(s): root cpu#0, height 1 (<= ceil(log2 3) = 2)",
-        "  round 1: cpu#0 <- cpu#1 (p2p)",
-        "  round 2: cpu#0 <- cpu#2 (p2p)"]
+        "  round 1: cpu#0 <- cpu#1",
+        "  round 2: cpu#0 <- cpu#2"]
     assert root.iter == ITERS
     weights = load_weights(tmp_path / f"cli_snap_iter_{ITERS}.pt")
     assert torch.equal(weights["ip"][0], root.net.layer_by_name("ip").blobs()[0].detach())
@@ -215,3 +215,38 @@ def test_channels_last_replicas_train_the_same(tmp_path, db):
         run.run()
         got = _weights(run.root)
     assert _rel(got, _replicated(tmp_path, db, 2)[0]) < 1e-5
+
+
+def test_resume_from_a_snapshot_continues_exactly(tmp_path, db):
+    full = _param(tmp_path, db, batch=B, iters=6, snap="false", name="full")
+    full.snapshot = 3
+    with ReplicatedRun(full, ["cpu"] * 3, log=lambda m: None) as run:
+        run.run()
+        whole = _weights(run.root)
+    again = _param(tmp_path, db, batch=B, iters=6, snap="false", name="again")
+    state = tmp_path / "full_snap_iter_3.solverstate.pt"
+    with ReplicatedRun(again, ["cpu"] * 3, TrainOptions(snapshot=str(state)),
+                       log=lambda m: None) as run:
+        run.run()
+        resumed = _weights(run.root)
+        assert [s.iter for s in run.solvers] == [6, 6, 6]
+    assert all(torch.equal(a, b) for a, b in zip(whole, resumed, strict=True))
+
+
+def test_cpy_train_on_cpu_replicas(tmp_path, db):
+    from click.testing import CliRunner
+
+    from caffe_py.cli import cli
+
+    _param(tmp_path, db, batch=B, name="cli_run")
+    solver = str(tmp_path / "cli_run.yaml")
+    result = CliRunner().invoke(cli, ["train", "--solver", solver, "--gpus", "cpu:2"])
+    assert result.exit_code == 0, result.output
+    assert "Batch: 4 per replica x 2 replicas x iter_size 1 = 8 per update" in result.output
+    assert "reduction tree over 2 replica(s): root cpu#0" in result.output
+    bad = CliRunner().invoke(cli, ["train", "--solver", solver, "--gpus", "cpu:2",
+                                   "--reduction", "nccl"])
+    assert bad.exit_code == 1
+    assert bad.output.strip().splitlines()[-1] == (
+        "Error: reduction 'nccl' needs CUDA devices, got cpu, cpu; use reduction 'tree' (the "
+        "default) on CPU")
