@@ -114,7 +114,10 @@ class GraphedStep:
                         b.copy_(v)
                 s._zero_grads()
                 graph = torch.cuda.CUDAGraph()
-                with torch.cuda.graph(graph, capture_error_mode="thread_local"):
+                # torch's default capture stream is one per process, made on whichever device
+                # captured first: each replica captures on a stream of its own device
+                capture = torch.cuda.Stream(s.device)
+                with torch.cuda.graph(graph, stream=capture, capture_error_mode="thread_local"):
                     self.static_loss, self.static_out = self._pass()
                 s._zero_grads()
             self.graph = graph
