@@ -25,7 +25,14 @@ from ..solver.solver import Solver, TrainOptions, resolve_seed, stdout_log
 from ..spec.solver_spec import SolverParameter
 from .graphs import use_cuda_graphs
 from .nccl import NcclSync
-from .sync import DEFAULT_TIMEOUT_S, SyncGroup, TreeSync, replica_error, run_replicas
+from .sync import (
+    DEFAULT_TIMEOUT_S,
+    Failure,
+    SyncGroup,
+    TreeSync,
+    replica_error,
+    run_replicas,
+)
 
 REDUCTIONS = ("tree", "nccl")
 Log = Callable[[str], None]
@@ -94,30 +101,33 @@ class ReplicatedRun:
         self.pool = ReaderPool(replicas=n)
         self.solvers: list[Solver] = []
         try:
-            for i, device in enumerate(self.devices):
+            for i in range(n):
                 extra = list(extra_callbacks(i)) if extra_callbacks else []
-                kw: dict[str, Any] = {"action": action} if (i == 0 and action) else {}
-                solver = self._build_solver(i, device, base_seed + i, extra, kw)
-                solver.applies_updates = i == 0
-                if memory_format is not None:
-                    _convert(solver, memory_format)
-                self.solvers.append(solver)
-                self.sync.setup(i, [lp.param for lp in solver.net.learnable_params()],
-                                state_blobs(solver.net))
+                self._add_replica(i, base_seed + i, extra, action if i == 0 else None,
+                                  memory_format)
             self.sync.check_shapes()
             self.graphs = [use_cuda_graphs(s, log) for s in self.solvers] if cuda_graphs else []
         except BaseException:
             self.close()
             raise
 
-    def _build_solver(self, i: int, device: torch.device, seed: int, extra: list[Any],
-                      kw: dict[str, Any]) -> Solver:
+    def _add_replica(self, i: int, seed: int, extra: list[Any],
+                     action: Callable[[], str] | None,
+                     memory_format: torch.memory_format | None) -> None:
+        """Replica i's Solver on its device, its params moved into flat buffers."""
+        kw: dict[str, Any] = {"action": action} if action else {}
         try:
-            return Solver(self.param, device=device, replica=i, seed=seed, pool=self.pool,
-                          callbacks=[self.sync.callback(i), *extra], log=self.log,
-                          precision=self.options.precision, **kw)
+            solver = Solver(self.param, device=self.devices[i], replica=i, seed=seed,
+                            pool=self.pool, callbacks=[self.sync.callback(i), *extra],
+                            log=self.log, precision=self.options.precision, **kw)
+            self.solvers.append(solver)
+            solver.applies_updates = i == 0
+            if memory_format is not None:
+                _convert(solver, memory_format)
+            self.sync.setup(i, [lp.param for lp in solver.net.learnable_params()],
+                            state_blobs(solver.net))
         except torch.cuda.OutOfMemoryError as exc:
-            raise replica_error(_failure(self.sync, i, exc)) from None
+            raise replica_error(Failure(i, self.devices[i], exc)) from None
 
     @property
     def root(self) -> Solver:
@@ -222,8 +232,3 @@ def _convert(solver: Solver, memory_format: torch.memory_format) -> None:
 
 def _name(device: torch.device, i: int) -> str:
     return f"cpu#{i}" if device.type == "cpu" else str(device)
-
-
-def _failure(group: SyncGroup, i: int, exc: BaseException):
-    from .sync import Failure
-    return Failure(i, group.devices[i], exc)

@@ -250,3 +250,20 @@ def test_cpy_train_on_cpu_replicas(tmp_path, db):
     assert bad.output.strip().splitlines()[-1] == (
         "Error: reduction 'nccl' needs CUDA devices, got cpu, cpu; use reduction 'tree' (the "
         "default) on CPU")
+
+
+def test_out_of_memory_while_building_names_the_replica(tmp_path, db, monkeypatch):
+    import caffe_py.parallel.replicated as replicated
+
+    real = replicated.Solver
+
+    def solver(*args, replica=0, **kw):
+        if replica == 2:
+            raise torch.cuda.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB")
+        return real(*args, replica=replica, **kw)
+
+    monkeypatch.setattr(replicated, "Solver", solver)
+    with pytest.raises(SolverError) as err:
+        ReplicatedRun(_param(tmp_path, db, batch=B, name="oom"), ["cpu"] * 3)
+    assert str(err.value) == ("replica 2 (cpu): out of GPU memory; lower the net's batch_size "
+                              "(each GPU runs the full batch) or use fewer/larger GPUs")
