@@ -255,11 +255,11 @@ layer:
 
 
 def chain(spec_of, options, fuse=False):
-    from caffe_py.kernels.fusion import fuse_bias_activation
     from caffe_py.net import Net
 
-    net = Net(spec_of(CHAIN), device="cuda", seed=2, options=options)
-    fused = fuse_bias_activation(net) if fuse else []
+    net = Net(spec_of(CHAIN), device="cuda", seed=2,
+              options={**options, "fuse_bias_activation": fuse})
+    fused = net.fused
     g = torch.Generator().manual_seed(3)
     inputs = {"data": torch.randn(8, 3, 16, 16, generator=g).cuda(),
               "target": torch.randn(8, 10, generator=g).cuda()}
@@ -288,7 +288,8 @@ def test_layer_engine_cuda_uses_the_kernels(spec_of):
     text = CHAIN.replace("{name: relu, type: ReLU, bottom: conv, top: conv}",
                          "{name: relu, type: ReLU, bottom: conv, top: conv, "
                          "relu_param: {engine: CUDA, negative_slope: 0.01}}")
-    net = Net(spec_of(text), device="cuda")
+    # Unfused, so that the layer called on its own adds no Convolution bias.
+    net = Net(spec_of(text), device="cuda", options={"fuse_bias_activation": False})
     layer = net.layer_by_name("relu")
     assert layer.backend == "cuda"
     x = rand((8, 16, 14, 14), torch.float32)
