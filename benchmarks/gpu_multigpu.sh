@@ -9,19 +9,25 @@
 # (batch 64, fp32) on 1 and 4; the time to reduce ResNet-50's gradient (tree vs
 # torch.cuda.nccl.all_reduce); a torch.profiler summary. The GPU tests of tests/parallel run
 # first.
+# The package need not be installed (PYTHONPATH points here); the CUDA kernels are built first
+# (sm_90 unless TORCH_CUDA_ARCH_LIST says otherwise), so no timed run pays for the compile.
 set -u
 cd "$(dirname "$0")/.."
 OUT=${OUT:-$(mktemp -d /tmp/cpy_multigpu.XXXXXX)}
 mkdir -p "$OUT"
 export NCCL_NVLS_ENABLE=0          # NVLink SHARP multicast stays off on these machines
 export PYTHONUNBUFFERED=1
+export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
+export TORCH_CUDA_ARCH_LIST="${TORCH_CUDA_ARCH_LIST:-9.0}"
+export TORCH_EXTENSIONS_DIR="${TORCH_EXTENSIONS_DIR:-/tmp/caffe_py_torch_extensions}"
+PY="${PYTHON:-python3}"
 JSON=$OUT/multigpu_results.jsonl
 LOG=$OUT/multigpu_log.txt
 : > "$JSON"
 : > "$LOG"
 START=$(date +%s)
 BUDGET=${BUDGET_S:-450}            # seconds for all runs; later runs are skipped past it
-NGPU=$(python -c "import torch; print(torch.cuda.device_count())")
+NGPU=$("$PY" -c "import torch; print(torch.cuda.device_count())")
 WARM=${WARMUP:-15}
 ITERS=${ITERS:-30}
 
@@ -45,62 +51,73 @@ run() {  # run NAME LIMIT_S COMMAND...: bounded, logged, failure noted and skipp
 }
 
 gpus() { seq -s, 0 $(( $1 - 1 )); }
+CPU=()
+if [[ "${CPU_SMOKE:-0}" == 1 ]]; then   # a dry run of this script on a CPU machine (LeNet only)
+    gpus() { echo "cpu:$1"; }
+    CPU=(--cpu)
+    NGPU=2
+fi
 
 {
     echo "# $(date -u) $(hostname)"
     nvidia-smi --query-gpu=index,name,memory.total --format=csv,noheader
     nvidia-smi topo -m
-    python -c "import torch; print('torch', torch.__version__, 'cuda', torch.version.cuda, \
+    "$PY" -c "import torch; print('torch', torch.__version__, 'cuda', torch.version.cuda, \
 'nccl', torch.cuda.nccl.version())"
 } >> "$LOG" 2>&1
 
+run "build the CUDA kernels" 240 "$PY" -c "from caffe_py.kernels import build; print(build.build())"
+
 SPECS=$OUT/specs
-python benchmarks/multigpu.py solver --net configs/resnet50_dummy.yaml --out "$SPECS" \
+"$PY" benchmarks/multigpu.py solver --net configs/resnet50_dummy.yaml --out "$SPECS" \
     --name resnet50 --precision BF16 >> "$LOG" 2>&1
-python benchmarks/multigpu.py solver --net configs/lenet.yaml --lenet --batch 64 \
+"$PY" benchmarks/multigpu.py solver --net configs/lenet.yaml --lenet --batch 64 \
     --out "$SPECS" --name lenet --precision FLOAT32 >> "$LOG" 2>&1
 R=$SPECS/resnet50_solver.yaml
 L=$SPECS/lenet_solver.yaml
+[[ "${CPU_SMOKE:-0}" == 1 ]] && R=$L
 N=$(( NGPU < 4 ? NGPU : 4 ))
 T=(--warmup "$WARM" --iters "$ITERS" --json "$JSON")
 
-run "GPU tests (tests/parallel -m gpu)" 150 python -m pytest -q -m gpu tests/parallel
+run "GPU tests (tests/parallel -m gpu)" 150 "$PY" -m pytest -q -m gpu tests/parallel
 
 # the most telling rows first: a later row is skipped if the time budget runs out
 run "ResNet-50 PyTorch 1-GPU loop" 150 \
-    python benchmarks/ddp_baseline.py --solver "$R" --plain --channels-last "${T[@]}"
+    "$PY" benchmarks/ddp_baseline.py --solver "$R" --plain --channels-last "${T[@]}" "${CPU[@]}"
 run "ResNet-50 torchrun DDP x$N" 180 \
-    torchrun --standalone --nproc_per_node "$N" benchmarks/ddp_baseline.py --solver "$R" \
-    --channels-last "${T[@]}"
-run "ResNet-50 caffe-py tree x$N" 150 python benchmarks/multigpu.py caffe --solver "$R" \
+    "$PY" -m torch.distributed.run --standalone --nproc_per_node "$N" benchmarks/ddp_baseline.py --solver "$R" \
+    --channels-last "${T[@]}" "${CPU[@]}"
+run "ResNet-50 caffe-py tree x$N" 150 "$PY" benchmarks/multigpu.py caffe --solver "$R" \
     --gpus "$(gpus "$N")" --channels-last "${T[@]}"
-run "ResNet-50 caffe-py tree + CUDA graphs x$N" 150 python benchmarks/multigpu.py caffe \
+run "ResNet-50 caffe-py tree + CUDA graphs x$N" 150 "$PY" benchmarks/multigpu.py caffe \
     --solver "$R" --gpus "$(gpus "$N")" --channels-last --graphs "${T[@]}"
-run "ResNet-50 caffe-py nccl x$N" 150 python benchmarks/multigpu.py caffe --solver "$R" \
+run "ResNet-50 caffe-py nccl x$N" 150 "$PY" benchmarks/multigpu.py caffe --solver "$R" \
     --gpus "$(gpus "$N")" --reduction nccl --channels-last "${T[@]}"
 for n in $(seq 1 $(( N - 1 ))); do
-    run "ResNet-50 caffe-py tree x$n" 150 python benchmarks/multigpu.py caffe --solver "$R" \
+    run "ResNet-50 caffe-py tree x$n" 150 "$PY" benchmarks/multigpu.py caffe --solver "$R" \
         --gpus "$(gpus "$n")" --channels-last "${T[@]}"
 done
-run "ResNet-50 caffe-py tree + CUDA graphs x1" 150 python benchmarks/multigpu.py caffe \
-    --solver "$R" --gpus 0 --channels-last --graphs "${T[@]}"
-run "ResNet-50 gradient reduction x$N" 120 python benchmarks/multigpu.py reduce \
+run "ResNet-50 caffe-py tree + CUDA graphs x1" 150 "$PY" benchmarks/multigpu.py caffe \
+    --solver "$R" --gpus "$(gpus 1)" --channels-last --graphs "${T[@]}"
+run "ResNet-50 gradient reduction x$N" 120 "$PY" benchmarks/multigpu.py reduce \
     --solver "$R" --gpus "$(gpus "$N")" --iters 20 --json "$JSON"
-LT=(--warmup 50 --iters 300 --json "$JSON")
-run "LeNet PyTorch 1-GPU loop" 90 python benchmarks/ddp_baseline.py --solver "$L" --plain "${LT[@]}"
+LT=(--warmup "${LENET_WARMUP:-50}" --iters "${LENET_ITERS:-300}" --json "$JSON")
+run "LeNet PyTorch 1-GPU loop" 90 "$PY" benchmarks/ddp_baseline.py --solver "$L" --plain "${LT[@]}" \
+    "${CPU[@]}"
 run "LeNet torchrun DDP x$N" 120 \
-    torchrun --standalone --nproc_per_node "$N" benchmarks/ddp_baseline.py --solver "$L" "${LT[@]}"
-run "LeNet caffe-py tree x1" 90 python benchmarks/multigpu.py caffe --solver "$L" --gpus 0 \
+    "$PY" -m torch.distributed.run --standalone --nproc_per_node "$N" benchmarks/ddp_baseline.py --solver "$L" "${LT[@]}" \
+    "${CPU[@]}"
+run "LeNet caffe-py tree x1" 90 "$PY" benchmarks/multigpu.py caffe --solver "$L" --gpus "$(gpus 1)" \
     "${LT[@]}"
-run "LeNet caffe-py tree + CUDA graphs x1" 90 python benchmarks/multigpu.py caffe --solver "$L" \
-    --gpus 0 --graphs "${LT[@]}"
-run "LeNet caffe-py tree x$N" 90 python benchmarks/multigpu.py caffe --solver "$L" \
+run "LeNet caffe-py tree + CUDA graphs x1" 90 "$PY" benchmarks/multigpu.py caffe --solver "$L" \
+    --gpus "$(gpus 1)" --graphs "${LT[@]}"
+run "LeNet caffe-py tree x$N" 90 "$PY" benchmarks/multigpu.py caffe --solver "$L" \
     --gpus "$(gpus "$N")" "${LT[@]}"
-run "LeNet caffe-py tree + CUDA graphs x$N" 90 python benchmarks/multigpu.py caffe \
+run "LeNet caffe-py tree + CUDA graphs x$N" 90 "$PY" benchmarks/multigpu.py caffe \
     --solver "$L" --gpus "$(gpus "$N")" --graphs "${LT[@]}"
-run "ResNet-50 caffe-py tree x$N, profiled" 150 python benchmarks/multigpu.py caffe \
+run "ResNet-50 caffe-py tree x$N, profiled" 150 "$PY" benchmarks/multigpu.py caffe \
     --solver "$R" --gpus "$(gpus "$N")" --channels-last --warmup 10 --iters 8 --json "$JSON" \
     --profile "$OUT/profile_resnet50_tree$N.txt"
 
 echo "== done in $(( $(date +%s) - START ))s; logs, results and profile in $OUT" | tee -a "$LOG"
-python benchmarks/multigpu.py table --json "$JSON" | tee "$OUT/multigpu_table.md"
+"$PY" benchmarks/multigpu.py table --json "$JSON" | tee "$OUT/multigpu_table.md"
