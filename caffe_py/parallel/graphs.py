@@ -105,13 +105,13 @@ class GraphedStep:
         net = s.net
         self._install_static_feeds()
         net.ctx.options["check_labels"] = False   # a host sync cannot be captured
-        saved = [b.detach().clone() for b in net.buffers()]
+        state = [t for blobs in net.layer_blobs().values() for t in blobs
+                 if not isinstance(t, torch.nn.Parameter)]   # BatchNorm's running sums
+        saved = [t.detach().clone() for t in state]
         try:
             with _CAPTURE_LOCK:
                 self._warm_up()
-                with torch.no_grad():
-                    for b, v in zip(net.buffers(), saved, strict=True):
-                        b.copy_(v)
+                _restore(state, saved)
                 s._zero_grads()
                 graph = torch.cuda.CUDAGraph()
                 # torch's default capture stream is one per process, made on whichever device
@@ -122,6 +122,9 @@ class GraphedStep:
                 s._zero_grads()
             self.graph = graph
         except RuntimeError as exc:   # a layer did something a graph cannot hold
+            torch.cuda.synchronize(s.device)
+            _restore(state, saved)      # the eager step starts from where capture began
+            s._zero_grads()
             self._restore_feeds()
             net.ctx.options["check_labels"] = True
             self._give_up(f"capture failed: {str(exc).splitlines()[0]}")
@@ -160,6 +163,12 @@ class GraphedStep:
         self.fallback = reason
         self.log(f"CUDA graphs off for replica {self.solver.replica} ({self.solver.device}): "
                  f"{reason}; running eagerly")
+
+
+@torch.no_grad()
+def _restore(tensors: list[torch.Tensor], saved: list[torch.Tensor]) -> None:
+    for t, v in zip(tensors, saved, strict=True):
+        t.copy_(v)
 
 
 def use_cuda_graphs(solver: Any, log: Callable[[str], None]) -> GraphedStep:
