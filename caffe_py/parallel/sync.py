@@ -93,6 +93,8 @@ class Signal:
 
 @dataclass
 class Failure:
+    """The first exception raised in a replica's thread."""
+
     replica: int
     device: torch.device
     error: BaseException
@@ -121,11 +123,15 @@ class ReplicaState:
     passes: int = 1
     """Backward passes per iteration (the solver's iter_size)."""
     collecting: bool = False
+    """True between on_start and on_gradient_ready: the hooks count only then."""
     early: int = 0
     """Buckets reduced while backward was still running (a benchmark diagnostic)."""
     fired: list[int] = field(default_factory=list)
+    """Per bucket: gradient accumulations seen this iteration."""
     expected: list[int] = field(default_factory=list)
+    """Per bucket: parameters that get a gradient (x ``passes`` = complete)."""
     done: list[bool] = field(default_factory=list)
+    """Per bucket: reduced (and pushed) this iteration."""
 
 
 class SyncGroup:
