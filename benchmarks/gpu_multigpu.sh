@@ -91,6 +91,8 @@ run "ResNet-50 caffe-py tree x$N" 150 "$PY" benchmarks/multigpu.py caffe --solve
     --gpus "$(gpus "$N")" --channels-last "${T[@]}"
 run "ResNet-50 caffe-py tree + CUDA graphs x$N" 150 "$PY" benchmarks/multigpu.py caffe \
     --solver "$R" --gpus "$(gpus "$N")" --channels-last --graphs "${T[@]}"
+run "ResNet-50 caffe-py tree x$N, reduce after backward" 150 "$PY" benchmarks/multigpu.py \
+    caffe --solver "$R" --gpus "$(gpus "$N")" --channels-last --no-overlap "${T[@]}"
 run "ResNet-50 caffe-py nccl x$N" 150 "$PY" benchmarks/multigpu.py caffe --solver "$R" \
     --gpus "$(gpus "$N")" --reduction nccl --channels-last "${T[@]}"
 for n in $(seq 1 $(( N - 1 ))); do

@@ -137,7 +137,8 @@ def cmd_caffe(args: argparse.Namespace) -> None:
     notes: list[str] = []
     with ReplicatedRun(param, devices, TrainOptions(reduction=args.reduction),
                        log=notes.append, extra_callbacks=lambda i: [clocks[i]],
-                       memory_format=fmt, cuda_graphs=args.graphs) as run:
+                       memory_format=fmt, cuda_graphs=args.graphs,
+                       overlap=not args.no_overlap) as run:
         batch = run.root.batch_size()
         waits = [0.0] * len(devices)
 
@@ -160,7 +161,8 @@ def cmd_caffe(args: argparse.Namespace) -> None:
                  for rep in run.sync.replicas]
         name = run.root.net.name
     n = len(devices)
-    run_name = f"caffe-py {args.reduction}" + (" + CUDA graphs" if args.graphs else "")
+    run_name = (f"caffe-py {args.reduction}" + (" + CUDA graphs" if args.graphs else "")
+                + (", reduce after backward" if args.no_overlap else ""))
     fallbacks = [m for m in notes if m.startswith("CUDA graphs off")]
     if fallbacks:
         run_name += " (graphs fell back to eager)"
@@ -367,6 +369,8 @@ def main() -> None:
     c.add_argument("--reduction", default="tree", choices=("tree", "nccl"))
     c.add_argument("--channels-last", action="store_true")
     c.add_argument("--graphs", action="store_true", help="each replica's step as a CUDA graph")
+    c.add_argument("--no-overlap", action="store_true",
+                   help="tree: reduce after backward, not bucket by bucket during it")
     c.add_argument("--profile", type=Path)
     r = sub.add_parser("reduce")
     r.add_argument("--solver", type=Path, required=True)

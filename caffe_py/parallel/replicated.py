@@ -71,7 +71,8 @@ class ReplicatedRun:
     and profile steps with it); ``memory_format`` (e.g. ``torch.channels_last``) converts each
     net before its weights move into the flat buffers; ``cuda_graphs`` runs each replica's
     forward/backward as one CUDA graph replay (:mod:`.graphs`; default: the options'
-    ``cuda_graphs`` field when it has one, else off).
+    ``cuda_graphs`` field when it has one, else off); ``overlap=False`` makes the tree reduce
+    only after backward (no Python hooks in backward's thread).
     """
 
     def __init__(self, param: SolverParameter, devices: Sequence[torch.device | str | int],
@@ -79,7 +80,7 @@ class ReplicatedRun:
                  action: Callable[[], str] | None = None, timeout: float = DEFAULT_TIMEOUT_S,
                  extra_callbacks: Callable[[int], Sequence[Any]] | None = None,
                  memory_format: torch.memory_format | None = None,
-                 cuda_graphs: bool | None = None):
+                 cuda_graphs: bool | None = None, overlap: bool = True):
         from ..io import ReaderPool
 
         self.options = options or TrainOptions()
@@ -97,7 +98,7 @@ class ReplicatedRun:
         self.sync: SyncGroup = (NcclSync(self.devices, timeout=timeout)
                                 if self.options.reduction == "nccl"
                                 else TreeSync(self.devices, timeout=timeout,
-                                              overlap=not cuda_graphs))
+                                              overlap=overlap and not cuda_graphs))
         self.pool = ReaderPool(replicas=n)
         self.solvers: list[Solver] = []
         try:
