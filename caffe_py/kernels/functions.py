@@ -23,6 +23,12 @@ from .reference import ELU, RELU
 _FORMATS = (torch.contiguous_format, torch.channels_last, torch.channels_last_3d)
 
 
+def _ext():
+    """The loaded extension: a global read per call once loaded (no lock, no checks)."""
+    module = build._module
+    return module if module is not None else build.load()
+
+
 def memory_format(x: torch.Tensor) -> torch.memory_format | None:
     """The dense layout the kernels can stream x in, or None (x must be copied first)."""
     if x.is_contiguous():
@@ -40,6 +46,8 @@ def dense(x: torch.Tensor) -> torch.Tensor:
 
 def like(t: torch.Tensor, ref: torch.Tensor) -> torch.Tensor:
     """t in ref's memory layout (ref is dense)."""
+    if t.is_contiguous() and ref.is_contiguous():  # the common case, two flag reads
+        return t
     fmt = memory_format(ref)
     if t.is_contiguous(memory_format=fmt) and memory_format(t) == fmt:
         return t
@@ -63,15 +71,29 @@ def output_derivable(kind: int, p: float) -> bool:
     return not ((kind == RELU or kind == ELU) and p < 0.0)
 
 
+def _as_param(param: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """A parameter as the kernels read it: detached, x's dtype, contiguous (no copy if so)."""
+    p = param.detach()
+    if p.dtype != dtype:
+        p = p.to(dtype)
+    return p if p.is_contiguous() else p.contiguous()
+
+
+def _as_grad(grad: torch.Tensor, dtype: torch.dtype, shape: torch.Size) -> torch.Tensor:
+    """The kernels' [C] float (double) reduction as the parameter's gradient."""
+    if grad.dtype != dtype:
+        grad = grad.to(dtype)
+    return grad if grad.shape == shape else grad.view(shape)
+
+
 class _Activation(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x: torch.Tensor, kind: int, p: float, inplace: bool) -> torch.Tensor:
-        ext = build.load()
         from_output = output_derivable(kind, p)
-        inplace = inplace and from_output and memory_format(x) is not None
         xd = dense(x)
+        inplace = inplace and from_output and xd is x
         out = x if inplace else torch.empty_like(xd)
-        ext.act_forward(xd, out, kind, p)
+        _ext().act_forward(xd, out, kind, p)
         if inplace:
             ctx.mark_dirty(x)
         ctx.save_for_backward(out if from_output else xd)
@@ -84,7 +106,7 @@ class _Activation(torch.autograd.Function):
         (saved,) = ctx.saved_tensors
         g = like(g, saved)
         grad_in = torch.empty_like(saved)
-        build.load().act_backward(g, saved, grad_in, ctx.kind, ctx.p, ctx.from_output)
+        _ext().act_backward(g, saved, grad_in, ctx.kind, ctx.p, ctx.from_output)
         return grad_in, None, None, None
 
 
@@ -92,10 +114,10 @@ class _PReLU(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x: torch.Tensor, slope: torch.Tensor) -> torch.Tensor:
         xd = dense(x)
-        a = slope.detach().to(xd.dtype).contiguous()
+        a = _as_param(slope, xd.dtype)
         C, inner = channel_view(xd, 1, a.numel())
         out = torch.empty_like(xd)
-        build.load().prelu_forward(xd, a, out, C, inner)
+        _ext().prelu_forward(xd, a, out, C, inner)
         ctx.save_for_backward(xd, a)
         ctx.slope_dtype, ctx.slope_shape = slope.dtype, slope.shape
         return out
@@ -107,8 +129,8 @@ class _PReLU(torch.autograd.Function):
         g = like(g, x)
         C, inner = channel_view(x, 1, a.numel())
         grad_x = torch.empty_like(x)
-        dslope = build.load().prelu_backward(g, x, a, grad_x, C, inner)
-        return grad_x, dslope.to(ctx.slope_dtype).reshape(ctx.slope_shape)
+        dslope = _ext().prelu_backward(g, x, a, grad_x, C, inner)
+        return grad_x, _as_grad(dslope, ctx.slope_dtype, ctx.slope_shape)
 
 
 class _BiasActivation(torch.autograd.Function):
@@ -118,12 +140,12 @@ class _BiasActivation(torch.autograd.Function):
         if not output_derivable(kind, p):
             raise ValueError("the fused bias + activation needs ReLU's negative_slope >= 0 "
                              "or ELU's alpha >= 0")
-        inplace = inplace and memory_format(x) is not None
         xd = dense(x)
-        b = bias.detach().to(xd.dtype).contiguous()
+        inplace = inplace and xd is x
+        b = _as_param(bias, xd.dtype)
         C, inner = channel_view(xd, axis, b.numel())
         out = x if inplace else torch.empty_like(xd)
-        build.load().bias_act_forward(xd, b, out, C, inner, kind, p)
+        _ext().bias_act_forward(xd, b, out, C, inner, kind, p)
         if inplace:
             ctx.mark_dirty(x)
         ctx.save_for_backward(out, b)
@@ -138,9 +160,8 @@ class _BiasActivation(torch.autograd.Function):
         g = like(g, y)
         C, inner = channel_view(y, ctx.axis, b.numel())
         grad_x = torch.empty_like(y)
-        dbias = build.load().bias_act_backward(g, y, b, grad_x, C, inner, ctx.kind, ctx.p)
-        return (grad_x, dbias.to(ctx.bias_dtype).reshape(ctx.bias_shape), None, None, None,
-                None)
+        dbias = _ext().bias_act_backward(g, y, b, grad_x, C, inner, ctx.kind, ctx.p)
+        return grad_x, _as_grad(dbias, ctx.bias_dtype, ctx.bias_shape), None, None, None, None
 
 
 def activation(x: torch.Tensor, kind: int, p: float = 0.0, inplace: bool = False) -> torch.Tensor:

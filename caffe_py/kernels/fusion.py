@@ -10,7 +10,10 @@ stops adding it (``has_bias = False`` in its forward), and the activation layer 
 Parameter at every forward and adds it inside the fused kernel.
 
 A pair is fused only when all of these hold:
-- the net is built on a CUDA device and the activation layer chose the CUDA backend;
+- the net is built on a CUDA device and the activation's engine allows the kernels
+  (``can_fuse``: engine CUDA, or DEFAULT/CAFFE/CUDNN with a top of at least
+  ``FUSE_MIN_ELEMENTS`` elements, below which PyTorch's two ops were faster); the activation
+  then runs on the kernels;
 - the producer is a Convolution, Deconvolution or InnerProduct with bias_term and one top;
 - the activation (ReLU with negative_slope >= 0, ELU with alpha >= 0, Sigmoid, TanH) is in
   place on that top, and no layer between the two reads the top (it would miss the bias).
@@ -62,13 +65,6 @@ def _fusable_consumer(layers: list[nn.Module], i: int) -> int | None:
             continue
         act = layers[j]
         ok = (later.type in ACTIVATIONS and later.bottom == [top] and later.top == [top]
-              and getattr(act, "backend", None) == "cuda" and not act.fused_bias
-              and _output_derivable(act))
+              and act.can_fuse())
         return j if ok else None
     return None
-
-
-def _output_derivable(act: Any) -> bool:
-    from .functions import output_derivable
-
-    return output_derivable(act.kind, act.p)

@@ -5,8 +5,10 @@ from the ``engine`` field (Caffe's DEFAULT | CAFFE | CUDNN, plus CUDA and TORCH)
 
 - TORCH: PyTorch's ops (caffe_py/kernels/reference.py).
 - CUDA: the custom CUDA kernels (caffe_py/kernels/functions.py); an error on a CPU net.
-- DEFAULT, CAFFE, CUDNN: the kernels when the net is built on a CUDA device and the extension
-  builds, PyTorch's ops otherwise (a failed build warns once per process and falls back).
+- DEFAULT, CAFFE, CUDNN: on a CUDA net, whichever the benchmark measured faster for the layer
+  kind (DEFAULT_BACKEND: PyTorch's op for ReLU/ELU/Sigmoid/TanH, the kernels for PReLU and for
+  a bias + activation the fusion pass folds together); PyTorch's ops on a CPU net or when the
+  extension does not build (a failed build warns once per process and falls back).
 
 The net option ``activation_engine`` (CUDA or TORCH) replaces DEFAULT in every layer that
 leaves ``engine`` at DEFAULT; PReLU, which has no engine field in Caffe, follows it too.
@@ -20,6 +22,7 @@ Dropout working in place on a ReLU's output), so a wrong choice fails loudly, ne
 """
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -33,8 +36,9 @@ from .base import Layer, Shape
 from .registry import register
 
 ENGINES = ("DEFAULT", "CAFFE", "CUDNN", "CUDA", "TORCH")
-_ENGINE_DOC = ("implementation: DEFAULT/CAFFE/CUDNN pick the CUDA kernels on a GPU net, CUDA "
-               "requires them, TORCH uses PyTorch's ops")
+_ENGINE_DOC = ("implementation: DEFAULT/CAFFE/CUDNN pick the faster of the CUDA kernels and "
+               "PyTorch's op on a GPU net (measured per layer kind), CUDA requires the kernels, "
+               "TORCH uses PyTorch's ops")
 _NET_ENGINES = ("DEFAULT", "CUDA", "TORCH")
 
 
@@ -85,13 +89,34 @@ class PowerParameter:
     shift: float = field(0.0, "added after scaling")
 
 
-def choose_backend(layer: Layer, engine: str) -> str:
-    """'cuda' or 'torch' for a layer built on ``layer.ctx.device`` with ``engine``."""
+# The backend engine DEFAULT (and CAFFE, CUDNN) picks on a CUDA net, per layer kind, from
+# `bash benchmarks/gpu_kernels.sh` on an H200 (2026-11-21 08:34 UTC, docs/kernels.md): the plain
+# elementwise kernels ran at 0.85-0.98x PyTorch's ops (ReLU float32 256 MB: 3799 GB/s against
+# 4162; bf16 Sigmoid 0.85x), so DEFAULT keeps PyTorch's op for them; PReLU ran 1.35-2.2x
+# (float32) and 2.1-4.1x (bf16) faster and the fused bias + activation 2.1-2.9x forward and
+# 1.5-2.0x backward, so those take the kernels. benchmarks/activations.py prints the choice
+# its own run supports ("DEFAULT check"); change a row only on such a measurement.
+DEFAULT_BACKEND = {"ReLU": "torch", "ELU": "torch", "Sigmoid": "torch", "TanH": "torch",
+                   "PReLU": "cuda", "bias + activation": "cuda"}
+# Below this many elements a fused bias + activation stays unfused under DEFAULT: the host
+# time of the autograd Function outweighs the bandwidth saved (LeNet's ip1 + relu1, 64 x 500:
+# the step took 1.78 ms fused against 1.34 ms with PyTorch's ops).
+FUSE_MIN_ELEMENTS = 1 << 20
+
+
+def resolved_engine(layer: Layer, engine: str) -> str:
+    """The layer's engine with DEFAULT replaced by the net option activation_engine."""
     if engine == "DEFAULT":
         engine = layer.ctx.options.get("activation_engine", "DEFAULT")
         if engine not in _NET_ENGINES:
             raise layer.fail(f"the net option activation_engine is '{engine}'",
                              f"use one of {', '.join(_NET_ENGINES)}")
+    return engine
+
+
+def choose_backend(layer: Layer, engine: str) -> str:
+    """'cuda' when ``engine`` lets the layer use the kernels on its device and they build."""
+    engine = resolved_engine(layer, engine)
     if engine == "TORCH":
         return "torch"
     device = torch.device(layer.ctx.device)
@@ -102,6 +127,15 @@ def choose_backend(layer: Layer, engine: str) -> str:
                              "TORCH")
         return "torch"
     return "cuda" if build.available() else "torch"
+
+
+def pick_backend(layer: Layer, engine: str, kind: str) -> tuple[str, bool]:
+    """(backend, kernels allowed): CUDA forces the kernels, DEFAULT/CAFFE/CUDNN follow
+    DEFAULT_BACKEND[kind]; 'kernels allowed' lets the fusion pass move the layer onto them."""
+    allowed = choose_backend(layer, engine) == "cuda"
+    forced = resolved_engine(layer, engine) == "CUDA"
+    return ("cuda" if allowed and (forced or DEFAULT_BACKEND[kind] == "cuda") else "torch",
+            allowed)
 
 
 class _Elementwise(Layer):
@@ -128,7 +162,9 @@ class _Activation(_Elementwise):
     def configure(self, shape: Shape) -> None:
         param = self.param()
         self.p = self.activation_parameter(param)
-        self.backend = choose_backend(self, param.engine)
+        self.backend, self.kernels_allowed = pick_backend(self, param.engine, self.spec.type)
+        self.fuse_forced = resolved_engine(self, param.engine) == "CUDA"
+        self.top_elements = math.prod(shape)
         self._impl: Callable[..., torch.Tensor] = (
             functions.activation if self.backend == "cuda" else reference.activation)
         self.inplace = (self.in_place_requested()
@@ -138,15 +174,29 @@ class _Activation(_Elementwise):
     def activation_parameter(self, param) -> float:
         return 0.0
 
+    def can_fuse(self) -> bool:
+        """Whether the fusion pass may fold a bias in: the kernels are allowed, the
+        activation is output-derivable, and (under DEFAULT) the tensor is large enough for
+        the fused kernel to win (DEFAULT_BACKEND, FUSE_MIN_ELEMENTS)."""
+        if not self.kernels_allowed or self._bias_from is not None:
+            return False
+        if not functions.output_derivable(self.kind, self.p):
+            return False
+        return self.fuse_forced or (DEFAULT_BACKEND["bias + activation"] == "cuda"
+                                    and self.top_elements >= FUSE_MIN_ELEMENTS)
+
     def attach_bias(self, producer: Layer, axis: int) -> None:
         """Add ``producer``'s bias here, in the fused kernel (the fusion pass calls this).
 
-        The bias stays the producer's parameter (same object, same blob order); it is read at
-        each forward, so weight sharing that re-points it is followed.
+        The layer moves onto the kernels. The bias stays the producer's parameter (same
+        object, same blob order); it is read at each forward, so weight sharing that
+        re-points it is followed.
         """
-        if self.backend != "cuda" or not functions.output_derivable(self.kind, self.p):
+        if not self.kernels_allowed or not functions.output_derivable(self.kind, self.p):
             raise self.fail("cannot fuse a bias into this layer",
                             "fusion needs the CUDA backend and an output-derivable activation")
+        self.backend = "cuda"
+        self._impl = functions.activation
         self._bias_from = (producer, axis)
 
     @property
@@ -215,7 +265,7 @@ class PReLU(_Elementwise):
         self.add_blob("slope", (count,), filler)
         if p.channel_shared:  # Caffe's shared slope is a blob with no axes
             self.slope = nn.Parameter(self.slope.detach().reshape(()))
-        self.backend = choose_backend(self, "DEFAULT")
+        self.backend, _ = pick_backend(self, "DEFAULT", "PReLU")
         self._impl: Callable[..., torch.Tensor] = (
             functions.prelu if self.backend == "cuda" else reference.prelu)
 

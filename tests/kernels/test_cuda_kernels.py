@@ -272,7 +272,9 @@ def test_conv_relu_in_place_ip_chain_on_the_kernels(spec_of, monkeypatch):
     monkeypatch.setattr(torch.backends.cudnn, "allow_tf32", False)  # compare float32 to float32
     torch_net, _, loss, grads = chain(spec_of, {"activation_engine": "TORCH"})
     assert torch_net.layer_by_name("relu").backend == "torch"
-    for options, fuse in (({}, False), ({"inplace_activations": True}, False), ({}, True)):
+    cuda = {"activation_engine": "CUDA"}
+    for options, fuse in ((cuda, False), ({**cuda, "inplace_activations": True}, False),
+                          (cuda, True)):
         net, fused, got_loss, got = chain(spec_of, options, fuse)
         assert net.layer_by_name("relu").backend == "cuda"
         assert net.layer_by_name("prelu").backend == "cuda"
@@ -280,6 +282,15 @@ def test_conv_relu_in_place_ip_chain_on_the_kernels(spec_of, monkeypatch):
         assert got_loss == pytest.approx(loss, rel=1e-5)
         for a, b in zip(grads, got, strict=True):
             torch.testing.assert_close(b, a, rtol=1e-4, atol=1e-5)
+
+
+def test_default_engine_on_a_cuda_net_follows_the_table(spec_of):
+    from caffe_py.layers.activation import DEFAULT_BACKEND
+
+    net, fused, _, _ = chain(spec_of, {}, fuse=True)
+    assert net.layer_by_name("relu").backend == DEFAULT_BACKEND["ReLU"]
+    assert net.layer_by_name("prelu").backend == DEFAULT_BACKEND["PReLU"]
+    assert fused == []  # 8 x 16 x 14 x 14 is below FUSE_MIN_ELEMENTS
 
 
 def test_layer_engine_cuda_uses_the_kernels(spec_of):

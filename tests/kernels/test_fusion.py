@@ -36,9 +36,11 @@ layer:
 
 @pytest.fixture
 def cuda_backend(monkeypatch):
-    """Layers pick the 'cuda' backend (engine TORCH still picks torch), run by the reference."""
+    """The kernels are allowed (engine TORCH still picks torch), run by the reference; DEFAULT
+    fuses these small test tensors too."""
     monkeypatch.setattr(activation, "choose_backend",
                         lambda layer, engine: "torch" if engine == "TORCH" else "cuda")
+    monkeypatch.setattr(activation, "FUSE_MIN_ELEMENTS", 0)
     monkeypatch.setattr(functions, "activation", reference.activation)
     monkeypatch.setattr(functions, "bias_activation", reference.bias_activation)
 
@@ -125,3 +127,33 @@ def test_a_cpu_net_fuses_nothing(spec_of):
     net = Net(spec_of(NET))
     assert net.fused == []
     assert fuse_bias_activation(net) == []
+
+
+def test_default_engine_follows_the_measured_table(spec_of, monkeypatch):
+    """DEFAULT: PyTorch's op for the plain kinds, the kernels for PReLU; CUDA forces them."""
+    monkeypatch.setattr(activation, "choose_backend",
+                        lambda layer, engine: "torch" if engine == "TORCH" else "cuda")
+    monkeypatch.setattr(activation, "DEFAULT_BACKEND",
+                        {**activation.DEFAULT_BACKEND, "ReLU": "torch", "TanH": "torch",
+                         "PReLU": "cuda"})
+    net = Net(spec_of(NET), seed=5, options={"fuse_bias_activation": False})
+    assert [net.layer_by_name(n).backend for n in ("relu1", "relu2", "tanh")] == ["torch"] * 3
+    assert net.layer_by_name("relu1").kernels_allowed
+    forced = Net(spec_of(NET), seed=5, options={"fuse_bias_activation": False,
+                                                "activation_engine": "CUDA"})
+    assert [forced.layer_by_name(n).backend for n in ("relu1", "relu2", "tanh")] == ["cuda"] * 3
+
+
+def test_default_fuses_only_tensors_of_the_minimum_size(spec_of, monkeypatch):
+    monkeypatch.setattr(activation, "choose_backend",
+                        lambda layer, engine: "torch" if engine == "TORCH" else "cuda")
+    monkeypatch.setattr(functions, "bias_activation", reference.bias_activation)
+    # conv's top is 2 x 5 x 6 x 6 = 360 elements; ip1's and ip2's are 12 and 8.
+    monkeypatch.setattr(activation, "FUSE_MIN_ELEMENTS", 360)
+    net = Net(spec_of(NET), seed=5)
+    assert net.fused == [("conv", "relu1")]
+    assert net.layer_by_name("relu1").backend == "cuda"  # moved onto the kernels
+    assert net.layer_by_name("relu2").backend == activation.DEFAULT_BACKEND["ReLU"]
+    # Engine CUDA (here through the net option) fuses whatever the size.
+    forced = Net(spec_of(NET), seed=5, options={"activation_engine": "CUDA"})
+    assert forced.fused == [("conv", "relu1"), ("ip1", "relu2"), ("ip2", "tanh")]

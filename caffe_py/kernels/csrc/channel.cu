@@ -3,7 +3,8 @@
 // A tensor is viewed in memory order as [outer, C, inner]: NCHW gives (N, C, H*W), channels_last
 // gives (N*H*W, C, 1), a 2-D InnerProduct output (N, C, 1), a channel-shared PReLU (1, 1, n).
 // The element at memory index i belongs to channel (i / inner) % C; a thread computes that once
-// per pack and steps it along the pack, so packs may straddle channels.
+// per pack and steps it along the pack, so packs may straddle channels. The forward launches
+// like elementwise.cu (many waves of 128-thread blocks, 4 packs per thread).
 //
 // The backward also reduces over everything but the channel (PReLU's slope gradient, the bias
 // gradient) in the same pass that writes grad_x:
@@ -57,47 +58,46 @@ struct BiasActBwd {
   }
 };
 
-template <typename T, int V, typename Op>
-__global__ void __launch_bounds__(kBlock, kMinBlocks)
-channel_fwd_kernel(const T* x, const T* param, T* y, int64_t n, int64_t C, int64_t inner,
+// Forward: the launch of elementwise.cu (128 threads, kPacks packs each, many waves). The
+// channel of a pack is (e0 / inner) % C; I is uint32_t when every index fits (two 32-bit
+// divisions per pack instead of two 64-bit ones, which cost more than the memory traffic).
+template <typename T, int V, typename I, typename Op>
+__global__ void __launch_bounds__(kThreads)
+channel_fwd_kernel(const T* x, const T* param, T* y, int64_t n, I C, I inner,
                    typename OpMath<T>::type p, Op op) {
   using A = typename OpMath<T>::type;
   using P = Pack<T, V>;
-  constexpr int U = Unroll<T>::value;
-  const int64_t packs = n / V;
-  const int64_t step = static_cast<int64_t>(gridDim.x) * blockDim.x * U;
-  for (int64_t base = static_cast<int64_t>(blockIdx.x) * blockDim.x * U + threadIdx.x;
-       base < packs; base += step) {
-    P in[U];
+  const I packs = static_cast<I>(n / V);
+  const I base = static_cast<I>(blockIdx.x) * static_cast<I>(kBlockPacks) + threadIdx.x;
+  const P* xv = reinterpret_cast<const P*>(x);
+  P* yv = reinterpret_cast<P*>(y);
+  P in[kPacks];
 #pragma unroll
-    for (int u = 0; u < U; ++u) {
-      const int64_t j = base + static_cast<int64_t>(u) * blockDim.x;
-      if (j < packs) in[u] = reinterpret_cast<const P*>(x)[j];
-    }
+  for (int u = 0; u < kPacks; ++u)
+    if (base + u * kThreads < packs) in[u] = xv[base + u * kThreads];
 #pragma unroll
-    for (int u = 0; u < U; ++u) {
-      const int64_t j = base + static_cast<int64_t>(u) * blockDim.x;
-      if (j < packs) {
-        const int64_t e0 = j * V;
-        const int64_t q = e0 / inner;
-        int64_t r = e0 - q * inner;
-        int64_t c = q % C;
-        P out;
+  for (int u = 0; u < kPacks; ++u) {
+    const I j = base + u * kThreads;
+    if (j < packs) {
+      const I e0 = j * V;
+      const I q = e0 / inner;
+      I r = e0 - q * inner;
+      I c = q % C;
+      P out;
 #pragma unroll
-        for (int k = 0; k < V; ++k) {
-          out.v[k] = static_cast<T>(op(static_cast<A>(in[u].v[k]), static_cast<A>(param[c]), p));
-          if (++r == inner) {
-            r = 0;
-            if (++c == C) c = 0;
-          }
+      for (int k = 0; k < V; ++k) {
+        out.v[k] = static_cast<T>(op(static_cast<A>(in[u].v[k]), static_cast<A>(param[c]), p));
+        if (++r == inner) {
+          r = 0;
+          if (++c == C) c = 0;
         }
-        reinterpret_cast<P*>(y)[j] = out;
       }
+      yv[j] = out;
     }
   }
-  const int64_t t = packs * V + static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
-  if (t < n) {
-    const int64_t c = (t / inner) % C;
+  const int64_t t = static_cast<int64_t>(packs) * V + threadIdx.x;
+  if (blockIdx.x == gridDim.x - 1 && t < n) {
+    const I c = static_cast<I>((t / inner) % C);
     y[t] = static_cast<T>(op(static_cast<A>(x[t]), static_cast<A>(param[c]), p));
   }
 }
@@ -229,27 +229,36 @@ channel_bwd_cols(const T* g, const T* s, const T* param, T* gx, typename OpMath<
   }
 }
 
+template <typename T, int V, typename Op>
+void launch_channel_fwd_v(const T* xp, const T* pp, T* yp, int64_t n, int64_t C, int64_t inner,
+                          double p, Op op) {
+  using A = typename OpMath<T>::type;
+  const unsigned blocks = chunk_blocks(n / V);
+  auto stream = c10::cuda::getCurrentCUDAStream();
+  // 32-bit indices need every pack index of the grid (blocks * kBlockPacks) and element to fit.
+  if (static_cast<int64_t>(blocks) * kBlockPacks * V + kThreads < (int64_t{1} << 32)) {
+    channel_fwd_kernel<T, V, uint32_t, Op><<<blocks, kThreads, 0, stream>>>(
+        xp, pp, yp, n, static_cast<uint32_t>(C), static_cast<uint32_t>(inner),
+        static_cast<A>(p), op);
+  } else {
+    channel_fwd_kernel<T, V, int64_t, Op>
+        <<<blocks, kThreads, 0, stream>>>(xp, pp, yp, n, C, inner, static_cast<A>(p), op);
+  }
+  C10_CUDA_KERNEL_LAUNCH_CHECK();
+}
+
 template <typename T, typename Op>
 void launch_channel_fwd(const at::Tensor& x, const at::Tensor& param, at::Tensor& y, int64_t C,
                         int64_t inner, double p, Op op) {
-  using A = typename OpMath<T>::type;
   constexpr int V = pack_width<T>();
-  constexpr int U = Unroll<T>::value;
   const int64_t n = x.numel();
   const T* xp = x.const_data_ptr<T>();
   const T* pp = param.const_data_ptr<T>();
   T* yp = y.mutable_data_ptr<T>();
-  auto stream = c10::cuda::getCurrentCUDAStream();
-  if (aligned16(xp) && aligned16(yp)) {
-    const int blocks = grid_size((n / V + U - 1) / U);
-    channel_fwd_kernel<T, V, Op>
-        <<<blocks, kBlock, 0, stream>>>(xp, pp, yp, n, C, inner, static_cast<A>(p), op);
-  } else {
-    const int blocks = grid_size((n + U - 1) / U);
-    channel_fwd_kernel<T, 1, Op>
-        <<<blocks, kBlock, 0, stream>>>(xp, pp, yp, n, C, inner, static_cast<A>(p), op);
-  }
-  C10_CUDA_KERNEL_LAUNCH_CHECK();
+  if (aligned16(xp) && aligned16(yp))
+    launch_channel_fwd_v<T, V, Op>(xp, pp, yp, n, C, inner, p, op);
+  else
+    launch_channel_fwd_v<T, 1, Op>(xp, pp, yp, n, C, inner, p, op);
 }
 
 template <typename T, int V, typename Op>

@@ -1,10 +1,13 @@
 // Elementwise activations: y = f(x) and dx = f'(g, s), one streaming pass each.
 //
-// Each thread moves U = Unroll<T>::value 16-byte packs per loop trip (all loads first, then
-// the math and the stores, so U loads are in flight), in a grid-stride loop over a grid of at
-// most one full wave. Elements past the last whole pack, and every element when a pointer is
-// not 16-byte aligned (a view such as x[1:]), take the scalar path: the same kernel with a
-// pack of one.
+// The launch follows PyTorch's vectorized elementwise kernel: 128-thread blocks, one block per
+// kThreads * kPacks 16-byte packs, so a 64 MB float tensor is 8192 blocks (many waves; a
+// finished block frees its slot at once, instead of a one-wave grid-stride loop whose slowest
+// threads set the end). Thread t of block b moves packs b * 512 + t + 128 * u (u < 4): each
+// load instruction of a warp covers 512 contiguous bytes. All loads of the chunk come first,
+// then the math and the stores. Only the last block checks bounds; it also writes the
+// elements after the last whole pack. When a pointer is not 16-byte aligned (a view such as
+// x[1:]) the same kernel runs with a pack of one element.
 // `out` may be `x` itself (in place): each element is read before it is written, by one thread.
 #include "common.cuh"
 
@@ -12,74 +15,96 @@ namespace caffe_py {
 namespace {
 
 template <typename T, int V, typename Op>
-__global__ void __launch_bounds__(kBlock, kMinBlocks)
+__global__ void __launch_bounds__(kThreads)
 unary_kernel(const T* x, T* y, int64_t n, typename OpMath<T>::type p, Op op) {
   using A = typename OpMath<T>::type;
   using P = Pack<T, V>;
-  constexpr int U = Unroll<T>::value;
   const int64_t packs = n / V;
-  const int64_t step = static_cast<int64_t>(gridDim.x) * blockDim.x * U;
-  for (int64_t base = static_cast<int64_t>(blockIdx.x) * blockDim.x * U + threadIdx.x;
-       base < packs; base += step) {
-    P in[U];
+  const int64_t base = static_cast<int64_t>(blockIdx.x) * kBlockPacks + threadIdx.x;
+  const P* xv = reinterpret_cast<const P*>(x);
+  P* yv = reinterpret_cast<P*>(y);
+  P in[kPacks];
+  if (base + (kPacks - 1) * kThreads < packs) {  // every block but (maybe) the last
 #pragma unroll
-    for (int u = 0; u < U; ++u) {
-      const int64_t j = base + static_cast<int64_t>(u) * blockDim.x;
-      if (j < packs) in[u] = reinterpret_cast<const P*>(x)[j];
+    for (int u = 0; u < kPacks; ++u) in[u] = xv[base + u * kThreads];
+#pragma unroll
+    for (int u = 0; u < kPacks; ++u) {
+      P out;
+#pragma unroll
+      for (int k = 0; k < V; ++k) out.v[k] = static_cast<T>(op(static_cast<A>(in[u].v[k]), p));
+      yv[base + u * kThreads] = out;
     }
+    return;
+  }
 #pragma unroll
-    for (int u = 0; u < U; ++u) {
-      const int64_t j = base + static_cast<int64_t>(u) * blockDim.x;
-      if (j < packs) {
-        P out;
+  for (int u = 0; u < kPacks; ++u)
+    if (base + u * kThreads < packs) in[u] = xv[base + u * kThreads];
 #pragma unroll
-        for (int k = 0; k < V; ++k) out.v[k] = static_cast<T>(op(static_cast<A>(in[u].v[k]), p));
-        reinterpret_cast<P*>(y)[j] = out;
-      }
+  for (int u = 0; u < kPacks; ++u) {
+    if (base + u * kThreads < packs) {
+      P out;
+#pragma unroll
+      for (int k = 0; k < V; ++k) out.v[k] = static_cast<T>(op(static_cast<A>(in[u].v[k]), p));
+      yv[base + u * kThreads] = out;
     }
   }
-  // The tail: fewer than V elements after the last whole pack.
-  const int64_t t = packs * V + static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
-  if (t < n) y[t] = static_cast<T>(op(static_cast<A>(x[t]), p));
+  // The tail: fewer than V elements after the last whole pack, written by the last block.
+  const int64_t t = packs * V + threadIdx.x;
+  if (blockIdx.x == gridDim.x - 1 && t < n) y[t] = static_cast<T>(op(static_cast<A>(x[t]), p));
 }
 
 template <typename T, int V, typename Op>
-__global__ void __launch_bounds__(kBlock, kMinBlocks)
+__global__ void __launch_bounds__(kThreads)
 binary_kernel(const T* g, const T* s, T* gi, int64_t n, typename OpMath<T>::type p, Op op) {
   using A = typename OpMath<T>::type;
   using P = Pack<T, V>;
-  constexpr int U = Unroll<T>::value;
   const int64_t packs = n / V;
-  const int64_t step = static_cast<int64_t>(gridDim.x) * blockDim.x * U;
-  for (int64_t base = static_cast<int64_t>(blockIdx.x) * blockDim.x * U + threadIdx.x;
-       base < packs; base += step) {
-    P gin[U], sin[U];
+  const int64_t base = static_cast<int64_t>(blockIdx.x) * kBlockPacks + threadIdx.x;
+  const P* gv = reinterpret_cast<const P*>(g);
+  const P* sv = reinterpret_cast<const P*>(s);
+  P* outv = reinterpret_cast<P*>(gi);
+  P gin[kPacks], sin[kPacks];
+  if (base + (kPacks - 1) * kThreads < packs) {
 #pragma unroll
-    for (int u = 0; u < U; ++u) {
-      const int64_t j = base + static_cast<int64_t>(u) * blockDim.x;
-      if (j < packs) {
-        gin[u] = reinterpret_cast<const P*>(g)[j];
-        sin[u] = reinterpret_cast<const P*>(s)[j];
-      }
+    for (int u = 0; u < kPacks; ++u) {
+      gin[u] = gv[base + u * kThreads];
+      sin[u] = sv[base + u * kThreads];
     }
 #pragma unroll
-    for (int u = 0; u < U; ++u) {
-      const int64_t j = base + static_cast<int64_t>(u) * blockDim.x;
-      if (j < packs) {
-        P out;
+    for (int u = 0; u < kPacks; ++u) {
+      P out;
 #pragma unroll
-        for (int k = 0; k < V; ++k)
-          out.v[k] = static_cast<T>(
-              op(static_cast<A>(gin[u].v[k]), static_cast<A>(sin[u].v[k]), p));
-        reinterpret_cast<P*>(gi)[j] = out;
-      }
+      for (int k = 0; k < V; ++k)
+        out.v[k] = static_cast<T>(
+            op(static_cast<A>(gin[u].v[k]), static_cast<A>(sin[u].v[k]), p));
+      outv[base + u * kThreads] = out;
+    }
+    return;
+  }
+#pragma unroll
+  for (int u = 0; u < kPacks; ++u) {
+    if (base + u * kThreads < packs) {
+      gin[u] = gv[base + u * kThreads];
+      sin[u] = sv[base + u * kThreads];
     }
   }
-  const int64_t t = packs * V + static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
-  if (t < n) gi[t] = static_cast<T>(op(static_cast<A>(g[t]), static_cast<A>(s[t]), p));
+#pragma unroll
+  for (int u = 0; u < kPacks; ++u) {
+    if (base + u * kThreads < packs) {
+      P out;
+#pragma unroll
+      for (int k = 0; k < V; ++k)
+        out.v[k] = static_cast<T>(
+            op(static_cast<A>(gin[u].v[k]), static_cast<A>(sin[u].v[k]), p));
+      outv[base + u * kThreads] = out;
+    }
+  }
+  const int64_t t = packs * V + threadIdx.x;
+  if (blockIdx.x == gridDim.x - 1 && t < n)
+    gi[t] = static_cast<T>(op(static_cast<A>(g[t]), static_cast<A>(s[t]), p));
 }
 
-// The tail needs one thread per leftover element (< V <= 8), which any grid has.
+// The tail needs one thread per leftover element (< V <= 8 < kThreads).
 template <typename T, typename Op>
 void launch_unary(const at::Tensor& x, at::Tensor& y, double p, Op op) {
   const int64_t n = x.numel();
@@ -88,13 +113,12 @@ void launch_unary(const at::Tensor& x, at::Tensor& y, double p, Op op) {
   auto stream = c10::cuda::getCurrentCUDAStream();
   using A = typename OpMath<T>::type;
   constexpr int V = pack_width<T>();
-  constexpr int U = Unroll<T>::value;
   if (aligned16(xp) && aligned16(yp)) {
-    const int blocks = grid_size((n / V + U - 1) / U);
-    unary_kernel<T, V, Op><<<blocks, kBlock, 0, stream>>>(xp, yp, n, static_cast<A>(p), op);
+    unary_kernel<T, V, Op>
+        <<<chunk_blocks(n / V), kThreads, 0, stream>>>(xp, yp, n, static_cast<A>(p), op);
   } else {
-    const int blocks = grid_size((n + U - 1) / U);
-    unary_kernel<T, 1, Op><<<blocks, kBlock, 0, stream>>>(xp, yp, n, static_cast<A>(p), op);
+    unary_kernel<T, 1, Op>
+        <<<chunk_blocks(n), kThreads, 0, stream>>>(xp, yp, n, static_cast<A>(p), op);
   }
   C10_CUDA_KERNEL_LAUNCH_CHECK();
 }
@@ -108,13 +132,12 @@ void launch_binary(const at::Tensor& g, const at::Tensor& s, at::Tensor& gi, dou
   auto stream = c10::cuda::getCurrentCUDAStream();
   using A = typename OpMath<T>::type;
   constexpr int V = pack_width<T>();
-  constexpr int U = Unroll<T>::value;
   if (aligned16(gp) && aligned16(sp) && aligned16(gip)) {
-    const int blocks = grid_size((n / V + U - 1) / U);
-    binary_kernel<T, V, Op><<<blocks, kBlock, 0, stream>>>(gp, sp, gip, n, static_cast<A>(p), op);
+    binary_kernel<T, V, Op>
+        <<<chunk_blocks(n / V), kThreads, 0, stream>>>(gp, sp, gip, n, static_cast<A>(p), op);
   } else {
-    const int blocks = grid_size((n + U - 1) / U);
-    binary_kernel<T, 1, Op><<<blocks, kBlock, 0, stream>>>(gp, sp, gip, n, static_cast<A>(p), op);
+    binary_kernel<T, 1, Op>
+        <<<chunk_blocks(n), kThreads, 0, stream>>>(gp, sp, gip, n, static_cast<A>(p), op);
   }
   C10_CUDA_KERNEL_LAUNCH_CHECK();
 }
