@@ -9,8 +9,10 @@ clone), then each kernel's forward and backward against PyTorch's op (F.relu, F.
 F.prelu, F.elu, torch.sigmoid, torch.tanh and their backward ops), and the fused bias + ReLU
 against PyTorch's two ops (x + b[None, :, None, None], then relu). Bandwidth counts the bytes
 each op must read and write (parameters aside); a timing is the median over repeats of a
-back-to-back loop between two CUDA events. It then times LeNet and ResNet-50 training steps
-(forward + backward) with the activations on the kernels (engine CUDA) and on PyTorch (TORCH).
+back-to-back loop between two CUDA events. It then checks DEFAULT_BACKEND against the
+measured winner per layer kind, times calls at small sizes (where host time rules), and times
+LeNet and ResNet-50 training steps (forward + backward) with the activations on PyTorch
+(TORCH), as DEFAULT picks, on the kernels (CUDA: fused as the Net builds; unfused; in place).
 
 The markdown table goes to stdout, and to $OUT/kernels.md when OUT is set (or --out).
 """
@@ -160,6 +162,63 @@ def kernel_rows(ext, mb: int, dtype: torch.dtype) -> tuple[list[Row], dict[str, 
     return rows, copies
 
 
+SMALL_SHAPES = [(64, 500), (64, 4096), (64, 64, 32, 32)]
+
+
+def small_row(ext, shape: tuple[int, ...]) -> list[str]:
+    """Microseconds per call at one small size, where host time rules: the raw op, and
+    forward + backward through autograd for ReLU and the fused bias + ReLU against PyTorch."""
+    from caffe_py.kernels import functions
+
+    x = torch.randn(shape, device="cuda", requires_grad=True)
+    g = torch.randn(shape, device="cuda")
+    b = torch.randn(shape[1], device="cuda", requires_grad=True)
+    bview = b.view(-1, *([1] * (len(shape) - 2)))
+    y = torch.empty_like(x)
+    xd = x.detach()
+
+    def us(fn: Callable[[], object]) -> str:
+        return f"{timed(fn, iters=50, repeats=5) * 1e6:.1f}"
+
+    return ["x".join(map(str, shape)),
+            us(lambda: ext.act_forward(xd, y, ref.RELU, 0.0)),
+            us(lambda: torch.relu(xd)),
+            us(lambda: functions.activation(x, ref.RELU).backward(g)),
+            us(lambda: F.relu(x).backward(g)),
+            us(lambda: functions.bias_activation(x, b, ref.RELU).backward(g)),
+            us(lambda: F.relu(x + bview).backward(g))]
+
+
+SMALL_HEADER = ["shape (float32)", "raw act_forward us", "torch.relu us", "ReLU f+b us",
+                "torch ReLU f+b us", "bias+ReLU f+b us", "torch bias+ReLU f+b us"]
+
+# benchmark row name -> the layer kind of DEFAULT_BACKEND (caffe_py/layers/activation.py)
+ROW_KINDS = {"ReLU": "ReLU", "ReLU slope 0.1": "ReLU", "ELU": "ELU", "Sigmoid": "Sigmoid",
+             "TanH": "TanH", "PReLU (per channel)": "PReLU",
+             "bias + ReLU (fused vs 2 ops)": "bias + activation",
+             "bias + ReLU, channels_last": "bias + activation"}
+
+
+def default_check(rows: list[Row]) -> list[str]:
+    """Per layer kind: the backend this run measured faster (the kernels only if they beat
+    PyTorch forward and backward in every row of that kind) against DEFAULT_BACKEND."""
+    from caffe_py.layers.activation import DEFAULT_BACKEND
+
+    worst: dict[str, float] = {}
+    for r in rows:
+        kind = ROW_KINDS[r.op]
+        ratio = min(r.fwd_ours / r.fwd_torch, r.bwd_ours / r.bwd_torch)
+        worst[kind] = min(worst.get(kind, ratio), ratio)
+    lines = []
+    for kind, ratio in worst.items():
+        measured = "cuda" if ratio >= 1.0 else "torch"
+        table_says = DEFAULT_BACKEND[kind]
+        verdict = "agrees" if measured == table_says else "DISAGREES: change DEFAULT_BACKEND"
+        lines.append(f"- {kind}: slowest kernel/torch ratio {ratio:.2f}x -> {measured}; "
+                     f"table {table_says} ({verdict})")
+    return lines
+
+
 LENET = """
 name: LeNet
 layer:
@@ -189,7 +248,6 @@ layer:
 def net_rows(resnet_batch: int) -> list[list[str]]:
     """Training-step times (forward + backward) per net and activation setting."""
     try:
-        from caffe_py.kernels.fusion import fuse_bias_activation
         from caffe_py.net import Net
         from caffe_py.spec.net_spec import parse_net
         from caffe_py.spec.schema import Source
@@ -208,20 +266,18 @@ def net_rows(resnet_batch: int) -> list[list[str]]:
         nets.append((f"ResNet-50 (batch {resnet_batch})", text, lambda: None))
     else:
         print(f"(skipping ResNet-50: {resnet} is missing)", file=sys.stderr)
-    settings = [("TORCH", {"activation_engine": "TORCH"}, False),
-                ("CUDA", {"activation_engine": "CUDA"}, False),
-                ("CUDA + in place", {"activation_engine": "CUDA", "inplace_activations": True},
-                 False),
-                ("CUDA + bias fusion", {"activation_engine": "CUDA"}, True)]
+    # The Net runs the fusion pass when it is built: net.fused lists what each setting fused.
+    settings = [("TORCH", {"activation_engine": "TORCH"}),
+                ("DEFAULT", {}),
+                ("CUDA (fused at build)", {"activation_engine": "CUDA"}),
+                ("CUDA, no fusion", {"activation_engine": "CUDA", "fuse_bias_activation": False}),
+                ("CUDA + in place", {"activation_engine": "CUDA", "inplace_activations": True})]
     rows = []
     for title, text, make_inputs in nets:
         spec = parse_net(loads(text, "bench.yaml"), Source("bench.yaml"))
         base = None
-        for label, options, fuse in settings:
+        for label, options in settings:
             net = Net(spec, device="cuda", options=options)
-            fused = fuse_bias_activation(net) if fuse else []
-            if fuse and not fused:
-                continue
             inputs = make_inputs()
             torch.cuda.reset_peak_memory_stats()
 
@@ -230,11 +286,12 @@ def net_rows(resnet_batch: int) -> list[list[str]]:
                     p.grad = None
                 net(inputs).loss.backward()
 
-            seconds = timed(step, iters=3, repeats=5)
+            seconds = timed(step, iters=5, repeats=7)
             peak = torch.cuda.max_memory_allocated() / 2 ** 30
             base = base or seconds
+            kernels = sum(getattr(m, "backend", None) == "cuda" for m in net.layers)
             rows.append([title, label, f"{seconds * 1e3:.2f}", f"{base / seconds:.3f}x",
-                         f"{peak:.2f}", str(len(fused)) if fuse else "-"])
+                         f"{peak:.2f}", str(kernels), str(len(net.fused))])
             del net, inputs
             torch.cuda.empty_cache()
     return rows
@@ -278,12 +335,16 @@ def main() -> None:
     lines += ["## Device copy bandwidth (bytes read + written)", "", *copy_lines, "",
               "## Kernels (GB/s counts bytes read + written; fwd/copy against x.copy_)", "",
               table(HEADER, [r.cells() for r in rows]), ""]
+    lines += ["## DEFAULT check (caffe_py/layers/activation.py DEFAULT_BACKEND)", "",
+              *default_check(rows), "",
+              "## Small tensors: microseconds per call (host time rules here)", "",
+              table(SMALL_HEADER, [small_row(ext, s) for s in SMALL_SHAPES]), ""]
     if not args.no_nets:
         net_table = net_rows(args.resnet_batch)
         if net_table:
             lines += ["## Training step (forward + backward), median", "",
                       table(["net", "activations", "ms/step", "speed vs TORCH", "peak GiB",
-                             "fused pairs"], net_table), ""]
+                             "layers on kernels", "fused pairs"], net_table), ""]
     lines.append(f"Total benchmark time {time.perf_counter() - t0:.0f} s.")
     report = "\n".join(lines) + "\n"
     print(report)
