@@ -232,6 +232,57 @@ def train_compare(db: str, kind: Kind, device: str, steps: int, warmup: int,
             "ratio": best["data"][0] / best["dummy"][0]}
 
 
+# --- GIL share (CPU) ------------------------------------------------------------------------
+LAUNCH_OPS = 120
+"""Tiny torch ops per stand-in step: about 1 ms of Python, like a launch-bound GPU step."""
+
+
+def launch_bound_step(source):
+    """A step whose thread is in Python ~100% of the time (a small net on a fast GPU issues
+    kernels this way): take the next batch, then LAUNCH_OPS tiny ops on an 8-element tensor.
+    Any Python the reader and prefetch threads run takes the GIL from this loop."""
+    acc = torch.zeros(8)
+
+    def step() -> float:
+        t0 = time.perf_counter()
+        source()
+        waited = time.perf_counter() - t0
+        x = acc
+        for _ in range(LAUNCH_OPS):
+            x = x.add(1.0)
+        return waited
+
+    return step
+
+
+def gil_compare(db: str, kind: Kind, seconds: float, rounds: int = 12) -> dict:
+    """Steps/s of :func:`launch_bound_step` fed by DummyData and by Data (the feed running
+    behind it), alternated in ``rounds`` short rounds; each side keeps its best round (short
+    rounds, many of them: on a small shared machine other processes take the cores at random
+    moments, and the best round is the one they left alone). The ratio is the share of a
+    launch-bound step left to it while records flow (goal >= 0.97)."""
+    layer = data_layer(db, kind, "cpu")
+    with ReaderPool() as pool:
+        pool.attach(_Net([layer]), device="cpu")
+        pool.start()
+        sides = {"dummy": launch_bound_step(dummy_layer(kind, "cpu")),
+                 "data": launch_bound_step(layer)}
+        for step in sides.values():
+            for _ in range(400):  # the Data side: past the first pass over the database
+                step()
+        best = {name: (0.0, 0.0) for name in sides}
+        for _ in range(rounds):
+            for name, step in sides.items():
+                n, waited, start = 0, 0.0, time.perf_counter()
+                while time.perf_counter() - start < seconds / rounds:
+                    waited += step()
+                    n += 1
+                elapsed = time.perf_counter() - start
+                best[name] = max(best[name], (n / elapsed, 1000 * waited / n))
+    return {"dummy": best["dummy"][0], "data": best["data"][0], "wait_ms": best["data"][1],
+            "ratio": best["data"][0] / best["dummy"][0]}
+
+
 # --- report ---------------------------------------------------------------------------------
 def machine(device: str) -> str:
     cpu = platform.processor() or platform.machine()
@@ -251,7 +302,7 @@ def run(args) -> str:
              f"Command: `python benchmarks/data_pipeline.py {' '.join(sys.argv[1:])}`.", "",
              "| records | batch | transform | decoded records/s | batches/s delivered "
              "(images/s) |", "|---|---|---|---|---|"]
-    train_rows = []
+    train_rows, gil_rows = [], []
     with tempfile.TemporaryDirectory() as root:
         for kind in kinds:
             db = make_db(root, kind)
@@ -261,6 +312,11 @@ def run(args) -> str:
             lines.append(f"| {kind.name} uint8 | {kind.batch} | {transform} | {rec:,.0f} | "
                          f"{bat:,.1f} ({bat * kind.batch:,.0f}) |")
             print(lines[-1], flush=True)
+            if device == "cpu" and kind.model == "LeNet":
+                r = gil_compare(db, kind, 2 * args.seconds)
+                gil_rows.append(f"| {kind.name} uint8 | {kind.batch} | {r['dummy']:,.1f} | "
+                                f"{r['data']:,.1f} | {r['ratio']:.3f} | {r['wait_ms']:.3f} |")
+                print(gil_rows[-1], flush=True)
             if args.train:
                 steps = args.steps or (300 if kind.model == "LeNet" else 40)
                 r = train_compare(db, kind, device, steps, warmup=max(5, steps // 10))
@@ -268,6 +324,13 @@ def run(args) -> str:
                                   f"{r['data']:,.1f} | {r['ratio']:.3f} | "
                                   f"{r['wait_ms']:.2f} |")
                 print(train_rows[-1], flush=True)
+    if gil_rows:
+        lines += ["", "A launch-bound step on the CPU (the training thread in Python all "
+                  f"the time: "
+                  f"the next batch, then {LAUNCH_OPS} tiny torch ops), fed by DummyData and by "
+                  "Data with the reader and prefetch threads running behind it:", "",
+                  "| records | batch | steps/s fed by DummyData | steps/s fed by Data | ratio | "
+                  "ms/step in the Data layer |", "|---|---|---|---|---|---|", *gil_rows]
     if train_rows:
         lines += ["", f"Training steps on {device} (SGD, forward + backward; bf16 autocast and "
                   "channels_last for ResNet-50 on CUDA):", "",

@@ -23,16 +23,19 @@ import torch
 
 from ..errors import DataError
 from .reader import JOIN_TIMEOUT_S, STALL_TIMEOUT_S, WAIT_SLICE_S, RecordQueue
-from .transformer import Choices, Transformer
+from .transformer import Transformer
+
+SLOTS = 3
+"""Batches a feed assembles ahead of the training loop (its ring of host buffers on CUDA)."""
 
 
 @dataclass
 class _Batch:
-    data: torch.Tensor  # (B, C, h, w): float32 on CUDA; cropped records still to finish on CPU
+    data: torch.Tensor  # (B, C, h, w) float32 on the device
     label: torch.Tensor  # (B,) int64 on the device
-    ready: torch.cuda.Event | None
+    ready: torch.cuda.Event | None  # CUDA: the side stream's work for this batch
     records: int
-    choices: Choices | None  # CPU only: the flips and offsets the float half needs
+    slot: int  # the ring slot (a token the loop hands back when it takes the batch)
 
 
 @dataclass
@@ -41,13 +44,27 @@ class _Failure:
 
 
 class _HostSlot:
-    """One host staging buffer: records (B, C, h, w) and labels (B,), and its copy's event."""
+    """One pinned staging buffer holding a batch's records (B, C, h, w) and, after them, its
+    labels (B,) int64, so one host-to-device copy moves both; and the event of that copy."""
 
-    def __init__(self, shape: tuple[int, ...], dtype: np.dtype, pin: bool):
-        tdtype = torch.from_numpy(np.zeros(0, dtype=dtype)).dtype
-        self.data = torch.empty(shape, dtype=tdtype, pin_memory=pin)
-        self.label = torch.empty(shape[0], dtype=torch.int64, pin_memory=pin)
-        self.copied: torch.cuda.Event | None = None
+    def __init__(self, shape: tuple[int, ...], dtype: np.dtype, device: torch.device):
+        self.shape, self.dtype = shape, torch.from_numpy(np.zeros(0, dtype=dtype)).dtype
+        self.data_bytes = -(-int(np.prod(shape)) * dtype.itemsize // 8) * 8  # label aligned
+        self.buffer = torch.empty(self.data_bytes + 8 * shape[0], dtype=torch.uint8,
+                                  pin_memory=True)
+        raw = self.buffer.numpy()
+        self.data = raw[:int(np.prod(shape)) * dtype.itemsize].view(dtype).reshape(shape)
+        self.label = raw[self.data_bytes:].view(np.int64)
+        self.copied = torch.cuda.Event()
+        self.used = False
+
+    def to_device(self, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+        """Copy the buffer to ``device`` on the current stream: (records, labels) there."""
+        moved = self.buffer.to(device, non_blocking=True)
+        data = moved[:self.data.nbytes]
+        if self.dtype != torch.uint8:
+            data = data.view(self.dtype)
+        return data.view(self.shape), moved[self.data_bytes:].view(torch.int64)
 
 
 class Prefetcher:
@@ -62,7 +79,9 @@ class Prefetcher:
         self.thread: threading.Thread | None = None
         self.delivered = 0
         """Batches handed to the training loop."""
-        self._ready: queue.Queue[_Batch | _Failure] = queue.Queue(maxsize=1)
+        # C-implemented queues: a hand-over is one call, no Python lock or condition.
+        self._ready: queue.SimpleQueue[_Batch | _Failure] = queue.SimpleQueue()
+        self._free: queue.SimpleQueue[int] = queue.SimpleQueue()
         self._cuda = self.device.type == "cuda"
         self._slots: list[_HostSlot] = []
         self._side: torch.cuda.Stream | None = None
@@ -72,10 +91,12 @@ class Prefetcher:
     def start(self) -> None:
         self._mean = self.transformer.device_mean(self.device)
         if self._cuda:
-            self._slots = [_HostSlot(self._host_shape(), self._host_dtype(), pin=True)
-                           for _ in range(2)]
+            self._slots = [_HostSlot(self._host_shape(), self._host_dtype(), self.device)
+                           for _ in range(SLOTS)]
             self._side = torch.cuda.Stream(self.device)
             self._side.wait_stream(torch.cuda.current_stream(self.device))  # the mean's copy
+        for slot in range(SLOTS):
+            self._free.put(slot)
         self.thread = threading.Thread(target=self._run, name=f"cpy-prefetch:{self.name}",
                                        daemon=True)
         self.thread.start()
@@ -94,53 +115,50 @@ class Prefetcher:
 
     # --- the thread ---------------------------------------------------------------------------
     def _run(self) -> None:
-        if self._cuda:
-            torch.cuda.set_device(self.device)
-        slot = 0
         try:
-            while not self.stop.is_set():
-                batch = self._assemble(self._slots[slot] if self._cuda else None)
-                if not self._put(batch):
+            if self._cuda:
+                torch.cuda.set_device(self.device)
+                # This thread's current stream, once: no stream context per batch.
+                torch.cuda.set_stream(self._side)
+            while True:
+                slot = self._take_free()
+                if slot is None:
                     return
-                slot = 1 - slot
+                self._ready.put(self._assemble(slot))
         except BaseException as exc:  # noqa: BLE001 (re-raised in the training loop)
-            self._put(_Failure(exc))
+            self._ready.put(_Failure(exc))
 
-    def _put(self, item: _Batch | _Failure) -> bool:
+    def _take_free(self) -> int | None:
+        """A ring slot the training loop has taken the batch of (None once stopped)."""
         while not self.stop.is_set():
             try:
-                self._ready.put(item, timeout=WAIT_SLICE_S)
-                return True
-            except queue.Full:
+                return self._free.get(timeout=WAIT_SLICE_S)
+            except queue.Empty:
                 continue
-        return False
+        return None
 
-    def _assemble(self, slot: _HostSlot | None) -> _Batch:
-        records = self.records.get(self.batch_size)
-        choices = self.transformer.choices([r.position for r in records])
-        labels = np.fromiter((r.label for r in records), dtype=np.int64, count=len(records))
+    def _assemble(self, index: int) -> _Batch:
+        batch = self.records.get_batch(self.batch_size)
+        transformer = self.transformer
+        choices = transformer.choices(batch.positions)
         if not self._cuda:
-            # A fresh buffer per batch (the loop keeps the last one), filled by numpy only: a
-            # torch CPU op here would start a second OpenMP team that spins against the
-            # training loop's; next() runs the float half in the loop's thread.
-            data = np.empty(self._host_shape(), dtype=self._host_dtype())
-            self.transformer.host([r.array for r in records], choices, data)
-            return _Batch(torch.from_numpy(data), torch.from_numpy(labels), None,
-                          len(records), choices)
-        assert slot is not None
-        if slot.copied is not None:
+            # The whole transform by numpy, into a fresh array per batch (the loop keeps the
+            # last one): numpy releases the GIL in its loops, and a torch CPU op here would
+            # start a second OpenMP team that spins against the training loop's.
+            data = transformer.numpy(batch.pixels, choices)
+            return _Batch(torch.from_numpy(data), torch.from_numpy(batch.labels.copy()), None,
+                          len(batch), index)
+        slot = self._slots[index]
+        if slot.used:
             slot.copied.synchronize()  # the previous batch in this buffer has left it
         # uint8 flips are cheaper on the GPU than strided host copies
-        self.transformer.host([r.array for r in records], choices, slot.data.numpy(),
-                              mirror=False)
-        slot.label.numpy()[:] = labels
-        with torch.cuda.stream(self._side):
-            raw = slot.data.to(self.device, non_blocking=True)
-            label = slot.label.to(self.device, non_blocking=True)
-            data = self.transformer.device(raw, choices, self._mean, mirror=True)
-            slot.copied = torch.cuda.Event()
-            slot.copied.record(self._side)
-        return _Batch(data, label, slot.copied, len(records), None)
+        transformer.host(batch.pixels, choices, slot.data, mirror=False)
+        slot.label[:] = batch.labels
+        raw, label = slot.to_device(self.device)  # on the side stream, this thread's current
+        data = transformer.device(raw, choices, self._mean, mirror=True)
+        slot.copied.record(self._side)
+        slot.used = True
+        return _Batch(data, label, slot.copied, len(batch), index)
 
     # --- the consumer -------------------------------------------------------------------------
     def next(self) -> tuple[torch.Tensor, torch.Tensor]:
@@ -150,21 +168,23 @@ class Prefetcher:
                             "started; call ReaderPool.start() before the first forward")
         item = self._take()
         if isinstance(item, _Failure):
-            self._put_back(item)
+            self._ready.put(item)  # every next() after a failure raises the same error
             raise item.error
-        data = item.data
         if item.ready is not None:
             current = torch.cuda.current_stream(self.device)
             current.wait_event(item.ready)
-            data.record_stream(current)
+            item.data.record_stream(current)
             item.label.record_stream(current)
-        else:
-            data = self.transformer.device(data, item.choices, self._mean)
+        self._free.put(item.slot)
         self.records.mark_consumed(item.records)
         self.delivered += 1
-        return data, item.label
+        return item.data, item.label
 
     def _take(self) -> _Batch | _Failure:
+        try:
+            return self._ready.get_nowait()  # the usual case: the batch is waiting
+        except queue.Empty:
+            pass
         waited_since = time.monotonic()
         while True:
             try:
@@ -177,13 +197,6 @@ class Prefetcher:
             if time.monotonic() - waited_since > STALL_TIMEOUT_S + 5 * WAIT_SLICE_S:
                 raise DataError(f"{self.records.source.path}: no batch for the data feed "
                                 f"{self.name} in {STALL_TIMEOUT_S:.0f} s")
-
-    def _put_back(self, item: _Failure) -> None:
-        """Keep a failure for later calls, so every next() after it raises the same error."""
-        try:
-            self._ready.put_nowait(item)
-        except queue.Full:
-            pass
 
 
 def _with_index(device: torch.device) -> torch.device:

@@ -25,6 +25,7 @@ import weakref
 from collections import deque
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
+from itertools import islice
 from typing import Any
 
 import lmdb
@@ -42,8 +43,13 @@ WAIT_SLICE_S = 0.2
 STALL_TIMEOUT_S = 60.0
 """A consumer that gets no record for this long raises instead of hanging."""
 JOIN_TIMEOUT_S = 10.0
-CHUNK = 64
-"""Records the producer reads between taking the queues' lock."""
+CHUNK = 256
+"""The most records the producer reads and hands over at once (one lock, one notify)."""
+CHUNK_BYTES = 8 << 20
+"""...and the most bytes: big records go over in smaller chunks."""
+CACHE_BYTES = 1 << 30
+"""A stream whose decoded database fits in this many bytes keeps it in memory after the
+first pass: later passes hand over views of it, with no read, decode or copy per record."""
 
 
 @dataclass
@@ -56,28 +62,74 @@ class Record:
     label: int
 
 
+@dataclass
+class RecordBatch:
+    """Records of one replica in stream order: positions first, first + step, ... (one per
+    replica of the round-robin), pixels (n, C, H, W) and labels (n,) int64. The arrays may be
+    read-only views of the bytes read from the database: copy before writing."""
+
+    first: int
+    step: int
+    pixels: np.ndarray
+    labels: np.ndarray
+    keys: tuple[bytes, ...]
+
+    def __len__(self) -> int:
+        return len(self.labels)
+
+    @property
+    def positions(self) -> np.ndarray:
+        return np.arange(self.first, self.first + self.step * len(self), self.step)
+
+    def split(self, n: int) -> tuple[RecordBatch, RecordBatch]:
+        """The first ``n`` records and the rest (views, no copy)."""
+        return (RecordBatch(self.first, self.step, self.pixels[:n], self.labels[:n],
+                            self.keys[:n]),
+                RecordBatch(self.first + self.step * n, self.step, self.pixels[n:],
+                            self.labels[n:], self.keys[n:]))
+
+
+def _join(parts: list[RecordBatch]) -> RecordBatch:
+    if len(parts) == 1:
+        return parts[0]
+    return RecordBatch(parts[0].first, parts[0].step,
+                       np.concatenate([p.pixels for p in parts]),
+                       np.concatenate([p.labels for p in parts]),
+                       tuple(k for p in parts for k in p.keys))
+
+
 class RecordQueue:
-    """A bounded queue of records for one (stream, replica); the consumer side."""
+    """A bounded queue of records for one (stream, replica); the consumer side. It holds the
+    producer's chunks whole, so handing over a batch is a few operations, not one per record."""
 
     def __init__(self, source: _Source, stream: _Stream, capacity: int):
         self.source, self.stream, self.capacity = source, stream, capacity
-        self.items: deque[Record] = deque()
+        self.chunks: deque[RecordBatch] = deque()
+        self.count = 0
+        """Records queued (the producer adds, the consumer takes, both under the lock)."""
         self.consumed = 0
         """Records handed to the training loop (advanced by :meth:`mark_consumed`)."""
 
     def __len__(self) -> int:
-        return len(self.items)
+        return self.count
 
-    def get(self, n: int, timeout: float = STALL_TIMEOUT_S) -> list[Record]:
+    def get_batch(self, n: int, timeout: float = STALL_TIMEOUT_S) -> RecordBatch:
         """The next ``n`` records, waiting for the producer (at most ``timeout`` s idle)."""
-        out: list[Record] = []
+        parts: list[RecordBatch] = []
+        need = n
         cond = self.source.cond
         idle_since = time.monotonic()
         with cond:
-            while len(out) < n:
-                if self.items:
-                    while self.items and len(out) < n:
-                        out.append(self.items.popleft())
+            while need:
+                if self.chunks:
+                    while self.chunks and need:
+                        chunk = self.chunks.popleft()
+                        if len(chunk) > need:
+                            chunk, rest = chunk.split(need)
+                            self.chunks.appendleft(rest)
+                        parts.append(chunk)
+                        need -= len(chunk)
+                        self.count -= len(chunk)
                     cond.notify_all()  # room for the producer
                     idle_since = time.monotonic()
                     continue
@@ -87,7 +139,13 @@ class RecordQueue:
                                     f"(stream {self.stream.name}); another replica may have "
                                     "stopped reading")
                 cond.wait(WAIT_SLICE_S)
-        return out
+        return _join(parts)
+
+    def get(self, n: int, timeout: float = STALL_TIMEOUT_S) -> list[Record]:
+        """The next ``n`` records one by one (tests and tools; the feed uses get_batch)."""
+        batch = self.get_batch(n, timeout)
+        return [Record(int(p), k, a, int(label)) for p, k, a, label in
+                zip(batch.positions, batch.keys, batch.pixels, batch.labels, strict=True)]
 
     def mark_consumed(self, n: int) -> None:
         self.consumed += n
@@ -106,26 +164,64 @@ class _Stream:
     starts: list[int] = field(default_factory=list)  # per replica slot: first position to send
     position: int = 0  # the next position the producer reads
     cursor: Any = None
+    cache: _Cache | None = None
 
     order: list[int] = field(default_factory=list)  # the replicas, in round-robin order
-    raw_prefix: bytes = b""  # the bytes every raw record of record_shape starts with
+    raw_prefix: np.ndarray | None = None  # what every raw record of record_shape starts with
     size: int = 0  # values per record, C x H x W
 
     def __post_init__(self) -> None:
         c, h, w = self.record_shape
         self.size = c * h * w
 
-    def target(self) -> tuple[int, bool]:
-        """The replica whose turn it is, and whether this position is skipped (before that
-        replica's start after a resume)."""
-        slot = self.position % len(self.queues)
-        return self.order[slot], self.position < self.starts[slot]
+    def first_index(self, slot: int, position: int) -> int:
+        """How far after ``position`` the first record replica slot ``slot`` takes lies."""
+        n = len(self.order)
+        j = (slot - position) % n
+        if position + j < self.starts[slot]:  # before this replica's start (a resume)
+            j += -(-(self.starts[slot] - position - j) // n) * n
+        return j
+
+    def readable(self, limit: int) -> int:
+        """How many records from ``position`` on can be read now: up to the first one whose
+        queue is full (records before a replica's start take no room), at most ``limit``."""
+        n = len(self.order)
+        for slot, replica in enumerate(self.order):
+            queue = self.queues[replica]
+            limit = min(limit, self.first_index(slot, self.position)
+                        + n * (queue.capacity - queue.count))
+        return limit
 
     def state(self) -> dict[str, Any]:
         n = len(self.queues)
         starts = self.starts or list(range(n))
         nxt = [starts[s] + n * self.queues[r].consumed for s, r in enumerate(sorted(self.queues))]
         return {"replicas": n, "origin": self.origin, "next": nxt}
+
+
+class _Cache:
+    """Every record of a small database, decoded (pixels (n, C, H, W), labels (n,), keys),
+    filled by the stream's first pass in key order and complete after it."""
+
+    def __init__(self, size: int, shape: tuple[int, int, int], dtype: np.dtype):
+        self.pixels = np.empty((size, *shape), dtype)
+        self.labels = np.empty(size, np.int64)
+        self.keys: list[bytes] = [b""] * size
+        self.size, self.stored = size, 0
+
+    @property
+    def complete(self) -> bool:
+        return self.stored >= self.size
+
+    def store(self, index: int, keys: Sequence[bytes], pixels: np.ndarray,
+              labels: np.ndarray) -> None:
+        """Records ``index`` .. of the database (each stored once: the first pass is
+        sequential)."""
+        end = index + len(labels)
+        self.pixels[index:end] = pixels
+        self.labels[index:end] = labels
+        self.keys[index:end] = keys[:len(labels)]
+        self.stored += len(labels)
 
 
 class _Source:
@@ -165,6 +261,8 @@ class _Source:
         txn = self.env.begin(buffers=False)
         try:
             for stream in self.streams.values():
+                if self.size * stream.size * stream.dtype.itemsize <= CACHE_BYTES:
+                    stream.cache = _Cache(self.size, stream.record_shape, stream.dtype)
                 stream.cursor = txn.cursor()
                 self._seek(stream, (stream.origin + min(stream.starts)) % self.size)
                 stream.position = min(stream.starts)
@@ -176,7 +274,7 @@ class _Source:
                 self.cond.notify_all()
         finally:
             for stream in self.streams.values():
-                stream.cursor = None
+                stream.cursor = stream.cache = None
             txn.abort()
             release_readonly(self.env)
 
@@ -190,53 +288,78 @@ class _Source:
 
     def _produce(self) -> None:
         streams = list(self.streams.values())
+        limits = [max(1, min(CHUNK, CHUNK_BYTES // max(1, st.size * st.dtype.itemsize)))
+                  for st in streams]
         turn = 0
         while not self.stop.is_set():
             with self.cond:
-                stream = self._next_ready(streams, turn)
-                if stream is None:
+                for i in range(len(streams)):  # from ``turn``, in rotation
+                    k = (turn + i) % len(streams)
+                    count = streams[k].readable(limits[k])
+                    if count:
+                        break
+                else:
                     self.cond.wait(WAIT_SLICE_S)
                     continue
-                room = {r: q.capacity - len(q.items) for r, q in stream.queues.items()}
-            turn = (streams.index(stream) + 1) % len(streams)
-            self._read_chunk(stream, room)
+            turn = (k + 1) % len(streams)
+            self._read_chunk(streams[k], count)
 
-    def _read_chunk(self, stream: _Stream, room: dict[int, int]) -> None:
-        """Read up to CHUNK records of one stream while their queues have room, then append
-        them under one lock (records read before a failing one are still delivered)."""
-        ready: list[tuple[RecordQueue, Record]] = []
-        try:
-            for _ in range(CHUNK):
-                replica, skip = stream.target()
-                if not skip and room[replica] == 0:
-                    break
-                key, value = stream.cursor.item()
-                if not skip:
-                    room[replica] -= 1
-                    ready.append((stream.queues[replica], self._decode(stream, key, value)))
-                if not stream.cursor.next():
-                    stream.cursor.first()  # the end of the database: wrap to the first record
-                stream.position += 1
-        finally:
-            with self.cond:
-                for queue, record in ready:
-                    queue.items.append(record)
-                self.cond.notify_all()
+    def _read_chunk(self, stream: _Stream, count: int) -> None:
+        """Read ``count`` records of one stream (fewer at the end of the database), decode
+        them and hand each replica its share under one lock (records read before a failing
+        one are still delivered)."""
+        index = (stream.origin + stream.position) % self.size
+        count = min(count, self.size - index)
+        cache, error = stream.cache, None
+        if cache is not None and cache.complete:  # views: nothing per record
+            keys = cache.keys[index:index + count]
+            pixels, labels = cache.pixels[index:index + count], cache.labels[index:index + count]
+        else:
+            items = list(islice(stream.cursor.iternext(), count))  # leaves the cursor on the last
+            if not stream.cursor.next():
+                stream.cursor.first()  # the end of the database: wrap to the first record
+            keys, values = zip(*items, strict=True)
+            try:
+                pixels, labels = self._decode(stream, keys, values)
+            except _Partial as partial:
+                (pixels, labels), error = partial.done, partial.error
+            if cache is not None:
+                cache.store(index, keys, pixels, labels)
+        done = len(labels)
+        first, n = stream.position, len(stream.order)
+        with self.cond:
+            for slot, replica in enumerate(stream.order):
+                j = stream.first_index(slot, first)
+                if j < done:
+                    queue = stream.queues[replica]
+                    part = RecordBatch(first + j, n, pixels[j::n], labels[j::n], keys[j:done:n])
+                    queue.chunks.append(part)
+                    queue.count += len(part)
+            stream.position += done
+            self.cond.notify_all()
+        if error is not None:
+            raise error
 
-    def _next_ready(self, streams: Sequence[_Stream], turn: int) -> _Stream | None:
-        """The first stream (from ``turn``, in rotation) whose next record has somewhere to go."""
-        for i in range(len(streams)):
-            stream = streams[(turn + i) % len(streams)]
-            replica, skip = stream.target()
-            queue = stream.queues[replica]
-            if skip or len(queue.items) < queue.capacity:
-                return stream
-        return None
-
-    def _decode(self, stream: _Stream, key: bytes, value: bytes) -> Record:
-        fast = _raw_record(value, stream)
+    def _decode(self, stream: _Stream, keys: Sequence[bytes],
+                values: Sequence[bytes]) -> tuple[np.ndarray, np.ndarray]:
+        """Pixels (k, C, H, W) and labels (k,) of raw records, in as few numpy operations
+        as the chunk allows; other records go one by one through the full decoder."""
+        fast = _raw_chunk(values, stream) if stream.raw_prefix is not None else None
+        if fast is not None and fast[2] is None:
+            return fast[0], fast[1]
+        pixels = np.empty((len(values), *stream.record_shape), stream.dtype)
+        labels = np.empty(len(values), np.int64)
+        ok = np.zeros(len(values), bool)
         if fast is not None:
-            return Record(stream.position, key, *fast)
+            pixels[...], labels[...], ok = fast
+        for i in np.flatnonzero(~ok).tolist():
+            try:
+                pixels[i], labels[i] = self._decode_one(stream, keys[i], values[i])
+            except DataError as exc:
+                raise _Partial((pixels[:i], labels[:i]), exc) from None
+        return pixels, labels
+
+    def _decode_one(self, stream: _Stream, key: bytes, value: bytes) -> tuple[np.ndarray, int]:
         datum = decode_record(value, source=self.path, key=key)
         try:
             array = record_array(datum, _color_param(stream.color))
@@ -246,14 +369,23 @@ class _Source:
             raise DataError(f"{self.path}: record {format_key(key)} is {_describe(array)} but "
                             f"the first record is {_describe_shape(stream)}; a Data layer "
                             "needs records of one size and kind (resize when converting)")
-        return Record(stream.position, key, array, int(datum.label))
+        return array, int(datum.label)
 
 
-def _raw_prefix(shape: Sequence[int]) -> bytes:
+class _Partial(Exception):
+    """A chunk decoded up to a failing record: what was decoded, and the error."""
+
+    def __init__(self, done: tuple[np.ndarray, np.ndarray], error: DataError):
+        super().__init__(str(error))
+        self.done, self.error = done, error
+
+
+def _raw_prefix(shape: Sequence[int]) -> np.ndarray:
     """What Caffe's serializer writes before the pixels of a raw (C, H, W) uint8 record."""
     c, h, w = shape
-    return b"".join((b"\x08", _varint(c), b"\x10", _varint(h), b"\x18", _varint(w),
-                     b"\x22", _varint(c * h * w)))
+    prefix = b"".join((b"\x08", _varint(c), b"\x10", _varint(h), b"\x18", _varint(w),
+                       b"\x22", _varint(c * h * w)))
+    return np.frombuffer(prefix, np.uint8)
 
 
 def _varint(value: int) -> bytes:
@@ -265,30 +397,82 @@ def _varint(value: int) -> bytes:
     return bytes(out)
 
 
-def _raw_record(value: bytes, stream: _Stream) -> tuple[np.ndarray, int] | None:
+def _raw_chunk(values: Sequence[bytes], stream: _Stream
+               ) -> tuple[np.ndarray, np.ndarray, np.ndarray | None] | None:
     """The fast path for the common record (channels, height, width, data, label, and an
-    optional encoded=false, in Caffe's field order): (pixels, label), or None for anything
-    else, which the full decoder then handles."""
+    optional encoded=false, in Caffe's field order), a whole chunk at once: records of one
+    length are joined into one (k, L) byte matrix and checked and sliced by numpy.
+
+    Returns (pixels (k, C, H, W), labels (k,), ok) where ok is None when every record took
+    the fast path, else a (k,) mask of those that did (the rest are the full decoder's job:
+    encoded images, float_data, negative labels, other field orders); None when none did.
+    """
+    k = len(values)
+    lengths = np.fromiter(map(len, values), np.int64, k)
+    if lengths.min() == lengths.max():  # the usual case: one group, views of one buffer
+        joined = b"".join(values)
+        rows, labels = _raw_rows(joined, int(lengths[0]), k, stream)
+        if rows.all():
+            return _pixels(joined, int(lengths[0]), k, stream), labels, None
+    pixels = np.empty((k, *stream.record_shape), np.uint8)
+    labels = np.zeros(k, np.int64)
+    ok = np.zeros(k, bool)
+    for length in np.unique(lengths).tolist():
+        idx = np.flatnonzero(lengths == length)
+        joined = b"".join([values[i] for i in idx.tolist()])
+        good, got = _raw_rows(joined, length, len(idx), stream)
+        if good.any():
+            pixels[idx[good]] = _pixels(joined, length, len(idx), stream)[good]
+            labels[idx[good]] = got[good]
+            ok[idx[good]] = True
+    return (pixels, labels, ok) if ok.any() else None
+
+
+def _pixels(joined: bytes, length: int, k: int, stream: _Stream) -> np.ndarray:
+    """The (k, C, H, W) pixel view of k joined records of ``length`` bytes."""
+    start = len(stream.raw_prefix)
+    rows = np.frombuffer(joined, np.uint8).reshape(k, length)
+    return rows[:, start:start + stream.size].reshape(k, *stream.record_shape)
+
+
+def _raw_rows(joined: bytes, length: int, k: int,
+              stream: _Stream) -> tuple[np.ndarray, np.ndarray]:
+    """Which of k joined records of ``length`` bytes are raw records of the stream's shape
+    (the prefix, then the pixels, then field 5, the label, as a varint below 2^31, then
+    nothing or encoded=false), and their labels: ((k,) bool, (k,) int64)."""
     prefix = stream.raw_prefix
-    if not prefix or not value.startswith(prefix):
-        return None
-    end = len(prefix) + stream.size
-    if len(value) < end + 2 or value[end] != 0x28:
-        return None
-    label, shift, pos = 0, 0, end + 1
-    while pos < len(value) and shift < 35:
-        byte = value[pos]
-        pos += 1
-        label |= (byte & 0x7F) << shift
-        if not byte & 0x80:
-            break
-        shift += 7
-    else:
-        return None
-    if label >= 1 << 31 or value[pos:] not in (b"", b"\x38\x00"):
-        return None  # a negative label or more fields: the full decoder's job
-    pixels = np.frombuffer(value, np.uint8, stream.size, len(prefix))
-    return pixels.reshape(stream.record_shape), label
+    end = len(prefix) + stream.size  # the label's tag
+    tail = length - end - 1  # the label's varint, and maybe encoded=false (2 bytes)
+    if tail < 1:
+        return np.zeros(k, bool), np.zeros(k, np.int64)
+    rows = np.frombuffer(joined, np.uint8).reshape(k, length)
+    ok = (rows[:, :len(prefix)] == prefix).all(1) & (rows[:, end] == 0x28)
+    labels = np.zeros(k, np.int64)
+    if tail == 1:  # a label below 128, the common case
+        ok &= rows[:, end + 1] < 0x80
+        return ok, rows[:, end + 1].astype(np.int64)
+    varint = rows[:, end + 1:]
+    any_form = np.zeros(k, bool)
+    for width, trailer in ((tail, False), (tail - 2, True)):
+        if not 1 <= width <= 5:
+            continue
+        form = _varint_ends_at(varint, width)
+        if trailer:
+            form &= (varint[:, width] == 0x38) & (varint[:, width + 1] == 0)
+        values = ((varint[:, :width].astype(np.int64) & 0x7F)
+                  << (7 * np.arange(width, dtype=np.int64))).sum(1)
+        form &= values < 1 << 31
+        labels = np.where(form, values, labels)
+        any_form |= form
+    return ok & any_form, labels
+
+
+def _varint_ends_at(varint: np.ndarray, width: int) -> np.ndarray:
+    """Rows whose varint is exactly ``width`` bytes long (continuation bits before the end)."""
+    ends = varint[:, width - 1] < 0x80
+    if width > 1:
+        ends &= (varint[:, :width - 1] >= 0x80).all(1)
+    return ends
 
 
 def _describe(array: np.ndarray) -> str:

@@ -29,6 +29,7 @@ from . import blobproto
 from .datum import Datum, datum_to_array
 
 _MASK64 = (1 << 64) - 1
+_GOLDEN = 0x9E3779B97F4A7C15
 
 
 def force_color(tp: TransformationParameter) -> bool | None:
@@ -72,6 +73,7 @@ class Transformer:
                             f"records ({c} x {h} x {w}); use a crop_size <= {min(h, w)}")
         self.out_shape = (c, crop, crop) if crop else (c, h, w)
         self.mean = self._load_mean()  # (C, H, W) float32, (C, 1, 1), or None
+        self._fixed_choices: dict[int, Choices] = {}
 
     # --- validation ---------------------------------------------------------------------------
     def _load_mean(self) -> np.ndarray | None:
@@ -94,48 +96,102 @@ class Transformer:
                           dtype=np.float32).reshape(c, 1, 1)
 
     # --- random choices -----------------------------------------------------------------------
-    def choices(self, positions: Sequence[int]) -> Choices:
+    def choices(self, positions: Sequence[int] | np.ndarray) -> Choices:
         """Crop offsets and flips for the records at these stream positions.
 
         Per record, as Caffe draws them: mirror first, then h_off, then w_off (TRAIN only);
-        TEST crops the centre.
+        TEST crops the centre. Drawn for the whole batch at once (splitmix64 in uint64
+        numpy); without random choices the same constant Choices is returned every batch.
         """
         _, h, w = self.record_shape
         crop = self.tp.crop_size
         n = len(positions)
-        offsets = np.zeros((n, 2), dtype=np.int64)
-        flips = np.zeros(n, dtype=bool)
-        if crop and self.phase == "TEST" and not self.tp.mirror:
-            offsets[:] = ((h - crop) // 2, (w - crop) // 2)
-            return Choices(offsets, flips)
-        if not (crop or self.tp.mirror):
-            return Choices(offsets, flips)
-        for i, pos in enumerate(positions):
-            state = (self.seed ^ (int(pos) * 0x9E3779B97F4A7C15)) & _MASK64
-            r_mirror, state = _splitmix64(state)
-            r_h, state = _splitmix64(state)
-            r_w, _ = _splitmix64(state)
-            flips[i] = self.tp.mirror and bool(r_mirror & 1)
-            if crop and self.phase == "TRAIN":
-                offsets[i] = (r_h % (h - crop + 1), r_w % (w - crop + 1))
-            elif crop:
-                offsets[i] = ((h - crop) // 2, (w - crop) // 2)
+        random_crop = crop and self.phase == "TRAIN"
+        if not (random_crop or self.tp.mirror):
+            return self._fixed(n)
+        with np.errstate(over="ignore"):
+            state = np.asarray(positions, dtype=np.uint64) * np.uint64(_GOLDEN)
+            state ^= np.uint64(self.seed)
+            r_mirror, state = _splitmix64_np(state)
+            r_h, state = _splitmix64_np(state)
+            r_w, _ = _splitmix64_np(state)
+        flips = (r_mirror & np.uint64(1)).astype(bool) if self.tp.mirror else np.zeros(n, bool)
+        if random_crop:
+            offsets = np.stack([r_h % np.uint64(h - crop + 1),
+                                r_w % np.uint64(w - crop + 1)], 1).astype(np.int64)
+        else:
+            offsets = self._fixed(n).offsets
         return Choices(offsets, flips)
 
+    def _fixed(self, n: int) -> Choices:
+        """The choices without randomness: the centre crop (or none), no flips; cached."""
+        fixed = self._fixed_choices.get(n)
+        if fixed is None:
+            _, h, w = self.record_shape
+            crop = self.tp.crop_size
+            offsets = np.zeros((n, 2), dtype=np.int64)
+            if crop:
+                offsets[:] = ((h - crop) // 2, (w - crop) // 2)
+            offsets.flags.writeable = False
+            flips = np.zeros(n, dtype=bool)
+            flips.flags.writeable = False
+            fixed = self._fixed_choices[n] = Choices(offsets, flips)
+        return fixed
+
     # --- the host half ------------------------------------------------------------------------
-    def host(self, arrays: Sequence[np.ndarray], choices: Choices, out: np.ndarray, *,
-             mirror: bool = True) -> None:
+    def host(self, arrays: Sequence[np.ndarray] | np.ndarray, choices: Choices, out: np.ndarray,
+             *, mirror: bool = True) -> None:
         """Crop each (C, H, W) record into ``out`` (B, C, h, w), keeping its dtype; mirror too
-        unless ``mirror`` is False (the device half flips instead)."""
+        unless ``mirror`` is False (the device half flips instead). ``arrays`` is a list of
+        records or one (B, C, H, W) array (one numpy copy when every record has the same
+        window and none is flipped)."""
         _, ch, cw = self.out_shape
-        flips = choices.flips if mirror else np.zeros_like(choices.flips)
-        if not (self.tp.crop_size or flips.any()):
-            np.stack(arrays, out=out)  # one copy of the whole batch
+        flips = choices.flips if mirror else None
+        flipped = flips is not None and flips.any()
+        if not flipped and (not self.tp.crop_size or choices is self._fixed_choices.get(len(out))):
+            h0, w0 = (int(v) for v in choices.offsets[0]) if len(out) else (0, 0)
+            if isinstance(arrays, np.ndarray):
+                np.copyto(out, arrays[:, :, h0:h0 + ch, w0:w0 + cw])
+            else:
+                np.stack([a[:, h0:h0 + ch, w0:w0 + cw] for a in arrays], out=out)
             return
         for i, array in enumerate(arrays):
             h0, w0 = (int(v) for v in choices.offsets[i])
             window = array[:, h0:h0 + ch, w0:w0 + cw]
-            out[i] = window[:, :, ::-1] if flips[i] else window
+            out[i] = window[:, :, ::-1] if flipped and flips[i] else window
+
+    # --- numpy only (the CPU feed thread) -------------------------------------------------------
+    def numpy(self, arrays: np.ndarray, choices: Choices) -> np.ndarray:
+        """The whole transform of a (B, C, H, W) record array with numpy only: (B, C, h, w)
+        float32, equal to :meth:`__call__` bit for bit (the same float32 subtract and
+        multiply). numpy's loops release the GIL and start no OpenMP team."""
+        if self.tp.crop_size or choices.flips.any():
+            cropped = np.empty((len(arrays), *self.out_shape), arrays.dtype)
+            self.host(arrays, choices, cropped)
+            arrays = cropped
+        scale = np.float32(self.tp.scale)
+        if self.mean is not None:
+            x = np.subtract(arrays, self._mean_np(choices), dtype=np.float32)
+            return np.multiply(x, scale, out=x) if scale != 1 else x
+        if scale != 1:
+            return np.multiply(arrays, scale, dtype=np.float32)
+        return arrays.astype(np.float32)
+
+    def _mean_np(self, choices: Choices) -> np.ndarray:
+        """:meth:`_mean_for` in numpy: (C, 1, 1), (C, h, w) or (B, C, h, w)."""
+        mean = self.mean
+        if self.tp.mean_file == "":
+            return mean
+        _, ch, cw = self.out_shape
+        if (choices.offsets == choices.offsets[0]).all() and \
+                (choices.flips == choices.flips[0]).all():
+            h0, w0 = (int(v) for v in choices.offsets[0])
+            window = mean[:, h0:h0 + ch, w0:w0 + cw]
+            return window[:, :, ::-1] if choices.flips[0] else window
+        rows = choices.offsets[:, :1] + np.arange(ch)  # (B, h)
+        steps = np.where(choices.flips[:, None], cw - 1 - np.arange(cw), np.arange(cw))
+        cols = choices.offsets[:, 1:] + steps  # (B, w), reversed for flipped records
+        return mean[:, rows[:, :, None], cols[:, None, :]].transpose(1, 0, 2, 3)
 
     # --- the device half ----------------------------------------------------------------------
     def device_mean(self, device: torch.device) -> torch.Tensor | None:
@@ -153,12 +209,14 @@ class Transformer:
         if mirror and choices.flips.any():
             idx = torch.from_numpy(np.flatnonzero(choices.flips)).to(batch.device)
             batch[idx] = batch[idx].flip(-1)
-        x = batch.to(torch.float32)
-        if mean is not None:
-            x.sub_(self._mean_for(mean, choices, batch.device))
-        if self.tp.scale != 1.0:
-            x.mul_(self.tp.scale)
-        return x
+        scale = self.tp.scale
+        if mean is not None:  # uint8 - float32 -> float32: the float conversion comes free
+            x = torch.sub(batch, self._mean_for(mean, choices, batch.device))
+            return x.mul_(scale) if scale != 1.0 else x
+        if scale != 1.0:
+            return torch.mul(batch, scale) if batch.is_floating_point() or \
+                batch.dtype == torch.uint8 else batch.to(torch.float32).mul_(scale)
+        return batch.to(torch.float32)
 
     def _mean_for(self, mean: torch.Tensor, choices: Choices,
                   device: torch.device) -> torch.Tensor:
@@ -173,8 +231,8 @@ class Transformer:
             h0, w0 = (int(v) for v in choices.offsets[0])
             window = mean[:, h0:h0 + ch, w0:w0 + cw]
             return window.flip(-1) if choices.flips[0] else window
-        offsets = torch.from_numpy(choices.offsets).to(device)
-        flips = torch.from_numpy(choices.flips).to(device)
+        offsets = torch.tensor(choices.offsets, device=device)  # may be the cached read-only
+        flips = torch.tensor(choices.flips, device=device)
         rows = offsets[:, :1] + torch.arange(ch, device=device)  # (B, h)
         steps = torch.arange(cw, device=device)
         steps = torch.where(flips[:, None], cw - 1 - steps, steps)
@@ -188,6 +246,15 @@ class Transformer:
         out = np.empty((len(arrays), *self.out_shape), dtype=arrays[0].dtype)
         self.host(arrays, choices, out)
         return self.device(torch.from_numpy(out), choices, self.device_mean(torch.device("cpu")))
+
+
+def _splitmix64_np(state: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """:func:`_splitmix64` on a uint64 array (numpy's uint64 arithmetic wraps mod 2^64)."""
+    state = state + np.uint64(_GOLDEN)
+    z = state
+    z = (z ^ (z >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
+    z = (z ^ (z >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
+    return z ^ (z >> np.uint64(31)), state
 
 
 def _splitmix64(state: int) -> tuple[int, int]:
