@@ -126,7 +126,8 @@ def test_more_than_one_wave(ext):
 # not a multiple of the pack), channels_last (columns with inner 1), 2-D.
 PRELU_CASES = [((2, 3, 32, 33), "contiguous"), ((4, 6, 5, 5), "contiguous"),
                ((2, 5, 31, 33), "contiguous"), ((3, 16, 7, 9), "channels_last"),
-               ((37, 24), "contiguous"), ((2, 3, 1, 1000), "contiguous")]
+               ((37, 24), "contiguous"), ((2, 3, 1, 1000), "contiguous"),
+               ((8, 16, 24, 24), "channels_last")]  # columns path with several block rows
 
 
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
@@ -165,7 +166,11 @@ def test_prelu_autograd_function_and_layouts():
 # ---- fused bias + activation -----------------------------------------------------------------
 BIAS_CASES = [((2, 3, 32, 33), "contiguous", 1), ((4, 6, 5, 5), "contiguous", 1),
               ((3, 16, 7, 9), "channels_last", 1), ((37, 24), "contiguous", 1),
-              ((2, 5, 31, 33), "contiguous", 1), ((5, 3, 7), "contiguous", 2)]
+              ((2, 5, 31, 33), "contiguous", 1), ((5, 3, 7), "contiguous", 2),
+              # columns path: LeNet's ip1 (one block row, no atomics), and enough rows for
+              # several block rows adding with atomics
+              ((64, 500), "contiguous", 1), ((3000, 24), "contiguous", 1),
+              ((8, 16, 24, 24), "channels_last", 1)]
 FUSED_KINDS = [k for k in KINDS if functions.output_derivable(*k)]
 
 

@@ -166,6 +166,8 @@ channel_bwd_cols(const T* g, const T* s, const T* param, T* gx, typename OpMath<
   using P = Pack<T, V>;
   constexpr int U = Unroll<T>::value;
   const int64_t packs_per_row = L / V;
+  // One block row (gridDim.y == 1) owns its columns outright: it stores its sums into an
+  // uninitialized buffer, no zero fill and no atomics (small batches: InnerProduct, N x C).
   const int64_t col = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
   const bool active = col < packs_per_row;
   A pc[V];
@@ -224,7 +226,10 @@ channel_bwd_cols(const T* g, const T* s, const T* param, T* gx, typename OpMath<
       A sum = A(0);
       for (int y = 0; y < static_cast<int>(blockDim.y); ++y)
         sum += sh[(y * blockDim.x + threadIdx.x) * V + k];
-      atomicAdd(partial + col * V + k, sum);
+      if (gridDim.y == 1)
+        partial[col * V + k] = sum;
+      else
+        atomicAdd(partial + col * V + k, sum);
     }
   }
 }
@@ -274,22 +279,32 @@ void launch_rows(const T* gp, const T* sp, const T* pp, T* gxp, typename OpMath<
   C10_CUDA_KERNEL_LAUNCH_CHECK();
 }
 
-template <typename T, int V, typename Op>
-void launch_cols(const T* gp, const T* sp, const T* pp, T* gxp, typename OpMath<T>::type* part,
-                 int64_t outer, int64_t L, int64_t inner, double p, Op op) {
-  using A = typename OpMath<T>::type;
+// Block (tx, ty) and grid of the columns path for an [outer, packs_per_row] matrix of packs.
+// The grid fills about one wave; a batch of at most kColsOneRowTrips * ty * U rows gets a
+// single block row (so it can skip the zero fill and the atomics, see channel_bwd_cols).
+constexpr int64_t kColsOneRowTrips = 8;
+
+template <typename T>
+void cols_shape(int64_t outer, int64_t packs_per_row, dim3& grid, dim3& block) {
   constexpr int U = Unroll<T>::value;
-  const int64_t packs_per_row = L / V;
   int tx = 1;
   while (tx < 32 && tx < packs_per_row) tx *= 2;
   const int ty = kBlock / tx;
   const int64_t gx_blocks = (packs_per_row + tx - 1) / tx;
-  TORCH_CHECK(gx_blocks <= INT32_MAX, "a row of ", L, " elements is too long");
+  TORCH_CHECK(gx_blocks <= INT32_MAX, "a row of ", packs_per_row, " packs is too long");
   const int64_t rows_needed = (outer + static_cast<int64_t>(ty) * U - 1) / (ty * U);
   const int64_t want = (wave_blocks() + gx_blocks - 1) / gx_blocks;
-  const int64_t gy_blocks = std::max<int64_t>(1, std::min({want, rows_needed, int64_t{65535}}));
-  const dim3 grid(static_cast<unsigned>(gx_blocks), static_cast<unsigned>(gy_blocks));
-  const dim3 block(tx, ty);
+  int64_t gy_blocks = std::max<int64_t>(1, std::min({want, rows_needed, int64_t{65535}}));
+  if (rows_needed <= kColsOneRowTrips) gy_blocks = 1;
+  grid = dim3(static_cast<unsigned>(gx_blocks), static_cast<unsigned>(gy_blocks));
+  block = dim3(tx, ty);
+}
+
+template <typename T, int V, typename Op>
+void launch_cols(const T* gp, const T* sp, const T* pp, T* gxp, typename OpMath<T>::type* part,
+                 int64_t outer, int64_t L, int64_t inner, double p, Op op, dim3 grid,
+                 dim3 block) {
+  using A = typename OpMath<T>::type;
   const size_t smem = sizeof(A) * kBlock * V;
   channel_bwd_cols<T, V, Op><<<grid, block, smem, c10::cuda::getCurrentCUDAStream()>>>(
       gp, sp, pp, gxp, part, outer, L, inner, static_cast<A>(p), op);
@@ -322,12 +337,15 @@ at::Tensor launch_channel_bwd(const at::Tensor& g, const at::Tensor& s, const at
     return part.sum(1);
   }
   const int64_t L = C * inner;
-  at::Tensor part = at::zeros({L}, opts);
+  const bool vec = aligned && L % V == 0;
+  dim3 grid, block;
+  cols_shape<T>(outer, vec ? L / V : L, grid, block);
+  at::Tensor part = grid.y == 1 ? at::empty({L}, opts) : at::zeros({L}, opts);
   A* pt = part.mutable_data_ptr<A>();
-  if (aligned && L % V == 0)
-    launch_cols<T, V, Op>(gp, sp, pp, gxp, pt, outer, L, inner, p, op);
+  if (vec)
+    launch_cols<T, V, Op>(gp, sp, pp, gxp, pt, outer, L, inner, p, op, grid, block);
   else
-    launch_cols<T, 1, Op>(gp, sp, pp, gxp, pt, outer, L, inner, p, op);
+    launch_cols<T, 1, Op>(gp, sp, pp, gxp, pt, outer, L, inner, p, op, grid, block);
   return inner == 1 ? part : part.view({C, inner}).sum(1);
 }
 
