@@ -3,8 +3,8 @@
 Every raw kernel call writes into an output filled with NaN first, so an element a kernel
 fails to write shows up as NaN. Shapes cover the vector path, the scalar tail (sizes that are
 not a multiple of the 16-byte pack), misaligned views (x[1:]), empty tensors, channels_last,
-both reduction paths of the per-channel backward (long rows and short rows), and more than
-one wave of the grid-stride loops. Skipped without CUDA; run with `pytest -m gpu`.
+both reduction paths of the per-channel backward (long rows, and short rows with one or
+several block rows), and grids of many blocks with a partial last block. Skipped without CUDA; run with `pytest -m gpu`.
 """
 from __future__ import annotations
 
