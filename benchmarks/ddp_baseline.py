@@ -4,6 +4,8 @@
     python benchmarks/ddp_baseline.py --solver configs/resnet50_dummy.yaml --plain
     # DistributedDataParallel on 4 GPUs (keep NCCL_NVLS_ENABLE=0 in the environment)
     torchrun --nproc_per_node 4 benchmarks/ddp_baseline.py --solver configs/resnet50_dummy.yaml
+    # torchvision's resnet50 on one GPU, same batch/precision/format (a reference row)
+    python benchmarks/ddp_baseline.py --solver configs/resnet50_dummy.yaml --plain --torchvision
 
 The model is the TRAIN net of the solver spec, built by caffe_py.net.Net on each GPU (same
 layers, same per-GPU batch), under the solver's precision (BF16: bfloat16 autocast, float32
@@ -27,14 +29,38 @@ from caffe_py.spec.solver_spec import SolverParameter, load_solver
 
 
 class LossOf(nn.Module):
-    """The net's weighted loss as the only output (what DDP and the plain loop need)."""
+    """The net's weighted loss as the only output (what DDP and the plain loop need).
+
+    ``forward`` takes the net's input dict (empty: the net reads DummyData), so DDP, which
+    indexes its positional inputs, gets one argument.
+    """
 
     def __init__(self, net: Net):
         super().__init__()
         self.net = net
 
-    def forward(self) -> torch.Tensor:
-        return self.net().loss
+    def forward(self, inputs: dict[str, torch.Tensor]) -> torch.Tensor:
+        return self.net(inputs).loss
+
+
+class TorchvisionLoss(nn.Module):
+    """torchvision's resnet50 on a fixed batch (constant images, labels 0) with softmax loss:
+    a reference for the caffe-py Net's own 1-GPU speed, same batch and precision."""
+
+    def __init__(self, batch: int, device: torch.device, *, channels_last: bool):
+        super().__init__()
+        import torchvision
+
+        self.model = torchvision.models.resnet50().to(device)
+        fmt = torch.channels_last if channels_last else torch.contiguous_format
+        self.model = self.model.to(memory_format=fmt)
+        self.images = torch.full((batch, 3, 224, 224), 0.5, device=device).contiguous(
+            memory_format=fmt)
+        self.labels = torch.zeros(batch, dtype=torch.long, device=device)
+        self.batch = batch
+
+    def forward(self, inputs: dict[str, torch.Tensor]) -> torch.Tensor:
+        return nn.functional.cross_entropy(self.model(self.images), self.labels)
 
 
 def build_net(param: SolverParameter, device: torch.device, *, channels_last: bool,
@@ -81,7 +107,7 @@ def timed_loop(model: nn.Module, opt: torch.optim.Optimizer, param: SolverParame
             start = time.perf_counter()
         opt.zero_grad(set_to_none=True)
         with autocast(param, device):
-            loss = model()
+            loss = model({})
         loss.backward()
         opt.step()
     synchronize(device)
@@ -96,6 +122,8 @@ def main() -> None:
     ap.add_argument("--warmup", type=int, default=15)
     ap.add_argument("--iters", type=int, default=30)
     ap.add_argument("--channels-last", action="store_true")
+    ap.add_argument("--torchvision", action="store_true",
+                    help="with --plain: torchvision's resnet50 at the solver net's batch")
     ap.add_argument("--json", type=Path, help="also append the result line to this file")
     ap.add_argument("--cpu", action="store_true", help="smoke test on CPU (gloo for DDP)")
     args = ap.parse_args()
@@ -104,9 +132,13 @@ def main() -> None:
     if args.plain:
         world, rank = 1, 0
         device = torch.device("cpu") if args.cpu else torch.device("cuda", 0)
-        model = LossOf(build_net(param, device, channels_last=args.channels_last))
-        seconds = timed_loop(model, sgd(param, model), param, device, args.warmup, args.iters)
+        net = build_net(param, device, channels_last=args.channels_last)
+        model = LossOf(net)
         name = "pytorch 1-GPU loop"
+        if args.torchvision:
+            model = TorchvisionLoss(batch_size(net), device, channels_last=args.channels_last)
+            name = "torchvision resnet50, pytorch 1-GPU loop (reference, not the caffe-py net)"
+        seconds = timed_loop(model, sgd(param, model), param, device, args.warmup, args.iters)
     else:
         import torch.distributed as dist
         from torch.nn.parallel import DistributedDataParallel as DDP
@@ -124,7 +156,8 @@ def main() -> None:
         seconds = timed_loop(model, sgd(param, model), param, device, args.warmup, args.iters,
                              sync=dist.barrier)
         name = f"torchrun DDP x{world}"
-    net = model.module.net if hasattr(model, "module") else model.net
+    if not args.plain:
+        net = model.module.net
     batch = batch_size(net)
     if rank == 0:
         line = json.dumps({"kind": "throughput", "model": net.name, "run": name,

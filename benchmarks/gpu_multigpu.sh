@@ -84,6 +84,10 @@ run "GPU tests (tests/parallel -m gpu)" 150 "$PY" -m pytest -q -m gpu tests/para
 # the most telling rows first: a later row is skipped if the time budget runs out
 run "ResNet-50 PyTorch 1-GPU loop" 150 \
     "$PY" benchmarks/ddp_baseline.py --solver "$R" --plain --channels-last "${T[@]}" "${CPU[@]}"
+if [[ "${CPU_SMOKE:-0}" != 1 ]] && "$PY" -c "import torchvision" 2>/dev/null; then
+    run "ResNet-50 torchvision resnet50 1-GPU loop (reference)" 120 "$PY" \
+        benchmarks/ddp_baseline.py --solver "$R" --plain --torchvision --channels-last "${T[@]}"
+fi
 run "ResNet-50 torchrun DDP x$N" 180 \
     "$PY" -m torch.distributed.run --standalone --nproc_per_node "$N" benchmarks/ddp_baseline.py --solver "$R" \
     --channels-last "${T[@]}" "${CPU[@]}"
