@@ -18,13 +18,13 @@ writes ``shape`` and ``data``. Both read back here; fields come out in field-num
 from __future__ import annotations
 
 import os
-import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 
 from ..errors import DataError
+from ..fileio import atomic_write_bytes
 from .wire import (
     FIXED32,
     FIXED64,
@@ -179,7 +179,7 @@ def _decode_shape(buf: bytes) -> tuple[int, ...]:
 def write_blob_file(path: str | os.PathLike, blob: BlobProto) -> None:
     """Write a ``.binaryproto`` atomically (temp file in the same folder, fsync, rename)."""
     path = Path(path)
-    write_atomic(path, encode_blob(blob))
+    atomic_write_bytes(path, encode_blob(blob))
 
 
 def read_blob_file(path: str | os.PathLike) -> BlobProto:
@@ -212,17 +212,3 @@ def read_mean_file(path: str | os.PathLike) -> np.ndarray:
         raise DataError(f"{path}: a mean file holds one (1, C, H, W) image, this blob is "
                         f"{'x'.join(map(str, array.shape)) or 'empty'}")
     return array.astype(np.float32, copy=False)
-
-
-def write_atomic(path: Path, payload: bytes) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "wb") as file:
-            file.write(payload)
-            file.flush()
-            os.fsync(file.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise

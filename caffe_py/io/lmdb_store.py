@@ -22,6 +22,7 @@ from pathlib import Path
 import lmdb
 
 from ..errors import DataError
+from ..fileio import fsync_dir
 
 INITIAL_MAP_SIZE = 64 << 20
 COMMIT_EVERY = 1000
@@ -141,7 +142,7 @@ class LmdbWriter:
         self._env.sync(True)
         self._close_env()
         os.replace(self.partial, self.path)
-        _fsync_dir(self.path.parent)
+        fsync_dir(self.path.parent)
         return self.summary()
 
     def abandon(self) -> WriteSummary:
@@ -290,14 +291,3 @@ def _open_readonly(path: Path, fix: str) -> lmdb.Environment:
 def _reason(exc: lmdb.Error) -> str:
     text = str(exc).strip()
     return text.split(": ", 1)[-1] if ": " in text else text
-
-
-def _fsync_dir(path: Path) -> None:
-    try:
-        fd = os.open(path, os.O_RDONLY)
-    except OSError:
-        return
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)

@@ -14,16 +14,16 @@ the old file or none, never a truncated one that loads.
 """
 from __future__ import annotations
 
-import os
 import tempfile
 import warnings
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from pathlib import Path
-from typing import Any, BinaryIO
+from typing import Any
 
 import torch
 
 from ..errors import SolverError
+from ..fileio import atomic_write, atomic_write_bytes
 from . import caffemodel
 
 FORMAT_VERSION = 1
@@ -67,30 +67,13 @@ def atomic_save(obj: Any, path: Path) -> None:
     atomic_write(path, lambda f: torch.save(obj, f))
 
 
-def atomic_write(path: Path, write: Callable[[BinaryIO], Any]) -> None:
-    """Run ``write`` on a temp file in ``path``'s directory, fsync, rename over ``path``."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "wb") as f:
-            write(f)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-    _fsync_dir(path.parent)
-
-
 def save_weights(blobs_by_layer: Mapping[str, list[torch.Tensor]], path: Path,
                  types: Mapping[str, str] | None = None, net_name: str = "") -> None:
     """Write layer name -> blobs: a Caffe NetParameter for ``.caffemodel``, else torch.save."""
     path = Path(path)
     if path.suffix == ".caffemodel":
         payload = caffemodel.encode_net(net_name, blobs_by_layer, types)
-        atomic_write(path, lambda f: f.write(payload))
+        atomic_write_bytes(path, payload)
         return
     layers = {name: [b.detach().to("cpu", copy=True) for b in blobs]
               for name, blobs in blobs_by_layer.items()}
@@ -120,7 +103,7 @@ def save_state(state: dict[str, Any], path: Path) -> None:
     path = Path(path)
     if path.name.endswith(STATE_SUFFIX):
         payload = caffemodel.encode_state(state)
-        atomic_write(path, lambda f: f.write(payload))
+        atomic_write_bytes(path, payload)
         return
     atomic_save({"caffe_py": STATE_KIND, "version": FORMAT_VERSION, **state}, path)
 
@@ -182,17 +165,3 @@ def _load(path: Path, want: str) -> dict[str, Any]:
         raise SolverError(f"{path}: snapshot format version {data.get('version')} is not "
                           f"{FORMAT_VERSION}; write it again with this caffe-py")
     return data
-
-
-def _fsync_dir(directory: Path) -> None:
-    """Make the rename itself durable (POSIX); a no-op where directories cannot be opened."""
-    try:
-        fd = os.open(directory, os.O_RDONLY)
-    except OSError:
-        return
-    try:
-        os.fsync(fd)
-    except OSError:
-        pass
-    finally:
-        os.close(fd)

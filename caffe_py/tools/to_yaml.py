@@ -24,7 +24,6 @@ from __future__ import annotations
 import dataclasses
 import os
 import re
-import tempfile
 import types
 import typing
 from dataclasses import dataclass
@@ -34,6 +33,7 @@ from typing import Any
 import yaml
 
 from ..errors import SpecError
+from ..fileio import atomic_write_bytes
 from ..spec.net_spec import LayerParameter, NetParameter, load_net
 from ..spec.schema import suggest
 from ..spec.solver_spec import SolverParameter, load_solver
@@ -145,7 +145,7 @@ def import_file(source: str | Path, out: str | Path, kind: str = "auto",
     kind = detect_kind(msg, str(source)) if kind == "auto" else kind
     root = Path(root if root is not None else Path.cwd()).resolve()
     conv = convert(msg, kind, source=str(source), root=root, out=out.resolve())
-    _write_atomic(out, conv.text)
+    atomic_write_bytes(out, conv.text.encode("utf-8"))
     try:
         if kind == "net":
             net = load_net(out)
@@ -166,21 +166,6 @@ def _validation_error(exc: SpecError, conv: Conversion, source: Path, out: Path)
     return SpecError(exc.problem, file=exc.file, line=exc.line, path=exc.path,
                      fix=f"{fix}it comes from {where}; {out} was written, so fix it there "
                          f"(or fix the prototxt and import again)")
-
-
-def _write_atomic(path: Path, text: str) -> None:
-    """Temp file in the same directory, fsync, rename: a crash leaves the old file or the new."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as fh:
-            fh.write(text)
-            fh.flush()
-            os.fsync(fh.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
 
 
 # --- schema-driven conversion ---------------------------------------------------------------
