@@ -22,6 +22,7 @@ from .errors import DataError, NetError
 from .kernels.fusion import fuse_bias_activation
 from .layers import registry
 from .layers.base import BuildContext, Layer, Shape
+from .layers.fusion import fuse_batchnorm_scale
 from .spec.net_spec import BlobShape, LayerParameter, NetParameter, ParamSpec
 from .spec.schema import Location, is_set, key_line, suggest
 
@@ -113,6 +114,8 @@ class Net(nn.Module):
         self._build(self._kept_layers())
         self.fused: list[tuple[str, str]] = fuse_bias_activation(self)
         """(producer, activation) pairs whose bias add runs inside the activation kernel."""
+        self.fused_norm: list[tuple[str, str]] = fuse_batchnorm_scale(self)
+        """(BatchNorm, Scale) pairs run as one batch_norm with the Scale's blobs as affine."""
 
     # --- building ---------------------------------------------------------------------------
     def _kept_layers(self) -> list[LayerParameter]:

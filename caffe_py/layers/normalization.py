@@ -6,10 +6,17 @@ Caffe's BatchNorm has no affine part: a Scale layer with ``bias_term: true`` fol
 three blobs are running *sums*, not running means: ``mean_sum`` and ``var_sum`` (C) decay by
 ``moving_average_fraction`` and add the batch statistics, and ``count`` (1) decays the same way
 and adds 1, so the global statistics are ``mean_sum / count`` and ``var_sum / count``.
+
+Mixed precision: under bfloat16/float16 autocast a float32 blob would promote a low-precision
+activation to float32 (and every following convolution would cast it back), so Scale and Bias
+cast their operand to the activation's dtype; float32 and float64 runs compute exactly as
+before. The fusion pass (caffe_py/layers/fusion.py) lets a BatchNorm apply the following
+Scale's blobs inside its own batch_norm call (:meth:`BatchNorm.attach_affine`).
 """
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -60,38 +67,60 @@ class BatchNorm(Layer):
         self.add_blob("mean_sum", (self.channels,), learnable=False)
         self.add_blob("var_sum", (self.channels,), learnable=False)
         self.add_blob("count", (1,), learnable=False)
+        self._affine: tuple[Any] | None = None
         return [shape]
+
+    def attach_affine(self, scale_layer: Any) -> None:
+        """Apply ``scale_layer``'s (C,) scale and bias blobs in this layer's batch_norm call
+        (the fusion pass calls this and makes the Scale an identity). The blobs stay the
+        Scale's (same objects, same Caffe order) and are read at every forward, so weight
+        sharing that re-points them is followed. Held in a tuple: not a submodule."""
+        self._affine = (scale_layer,)
+
+    @property
+    def fused_scale(self) -> str | None:
+        """The name of the Scale layer folded into this one, or None."""
+        return None if self._affine is None else self._affine[0].name
+
+    def _weight_bias(self) -> tuple[torch.Tensor | None, torch.Tensor | None]:
+        if self._affine is None:
+            return None, None
+        scale_layer = self._affine[0]
+        return scale_layer.scale, scale_layer.bias
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         shape = x.shape
         if x.dim() == 1:
             x = x.view(-1, 1)  # (N,) is N values of one channel
+        weight, bias = self._weight_bias()
         if self.use_global_stats:
-            y = self._normalize_global(x)
+            y = self._normalize_global(x, weight, bias)
         elif x.numel() // self.channels > 1:
-            y = self._normalize_batch(x)
+            y = self._normalize_batch(x, weight, bias)
         else:
-            y = self._normalize_single(x)
+            y = self._normalize_single(x, weight, bias)
         return y.view(shape)
 
-    def _normalize_global(self, x: torch.Tensor) -> torch.Tensor:
+    def _normalize_global(self, x: torch.Tensor, weight: torch.Tensor | None,
+                          bias: torch.Tensor | None) -> torch.Tensor:
         # 1 / count, or 0 before any statistics were gathered (Caffe's scale_factor)
         inv = torch.where(self.count == 0, torch.zeros_like(self.count), self.count.reciprocal())
-        return F.batch_norm(x, self.mean_sum * inv, self.var_sum * inv, training=False,
-                            eps=self.eps)
+        return F.batch_norm(x, self.mean_sum * inv, self.var_sum * inv, weight, bias,
+                            training=False, eps=self.eps)
 
-    def _normalize_batch(self, x: torch.Tensor) -> torch.Tensor:
+    def _normalize_batch(self, x: torch.Tensor, weight: torch.Tensor | None,
+                         bias: torch.Tensor | None) -> torch.Tensor:
         # With momentum 1 PyTorch writes the batch mean and the unbiased (m / (m - 1)) variance
         # into the two scratch vectors, so one fused kernel gives both the output and the
-        # statistics that Caffe's update needs.
+        # statistics that Caffe's update needs. One (2, C) allocation: one fill kernel.
         stat_dtype = x.dtype if x.dtype in (torch.float32, torch.float64) else torch.float32
-        mean = torch.zeros(self.channels, dtype=stat_dtype, device=x.device)
-        var = torch.zeros(self.channels, dtype=stat_dtype, device=x.device)
-        y = F.batch_norm(x, mean, var, training=True, momentum=1.0, eps=self.eps)
+        mean, var = torch.zeros(2, self.channels, dtype=stat_dtype, device=x.device)
+        y = F.batch_norm(x, mean, var, weight, bias, training=True, momentum=1.0, eps=self.eps)
         self._update_stats(mean, var)
         return y
 
-    def _normalize_single(self, x: torch.Tensor) -> torch.Tensor:
+    def _normalize_single(self, x: torch.Tensor, weight: torch.Tensor | None,
+                          bias: torch.Tensor | None) -> torch.Tensor:
         # One value per channel (N = 1, no spatial axes): PyTorch refuses, Caffe gives
         # variance 0, an output of 0 and (m / (m - 1) undefined) a bias correction of 1.
         dims = [0] + list(range(2, x.dim()))
@@ -100,13 +129,25 @@ class BatchNorm(Layer):
         var = centred.square().mean(dim=dims, keepdim=True)
         y = centred / torch.sqrt(var + self.eps)
         self._update_stats(mean.detach().flatten(), var.detach().flatten())
+        if weight is not None:
+            trailing = x.dim() - 2
+            y = torch.addcmul(trailing_view(as_dtype(bias, y), trailing), y,
+                              trailing_view(as_dtype(weight, y), trailing))
         return y
 
     @torch.no_grad()
     def _update_stats(self, mean: torch.Tensor, unbiased_var: torch.Tensor) -> None:
-        self.count.mul_(self.maf).add_(1.0)
-        self.mean_sum.mul_(self.maf).add_(mean.to(self.mean_sum.dtype))
-        self.var_sum.mul_(self.maf).add_(unbiased_var.to(self.var_sum.dtype))
+        # sum = maf * sum + batch, for the three blobs: one multi-tensor multiply, then the
+        # adds (the same float operations, in the same order, as one mul_/add_ per blob).
+        sums = [self.count, self.mean_sum, self.var_sum]
+        torch._foreach_mul_(sums, self.maf)
+        self.count.add_(1.0)
+        torch._foreach_add_(sums[1:], [mean.to(self.mean_sum.dtype),
+                                       unbiased_var.to(self.var_sum.dtype)])
+
+    def extra_repr(self) -> str:
+        fused = f", fused scale '{self.fused_scale}'" if self._affine is not None else ""
+        return f"{super().extra_repr()}{fused}"
 
 
 @dataclass
@@ -176,6 +217,19 @@ def trailing_view(operand: torch.Tensor, trailing: int) -> torch.Tensor:
     return operand.view(*operand.shape, *([1] * trailing))
 
 
+_LOW_PRECISION = (torch.bfloat16, torch.float16)
+
+
+def as_dtype(operand: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
+    """``operand`` cast to ``x``'s dtype when ``x`` is bfloat16/float16 (autocast): type
+    promotion would otherwise turn the whole activation into float32. The gradient still
+    reaches a float32 parameter through the cast. Any other pair is left to promotion, so
+    float32 and float64 runs compute exactly as without it."""
+    if x.dtype in _LOW_PRECISION and operand.dtype != x.dtype and operand.is_floating_point():
+        return operand.to(x.dtype)
+    return operand
+
+
 @register("Scale")
 class Scale(Layer):
     """y = x * scale (+ bias), the scale broadcast along bottom 0's axes from ``axis``.
@@ -196,13 +250,22 @@ class Scale(Layer):
         self.bias_term = p.bias_term
         if p.bias_term:
             self.add_blob("bias", shape, p.bias_filler)
+        self.folded_into: str | None = None
+        """The BatchNorm that applies this layer's blobs (fusion pass); this layer then
+        passes its bottom through."""
         return [bottom_shapes[0]]
 
     def forward(self, x: torch.Tensor, scale: torch.Tensor | None = None) -> torch.Tensor:
-        s = trailing_view(self.scale if scale is None else scale, self.trailing)
+        if self.folded_into is not None:
+            return x
+        s = trailing_view(as_dtype(self.scale if scale is None else scale, x), self.trailing)
         if self.bias_term:
-            return torch.addcmul(trailing_view(self.bias, self.trailing), x, s)
+            return torch.addcmul(trailing_view(as_dtype(self.bias, x), self.trailing), x, s)
         return x * s
+
+    def extra_repr(self) -> str:
+        folded = f", folded into '{self.folded_into}'" if self.folded_into else ""
+        return f"{super().extra_repr()}{folded}"
 
 
 @register("Bias")
@@ -222,4 +285,4 @@ class Bias(Layer):
         return [bottom_shapes[0]]
 
     def forward(self, x: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
-        return x + trailing_view(self.bias if bias is None else bias, self.trailing)
+        return x + trailing_view(as_dtype(self.bias if bias is None else bias, x), self.trailing)
