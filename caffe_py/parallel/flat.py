@@ -55,6 +55,7 @@ class FlatParams:
             self.strides: list[tuple[int, ...]] = []
             self.buckets: list[Bucket] = []
             self.bucket_of: list[int] = []
+            self._grad_pairs: list[tuple[torch.Tensor, torch.Tensor]] = []
             return
         first = self.tensors[0]
         for k, t in enumerate(self.tensors):
@@ -97,33 +98,40 @@ class FlatParams:
         a gradient, leaves gradients outside the buffer: copy them in (or zero the window
         when there is none) so the buffer holds exactly the current gradients. Frozen tensors
         (``requires_grad`` False, Caffe's lr_mult 0) keep no gradient; their window stays 0.
+
+        Hot path (every iteration of every replica): one identity test per parameter against
+        the views made once at bind time (autograd accumulates in place, so ``param.grad`` is
+        the very same tensor object), no per-parameter tensor op unless one really moved.
         """
         assert self.grad is not None
         moved = 0
-        for k, t in enumerate(self.tensors):
-            if not t.requires_grad:
-                continue
-            view = self.view(self.grad, k)
+        for t, view in self._grad_pairs:
             g = t.grad
-            if g is not None and g.data_ptr() == view.data_ptr() and g.stride() == view.stride():
+            if g is view:
                 continue
             if g is None:
                 view.zero_()
-            else:
+            elif g.data_ptr() != view.data_ptr() or g.stride() != view.stride():
                 view.copy_(g)
+            else:           # another view of the same window: nothing moved
+                t.grad = view
+                continue
             t.grad = view
             moved += 1
         return moved
 
     def _bind(self) -> None:
+        self._grad_pairs = []
         for k, t in enumerate(self.tensors):
             view = self.view(self.data, k)
             view.copy_(t.detach())
             t.data = view
             if self.grad is not None and t.requires_grad:
+                grad = self.view(self.grad, k)
                 if t.grad is not None:
-                    self.view(self.grad, k).copy_(t.grad)
-                t.grad = self.view(self.grad, k)
+                    grad.copy_(t.grad)
+                t.grad = grad
+                self._grad_pairs.append((t, grad))
 
 
 def _layout(tensors: Sequence[torch.Tensor]) -> tuple[list[int], int]:

@@ -88,3 +88,38 @@ def test_state_buffers_without_grad_and_mixed_dtypes():
     assert float(bn.running_var[1]) == 2.0
     with pytest.raises(ValueError, match="tensor 1 is torch.float64 on cpu"):
         FlatParams([torch.zeros(2), torch.zeros(2, dtype=torch.float64)])
+
+
+def test_rebind_is_an_identity_check_when_nothing_moved():
+    model = _model()
+    flat = FlatParams(list(model.parameters()))
+    views = [p.grad for p in model.parameters()]
+    model(torch.ones(1, 3, 8, 8)).sum().backward()
+    torch._foreach_zero_([p.grad for p in model.parameters()])
+    assert flat.rebind_grads() == 0
+    assert all(p.grad is v for p, v in zip(model.parameters(), views, strict=True))
+    # a new view object over the same window is rebound but is not a move
+    model[3].bias.grad = flat.view(flat.grad, 3)
+    assert flat.rebind_grads() == 0 and model[3].bias.grad is views[3]
+    # a gradient replaced by a tensor elsewhere is copied in and counted
+    model[3].bias.grad = torch.full((5,), 2.0)
+    assert flat.rebind_grads() == 1 and model[3].bias.grad is views[3]
+    assert torch.equal(flat.view(flat.grad, 3), torch.full((5,), 2.0))
+
+
+def test_bucket_sizes_for_a_resnet50_sized_gradient():
+    # ResNet-50's 161 learnable blobs in float32 (~102 MB): the default 25 MB buckets give
+    # few, large copies (at most 5), each bucket >= 25 MB except the last, in layout order
+    from caffe_py.parallel.flat import DEFAULT_BUCKET_BYTES
+
+    shapes = [(64, 3, 7, 7), (64,), (64,)] + [(512, 512, 3, 3), (512,), (512,)] * 8 \
+        + [(2048, 512, 1, 1), (2048,), (2048,)] * 3 + [(1000, 2048), (1000,)]
+    flat = FlatParams([torch.zeros(s) for s in shapes], with_grad=False)
+    assert 95e6 < flat.numel * 4 < 105e6
+    sizes = [b.numel * 4 for b in flat.buckets]
+    assert DEFAULT_BUCKET_BYTES == 25 * 2**20
+    assert len(sizes) == 4
+    assert flat.buckets[0].members[:2] == (len(shapes) - 1, len(shapes) - 2)   # fc first
+    assert all(s >= DEFAULT_BUCKET_BYTES for s in sizes[:-1])
+    assert [b.start for b in flat.buckets[1:]] == [b.end for b in flat.buckets[:-1]]
+    assert flat.buckets[-1].end == flat.numel
