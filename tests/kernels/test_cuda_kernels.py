@@ -4,7 +4,8 @@ Every raw kernel call writes into an output filled with NaN first, so an element
 fails to write shows up as NaN. Shapes cover the vector path, the scalar tail (sizes that are
 not a multiple of the 16-byte pack), misaligned views (x[1:]), empty tensors, channels_last,
 both reduction paths of the per-channel backward (long rows, and short rows with one or
-several block rows), and grids of many blocks with a partial last block. Skipped without CUDA; run with `pytest -m gpu`.
+several block rows), and grids of many blocks with a partial or a full last block. Skipped
+without CUDA; run with `pytest -m gpu`.
 """
 from __future__ import annotations
 
@@ -119,6 +120,22 @@ def test_more_than_one_wave(ext):
     y = nan_like(x)
     ext.act_forward(x, y, ref.RELU, 0.2)
     check(y, ref.relu(x.double(), 0.2), torch.float32)
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+def test_a_full_last_block_still_writes_the_tail(ext, dtype):
+    """n = 2 blocks of 128 threads x 4 whole packs, plus V - 1 elements after the last pack."""
+    v = 16 // torch.empty((), dtype=dtype).element_size()
+    n = 2 * 512 * v + v - 1
+    x, g = rand((n,), dtype), rand((n,), dtype)
+    y, gi = nan_like(x), nan_like(x)
+    ext.act_forward(x, y, ref.SIGMOID, 0.0)
+    check(y, torch.sigmoid(x.double()), dtype)
+    ext.act_backward(g, y, gi, ref.SIGMOID, 0.0, True)
+    check(gi, ref.activation_backward(g.double(), y.double(), ref.SIGMOID), dtype)
+    bias = rand((1,), dtype)
+    ext.bias_act_forward(x, bias, y.fill_(float("nan")), 1, n, ref.RELU, 0.0)
+    check(y, ref.relu(x.double() + bias.double()), dtype)
 
 
 # ---- PReLU -----------------------------------------------------------------------------------

@@ -34,18 +34,18 @@ unary_kernel(const T* x, T* y, int64_t n, typename OpMath<T>::type p, Op op) {
       for (int k = 0; k < V; ++k) out.v[k] = static_cast<T>(op(static_cast<A>(in[u].v[k]), p));
       yv[base + u * kThreads] = out;
     }
-    return;
-  }
+  } else {
 #pragma unroll
-  for (int u = 0; u < kPacks; ++u)
-    if (base + u * kThreads < packs) in[u] = xv[base + u * kThreads];
+    for (int u = 0; u < kPacks; ++u)
+      if (base + u * kThreads < packs) in[u] = xv[base + u * kThreads];
 #pragma unroll
-  for (int u = 0; u < kPacks; ++u) {
-    if (base + u * kThreads < packs) {
-      P out;
+    for (int u = 0; u < kPacks; ++u) {
+      if (base + u * kThreads < packs) {
+        P out;
 #pragma unroll
-      for (int k = 0; k < V; ++k) out.v[k] = static_cast<T>(op(static_cast<A>(in[u].v[k]), p));
-      yv[base + u * kThreads] = out;
+        for (int k = 0; k < V; ++k) out.v[k] = static_cast<T>(op(static_cast<A>(in[u].v[k]), p));
+        yv[base + u * kThreads] = out;
+      }
     }
   }
   // The tail: fewer than V elements after the last whole pack, written by the last block.
@@ -79,24 +79,24 @@ binary_kernel(const T* g, const T* s, T* gi, int64_t n, typename OpMath<T>::type
             op(static_cast<A>(gin[u].v[k]), static_cast<A>(sin[u].v[k]), p));
       outv[base + u * kThreads] = out;
     }
-    return;
-  }
+  } else {
 #pragma unroll
-  for (int u = 0; u < kPacks; ++u) {
-    if (base + u * kThreads < packs) {
-      gin[u] = gv[base + u * kThreads];
-      sin[u] = sv[base + u * kThreads];
+    for (int u = 0; u < kPacks; ++u) {
+      if (base + u * kThreads < packs) {
+        gin[u] = gv[base + u * kThreads];
+        sin[u] = sv[base + u * kThreads];
+      }
     }
-  }
 #pragma unroll
-  for (int u = 0; u < kPacks; ++u) {
-    if (base + u * kThreads < packs) {
-      P out;
+    for (int u = 0; u < kPacks; ++u) {
+      if (base + u * kThreads < packs) {
+        P out;
 #pragma unroll
-      for (int k = 0; k < V; ++k)
-        out.v[k] = static_cast<T>(
-            op(static_cast<A>(gin[u].v[k]), static_cast<A>(sin[u].v[k]), p));
-      outv[base + u * kThreads] = out;
+        for (int k = 0; k < V; ++k)
+          out.v[k] = static_cast<T>(
+              op(static_cast<A>(gin[u].v[k]), static_cast<A>(sin[u].v[k]), p));
+        outv[base + u * kThreads] = out;
+      }
     }
   }
   const int64_t t = packs * V + threadIdx.x;
