@@ -6,7 +6,8 @@ share of each database (a shared :class:`~caffe_py.io.ReaderPool`: replica i of 
 i, i+N, ...), so each device runs the net's batch size and the effective batch is batch x N, as
 in Caffe. Replica 0 is the root: it alone applies updates, runs the test nets, displays and
 snapshots; the others are Caffe's WorkerSolvers (``applies_updates`` False, seeds
-random_seed + replica index). Weights and gradients move through :mod:`.sync` (the tree) or
+random_seed + replica index; their Data feeds all use random_seed itself, see
+:class:`DataSeedPool`). Weights and gradients move through :mod:`.sync` (the tree) or
 :mod:`.nccl` (the ring), plugged in as solver callbacks.
 """
 from __future__ import annotations
@@ -104,7 +105,7 @@ class ReplicatedRun:
         try:
             for i in range(n):
                 extra = list(extra_callbacks(i)) if extra_callbacks else []
-                self._add_replica(i, base_seed + i, extra, action if i == 0 else None,
+                self._add_replica(i, base_seed, extra, action if i == 0 else None,
                                   memory_format)
             self.sync.check_shapes()
             self.graphs = [use_cuda_graphs(s, log) for s in self.solvers] if cuda_graphs else []
@@ -112,14 +113,20 @@ class ReplicatedRun:
             self.close()
             raise
 
-    def _add_replica(self, i: int, seed: int, extra: list[Any],
+    def _add_replica(self, i: int, base_seed: int, extra: list[Any],
                      action: Callable[[], str] | None,
                      memory_format: torch.memory_format | None) -> None:
-        """Replica i's Solver on its device, its params moved into flat buffers."""
+        """Replica i's Solver on its device, its params moved into flat buffers.
+
+        The Solver (its fillers, Dropout: Caffe's worker seeds) gets ``base_seed + i``; its
+        Data feeds get ``base_seed`` itself, since crop/mirror choices are a function of
+        (seed, record position) and N replicas must draw what one replica with N x the batch
+        draws for the same records."""
         kw: dict[str, Any] = {"action": action} if action else {}
         try:
-            solver = Solver(self.param, device=self.devices[i], replica=i, seed=seed,
-                            pool=self.pool, callbacks=[self.sync.callback(i), *extra],
+            solver = Solver(self.param, device=self.devices[i], replica=i, seed=base_seed + i,
+                            pool=DataSeedPool(self.pool, base_seed),
+                            callbacks=[self.sync.callback(i), *extra],
                             log=self.log, precision=self.options.precision, **kw)
             self.solvers.append(solver)
             solver.applies_updates = i == 0
@@ -200,6 +207,22 @@ def train_replicated(param: SolverParameter, devices: Sequence[torch.device | st
             ReplicatedRun(param, devices, options, log=log,
                           action=signals.requested_action) as run:
         return run.run()
+
+
+class DataSeedPool:
+    """The run's shared ReaderPool as one replica's Solver sees it: every Data feed it attaches
+    draws its random crops and mirrors from the run's ``seed``, whatever seed the Solver passes
+    (its own ``random_seed + replica``); everything else is the pool itself."""
+
+    def __init__(self, pool: Any, seed: int):
+        self.pool, self.seed = pool, seed
+
+    def attach(self, net: Any, *, replica: int = 0, device: str | torch.device = "cpu",
+               seed: int = 0) -> list[Any]:
+        return self.pool.attach(net, replica=replica, device=device, seed=self.seed)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.pool, name)
 
 
 def state_blobs(net: Any) -> list[torch.Tensor]:

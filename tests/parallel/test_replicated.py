@@ -22,7 +22,7 @@ SOLVER = """
 net_param:
   name: tiny
   layer:
-    - {{name: data, type: Data, top: [data, label], transform_param: {{scale: 0.00390625}},
+    - {{name: data, type: Data, top: [data, label], transform_param: {{{transform}}},
        data_param: {{source: {db}, batch_size: {batch}}}}}
     - {{name: conv, type: Convolution, bottom: data, top: conv,
        convolution_param: {{num_output: 2, kernel_size: 3, weight_filler: {{type: xavier}},
@@ -65,10 +65,15 @@ def db(tmp_path_factory):
     return str(path)
 
 
+PLAIN = "scale: 0.00390625"
+CROP_MIRROR = "scale: 0.00390625, crop_size: 4, mirror: true"
+
+
 def _param(tmp_path, db, *, batch, type_="SGD", iter_size=1, iters=ITERS, snap="false",
-           name="s"):
+           name="s", transform=PLAIN):
     lr = 0.01 if type_ == "Adam" else 0.1
     text = SOLVER.format(db=db, batch=batch, type=type_, lr=lr, iter_size=iter_size,
+                         transform=transform,
                          iters=iters, snap=snap, prefix=tmp_path / f"{name}_snap")
     path = tmp_path / f"{name}.yaml"
     path.write_text(text)
@@ -113,6 +118,17 @@ def test_adam(tmp_path, db, n):
 def test_iter_size(tmp_path, db, n):
     assert _rel(_replicated(tmp_path, db, n, iter_size=2)[0],
                 _single(tmp_path, db, n, iter_size=2)) < 1e-5
+
+
+@pytest.mark.parametrize("n", [2, 3])
+def test_random_crop_and_mirror_n_replicas_equal_one_with_n_times_the_batch(tmp_path, db, n):
+    # the crops and flips of a record depend on (seed, record position) only, and every
+    # replica's Data feed uses the run's seed, so N x B sees exactly the 1 x N*B images
+    ref = _single(tmp_path, db, n, transform=CROP_MIRROR)
+    got, run = _replicated(tmp_path, db, n, transform=CROP_MIRROR)
+    assert _rel(got, ref) < 1e-5
+    seeds = [(s.seed, s.net.data_layers()[0]._feed.transformer.seed) for s in run.solvers]
+    assert seeds == [(7 + i, 7) for i in range(n)]
 
 
 def test_weights_moved_and_workers_hold_the_roots_weights(tmp_path, db):
