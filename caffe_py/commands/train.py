@@ -40,9 +40,11 @@ GPUS_HELP = "devices: cpu, cpu:N (N CPU replicas), 0 or 0,1,2,3 (CUDA ids), or a
               help="override the solver's precision")
 @click.option("--reduction", type=click.Choice(["tree", "nccl"]), default="tree",
               show_default=True, help="multi-device gradient reduction")
+@click.option("--cuda-graphs/--no-cuda-graphs", default=False, show_default=True,
+              help="run each GPU's forward/backward as one CUDA graph (ignored on CPU)")
 def train_command(solver_file: str, gpus: str | None, weights: str | None,
                   snapshot: str | None, sigint_effect: str, sighup_effect: str,
-                  precision: str | None, reduction: str) -> None:
+                  precision: str | None, reduction: str, cuda_graphs: bool) -> None:
     """Train the net of a solver spec (Caffe's `caffe train`)."""
     if weights and snapshot:
         raise click.UsageError("--weights and --snapshot are exclusive: --weights starts a new "
@@ -52,8 +54,13 @@ def train_command(solver_file: str, gpus: str | None, weights: str | None,
     options = TrainOptions(weights=[w for w in (weights or "").split(",") if w],
                            snapshot=snapshot, sigint_effect=sigint_effect,
                            sighup_effect=sighup_effect, precision=precision,
-                           reduction=reduction)
+                           reduction=reduction, cuda_graphs=cuda_graphs)
     click.echo(f"Using {describe(devices)}")
+    if cuda_graphs:
+        from ..parallel.replicated import train_with_graphs
+
+        train_with_graphs(param, devices, options, log=click.echo)
+        return
     train(param, devices, options)
 
 

@@ -13,7 +13,9 @@ random_seed + replica index; their Data feeds all use random_seed itself, see
 from __future__ import annotations
 
 import copy
+import dataclasses
 from collections.abc import Callable, Sequence
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -223,6 +225,38 @@ class DataSeedPool:
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self.pool, name)
+
+
+def train_with_graphs(param: SolverParameter, devices: Sequence[torch.device],
+                      options: TrainOptions, *, log: Log = stdout_log) -> Solver | None:
+    """``cpy train --cuda-graphs``. GPUs train through :class:`ReplicatedRun` (one replica on
+    one GPU: the same Solver loop, its forward/backward captured); on CPU, where there is
+    nothing to capture, the flag is ignored with a note and the usual path runs."""
+    from ..solver.solver import train
+
+    if any(d.type != "cuda" for d in devices):
+        log("Note: --cuda-graphs applies to CUDA devices only; training on "
+            f"{', '.join(sorted({d.type for d in devices}))} without graphs")
+        return train(param, devices, dataclasses.replace(options, cuda_graphs=False), log=log)
+    if len(devices) > 1:
+        return train(param, devices, options, log=log)
+    check_start_files(options)
+    return train_replicated(param, devices, options, log=log)
+
+
+def check_start_files(options: TrainOptions) -> None:
+    """--weights must name weights and --snapshot a solver state, both existing files."""
+    for path in options.weights:
+        if snap.is_state_path(path):
+            raise SolverError(f"{path} is a solver state, not weights; pass it to --snapshot "
+                              "to resume training")
+    if options.snapshot and not snap.is_state_path(options.snapshot):
+        raise SolverError(f"{options.snapshot} is not a solver state (its name has no "
+                          "'.solverstate'); pass weights to --weights, or give the "
+                          "<prefix>_iter_<N>.solverstate.pt file to --snapshot")
+    for path in [*options.weights, *([options.snapshot] if options.snapshot else [])]:
+        if not Path(path).is_file():
+            raise SolverError(f"{path}: file not found; check the path")
 
 
 def state_blobs(net: Any) -> list[torch.Tensor]:

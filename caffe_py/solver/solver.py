@@ -55,6 +55,8 @@ class TrainOptions:
     """Overrides the solver's ``precision`` (FLOAT32 | BF16) when set."""
     reduction: str = "tree"
     """Multi-device gradient reduction: 'tree' (Caffe rc3's P2PSync) or 'nccl'."""
+    cuda_graphs: bool = False
+    """Run each GPU replica's forward/backward as one CUDA graph replay (caffe_py.parallel)."""
 
 
 def resolve_seed(random_seed: int) -> int:

@@ -59,3 +59,53 @@ def test_cpu_replicas_fall_back_to_eager_and_train_the_same(tmp_path):
         run.run()
         eager = [lp.param.detach() for lp in run.root.net.learnable_params()]
     assert all(torch.equal(a, b) for a, b in zip(graphed, eager, strict=True))
+
+
+def test_options_field_turns_graphs_on(tmp_path):
+    from caffe_py.solver.solver import TrainOptions
+
+    lines: list[str] = []
+    with ReplicatedRun(_param(tmp_path, "constant"), ["cpu"] * 2,
+                       TrainOptions(cuda_graphs=True), log=lines.append) as run:
+        assert len(run.graphs) == 2
+        run.run()
+    assert sum(m.startswith("CUDA graphs off for replica") for m in lines) == 2
+    with ReplicatedRun(_param(tmp_path, "constant"), ["cpu"] * 2, TrainOptions(),
+                       log=lines.append) as run:
+        assert run.graphs == []
+
+
+def test_cpy_train_cuda_graphs_flag_is_ignored_on_cpu_with_a_note(tmp_path):
+    from click.testing import CliRunner
+
+    from caffe_py.cli import cli
+
+    _param(tmp_path, "constant")
+    solver = str(tmp_path / "constant.yaml")
+    for gpus in ("cpu", "cpu:2"):
+        result = CliRunner().invoke(cli, ["train", "--solver", solver, "--gpus", gpus,
+                                          "--cuda-graphs"])
+        assert result.exit_code == 0, result.output
+        assert ("Note: --cuda-graphs applies to CUDA devices only; training on cpu without "
+                "graphs") in result.output
+        assert "CUDA graphs off" not in result.output
+        assert "Optimization Done." in result.output
+    result = CliRunner().invoke(cli, ["train", "--solver", solver, "--no-cuda-graphs"])
+    assert result.exit_code == 0, result.output
+    assert "--cuda-graphs" not in result.output
+
+
+def test_start_files_are_checked_before_a_graphed_run(tmp_path):
+    import pytest
+
+    from caffe_py.errors import SolverError
+    from caffe_py.parallel.replicated import check_start_files
+    from caffe_py.solver.solver import TrainOptions
+
+    with pytest.raises(SolverError, match=r"^x\.solverstate\.pt is a solver state, not weights"):
+        check_start_files(TrainOptions(weights=["x.solverstate.pt"]))
+    with pytest.raises(SolverError, match=r"^w\.pt is not a solver state"):
+        check_start_files(TrainOptions(snapshot="w.pt"))
+    missing = tmp_path / "m.caffemodel"
+    with pytest.raises(SolverError, match=f"^{missing}: file not found; check the path$"):
+        check_start_files(TrainOptions(weights=[str(missing)]))
