@@ -161,7 +161,8 @@ channel_bwd_rows(const T* g, const T* s, const T* param, T* gx, typename OpMath<
 template <typename T, int V, typename Op>
 __global__ void __launch_bounds__(kBlock, kMinBlocks)
 channel_bwd_cols(const T* g, const T* s, const T* param, T* gx, typename OpMath<T>::type* partial,
-                 int64_t outer, int64_t L, int64_t inner, typename OpMath<T>::type p, Op op) {
+                 int64_t outer, int64_t L, int64_t inner, int slots,
+                 typename OpMath<T>::type p, Op op) {
   using A = typename OpMath<T>::type;
   using P = Pack<T, V>;
   constexpr int U = Unroll<T>::value;
@@ -213,23 +214,33 @@ channel_bwd_cols(const T* g, const T* s, const T* param, T* gx, typename OpMath<
       }
     }
   }
-  // Sum the block's rows: shared memory laid out [ty][tx][k].
+  // Sum the block's rows: shared memory laid out [ty][tx][k], halved along ty in log2(ty)
+  // steps (ty is a power of two) instead of one thread per column reading all ty rows.
   extern __shared__ unsigned char smem_raw[];
   A* sh = reinterpret_cast<A*>(smem_raw);
   const int tid = threadIdx.y * blockDim.x + threadIdx.x;
 #pragma unroll
   for (int k = 0; k < V; ++k) sh[tid * V + k] = acc[k];
   __syncthreads();
+  for (int half = static_cast<int>(blockDim.y) / 2; half > 0; half >>= 1) {
+    if (static_cast<int>(threadIdx.y) < half) {
+      const int other = (tid + half * static_cast<int>(blockDim.x)) * V;
+#pragma unroll
+      for (int k = 0; k < V; ++k) sh[tid * V + k] += sh[other + k];
+    }
+    __syncthreads();
+  }
   if (threadIdx.y == 0 && active) {
+    // Block rows add into `slots` copies of the partials (blockIdx.y % slots), so that the
+    // atomics on one address are gridDim.y / slots, not gridDim.y.
+    A* dst = partial + static_cast<int64_t>(blockIdx.y % slots) * L;
 #pragma unroll
     for (int k = 0; k < V; ++k) {
-      A sum = A(0);
-      for (int y = 0; y < static_cast<int>(blockDim.y); ++y)
-        sum += sh[(y * blockDim.x + threadIdx.x) * V + k];
+      const A sum = sh[threadIdx.x * V + k];
       if (gridDim.y == 1)
-        partial[col * V + k] = sum;
+        dst[col * V + k] = sum;
       else
-        atomicAdd(partial + col * V + k, sum);
+        atomicAdd(dst + col * V + k, sum);
     }
   }
 }
@@ -302,12 +313,12 @@ void cols_shape(int64_t outer, int64_t packs_per_row, dim3& grid, dim3& block) {
 
 template <typename T, int V, typename Op>
 void launch_cols(const T* gp, const T* sp, const T* pp, T* gxp, typename OpMath<T>::type* part,
-                 int64_t outer, int64_t L, int64_t inner, double p, Op op, dim3 grid,
-                 dim3 block) {
+                 int64_t outer, int64_t L, int64_t inner, int slots, double p, Op op,
+                 dim3 grid, dim3 block) {
   using A = typename OpMath<T>::type;
   const size_t smem = sizeof(A) * kBlock * V;
   channel_bwd_cols<T, V, Op><<<grid, block, smem, c10::cuda::getCurrentCUDAStream()>>>(
-      gp, sp, pp, gxp, part, outer, L, inner, static_cast<A>(p), op);
+      gp, sp, pp, gxp, part, outer, L, inner, slots, static_cast<A>(p), op);
   C10_CUDA_KERNEL_LAUNCH_CHECK();
 }
 
@@ -340,13 +351,16 @@ at::Tensor launch_channel_bwd(const at::Tensor& g, const at::Tensor& s, const at
   const bool vec = aligned && L % V == 0;
   dim3 grid, block;
   cols_shape<T>(outer, vec ? L / V : L, grid, block);
-  at::Tensor part = grid.y == 1 ? at::empty({L}, opts) : at::zeros({L}, opts);
+  // One block row stores [L] outright; several add into [slots, L] (zeroed), summed here.
+  const int slots = static_cast<int>(std::min<unsigned>(grid.y, kSlots));
+  at::Tensor part = slots == 1 ? at::empty({L}, opts) : at::zeros({slots, L}, opts);
   A* pt = part.mutable_data_ptr<A>();
   if (vec)
-    launch_cols<T, V, Op>(gp, sp, pp, gxp, pt, outer, L, inner, p, op, grid, block);
+    launch_cols<T, V, Op>(gp, sp, pp, gxp, pt, outer, L, inner, slots, p, op, grid, block);
   else
-    launch_cols<T, 1, Op>(gp, sp, pp, gxp, pt, outer, L, inner, p, op, grid, block);
-  return inner == 1 ? part : part.view({C, inner}).sum(1);
+    launch_cols<T, 1, Op>(gp, sp, pp, gxp, pt, outer, L, inner, slots, p, op, grid, block);
+  if (slots == 1) return inner == 1 ? part : part.view({C, inner}).sum(1);
+  return part.view({static_cast<int64_t>(slots), C, inner}).sum(at::IntArrayRef{0, 2});
 }
 
 void check_channels(const at::Tensor& x, const at::Tensor& param, int64_t C, int64_t inner,
