@@ -324,3 +324,37 @@ def test_bias_gradcheck():
     x = torch.randn(2, 3, generator=gen, dtype=torch.float64, requires_grad=True)
     b = torch.randn(2, generator=gen, dtype=torch.float64, requires_grad=True)
     assert torch.autograd.gradcheck(layer, (x, b))
+
+
+# --- precision ------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("kind,param", [("Scale", "bias_term: true, filler: {type: constant, "
+                                                  "value: 1.5}, bias_filler: {type: constant, "
+                                                  "value: 0.25}"),
+                                        ("Bias", "filler: {type: constant, value: 0.25}")])
+def test_scale_and_bias_keep_bfloat16_and_give_float32_blob_gradients(kind, param):
+    layer = build(layer_spec(kind, "x", param), [SHAPE])
+    x = torch.full(SHAPE, 2.0, dtype=torch.bfloat16)
+    y = layer(x)
+    assert y.dtype == torch.bfloat16
+    expected = 3.25 if kind == "Scale" else 2.25
+    assert torch.equal(y, torch.full(SHAPE, expected, dtype=torch.bfloat16))
+    y.float().sum().backward()
+    per_channel = SHAPE[0] * SHAPE[2] * SHAPE[3]
+    assert layer.bias.grad.dtype == torch.float32
+    torch.testing.assert_close(layer.bias.grad, torch.full((3,), float(per_channel)))
+    if kind == "Scale":
+        torch.testing.assert_close(layer.scale.grad, torch.full((3,), 2.0 * per_channel))
+    # a wider activation still promotes exactly as before: float64 in, float64 out
+    wide = layer(torch.full(SHAPE, 2.0, dtype=torch.float64))
+    assert wide.dtype == torch.float64 and wide[0, 0, 0, 0].item() == expected
+
+
+def test_batch_norm_keeps_bfloat16_and_float32_running_sums():
+    layer = build(bn_spec(), [(4, 3, 5, 5)])
+    x = torch.randn(4, 3, 5, 5, generator=torch.Generator().manual_seed(5))
+    y = layer(x.to(torch.bfloat16))
+    assert y.dtype == torch.bfloat16 and layer.mean_sum.dtype == torch.float32
+    mean = x.to(torch.bfloat16).float().mean(dim=(0, 2, 3))
+    torch.testing.assert_close(layer.mean_sum, mean, rtol=1e-2, atol=1e-2)
+    assert layer.count.item() == 1.0
