@@ -416,3 +416,24 @@ def test_dropout_ratio_one_is_a_spec_error():
         build(dropout_yaml("{dropout_ratio: 1.0}"), [(2,)])
     assert str(err.value) == ("<string>:5: layer[0].dropout_param.dropout_ratio: dropout_ratio "
                               "1.0 drops everything; use a value in [0, 1)")
+
+
+# --- precision ------------------------------------------------------------------------------
+
+def test_eltwise_sum_coefficients_and_inner_product_keep_bfloat16_under_autocast():
+    sum2 = build(layer_yaml("Eltwise", bottoms="[a, b]",
+                            param="eltwise_param: {operation: SUM, coeff: [0.5, -2]}"),
+                 [(2, 3), (2, 3)])
+    a = torch.full((2, 3), 3.0, dtype=torch.bfloat16)
+    b = torch.full((2, 3), 1.0, dtype=torch.bfloat16)
+    out = sum2(a, b)
+    assert out.dtype == torch.bfloat16 and torch.equal(out, torch.full_like(a, -0.5))
+    ip = build(layer_yaml("InnerProduct", param="inner_product_param: {num_output: 4, "
+                          "weight_filler: {type: constant, value: 0.5}, "
+                          "bias_filler: {type: constant, value: 1}}"), [(2, 3)])
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        y = ip(torch.ones(2, 3))
+    assert y.dtype == torch.bfloat16 and torch.equal(y, torch.full((2, 4), 2.5,
+                                                                   dtype=torch.bfloat16))
+    y.float().sum().backward()
+    assert ip.weight.grad.dtype == torch.float32 and ip.bias.grad.tolist() == [2.0] * 4
