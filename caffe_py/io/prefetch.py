@@ -25,8 +25,10 @@ from ..errors import DataError
 from .reader import JOIN_TIMEOUT_S, STALL_TIMEOUT_S, WAIT_SLICE_S, RecordQueue
 from .transformer import Transformer
 
-SLOTS = 3
-"""Batches a feed assembles ahead of the training loop (its ring of host buffers on CUDA)."""
+SLOTS = 4
+"""Batches a feed assembles ahead of the training loop (its ring of host buffers on CUDA).
+While two or more are ready the thread waits for two free slots and fills both in one wake:
+every wake takes the GIL from the training loop, so it wakes about once per two batches."""
 
 
 @dataclass
@@ -44,27 +46,29 @@ class _Failure:
 
 
 class _HostSlot:
-    """One pinned staging buffer holding a batch's records (B, C, h, w) and, after them, its
-    labels (B,) int64, so one host-to-device copy moves both; and the event of that copy."""
+    """One slot of the CUDA ring: a pinned host buffer holding a batch's records (B, C, h, w)
+    and, after them, its labels (B,) int64, so one copy moves both; a device buffer of the
+    same bytes it is copied into (read only by this slot's own transform, which is ordered
+    after the copy on the side stream); and the event marking the batch done there."""
 
     def __init__(self, shape: tuple[int, ...], dtype: np.dtype, device: torch.device):
-        self.shape, self.dtype = shape, torch.from_numpy(np.zeros(0, dtype=dtype)).dtype
-        self.data_bytes = -(-int(np.prod(shape)) * dtype.itemsize // 8) * 8  # label aligned
-        self.buffer = torch.empty(self.data_bytes + 8 * shape[0], dtype=torch.uint8,
-                                  pin_memory=True)
-        raw = self.buffer.numpy()
-        self.data = raw[:int(np.prod(shape)) * dtype.itemsize].view(dtype).reshape(shape)
-        self.label = raw[self.data_bytes:].view(np.int64)
-        self.copied = torch.cuda.Event()
+        count = int(np.prod(shape))
+        data_bytes = -(-count * dtype.itemsize // 8) * 8  # the labels start 8-aligned
+        self.host = torch.empty(data_bytes + 8 * shape[0], dtype=torch.uint8, pin_memory=True)
+        raw = self.host.numpy()
+        self.data = raw[:count * dtype.itemsize].view(dtype).reshape(shape)
+        self.label = raw[data_bytes:].view(np.int64)
+        self.device = torch.empty_like(self.host, device=device)
+        tdtype = torch.from_numpy(np.zeros(0, dtype=dtype)).dtype
+        self.device_data = self.device[:count * dtype.itemsize].view(tdtype).view(shape)
+        self.device_label = self.device[data_bytes:].view(torch.int64)
+        self.done = torch.cuda.Event()
         self.used = False
 
-    def to_device(self, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
-        """Copy the buffer to ``device`` on the current stream: (records, labels) there."""
-        moved = self.buffer.to(device, non_blocking=True)
-        data = moved[:self.data.nbytes]
-        if self.dtype != torch.uint8:
-            data = data.view(self.dtype)
-        return data.view(self.shape), moved[self.data_bytes:].view(torch.int64)
+    def wait_free(self) -> None:
+        """Block until the previous batch of this slot has left the host buffer."""
+        if self.used and not self.done.query():
+            self.done.synchronize()
 
 
 class Prefetcher:
@@ -121,10 +125,13 @@ class Prefetcher:
                 # This thread's current stream, once: no stream context per batch.
                 torch.cuda.set_stream(self._side)
             while True:
-                slot = self._take_free()
-                if slot is None:
+                slots = [self._take_free()]
+                if self._ready.qsize() >= 2:  # the loop has batches: refill two at once
+                    slots.append(self._take_free())
+                if None in slots:
                     return
-                self._ready.put(self._assemble(slot))
+                for slot in slots:
+                    self._ready.put(self._assemble(slot))
         except BaseException as exc:  # noqa: BLE001 (re-raised in the training loop)
             self._ready.put(_Failure(exc))
 
@@ -140,7 +147,7 @@ class Prefetcher:
     def _assemble(self, index: int) -> _Batch:
         batch = self.records.get_batch(self.batch_size)
         transformer = self.transformer
-        choices = transformer.choices(batch.positions)
+        choices = transformer.choices_for(batch.first, batch.step, len(batch))
         if not self._cuda:
             # The whole transform by numpy, into a fresh array per batch (the loop keeps the
             # last one): numpy releases the GIL in its loops, and a torch CPU op here would
@@ -149,16 +156,19 @@ class Prefetcher:
             return _Batch(torch.from_numpy(data), torch.from_numpy(batch.labels.copy()), None,
                           len(batch), index)
         slot = self._slots[index]
-        if slot.used:
-            slot.copied.synchronize()  # the previous batch in this buffer has left it
+        slot.wait_free()
         # uint8 flips are cheaper on the GPU than strided host copies
         transformer.host(batch.pixels, choices, slot.data, mirror=False)
         slot.label[:] = batch.labels
-        raw, label = slot.to_device(self.device)  # on the side stream, this thread's current
-        data = transformer.device(raw, choices, self._mean, mirror=True)
-        slot.copied.record(self._side)
+        # Four calls on the side stream (this thread's current one): one copy of records and
+        # labels, the transform (float, mean, scale: one op without a mean), fresh tensors
+        # for the loop (it may keep them), and the event.
+        slot.device.copy_(slot.host, non_blocking=True)
+        data = transformer.device(slot.device_data, choices, self._mean, mirror=True)
+        label = slot.device_label.clone()
+        slot.done.record(self._side)
         slot.used = True
-        return _Batch(data, label, slot.copied, len(batch), index)
+        return _Batch(data, label, slot.done, len(batch), index)
 
     # --- the consumer -------------------------------------------------------------------------
     def next(self) -> tuple[torch.Tensor, torch.Tensor]:

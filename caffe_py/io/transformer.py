@@ -123,6 +123,13 @@ class Transformer:
             offsets = self._fixed(n).offsets
         return Choices(offsets, flips)
 
+    def choices_for(self, first: int, step: int, n: int) -> Choices:
+        """:meth:`choices` for positions first, first + step, ... (n of them): a feed's batch.
+        Without random choices no position array is made at all."""
+        if not ((self.tp.crop_size and self.phase == "TRAIN") or self.tp.mirror):
+            return self._fixed(n)
+        return self.choices(np.arange(first, first + step * n, step))
+
     def _fixed(self, n: int) -> Choices:
         """The choices without randomness: the centre crop (or none), no flips; cached."""
         fixed = self._fixed_choices.get(n)
@@ -203,8 +210,9 @@ class Transformer:
         """(B, C, h, w) cropped records -> float32 ``(x - mean) * scale``; with ``mirror`` the
         records the choices flip are flipped here (``host`` was called with mirror=False).
 
-        ``mean`` is :meth:`device_mean` on the batch's device. ``batch`` is consumed: its
-        memory may be reused for the result.
+        ``mean`` is :meth:`device_mean` on the batch's device. ``batch`` is consumed (flipped
+        in place); the result is always a new tensor, so ``batch`` may be a staging buffer
+        that is written again later.
         """
         if mirror and choices.flips.any():
             idx = torch.from_numpy(np.flatnonzero(choices.flips)).to(batch.device)
@@ -213,10 +221,10 @@ class Transformer:
         if mean is not None:  # uint8 - float32 -> float32: the float conversion comes free
             x = torch.sub(batch, self._mean_for(mean, choices, batch.device))
             return x.mul_(scale) if scale != 1.0 else x
-        if scale != 1.0:
-            return torch.mul(batch, scale) if batch.is_floating_point() or \
-                batch.dtype == torch.uint8 else batch.to(torch.float32).mul_(scale)
-        return batch.to(torch.float32)
+        if scale != 1.0 and batch.dtype in (torch.uint8, torch.float32):
+            return torch.mul(batch, scale)  # one op: float32 out, as to(float32).mul_(scale)
+        x = batch.to(torch.float32, copy=True)
+        return x.mul_(scale) if scale != 1.0 else x
 
     def _mean_for(self, mean: torch.Tensor, choices: Choices,
                   device: torch.device) -> torch.Tensor:

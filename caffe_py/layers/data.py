@@ -200,6 +200,7 @@ class Data(Layer):
         except DataError as exc:
             raise self.fail(str(exc)) from None
         self._feed: Feed | None = None
+        self._label_top = len(self.spec.top) == 2
         shapes: list[Shape] = [(dp.batch_size, *transformer.out_shape)]
         return shapes + [(dp.batch_size,)] if len(self.spec.top) == 2 else shapes
 
@@ -219,9 +220,10 @@ class Data(Layer):
         self._feed = feed
 
     def forward(self) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
+        # The feed did everything else in its thread: take the ready batch, nothing more.
         if self._feed is None:
             raise self.fail("has no data feed attached",
                             "start the data pipeline: caffe_py.io.ReaderPool(...).attach(net) "
                             "and .start() before running the net")
-        data, label = self._feed.next()
-        return (data, label) if len(self.spec.top) == 2 else data
+        batch = self._feed.next()
+        return batch if self._label_top else batch[0]

@@ -101,7 +101,12 @@ def test_queue_bound_is_prefetch_times_batch(tmp_path):
         stream = a.stream
         assert (len(a), len(b), stream.position) == (6, 6, 12)
         assert labels(a, 1) == [0]
-        time.sleep(0.2)  # one slot freed: exactly record 12 (replica 0's turn) is read
+        # one slot freed: exactly record 12 (replica 0's turn) is read; a freed slot below
+        # half the queue does not wake the producer, it finds the room within a wait slice
+        deadline = time.monotonic() + 5
+        while stream.position < 13 and time.monotonic() < deadline:
+            time.sleep(0.01)
+        time.sleep(0.3)
         assert (len(a), len(b), stream.position) == (6, 6, 13)
 
 
