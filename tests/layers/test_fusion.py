@@ -205,3 +205,27 @@ def test_activations_of_a_resnet_block_stay_bfloat16_under_autocast(fuse):
         assert p.param.dtype == torch.float32
         assert p.param.grad is not None and p.param.grad.dtype == torch.float32, p.name
     assert net.layer_by_name("bn_conv1").mean_sum.dtype == torch.float32
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_on_cuda_the_fused_net_matches_and_stays_bfloat16():
+    # On a GPU batch_norm with weight and bias may take cuDNN's path: same statistics.
+    nets = {fuse: Net(spec_of(BLOCK), "TRAIN", seed=3, device="cuda",
+                      options={"fuse_batchnorm_scale": fuse}) for fuse in (True, False)}
+    x = {k: v.cuda() for k, v in inputs(0, torch.float32).items()}
+    for _ in range(2):
+        losses = {fuse: net(x).loss for fuse, net in nets.items()}
+        torch.testing.assert_close(losses[True], losses[False], atol=1e-4, rtol=1e-4)
+    for a, b in zip(nets[True].layer_blobs().values(), nets[False].layer_blobs().values(),
+                    strict=True):
+        for u, v in zip(a, b, strict=True):
+            torch.testing.assert_close(u, v, atol=1e-4, rtol=1e-4)
+    seen: dict[str, torch.dtype] = {}
+    for layer in nets[True].layers:
+        if layer.spec.type not in ("Input", "SoftmaxWithLoss"):
+            layer.register_forward_hook(
+                lambda mod, args, out: seen.__setitem__(mod.name, out.dtype))
+    with torch.autocast("cuda", dtype=torch.bfloat16):
+        nets[True](x).loss.backward()
+    assert {name: d for name, d in seen.items() if d != torch.bfloat16} == {}
