@@ -87,6 +87,13 @@ class GraphedStep:
             if self.graph is None:
                 return self.eager()
         s = self.solver
+        if s.param.iter_size == 1:
+            # the static loss is read (copied into the solver's loss ring) in stream order
+            # before the next replay overwrites it: no per-step allocation or sum
+            for feed in self.feeds:
+                feed.refill()
+            self.graph.replay()
+            return self.static_loss, self.static_out
         total = torch.zeros((), device=s.device)
         for _ in range(s.param.iter_size):
             for feed in self.feeds:

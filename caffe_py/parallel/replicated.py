@@ -27,6 +27,7 @@ from ..solver.signals import SignalHandler
 from ..solver.solver import Solver, TrainOptions, resolve_seed, stdout_log
 from ..spec.solver_spec import SolverParameter
 from .graphs import use_cuda_graphs
+from .lockstep import LockstepRoot
 from .nccl import NcclSync
 from .sync import (
     DEFAULT_TIMEOUT_S,
@@ -75,7 +76,9 @@ class ReplicatedRun:
     net before its weights move into the flat buffers; ``cuda_graphs`` runs each replica's
     forward/backward as one CUDA graph replay (:mod:`.graphs`; default: the options'
     ``cuda_graphs`` field when it has one, else off); ``overlap=False`` makes the tree reduce
-    only after backward (no Python hooks in backward's thread).
+    only after backward (no Python hooks in backward's thread); ``lockstep`` has the root's
+    thread issue every replica's iteration (:mod:`.lockstep`; default: on with CUDA graphs on
+    GPUs, tree reduction only).
     """
 
     def __init__(self, param: SolverParameter, devices: Sequence[torch.device | str | int],
@@ -83,7 +86,8 @@ class ReplicatedRun:
                  action: Callable[[], str] | None = None, timeout: float = DEFAULT_TIMEOUT_S,
                  extra_callbacks: Callable[[int], Sequence[Any]] | None = None,
                  memory_format: torch.memory_format | None = None,
-                 cuda_graphs: bool | None = None, overlap: bool = True):
+                 cuda_graphs: bool | None = None, overlap: bool = True,
+                 lockstep: bool | None = None):
         from ..io import ReaderPool
 
         self.options = options or TrainOptions()
@@ -102,6 +106,10 @@ class ReplicatedRun:
                                 if self.options.reduction == "nccl"
                                 else TreeSync(self.devices, timeout=timeout,
                                               overlap=overlap and not cuda_graphs))
+        # with graphs on GPUs one thread issues every replica's step (see .lockstep)
+        if lockstep is None:
+            lockstep = cuda_graphs and all(d.type == "cuda" for d in self.devices)
+        self.lockstep = bool(lockstep) and isinstance(self.sync, TreeSync)
         self.pool = ReaderPool(replicas=n)
         self.solvers: list[Solver] = []
         try:
@@ -128,7 +136,7 @@ class ReplicatedRun:
         try:
             solver = Solver(self.param, device=self.devices[i], replica=i, seed=base_seed + i,
                             pool=DataSeedPool(self.pool, base_seed),
-                            callbacks=[self.sync.callback(i), *extra],
+                            callbacks=[self._sync_callback(i), *extra],
                             log=self.log, precision=self.options.precision, **kw)
             self.solvers.append(solver)
             solver.applies_updates = i == 0
@@ -138,6 +146,12 @@ class ReplicatedRun:
                             state_blobs(solver.net))
         except torch.cuda.OutOfMemoryError as exc:
             raise replica_error(Failure(i, self.devices[i], exc)) from None
+
+    def _sync_callback(self, i: int) -> Any:
+        if self.lockstep and i == 0:
+            assert isinstance(self.sync, TreeSync)
+            return LockstepRoot(self.sync, self.solvers)
+        return self.sync.callback(i)
 
     @property
     def root(self) -> Solver:
@@ -179,7 +193,7 @@ class ReplicatedRun:
         self.prepare()
         targets = [self.root.solve] + [lambda s=s: s.step(self.param.max_iter - s.iter)
                                        for s in self.solvers[1:]]
-        run_replicas(self.sync, targets)
+        run_replicas(self.sync, targets[:1] if self.lockstep else targets)
         return self.root
 
     def close(self) -> None:

@@ -104,6 +104,17 @@ def test_cuda_graphs_match_eager(tmp_path, db):
     assert _rel(graphed, eager) < 1e-5
 
 
+@two_gpus
+def test_graphs_in_lockstep_match_graphs_in_threads(tmp_path, db):
+    devices = [torch.device("cuda", i) for i in range(min(torch.cuda.device_count(), 4))]
+    lockstep, notes = _train(tmp_path, db, devices, B, cuda_graphs=True)
+    assert not [m for m in notes if m.startswith("CUDA graphs off")]
+    threads, _ = _train(tmp_path, db, devices, B, cuda_graphs=True, lockstep=False)
+    assert _rel(lockstep, threads) < 1e-5
+    ref, _ = _train(tmp_path, db, devices[:1], len(devices) * B)
+    assert _rel(lockstep, ref) < 1e-5
+
+
 def test_a_gpu_that_does_not_exist():
     n = torch.cuda.device_count()
     with pytest.raises(DeviceError, match=rf"^GPU {n} does not exist: this machine has {n} GPU"):

@@ -1,5 +1,6 @@
 """train_replicated on CPU replicas: N x batch B equals 1 x batch N*B, through the real Solver,
-the Data layer and a tiny LMDB (the round-robin reader gives identical record sets)."""
+the Data layer and a tiny LMDB (the round-robin reader gives identical record sets); the
+lockstep driver gives the threaded run's weights bit for bit."""
 from __future__ import annotations
 
 import threading
@@ -13,6 +14,9 @@ from caffe_py.errors import SolverError
 from caffe_py.io.datum import datum_from_array, encode_datum
 from caffe_py.io.lmdb_store import LmdbWriter
 from caffe_py.parallel import ReplicatedRun, check_devices, parse_devices, train_replicated
+from caffe_py.parallel.lockstep import LockstepRoot, top_down
+from caffe_py.parallel.sync import TreeSync
+from caffe_py.parallel.topology import build_tree
 from caffe_py.solver.snapshot import load_weights
 from caffe_py.solver.solver import Solver, TrainOptions
 from caffe_py.spec.solver_spec import load_solver
@@ -283,3 +287,62 @@ def test_out_of_memory_while_building_names_the_replica(tmp_path, db, monkeypatc
         ReplicatedRun(_param(tmp_path, db, batch=B, name="oom"), ["cpu"] * 3)
     assert str(err.value) == ("replica 2 (cpu): out of GPU memory; lower the net's batch_size "
                               "(each GPU runs the full batch) or use fewer/larger GPUs")
+
+
+# --- lockstep: the root's thread issues every replica's iteration (used with CUDA graphs) --
+def _lockstep_run(tmp_path, db, n, *, lockstep, **kw):
+    param = _param(tmp_path, db, batch=B, name=f"ls{n}{lockstep}", **kw)
+    with ReplicatedRun(param, ["cpu"] * n, log=lambda m: None, lockstep=lockstep) as run:
+        assert run.lockstep is lockstep
+        assert isinstance(run.root.callbacks[0], LockstepRoot) is lockstep
+        run.run()
+        assert [s.iter for s in run.solvers] == [run.root.iter] * n
+        return _weights(run.root), [_weights(s) for s in run.solvers[1:]]
+
+
+@pytest.mark.parametrize("n", [1, 2, 3, 4, 5])
+def test_lockstep_equals_threads_bit_for_bit(tmp_path, db, n):
+    got, workers = _lockstep_run(tmp_path, db, n, lockstep=True, transform=CROP_MIRROR)
+    ref, _ = _lockstep_run(tmp_path, db, n, lockstep=False, transform=CROP_MIRROR)
+    assert all(torch.equal(a, b) for a, b in zip(got, ref, strict=True))
+    if n <= 4:
+        assert _rel(got, _single(tmp_path, db, n, transform=CROP_MIRROR)) < 1e-5
+
+
+def test_lockstep_with_iter_size_and_adam(tmp_path, db):
+    got, _ = _lockstep_run(tmp_path, db, 3, lockstep=True, iter_size=2, type_="Adam")
+    ref, _ = _lockstep_run(tmp_path, db, 3, lockstep=False, iter_size=2, type_="Adam")
+    assert all(torch.equal(a, b) for a, b in zip(got, ref, strict=True))
+
+
+def test_top_down_puts_parents_first():
+    sync = TreeSync(["cpu"] * 5, tree=build_tree(5, [[True] * 5] * 5))
+    order = top_down(sync)
+    assert sorted(order) == [1, 2, 3, 4]
+    for i in order:
+        parent = sync.tree.parent(i)
+        assert parent == 0 or order.index(parent) < order.index(i)
+
+
+def test_default_is_off_on_cpu_even_with_graphs(tmp_path, db):
+    param = _param(tmp_path, db, batch=B, name="default")
+    with ReplicatedRun(param, ["cpu"] * 2, log=lambda m: None, cuda_graphs=True) as run:
+        assert run.lockstep is False
+
+
+def test_a_failing_worker_is_named(tmp_path, db, monkeypatch):
+    param = _param(tmp_path, db, batch=B, iters=20, name="boom")
+    with ReplicatedRun(param, ["cpu"] * 3, log=lambda m: None, lockstep=True) as run:
+        worker = run.solvers[2]
+        real = worker._forward_backward
+
+        def boom():
+            if worker.iter == 3:
+                raise RuntimeError("injected in replica 2")
+            return real()
+
+        monkeypatch.setattr(worker, "_forward_backward", boom)
+        with pytest.raises(SolverError, match=r"^replica 2 \(cpu\) failed: RuntimeError: "
+                                              r"injected in replica 2$"):
+            run.run()
+        assert run.root.iter == 3
