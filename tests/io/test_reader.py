@@ -338,3 +338,50 @@ def test_no_hang_at_exit_or_on_ctrl_c(tmp_path, how):
     else:
         # an uncaught KeyboardInterrupt ends Python by SIGINT, after the traceback
         assert child.returncode == -signal.SIGINT and err.rstrip().endswith("KeyboardInterrupt")
+
+
+def test_one_chunk_of_mixed_records_reads_back_exactly(tmp_path):
+    """Labels of 1 to 5 varint bytes, encoded=false, a negative label and a record with an
+    unknown field in one chunk: the numpy fast path groups them by length, and whatever it
+    leaves goes through the full decoder."""
+    path = tmp_path / "db"
+    wanted = [0, 127, 128, 300, 16383, 16384, 2**21, 2**28, 2**31 - 1, -5, 7, 99]
+    with LmdbWriter(path) as writer:
+        for i, label in enumerate(wanted):
+            datum = datum_from_array(np.full(SHAPE, i, np.uint8), label,
+                                     encoded=False if i % 3 == 0 else None)
+            value = encode_datum(datum)
+            writer.put(b"%08d" % i, value + b"\x48\x01" if i == 10 else value)  # field 9
+    with ReaderPool() as pool:
+        q = subscribe(pool, str(path), batch_size=12, prefetch=1)
+        pool.start()
+        got = q.get(12, timeout=5)
+    assert [r.label for r in got] == wanted
+    assert [r.array.tolist() for r in got] == [np.full(SHAPE, i).tolist() for i in range(12)]
+    assert [r.key for r in got] == [b"%08d" % i for i in range(12)]
+    assert [r.position for r in got] == list(range(12))
+
+
+@pytest.mark.parametrize("cache_bytes", [0, 1 << 30])
+def test_passes_after_the_first_equal_it_with_or_without_the_cache(tmp_path, monkeypatch,
+                                                                   cache_bytes):
+    """A small database is kept decoded after the first pass; later passes (and replicas,
+    and a resumed origin) read exactly what the database holds."""
+    import caffe_py.io.reader as reader
+
+    monkeypatch.setattr(reader, "CACHE_BYTES", cache_bytes)
+    db = make_db(tmp_path / "db", 11)
+    with ReaderPool(replicas=2) as pool:
+        queues = [subscribe(pool, db, replica=i, batch_size=5, prefetch=2) for i in range(2)]
+        pool.load_state({db: {"TRAIN/data": {"replicas": 2, "origin": 3, "next": [0, 1]}}})
+        pool.start()
+        got: list[list] = [[], []]
+        for _ in range(6):  # the replicas take turns, a batch each (the round-robin)
+            for replica, q in enumerate(queues):
+                got[replica] += [(r.label, int(r.array[0, 0, 0]), r.key)
+                                 for r in q.get(5, timeout=5)]
+        stream = queues[0].stream
+        assert (stream.cache is not None and stream.cache.complete) == bool(cache_bytes)
+    for replica in range(2):
+        indices = [(3 + replica + 2 * k) % 11 for k in range(30)]
+        assert got[replica] == [(i, i, b"%08d" % i) for i in indices]

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from caffe_py.errors import DataError
-from caffe_py.io.transformer import Transformer, read_mean_file
+from caffe_py.io.transformer import _MASK64, Transformer, _splitmix64, read_mean_file
 from caffe_py.spec.net_spec import TransformationParameter
 
 
@@ -79,6 +79,10 @@ def check_against_loop(tp, phase, arrays, mean=None, seed=3):
                      for i, a in enumerate(arrays)])
     np.testing.assert_allclose(got.numpy(), want, rtol=0, atol=1e-5)
     assert got.dtype == torch.float32
+    # the CPU feed's numpy-only path gives the same batch bit for bit
+    fed = t.numpy(np.stack(arrays), t.choices_for(10, 1, len(arrays)))
+    assert fed.dtype == np.float32
+    np.testing.assert_array_equal(fed, got.numpy())
     return choices
 
 
@@ -143,6 +147,45 @@ def test_choices_depend_only_on_seed_and_position():
     np.testing.assert_array_equal(first.flips[2:], again.flips)
     other = Transformer(tp, "TRAIN", (1, 8, 8), seed=8).choices([5, 6, 7, 8])
     assert not np.array_equal(first.offsets, other.offsets)
+
+
+def scalar_choices(t: Transformer, positions) -> tuple[list, list]:
+    """The per-record draw, one Python splitmix64 chain per record (the reference the
+    vectorised draw must equal): mirror bit, then h_off, then w_off."""
+    _, h, w = t.record_shape
+    crop, offsets, flips = t.tp.crop_size, [], []
+    for pos in positions:
+        state = (t.seed ^ (pos * 0x9E3779B97F4A7C15)) & _MASK64
+        r_mirror, state = _splitmix64(state)
+        r_h, state = _splitmix64(state)
+        r_w, _ = _splitmix64(state)
+        flips.append(bool(t.tp.mirror and r_mirror & 1))
+        if crop and t.phase == "TRAIN":
+            offsets.append([r_h % (h - crop + 1), r_w % (w - crop + 1)])
+        else:
+            offsets.append([(h - crop) // 2, (w - crop) // 2] if crop else [0, 0])
+    return offsets, flips
+
+
+@pytest.mark.parametrize("phase", ["TRAIN", "TEST"])
+@pytest.mark.parametrize("seed", [0, 7, 2**64 - 1])
+def test_vectorised_choices_equal_the_per_record_draw(phase, seed):
+    tp = TransformationParameter(crop_size=5, mirror=True)
+    t = Transformer(tp, phase, (3, 9, 12), seed=seed)
+    positions = [0, 1, 2, 63, 64, 10**6, 2**40 + 3]
+    offsets, flips = scalar_choices(t, positions)
+    got = t.choices(positions)
+    assert got.offsets.tolist() == offsets and got.flips.tolist() == flips
+    assert len(set(flips)) == 2 and (phase == "TEST" or len({tuple(o) for o in offsets}) > 2)
+    batch = t.choices_for(64, 3, 4)  # a replica's batch: positions 64, 67, 70, 73
+    assert batch.offsets.tolist() == scalar_choices(t, [64, 67, 70, 73])[0]
+
+
+def test_choices_without_randomness_are_one_shared_constant():
+    t = Transformer(TransformationParameter(crop_size=4), "TEST", (1, 8, 10))
+    a, b = t.choices_for(0, 1, 3), t.choices([5, 9, 11])
+    assert a is b and a.offsets.tolist() == [[2, 3]] * 3 and not a.flips.any()
+    assert not a.offsets.flags.writeable  # shared between batches: nobody may change it
 
 
 def test_errors_name_the_problem_and_the_fix(tmp_path):
