@@ -138,7 +138,8 @@ def cmd_caffe(args: argparse.Namespace) -> None:
     with ReplicatedRun(param, devices, TrainOptions(reduction=args.reduction),
                        log=notes.append, extra_callbacks=lambda i: [clocks[i]],
                        memory_format=fmt, cuda_graphs=args.graphs,
-                       overlap=not args.no_overlap) as run:
+                       overlap=not args.no_overlap,
+                       lockstep=False if args.no_lockstep else None) as run:
         batch = run.root.batch_size()
         waits = [0.0] * len(devices)
 
@@ -160,8 +161,13 @@ def cmd_caffe(args: argparse.Namespace) -> None:
         early = [rep.early / max(1, param.max_iter * len(rep.flat.buckets))
                  for rep in run.sync.replicas]
         name = run.root.net.name
+        lockstep = run.lockstep
+    if lockstep:   # one thread issues every replica's step: its CPU time is the only one
+        clocks = clocks[:1]
     n = len(devices)
     run_name = (f"caffe-py {args.reduction}" + (" + CUDA graphs" if args.graphs else "")
+                + (", one thread (lockstep)" if lockstep and n > 1 else "")
+                + (", a thread per replica" if args.graphs and not lockstep and n > 1 else "")
                 + (", reduce after backward" if args.no_overlap else ""))
     fallbacks = [m for m in notes if m.startswith("CUDA graphs off")]
     if fallbacks:
@@ -210,6 +216,34 @@ def engine_ms(group: SyncGroup, devices: list[torch.device], shapes, iters: int)
 
     run_replicas(group, [lambda i=i: loop(i) for i in range(len(devices))])
     return 1000 * (time.perf_counter() - clock["t0"]) / iters
+
+
+def engine_lockstep_ms(group: TreeSync, devices: list[torch.device], shapes,
+                       iters: int) -> float:
+    """ms per weights-down + grads-up of the tree engine driven from one thread in lockstep
+    order (weights top-down, gradients bottom-up), as with CUDA graphs."""
+    from caffe_py.parallel.lockstep import on_replica, top_down
+
+    for i, d in enumerate(devices):
+        group.setup(i, [torch.nn.Parameter(torch.ones(s, device=d)) for s in shapes])
+    down = [group.tree.root, *top_down(group)]
+    for i in down:
+        rep = group.replica(i)
+        if rep.stream is not None:
+            rep.stream.wait_stream(torch.cuda.default_stream(rep.device))
+    t0 = 0.0
+    for k in range(iters + 5):
+        if k == 5:
+            sync_devices(devices)
+            t0 = time.perf_counter()
+        for i in down:
+            with on_replica(group.replica(i)):
+                group.weights_down(i)
+        for i in reversed(down):
+            with on_replica(group.replica(i)):
+                group.grads_up(i)
+    sync_devices(devices)
+    return 1000 * (time.perf_counter() - t0) / iters
 
 
 def bare_tree_ms(devices, shapes, iters: int) -> tuple[float, float]:
@@ -271,6 +305,9 @@ def cmd_reduce(args: argparse.Namespace) -> None:
     ms = engine_ms(TreeSync(devices), devices, shapes, args.iters)
     emit(args.json, {**base, "op": "caffe-py tree engine: reduce + broadcast (threads)",
                      "ms": round(ms, 3)})
+    ms = engine_lockstep_ms(TreeSync(devices), devices, shapes, args.iters)
+    emit(args.json, {**base, "op": "caffe-py tree engine: reduce + broadcast (one thread, "
+                     "lockstep)", "ms": round(ms, 3)})
     if all(d.type == "cuda" for d in devices):
         emit(args.json, {**base, "op": "bare torch.cuda.nccl.all_reduce",
                          "ms": round(bare_nccl_ms(devices, shapes, args.iters), 3)})
@@ -371,6 +408,8 @@ def main() -> None:
     c.add_argument("--graphs", action="store_true", help="each replica's step as a CUDA graph")
     c.add_argument("--no-overlap", action="store_true",
                    help="tree: reduce after backward, not bucket by bucket during it")
+    c.add_argument("--no-lockstep", action="store_true",
+                   help="with --graphs: a thread per replica instead of the root's thread")
     c.add_argument("--profile", type=Path)
     r = sub.add_parser("reduce")
     r.add_argument("--solver", type=Path, required=True)
