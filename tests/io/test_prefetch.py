@@ -84,6 +84,30 @@ def test_batches_in_order_transformed_on_cuda():
     check_batches("cuda")
 
 
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+@pytest.mark.parametrize("transform", [{"scale": 0.5}, {}, {"mirror": True,
+                                                           "mean_value": [1, 2, 3]}])
+def test_cuda_ring_gives_the_cpu_feeds_batches(tmp_path, transform):
+    """More batches than the ring has slots, all kept: every one equals the CPU feed's (the
+    one-op float path, the plain conversion, and flips with a mean)."""
+    db, _ = make_db(tmp_path / "db", 10)
+    out = {}
+    for device in ("cpu", "cuda"):
+        spec = parse_layer({"name": "data", "type": "Data", "top": ["data", "label"],
+                            "data_param": {"source": db, "batch_size": 4},
+                            "transform_param": transform}, Source(), "layer")
+        layer = lookup("Data")(spec, [], BuildContext(phase="TRAIN"))
+        with ReaderPool() as pool:
+            pool.attach_layer(layer, device=device, seed=5)
+            pool.start()
+            out[device] = [layer() for _ in range(11)]
+        torch.cuda.synchronize()
+    for (data, label), (want, want_label) in zip(out["cuda"], out["cpu"], strict=True):
+        assert data.device.type == "cuda" and data.dtype == torch.float32
+        assert torch.equal(data.cpu(), want) and torch.equal(label.cpu(), want_label)
+
+
 def test_a_corrupt_record_is_raised_by_forward_naming_the_key(tmp_path):
     db, _ = make_db(tmp_path / "db", 10, corrupt=5)
     layer = data_layer(db)
