@@ -13,8 +13,8 @@ Variants:
 - ... with one change undone at a time, so the table shows what each change buys:
   ``fuse_batchnorm_scale`` off, ``fuse_bias_activation`` off, and both fusions off with the
   Scale/Bias bf16 cast undone (float32 blobs promote activations to float32, as before)
-- caffe-py + inplace_activations  the opt-in in-place ReLU (legal once BatchNorm and Scale
-  are fused: batch_norm's backward needs its input, not its output)
+- caffe-py + inplace_activations  the opt-in in-place ReLU (batch_norm's backward keeps its
+  input, not the output the ReLU overwrites)
 
 ``--width`` divides every Convolution's num_output (a quick CPU check of the script);
 torchvision runs only at width 1. A torch.profiler table of the default caffe-py step (top 15
