@@ -15,6 +15,14 @@ LeNet and ResNet-50 training steps (forward + backward) with the activations on 
 (TORCH), as DEFAULT picks, on the kernels (CUDA: fused as the Net builds; unfused; in place).
 
 The markdown table goes to stdout, and to $OUT/kernels.md when OUT is set (or --out).
+
+    python benchmarks/activations.py --variants
+
+instead builds the forward launch sweep (caffe_py/kernels/variants.py) and times ReLU forward
+(float32 and bfloat16, 64 and 256 MB) for every variant, the shipped kernel, torch.relu and
+x.copy_, interleaved over rounds (medians; inputs rotate among 3 buffers so L2 cannot help),
+checks each variant's output against torch.relu, and prints the kFwd line of
+caffe_py/kernels/csrc/common.cuh that wins (report: $OUT/fwd_variants.md).
 """
 from __future__ import annotations
 
@@ -37,6 +45,7 @@ sys.path.insert(0, str(ROOT))
 
 from caffe_py.kernels import build  # noqa: E402
 from caffe_py.kernels import reference as ref  # noqa: E402
+from caffe_py.kernels import variants as fwd_variants  # noqa: E402
 
 aten = torch.ops.aten
 
@@ -297,6 +306,105 @@ def net_rows(resnet_batch: int) -> list[list[str]]:
     return rows
 
 
+def sweep_case(module, variants, ext, dtype: torch.dtype, mb: int, rounds: int,
+               iters: int) -> tuple[dict[str, float], dict[str, bool], float]:
+    """ReLU forward at one dtype and size: (seconds per call by name, output ok by name, bytes).
+
+    Names are the variants' names plus "shipped", "torch.relu" and "x.copy_". Each round times
+    every candidate once, in an order rotated by one per round, ``iters`` calls between two
+    events; the result is the median over rounds.
+    """
+    esize = torch.empty((), dtype=dtype).element_size()
+    n = mb * 2 ** 20 // esize
+    gen = torch.Generator(device="cuda").manual_seed(mb)
+    xs = [torch.randn(n, device="cuda", generator=gen).to(dtype) for _ in range(3)]
+    y = torch.empty_like(xs[0])
+    cands: dict[str, Callable[[torch.Tensor], object]] = {
+        "torch.relu": torch.relu, "x.copy_": y.copy_,
+        "shipped": lambda x: ext.act_forward(x, y, ref.RELU, 0.0)}
+    for i, v in enumerate(variants):
+        cands[v.name] = lambda x, i=i: module.relu(x, y, i)
+    ok = {}
+    for name, fn in cands.items():  # each writes y (or returns) relu(xs[0]) exactly
+        if name == "x.copy_":
+            continue
+        y.fill_(float("nan"))
+        out = fn(xs[0])
+        ok[name] = bool(torch.equal(out if name == "torch.relu" else y, torch.relu(xs[0])))
+    names = list(cands)
+    samples: dict[str, list[float]] = {name: [] for name in names}
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    for r in range(rounds):
+        for name in names[r % len(names):] + names[:r % len(names)]:
+            fn = cands[name]
+            fn(xs[1])
+            fn(xs[2])
+            start.record()
+            for k in range(iters):
+                fn(xs[k % 3])
+            end.record()
+            end.synchronize()
+            samples[name].append(start.elapsed_time(end) / 1e3 / iters)
+    return {k: statistics.median(v) for k, v in samples.items()}, ok, 2 * n * esize
+
+
+def run_variants(rounds: int, iters: int, sizes_mb: list[int]) -> list[str]:
+    """The forward sweep's report lines (markdown), ending with the kFwd to ship."""
+    ext = build.load()
+    t0 = time.perf_counter()
+    try:
+        module, variants = fwd_variants.load()
+    except Exception as exc:  # compiler errors: one line, then the build log has the rest
+        sys.exit(f"Error: building the sweep module failed: {build._first_error(exc)}")
+    lines = [f"# Forward launch sweep: ReLU, {torch.cuda.get_device_name()}", "",
+             f"- torch {torch.__version__}, CUDA {torch.version.cuda}; sweep module built or "
+             f"loaded in {time.perf_counter() - t0:.1f} s; {len(variants)} variants, "
+             f"{rounds} interleaved rounds of {iters} calls, median", "",
+             "GB/s counts bytes read + written; `vs torch` is torch.relu's time / this one's "
+             "(> 1.00x: faster); `ok` is an exact match with torch.relu.", ""]
+    current = fwd_variants.shipped()
+    ratios, summary, shipped_ratios = {}, [], []
+    for dtype in (torch.float32, torch.bfloat16):
+        esize = torch.empty((), dtype=dtype).element_size()
+        for mb in sizes_mb:
+            secs, ok, nbytes = sweep_case(module, variants, ext, dtype, mb, rounds, iters)
+            torch.cuda.empty_cache()  # that case's buffers are gone with the call
+            base = secs["torch.relu"]
+            rows = sorted(secs, key=secs.get)
+            lines += [f"## {str(dtype)[6:]} {mb} MB", "",
+                      table(["launch", "GB/s", "vs torch", "vs copy", "ok"],
+                            [[name, f"{nbytes / secs[name] / 1e9:.0f}",
+                              f"{base / secs[name]:.3f}x", f"{secs['x.copy_'] / secs[name]:.1%}",
+                              "-" if name == "x.copy_" else ("yes" if ok[name] else "WRONG")]
+                             for name in rows]), ""]
+            for v in variants:
+                if ok[v.name]:
+                    ratios[(esize, mb, v)] = base / secs[v.name]
+            win = next((n for n in rows if ok.get(n) and n not in ("torch.relu", "shipped")),
+                       "(none correct)")
+            shipped_ratios.append(base / secs["shipped"])
+            summary.append(f"- {str(dtype)[6:]} {mb} MB: fastest {win} "
+                           f"{base / secs.get(win, float('inf')):.3f}x torch.relu; shipped kernel "
+                           f"{base / secs['shipped']:.3f}x; x.copy_ {base / secs['x.copy_']:.3f}x"
+                           + ("" if all(ok.values()) else "; WRONG outputs: " +
+                              ", ".join(n for n, good in ok.items() if not good)))
+    best, worst = fwd_variants.choose(ratios)
+    cur_worst = min(shipped_ratios)  # the shipped module's own kernel, timed alongside
+    lines += ["## Verdict", "", *summary, "",
+              f"- best launch over all cases (worst case {worst:.3f}x torch.relu): "
+              f"`{best.line()}`",
+              f"- shipped launch (worst case {cur_worst:.3f}x): `{current.line()}`"]
+    if best == current or worst - cur_worst < 0.005:
+        lines.append("- KEEP the shipped kFwd (within 0.5% of the best).")
+    else:
+        lines.append(f"- SET in caffe_py/kernels/csrc/common.cuh: `{best.line()}` "
+                     f"(+{(worst - cur_worst) * 100:.1f} points in the worst case).")
+    verdict = "meets" if worst >= 0.995 else "misses"
+    lines.append(f"- the best launch {verdict} 'never slower than torch.relu' "
+                 f"(0.5% timing tolerance).")
+    return lines
+
+
 def table(header: list[str], rows: list[list[str]]) -> str:
     lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
     lines += ["| " + " | ".join(r) + " |" for r in rows]
@@ -309,10 +417,20 @@ def main() -> None:
     ap.add_argument("--dtypes", nargs="+", default=["float32", "bfloat16"])
     ap.add_argument("--resnet-batch", type=int, default=64)
     ap.add_argument("--no-nets", action="store_true", help="kernels only")
-    ap.add_argument("--out", help="also write the report here (default: $OUT/kernels.md)")
+    ap.add_argument("--out", help="also write the report here (default: $OUT/kernels.md, "
+                    "$OUT/fwd_variants.md with --variants)")
+    ap.add_argument("--variants", action="store_true",
+                    help="time every forward launch variant instead (see the docstring)")
+    ap.add_argument("--rounds", type=int, default=11, help="--variants: interleaved rounds")
+    ap.add_argument("--iters", type=int, default=20, help="--variants: calls per timing")
     args = ap.parse_args()
     if not torch.cuda.is_available():
         sys.exit("benchmarks/activations.py needs a CUDA device")
+    if args.variants:
+        report = "\n".join(run_variants(args.rounds, args.iters, args.sizes_mb)) + "\n"
+        print(report)
+        write_report(report, args.out, "fwd_variants.md")
+        return
     t0 = time.perf_counter()
     where, build_s = build.build()
     ext = build.load()
@@ -348,8 +466,13 @@ def main() -> None:
     lines.append(f"Total benchmark time {time.perf_counter() - t0:.0f} s.")
     report = "\n".join(lines) + "\n"
     print(report)
-    out = args.out or (os.path.join(os.environ["OUT"], "kernels.md") if os.environ.get("OUT")
-                       else None)
+    write_report(report, args.out, "kernels.md")
+
+
+def write_report(report: str, out: str | None, default_name: str) -> None:
+    """Write the report to ``out``, else to $OUT/default_name when OUT is set."""
+    out = out or (os.path.join(os.environ["OUT"], default_name) if os.environ.get("OUT")
+                  else None)
     if out:
         Path(out).write_text(report)
         print(f"(written to {out})", file=sys.stderr)

@@ -5,7 +5,10 @@
 #
 # 1. builds the extension for sm_90 only (H100/H200; set TORCH_CUDA_ARCH_LIST for others),
 # 2. runs the GPU tests (pytest -m gpu tests/kernels),
-# 3. runs the benchmark, whose markdown report also lands in $OUT/kernels.md when OUT is set.
+# 3. runs the benchmark, whose markdown report also lands in $OUT/kernels.md when OUT is set,
+# 4. runs the forward launch sweep (activations.py --variants; its module builds in the
+#    background during steps 1-3): $OUT/fwd_variants.md ends with the kFwd line to ship.
+#    VARIANTS=0 skips it.
 # The package need not be installed (PYTHONPATH points here). Exits non-zero if the build or
 # a test failed; the benchmark still runs after failed tests, so both results come back.
 set -uo pipefail
@@ -23,6 +26,11 @@ start=$(date +%s)
   "$PY" -c "import torch; print('torch', torch.__version__, 'cuda', torch.version.cuda)"
   echo "== build (TORCH_CUDA_ARCH_LIST=$TORCH_CUDA_ARCH_LIST)"
 } 2>&1 | tee "$LOG"
+SWEEP_LOG="${OUT:+$OUT/}fwd_variants_build.log"
+if [ "${VARIANTS:-1}" != 0 ]; then
+  "$PY" -c "from caffe_py.kernels import variants; variants.load()" >"$SWEEP_LOG" 2>&1 &
+  sweep_pid=$!
+fi
 "$PY" - <<'PYEOF' 2>&1 | tee -a "$LOG"
 import sys
 
@@ -43,6 +51,7 @@ print(f"built {build.NAME} in {where} ({seconds:.1f} s)")
 PYEOF
 build_status=${PIPESTATUS[0]}
 if [ "$build_status" -ne 0 ]; then
+  [ -n "${sweep_pid:-}" ] && kill "$sweep_pid" 2>/dev/null
   exit 1
 fi
 
@@ -54,5 +63,13 @@ echo "== benchmark" | tee -a "$LOG"
 "$PY" benchmarks/activations.py "$@" 2>&1 | tee -a "$LOG"
 bench_status=${PIPESTATUS[0]}
 
-echo "== done in $(( $(date +%s) - start )) s (tests: exit $test_status, benchmark: exit $bench_status)" | tee -a "$LOG"
-[ "$test_status" -eq 0 ] && [ "$bench_status" -eq 0 ]
+variants_status=0
+if [ "${VARIANTS:-1}" != 0 ]; then
+  wait "$sweep_pid" || echo "(the sweep module's background build failed: see $SWEEP_LOG)" | tee -a "$LOG"
+  echo "== forward launch sweep" | tee -a "$LOG"
+  "$PY" benchmarks/activations.py --variants 2>&1 | tee -a "$LOG"
+  variants_status=${PIPESTATUS[0]}
+fi
+
+echo "== done in $(( $(date +%s) - start )) s (tests: exit $test_status, benchmark: exit $bench_status, sweep: exit $variants_status)" | tee -a "$LOG"
+[ "$test_status" -eq 0 ] && [ "$bench_status" -eq 0 ] && [ "$variants_status" -eq 0 ]

@@ -62,7 +62,7 @@ def _needs_compile(directory: Path) -> bool:
     lib = _built_library(directory)
     if lib is None:
         return True
-    newest = max((CSRC / s).stat().st_mtime for s in (*SOURCES, "common.cuh"))
+    newest = max((CSRC / s).stat().st_mtime for s in (*SOURCES, "common.cuh", "unary.cuh"))
     return newest > lib.stat().st_mtime
 
 

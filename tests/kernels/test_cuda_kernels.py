@@ -124,7 +124,8 @@ def test_more_than_one_wave(ext):
 
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
 def test_a_full_last_block_still_writes_the_tail(ext, dtype):
-    """n = 2 blocks of 128 threads x 4 whole packs, plus V - 1 elements after the last pack."""
+    """n = 2 blocks of 128 threads x 4 whole packs (a whole number of the forward's blocks too),
+    plus V - 1 elements after the last pack."""
     v = 16 // torch.empty((), dtype=dtype).element_size()
     n = 2 * 512 * v + v - 1
     x, g = rand((n,), dtype), rand((n,), dtype)

@@ -31,6 +31,27 @@ inline unsigned chunk_blocks(int64_t packs) {
   return static_cast<unsigned>(std::max<int64_t>(1, (packs + kBlockPacks - 1) / kBlockPacks));
 }
 
+// How the unary forward (unary.cuh) loads and stores its 16-byte packs.
+enum class Ld : int { kPlain = 0, kNc = 1, kCs = 2 };  // plain, __ldg (ld.global.nc), __ldcs
+enum class St : int { kPlain = 0, kCs = 1, kCg = 2 };  // plain, __stcs (evict-first), __stcg
+
+// One launch of the unary forward: threads per block, 16-byte packs per thread for 4- and
+// 8-byte types (packs4) and for 2-byte types (packs2), and the load and store flavours.
+struct FwdConfig {
+  int threads;
+  int packs4;
+  int packs2;
+  Ld load;
+  St store;
+};
+
+// The shipped forward launch (ReLU, leaky ReLU, ELU, Sigmoid, TanH): PyTorch's own
+// vectorized_elementwise_kernel on sm_90 (CUDALoops.cuh: 128 threads, 8 elements per thread,
+// so 2 float packs or 1 bfloat16 pack, plain loads and stores). `python
+// benchmarks/activations.py --variants` times every variant against torch.relu and prints
+// the line to put here when another one wins.
+constexpr FwdConfig kFwd{128, 2, 1, Ld::kPlain, St::kPlain};
+
 // The reductions of channel.cu keep a grid-stride design (a thread accumulates as it walks):
 // 256-thread blocks and U packs in flight per loop trip: 4 for float; 2 for the 2- and 8-byte
 // types, whose conversions take more registers (4 of them spill under the 64-register cap).

@@ -1,6 +1,7 @@
 // Elementwise activations: y = f(x) and dx = f'(g, s), one streaming pass each.
 //
-// The launch follows PyTorch's vectorized elementwise kernel: 128-thread blocks, one block per
+// The forward is unary.cuh's kernel with the launch kFwd (common.cuh). The backward follows
+// PyTorch's vectorized elementwise kernel too: 128-thread blocks, one block per
 // kThreads * kPacks 16-byte packs, so a 64 MB float tensor is 8192 blocks (many waves; a
 // finished block frees its slot at once, instead of a one-wave grid-stride loop whose slowest
 // threads set the end). Thread t of block b moves packs b * 512 + t + 128 * u (u < 4): each
@@ -9,49 +10,10 @@
 // elements after the last whole pack. When a pointer is not 16-byte aligned (a view such as
 // x[1:]) the same kernel runs with a pack of one element.
 // `out` may be `x` itself (in place): each element is read before it is written, by one thread.
-#include "common.cuh"
+#include "unary.cuh"
 
 namespace caffe_py {
 namespace {
-
-template <typename T, int V, typename Op>
-__global__ void __launch_bounds__(kThreads)
-unary_kernel(const T* x, T* y, int64_t n, typename OpMath<T>::type p, Op op) {
-  using A = typename OpMath<T>::type;
-  using P = Pack<T, V>;
-  const int64_t packs = n / V;
-  const int64_t base = static_cast<int64_t>(blockIdx.x) * kBlockPacks + threadIdx.x;
-  const P* xv = reinterpret_cast<const P*>(x);
-  P* yv = reinterpret_cast<P*>(y);
-  P in[kPacks];
-  if (base + (kPacks - 1) * kThreads < packs) {  // every block but (maybe) the last
-#pragma unroll
-    for (int u = 0; u < kPacks; ++u) in[u] = xv[base + u * kThreads];
-#pragma unroll
-    for (int u = 0; u < kPacks; ++u) {
-      P out;
-#pragma unroll
-      for (int k = 0; k < V; ++k) out.v[k] = static_cast<T>(op(static_cast<A>(in[u].v[k]), p));
-      yv[base + u * kThreads] = out;
-    }
-  } else {
-#pragma unroll
-    for (int u = 0; u < kPacks; ++u)
-      if (base + u * kThreads < packs) in[u] = xv[base + u * kThreads];
-#pragma unroll
-    for (int u = 0; u < kPacks; ++u) {
-      if (base + u * kThreads < packs) {
-        P out;
-#pragma unroll
-        for (int k = 0; k < V; ++k) out.v[k] = static_cast<T>(op(static_cast<A>(in[u].v[k]), p));
-        yv[base + u * kThreads] = out;
-      }
-    }
-  }
-  // The tail: fewer than V elements after the last whole pack, written by the last block.
-  const int64_t t = packs * V + threadIdx.x;
-  if (blockIdx.x == gridDim.x - 1 && t < n) y[t] = static_cast<T>(op(static_cast<A>(x[t]), p));
-}
 
 template <typename T, int V, typename Op>
 __global__ void __launch_bounds__(kThreads)
@@ -105,24 +67,6 @@ binary_kernel(const T* g, const T* s, T* gi, int64_t n, typename OpMath<T>::type
 }
 
 // The tail needs one thread per leftover element (< V <= 8 < kThreads).
-template <typename T, typename Op>
-void launch_unary(const at::Tensor& x, at::Tensor& y, double p, Op op) {
-  const int64_t n = x.numel();
-  const T* xp = x.const_data_ptr<T>();
-  T* yp = y.mutable_data_ptr<T>();
-  auto stream = c10::cuda::getCurrentCUDAStream();
-  using A = typename OpMath<T>::type;
-  constexpr int V = pack_width<T>();
-  if (aligned16(xp) && aligned16(yp)) {
-    unary_kernel<T, V, Op>
-        <<<chunk_blocks(n / V), kThreads, 0, stream>>>(xp, yp, n, static_cast<A>(p), op);
-  } else {
-    unary_kernel<T, 1, Op>
-        <<<chunk_blocks(n), kThreads, 0, stream>>>(xp, yp, n, static_cast<A>(p), op);
-  }
-  C10_CUDA_KERNEL_LAUNCH_CHECK();
-}
-
 template <typename T, typename Op>
 void launch_binary(const at::Tensor& g, const at::Tensor& s, at::Tensor& gi, double p, Op op) {
   const int64_t n = g.numel();

@@ -1,0 +1,10 @@
+// The bfloat16 instances of fwd_variants.cuh.
+#include "fwd_variants.cuh"
+
+namespace caffe_py {
+namespace sweep {
+void relu_bf16(int64_t id, const at::Tensor& x, at::Tensor& y) {
+  relu_variant<at::BFloat16>(id, x, y);
+}
+}  // namespace sweep
+}  // namespace caffe_py
