@@ -1,15 +1,19 @@
-"""Double-buffered prefetch: a thread per feed assembles the next batch while this one computes.
+"""Prefetch: a thread per feed assembles the next batches while the training loop computes.
 
-Per batch the thread takes ``batch_size`` records from its reader queue, crops and mirrors them
-into one of two host buffers of the records' own dtype (uint8 for pixel records, pinned when
-the device is CUDA), copies that to the device on a side CUDA stream (``non_blocking``), and
-runs the rest of the transform there (float conversion, mean subtraction, scale). An event
-marks the batch ready; :meth:`Prefetcher.next` makes the compute stream wait on it and records
-the tensors on that stream, so the caching allocator never hands their memory out early. A host
-buffer is refilled only after its previous copy has finished (its event). On the CPU the same
-path runs without streams or pinning, and the float half runs in the training loop's thread
-(a torch CPU op in the prefetch thread would start a second OpenMP team spinning against the
-loop's).
+Per batch the thread takes ``batch_size`` records from its reader queue (a slice of the
+producer's chunks). On CUDA it crops them into one slot of a ring of pinned host buffers (the
+records' own dtype, uint8 for pixels, with the labels after them), copies the slot to its
+device buffer on a side CUDA stream (``non_blocking``) and runs the rest of the transform there
+(float conversion, mean, scale; new tensors every batch); an event marks the batch ready.
+:meth:`Prefetcher.next` makes the compute stream wait on it and records the tensors on that
+stream, so the caching allocator never hands their memory out early. A slot is refilled only
+after its event. On the CPU the thread runs the whole transform with numpy (a torch CPU op
+there would start a second OpenMP team spinning against the loop's).
+
+The training loop of a small net is in Python nearly all the time, and any Python this thread
+runs, and every wake-up, takes the GIL from it: so nothing here is done per record, the
+hand-overs are C queues, and while the loop has batches waiting the thread refills two slots
+per wake (docs/data_pipeline.md, "The training thread's GIL").
 """
 from __future__ import annotations
 

@@ -5,9 +5,13 @@ stream has its own read position; record ``g`` of the stream (counted from its o
 at the end of the database) goes to replica ``g % N``, so replica i of N gets records i, i+N,
 i+2N, ... and one iteration of N replicas of batch B reads exactly the next N x B records.
 
-One thread per database serves every stream of that database: it reads the LMDB in key order,
-decodes each record and appends it to the bounded queue of the replica whose turn it is (one
-queue per (stream, replica), holding ``prefetch x batch_size`` records). Two Data layers that
+One thread per database serves every stream of that database: it reads the LMDB in key order a
+chunk at a time, decodes the chunk (raw records by a few numpy operations for the whole chunk)
+and appends each replica's rows of it (i, i+N, ...) to that replica's bounded queue, under one
+lock (one queue per (stream, replica), holding ``prefetch x batch_size`` records). A database
+small enough is kept decoded after the first pass, and later passes hand out views of it:
+nothing per record runs in Python, which would take the GIL from a launch-bound training
+loop. Two Data layers that
 read the same database in one net (a data layer and a label-only one, say) are two streams with
 two read positions, so each sees exactly the sequence it would see reading the database alone,
 and a slow one never blocks the other.
@@ -36,6 +40,7 @@ from ..errors import DataError
 from ..spec.net_spec import TransformationParameter
 from .datum import decode_record, format_key
 from .lmdb_store import acquire_readonly, open_db, release_readonly
+from .raw_records import raw_chunk, raw_prefix
 from .transformer import record_array
 
 WAIT_SLICE_S = 0.2
@@ -348,7 +353,8 @@ class _Source:
                 values: Sequence[bytes]) -> tuple[np.ndarray, np.ndarray]:
         """Pixels (k, C, H, W) and labels (k,) of raw records, in as few numpy operations
         as the chunk allows; other records go one by one through the full decoder."""
-        fast = _raw_chunk(values, stream) if stream.raw_prefix is not None else None
+        fast = None if stream.raw_prefix is None else raw_chunk(values, stream.raw_prefix,
+                                                                   stream.record_shape)
         if fast is not None and fast[2] is None:
             return fast[0], fast[1]
         pixels = np.empty((len(values), *stream.record_shape), stream.dtype)
@@ -382,101 +388,6 @@ class _Partial(Exception):
     def __init__(self, done: tuple[np.ndarray, np.ndarray], error: DataError):
         super().__init__(str(error))
         self.done, self.error = done, error
-
-
-def _raw_prefix(shape: Sequence[int]) -> np.ndarray:
-    """What Caffe's serializer writes before the pixels of a raw (C, H, W) uint8 record."""
-    c, h, w = shape
-    prefix = b"".join((b"\x08", _varint(c), b"\x10", _varint(h), b"\x18", _varint(w),
-                       b"\x22", _varint(c * h * w)))
-    return np.frombuffer(prefix, np.uint8)
-
-
-def _varint(value: int) -> bytes:
-    out = bytearray()
-    while value > 0x7F:
-        out.append((value & 0x7F) | 0x80)
-        value >>= 7
-    out.append(value)
-    return bytes(out)
-
-
-def _raw_chunk(values: Sequence[bytes], stream: _Stream
-               ) -> tuple[np.ndarray, np.ndarray, np.ndarray | None] | None:
-    """The fast path for the common record (channels, height, width, data, label, and an
-    optional encoded=false, in Caffe's field order), a whole chunk at once: records of one
-    length are joined into one (k, L) byte matrix and checked and sliced by numpy.
-
-    Returns (pixels (k, C, H, W), labels (k,), ok) where ok is None when every record took
-    the fast path, else a (k,) mask of those that did (the rest are the full decoder's job:
-    encoded images, float_data, negative labels, other field orders); None when none did.
-    """
-    k = len(values)
-    lengths = np.fromiter(map(len, values), np.int64, k)
-    if lengths.min() == lengths.max():  # the usual case: one group, views of one buffer
-        joined = b"".join(values)
-        rows, labels = _raw_rows(joined, int(lengths[0]), k, stream)
-        if rows.all():
-            return _pixels(joined, int(lengths[0]), k, stream), labels, None
-    pixels = np.empty((k, *stream.record_shape), np.uint8)
-    labels = np.zeros(k, np.int64)
-    ok = np.zeros(k, bool)
-    for length in np.unique(lengths).tolist():
-        idx = np.flatnonzero(lengths == length)
-        joined = b"".join([values[i] for i in idx.tolist()])
-        good, got = _raw_rows(joined, length, len(idx), stream)
-        if good.any():
-            pixels[idx[good]] = _pixels(joined, length, len(idx), stream)[good]
-            labels[idx[good]] = got[good]
-            ok[idx[good]] = True
-    return (pixels, labels, ok) if ok.any() else None
-
-
-def _pixels(joined: bytes, length: int, k: int, stream: _Stream) -> np.ndarray:
-    """The (k, C, H, W) pixel view of k joined records of ``length`` bytes."""
-    start = len(stream.raw_prefix)
-    rows = np.frombuffer(joined, np.uint8).reshape(k, length)
-    return rows[:, start:start + stream.size].reshape(k, *stream.record_shape)
-
-
-def _raw_rows(joined: bytes, length: int, k: int,
-              stream: _Stream) -> tuple[np.ndarray, np.ndarray]:
-    """Which of k joined records of ``length`` bytes are raw records of the stream's shape
-    (the prefix, then the pixels, then field 5, the label, as a varint below 2^31, then
-    nothing or encoded=false), and their labels: ((k,) bool, (k,) int64)."""
-    prefix = stream.raw_prefix
-    end = len(prefix) + stream.size  # the label's tag
-    tail = length - end - 1  # the label's varint, and maybe encoded=false (2 bytes)
-    if tail < 1:
-        return np.zeros(k, bool), np.zeros(k, np.int64)
-    rows = np.frombuffer(joined, np.uint8).reshape(k, length)
-    ok = (rows[:, :len(prefix)] == prefix).all(1) & (rows[:, end] == 0x28)
-    labels = np.zeros(k, np.int64)
-    if tail == 1:  # a label below 128, the common case
-        ok &= rows[:, end + 1] < 0x80
-        return ok, rows[:, end + 1].astype(np.int64)
-    varint = rows[:, end + 1:]
-    any_form = np.zeros(k, bool)
-    for width, trailer in ((tail, False), (tail - 2, True)):
-        if not 1 <= width <= 5:
-            continue
-        form = _varint_ends_at(varint, width)
-        if trailer:
-            form &= (varint[:, width] == 0x38) & (varint[:, width + 1] == 0)
-        values = ((varint[:, :width].astype(np.int64) & 0x7F)
-                  << (7 * np.arange(width, dtype=np.int64))).sum(1)
-        form &= values < 1 << 31
-        labels = np.where(form, values, labels)
-        any_form |= form
-    return ok & any_form, labels
-
-
-def _varint_ends_at(varint: np.ndarray, width: int) -> np.ndarray:
-    """Rows whose varint is exactly ``width`` bytes long (continuation bits before the end)."""
-    ends = varint[:, width - 1] < 0x80
-    if width > 1:
-        ends &= (varint[:, :width - 1] >= 0x80).all(1)
-    return ends
 
 
 def _describe(array: np.ndarray) -> str:
@@ -588,7 +499,7 @@ class ReaderPool:
                     if not st.starts:
                         st.starts = list(range(len(st.queues)))
                     if st.dtype == np.uint8:
-                        st.raw_prefix = _raw_prefix(st.record_shape)
+                        st.raw_prefix = raw_prefix(st.record_shape)
                 src.start()
             for feed in self._feeds:
                 feed.start()

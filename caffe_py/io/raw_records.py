@@ -1,0 +1,108 @@
+"""The fast path for raw Datum records, a whole chunk at a time.
+
+Caffe's serializer writes a raw (C, H, W) uint8 record as channels, height, width, data (the
+pixels), label, and optionally encoded=false, in that field order; everything before the pixels
+is fixed for a shape. So a chunk of such records is checked and sliced by a few numpy
+operations on one (k, L) byte matrix, with no Python per record; records that are anything
+else are left to the full Datum decoder.
+"""
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import numpy as np
+
+
+def raw_prefix(shape: Sequence[int]) -> np.ndarray:
+    """What Caffe's serializer writes before the pixels of a raw (C, H, W) uint8 record."""
+    c, h, w = shape
+    prefix = b"".join((b"\x08", _varint(c), b"\x10", _varint(h), b"\x18", _varint(w),
+                       b"\x22", _varint(c * h * w)))
+    return np.frombuffer(prefix, np.uint8)
+
+
+def _varint(value: int) -> bytes:
+    out = bytearray()
+    while value > 0x7F:
+        out.append((value & 0x7F) | 0x80)
+        value >>= 7
+    out.append(value)
+    return bytes(out)
+
+
+def raw_chunk(values: Sequence[bytes], prefix: np.ndarray, shape: tuple[int, int, int]
+              ) -> tuple[np.ndarray, np.ndarray, np.ndarray | None] | None:
+    """The fast path for the common record (channels, height, width, data, label, and an
+    optional encoded=false, in Caffe's field order), a whole chunk at once: records of one
+    length are joined into one (k, L) byte matrix and checked and sliced by numpy.
+
+    Returns (pixels (k, C, H, W), labels (k,), ok) where ok is None when every record took
+    the fast path, else a (k,) mask of those that did (the rest are the full decoder's job:
+    encoded images, float_data, negative labels, other field orders); None when none did.
+    """
+    k = len(values)
+    lengths = np.fromiter(map(len, values), np.int64, k)
+    if lengths.min() == lengths.max():  # the usual case: one group, views of one buffer
+        joined = b"".join(values)
+        rows, labels = _raw_rows(joined, int(lengths[0]), k, prefix, shape)
+        if rows.all():
+            return _pixels(joined, int(lengths[0]), k, prefix, shape), labels, None
+    pixels = np.empty((k, *shape), np.uint8)
+    labels = np.zeros(k, np.int64)
+    ok = np.zeros(k, bool)
+    for length in np.unique(lengths).tolist():
+        idx = np.flatnonzero(lengths == length)
+        joined = b"".join([values[i] for i in idx.tolist()])
+        good, got = _raw_rows(joined, length, len(idx), prefix, shape)
+        if good.any():
+            pixels[idx[good]] = _pixels(joined, length, len(idx), prefix, shape)[good]
+            labels[idx[good]] = got[good]
+            ok[idx[good]] = True
+    return (pixels, labels, ok) if ok.any() else None
+
+
+def _pixels(joined: bytes, length: int, k: int, prefix: np.ndarray,
+            shape: tuple[int, int, int]) -> np.ndarray:
+    """The (k, C, H, W) pixel view of k joined records of ``length`` bytes."""
+    start = len(prefix)
+    rows = np.frombuffer(joined, np.uint8).reshape(k, length)
+    return rows[:, start:start + int(np.prod(shape))].reshape(k, *shape)
+
+
+def _raw_rows(joined: bytes, length: int, k: int, prefix: np.ndarray,
+              shape: tuple[int, int, int]) -> tuple[np.ndarray, np.ndarray]:
+    """Which of k joined records of ``length`` bytes are raw records of ``shape``
+    (the prefix, then the pixels, then field 5, the label, as a varint below 2^31, then
+    nothing or encoded=false), and their labels: ((k,) bool, (k,) int64)."""
+    end = len(prefix) + int(np.prod(shape))  # the label's tag
+    tail = length - end - 1  # the label's varint, and maybe encoded=false (2 bytes)
+    if tail < 1:
+        return np.zeros(k, bool), np.zeros(k, np.int64)
+    rows = np.frombuffer(joined, np.uint8).reshape(k, length)
+    ok = (rows[:, :len(prefix)] == prefix).all(1) & (rows[:, end] == 0x28)
+    labels = np.zeros(k, np.int64)
+    if tail == 1:  # a label below 128, the common case
+        ok &= rows[:, end + 1] < 0x80
+        return ok, rows[:, end + 1].astype(np.int64)
+    varint = rows[:, end + 1:]
+    any_form = np.zeros(k, bool)
+    for width, trailer in ((tail, False), (tail - 2, True)):
+        if not 1 <= width <= 5:
+            continue
+        form = _varint_ends_at(varint, width)
+        if trailer:
+            form &= (varint[:, width] == 0x38) & (varint[:, width + 1] == 0)
+        values = ((varint[:, :width].astype(np.int64) & 0x7F)
+                  << (7 * np.arange(width, dtype=np.int64))).sum(1)
+        form &= values < 1 << 31
+        labels = np.where(form, values, labels)
+        any_form |= form
+    return ok & any_form, labels
+
+
+def _varint_ends_at(varint: np.ndarray, width: int) -> np.ndarray:
+    """Rows whose varint is exactly ``width`` bytes long (continuation bits before the end)."""
+    ends = varint[:, width - 1] < 0x80
+    if width > 1:
+        ends &= (varint[:, :width - 1] >= 0x80).all(1)
+    return ends

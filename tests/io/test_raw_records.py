@@ -1,0 +1,37 @@
+"""The chunk-wide fast path for raw Datum records against the full decoder."""
+from __future__ import annotations
+
+import numpy as np
+
+from caffe_py.io.datum import datum_from_array, decode_datum, encode_datum
+from caffe_py.io.raw_records import raw_chunk, raw_prefix
+
+SHAPE = (2, 3, 4)
+
+
+def record(i: int, label: int, **kw) -> bytes:
+    return encode_datum(datum_from_array(np.full(SHAPE, i, np.uint8), label, **kw))
+
+
+def test_a_chunk_of_raw_records_is_one_view_and_equals_the_decoder():
+    values = [record(i, i * 7) for i in range(9)]
+    pixels, labels, ok = raw_chunk(values, raw_prefix(SHAPE), SHAPE)
+    assert ok is None and pixels.shape == (9, *SHAPE) and not pixels.flags.writeable
+    for i, value in enumerate(values):
+        datum = decode_datum(value)
+        assert labels[i] == datum.label == 7 * i
+        np.testing.assert_array_equal(pixels[i], np.full(SHAPE, i))
+
+
+def test_mixed_lengths_are_grouped_and_other_records_are_left_out():
+    values = [record(0, 5), record(1, 200), record(2, 70000, encoded=False),
+              record(3, -1), b"\x0a\x02\xff\xff", record(5, 2**31 - 1),
+              encode_datum(datum_from_array(np.zeros((2, 3, 5), np.uint8), 1))]
+    pixels, labels, ok = raw_chunk(values, raw_prefix(SHAPE), SHAPE)
+    assert ok.tolist() == [True, True, True, False, False, True, False]
+    assert labels[ok].tolist() == [5, 200, 70000, 2**31 - 1]
+    assert [int(p.max()) for p in pixels[ok]] == [0, 1, 2, 5]
+
+
+def test_nothing_raw_gives_none():
+    assert raw_chunk([b"\x0a\x02\xff\xff", b""], raw_prefix(SHAPE), SHAPE) is None
