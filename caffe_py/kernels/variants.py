@@ -40,7 +40,7 @@ class Variant:
 
 @dataclass(frozen=True)
 class FwdConfig:
-    """common.cuh's kFwd: packs4 for 4- and 8-byte types, packs2 for 2-byte types."""
+    """common.cuh's kFwd: packs4 for 4-byte types (doubles: twice), packs2 for 2-byte types."""
 
     threads: int
     packs4: int
@@ -55,7 +55,7 @@ class FwdConfig:
 
     def variant(self, itemsize: int) -> Variant:
         """The variant this launch runs for elements of `itemsize` bytes."""
-        packs = self.packs2 if itemsize == 2 else self.packs4
+        packs = {2: self.packs2, 8: 2 * self.packs4}.get(itemsize, self.packs4)
         return Variant(self.threads, packs, self.load, self.store)
 
 

@@ -28,6 +28,7 @@ def test_line_and_variant_per_item_size():
     assert config.line() == "constexpr FwdConfig kFwd{256, 4, 1, Ld::kNc, St::kCs};"
     assert config.variant(4) == Variant(256, 4, "kNc", "kCs")
     assert config.variant(2) == Variant(256, 1, "kNc", "kCs")
+    assert config.variant(8) == Variant(256, 8, "kNc", "kCs")
     assert config.variant(4).name == "t256 p4 ld:nc st:cs"
 
 

@@ -35,8 +35,9 @@ inline unsigned chunk_blocks(int64_t packs) {
 enum class Ld : int { kPlain = 0, kNc = 1, kCs = 2 };  // plain, __ldg (ld.global.nc), __ldcs
 enum class St : int { kPlain = 0, kCs = 1, kCg = 2 };  // plain, __stcs (evict-first), __stcg
 
-// One launch of the unary forward: threads per block, 16-byte packs per thread for 4- and
-// 8-byte types (packs4) and for 2-byte types (packs2), and the load and store flavours.
+// One launch of the unary forward: threads per block, 16-byte packs per thread for 4-byte
+// types (packs4; doubles take twice as many) and for 2-byte types (packs2), and the load and
+// store flavours.
 struct FwdConfig {
   int threads;
   int packs4;

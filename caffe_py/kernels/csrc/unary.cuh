@@ -109,10 +109,11 @@ void launch_unary_with(const at::Tensor& x, at::Tensor& y, double p, Op op) {
   C10_CUDA_KERNEL_LAUNCH_CHECK();
 }
 
-// The shipped forward: kFwd's shape, with kFwd.packs2 packs for 2-byte types.
+// The shipped forward: kFwd's shape, with kFwd.packs2 packs for 2-byte types and, for
+// doubles, twice kFwd.packs4 (the elements per thread of float, as PyTorch does).
 template <typename T>
 constexpr int fwd_packs() {
-  return sizeof(T) == 2 ? kFwd.packs2 : kFwd.packs4;
+  return sizeof(T) == 2 ? kFwd.packs2 : sizeof(T) == 8 ? 2 * kFwd.packs4 : kFwd.packs4;
 }
 
 template <typename T, typename Op>
