@@ -18,14 +18,16 @@ export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1
 
 bash benchmarks/gpu_kernels.sh > "$OUT/kernels_run.log" 2>&1
 kernels=$?
-python3 -m pytest -q -m gpu -p no:cacheprovider tests --ignore=tests/kernels \
-  --ignore=tests/parallel > "$OUT/gpu_tests.log" 2>&1
+{ python3 -m pytest -q -m gpu -p no:cacheprovider tests --ignore=tests/kernels &&
+  python3 -m pytest -q -p no:cacheprovider tests/io tests/layers/test_data.py; } \
+  > "$OUT/gpu_tests.log" 2>&1
 tests=$?
 python3 benchmarks/data_pipeline.py --device cuda --train --save "$OUT/data_pipeline.md" \
   > "$OUT/data_pipeline.log" 2>&1
 data=$?
 
 tail -n 5 "$OUT/gpu_kernels.log" "$OUT/gpu_tests.log"
-cat "$OUT/kernels.md" "$OUT/data_pipeline.md" 2>/dev/null || tail -n 30 "$OUT/data_pipeline.log"
+tail -n 25 "$OUT/fwd_variants.md" 2>/dev/null
+cat "$OUT/data_pipeline.md" 2>/dev/null || tail -n 30 "$OUT/data_pipeline.log"
 echo "exit: kernels $kernels, gpu tests $tests, data pipeline $data"
 [ "$kernels" -eq 0 ] && [ "$tests" -eq 0 ] && [ "$data" -eq 0 ]
