@@ -12,22 +12,15 @@ from collections.abc import Sequence
 
 import numpy as np
 
+from . import wire
+
 
 def raw_prefix(shape: Sequence[int]) -> np.ndarray:
     """What Caffe's serializer writes before the pixels of a raw (C, H, W) uint8 record."""
     c, h, w = shape
-    prefix = b"".join((b"\x08", _varint(c), b"\x10", _varint(h), b"\x18", _varint(w),
-                       b"\x22", _varint(c * h * w)))
+    prefix = b"".join((b"\x08", wire.varint(c), b"\x10", wire.varint(h), b"\x18",
+                       wire.varint(w), b"\x22", wire.varint(c * h * w)))
     return np.frombuffer(prefix, np.uint8)
-
-
-def _varint(value: int) -> bytes:
-    out = bytearray()
-    while value > 0x7F:
-        out.append((value & 0x7F) | 0x80)
-        value >>= 7
-    out.append(value)
-    return bytes(out)
 
 
 def raw_chunk(values: Sequence[bytes], prefix: np.ndarray, shape: tuple[int, int, int]
