@@ -60,11 +60,20 @@ def _fusable_scale(layers: list[nn.Module], i: int) -> int | None:
     if len(bn.bottom_shapes[0]) < 2 or any(w != 0 for w in spec.loss_weight):
         return None
     top = spec.top[0]
+    j = first_user(layers, i, top)
+    return j if j is not None and _is_plain_affine(layers[j], top, bn.channels) else None
+
+
+def first_user(layers: list[nn.Module], i: int, blob: str) -> int | None:
+    """The index of the first layer after layer i that reads or writes ``blob``, or None.
+
+    A fusion pass may only fold layer i's work into that layer: anything between them would
+    see the blob without it.
+    """
     for j in range(i + 1, len(layers)):
-        later = layers[j].spec
-        if top not in later.bottom and top not in later.top:
-            continue
-        return j if _is_plain_affine(layers[j], top, bn.channels) else None
+        spec = layers[j].spec
+        if blob in spec.bottom or blob in spec.top:
+            return j
     return None
 
 
