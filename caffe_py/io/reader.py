@@ -4,6 +4,11 @@ A *stream* is one Data layer (phase, layer name) read by every replica that atta
 stream has its own read position; record ``g`` of the stream (counted from its origin, wrapping
 at the end of the database) goes to replica ``g % N``, so replica i of N gets records i, i+N,
 i+2N, ... and one iteration of N replicas of batch B reads exactly the next N x B records.
+A pool can also serve a slice of a larger round-robin (several hosts, one pool each):
+``ReaderPool(replicas=n, replica_offset=k, total_replicas=G)`` holds global replicas k .. k+n-1
+of G; record g goes to global replica ``g % G``, and records of the other pools' replicas are
+read and skipped (never queued), so the G replicas of all pools together get exactly what one
+pool of G replicas hands out.
 
 One thread per database serves every stream of that database: it reads the LMDB in key order a
 chunk at a time, decodes the chunk (raw records by a few numpy operations for the whole chunk)
@@ -176,6 +181,8 @@ class _Stream:
     cache: _Cache | None = None
 
     order: list[int] = field(default_factory=list)  # the replicas, in round-robin order
+    offset: int = 0  # the global round-robin slot of local slot 0 (several pools)
+    total: int = 0  # slots of the whole round-robin (0: this pool's replicas only)
     raw_prefix: np.ndarray | None = None  # what every raw record of record_shape starts with
     size: int = 0  # values per record, C x H x W
 
@@ -183,18 +190,24 @@ class _Stream:
         c, h, w = self.record_shape
         self.size = c * h * w
 
+    @property
+    def step(self) -> int:
+        """Records between two of one replica's records: every pool's replicas together."""
+        return self.total or len(self.order)
+
     def first_index(self, slot: int, position: int) -> int:
         """How far after ``position`` the first record replica slot ``slot`` takes lies."""
-        n = len(self.order)
-        j = (slot - position) % n
+        n = self.step
+        j = (self.offset + slot - position) % n
         if position + j < self.starts[slot]:  # before this replica's start (a resume)
             j += -(-(self.starts[slot] - position - j) // n) * n
         return j
 
     def readable(self, limit: int) -> int:
         """How many records from ``position`` on can be read now: up to the first one whose
-        queue is full (records before a replica's start take no room), at most ``limit``."""
-        n = len(self.order)
+        queue is full (records before a replica's start take no room, nor do other pools'
+        records, which are skipped), at most ``limit``."""
+        n = self.step
         for slot, replica in enumerate(self.order):
             queue = self.queues[replica]
             limit = min(limit, self.first_index(slot, self.position)
@@ -202,10 +215,15 @@ class _Stream:
         return limit
 
     def state(self) -> dict[str, Any]:
-        n = len(self.queues)
-        starts = self.starts or list(range(n))
+        """Global positions: ``next[s]`` is the next record of global replica offset + s of
+        ``replicas`` (``offset`` only saved when this pool is a slice of a larger round-robin)."""
+        n = self.total or len(self.queues)
+        starts = self.starts or [self.offset + s for s in range(len(self.queues))]
         nxt = [starts[s] + n * self.queues[r].consumed for s, r in enumerate(sorted(self.queues))]
-        return {"replicas": n, "origin": self.origin, "next": nxt}
+        out: dict[str, Any] = {"replicas": n, "origin": self.origin, "next": nxt}
+        if self.offset or len(nxt) != n:
+            out["offset"] = self.offset
+        return out
 
 
 class _Cache:
@@ -335,7 +353,7 @@ class _Source:
             if cache is not None:
                 cache.store(index, keys, pixels, labels)
         done = len(labels)
-        first, n = stream.position, len(stream.order)
+        first, n = stream.position, stream.step
         with self.cond:
             for slot, replica in enumerate(stream.order):
                 j = stream.first_index(slot, first)
@@ -409,10 +427,18 @@ class ReaderPool:
     leaving the ``with`` block) stops and joins every thread.
     """
 
-    def __init__(self, replicas: int = 1):
+    def __init__(self, replicas: int = 1, *, replica_offset: int = 0,
+                 total_replicas: int | None = None):
         if replicas < 1:
             raise ValueError(f"replicas must be >= 1, got {replicas}")
+        total = replicas if total_replicas is None else total_replicas
+        if replica_offset < 0 or replica_offset + replicas > total:
+            raise ValueError(f"replicas {replica_offset}..{replica_offset + replicas - 1} do not "
+                             f"fit in total_replicas {total}")
         self.replicas = replicas
+        self.replica_offset = replica_offset
+        self.total_replicas = total
+        """Global replica ``replica_offset + i`` of ``total_replicas`` is local replica i."""
         self._stop = threading.Event()
         self._sources: dict[str, _Source] = {}
         self._feeds: list[Any] = []
@@ -432,7 +458,8 @@ class ReaderPool:
         src = self._sources.setdefault(source, _Source(source, self._stop))
         st = src.streams.get(stream)
         if st is None:
-            st = src.streams[stream] = _Stream(stream, color, tuple(record_shape), np.dtype(dtype))
+            st = src.streams[stream] = _Stream(stream, color, tuple(record_shape), np.dtype(dtype),
+                                               offset=self.replica_offset)
             if rand_skip:  # Caffe skips up to rand_skip records once at the start
                 st.origin = int(np.random.default_rng(seed).integers(0, rand_skip + 1))
         if replica in st.queues:
@@ -485,7 +512,7 @@ class ReaderPool:
                 if st is None:
                     raise DataError(f"{path}: the saved data state has stream {name}, which no "
                                     "attached Data layer reads; resume with the same nets")
-                _restore(st, saved, path)
+                _restore(st, saved, path, self.total_replicas)
 
     # --- lifetime -----------------------------------------------------------------------------
     def start(self) -> None:
@@ -496,8 +523,15 @@ class ReaderPool:
             for src in self._sources.values():
                 for st in src.streams.values():
                     st.order = sorted(st.queues)
+                    if self.total_replicas != self.replicas:
+                        if len(st.order) != self.replicas:
+                            raise DataError(
+                                f"{src.path}: stream {st.name} has {len(st.order)} of this "
+                                f"pool's {self.replicas} replicas attached; a slice of a larger "
+                                "round-robin needs all of them (the others would block)")
+                        st.total = self.total_replicas
                     if not st.starts:
-                        st.starts = list(range(len(st.queues)))
+                        st.starts = [st.offset + s for s in range(len(st.queues))]
                     if st.dtype == np.uint8:
                         st.raw_prefix = raw_prefix(st.record_shape)
                 src.start()
@@ -538,21 +572,24 @@ class ReaderPool:
                 yield feed.thread
 
 
-def _restore(st: _Stream, saved: dict[str, Any], path: str) -> None:
+def _restore(st: _Stream, saved: dict[str, Any], path: str, total: int) -> None:
+    """Positions from a saved state; ``total`` is this pool's whole round-robin."""
     n, saved_n = len(st.queues), int(saved["replicas"])
     nxt = [int(v) for v in saved["next"]]
-    if saved_n == n:
-        st.origin, st.starts = int(saved["origin"]), nxt
+    saved_offset = int(saved.get("offset", 0))
+    lo = st.offset - saved_offset
+    if saved_n == total and 0 <= lo and lo + n <= len(nxt):  # the same round-robin: our slice
+        st.origin, st.starts = int(saved["origin"]), nxt[lo:lo + n]
         return
-    consumed = {(p - slot) // saved_n for slot, p in enumerate(nxt)}
+    consumed = {(p - saved_offset - slot) // saved_n for slot, p in enumerate(nxt)}
     if len(consumed) != 1:
         raise DataError(f"{path}: the saved data state of {st.name} is for {saved_n} replicas "
-                        f"that had read unequal amounts, and this run has {n}; resume with "
-                        f"{saved_n} devices")
-    # Everything before position saved_n x consumed was read: continue from there with the
-    # new round-robin.
+                        f"that had read unequal amounts, and this run has {total}; resume "
+                        f"with {saved_n} devices")
+    # Everything before position saved_n x consumed was read (replicas run in lockstep, so
+    # one pool's slice stands for all of them): continue from there with the new round-robin.
     st.origin = int(saved["origin"]) + saved_n * consumed.pop()
-    st.starts = list(range(n))
+    st.starts = [st.offset + s for s in range(n)]
 
 
 _open_pools: weakref.WeakSet[ReaderPool] = weakref.WeakSet()

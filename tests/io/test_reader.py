@@ -385,3 +385,77 @@ def test_passes_after_the_first_equal_it_with_or_without_the_cache(tmp_path, mon
     for replica in range(2):
         indices = [(3 + replica + 2 * k) % 11 for k in range(30)]
         assert got[replica] == [(i, i, b"%08d" % i) for i in indices]
+
+
+# --- a slice of a larger round-robin (one pool per host) -------------------------------------
+@pytest.mark.parametrize("local, total", [(1, 2), (2, 4), (1, 3), (2, 6)])
+def test_pools_of_slices_hand_out_what_one_pool_of_all_replicas_does(tmp_path, local, total):
+    """Pool k of total/local holds global replicas k*local ..: replica g gets g, g+G, ...
+    (wrapping at 7 records), and the others' records are skipped, never queued."""
+    db = make_db(tmp_path / "db", 7)
+    got = {}
+    for offset in range(0, total, local):
+        with ReaderPool(replicas=local, replica_offset=offset, total_replicas=total) as pool:
+            queues = [subscribe(pool, db, replica=i, prefetch=3) for i in range(local)]
+            pool.start()
+            for i, q in enumerate(queues):
+                got[offset + i] = labels(q, 5)
+    assert got == {g: [(g + total * k) % 7 for k in range(5)] for g in range(total)}
+
+
+def test_a_slice_must_fit_in_the_total():
+    with pytest.raises(ValueError, match=r"replicas 3..4 do not fit in total_replicas 4"):
+        ReaderPool(replicas=2, replica_offset=3, total_replicas=4)
+
+
+def test_a_slice_needs_every_local_replica_attached(tmp_path):
+    db = make_db(tmp_path / "db", 7)
+    with ReaderPool(replicas=2, replica_offset=2, total_replicas=4) as pool:
+        subscribe(pool, db, replica=0)
+        with pytest.raises(DataError, match="has 1 of this pool's 2 replicas attached"):
+            pool.start()
+
+
+def test_slice_state_is_global_and_resumes_in_any_layout(tmp_path):
+    """Two pools of 2 of 4 replicas save global positions; the second pool's state resumes a
+    slice, and one pool of 4 or of 1 replica, at the same record."""
+    db = make_db(tmp_path / "db", 40)
+    states = []
+    for offset in (0, 2):
+        layers = [data_layer(db, batch_size=2) for _ in range(2)]
+        with ReaderPool(replicas=2, replica_offset=offset, total_replicas=4) as pool:
+            for i, layer in enumerate(layers):
+                pool.attach(FakeNet(layer), replica=i)
+            pool.start()
+            run(layers, 3)  # 3 batches of 2 per replica: 24 records of the 4 replicas
+            states.append(pool.state())
+    assert states[0][db]["TRAIN/data"] == {"replicas": 4, "origin": 0, "next": [24, 25],
+                                           "offset": 0}
+    assert states[1][db]["TRAIN/data"] == {"replicas": 4, "origin": 0, "next": [26, 27],
+                                           "offset": 2}
+    # the slice of rank 1 resumed from rank 0's state (what a resumed run on two hosts does)
+    layers = [data_layer(db, batch_size=2) for _ in range(2)]
+    with ReaderPool(replicas=2, replica_offset=2, total_replicas=4) as pool:
+        for i, layer in enumerate(layers):
+            pool.attach(FakeNet(layer), replica=i)
+        pool.load_state(states[0])
+        pool.start()
+        assert [layer()[1].tolist() for layer in layers] == [[26, 30], [27, 31]]
+    single = data_layer(db, batch_size=4)
+    with ReaderPool() as pool:
+        pool.attach(FakeNet(single))
+        pool.load_state(states[1])
+        pool.start()
+        assert single()[1].tolist() == [24, 25, 26, 27]
+
+
+def test_a_slice_resumes_its_part_of_a_one_pool_state(tmp_path):
+    db = make_db(tmp_path / "db", 40)
+    state = {db: {"TRAIN/data": {"replicas": 4, "origin": 0, "next": [8, 9, 14, 11]}}}
+    layers = [data_layer(db, batch_size=1) for _ in range(2)]
+    with ReaderPool(replicas=2, replica_offset=2, total_replicas=4) as pool:
+        for i, layer in enumerate(layers):
+            pool.attach(FakeNet(layer), replica=i)
+        pool.load_state(state)
+        pool.start()
+        assert [layer()[1].tolist() for layer in layers] == [[14], [11]]
