@@ -18,11 +18,12 @@ The markdown table goes to stdout, and to $OUT/kernels.md when OUT is set (or --
 
     python benchmarks/activations.py --variants
 
-instead builds the forward launch sweep (caffe_py/kernels/variants.py) and times ReLU forward
-(float32 and bfloat16, 64 and 256 MB) for every variant, the shipped kernel, torch.relu and
-x.copy_, interleaved over rounds (medians; inputs rotate among 3 buffers so L2 cannot help),
-checks each variant's output against torch.relu, and prints the kFwd line of
-caffe_py/kernels/csrc/common.cuh that wins (report: $OUT/fwd_variants.md).
+instead builds the forward launch sweep (caffe_py/kernels/variants.py) and times the forward
+(float32 and bfloat16, 64 and 256 MB) of ReLU for each of the 54 kFwd variants, and of ELU,
+Sigmoid and TanH for each of the 12 kFwdMath variants, with the shipped kernel, PyTorch's op
+and x.copy_, interleaved over rounds (medians; inputs rotate among 3 buffers so L2 cannot
+help); it checks each variant's output against PyTorch first, and prints the kFwd and kFwdMath
+lines of caffe_py/kernels/csrc/common.cuh that win (report: $OUT/fwd_variants.md).
 """
 from __future__ import annotations
 
@@ -306,13 +307,49 @@ def net_rows(resnet_batch: int) -> list[list[str]]:
     return rows
 
 
-def sweep_case(module, variants, ext, dtype: torch.dtype, mb: int, rounds: int,
-               iters: int) -> tuple[dict[str, float], dict[str, bool], float]:
-    """ReLU forward at one dtype and size: (seconds per call by name, output ok by name, bytes).
+@dataclass(frozen=True)
+class SweepOp:
+    """One forward op of the sweep: its kind and parameter for the kernels, PyTorch's op, and
+    the launch of common.cuh its variants compete for."""
 
-    Names are the variants' names plus "shipped", "torch.relu" and "x.copy_". Each round times
-    every candidate once, in an order rotated by one per round, ``iters`` calls between two
-    events; the result is the median over rounds.
+    name: str
+    kind: int
+    p: float
+    torch_name: str
+    torch_fn: Callable[[torch.Tensor], torch.Tensor]
+    launch: str  # "kFwd" (ReLU grid, outputs exactly torch's) or "kFwdMath" (math grid)
+
+    def variant(self, module, i: int, x: torch.Tensor, y: torch.Tensor) -> None:
+        if self.launch == "kFwd":
+            module.relu(x, y, i)
+        else:
+            module.math(x, y, self.kind, self.p, i)
+
+    def ok(self, got: torch.Tensor, x: torch.Tensor) -> bool:
+        """ReLU: exactly torch.relu. Math ops: within the GPU tests' tolerance of one rounding
+        to the dtype (tests/kernels/test_cuda_kernels.py TOL) of the op in double."""
+        if self.launch == "kFwd":
+            return bool(torch.equal(got, self.torch_fn(x)))
+        rtol, atol = SWEEP_TOL[x.dtype]
+        return bool(torch.allclose(got.double(), self.torch_fn(x.double()), rtol=rtol,
+                                   atol=atol, equal_nan=True))
+
+
+SWEEP_TOL = {torch.float32: (1e-6, 1e-6), torch.bfloat16: (8e-3, 1e-3)}
+SWEEP_OPS = [SweepOp("ReLU", ref.RELU, 0.0, "torch.relu", torch.relu, "kFwd"),
+             SweepOp("ELU", ref.ELU, 1.0, "F.elu", F.elu, "kFwdMath"),
+             SweepOp("Sigmoid", ref.SIGMOID, 0.0, "torch.sigmoid", torch.sigmoid, "kFwdMath"),
+             SweepOp("TanH", ref.TANH, 0.0, "torch.tanh", torch.tanh, "kFwdMath")]
+
+
+def sweep_case(op: SweepOp, module, variants, ext, dtype: torch.dtype, mb: int, rounds: int,
+               iters: int) -> tuple[dict[str, float], dict[str, bool], float]:
+    """One op's forward at one dtype and size: (seconds per call by name, output ok by name,
+    bytes).
+
+    Names are the variants' names plus "shipped", the torch op's name and "x.copy_". Each
+    round times every candidate once, in an order rotated by one per round, ``iters`` calls
+    between two events; the result is the median over rounds.
     """
     esize = torch.empty((), dtype=dtype).element_size()
     n = mb * 2 ** 20 // esize
@@ -320,17 +357,17 @@ def sweep_case(module, variants, ext, dtype: torch.dtype, mb: int, rounds: int,
     xs = [torch.randn(n, device="cuda", generator=gen).to(dtype) for _ in range(3)]
     y = torch.empty_like(xs[0])
     cands: dict[str, Callable[[torch.Tensor], object]] = {
-        "torch.relu": torch.relu, "x.copy_": y.copy_,
-        "shipped": lambda x: ext.act_forward(x, y, ref.RELU, 0.0)}
+        op.torch_name: op.torch_fn, "x.copy_": y.copy_,
+        "shipped": lambda x: ext.act_forward(x, y, op.kind, op.p)}
     for i, v in enumerate(variants):
-        cands[v.name] = lambda x, i=i: module.relu(x, y, i)
+        cands[v.name] = lambda x, i=i: op.variant(module, i, x, y)
     ok = {}
-    for name, fn in cands.items():  # each writes y (or returns) relu(xs[0]) exactly
+    for name, fn in cands.items():  # each writes y (or returns) op(xs[0])
         if name == "x.copy_":
             continue
         y.fill_(float("nan"))
         out = fn(xs[0])
-        ok[name] = bool(torch.equal(out if name == "torch.relu" else y, torch.relu(xs[0])))
+        ok[name] = op.ok(out if name == op.torch_name else y, xs[0])
     names = list(cands)
     samples: dict[str, list[float]] = {name: [] for name in names}
     start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
@@ -349,59 +386,85 @@ def sweep_case(module, variants, ext, dtype: torch.dtype, mb: int, rounds: int,
 
 
 def run_variants(rounds: int, iters: int, sizes_mb: list[int]) -> list[str]:
-    """The forward sweep's report lines (markdown), ending with the kFwd to ship."""
+    """The forward sweep's report lines (markdown), ending with the kFwd and kFwdMath to ship."""
     ext = build.load()
     t0 = time.perf_counter()
     try:
-        module, variants = fwd_variants.load()
+        module, relu_variants, math_variants = fwd_variants.load()
     except Exception as exc:  # compiler errors: one line, then the build log has the rest
         sys.exit(f"Error: building the sweep module failed: {build._first_error(exc)}")
-    lines = [f"# Forward launch sweep: ReLU, {torch.cuda.get_device_name()}", "",
+    grids = {"kFwd": relu_variants, "kFwdMath": math_variants}
+    lines = [f"# Forward launch sweep: {torch.cuda.get_device_name()}", "",
              f"- torch {torch.__version__}, CUDA {torch.version.cuda}; sweep module built or "
-             f"loaded in {time.perf_counter() - t0:.1f} s; {len(variants)} variants, "
+             f"loaded in {time.perf_counter() - t0:.1f} s; ReLU over {len(relu_variants)} "
+             f"variants (kFwd), ELU, Sigmoid and TanH over {len(math_variants)} (kFwdMath); "
              f"{rounds} interleaved rounds of {iters} calls, median", "",
-             "GB/s counts bytes read + written; `vs torch` is torch.relu's time / this one's "
-             "(> 1.00x: faster); `ok` is an exact match with torch.relu.", ""]
-    current = fwd_variants.shipped()
-    ratios, summary, shipped_ratios = {}, [], []
-    for dtype in (torch.float32, torch.bfloat16):
-        esize = torch.empty((), dtype=dtype).element_size()
-        for mb in sizes_mb:
-            secs, ok, nbytes = sweep_case(module, variants, ext, dtype, mb, rounds, iters)
-            torch.cuda.empty_cache()  # that case's buffers are gone with the call
-            base = secs["torch.relu"]
-            rows = sorted(secs, key=secs.get)
-            lines += [f"## {str(dtype)[6:]} {mb} MB", "",
-                      table(["launch", "GB/s", "vs torch", "vs copy", "ok"],
-                            [[name, f"{nbytes / secs[name] / 1e9:.0f}",
-                              f"{base / secs[name]:.3f}x", f"{secs['x.copy_'] / secs[name]:.1%}",
-                              "-" if name == "x.copy_" else ("yes" if ok[name] else "WRONG")]
-                             for name in rows]), ""]
-            for v in variants:
-                if ok[v.name]:
-                    ratios[(esize, mb, v)] = base / secs[v.name]
-            win = next((n for n in rows if ok.get(n) and n not in ("torch.relu", "shipped")),
-                       "(none correct)")
-            shipped_ratios.append(base / secs["shipped"])
-            summary.append(f"- {str(dtype)[6:]} {mb} MB: fastest {win} "
-                           f"{base / secs.get(win, float('inf')):.3f}x torch.relu; shipped kernel "
-                           f"{base / secs['shipped']:.3f}x; x.copy_ {base / secs['x.copy_']:.3f}x"
-                           + ("" if all(ok.values()) else "; WRONG outputs: " +
-                              ", ".join(n for n, good in ok.items() if not good)))
+             "GB/s counts bytes read + written; `vs torch` is the torch op's time / this one's "
+             "(> 1.00x: faster); `ok`: ReLU matches torch.relu exactly, the math ops are within "
+             "the GPU tests' tolerance of the op in double.", ""]
+    ratios: dict[str, dict] = {name: {} for name in grids}
+    shipped_ratios: dict[str, list[float]] = {name: [] for name in grids}
+    summary: dict[str, list[str]] = {name: [] for name in grids}
+    for op in SWEEP_OPS:
+        variants = grids[op.launch]
+        for dtype in (torch.float32, torch.bfloat16):
+            esize = torch.empty((), dtype=dtype).element_size()
+            for mb in sizes_mb:
+                secs, ok, nbytes = sweep_case(op, module, variants, ext, dtype, mb, rounds,
+                                              iters)
+                torch.cuda.empty_cache()  # that case's buffers are gone with the call
+                base = secs[op.torch_name]
+                rows = sorted(secs, key=secs.get)
+                lines += [f"## {op.name} {str(dtype)[6:]} {mb} MB", "",
+                          table(["launch", "GB/s", "vs torch", "vs copy", "ok"],
+                                [[name, f"{nbytes / secs[name] / 1e9:.0f}",
+                                  f"{base / secs[name]:.3f}x",
+                                  f"{secs['x.copy_'] / secs[name]:.1%}",
+                                  "-" if name == "x.copy_" else
+                                  ("yes" if ok[name] else "WRONG")] for name in rows]), ""]
+                for v in variants:
+                    if ok[v.name]:
+                        ratios[op.launch][(esize, (op.name, mb), v)] = base / secs[v.name]
+                win = next((n for n in rows if ok.get(n) and n not in (op.torch_name,
+                                                                       "shipped")),
+                           "(none correct)")
+                shipped_ratios[op.launch].append(base / secs["shipped"])
+                summary[op.launch].append(
+                    f"- {op.name} {str(dtype)[6:]} {mb} MB: fastest {win} "
+                    f"{base / secs.get(win, float('inf')):.3f}x {op.torch_name} "
+                    f"({secs['x.copy_'] / secs.get(win, float('inf')):.1%} of copy); shipped "
+                    f"{base / secs['shipped']:.3f}x ({secs['x.copy_'] / secs['shipped']:.1%} of "
+                    f"copy); x.copy_ {base / secs['x.copy_']:.3f}x"
+                    + ("" if all(ok.values()) else "; WRONG outputs: " +
+                       ", ".join(n for n, good in ok.items() if not good)))
+    lines += ["## Verdict", ""]
+    for name in grids:
+        lines += verdict(name, ratios[name], shipped_ratios[name], summary[name])
+    return lines
+
+
+def verdict(name: str, ratios: dict, shipped_ratios: list[float],
+            summary: list[str]) -> list[str]:
+    """The verdict lines for one launch of common.cuh (kFwd or kFwdMath)."""
+    ops = "ReLU" if name == "kFwd" else "ELU, Sigmoid, TanH"
+    if not ratios:
+        return [f"### {name} ({ops})", "", *summary, "",
+                f"- no variant of {name} was correct: keep the shipped line", ""]
     best, worst = fwd_variants.choose(ratios)
+    current = fwd_variants.shipped(name=name)
     cur_worst = min(shipped_ratios)  # the shipped module's own kernel, timed alongside
-    lines += ["## Verdict", "", *summary, "",
-              f"- best launch over all cases (worst case {worst:.3f}x torch.relu): "
-              f"`{best.line()}`",
-              f"- shipped launch (worst case {cur_worst:.3f}x): `{current.line()}`"]
+    lines = [f"### {name} ({ops})", "", *summary, "",
+             f"- best launch over all cases (worst case {worst:.3f}x PyTorch's op): "
+             f"`{best.line(name)}`",
+             f"- shipped launch (worst case {cur_worst:.3f}x): `{current.line(name)}`"]
     if best == current or worst - cur_worst < 0.005 or cur_worst >= 0.995:
-        lines.append("- KEEP the shipped kFwd (within 0.5% of torch.relu or of the best).")
+        lines.append(f"- KEEP the shipped {name} (within 0.5% of PyTorch's op or of the best).")
     else:
-        lines.append(f"- SET in caffe_py/kernels/csrc/common.cuh: `{best.line()}` "
+        lines.append(f"- SET in caffe_py/kernels/csrc/common.cuh: `{best.line(name)}` "
                      f"(+{(worst - cur_worst) * 100:.1f} points in the worst case).")
-    verdict = "meets" if worst >= 0.995 else "misses"
-    lines.append(f"- the best launch {verdict} 'never slower than torch.relu' "
-                 f"(0.5% timing tolerance).")
+    meets = "meets" if worst >= 0.995 else "misses"
+    lines += [f"- the best launch {meets} 'never slower than PyTorch's op' "
+              f"(0.5% timing tolerance).", ""]
     return lines
 
 

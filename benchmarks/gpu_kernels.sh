@@ -6,8 +6,9 @@
 # 1. builds the extension for sm_90 only (H100/H200; set TORCH_CUDA_ARCH_LIST for others),
 # 2. runs the GPU tests (pytest -m gpu tests/kernels),
 # 3. runs the benchmark, whose markdown report also lands in $OUT/kernels.md when OUT is set,
-# 4. runs the forward launch sweep (activations.py --variants; its module builds in the
-#    background during steps 1-3): $OUT/fwd_variants.md ends with the kFwd line to ship.
+# 4. runs the forward launch sweep (activations.py --variants: ReLU over kFwd's 54 launches,
+#    ELU, Sigmoid and TanH over kFwdMath's 12; its module builds in the background during
+#    steps 1-3): $OUT/fwd_variants.md ends with the kFwd and kFwdMath lines to ship.
 #    VARIANTS=0 skips it.
 # The package need not be installed (PYTHONPATH points here). Exits non-zero if the build or
 # a test failed; the benchmark still runs after failed tests, so both results come back.

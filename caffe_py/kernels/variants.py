@@ -1,10 +1,12 @@
 """The forward launch sweep: every variant of csrc/fwd_variants.h, built as its own extension.
 
-The shipped module holds one forward launch, ``kFwd`` in csrc/common.cuh (threads per block,
-16-byte packs per thread for 4-byte and 2-byte types, load and store flavours).
-``benchmarks/activations.py --variants`` builds this second module (only then), times ReLU
-forward for every variant against torch.relu and x.copy_, and uses :func:`choose` to print
-the ``kFwd`` line to put in common.cuh: the launch whose worst case against torch.relu is best.
+The shipped module holds two forward launches in csrc/common.cuh (threads per block, 16-byte
+packs per thread for 4-byte and 2-byte types, load and store flavours): ``kFwd`` for ReLU and
+leaky ReLU, ``kFwdMath`` for ELU, Sigmoid and TanH. ``benchmarks/activations.py --variants``
+builds this second module (only then), times ReLU forward over the full grid and the three
+math ops over a smaller one against PyTorch's ops and x.copy_, and uses :func:`choose` to
+print the line of each launch to put in common.cuh: the launch whose worst case against
+PyTorch is best.
 """
 from __future__ import annotations
 
@@ -16,11 +18,11 @@ from types import ModuleType
 from . import build
 
 NAME = "caffe_py_fwd_variants"
-SOURCES = ("fwd_variants.cpp", "fwd_variants_f32.cu", "fwd_variants_bf16.cu")
+SOURCES = ("fwd_variants.cpp", "fwd_variants_f32.cu", "fwd_variants_bf16.cu",
+           "fwd_variants_math_f32.cu", "fwd_variants_math_bf16.cu")
+LAUNCHES = ("kFwd", "kFwdMath")  # the FwdConfig lines of common.cuh
 LOADS = ("kPlain", "kNc", "kCs")  # Ld in common.cuh, in its numbering
 STORES = ("kPlain", "kCs", "kCg")  # St in common.cuh
-_KFWD = re.compile(r"^constexpr FwdConfig kFwd\{(\d+), (\d+), (\d+), Ld::(\w+), St::(\w+)\};$",
-                   re.MULTILINE)
 
 
 @dataclass(frozen=True)
@@ -40,7 +42,8 @@ class Variant:
 
 @dataclass(frozen=True)
 class FwdConfig:
-    """common.cuh's kFwd: packs4 for 4-byte types (doubles: twice), packs2 for 2-byte types."""
+    """A launch of common.cuh (kFwd, kFwdMath): packs4 for 4-byte types (doubles: twice),
+    packs2 for 2-byte types."""
 
     threads: int
     packs4: int
@@ -48,9 +51,9 @@ class FwdConfig:
     load: str
     store: str
 
-    def line(self) -> str:
-        """The C++ line of common.cuh that sets this launch."""
-        return f"constexpr FwdConfig kFwd{{{self.threads}, {self.packs4}, {self.packs2}, " \
+    def line(self, name: str = "kFwd") -> str:
+        """The C++ line of common.cuh that sets this launch as ``name``."""
+        return f"constexpr FwdConfig {name}{{{self.threads}, {self.packs4}, {self.packs2}, " \
                f"Ld::{self.load}, St::{self.store}}};"
 
     def variant(self, itemsize: int) -> Variant:
@@ -59,17 +62,20 @@ class FwdConfig:
         return Variant(self.threads, packs, self.load, self.store)
 
 
-def shipped(common: Path = build.CSRC / "common.cuh") -> FwdConfig:
-    """The kFwd line of common.cuh as it is now."""
-    match = _KFWD.search(common.read_text())
+def shipped(common: Path = build.CSRC / "common.cuh", name: str = "kFwd") -> FwdConfig:
+    """The launch ``name`` (one of LAUNCHES) of common.cuh as it is now."""
+    pattern = rf"^constexpr FwdConfig {re.escape(name)}" \
+              r"\{(\d+), (\d+), (\d+), Ld::(\w+), St::(\w+)\};$"
+    match = re.search(pattern, common.read_text(), re.MULTILINE)
     if match is None:
-        raise ValueError(f"{common}: no line `constexpr FwdConfig kFwd{{...}};` to read")
+        raise ValueError(f"{common}: no line `constexpr FwdConfig {name}{{...}};` to read")
     t, p4, p2, ld, st = match.groups()
     return FwdConfig(int(t), int(p4), int(p2), ld, st)
 
 
-def load(verbose: bool = False) -> tuple[ModuleType, list[Variant]]:
-    """Build (or load the cached) sweep module: (module, variants by id)."""
+def load(verbose: bool = False) -> tuple[ModuleType, list[Variant], list[Variant]]:
+    """Build (or load the cached) sweep module: (module, ReLU variants by id, math variants by
+    id)."""
     from torch.utils import cpp_extension
 
     directory = build.build_dir() / "fwd_variants"
@@ -78,14 +84,16 @@ def load(verbose: bool = False) -> tuple[ModuleType, list[Variant]]:
         name=NAME, sources=[str(build.CSRC / s) for s in SOURCES], extra_cflags=["-O3"],
         extra_cuda_cflags=list(build.NVCC_FLAGS), build_directory=str(directory),
         verbose=verbose)
-    variants = [Variant(t, p, LOADS[ld], STORES[st]) for t, p, ld, st in module.variants()]
-    return module, variants
+    relu = [Variant(t, p, LOADS[ld], STORES[st]) for t, p, ld, st in module.variants()]
+    math = [Variant(t, p, LOADS[ld], STORES[st]) for t, p, ld, st in module.math_variants()]
+    return module, relu, math
 
 
-def choose(ratios: dict[tuple[int, int, Variant], float]) -> tuple[FwdConfig, float]:
-    """The kFwd whose worst ratio (variant time vs torch.relu's, >1 is faster) is best.
+def choose(ratios: dict[tuple[int, object, Variant], float]) -> tuple[FwdConfig, float]:
+    """The launch whose worst ratio (variant time vs PyTorch's op's, >1 is faster) is best.
 
-    ``ratios`` maps (itemsize, megabytes, variant) to a speed ratio. threads, load and store
+    ``ratios`` maps (itemsize, case, variant) to a speed ratio; a case is any label of one
+    measurement at that item size (megabytes, or (op, megabytes)). threads, load and store
     are shared by all dtypes, the packs per thread are chosen per item size (4 or 2 bytes).
     Returns the launch and its worst ratio over all measured cases.
     """

@@ -1,5 +1,5 @@
-"""The forward launch sweep: reading and writing common.cuh's kFwd line, the choice of the
-launch to ship from measured ratios, and (with CUDA) every variant's output."""
+"""The forward launch sweep: reading and writing common.cuh's kFwd and kFwdMath lines, the
+choice of the launch to ship from measured ratios, and (with CUDA) every variant's output."""
 from __future__ import annotations
 
 import pytest
@@ -9,11 +9,16 @@ from caffe_py.kernels import build, variants
 from caffe_py.kernels.variants import FwdConfig, Variant
 
 
-def test_shipped_reads_the_kfwd_line_of_common_cuh():
+def test_shipped_reads_the_kfwd_and_kfwdmath_lines_of_common_cuh():
+    text = (build.CSRC / "common.cuh").read_text().splitlines()
     config = variants.shipped()
-    assert config == FwdConfig(128, 2, 1, "kPlain", "kPlain")
-    text = (build.CSRC / "common.cuh").read_text()
-    assert config.line() in text.splitlines()
+    assert config == FwdConfig(256, 1, 1, "kCs", "kCs")
+    assert config.line() in text
+    math = variants.shipped(name="kFwdMath")
+    assert math == FwdConfig(128, 2, 4, "kPlain", "kPlain")
+    assert math.line("kFwdMath") == \
+        "constexpr FwdConfig kFwdMath{128, 2, 4, Ld::kPlain, St::kPlain};"
+    assert math.line("kFwdMath") in text
 
 
 def test_shipped_without_the_line_names_the_file(tmp_path):
@@ -21,6 +26,10 @@ def test_shipped_without_the_line_names_the_file(tmp_path):
     header.write_text("constexpr int kThreads = 128;\n")
     with pytest.raises(ValueError, match=r"common\.cuh: no line `constexpr FwdConfig kFwd"):
         variants.shipped(header)
+    header.write_text("constexpr FwdConfig kFwd{256, 1, 1, Ld::kCs, St::kCs};\n")
+    assert variants.shipped(header) == FwdConfig(256, 1, 1, "kCs", "kCs")
+    with pytest.raises(ValueError, match=r"no line `constexpr FwdConfig kFwdMath\{\.\.\.\};`"):
+        variants.shipped(header, name="kFwdMath")
 
 
 def test_line_and_variant_per_item_size():
@@ -57,6 +66,19 @@ def test_choose_maximises_the_worst_case_with_packs_per_item_size():
     assert worst == pytest.approx(1.00)
 
 
+def test_choose_takes_the_worst_case_over_ops_of_one_launch():
+    """Cases labelled (op, MB): a launch that wins on ELU but loses on TanH is not chosen."""
+    table = {}
+    for v, (elu, tanh) in {Variant(128, 4, "kPlain", "kPlain"): (1.50, 1.01),
+                           Variant(128, 1, "kPlain", "kPlain"): (1.35, 0.98),
+                           Variant(256, 4, "kCs", "kCs"): (1.60, 0.97)}.items():
+        table[(2, ("ELU", 64), v)] = elu
+        table[(2, ("TanH", 64), v)] = tanh
+    config, worst = variants.choose(table)
+    assert config == FwdConfig(128, 2, 4, "kPlain", "kPlain")  # packs4 defaults to 2
+    assert worst == pytest.approx(1.01)
+
+
 def test_choose_without_measurements_is_an_error():
     with pytest.raises(ValueError, match="no measurements"):
         variants.choose({})
@@ -68,7 +90,7 @@ def test_choose_without_measurements_is_an_error():
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
 def test_every_variant_matches_torch_relu(dtype):
     """Sizes: a partial last block with a tail, several full blocks of the largest shape."""
-    module, sweep = variants.load()
+    module, sweep, _ = variants.load()
     assert len(sweep) == 54 and len(set(sweep)) == 54
     gen = torch.Generator(device="cuda").manual_seed(3)
     v = 16 // torch.empty((), dtype=dtype).element_size()
@@ -78,3 +100,35 @@ def test_every_variant_matches_torch_relu(dtype):
             y = torch.full_like(x, float("nan"))
             module.relu(x, y, i)
             assert torch.equal(y, torch.relu(x)), (variant.name, n)
+
+
+# (rtol, atol) of tests/kernels/test_cuda_kernels.py against the op in double
+MATH_TOL = {torch.float32: (1e-6, 1e-6), torch.bfloat16: (8e-3, 1e-3)}
+MATH_OPS = [(1, 1.0, lambda x: torch.nn.functional.elu(x, 1.0)),
+            (1, 0.5, lambda x: torch.nn.functional.elu(x, 0.5)),
+            (2, 0.0, torch.sigmoid), (3, 0.0, torch.tanh)]
+
+
+@pytest.mark.gpu
+@pytest.mark.slow
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
+def test_every_math_variant_matches_the_op_in_double(dtype):
+    """ELU (two alphas), Sigmoid and TanH for each of the 12 kFwdMath variants; sizes as
+    above, values over [-12, 12] (both branches of ELU's expm1, saturating sigmoid/tanh)."""
+    module, _, sweep = variants.load()
+    assert len(sweep) == 12 and len(set(sweep)) == 12
+    assert {(v.load, v.store) for v in sweep} == {("kPlain", "kPlain"), ("kCs", "kCs")}
+    rtol, atol = MATH_TOL[dtype]
+    gen = torch.Generator(device="cuda").manual_seed(4)
+    v = 16 // torch.empty((), dtype=dtype).element_size()
+    for n in (1, v + 3, 2 * 256 * 4 * v + 7, 100_003):
+        x = (torch.randn(n, device="cuda", generator=gen) * 4).clamp(-12, 12).to(dtype)
+        for kind, p, op in MATH_OPS:
+            want = op(x.double())
+            for i, variant in enumerate(sweep):
+                y = torch.full_like(x, float("nan"))
+                module.math(x, y, kind, p, i)
+                torch.testing.assert_close(y.double(), want, rtol=rtol, atol=atol,
+                                           msg=lambda m, k=kind, name=variant.name, n=n:
+                                           f"kind {k} {name} n={n}: {m}")

@@ -46,12 +46,17 @@ struct FwdConfig {
   St store;
 };
 
-// The shipped forward launch (ReLU, leaky ReLU, ELU, Sigmoid, TanH): PyTorch's own
-// vectorized_elementwise_kernel on sm_90 (CUDALoops.cuh: 128 threads, 8 elements per thread,
-// so 2 float packs or 1 bfloat16 pack, plain loads and stores). `python
-// benchmarks/activations.py --variants` times every variant against torch.relu and prints
-// the line to put here when another one wins.
-constexpr FwdConfig kFwd{128, 2, 1, Ld::kPlain, St::kPlain};
+// The shipped forward launches. `python benchmarks/activations.py --variants` times the sweep's
+// variants against PyTorch's ops and prints the line to put here when another one wins.
+// kFwd (ReLU, leaky ReLU: a compare and a multiply per element): the sweep's best on an H200,
+// 256 threads, one 16-byte pack per thread, streaming loads and stores (1.006-1.026x
+// torch.relu at float32 and bfloat16, 64 and 256 MB).
+constexpr FwdConfig kFwd{256, 1, 1, Ld::kCs, St::kCs};
+// kFwdMath (ELU, Sigmoid, TanH: an exponential or tanh per element, so a bfloat16 pack of 8
+// is compute-heavy): 128 threads, 2 float packs (PyTorch's shape, at parity), 4 bfloat16 packs
+// (32 elements per thread keep enough loads in flight behind the math: bfloat16 ELU 1.5x
+// F.elu at 96-106% of copy, where 1 pack fell to 86%).
+constexpr FwdConfig kFwdMath{128, 2, 4, Ld::kPlain, St::kPlain};
 
 // The reductions of channel.cu keep a grid-stride design (a thread accumulates as it walks):
 // 256-thread blocks and U packs in flight per loop trip: 4 for float; 2 for the 2- and 8-byte

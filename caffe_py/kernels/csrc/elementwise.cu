@@ -1,14 +1,14 @@
 // Elementwise activations: y = f(x) and dx = f'(g, s), one streaming pass each.
 //
-// The forward is unary.cuh's kernel with the launch kFwd (common.cuh). The backward follows
-// PyTorch's vectorized elementwise kernel too: 128-thread blocks, one block per
-// kThreads * kPacks 16-byte packs, so a 64 MB float tensor is 8192 blocks (many waves; a
-// finished block frees its slot at once, instead of a one-wave grid-stride loop whose slowest
-// threads set the end). Thread t of block b moves packs b * 512 + t + 128 * u (u < 4): each
-// load instruction of a warp covers 512 contiguous bytes. All loads of the chunk come first,
-// then the math and the stores. Only the last block checks bounds; it also writes the
-// elements after the last whole pack. When a pointer is not 16-byte aligned (a view such as
-// x[1:]) the same kernel runs with a pack of one element.
+// The forward is unary.cuh's kernel with the launch kFwd (ReLU) or kFwdMath (ELU, Sigmoid,
+// TanH) of common.cuh. The backward follows PyTorch's vectorized elementwise kernel too:
+// 128-thread blocks, one block per kThreads * kPacks 16-byte packs, so a 64 MB float tensor
+// is 8192 blocks (many waves; a finished block frees its slot at once, instead of a one-wave
+// grid-stride loop whose slowest threads set the end). Thread t of block b moves packs
+// b * 512 + t + 128 * u (u < 4): each load instruction of a warp covers 512 contiguous bytes.
+// All loads of the chunk come first, then the math and the stores. Only the last block checks
+// bounds; it also writes the elements after the last whole pack. When a pointer is not 16-byte
+// aligned (a view such as x[1:]) the same kernel runs with a pack of one element.
 // `out` may be `x` itself (in place): each element is read before it is written, by one thread.
 #include "unary.cuh"
 
@@ -96,9 +96,9 @@ void act_forward(const at::Tensor& x, at::Tensor& out, int64_t kind, double p) {
   AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, x.scalar_type(), "act_forward", [&] {
     switch (kind) {
       case kRelu: launch_unary<scalar_t>(x, out, p, ReluFwd{}); break;
-      case kElu: launch_unary<scalar_t>(x, out, p, EluFwd{}); break;
-      case kSigmoid: launch_unary<scalar_t>(x, out, p, SigmoidFwd{}); break;
-      case kTanh: launch_unary<scalar_t>(x, out, p, TanhFwd{}); break;
+      case kElu: launch_unary<scalar_t, kFwdMath>(x, out, p, EluFwd{}); break;
+      case kSigmoid: launch_unary<scalar_t, kFwdMath>(x, out, p, SigmoidFwd{}); break;
+      case kTanh: launch_unary<scalar_t, kFwdMath>(x, out, p, TanhFwd{}); break;
       default: TORCH_CHECK(false, "unknown activation kind ", kind);
     }
   });

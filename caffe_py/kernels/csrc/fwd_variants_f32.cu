@@ -1,4 +1,4 @@
-// The float32 instances of fwd_variants.cuh.
+// The float32 instances of fwd_variants.cuh's ReLU grid.
 #include "fwd_variants.cuh"
 
 namespace caffe_py {

@@ -1,6 +1,6 @@
 // The unary forward y = f(x), with its launch shape and memory flavours as template
-// parameters: elementwise.cu instantiates the shipped one (kFwd in common.cuh) and
-// benchmarks/csrc/fwd_variants.cu every variant of the sweep.
+// parameters: elementwise.cu instantiates the shipped ones (kFwd and kFwdMath in common.cuh)
+// and csrc/fwd_variants*.cu every variant of the sweep.
 //
 // Launch (PyTorch's vectorized_elementwise_kernel design): `Threads`-thread blocks, thread t
 // of block b moves the `Packs` 16-byte packs b * Threads * Packs + t + Threads * u (u < Packs),
@@ -109,16 +109,16 @@ void launch_unary_with(const at::Tensor& x, at::Tensor& y, double p, Op op) {
   C10_CUDA_KERNEL_LAUNCH_CHECK();
 }
 
-// The shipped forward: kFwd's shape, with kFwd.packs2 packs for 2-byte types and, for
-// doubles, twice kFwd.packs4 (the elements per thread of float, as PyTorch does).
-template <typename T>
+// The shipped forward with launch C (kFwd or kFwdMath): C.packs2 packs for 2-byte types and,
+// for doubles, twice C.packs4 (the elements per thread of float, as PyTorch does).
+template <typename T, const FwdConfig& C>
 constexpr int fwd_packs() {
-  return sizeof(T) == 2 ? kFwd.packs2 : sizeof(T) == 8 ? 2 * kFwd.packs4 : kFwd.packs4;
+  return sizeof(T) == 2 ? C.packs2 : sizeof(T) == 8 ? 2 * C.packs4 : C.packs4;
 }
 
-template <typename T, typename Op>
+template <typename T, const FwdConfig& C = kFwd, typename Op>
 void launch_unary(const at::Tensor& x, at::Tensor& y, double p, Op op) {
-  launch_unary_with<T, kFwd.threads, fwd_packs<T>(), kFwd.load, kFwd.store>(x, y, p, op);
+  launch_unary_with<T, C.threads, fwd_packs<T, C>(), C.load, C.store>(x, y, p, op);
 }
 
 }  // namespace caffe_py
