@@ -437,34 +437,32 @@ def run_variants(rounds: int, iters: int, sizes_mb: list[int]) -> list[str]:
                     f"copy); x.copy_ {base / secs['x.copy_']:.3f}x"
                     + ("" if all(ok.values()) else "; WRONG outputs: " +
                        ", ".join(n for n, good in ok.items() if not good)))
-    lines += ["## Verdict", ""]
+    # The per-case summaries first, the decisions last (they stay in a short tail).
+    lines += ["## Verdict", "", *summary["kFwd"], *summary["kFwdMath"], ""]
     for name in grids:
-        lines += verdict(name, ratios[name], shipped_ratios[name], summary[name])
+        lines += verdict(name, ratios[name], shipped_ratios[name])
     return lines
 
 
-def verdict(name: str, ratios: dict, shipped_ratios: list[float],
-            summary: list[str]) -> list[str]:
-    """The verdict lines for one launch of common.cuh (kFwd or kFwdMath)."""
+def verdict(name: str, ratios: dict, shipped_ratios: list[float]) -> list[str]:
+    """The decision lines for one launch of common.cuh (kFwd or kFwdMath)."""
     ops = "ReLU" if name == "kFwd" else "ELU, Sigmoid, TanH"
     if not ratios:
-        return [f"### {name} ({ops})", "", *summary, "",
-                f"- no variant of {name} was correct: keep the shipped line", ""]
+        return [f"- {name} ({ops}): no variant was correct; keep the shipped line"]
     best, worst = fwd_variants.choose(ratios)
     current = fwd_variants.shipped(name=name)
     cur_worst = min(shipped_ratios)  # the shipped module's own kernel, timed alongside
-    lines = [f"### {name} ({ops})", "", *summary, "",
-             f"- best launch over all cases (worst case {worst:.3f}x PyTorch's op): "
-             f"`{best.line(name)}`",
-             f"- shipped launch (worst case {cur_worst:.3f}x): `{current.line(name)}`"]
+    lines = [f"- {name} ({ops}) best launch over all cases (worst case {worst:.3f}x PyTorch's "
+             f"op): `{best.line(name)}`",
+             f"- {name} shipped launch (worst case {cur_worst:.3f}x): `{current.line(name)}`"]
     if best == current or worst - cur_worst < 0.005 or cur_worst >= 0.995:
         lines.append(f"- KEEP the shipped {name} (within 0.5% of PyTorch's op or of the best).")
     else:
         lines.append(f"- SET in caffe_py/kernels/csrc/common.cuh: `{best.line(name)}` "
                      f"(+{(worst - cur_worst) * 100:.1f} points in the worst case).")
     meets = "meets" if worst >= 0.995 else "misses"
-    lines += [f"- the best launch {meets} 'never slower than PyTorch's op' "
-              f"(0.5% timing tolerance).", ""]
+    lines.append(f"- {name}: the best launch {meets} 'never slower than PyTorch's op' "
+                 f"(0.5% timing tolerance).")
     return lines
 
 
