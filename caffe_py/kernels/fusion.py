@@ -26,6 +26,8 @@ from typing import Any
 
 from torch import nn
 
+from ..layers.fusion import first_user
+
 PRODUCERS = ("Convolution", "Deconvolution", "InnerProduct")
 ACTIVATIONS = ("ReLU", "ELU", "Sigmoid", "TanH")
 OPTION = "fuse_bias_activation"
@@ -57,14 +59,10 @@ def _fusable_consumer(layers: list[nn.Module], i: int) -> int | None:
     if not getattr(producer, "has_bias", False) or not hasattr(producer, "axis"):
         return None
     top = spec.top[0]
-    for j in range(i + 1, len(layers)):
-        later = layers[j].spec
-        if top not in later.bottom:
-            if top in later.top:  # something else rewrites the blob first
-                return None
-            continue
-        act = layers[j]
-        ok = (later.type in ACTIVATIONS and later.bottom == [top] and later.top == [top]
-              and act.can_fuse())
-        return j if ok else None
-    return None
+    j = first_user(layers, i, top)
+    if j is None:
+        return None
+    act, later = layers[j], layers[j].spec
+    ok = (later.type in ACTIVATIONS and later.bottom == [top] and later.top == [top]
+          and act.can_fuse())
+    return j if ok else None
