@@ -42,9 +42,14 @@ GPUS_HELP = "devices: cpu, cpu:N (N CPU replicas), 0 or 0,1,2,3 (CUDA ids), or a
               show_default=True, help="multi-device gradient reduction")
 @click.option("--cuda-graphs/--no-cuda-graphs", default=False, show_default=True,
               help="run each GPU's forward/backward as one CUDA graph (ignored on CPU)")
+@click.option("--dist-backend", type=click.Choice(["nccl", "gloo"]), default=None,
+              help="between hosts, when WORLD_SIZE > 1 (default: nccl on GPUs, gloo on CPU)")
+@click.option("--dist-timeout", type=click.FloatRange(min=1), default=900.0, show_default=True,
+              metavar="S", help="between hosts: seconds any wait for another host may take")
 def train_command(solver_file: str, gpus: str | None, weights: str | None,
                   snapshot: str | None, sigint_effect: str, sighup_effect: str,
-                  precision: str | None, reduction: str, cuda_graphs: bool) -> None:
+                  precision: str | None, reduction: str, cuda_graphs: bool,
+                  dist_backend: str | None, dist_timeout: float) -> None:
     """Train the net of a solver spec (Caffe's `caffe train`)."""
     if weights and snapshot:
         raise click.UsageError("--weights and --snapshot are exclusive: --weights starts a new "
@@ -56,6 +61,14 @@ def train_command(solver_file: str, gpus: str | None, weights: str | None,
                            sighup_effect=sighup_effect, precision=precision,
                            reduction=reduction, cuda_graphs=cuda_graphs)
     click.echo(f"Using {describe(devices)}")
+    from ..parallel.multihost import world_size
+
+    if world_size() > 1:  # one process per host, started by torchrun (see docs/parallel.md)
+        from ..parallel.multihost import train_multihost
+
+        train_multihost(param, devices, options, log=click.echo, backend=dist_backend,
+                        timeout=dist_timeout)
+        return
     if cuda_graphs:
         from ..parallel.replicated import train_with_graphs
 

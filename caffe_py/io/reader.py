@@ -586,9 +586,15 @@ def _restore(st: _Stream, saved: dict[str, Any], path: str, total: int) -> None:
         raise DataError(f"{path}: the saved data state of {st.name} is for {saved_n} replicas "
                         f"that had read unequal amounts, and this run has {total}; resume "
                         f"with {saved_n} devices")
-    # Everything before position saved_n x consumed was read (replicas run in lockstep, so
-    # one pool's slice stands for all of them): continue from there with the new round-robin.
-    st.origin = int(saved["origin"]) + saved_n * consumed.pop()
+    # Every replica read ``reads`` records (replicas run in lockstep, so one pool's slice
+    # stands for all of them): everything before position saved_n x reads was read.
+    reads = consumed.pop()
+    if saved_n == total:  # the same round-robin, another pool's slice: positions stay global
+        st.origin = int(saved["origin"])
+        st.starts = [st.offset + s + total * reads for s in range(n)]
+        return
+    # another replica count: continue from there with the new round-robin
+    st.origin = int(saved["origin"]) + saved_n * reads
     st.starts = [st.offset + s for s in range(n)]
 
 

@@ -79,6 +79,11 @@ class ReplicatedRun:
     only after backward (no Python hooks in backward's thread); ``lockstep`` has the root's
     thread issue every replica's iteration (:mod:`.lockstep`; default: on with CUDA graphs on
     GPUs, tree reduction only).
+
+    Several hosts (:mod:`.multihost`): this run holds global replicas ``replica_offset`` ..
+    of ``total_replicas``; seeds and the reader's round-robin are global, the tree's root
+    leaves the sum unscaled (the hosts' roots sum and scale it next), and with ``lead``
+    False the root neither tests, displays nor snapshots: it steps like a worker.
     """
 
     def __init__(self, param: SolverParameter, devices: Sequence[torch.device | str | int],
@@ -87,7 +92,8 @@ class ReplicatedRun:
                  extra_callbacks: Callable[[int], Sequence[Any]] | None = None,
                  memory_format: torch.memory_format | None = None,
                  cuda_graphs: bool | None = None, overlap: bool = True,
-                 lockstep: bool | None = None):
+                 lockstep: bool | None = None, replica_offset: int = 0,
+                 total_replicas: int | None = None, lead: bool = True):
         from ..io import ReaderPool
 
         self.options = options or TrainOptions()
@@ -98,6 +104,8 @@ class ReplicatedRun:
         self.param = param
         self.log = log
         n = len(self.devices)
+        self.replica_offset, self.lead = replica_offset, lead
+        self.total_replicas = n if total_replicas is None else total_replicas
         base_seed = resolve_seed(param.random_seed)
         if cuda_graphs is None:
             cuda_graphs = bool(getattr(self.options, "cuda_graphs", False))
@@ -105,12 +113,14 @@ class ReplicatedRun:
         self.sync: SyncGroup = (NcclSync(self.devices, timeout=timeout)
                                 if self.options.reduction == "nccl"
                                 else TreeSync(self.devices, timeout=timeout,
-                                              overlap=overlap and not cuda_graphs))
+                                              overlap=overlap and not cuda_graphs,
+                                              root_scale=total_replicas is None))
         # with graphs on GPUs one thread issues every replica's step (see .lockstep)
         if lockstep is None:
             lockstep = cuda_graphs and all(d.type == "cuda" for d in self.devices)
         self.lockstep = bool(lockstep) and isinstance(self.sync, TreeSync)
-        self.pool = ReaderPool(replicas=n)
+        self.pool = ReaderPool(replicas=n, replica_offset=replica_offset,
+                               total_replicas=self.total_replicas)
         self.solvers: list[Solver] = []
         try:
             for i in range(n):
@@ -133,8 +143,11 @@ class ReplicatedRun:
         (seed, record position) and N replicas must draw what one replica with N x the batch
         draws for the same records."""
         kw: dict[str, Any] = {"action": action} if action else {}
+        if i == 0 and not self.lead:  # another host's root: a worker that also updates
+            kw.update(test_nets=False, verbose=False)
         try:
-            solver = Solver(self.param, device=self.devices[i], replica=i, seed=base_seed + i,
+            solver = Solver(self.param, device=self.devices[i], replica=i,
+                            seed=base_seed + self.replica_offset + i,
                             pool=DataSeedPool(self.pool, base_seed),
                             callbacks=[self._sync_callback(i), *extra],
                             log=self.log, precision=self.options.precision, **kw)
@@ -191,8 +204,11 @@ class ReplicatedRun:
         for line in self.banner():
             self.log(line)
         self.prepare()
-        targets = [self.root.solve] + [lambda s=s: s.step(self.param.max_iter - s.iter)
-                                       for s in self.solvers[1:]]
+        def steps(s: Solver) -> Callable[[], None]:
+            return lambda: s.step(self.param.max_iter - s.iter)
+
+        targets = ([self.root.solve] if self.lead else [steps(self.root)]) + [
+            steps(s) for s in self.solvers[1:]]
         run_replicas(self.sync, targets[:1] if self.lockstep else targets)
         return self.root
 

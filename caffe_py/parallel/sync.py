@@ -138,11 +138,14 @@ class SyncGroup:
     """What all replicas of one run share: devices, buffers, the stop event, the first failure."""
 
     def __init__(self, devices: Sequence[torch.device], *, timeout: float = DEFAULT_TIMEOUT_S,
-                 bucket_bytes: int = DEFAULT_BUCKET_BYTES):
+                 bucket_bytes: int = DEFAULT_BUCKET_BYTES, root_scale: bool = True):
         self.devices = [torch.device(d) for d in devices]
         self.n = len(self.devices)
         self.timeout = timeout
         self.bucket_bytes = bucket_bytes
+        self.root_scale = root_scale
+        """The tree's root divides the sum by N. False when the roots of several hosts sum
+        theirs next and divide by the global replica count (:mod:`.multihost`)."""
         self.stop = threading.Event()
         self.finished = threading.Event()
         self.failure: Failure | None = None
@@ -326,7 +329,7 @@ class TreeSync(SyncGroup):
                 grad.add_(rep.flat.bucket(rep.inbox[c], b))
             parent = self.tree.parent(rep.index)
             if parent is None:
-                if self.n > 1:
+                if self.n > 1 and self.root_scale:
                     grad.mul_(1.0 / self.n)
             else:
                 rep.flat.bucket(self.replica(parent).inbox[rep.index], b).copy_(

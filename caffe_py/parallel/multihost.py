@@ -1,0 +1,301 @@
+"""Data parallelism across hosts: the tree inside each host, torch.distributed between hosts.
+
+Each host runs one process (``torchrun --nnodes H --nproc_per_node 1 ... cpy train --gpus
+0,1,2,3``, or any launcher that sets RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT) with the same
+number N of local replicas, as mshadow-ps does it: fast links inside a host, the network
+between hosts. Global replica ``rank * N + i`` is local replica i of process ``rank``; there
+are G = H x N in all.
+
+* **Data.** Each process's :class:`~caffe_py.io.ReaderPool` reads the whole database and keeps
+  its own replicas' records (global replica g gets records g, g+G, ...; the others are read
+  and skipped), so the G replicas read exactly what one process with G replicas would.
+* **Seeds.** A replica's own RNG gets ``random_seed + g``; every Data feed the run's seed
+  (rank 0's, when ``random_seed`` is -1). Rank 0's weights, state blobs and update history
+  are broadcast to every root once, after any ``--weights`` / ``--snapshot``.
+* **Gradients.** The local tree sums into the local root, unscaled; the roots all-reduce the
+  flat gradient buffer (SUM, one collective), scale by 1/G and each apply the same Caffe
+  update to the same weights, so every root holds identical weights without a weight
+  broadcast; the weights then flow down each local tree as in one process.
+* **Stopping.** Only rank 0 tests, displays and snapshots. Every root polls its signal
+  handler at the start of each iteration and the roots all-reduce (MAX) that one small code
+  on the CPU (gloo) asynchronously, waiting for it only at the iteration's end, where Caffe
+  acts on signals: no GPU sync and no extra round trip on the critical path. So a Ctrl-C on
+  any host stops every host after the same iteration, and max_iter ends them together.
+* **Failures.** Every collective is bounded by the process group's timeout (``--dist-timeout``);
+  a process that fails exits, which breaks its peers' connections, so they fail at their next
+  collective. Every error names the rank.
+"""
+from __future__ import annotations
+
+import copy
+import datetime
+import os
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from ..errors import CaffePyError, SolverError
+from ..solver import snapshot as snap
+from ..solver.signals import NONE, SNAPSHOT, STOP, SignalHandler
+from ..solver.solver import Solver, TrainOptions, resolve_seed, stdout_log
+from ..spec.solver_spec import SolverParameter
+from .replicated import ReplicatedRun, check_devices, check_start_files
+
+Log = Callable[[str], None]
+BACKENDS = ("nccl", "gloo")
+DEFAULT_DIST_TIMEOUT_S = 900.0
+"""Long enough for rank 0's test phase, during which the other roots wait."""
+_CODES = {NONE: 0, SNAPSHOT: 1, STOP: 2}
+_ACTIONS = {v: k for k, v in _CODES.items()}
+
+
+def world_size() -> int:
+    """WORLD_SIZE from the launcher's environment (1 when unset)."""
+    try:
+        return int(os.environ.get("WORLD_SIZE", "1") or 1)
+    except ValueError:
+        raise SolverError(f"WORLD_SIZE={os.environ['WORLD_SIZE']!r} is not a number; the "
+                          "launcher (torchrun) sets it to the count of processes") from None
+
+
+@dataclass
+class Hosts:
+    """This process's place in the world and the process groups it talks through."""
+
+    rank: int
+    world: int
+    local: int
+    """Replicas of every process (checked equal)."""
+    backend: str
+    timeout: float
+    flags: Any = None
+    """A gloo group for the per-iteration stop flag (None: the default group is gloo)."""
+
+    @property
+    def total(self) -> int:
+        return self.world * self.local
+
+    @property
+    def offset(self) -> int:
+        return self.rank * self.local
+
+    def fail(self, what: str, exc: BaseException) -> SolverError:
+        """A collective's failure as one line naming this rank."""
+        return SolverError(f"rank {self.rank} of {self.world}: {what} failed ({type(exc).__name__}"
+                           f": {str(exc).splitlines()[0] if str(exc) else ''}); another rank "
+                           "failed, stopped or timed out: see its log")
+
+
+def init_hosts(devices: Sequence[torch.device], backend: str | None,
+               timeout: float = DEFAULT_DIST_TIMEOUT_S) -> Hosts:
+    """torch.distributed from RANK/WORLD_SIZE/MASTER_ADDR/MASTER_PORT; checks the counts."""
+    missing = [k for k in ("RANK", "MASTER_ADDR", "MASTER_PORT") if not os.environ.get(k)]
+    if missing:
+        raise SolverError(f"WORLD_SIZE is {world_size()} but {', '.join(missing)} is not set; "
+                          "start every host with torchrun (or set RANK, WORLD_SIZE, "
+                          "MASTER_ADDR, MASTER_PORT)")
+    on_cuda = devices[0].type == "cuda"
+    backend = backend or ("nccl" if on_cuda else "gloo")
+    if backend == "nccl" and not on_cuda:
+        raise SolverError("--dist-backend nccl needs CUDA replicas; use gloo on CPU")
+    if on_cuda:
+        torch.cuda.set_device(devices[0])
+    dist.init_process_group(backend, timeout=datetime.timedelta(seconds=timeout))
+    hosts = Hosts(dist.get_rank(), dist.get_world_size(), len(devices), backend, timeout)
+    try:
+        if backend != "gloo":
+            hosts.flags = dist.new_group(backend="gloo")
+        counts: list[Any] = [None] * hosts.world
+        dist.all_gather_object(counts, len(devices), group=hosts.flags)
+    except CaffePyError:
+        raise
+    except Exception as exc:  # noqa: BLE001 - the peers' failure, as one line
+        raise hosts.fail("meeting the other hosts", exc) from None
+    if len(set(counts)) != 1:
+        listed = ", ".join(f"rank {r} has {c}" for r, c in enumerate(counts))
+        raise SolverError(f"every host must run the same number of replicas: {listed}; give "
+                          "each host's --gpus the same count")
+    return hosts
+
+
+class HostSync:
+    """The root's callback between hosts (after the local tree's), and its action source.
+
+    ``on_start`` polls this host's signals and starts the flag all-reduce; ``on_gradient_ready``
+    all-reduces the root's flat gradient and scales it; :meth:`action` (the root Solver's
+    ``action``) waits for the flags and returns what every root does after this iteration.
+    """
+
+    def __init__(self, hosts: Hosts, run_sync: Any, local_action: Callable[[], str],
+                 scale: float):
+        self.hosts, self.run_sync, self.local_action = hosts, run_sync, local_action
+        self.scale = scale
+        self._flag = torch.zeros(1, dtype=torch.int32)
+        self._work: Any = None
+        self._deferred = NONE
+        self.iteration = 0
+
+    def on_start(self, solver: Any = None) -> None:
+        code = max(_CODES[self._deferred], _CODES[self._poll()])
+        self._deferred = NONE
+        self._flag.fill_(code)
+        try:
+            self._work = dist.all_reduce(self._flag, op=dist.ReduceOp.MAX,
+                                         group=self.hosts.flags, async_op=True)
+        except Exception as exc:  # noqa: BLE001
+            raise self.hosts.fail(f"the stop flag of iteration {self.iteration}", exc) from None
+
+    def on_gradient_ready(self, solver: Any = None) -> None:
+        grad = self.run_sync.replica(0).flat.grad
+        try:
+            dist.all_reduce(grad, op=dist.ReduceOp.SUM)
+        except Exception as exc:  # noqa: BLE001
+            raise self.hosts.fail(f"the gradient all-reduce of iteration {self.iteration}",
+                                  exc) from None
+        grad.mul_(self.scale)
+
+    def action(self) -> str:
+        """Inside an iteration: the agreed action. Between iterations (rank 0's test phase): a
+        snapshot is taken now, a stop waits for the next iteration's flags."""
+        if self._work is None:
+            request = self._poll()
+            if request == STOP:
+                self._deferred = STOP
+                return NONE
+            return request
+        try:
+            self._work.wait()
+        except Exception as exc:  # noqa: BLE001
+            raise self.hosts.fail(f"the stop flag of iteration {self.iteration}", exc) from None
+        finally:
+            self._work = None
+        self.iteration += 1
+        agreed = _ACTIONS[int(self._flag.item())]
+        return NONE if agreed == SNAPSHOT and self.hosts.rank != 0 else agreed
+
+    def _poll(self) -> str:
+        request = self.local_action()
+        return request if request in _CODES else NONE
+
+
+class MultiHostRun(ReplicatedRun):
+    """One host's :class:`ReplicatedRun`: global replicas ``rank * N ..``, rank 0 leads."""
+
+    def __init__(self, param: SolverParameter, devices: Sequence[torch.device], hosts: Hosts,
+                 options: TrainOptions | None = None, *, log: Log = stdout_log,
+                 action: Callable[[], str] | None = None, **kw: Any):
+        self.hosts = hosts
+        local_scale = 1.0 / hosts.world if (options and options.reduction == "nccl") else None
+        self.host_sync: HostSync | None = None
+        extra = kw.pop("extra_callbacks", None)
+
+        def callbacks(i: int) -> list[Any]:
+            more = list(extra(i)) if extra else []
+            if i != 0:
+                return more
+            # the local ring divides by N already; the tree leaves the sum to us
+            scale = local_scale if local_scale is not None else 1.0 / hosts.total
+            self.host_sync = HostSync(hosts, self.sync, action or _no_action, scale)
+            return [self.host_sync, *more]
+
+        super().__init__(param, devices, options, log=log,
+                         action=lambda: self.host_sync.action(), extra_callbacks=callbacks,
+                         replica_offset=hosts.offset, total_replicas=hosts.total,
+                         lead=hosts.rank == 0, **kw)
+        self._check_same_net()
+
+    def _check_same_net(self) -> None:
+        root = self.sync.replica(0)
+        mine = [root.flat.numel, root.state.numel]
+        sizes: list[Any] = [None] * self.hosts.world
+        try:
+            dist.all_gather_object(sizes, mine, group=self.hosts.flags)
+        except Exception as exc:  # noqa: BLE001
+            raise self.hosts.fail("comparing the nets", exc) from None
+        for rank, other in enumerate(sizes):
+            if other != sizes[0]:
+                raise SolverError(f"rank {rank}'s net has {other[0]} parameter and {other[1]} "
+                                  f"state elements, rank 0's {sizes[0][0]} and {sizes[0][1]}; "
+                                  "every host must train the same net")
+
+    def banner(self) -> list[str]:
+        h, p = self.hosts, self.param
+        batch = self.root.batch_size()
+        devices = ", ".join(str(d) for d in self.devices)
+        if not self.lead:
+            return [f"rank {h.rank} of {h.world}: global replicas {h.offset}.."
+                    f"{h.offset + h.local - 1} on {devices}"]
+        world = (f"World: {h.world} hosts x {h.local} replicas per host = {h.total} replicas "
+                 f"(backend {h.backend}, rank 0 leads); effective batch {batch} x {h.total} "
+                 f"replicas x iter_size {p.iter_size} = {batch * h.total * p.iter_size}")
+        return [world, *super().banner()]
+
+    def prepare(self) -> None:
+        """Every rank resumes (its data positions, iteration); then rank 0's weights, state
+        blobs and update history go to every root."""
+        super().prepare()
+        root = self.sync.replica(0)
+        tensors = [root.flat.data, root.state.data, *self.root.updater.history]
+        try:
+            for t in tensors:
+                if t.numel():
+                    dist.broadcast(t, src=0)
+        except Exception as exc:  # noqa: BLE001
+            raise self.hosts.fail("the broadcast of rank 0's weights", exc) from None
+
+
+def _no_action() -> str:
+    return NONE
+
+
+def train_multihost(param: SolverParameter, devices: Sequence[torch.device | str | int],
+                    options: TrainOptions | None = None, *, log: Log = stdout_log,
+                    backend: str | None = None,
+                    timeout: float = DEFAULT_DIST_TIMEOUT_S) -> Solver:
+    """``cpy train`` when WORLD_SIZE > 1: this host's part of the run; returns its root."""
+    options = options or TrainOptions()
+    if options.weights and options.snapshot:
+        raise SolverError("--weights and --snapshot are both given; --weights starts a new run "
+                          "from those weights, --snapshot resumes one: give only one")
+    devices = check_devices(devices)
+    check_start_files(options)
+    try:
+        hosts = init_hosts(devices, backend, timeout)
+        param = _agreed_param(param, options, hosts)
+        if hosts.rank == 0:
+            snap.check_writable(param.snapshot_prefix)
+        with SignalHandler(options.sigint_effect, options.sighup_effect) as signals, \
+                MultiHostRun(param, devices, hosts, options, log=log, timeout=timeout,
+                             action=signals.requested_action) as run:
+            return run.run()
+    except CaffePyError as exc:
+        where = f"rank {_rank()} of {dist.get_world_size() if dist.is_initialized() else '?'}"
+        msg = str(exc)
+        if msg.startswith(where):
+            raise
+        raise SolverError(f"{where}: {msg.replace(f'{where}: ', '', 1)}") from exc
+    finally:
+        if dist.is_initialized():
+            dist.destroy_process_group()
+
+
+def _rank() -> int | str:
+    return dist.get_rank() if dist.is_initialized() else os.environ.get("RANK", "?")
+
+
+def _agreed_param(param: SolverParameter, options: TrainOptions,
+                  hosts: Hosts) -> SolverParameter:
+    """The solver with the precision override and rank 0's seed (one clock seed for all)."""
+    param = copy.copy(param)
+    if options.precision:
+        param.precision = options.precision
+    seed = [resolve_seed(param.random_seed)]
+    try:
+        dist.broadcast_object_list(seed, src=0, group=hosts.flags)
+    except Exception as exc:  # noqa: BLE001
+        raise hosts.fail("the broadcast of the seed", exc) from None
+    param.random_seed = int(seed[0])
+    return param
