@@ -15,9 +15,9 @@ def test_shipped_reads_the_kfwd_and_kfwdmath_lines_of_common_cuh():
     assert config == FwdConfig(256, 1, 1, "kCs", "kCs")
     assert config.line() in text
     math = variants.shipped(name="kFwdMath")
-    assert math == FwdConfig(128, 2, 4, "kPlain", "kPlain")
+    assert math == FwdConfig(128, 1, 2, "kCs", "kCs")
     assert math.line("kFwdMath") == \
-        "constexpr FwdConfig kFwdMath{128, 2, 4, Ld::kPlain, St::kPlain};"
+        "constexpr FwdConfig kFwdMath{128, 1, 2, Ld::kCs, St::kCs};"
     assert math.line("kFwdMath") in text
 
 
