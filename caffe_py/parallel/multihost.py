@@ -231,7 +231,9 @@ class MultiHostRun(ReplicatedRun):
         world = (f"World: {h.world} hosts x {h.local} replicas per host = {h.total} replicas "
                  f"(backend {h.backend}, rank 0 leads); effective batch {batch} x {h.total} "
                  f"replicas x iter_size {p.iter_size} = {batch * h.total * p.iter_size}")
-        return [world, *super().banner()]
+        local = super().banner()  # "Batch: ... (effective batch ...)" of this host alone
+        local[0] = f"This host: {local[0][0].lower()}{local[0][1:]}"
+        return [world, *local]
 
     def prepare(self) -> None:
         """Every rank resumes (its data positions, iteration); then rank 0's weights, state

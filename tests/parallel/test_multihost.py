@@ -57,6 +57,7 @@ snapshot_prefix: {prefix}
 # and can make one of its workers fail at an iteration.
 DRIVER = textwrap.dedent("""
     import os, sys, torch
+    from caffe_py.devices import parse_devices
     from caffe_py.errors import CaffePyError
     from caffe_py.parallel.multihost import train_multihost
     from caffe_py.solver.solver import Solver
@@ -70,14 +71,22 @@ DRIVER = textwrap.dedent("""
                 raise RuntimeError("injected")
             return real(self)
         Solver._forward_backward = failing
+    if os.environ.get("SIGNAL_RANK") == str(rank):  # "snapshot" at the 2nd poll, "stop" at the 4th
+        from caffe_py.solver.signals import SignalHandler
+        polls = []
+        def requested(self):
+            polls.append(1)
+            return {2: "snapshot", 4: "stop"}.get(len(polls), "none")
+        SignalHandler.requested_action = requested
     try:
-        root = train_multihost(load_solver(solver_file), ["cpu"] * int(gpus), timeout=20,
+        root = train_multihost(load_solver(solver_file), parse_devices(gpus), timeout=20,
                                log=lambda m: print(m, flush=True))
     except CaffePyError as exc:
         print(f"Error: {exc}", flush=True)
         sys.exit(1)
     torch.save([lp.param.detach() for lp in root.net.learnable_params()],
                f"{out}/rank{rank}.pt")
+    print(f"rank {rank} ended at iteration {root.iter}", flush=True)
 """)
 
 
@@ -143,7 +152,7 @@ def test_two_hosts_of_two_equal_one_host_of_four_and_one_replica_of_4b(tmp_path,
     solver = _solver_file(tmp_path, db)
     driver = tmp_path / "driver.py"
     driver.write_text(DRIVER)
-    runs = _two_hosts([[str(driver), str(solver), "2", str(tmp_path)]] * 2)
+    runs = _two_hosts([[str(driver), str(solver), "cpu:2", str(tmp_path)]] * 2)
     assert [rc for rc, _ in runs] == [0, 0], runs
     rank0, rank1 = (torch.load(tmp_path / f"rank{r}.pt") for r in (0, 1))
     # every root applied the same update to the same weights
@@ -187,6 +196,25 @@ def test_cpy_train_on_two_hosts_rank_0_alone_snapshots_and_resumes(tmp_path, db)
     assert _rel(sum(resumed.values(), []), sum(straight.values(), [])) < 1e-6, out0
 
 
+@pytest.mark.timeout(120)
+def test_a_signal_on_rank_1_acts_on_every_host_after_the_same_iteration(tmp_path, db):
+    """Rank 1's SIGHUP (snapshot) at its 2nd iteration is written by rank 0; its SIGINT (stop)
+    at the 4th stops both hosts after iteration 4, with identical weights."""
+    solver = _solver_file(tmp_path, db, iters=50)
+    driver = tmp_path / "driver.py"
+    driver.write_text(DRIVER)
+    (rc0, out0), (rc1, out1) = _two_hosts([[str(driver), str(solver), "cpu:2", str(tmp_path)]] * 2,
+                                          extra_env={"SIGNAL_RANK": "1"})
+    assert (rc0, rc1) == (0, 0), out0 + out1
+    assert "rank 0 ended at iteration 4" in out0 and "rank 1 ended at iteration 4" in out1
+    assert "Optimization stopped early." in out0
+    assert sorted(p.name for p in (tmp_path / "s").iterdir()) == [
+        "snap_iter_2.pt", "snap_iter_2.solverstate.pt",
+        "snap_iter_4.pt", "snap_iter_4.solverstate.pt"]
+    rank0, rank1 = (torch.load(tmp_path / f"rank{r}.pt") for r in (0, 1))
+    assert all(torch.equal(a, b) for a, b in zip(rank0, rank1, strict=True))
+
+
 @pytest.mark.timeout(60)
 def test_hosts_with_different_replica_counts_fail_naming_the_counts(tmp_path, db):
     solver = _solver_file(tmp_path, db)
@@ -206,7 +234,7 @@ def test_a_failing_rank_ends_every_process_with_an_error_naming_its_rank(tmp_pat
     driver = tmp_path / "driver.py"
     driver.write_text(DRIVER)
     started = time.monotonic()
-    (rc0, out0), (rc1, out1) = _two_hosts([[str(driver), str(solver), "2", str(tmp_path)]] * 2,
+    (rc0, out0), (rc1, out1) = _two_hosts([[str(driver), str(solver), "cpu:2", str(tmp_path)]] * 2,
                                           extra_env={"FAIL_RANK": "1"})
     assert time.monotonic() - started < 45    # the peer's exit breaks the collective
     assert (rc0, rc1) == (1, 1)
@@ -222,3 +250,47 @@ def test_world_size_unset_or_one_keeps_the_single_process_path(monkeypatch):
     assert world_size() == 1
     monkeypatch.setenv("WORLD_SIZE", "2")
     assert world_size() == 2
+
+
+def test_a_stop_between_iterations_waits_for_the_next_iterations_flags(monkeypatch):
+    """Rank 0's test phase polls signals outside an iteration: a snapshot is taken at once, a
+    stop is deferred to the next iteration's flag all-reduce (so every host stops with it)."""
+    import torch.distributed as dist
+
+    from caffe_py.parallel.multihost import Hosts, HostSync
+
+    monkeypatch.setenv("MASTER_ADDR", "127.0.0.1")
+    monkeypatch.setenv("MASTER_PORT", str(_free_port()))
+    dist.init_process_group("gloo", rank=0, world_size=1)
+    try:
+        requests = iter(["snapshot", "stop", "none", "none"])
+        sync = HostSync(Hosts(0, 1, 1, "gloo", 10.0), None, lambda: next(requests), 1.0)
+        assert sync.action() == "snapshot"     # between iterations: now, on rank 0
+        assert sync.action() == "none"         # the stop is deferred...
+        sync.on_start()
+        assert sync.action() == "stop"         # ...to the end of the next iteration
+        sync.on_start()
+        assert sync.action() == "none"
+    finally:
+        dist.destroy_process_group()
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available() or torch.cuda.device_count() < 2,
+                    reason="needs 2 GPUs")
+@pytest.mark.timeout(180)
+def test_two_processes_over_nccl_equal_one_process_on_the_same_gpus(tmp_path, db):
+    """Two "hosts" on one machine (rank r trains on GPU r, NCCL between the processes) against
+    one process with --gpus 0,1: the same weights."""
+    solver = _solver_file(tmp_path, db)
+    driver = tmp_path / "driver.py"
+    driver.write_text(DRIVER)
+    runs = _two_hosts([[str(driver), str(solver), str(r), str(tmp_path)] for r in (0, 1)])
+    assert [rc for rc, _ in runs] == [0, 0], runs
+    assert "backend nccl" in runs[0][1]
+    rank0, rank1 = (torch.load(tmp_path / f"rank{r}.pt") for r in (0, 1))
+    assert all(torch.equal(a, b) for a, b in zip(rank0, rank1, strict=True))
+    with ReplicatedRun(load_solver(solver), ["cuda:0", "cuda:1"], log=lambda m: None) as run:
+        run.run()
+        one = _weights(run.root)
+    assert _rel([w.cpu() for w in rank0], [w.cpu() for w in one]) < 1e-4
