@@ -232,7 +232,7 @@ class MultiHostRun(ReplicatedRun):
                  f"(backend {h.backend}, rank 0 leads); effective batch {batch} x {h.total} "
                  f"replicas x iter_size {p.iter_size} = {batch * h.total * p.iter_size}")
         local = super().banner()  # "Batch: ... (effective batch ...)" of this host alone
-        local[0] = f"This host: {local[0][0].lower()}{local[0][1:]}"
+        local[0] = local[0].replace("Batch: ", "This host: batch ", 1)
         return [world, *local]
 
     def prepare(self) -> None:
