@@ -103,7 +103,15 @@ def init_hosts(devices: Sequence[torch.device], backend: str | None,
         raise SolverError("--dist-backend nccl needs CUDA replicas; use gloo on CPU")
     if on_cuda:
         torch.cuda.set_device(devices[0])
-    dist.init_process_group(backend, timeout=datetime.timedelta(seconds=timeout))
+    try:
+        dist.init_process_group(backend, timeout=datetime.timedelta(seconds=timeout))
+    except Exception as exc:  # noqa: BLE001 - no traceback for a host that never came
+        first = str(exc).splitlines()[0] if str(exc) else ""
+        raise SolverError(
+            f"rank {os.environ['RANK']} of {world_size()}: could not meet the other hosts at "
+            f"{os.environ['MASTER_ADDR']}:{os.environ['MASTER_PORT']} within {timeout:g} s "
+            f"({type(exc).__name__}: {first}); start every host, with the same MASTER_ADDR "
+            "and MASTER_PORT") from None
     hosts = Hosts(dist.get_rank(), dist.get_world_size(), len(devices), backend, timeout)
     try:
         if backend != "gloo":
@@ -208,18 +216,22 @@ class MultiHostRun(ReplicatedRun):
         self._check_same_net()
 
     def _check_same_net(self) -> None:
+        """Every root's learnable and state tensors have rank 0's shapes, in rank 0's order
+        (equal buffer sizes are not enough: each tensor is padded to 64 bytes)."""
         root = self.sync.replica(0)
-        mine = [root.flat.numel, root.state.numel]
-        sizes: list[Any] = [None] * self.hosts.world
+        mine = [[tuple(t.shape) for t in root.flat.tensors],
+                [tuple(t.shape) for t in root.state.tensors]]
+        nets: list[Any] = [None] * self.hosts.world
         try:
-            dist.all_gather_object(sizes, mine, group=self.hosts.flags)
+            dist.all_gather_object(nets, mine, group=self.hosts.flags)
         except Exception as exc:  # noqa: BLE001
             raise self.hosts.fail("comparing the nets", exc) from None
-        for rank, other in enumerate(sizes):
-            if other != sizes[0]:
-                raise SolverError(f"rank {rank}'s net has {other[0]} parameter and {other[1]} "
-                                  f"state elements, rank 0's {sizes[0][0]} and {sizes[0][1]}; "
-                                  "every host must train the same net")
+        for rank, other in enumerate(nets):
+            for kind, theirs, ours in zip(("learnable", "state"), other, nets[0], strict=True):
+                if theirs != ours:
+                    raise SolverError(f"rank {rank}'s net differs from rank 0's: {kind} blobs "
+                                      f"{_first_difference(theirs, ours)}; every host must "
+                                      "train the same net")
 
     def banner(self) -> list[str]:
         h, p = self.hosts, self.param
@@ -249,6 +261,13 @@ class MultiHostRun(ReplicatedRun):
             raise self.hosts.fail("the broadcast of rank 0's weights", exc) from None
 
 
+def _first_difference(theirs: list[tuple[int, ...]], ours: list[tuple[int, ...]]) -> str:
+    for k, (a, b) in enumerate(zip(theirs, ours, strict=False)):
+        if a != b:
+            return f"#{k} is {list(a)} there, {list(b)} on rank 0"
+    return f"{len(theirs)} there, {len(ours)} on rank 0"
+
+
 def _no_action() -> str:
     return NONE
 
@@ -274,7 +293,7 @@ def train_multihost(param: SolverParameter, devices: Sequence[torch.device | str
                              action=signals.requested_action) as run:
             return run.run()
     except CaffePyError as exc:
-        where = f"rank {_rank()} of {dist.get_world_size() if dist.is_initialized() else '?'}"
+        where = f"rank {_rank()} of {_world()}"
         msg = str(exc)
         if msg.startswith(where):
             raise
@@ -286,6 +305,10 @@ def train_multihost(param: SolverParameter, devices: Sequence[torch.device | str
 
 def _rank() -> int | str:
     return dist.get_rank() if dist.is_initialized() else os.environ.get("RANK", "?")
+
+
+def _world() -> int:
+    return dist.get_world_size() if dist.is_initialized() else world_size()
 
 
 def _agreed_param(param: SolverParameter, options: TrainOptions,

@@ -228,6 +228,20 @@ def test_hosts_with_different_replica_counts_fail_naming_the_counts(tmp_path, db
         assert "Traceback" not in out
 
 
+@pytest.mark.timeout(60)
+def test_hosts_with_different_nets_fail_naming_the_sizes(tmp_path, db):
+    solver = _solver_file(tmp_path, db)
+    other = tmp_path / "other.yaml"
+    other.write_text(solver.read_text().replace("num_output: 3", "num_output: 4"))
+    argv = [str(CLI), "train", "--gpus", "cpu:1", "--dist-timeout", "20", "--solver"]
+    runs = _two_hosts([[*argv, str(solver)], [*argv, str(other)]])
+    line = ("rank 1's net differs from rank 0's: learnable blobs #2 is [4, 8] there, [3, 8] on "
+            "rank 0; every host must train the same net")
+    for rank, (rc, out) in enumerate(runs):
+        assert rc == 1
+        assert f"Error: rank {rank} of 2: {line}" in out.splitlines(), out
+
+
 @pytest.mark.timeout(90)
 def test_a_failing_rank_ends_every_process_with_an_error_naming_its_rank(tmp_path, db):
     solver = _solver_file(tmp_path, db, iters=50)
