@@ -240,7 +240,8 @@ class MultiHostRun(ReplicatedRun):
         if not self.lead:
             return [f"rank {h.rank} of {h.world}: global replicas {h.offset}.."
                     f"{h.offset + h.local - 1} on {devices}"]
-        world = (f"World: {h.world} hosts x {h.local} replicas per host = {h.total} replicas "
+        per_host = f"{h.local} replica{'s' if h.local != 1 else ''} per host"
+        world = (f"World: {h.world} hosts x {per_host} = {h.total} replicas "
                  f"(backend {h.backend}, rank 0 leads); effective batch {batch} x {h.total} "
                  f"replicas x iter_size {p.iter_size} = {batch * h.total * p.iter_size}")
         local = super().banner()  # "Batch: ... (effective batch ...)" of this host alone
