@@ -203,6 +203,13 @@ class _Stream:
             j += -(-(self.starts[slot] - position - j) // n) * n
         return j
 
+    def wanted(self, position: int, count: int) -> np.ndarray:
+        """Which of the ``count`` records from ``position`` on this pool's replicas take."""
+        mask = np.zeros(count, bool)
+        for slot in range(len(self.order)):
+            mask[self.first_index(slot, position)::self.step] = True
+        return mask
+
     def readable(self, limit: int) -> int:
         """How many records from ``position`` on can be read now: up to the first one whose
         queue is full (records before a replica's start take no room, nor do other pools'
@@ -346,8 +353,12 @@ class _Source:
             if not stream.cursor.next():
                 stream.cursor.first()  # the end of the database: wrap to the first record
             keys, values = zip(*items, strict=True)
+            # a slice of a larger round-robin decodes only its own records, unless it keeps
+            # the whole database decoded (the cache): the other hosts decode theirs
+            wanted = stream.wanted(stream.position, len(values)) if (
+                cache is None and stream.total) else None
             try:
-                pixels, labels = self._decode(stream, keys, values)
+                pixels, labels = self._decode(stream, keys, values, wanted)
             except _Partial as partial:
                 (pixels, labels), error = partial.done, partial.error
             if cache is not None:
@@ -367,10 +378,11 @@ class _Source:
         if error is not None:
             raise error
 
-    def _decode(self, stream: _Stream, keys: Sequence[bytes],
-                values: Sequence[bytes]) -> tuple[np.ndarray, np.ndarray]:
+    def _decode(self, stream: _Stream, keys: Sequence[bytes], values: Sequence[bytes],
+                wanted: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
         """Pixels (k, C, H, W) and labels (k,) of raw records, in as few numpy operations
-        as the chunk allows; other records go one by one through the full decoder."""
+        as the chunk allows; other records go one by one through the full decoder, only those
+        ``wanted`` (when given; the rows of the others are left undefined)."""
         fast = None if stream.raw_prefix is None else raw_chunk(values, stream.raw_prefix,
                                                                    stream.record_shape)
         if fast is not None and fast[2] is None:
@@ -380,7 +392,7 @@ class _Source:
         ok = np.zeros(len(values), bool)
         if fast is not None:
             pixels[...], labels[...], ok = fast
-        for i in np.flatnonzero(~ok).tolist():
+        for i in np.flatnonzero(~ok if wanted is None else ~ok & wanted).tolist():
             try:
                 pixels[i], labels[i] = self._decode_one(stream, keys[i], values[i])
             except DataError as exc:

@@ -459,3 +459,25 @@ def test_a_slice_resumes_its_part_of_a_one_pool_state(tmp_path):
         pool.load_state(state)
         pool.start()
         assert [layer()[1].tolist() for layer in layers] == [[14], [11]]
+
+
+def test_a_slice_decodes_only_its_own_records_without_the_cache(tmp_path, monkeypatch):
+    """Without the cache each pool decodes only its replicas' records: a corrupt record is
+    reported by the slice it belongs to, naming its key (record 3 of 9 is replica 1's on the
+    first pass, position 3, and replica 0's on the second, position 12)."""
+    import caffe_py.io.reader as reader
+
+    monkeypatch.setattr(reader, "CACHE_BYTES", 0)
+    db = make_db(tmp_path / "db", 9, corrupt=3)
+    with ReaderPool(replicas=1, replica_offset=0, total_replicas=2) as pool:
+        queue = subscribe(pool, db, prefetch=4)
+        pool.start()
+        assert labels(queue, 5) == [0, 2, 4, 6, 8]  # past 3: the other slice's, not decoded
+        with pytest.raises(DataError, match="00000003"):
+            labels(queue, 2)
+    with ReaderPool(replicas=1, replica_offset=1, total_replicas=2) as pool:
+        queue = subscribe(pool, db, prefetch=4)
+        pool.start()
+        assert labels(queue, 1) == [1]
+        with pytest.raises(DataError, match="00000003"):
+            labels(queue, 2)
