@@ -7,8 +7,8 @@ i+2N, ... and one iteration of N replicas of batch B reads exactly the next N x 
 A pool can also serve a slice of a larger round-robin (several hosts, one pool each):
 ``ReaderPool(replicas=n, replica_offset=k, total_replicas=G)`` holds global replicas k .. k+n-1
 of G; record g goes to global replica ``g % G``, and records of the other pools' replicas are
-read and skipped (never queued), so the G replicas of all pools together get exactly what one
-pool of G replicas hands out.
+read and skipped (never queued, and not decoded unless the database is cached), so the G
+replicas of all pools together get exactly what one pool of G replicas hands out.
 
 One thread per database serves every stream of that database: it reads the LMDB in key order a
 chunk at a time, decodes the chunk (raw records by a few numpy operations for the whole chunk)
