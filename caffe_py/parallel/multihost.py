@@ -213,7 +213,11 @@ class MultiHostRun(ReplicatedRun):
                          action=lambda: self.host_sync.action(), extra_callbacks=callbacks,
                          replica_offset=hosts.offset, total_replicas=hosts.total,
                          lead=hosts.rank == 0, **kw)
-        self._check_same_net()
+        try:
+            self._check_same_net()
+        except BaseException:
+            self.close()
+            raise
 
     def _check_same_net(self) -> None:
         """Every root's learnable and state tensors have rank 0's shapes, in rank 0's order

@@ -308,3 +308,18 @@ def test_two_processes_over_nccl_equal_one_process_on_the_same_gpus(tmp_path, db
         run.run()
         one = _weights(run.root)
     assert _rel([w.cpu() for w in rank0], [w.cpu() for w in one]) < 1e-4
+
+
+def test_a_hosts_replicas_take_global_seeds_and_record_slices(tmp_path, db):
+    """Rank 1 of 2 with 2 replicas: global replicas 2 and 3 (seeds 7 + 2, 7 + 3; Data feeds
+    the run's seed 7), the reader's slice 2..3 of 4, an unscaled local root, and a root that
+    neither tests nor displays."""
+    param = load_solver(_solver_file(tmp_path, db))
+    with ReplicatedRun(param, ["cpu", "cpu"], log=lambda m: None, replica_offset=2,
+                       total_replicas=4, lead=False) as run:
+        assert [s.seed for s in run.solvers] == [9, 10]
+        assert [s.net.data_layers()[0]._feed.transformer.seed for s in run.solvers] == [7, 7]
+        assert (run.pool.replica_offset, run.pool.total_replicas) == (2, 4)
+        assert run.sync.root_scale is False
+        assert (run.root.verbose, run.root.test_nets, run.root.applies_updates) == (
+            False, [], True)
