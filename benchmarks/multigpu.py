@@ -133,11 +133,11 @@ def cmd_caffe(args: argparse.Namespace) -> None:
     param.max_iter = args.warmup + args.iters
     clocks = [StepClock(devices, args.warmup, i == 0, args.profile if i == 0 else None)
               for i in range(len(devices))]
-    fmt = torch.channels_last if args.channels_last else None
+    param.memory_format = "CHANNELS_LAST" if args.channels_last else "CONTIGUOUS"
     notes: list[str] = []
     with ReplicatedRun(param, devices, TrainOptions(reduction=args.reduction),
                        log=notes.append, extra_callbacks=lambda i: [clocks[i]],
-                       memory_format=fmt, cuda_graphs=args.graphs,
+                       cuda_graphs=args.graphs,
                        overlap=not args.no_overlap,
                        lockstep=False if args.no_lockstep else None) as run:
         batch = run.root.batch_size()

@@ -72,8 +72,8 @@ class ReplicatedRun:
 
     Build it, then :meth:`run`; :meth:`close` stops the readers (also done by ``with``).
     ``extra_callbacks(i)`` gives replica i more callbacks after the sync one (benchmarks time
-    and profile steps with it); ``memory_format`` (e.g. ``torch.channels_last``) converts each
-    net before its weights move into the flat buffers; ``cuda_graphs`` runs each replica's
+    and profile steps with it); the solver's ``memory_format`` field lays out each net before
+    its weights move into the flat buffers; ``cuda_graphs`` runs each replica's
     forward/backward as one CUDA graph replay (:mod:`.graphs`; default: the options'
     ``cuda_graphs`` field when it has one, else off); ``overlap=False`` makes the tree reduce
     only after backward (no Python hooks in backward's thread); ``lockstep`` has the root's
@@ -90,7 +90,6 @@ class ReplicatedRun:
                  options: TrainOptions | None = None, *, log: Log = stdout_log,
                  action: Callable[[], str] | None = None, timeout: float = DEFAULT_TIMEOUT_S,
                  extra_callbacks: Callable[[int], Sequence[Any]] | None = None,
-                 memory_format: torch.memory_format | None = None,
                  cuda_graphs: bool | None = None, overlap: bool = True,
                  lockstep: bool | None = None, replica_offset: int = 0,
                  total_replicas: int | None = None, lead: bool = True):
@@ -125,8 +124,7 @@ class ReplicatedRun:
         try:
             for i in range(n):
                 extra = list(extra_callbacks(i)) if extra_callbacks else []
-                self._add_replica(i, base_seed, extra, action if i == 0 else None,
-                                  memory_format)
+                self._add_replica(i, base_seed, extra, action if i == 0 else None)
             self.sync.check_shapes()
             self.graphs = [use_cuda_graphs(s, log) for s in self.solvers] if cuda_graphs else []
         except BaseException:
@@ -134,8 +132,7 @@ class ReplicatedRun:
             raise
 
     def _add_replica(self, i: int, base_seed: int, extra: list[Any],
-                     action: Callable[[], str] | None,
-                     memory_format: torch.memory_format | None) -> None:
+                     action: Callable[[], str] | None) -> None:
         """Replica i's Solver on its device, its params moved into flat buffers.
 
         The Solver (its fillers, Dropout: Caffe's worker seeds) gets ``base_seed + i``; its
@@ -153,8 +150,6 @@ class ReplicatedRun:
                             log=self.log, precision=self.options.precision, **kw)
             self.solvers.append(solver)
             solver.applies_updates = i == 0
-            if memory_format is not None:
-                _convert(solver, memory_format)
             self.sync.setup(i, [lp.param for lp in solver.net.learnable_params()],
                             state_blobs(solver.net))
         except torch.cuda.OutOfMemoryError as exc:
@@ -307,15 +302,6 @@ def state_blobs(net: Any) -> list[torch.Tensor]:
                 seen.add(id(t))
                 out.append(t)
     return out
-
-
-def _convert(solver: Solver, memory_format: torch.memory_format) -> None:
-    """The net (and the update's history, so the foreach update sees one layout) in
-    ``memory_format``; the Parameter objects stay the same."""
-    solver.net.to(memory_format=memory_format)
-    for h in solver.updater.history:
-        if h.dim() == 4:
-            h.data = h.data.contiguous(memory_format=memory_format)
 
 
 def _name(device: torch.device, i: int) -> str:

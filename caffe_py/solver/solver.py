@@ -64,6 +64,13 @@ def resolve_seed(random_seed: int) -> int:
     return random_seed if random_seed >= 0 else time.time_ns() % (2**31)
 
 
+def memory_format_for(name: str, device: torch.device) -> torch.memory_format:
+    """The solver's ``memory_format`` field on ``device`` (AUTO: channels_last on CUDA)."""
+    if name == "CHANNELS_LAST" or (name == "AUTO" and device.type == "cuda"):
+        return torch.channels_last
+    return torch.contiguous_format
+
+
 def stdout_log(message: str) -> None:
     print(message, flush=True)
 
@@ -97,7 +104,13 @@ class Solver:
         self._bar = None
 
         spec, state = param.train_net_spec()
+        if self.device.type == "cuda":  # the net's shapes are fixed: let cuDNN pick its kernels
+            torch.backends.cudnn.benchmark = True
         self.net = self._build(spec, "TRAIN", state)
+        self.memory_format = memory_format_for(param.memory_format, self.device)
+        # Before the Updater exists, so its history takes the weights' layout; the TEST nets
+        # share these Parameters.
+        self.net.to(memory_format=self.memory_format)
         learnable = self.net.learnable_params()
         self.updater = Updater(param, [lp.param for lp in learnable],
                                [(lp.lr_mult, lp.decay_mult) for lp in learnable])

@@ -23,6 +23,7 @@ from .schema import Check, Location, Source, field, is_set, parse_message
 SOLVER_TYPES = ("SGD", "Nesterov", "AdaGrad", "RMSProp", "AdaDelta", "Adam")
 LR_POLICIES = ("fixed", "step", "exp", "inv", "multistep", "poly", "sigmoid")
 PRECISIONS = ("FLOAT32", "BF16")
+MEMORY_FORMATS = ("AUTO", "CONTIGUOUS", "CHANNELS_LAST")
 SNAPSHOT_FORMATS = ("pt", "caffemodel", "BINARYPROTO")
 
 # Which fields each lr policy reads (beyond base_lr); a policy missing one is an error.
@@ -110,6 +111,11 @@ class SolverParameter:
     precision: str = field("FLOAT32", "FLOAT32, or BF16: forward/backward under bfloat16 "
                                       "autocast, weights and update in float32",
                            choices=PRECISIONS)
+    memory_format: str = field("AUTO", "layout of 4-D weights and activations: CHANNELS_LAST "
+                                       "(what cuDNN's fastest convolutions want), CONTIGUOUS "
+                                       "(NCHW, Caffe's), or AUTO: CHANNELS_LAST on CUDA "
+                                       "devices, CONTIGUOUS on CPUs; the numbers are the same",
+                               choices=MEMORY_FORMATS)
     _location: Location | None = dataclasses.field(default=None, repr=False, compare=False)
     _file: str = dataclasses.field(default="<string>", repr=False, compare=False)
 
@@ -252,4 +258,5 @@ def _default_prefix(spec: SolverParameter, src: Source, written: str) -> None:
 
 
 __all__ = ["SolverParameter", "NetState", "parse_solver", "load_solver", "SOLVER_TYPES",
-           "LR_POLICIES", "PRECISIONS"]
+           "LR_POLICIES", "PRECISIONS",
+           "MEMORY_FORMATS"]

@@ -228,10 +228,12 @@ def test_nccl_needs_cuda(tmp_path, db):
 
 def test_channels_last_replicas_train_the_same(tmp_path, db):
     param = _param(tmp_path, db, batch=B, name="cl")
-    with ReplicatedRun(param, ["cpu"] * 2, log=lambda m: None,
-                       memory_format=torch.channels_last) as run:
+    param.memory_format = "CHANNELS_LAST"
+    with ReplicatedRun(param, ["cpu"] * 2, log=lambda m: None) as run:
         conv = run.root.net.layer_by_name("conv").blobs()[0]
         assert conv.is_contiguous(memory_format=torch.channels_last)
+        assert all(h.is_contiguous(memory_format=torch.channels_last)
+                   for h in run.root.updater.history if h.dim() == 4)
         run.run()
         got = _weights(run.root)
     assert _rel(got, _replicated(tmp_path, db, 2)[0]) < 1e-5
