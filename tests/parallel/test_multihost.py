@@ -154,7 +154,7 @@ def test_two_hosts_of_two_equal_one_host_of_four_and_one_replica_of_4b(tmp_path,
     driver.write_text(DRIVER)
     runs = _two_hosts([[str(driver), str(solver), "cpu:2", str(tmp_path)]] * 2)
     assert [rc for rc, _ in runs] == [0, 0], runs
-    rank0, rank1 = (torch.load(tmp_path / f"rank{r}.pt") for r in (0, 1))
+    rank0, rank1 = (torch.load(tmp_path / f"rank{r}.pt", map_location="cpu") for r in (0, 1))
     # every root applied the same update to the same weights
     assert all(torch.equal(a, b) for a, b in zip(rank0, rank1, strict=True))
     quiet = lambda m: None  # noqa: E731
@@ -211,7 +211,7 @@ def test_a_signal_on_rank_1_acts_on_every_host_after_the_same_iteration(tmp_path
     assert sorted(p.name for p in (tmp_path / "s").iterdir()) == [
         "snap_iter_2.pt", "snap_iter_2.solverstate.pt",
         "snap_iter_4.pt", "snap_iter_4.solverstate.pt"]
-    rank0, rank1 = (torch.load(tmp_path / f"rank{r}.pt") for r in (0, 1))
+    rank0, rank1 = (torch.load(tmp_path / f"rank{r}.pt", map_location="cpu") for r in (0, 1))
     assert all(torch.equal(a, b) for a, b in zip(rank0, rank1, strict=True))
 
 
@@ -302,12 +302,12 @@ def test_two_processes_over_nccl_equal_one_process_on_the_same_gpus(tmp_path, db
     runs = _two_hosts([[str(driver), str(solver), str(r), str(tmp_path)] for r in (0, 1)])
     assert [rc for rc, _ in runs] == [0, 0], runs
     assert "backend nccl" in runs[0][1]
-    rank0, rank1 = (torch.load(tmp_path / f"rank{r}.pt") for r in (0, 1))
+    rank0, rank1 = (torch.load(tmp_path / f"rank{r}.pt", map_location="cpu") for r in (0, 1))
     assert all(torch.equal(a, b) for a, b in zip(rank0, rank1, strict=True))
     with ReplicatedRun(load_solver(solver), ["cuda:0", "cuda:1"], log=lambda m: None) as run:
         run.run()
         one = _weights(run.root)
-    assert _rel([w.cpu() for w in rank0], [w.cpu() for w in one]) < 1e-4
+    assert _rel(rank0, [w.cpu() for w in one]) < 1e-4
 
 
 def test_a_hosts_replicas_take_global_seeds_and_record_slices(tmp_path, db):
