@@ -40,9 +40,9 @@ import torch.distributed as dist
 from ..errors import CaffePyError, SolverError
 from ..solver import snapshot as snap
 from ..solver.signals import NONE, SNAPSHOT, STOP, SignalHandler
-from ..solver.solver import Solver, TrainOptions, resolve_seed, stdout_log
+from ..solver.solver import Solver, TrainOptions, check_start_files, resolve_seed, stdout_log
 from ..spec.solver_spec import SolverParameter
-from .replicated import ReplicatedRun, check_devices, check_start_files
+from .replicated import ReplicatedRun, check_devices
 
 Log = Callable[[str], None]
 BACKENDS = ("nccl", "gloo")

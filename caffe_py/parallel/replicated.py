@@ -15,7 +15,6 @@ from __future__ import annotations
 import copy
 import dataclasses
 from collections.abc import Callable, Sequence
-from pathlib import Path
 from typing import Any
 
 import torch
@@ -24,7 +23,7 @@ from ..devices import DeviceError
 from ..errors import SolverError
 from ..solver import snapshot as snap
 from ..solver.signals import SignalHandler
-from ..solver.solver import Solver, TrainOptions, resolve_seed, stdout_log
+from ..solver.solver import Solver, TrainOptions, check_start_files, resolve_seed, stdout_log
 from ..spec.solver_spec import SolverParameter
 from .graphs import use_cuda_graphs
 from .lockstep import LockstepRoot
@@ -267,21 +266,6 @@ def train_with_graphs(param: SolverParameter, devices: Sequence[torch.device],
         return train(param, devices, options, log=log)
     check_start_files(options)
     return train_replicated(param, devices, options, log=log)
-
-
-def check_start_files(options: TrainOptions) -> None:
-    """--weights must name weights and --snapshot a solver state, both existing files."""
-    for path in options.weights:
-        if snap.is_state_path(path):
-            raise SolverError(f"{path} is a solver state, not weights; pass it to --snapshot "
-                              "to resume training")
-    if options.snapshot and not snap.is_state_path(options.snapshot):
-        raise SolverError(f"{options.snapshot} is not a solver state (its name has no "
-                          "'.solverstate'); pass weights to --weights, or give the "
-                          "<prefix>_iter_<N>.solverstate.pt file to --snapshot")
-    for path in [*options.weights, *([options.snapshot] if options.snapshot else [])]:
-        if not Path(path).is_file():
-            raise SolverError(f"{path}: file not found; check the path")
 
 
 def state_blobs(net: Any) -> list[torch.Tensor]:

@@ -442,15 +442,8 @@ class Solver:
         return 0
 
 
-def train(param: SolverParameter, devices: Sequence[torch.device], options: TrainOptions,
-          log: Log = stdout_log) -> Solver | None:
-    """The single-device path of ``cpy train`` (several devices go to caffe_py.parallel)."""
-    if options.weights and options.snapshot:
-        raise SolverError("--weights and --snapshot are both given; --weights starts a new run "
-                          "from those weights, --snapshot resumes one: give only one")
-    if options.precision:
-        param = copy.copy(param)
-        param.precision = options.precision
+def check_start_files(options: TrainOptions) -> None:
+    """--weights must name weights and --snapshot a solver state, both existing files."""
     for path in options.weights:
         if snap.is_state_path(path):
             raise SolverError(f"{path} is a solver state, not weights; pass it to --snapshot "
@@ -462,6 +455,18 @@ def train(param: SolverParameter, devices: Sequence[torch.device], options: Trai
     for path in [*options.weights, *([options.snapshot] if options.snapshot else [])]:
         if not Path(path).is_file():
             raise SolverError(f"{path}: file not found; check the path")
+
+
+def train(param: SolverParameter, devices: Sequence[torch.device], options: TrainOptions,
+          log: Log = stdout_log) -> Solver | None:
+    """The single-device path of ``cpy train`` (several devices go to caffe_py.parallel)."""
+    if options.weights and options.snapshot:
+        raise SolverError("--weights and --snapshot are both given; --weights starts a new run "
+                          "from those weights, --snapshot resumes one: give only one")
+    if options.precision:
+        param = copy.copy(param)
+        param.precision = options.precision
+    check_start_files(options)
     snap.check_writable(param.snapshot_prefix)
     if len(devices) > 1:
         try:

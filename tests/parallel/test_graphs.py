@@ -99,8 +99,7 @@ def test_start_files_are_checked_before_a_graphed_run(tmp_path):
     import pytest
 
     from caffe_py.errors import SolverError
-    from caffe_py.parallel.replicated import check_start_files
-    from caffe_py.solver.solver import TrainOptions
+    from caffe_py.solver.solver import TrainOptions, check_start_files
 
     with pytest.raises(SolverError, match=r"^x\.solverstate\.pt is a solver state, not weights"):
         check_start_files(TrainOptions(weights=["x.solverstate.pt"]))
