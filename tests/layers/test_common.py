@@ -4,42 +4,14 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
+from layer_helpers import build, gradcheck, rand
 
 from caffe_py.errors import NetError, SpecError
-from caffe_py.layers import BuildContext, lookup
-from caffe_py.spec.net_spec import parse_layer
-from caffe_py.spec.schema import Source
-from caffe_py.spec.yamlio import loads
-
-
-def build(text: str, bottom_shapes, phase: str = "TRAIN", seed: int = 0):
-    """A layer from one YAML layer mapping, built on ``bottom_shapes``."""
-    spec = parse_layer(loads(text), Source(), "layer[0]")
-    ctx = BuildContext(phase=phase, generator=torch.Generator().manual_seed(seed))
-    return lookup(spec.type)(spec, [tuple(s) for s in bottom_shapes], ctx)
 
 
 def layer_yaml(kind: str, bottoms="data", tops="out", param: str = "") -> str:
     text = f"name: l\ntype: {kind}\nbottom: {bottoms}\ntop: {tops}\n"
     return text + (param + "\n" if param else "")
-
-
-def rand(*shape, seed=0, dtype=torch.float64):
-    return torch.randn(*shape, generator=torch.Generator().manual_seed(seed), dtype=dtype)
-
-
-def gradcheck(layer, *inputs) -> bool:
-    """gradcheck in float64 over the inputs and the layer's learnable blobs."""
-    layer = layer.double()
-    names = [n for n, _ in layer.named_parameters()]
-    params = tuple(p.detach().clone().requires_grad_(True) for p in layer.parameters())
-    inputs = tuple(x.detach().double().requires_grad_(True) for x in inputs)
-
-    def run(*args):
-        blobs = dict(zip(names, args[len(inputs):], strict=True))
-        return torch.func.functional_call(layer, blobs, args[:len(inputs)])
-
-    return torch.autograd.gradcheck(run, inputs + params, eps=1e-6, atol=1e-5)
 
 
 def error_of(text: str, shapes) -> str:

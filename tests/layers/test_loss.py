@@ -6,21 +6,11 @@ import math
 import numpy as np
 import pytest
 import torch
+from layer_helpers import build
 
 from caffe_py.errors import DataError, NetError
-from caffe_py.layers.base import BuildContext
-from caffe_py.layers.registry import lookup
-from caffe_py.spec.net_spec import parse_layer
-from caffe_py.spec.schema import Source
-from caffe_py.spec.yamlio import loads
 
 FLT_MIN = float(np.finfo(np.float32).tiny)
-
-
-def build(text: str, shapes, phase: str = "TRAIN", **options):
-    """One layer from a YAML net snippet (its first layer), built for ``shapes``."""
-    spec = parse_layer(loads(text)["layer"][0], Source(), "layer[0]")
-    return lookup(spec.type)(spec, shapes, BuildContext(phase=phase, options=options))
 
 
 def spec(kind: str, params: str = "", tops: str = "loss", bottoms: str = "score, label") -> str:

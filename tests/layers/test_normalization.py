@@ -4,19 +4,9 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
+from layer_helpers import build
 
 from caffe_py.errors import NetError, SpecError
-from caffe_py.layers.base import BuildContext
-from caffe_py.layers.registry import lookup
-from caffe_py.spec.net_spec import parse_layer
-from caffe_py.spec.schema import Source
-from caffe_py.spec.yamlio import loads
-
-
-def build(text: str, shapes, phase: str = "TRAIN"):
-    """One layer from a YAML net snippet (its first layer), built for ``shapes``."""
-    spec = parse_layer(loads(text)["layer"][0], Source(), "layer[0]")
-    return lookup(spec.type)(spec, shapes, BuildContext(phase=phase))
 
 
 def bn_spec(extra: str = "") -> str:
