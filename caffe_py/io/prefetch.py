@@ -14,6 +14,14 @@ The training loop of a small net is in Python nearly all the time, and any Pytho
 runs, and every wake-up, takes the GIL from it: so nothing here is done per record, the
 hand-overs are C queues, and while the loop has batches waiting the thread refills two slots
 per wake (docs/data_pipeline.md, "The training thread's GIL").
+
+Once the stream's database is kept decoded (the reader's cache, complete after the first pass)
+and a batch of records is small (``DIRECT_BYTES``), no thread is needed at all: :meth:`next`
+stops this feed's thread, takes its queue off the producer, and from then on gathers each batch
+in the training thread from the decoded database by position arithmetic (one numpy gather,
+on CUDA into a pinned slot, one copy and the transform on the current stream): a few
+microseconds of the loop's own time instead of two threads waking and taking the GIL. The
+batches are the ones the threads would have made, bit for bit.
 """
 from __future__ import annotations
 
@@ -21,18 +29,23 @@ import queue
 import threading
 import time
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 import torch
 
 from ..errors import DataError
-from .reader import JOIN_TIMEOUT_S, STALL_TIMEOUT_S, WAIT_SLICE_S, RecordQueue
+from .reader import JOIN_TIMEOUT_S, STALL_TIMEOUT_S, WAIT_SLICE_S, Detached, RecordQueue
 from .transformer import Transformer
 
 SLOTS = 4
 """Batches a feed assembles ahead of the training loop (its ring of host buffers on CUDA).
 While two or more are ready the thread waits for two free slots and fills both in one wake:
 every wake takes the GIL from the training loop, so it wakes about once per two batches."""
+DIRECT_BYTES = 1 << 20
+"""A feed whose batch of records is at most this many bytes gathers its batches in the training
+thread once the database is kept decoded (a gather of up to a few hundred microseconds);
+bigger batches stay on the threads, whose copies run outside the GIL beside the loop."""
 
 
 @dataclass
@@ -94,6 +107,10 @@ class Prefetcher:
         self._slots: list[_HostSlot] = []
         self._side: torch.cuda.Stream | None = None
         self._mean: torch.Tensor | None = None
+        record_bytes = int(np.prod(records.stream.record_shape)) * records.stream.dtype.itemsize
+        self._may_gather = batch_size * record_bytes <= DIRECT_BYTES
+        self._direct: _Direct | None = None  # set once the loop gathers its own batches
+        self._halt = False  # tells the thread to stop (the loop gathers from now on)
 
     # --- lifetime -----------------------------------------------------------------------------
     def start(self) -> None:
@@ -128,7 +145,7 @@ class Prefetcher:
                 torch.cuda.set_device(self.device)
                 # This thread's current stream, once: no stream context per batch.
                 torch.cuda.set_stream(self._side)
-            while True:
+            while not self._halt:
                 slots = [self._take_free()]
                 if self._ready.qsize() >= 2:  # the loop has batches: refill two at once
                     slots.append(self._take_free())
@@ -136,16 +153,19 @@ class Prefetcher:
                     return
                 for slot in slots:
                     self._ready.put(self._assemble(slot))
+        except Detached:
+            return  # the training loop gathers its own batches now
         except BaseException as exc:  # noqa: BLE001 (re-raised in the training loop)
             self._ready.put(_Failure(exc))
 
     def _take_free(self) -> int | None:
         """A ring slot the training loop has taken the batch of (None once stopped)."""
-        while not self.stop.is_set():
+        while not (self.stop.is_set() or self._halt):
             try:
-                return self._free.get(timeout=WAIT_SLICE_S)
+                slot = self._free.get(timeout=WAIT_SLICE_S)
             except queue.Empty:
                 continue
+            return None if slot < 0 else slot
         return None
 
     def _assemble(self, index: int) -> _Batch:
@@ -177,9 +197,16 @@ class Prefetcher:
     # --- the consumer -------------------------------------------------------------------------
     def next(self) -> tuple[torch.Tensor, torch.Tensor]:
         """The next batch: data (B, C, h, w) float32 and labels (B,) int64 on the device."""
+        if self._direct is not None:
+            return self._gather()
         if self.thread is None:
             raise DataError(f"{self.records.source.path}: the data feed {self.name} has not "
                             "started; call ReaderPool.start() before the first forward")
+        if self._may_gather:
+            cache = self.records.stream.cache
+            if cache is not None and cache.complete:
+                self._go_direct(cache)
+                return self._gather()
         item = self._take()
         if isinstance(item, _Failure):
             self._ready.put(item)  # every next() after a failure raises the same error
@@ -193,6 +220,56 @@ class Prefetcher:
         self.records.mark_consumed(item.records)
         self.delivered += 1
         return item.data, item.label
+
+    # --- gathering in the training thread ----------------------------------------------------
+    def _go_direct(self, cache: Any) -> None:
+        """Stop the thread, take the queue off the producer, and gather from ``cache`` (the
+        stream's decoded database) from now on. What the thread assembled ahead is dropped:
+        the positions count only what the loop took, so nothing is skipped or repeated."""
+        self._halt = True
+        self.records.detach()  # wakes the thread if it waits for records
+        self._free.put(-1)  # ... or for a free slot
+        self.thread.join(JOIN_TIMEOUT_S)
+        if self.thread.is_alive():
+            raise DataError(f"{self.records.source.path}: the data feed {self.name} did not "
+                            f"stop within {JOIN_TIMEOUT_S:.0f} s")
+        while not self._ready.empty():
+            item = self._ready.get_nowait()
+            if isinstance(item, _Failure):  # it failed before it stopped: report that
+                self._ready.put(item)
+                raise item.error
+        if self._cuda:  # the slots' device buffers were last read on the side stream
+            torch.cuda.current_stream(self.device).wait_stream(self._side)
+        self._direct = _Direct(self.records, cache, self.batch_size)
+
+    def _gather(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """The next batch from the decoded database, in this (the training) thread."""
+        if self.stop.is_set():
+            raise DataError(f"{self.records.source.path}: the data feed {self.name} "
+                            "stopped (the data reader was closed)")
+        direct, transformer = self._direct, self.transformer
+        first, index = direct.next_batch(self.records.consumed)
+        choices = transformer.choices_for(first, direct.step, self.batch_size)
+        cache = direct.cache
+        if self._cuda:
+            slot = self._slots[direct.slot]
+            direct.slot = (direct.slot + 1) % SLOTS
+            slot.wait_free()
+            # as the thread does: crop on the host, flip on the device (uint8 both ways)
+            transformer.gather(cache.pixels, index, choices, slot.data, mirror=False)
+            np.take(cache.labels, index, out=slot.label, mode="clip")
+            slot.device.copy_(slot.host, non_blocking=True)  # on the current stream
+            data = transformer.device(slot.device_data, choices, self._mean, mirror=True)
+            label = slot.device_label.clone()
+            slot.done.record()
+            slot.used = True
+        else:
+            pixels = transformer.gather(cache.pixels, index, choices)
+            data = torch.from_numpy(transformer.numpy_values(pixels, choices))
+            label = torch.from_numpy(cache.labels[index])
+        self.records.mark_consumed(self.batch_size)
+        self.delivered += 1
+        return data, label
 
     def _take(self) -> _Batch | _Failure:
         try:
@@ -211,6 +288,27 @@ class Prefetcher:
             if time.monotonic() - waited_since > STALL_TIMEOUT_S + 5 * WAIT_SLICE_S:
                 raise DataError(f"{self.records.source.path}: no batch for the data feed "
                                 f"{self.name} in {STALL_TIMEOUT_S:.0f} s")
+
+
+class _Direct:
+    """Where a feed's batches lie in its stream's decoded database: replica slot s of a
+    round-robin of n reads positions starts[s], starts[s] + n, ...; position p is database
+    record (origin + p) mod size, exactly as the producer reads them."""
+
+    def __init__(self, records: RecordQueue, cache: Any, batch_size: int):
+        stream = records.stream
+        self.cache = cache
+        self.step = stream.step
+        self.start = stream.starts[stream.order.index(records.replica)]
+        self.origin, self.size = stream.origin, cache.size
+        self.offsets = np.arange(batch_size, dtype=np.int64) * self.step  # (B,)
+        self.slot = 0  # the CUDA ring slot the next batch is staged in
+
+    def next_batch(self, consumed: int) -> tuple[int, np.ndarray]:
+        """The first position of the batch after ``consumed`` records, and its (B,) records."""
+        first = self.start + self.step * consumed
+        index = self.offsets + (self.origin + first)
+        return first, np.remainder(index, self.size, out=index)
 
 
 def _with_index(device: torch.device) -> torch.device:

@@ -99,6 +99,11 @@ class RecordBatch:
                             self.labels[n:], self.keys[n:]))
 
 
+class Detached(Exception):
+    """Raised in a feed thread waiting on a queue its feed has taken off the producer (the
+    feed now gathers its batches from the decoded database in the training thread)."""
+
+
 def _join(parts: list[RecordBatch]) -> RecordBatch:
     if len(parts) == 1:
         return parts[0]
@@ -112,8 +117,12 @@ class RecordQueue:
     """A bounded queue of records for one (stream, replica); the consumer side. It holds the
     producer's chunks whole, so handing over a batch is a few operations, not one per record."""
 
-    def __init__(self, source: _Source, stream: _Stream, capacity: int):
+    def __init__(self, source: _Source, stream: _Stream, capacity: int, replica: int = 0):
         self.source, self.stream, self.capacity = source, stream, capacity
+        self.replica = replica
+        self.detached = False
+        """Set (under the lock) once the feed gathers its own batches from the stream's
+        decoded database: the producer then reads nothing more for this queue."""
         self.chunks: deque[RecordBatch] = deque()
         self.count = 0
         """Records queued (the producer adds, the consumer takes, both under the lock)."""
@@ -147,6 +156,8 @@ class RecordQueue:
                         cond.notify_all()  # room for the producer
                     idle_since = time.monotonic()
                     continue
+                if self.detached:
+                    raise Detached(self.stream.name)
                 self.source.raise_if_failed()
                 if time.monotonic() - idle_since > timeout:
                     raise DataError(f"{self.source.path}: no record arrived for {timeout:.0f} s "
@@ -163,6 +174,12 @@ class RecordQueue:
 
     def mark_consumed(self, n: int) -> None:
         self.consumed += n
+
+    def detach(self) -> None:
+        """Take this queue off the producer (see :attr:`detached`) and wake its waiters."""
+        with self.source.cond:
+            self.detached = True
+            self.source.cond.notify_all()
 
 
 @dataclass
@@ -213,13 +230,22 @@ class _Stream:
     def readable(self, limit: int) -> int:
         """How many records from ``position`` on can be read now: up to the first one whose
         queue is full (records before a replica's start take no room, nor do other pools'
-        records, which are skipped), at most ``limit``."""
-        n = self.step
+        records, which are skipped, nor do detached queues'), at most ``limit``; 0 once every
+        queue is detached."""
+        n, attached = self.step, False
         for slot, replica in enumerate(self.order):
             queue = self.queues[replica]
+            if queue.detached:
+                continue
+            attached = True
             limit = min(limit, self.first_index(slot, self.position)
                         + n * (queue.capacity - queue.count))
-        return limit
+        return limit if attached else 0
+
+    @property
+    def detached(self) -> bool:
+        """Every replica's feed gathers its own batches: nothing is left to read."""
+        return all(queue.detached for queue in self.queues.values())
 
     def state(self) -> dict[str, Any]:
         """Global positions: ``next[s]`` is the next record of global replica offset + s of
@@ -333,6 +359,8 @@ class _Source:
                     if count:
                         break
                 else:
+                    if all(st.detached for st in streams):
+                        return  # every feed gathers from the decoded database: never wake
                     self.cond.wait(WAIT_SLICE_S)
                     continue
             turn = (k + 1) % len(streams)
@@ -368,8 +396,8 @@ class _Source:
         with self.cond:
             for slot, replica in enumerate(stream.order):
                 j = stream.first_index(slot, first)
-                if j < done:
-                    queue = stream.queues[replica]
+                queue = stream.queues[replica]
+                if j < done and not queue.detached:
                     part = RecordBatch(first + j, n, pixels[j::n], labels[j::n], keys[j:done:n])
                     queue.chunks.append(part)
                     queue.count += len(part)
@@ -476,7 +504,7 @@ class ReaderPool:
                 st.origin = int(np.random.default_rng(seed).integers(0, rand_skip + 1))
         if replica in st.queues:
             raise DataError(f"{source}: stream {stream} already has replica {replica} attached")
-        queue = RecordQueue(src, st, capacity=prefetch * batch_size)
+        queue = RecordQueue(src, st, capacity=prefetch * batch_size, replica=replica)
         st.queues[replica] = queue
         return queue
 

@@ -22,6 +22,7 @@ from pathlib import Path
 
 import numpy as np
 import torch
+from numpy.lib.stride_tricks import sliding_window_view
 
 from ..errors import DataError
 from ..spec.net_spec import TransformationParameter
@@ -74,6 +75,7 @@ class Transformer:
         self.out_shape = (c, crop, crop) if crop else (c, h, w)
         self.mean = self._load_mean()  # (C, H, W) float32, (C, 1, 1), or None
         self._fixed_choices: dict[int, Choices] = {}
+        self._windows: tuple[np.ndarray, np.ndarray] | None = None  # see gather()
 
     # --- validation ---------------------------------------------------------------------------
     def _load_mean(self) -> np.ndarray | None:
@@ -167,6 +169,31 @@ class Transformer:
             window = array[:, h0:h0 + ch, w0:w0 + cw]
             out[i] = window[:, :, ::-1] if flipped and flips[i] else window
 
+    def gather(self, records: np.ndarray, index: np.ndarray, choices: Choices,
+               out: np.ndarray | None = None, *, mirror: bool = True) -> np.ndarray:
+        """Records ``index`` (B,) of a decoded database ``records`` (N, C, H, W), cropped (and
+        mirrored unless ``mirror`` is False) exactly as :meth:`host` does, into ``out`` or a
+        new (B, C, h, w) array: one numpy gather (plus one flip), no Python per record."""
+        _, ch, cw = self.out_shape
+        offsets = choices.offsets
+        if not self.tp.crop_size:  # whole records: one take (mode clip: no buffered copy)
+            picked = np.take(records, index, axis=0, out=out, mode="clip")
+        else:
+            if choices is self._fixed_choices.get(len(index)):  # one window for all
+                h0, w0 = (int(v) for v in offsets[0]) if len(index) else (0, 0)
+                picked = records[index, :, h0:h0 + ch, w0:w0 + cw]
+            else:  # a window per record: index the (N, C, H', W', h, w) view of all windows
+                if self._windows is None or self._windows[0] is not records:
+                    self._windows = (records, sliding_window_view(records, (ch, cw), (2, 3)))
+                picked = self._windows[1][index, :, offsets[:, 0], offsets[:, 1]]
+            if out is not None:
+                np.copyto(out, picked)
+                picked = out
+        flips = choices.flips
+        if mirror and flips.any():
+            picked[flips] = picked[flips][..., ::-1]
+        return picked
+
     # --- numpy only (the CPU feed thread) -------------------------------------------------------
     def numpy(self, arrays: np.ndarray, choices: Choices) -> np.ndarray:
         """The whole transform of a (B, C, H, W) record array with numpy only: (B, C, h, w)
@@ -176,6 +203,11 @@ class Transformer:
             cropped = np.empty((len(arrays), *self.out_shape), arrays.dtype)
             self.host(arrays, choices, cropped)
             arrays = cropped
+        return self.numpy_values(arrays, choices)
+
+    def numpy_values(self, arrays: np.ndarray, choices: Choices) -> np.ndarray:
+        """The value half of :meth:`numpy` for records already cropped and mirrored
+        (B, C, h, w): ``(x - mean) * scale`` in float32, always a new array."""
         scale = np.float32(self.tp.scale)
         if self.mean is not None:
             x = np.subtract(arrays, self._mean_np(choices), dtype=np.float32)

@@ -184,3 +184,91 @@ def test_float_records_flow_through_as_floats(tmp_path):
     assert layer.record_dtype == np.float32
     want = torch.from_numpy(np.stack([(values + i - 0.5) * 2 for i in range(3)]))
     torch.testing.assert_close(data, want, rtol=0, atol=0)
+
+
+# --- gathering in the training thread once the database is kept decoded -----------------------
+def _net(layer):
+    return type("Net", (), {"data_layers": lambda self: [layer]})()
+
+
+def _run_replicas(db, transform, device, steps, *, direct, monkeypatch, state=None,
+                  direct_bytes=1 << 20):
+    """``steps`` lockstep iterations of 2 replicas (batch 3 of a 10-record database, rand_skip
+    so the stream starts mid-database): their batches, the pool state, whether the feeds went
+    direct, and whether any pool thread was alive at the end."""
+    from caffe_py.io import prefetch
+
+    monkeypatch.setattr(prefetch, "DIRECT_BYTES", direct_bytes if direct else 0)
+    layers = []
+    for _ in range(2):
+        spec = parse_layer({"name": "data", "type": "Data", "top": ["data", "label"],
+                            "data_param": {"source": db, "batch_size": 3, "rand_skip": 7},
+                            "transform_param": transform}, Source(), "layer")
+        layers.append(lookup("Data")(spec, [], BuildContext(phase="TRAIN")))
+    with ReaderPool(replicas=2) as pool:
+        feeds = [pool.attach(_net(layer), replica=i, device=device, seed=3)[0]
+                 for i, layer in enumerate(layers)]
+        if state is not None:
+            pool.load_state(state)
+        pool.start()
+        batches = [[tuple(t.cpu() for t in layer()) for layer in layers] for _ in range(steps)]
+        went = [f._direct is not None for f in feeds]
+        for thread in pool.threads() if all(went) else ():
+            thread.join(2.0)  # the producer stops on its next look at the queues
+        alive = any(t.is_alive() for t in pool.threads())
+        return batches, pool.state(), went, alive
+
+
+def check_direct_matches_threaded(tmp_path, monkeypatch, device):
+    from caffe_py.io.blobproto import blob_from_array, write_blob_file
+
+    db, _ = make_db(tmp_path / "db", 10)
+    mean = np.random.default_rng(1).uniform(0, 255, SHAPE).astype(np.float32)
+    write_blob_file(tmp_path / "mean.binaryproto", blob_from_array(mean[None]))
+    for transform in ({"crop_size": 4, "mirror": True, "scale": 0.25,
+                       "mean_file": str(tmp_path / "mean.binaryproto")},
+                      {"mirror": True, "mean_value": [10, 20, 30]}, {"scale": 0.5}):
+        run = lambda direct, steps, state=None: _run_replicas(  # noqa: E731
+            db, transform, device, steps, direct=direct, monkeypatch=monkeypatch, state=state)
+        threaded, t_state, t_direct, _ = run(False, 12)
+        gathered, g_state, g_direct, alive = run(True, 12)
+        assert t_direct == [False, False] and g_direct == [True, True]
+        assert not alive  # the feed threads stopped, and the producer with them
+        assert g_state == t_state  # 12 x 3 records per replica: 7 passes over 10 records
+        for step, (want, got) in enumerate(zip(threaded, gathered, strict=True)):
+            for (data, label), (w_data, w_label) in zip(got, want, strict=True):
+                assert torch.equal(label, w_label), (transform, step)
+                assert torch.equal(data, w_data), (transform, step)
+        # a run resumed from the gathered run's state goes on with the threaded run's batches
+        more, _, _, _ = run(False, 16)
+        resumed, _, resumed_direct, _ = run(True, 4, g_state)
+        assert resumed_direct == [True, True]  # the first pass of a resumed run is 20 records
+        for want, got in zip(more[12:], resumed, strict=True):
+            assert all(torch.equal(a, b) for g, w in zip(got, want, strict=True)
+                       for a, b in zip(g, w, strict=True))
+
+
+def test_direct_gathering_gives_the_threads_batches_on_cpu(tmp_path, monkeypatch):
+    check_direct_matches_threaded(tmp_path, monkeypatch, "cpu")
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_direct_gathering_gives_the_threads_batches_on_cuda(tmp_path, monkeypatch):
+    check_direct_matches_threaded(tmp_path, monkeypatch, "cuda")
+
+
+def test_big_batches_or_uncached_databases_stay_on_the_threads(tmp_path, monkeypatch):
+    from caffe_py.io import prefetch, reader
+
+    db, _ = make_db(tmp_path / "db", 10)
+    batches, _, went, alive = _run_replicas(db, {}, "cpu", 8, direct=True,
+                                            monkeypatch=monkeypatch,
+                                            direct_bytes=3 * 3 * 6 * 6 - 1)  # a byte short
+    assert prefetch.DIRECT_BYTES == 3 * 3 * 6 * 6 - 1
+    assert went == [False, False] and alive
+    monkeypatch.setattr(reader, "CACHE_BYTES", 0)
+    uncached, _, went, alive = _run_replicas(db, {}, "cpu", 8, direct=True,
+                                             monkeypatch=monkeypatch)
+    assert went == [False, False] and alive
+    assert all(torch.equal(a[0][0], b[0][0]) for a, b in zip(batches, uncached, strict=True))

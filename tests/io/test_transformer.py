@@ -237,3 +237,23 @@ def test_mirroring_on_the_device_half_gives_the_same_batch(tmp_path):
     split = t.device(torch.from_numpy(host), choices, t.device_mean(torch.device("cpu")),
                      mirror=True)
     assert torch.equal(split, t(arrays, positions))
+
+
+@pytest.mark.parametrize("phase,tp", [
+    ("TRAIN", dict(crop_size=4, mirror=True)), ("TEST", dict(crop_size=4, mirror=True)),
+    ("TEST", dict(crop_size=3)), ("TRAIN", dict(mirror=True)), ("TRAIN", dict())])
+def test_gather_from_a_decoded_database_equals_the_host_crop(phase, tp):
+    """One gather of records by index (wrapping, repeated) gives what host() makes of the same
+    records one by one: random windows, the centre, whole records; flipped here or not."""
+    records = np.random.default_rng(2).integers(0, 256, (9, 2, 7, 6), dtype=np.uint8)
+    t = Transformer(TransformationParameter(**tp), phase, (2, 7, 6), seed=4)
+    index = np.array([7, 8, 0, 1, 1, 5])
+    choices = t.choices_for(20, 3, len(index))
+    for mirror in (True, False):
+        want = np.empty((6, *t.out_shape), np.uint8)
+        t.host(records[index], choices, want, mirror=mirror)
+        out = np.full_like(want, 255)
+        assert t.gather(records, index, choices, out, mirror=mirror) is out
+        np.testing.assert_array_equal(out, want)
+        np.testing.assert_array_equal(t.gather(records, index, choices, mirror=mirror), want)
+    assert tp.get("mirror") is None or choices.flips.any()  # the flips were exercised
