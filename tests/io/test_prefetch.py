@@ -228,8 +228,10 @@ def check_direct_matches_threaded(tmp_path, monkeypatch, device):
     for transform in ({"crop_size": 4, "mirror": True, "scale": 0.25,
                        "mean_file": str(tmp_path / "mean.binaryproto")},
                       {"mirror": True, "mean_value": [10, 20, 30]}, {"scale": 0.5}):
-        run = lambda direct, steps, state=None: _run_replicas(  # noqa: E731
-            db, transform, device, steps, direct=direct, monkeypatch=monkeypatch, state=state)
+        def run(direct, steps, state=None, transform=transform):
+            return _run_replicas(db, transform, device, steps, direct=direct,
+                                 monkeypatch=monkeypatch, state=state)
+
         threaded, t_state, t_direct, _ = run(False, 12)
         gathered, g_state, g_direct, alive = run(True, 12)
         assert t_direct == [False, False] and g_direct == [True, True]
