@@ -222,6 +222,11 @@ class Prefetcher:
         return item.data, item.label
 
     # --- gathering in the training thread ----------------------------------------------------
+    @property
+    def gathers_in_loop(self) -> bool:
+        """Whether batches are now gathered in the training thread (no feed thread)."""
+        return self._direct is not None
+
     def _go_direct(self, cache: Any) -> None:
         """Stop the thread, take the queue off the producer, and gather from ``cache`` (the
         stream's decoded database) from now on. What the thread assembled ahead is dropped:
