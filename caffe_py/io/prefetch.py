@@ -263,10 +263,12 @@ class Prefetcher:
             # as the thread does: crop on the host, flip on the device (uint8 both ways)
             transformer.gather(cache.pixels, index, choices, slot.data, mirror=False)
             np.take(cache.labels, index, out=slot.label, mode="clip")
-            slot.device.copy_(slot.host, non_blocking=True)  # on the current stream
+            # on the feed device's current stream (the compute stream): what the loop does
+            # with the batch is ordered after it, and nothing crosses streams
+            slot.device.copy_(slot.host, non_blocking=True)
             data = transformer.device(slot.device_data, choices, self._mean, mirror=True)
             label = slot.device_label.clone()
-            slot.done.record()
+            slot.done.record(torch.cuda.current_stream(self.device))
             slot.used = True
         else:
             pixels = transformer.gather(cache.pixels, index, choices)

@@ -171,7 +171,7 @@ class Data(Layer):
     Building opens the database and reads its first record for the shapes (C, H, W, then the
     crop). ``self.transform`` is the effective transform_param (deprecated data_param fields
     moved in). ``forward`` returns the next batch of the feed that
-    :meth:`caffe_py.io.ReaderPool.attach` gave the layer.
+    :meth:`caffe_py.io.ReaderPool.attach` gave the layer (docs/data_pipeline.md).
     """
 
     params = {"data_param": DataParameter, "transform_param": TransformationParameter}
@@ -220,7 +220,8 @@ class Data(Layer):
         self._feed = feed
 
     def forward(self) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
-        # The feed did everything else in its thread: take the ready batch, nothing more.
+        # The feed's thread made the batch, or (a small batch of a database kept decoded,
+        # after its first pass) the feed gathers it here: one numpy gather, a few torch calls.
         if self._feed is None:
             raise self.fail("has no data feed attached",
                             "start the data pipeline: caffe_py.io.ReaderPool(...).attach(net) "
