@@ -260,13 +260,14 @@ class Prefetcher:
             slot = self._slots[direct.slot]
             direct.slot = (direct.slot + 1) % SLOTS
             slot.wait_free()
-            # as the thread does: crop on the host, flip on the device (uint8 both ways)
-            transformer.gather(cache.pixels, index, choices, slot.data, mirror=False)
+            # crop and flip in the one gather (the same uint8 values the thread's device flip
+            # gives, and no index tensor to send)
+            transformer.gather(cache.pixels, index, choices, slot.data)
             np.take(cache.labels, index, out=slot.label, mode="clip")
             # on the feed device's current stream (the compute stream): what the loop does
             # with the batch is ordered after it, and nothing crosses streams
             slot.device.copy_(slot.host, non_blocking=True)
-            data = transformer.device(slot.device_data, choices, self._mean, mirror=True)
+            data = transformer.device(slot.device_data, choices, self._mean)
             label = slot.device_label.clone()
             slot.done.record(torch.cuda.current_stream(self.device))
             slot.used = True

@@ -247,7 +247,7 @@ class Transformer:
         that is written again later.
         """
         if mirror and choices.flips.any():
-            idx = torch.from_numpy(np.flatnonzero(choices.flips)).to(batch.device)
+            idx = _to_device(np.flatnonzero(choices.flips), batch.device)
             batch[idx] = batch[idx].flip(-1)
         scale = self.tp.scale
         if mean is not None:  # uint8 - float32 -> float32: the float conversion comes free
@@ -271,8 +271,8 @@ class Transformer:
             h0, w0 = (int(v) for v in choices.offsets[0])
             window = mean[:, h0:h0 + ch, w0:w0 + cw]
             return window.flip(-1) if choices.flips[0] else window
-        offsets = torch.tensor(choices.offsets, device=device)  # may be the cached read-only
-        flips = torch.tensor(choices.flips, device=device)
+        offsets = _to_device(choices.offsets, device)
+        flips = _to_device(choices.flips, device)
         rows = offsets[:, :1] + torch.arange(ch, device=device)  # (B, h)
         steps = torch.arange(cw, device=device)
         steps = torch.where(flips[:, None], cw - 1 - steps, steps)
@@ -286,6 +286,17 @@ class Transformer:
         out = np.empty((len(arrays), *self.out_shape), dtype=arrays[0].dtype)
         self.host(arrays, choices, out)
         return self.device(torch.from_numpy(out), choices, self.device_mean(torch.device("cpu")))
+
+
+def _to_device(array: np.ndarray, device: torch.device) -> torch.Tensor:
+    """A small host array as a tensor on ``device``, without blocking the thread: to CUDA via
+    pinned memory and a non_blocking copy on the current stream (torch's pinned allocator keeps
+    the block until the copy is done), where a copy from pageable memory would wait for every
+    kernel queued on that stream. A copy of ``array``, which may be read-only."""
+    tensor = torch.from_numpy(np.array(array))
+    if device.type != "cuda":
+        return tensor
+    return tensor.pin_memory().to(device, non_blocking=True)
 
 
 def _splitmix64_np(state: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
