@@ -192,20 +192,21 @@ def _net(layer):
 
 
 def _run_replicas(db, transform, device, steps, *, direct, monkeypatch, state=None,
-                  direct_bytes=1 << 20):
-    """``steps`` lockstep iterations of 2 replicas (batch 3 of a 10-record database, rand_skip
-    so the stream starts mid-database): their batches, the pool state, whether the feeds went
-    direct, and whether any pool thread was alive at the end."""
+                  direct_bytes=1 << 20, local=2, offset=0, total=None):
+    """``steps`` lockstep iterations of ``local`` replicas (global ``offset`` .. of ``total``;
+    batch 3 of a 10-record database, rand_skip so the stream starts mid-database): their
+    batches, the pool state, whether the feeds went direct, and whether any pool thread was
+    alive at the end."""
     from caffe_py.io import prefetch
 
     monkeypatch.setattr(prefetch, "DIRECT_BYTES", direct_bytes if direct else 0)
     layers = []
-    for _ in range(2):
+    for _ in range(local):
         spec = parse_layer({"name": "data", "type": "Data", "top": ["data", "label"],
                             "data_param": {"source": db, "batch_size": 3, "rand_skip": 7},
                             "transform_param": transform}, Source(), "layer")
         layers.append(lookup("Data")(spec, [], BuildContext(phase="TRAIN")))
-    with ReaderPool(replicas=2) as pool:
+    with ReaderPool(replicas=local, replica_offset=offset, total_replicas=total) as pool:
         feeds = [pool.attach(_net(layer), replica=i, device=device, seed=3)[0]
                  for i, layer in enumerate(layers)]
         if state is not None:
@@ -274,3 +275,19 @@ def test_big_batches_or_uncached_databases_stay_on_the_threads(tmp_path, monkeyp
                                              monkeypatch=monkeypatch)
     assert went == [False, False] and alive
     assert all(torch.equal(a[0][0], b[0][0]) for a, b in zip(batches, uncached, strict=True))
+
+
+def test_direct_gathering_in_a_slice_of_a_larger_round_robin(tmp_path, monkeypatch):
+    """A pool holding global replicas 1 and 2 of 4 (several hosts): the loop gathers the
+    records the threads hand those replicas, and the same state."""
+    db, _ = make_db(tmp_path / "db", 10)
+    transform = {"crop_size": 4, "mirror": True, "mean_value": [10, 20, 30]}
+    runs = [_run_replicas(db, transform, "cpu", 9, direct=direct, monkeypatch=monkeypatch,
+                          local=2, offset=1, total=4) for direct in (False, True)]
+    (threaded, t_state, t_went, _), (gathered, g_state, g_went, _) = runs
+    assert t_went == [False, False] and g_went == [True, True]
+    assert g_state == t_state
+    assert g_state[db]["TRAIN/data"]["next"] == [1 + 4 * 27, 2 + 4 * 27]
+    for want, got in zip(threaded, gathered, strict=True):
+        assert all(torch.equal(a, b) for g, w in zip(got, want, strict=True)
+                   for a, b in zip(g, w, strict=True))
