@@ -36,7 +36,7 @@ import torch
 
 from ..errors import DataError
 from .reader import JOIN_TIMEOUT_S, STALL_TIMEOUT_S, WAIT_SLICE_S, Detached, RecordQueue
-from .transformer import Transformer
+from .transformer import Choices, Transformer
 
 SLOTS = 4
 """Batches a feed assembles ahead of the training loop (its ring of host buffers on CUDA).
@@ -46,6 +46,12 @@ DIRECT_BYTES = 1 << 20
 """A feed whose batch of records is at most this many bytes gathers its batches in the training
 thread once the database is kept decoded (a gather of up to a few hundred microseconds);
 bigger batches stay on the threads, whose copies run outside the GIL beside the loop."""
+STAGE_BATCHES = 8
+STAGE_BYTES = 8 << 20
+"""On CUDA a feed gathering in the loop stages up to STAGE_BATCHES batches (at most
+STAGE_BYTES of records) at once: one gather, two copies and an event per stage; per batch
+only a stream lookup, two views and the transform (each a Python call into torch, the cost
+that counts in a launch-bound loop)."""
 
 
 @dataclass
@@ -243,39 +249,27 @@ class Prefetcher:
             if isinstance(item, _Failure):  # it failed before it stopped: report that
                 self._ready.put(item)
                 raise item.error
-        if self._cuda:  # the slots' device buffers were last read on the side stream
+        if self._cuda:  # the tensors the thread handed out were made on the side stream
             torch.cuda.current_stream(self.device).wait_stream(self._side)
-        self._direct = _Direct(self.records, cache, self.batch_size)
+            self._slots = []  # the thread's ring (the pinned allocator waits for its copies)
+        self._direct = _Direct(self.records, cache, self.batch_size, self.transformer,
+                               self.device)
 
     def _gather(self) -> tuple[torch.Tensor, torch.Tensor]:
         """The next batch from the decoded database, in this (the training) thread."""
         if self.stop.is_set():
             raise DataError(f"{self.records.source.path}: the data feed {self.name} "
                             "stopped (the data reader was closed)")
-        direct, transformer = self._direct, self.transformer
-        first, index = direct.next_batch(self.records.consumed)
-        choices = transformer.choices_for(first, direct.step, self.batch_size)
-        cache = direct.cache
+        direct, records = self._direct, self.records
         if self._cuda:
-            slot = self._slots[direct.slot]
-            direct.slot = (direct.slot + 1) % SLOTS
-            slot.wait_free()
-            # crop and flip in the one gather (the same uint8 values the thread's device flip
-            # gives, and no index tensor to send)
-            transformer.gather(cache.pixels, index, choices, slot.data)
-            np.take(cache.labels, index, out=slot.label, mode="clip")
-            # on the feed device's current stream (the compute stream): what the loop does
-            # with the batch is ordered after it, and nothing crosses streams
-            slot.device.copy_(slot.host, non_blocking=True)
-            data = transformer.device(slot.device_data, choices, self._mean)
-            label = slot.device_label.clone()
-            slot.done.record(torch.cuda.current_stream(self.device))
-            slot.used = True
+            data, label = direct.next_staged(records.consumed, self._mean)
         else:
-            pixels = transformer.gather(cache.pixels, index, choices)
-            data = torch.from_numpy(transformer.numpy_values(pixels, choices))
-            label = torch.from_numpy(cache.labels[index])
-        self.records.mark_consumed(self.batch_size)
+            first, index = direct.positions(records.consumed)
+            choices = direct.choices(first)
+            pixels = self.transformer.gather(direct.cache.pixels, index, choices)
+            data = torch.from_numpy(self.transformer.numpy_values(pixels, choices))
+            label = torch.from_numpy(direct.cache.labels[index])
+        records.consumed += self.batch_size  # mark_consumed, inlined: nothing waits on it
         self.delivered += 1
         return data, label
 
@@ -298,25 +292,118 @@ class Prefetcher:
                                 f"{self.name} in {STALL_TIMEOUT_S:.0f} s")
 
 
-class _Direct:
-    """Where a feed's batches lie in its stream's decoded database: replica slot s of a
-    round-robin of n reads positions starts[s], starts[s] + n, ...; position p is database
-    record (origin + p) mod size, exactly as the producer reads them."""
+class _Stage:
+    """A pinned staging buffer of the CUDA direct path: ``k`` batches of records
+    (k, B, C, h, w) in their own dtype, their labels (k, B) int64, and the event marking
+    both copied to the device (refilled only after it)."""
 
-    def __init__(self, records: RecordQueue, cache: Any, batch_size: int):
+    def __init__(self, k: int, batch_size: int, shape: tuple[int, ...], dtype: np.dtype):
+        tdtype = torch.from_numpy(np.zeros(0, dtype=dtype)).dtype
+        self.pixels = torch.empty((k, batch_size, *shape), dtype=tdtype, pin_memory=True)
+        self.labels = torch.empty((k, batch_size), dtype=torch.int64, pin_memory=True)
+        self.host_pixels = self.pixels.numpy().reshape(k * batch_size, *shape)  # views
+        self.host_labels = self.labels.numpy().reshape(k * batch_size)
+        self.done = torch.cuda.Event()  # a query before its first record is True
+
+
+class _Direct:
+    """Where a feed's batches lie in its stream's decoded database, and (CUDA) the batches
+    staged ahead: replica slot s of a round-robin of n reads positions starts[s],
+    starts[s] + n, ...; position p is database record (origin + p) mod size, exactly as the
+    producer reads them.
+
+    On CUDA ``k`` batches (up to STAGE_BATCHES, STAGE_BYTES of records) are gathered at once
+    into one of two pinned stages and copied to fresh device tensors (records, labels: two
+    copies); each batch is then a view of them and the transform, so the per-batch host work
+    is a stream lookup, two views and one op. The device tensors are never written again, so
+    the labels handed out (views) need no clone and stay valid however long they are kept."""
+
+    def __init__(self, records: RecordQueue, cache: Any, batch_size: int,
+                 transformer: Transformer, device: torch.device):
         stream = records.stream
-        self.cache = cache
+        self.cache, self.transformer, self.batch_size = cache, transformer, batch_size
         self.step = stream.step
         self.start = stream.starts[stream.order.index(records.replica)]
         self.origin, self.size = stream.origin, cache.size
-        self.offsets = np.arange(batch_size, dtype=np.int64) * self.step  # (B,)
-        self.slot = 0  # the CUDA ring slot the next batch is staged in
+        self.fixed: Choices | None = None if transformer.random else \
+            transformer.choices_for(0, self.step, batch_size)
+        """The constant choices of a transform without randomness (None: drawn per batch)."""
+        self.k = 1
+        if device.type == "cuda":
+            batch_bytes = batch_size * cache.pixels[0].nbytes
+            self.k = max(1, min(STAGE_BATCHES, STAGE_BYTES // max(1, batch_bytes)))
+        n = self.k * batch_size
+        self.offsets = np.arange(n, dtype=np.int64) * self.step  # (k B,)
+        self.index = np.empty(n, dtype=np.int64)  # filled in place: no array per batch
+        self.span = (n - 1) * self.step
+        if device.type == "cuda":
+            self.device = device.index
+            self.stages = [_Stage(self.k, batch_size, transformer.out_shape, cache.pixels.dtype)
+                           for _ in range(2)]
+            self.turn = 0
+            self.taken = self.k  # batches of the staged ones handed out (k: stage more)
+            self.stream: torch.cuda.Stream | None = None  # where the staged copies ran
+            self.pixels: torch.Tensor | None = None  # (k, B, C, h, w) on the device
+            self.labels: torch.Tensor | None = None  # (k, B) int64 on the device
+            self.choices_k: Choices | None = None  # the staged batches' choices (k B)
 
-    def next_batch(self, consumed: int) -> tuple[int, np.ndarray]:
-        """The first position of the batch after ``consumed`` records, and its (B,) records."""
+    def positions(self, consumed: int) -> tuple[int, np.ndarray]:
+        """The first position of the ``k`` batches after ``consumed`` records, and their
+        (k B,) database records (``self.index``, rewritten by the next call)."""
         first = self.start + self.step * consumed
-        index = self.offsets + (self.origin + first)
-        return first, np.remainder(index, self.size, out=index)
+        low = (self.origin + first) % self.size
+        index = np.add(self.offsets, low, out=self.index)
+        if low + self.span >= self.size:  # wraps past the end of the database
+            np.remainder(index, self.size, out=index)
+        return first, index
+
+    def choices(self, first: int) -> Choices:
+        """The choices of the batch starting at position ``first`` (CPU: k is 1)."""
+        if self.fixed is not None:
+            return self.fixed
+        return self.transformer.choices_for(first, self.step, self.batch_size)
+
+    # --- CUDA: staged batches -----------------------------------------------------------------
+    def next_staged(self, consumed: int,
+                    mean: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
+        """The batch after ``consumed`` records: (B, C, h, w) float32, (B,) int64."""
+        stream = torch.cuda.current_stream(self.device)  # the one lookup of the batch
+        if self.taken == self.k:
+            self.stage(consumed, stream)
+        elif stream != self.stream:
+            self._follow(stream)
+        k = self.taken
+        self.taken = k + 1
+        choices = self.fixed
+        if choices is None:
+            picked = slice(k * self.batch_size, (k + 1) * self.batch_size)
+            choices = Choices(self.choices_k.offsets[picked], self.choices_k.flips[picked])
+        return self.transformer.device(self.pixels[k], choices, mean), self.labels[k]
+
+    def stage(self, consumed: int, stream: torch.cuda.Stream) -> None:
+        """Gather the next ``k`` batches (crops and flips included) into a pinned stage and
+        copy it to fresh device tensors on ``stream`` (the current, compute stream: what
+        the loop does with the batches is ordered after the copies)."""
+        stage = self.stages[self.turn]
+        self.turn ^= 1
+        if not stage.done.query():  # its copies were queued k batches ago: done by now
+            stage.done.synchronize()
+        first, index = self.positions(consumed)
+        choices = self.transformer.choices_for(first, self.step, len(index))
+        self.transformer.gather(self.cache.pixels, index, choices, stage.host_pixels)
+        np.take(self.cache.labels, index, out=stage.host_labels, mode="clip")
+        self.pixels = stage.pixels.to(self.device, non_blocking=True)
+        self.labels = stage.labels.to(self.device, non_blocking=True)
+        stage.done.record(stream)
+        self.stream, self.choices_k, self.taken = stream, choices, 0
+
+    def _follow(self, stream: torch.cuda.Stream) -> None:
+        """The loop's current stream changed since the stage was copied: order it after the
+        copies, and keep the allocator from reusing the tensors while it reads them."""
+        stream.wait_stream(self.stream)
+        self.pixels.record_stream(stream)
+        self.labels.record_stream(stream)
+        self.stream = stream
 
 
 def _with_index(device: torch.device) -> torch.device:

@@ -73,6 +73,8 @@ class Transformer:
             raise DataError(f"{where}transform_param.crop_size {crop} is larger than the "
                             f"records ({c} x {h} x {w}); use a crop_size <= {min(h, w)}")
         self.out_shape = (c, crop, crop) if crop else (c, h, w)
+        self.random = bool((crop and phase == "TRAIN") or tp.mirror)
+        """Whether records get random crops or flips (else every batch has one Choices)."""
         self.mean = self._load_mean()  # (C, H, W) float32, (C, 1, 1), or None
         self._fixed_choices: dict[int, Choices] = {}
         self._windows: tuple[np.ndarray, np.ndarray] | None = None  # see gather()
@@ -128,7 +130,7 @@ class Transformer:
     def choices_for(self, first: int, step: int, n: int) -> Choices:
         """:meth:`choices` for positions first, first + step, ... (n of them): a feed's batch.
         Without random choices no position array is made at all."""
-        if not ((self.tp.crop_size and self.phase == "TRAIN") or self.tp.mirror):
+        if not self.random:
             return self._fixed(n)
         return self.choices(np.arange(first, first + step * n, step))
 
@@ -176,10 +178,11 @@ class Transformer:
         new (B, C, h, w) array: one numpy gather (plus one flip), no Python per record."""
         _, ch, cw = self.out_shape
         offsets = choices.offsets
+        fixed = choices is self._fixed_choices.get(len(index))  # no flips, one window for all
         if not self.tp.crop_size:  # whole records: one take (mode clip: no buffered copy)
             picked = np.take(records, index, axis=0, out=out, mode="clip")
         else:
-            if choices is self._fixed_choices.get(len(index)):  # one window for all
+            if fixed:
                 h0, w0 = (int(v) for v in offsets[0]) if len(index) else (0, 0)
                 picked = records[index, :, h0:h0 + ch, w0:w0 + cw]
             else:  # a window per record: index the (N, C, H', W', h, w) view of all windows
@@ -190,7 +193,7 @@ class Transformer:
                 np.copyto(out, picked)
                 picked = out
         flips = choices.flips
-        if mirror and flips.any():
+        if mirror and not fixed and flips.any():
             picked[flips] = picked[flips][..., ::-1]
         return picked
 
