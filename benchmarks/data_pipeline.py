@@ -40,6 +40,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from caffe_py.io.datum import datum_from_array, encode_datum  # noqa: E402
 from caffe_py.io.lmdb_store import LmdbWriter  # noqa: E402
 from caffe_py.io.reader import ReaderPool  # noqa: E402
+from caffe_py.io.transformer import Choices  # noqa: E402
 from caffe_py.layers import BuildContext, lookup  # noqa: E402
 from caffe_py.spec.net_spec import parse_layer  # noqa: E402
 from caffe_py.spec.schema import Source  # noqa: E402
@@ -241,8 +242,85 @@ def train_compare(db: str, kind: Kind, device: str, steps: int, warmup: int,
         for _ in range(rounds):
             for name, step in sides.items():
                 best[name] = max(best[name], time_steps(step, device, steps))
+        pieces = direct_breakdown(layer, feed) if device == "cuda" and feed.gathers_in_loop \
+            else []
     return {"dummy": best["dummy"][0], "data": best["data"][0], "wait_ms": best["data"][1],
-            "ratio": best["data"][0] / best["dummy"][0], "path": feed_path(feed)}
+            "ratio": best["data"][0] / best["dummy"][0], "path": feed_path(feed),
+            "pieces": pieces, "stage": feed._direct.k if feed.gathers_in_loop else 1}
+
+
+# --- where the Data layer's time goes (CUDA, gathering in the loop) ----------------------------
+BREAKDOWN_CALLS = 2000
+
+
+def _host_us(fn, calls: int = BREAKDOWN_CALLS) -> float:
+    """Host microseconds per call of ``fn`` (no synchronize: the GPU is mostly idle here, and
+    what counts in a launch-bound loop is the time the training thread spends issuing)."""
+    fn()
+    start = time.perf_counter_ns()
+    for _ in range(calls):
+        fn()
+    return (time.perf_counter_ns() - start) / calls / 1000
+
+
+def direct_breakdown(layer, feed) -> list[tuple[str, float, float]]:
+    """(piece, us per call, calls per batch) for one Data-layer forward of a feed gathering
+    in the loop on CUDA: the whole call, then each piece of ``_Direct.next_staged`` (per batch)
+    and ``_Direct.stage`` (once per ``k`` batches), each timed alone over many calls on the
+    feed's own buffers. Reaches into the feed's internals on purpose; run after the timed
+    steps (it advances the feed and rewrites its stages)."""
+    direct, transformer, mean = feed._direct, feed.transformer, feed._mean
+    loop = _host_us(lambda: None)
+    rows = [("Data layer call (module wrapper + forward)", _host_us(layer), 1.0),
+            ("  feed.next() alone", _host_us(feed.next), 1.0)]
+    per_stage = 1 / direct.k
+    stage, index = direct.stages[0], direct.index
+    stream = torch.cuda.current_stream(direct.device)
+    choices = direct.choices_k  # the stage's (k B records)
+    batch_choices = direct.fixed if direct.fixed is not None else \
+        Choices(choices.offsets[:feed.batch_size], choices.flips[:feed.batch_size])
+    view = direct.pixels[0]
+    consumed = feed.records.consumed
+    pieces = [
+        ("torch.cuda.current_stream", lambda: torch.cuda.current_stream(direct.device), 1.0),
+        ("stream != staged stream", lambda: stream != direct.stream, 1.0),
+        ("pixels[k] (a view)", lambda: direct.pixels[0], 1.0),
+        ("labels[k] (a view)", lambda: direct.labels[0], 1.0),
+        ("transform (transformer.device)",
+         lambda: transformer.device(view, batch_choices, mean), 1.0),
+        ("stage: event query", lambda: stage.done.query(), per_stage),
+        ("stage: positions (np.add into the index)", lambda: direct.positions(consumed),
+         per_stage),
+        ("stage: choices_for", lambda: transformer.choices_for(0, direct.step, len(index)),
+         per_stage),
+        ("stage: gather (numpy, into pinned)",
+         lambda: transformer.gather(direct.cache.pixels, index, choices, stage.host_pixels),
+         per_stage),
+        ("stage: labels (np.take into pinned)",
+         lambda: np.take(direct.cache.labels, index, out=stage.host_labels, mode="clip"),
+         per_stage),
+        ("stage: pixel copy (.to, non_blocking)",
+         lambda: stage.pixels.to(direct.device, non_blocking=True), per_stage),
+        ("stage: label copy (.to, non_blocking)",
+         lambda: stage.labels.to(direct.device, non_blocking=True), per_stage),
+        ("stage: event record", lambda: stage.done.record(stream), per_stage),
+    ]
+    rows += [(name, _host_us(fn) - loop, n) for name, fn, n in pieces]
+    tiny = torch.zeros(8, device=stream.device)
+    rows.append(("(reference: one tiny CUDA op, x.add(1) on 8 floats)",
+                 _host_us(lambda: tiny.add(1)) - loop, 0.0))
+    torch.cuda.synchronize()
+    return rows
+
+
+def breakdown_table(kind: Kind, rows: list[tuple[str, float, float]], k: int) -> list[str]:
+    summed = sum(us * n for _, us, n in rows[2:])
+    return ["", f"Where one {kind.model} Data-layer forward's host time goes (gathering in the "
+            f"loop, {k} batches staged per gather and copy; each piece timed alone over "
+            f"{BREAKDOWN_CALLS:,} calls, no synchronize):", "",
+            "| piece | us per call | calls per batch | us per batch |", "|---|---|---|---|",
+            *[f"| {name} | {us:.2f} | {n:.3g} | {us * n:.2f} |" for name, us, n in rows],
+            f"| sum of the pieces | | | {summed:.2f} |"]
 
 
 # --- GIL share (CPU) ------------------------------------------------------------------------
@@ -318,7 +396,7 @@ def run(args) -> str:
              f"Command: `python benchmarks/data_pipeline.py {' '.join(sys.argv[1:])}`.", "",
              "| records | batch | transform | decoded records/s | batches/s delivered "
              "(images/s) |", "|---|---|---|---|---|"]
-    train_rows, gil_rows = [], []
+    train_rows, gil_rows, pieces = [], [], []
     with tempfile.TemporaryDirectory() as root:
         for kind in kinds:
             db = make_db(root, kind)
@@ -341,6 +419,10 @@ def run(args) -> str:
                                   f"{r['data']:,.1f} | {r['ratio']:.3f} | "
                                   f"{r['wait_ms']:.2f} | {r['path']} |")
                 print(train_rows[-1], flush=True)
+                if r["pieces"]:
+                    table = breakdown_table(kind, r["pieces"], r["stage"])
+                    pieces += table
+                    print("\n".join(table), flush=True)
     if gil_rows:
         lines += ["", "A launch-bound step on the CPU (the training thread in Python all "
                   f"the time: the next batch, then {LAUNCH_OPS} tiny torch ops), fed by "
@@ -354,7 +436,7 @@ def run(args) -> str:
                   "| net | batch | steps/s fed by DummyData | steps/s fed by Data | ratio | "
                   "ms/step in the Data layer | Data's batches |", "|---|---|---|---|---|---|---|",
                   *train_rows]
-    return "\n".join(lines)
+    return "\n".join(lines + pieces)
 
 
 def save(path: Path, tag: str, table: str) -> None:

@@ -18,10 +18,11 @@ per wake (docs/data_pipeline.md, "The training thread's GIL").
 Once the stream's database is kept decoded (the reader's cache, complete after the first pass)
 and a batch of records is small (``DIRECT_BYTES``), no thread is needed at all: :meth:`next`
 stops this feed's thread, takes its queue off the producer, and from then on gathers each batch
-in the training thread from the decoded database by position arithmetic (one numpy gather,
-on CUDA into a pinned slot, one copy and the transform on the current stream): a few
-microseconds of the loop's own time instead of two threads waking and taking the GIL. The
-batches are the ones the threads would have made, bit for bit.
+in the training thread from the decoded database by position arithmetic (one numpy gather;
+on CUDA of several batches at once into a pinned stage, copied in two copies, and per batch two
+views and the transform on the current stream): a few microseconds of the loop's own time
+instead of two threads waking and taking the GIL. The batches are the ones the threads would
+have made, bit for bit.
 """
 from __future__ import annotations
 

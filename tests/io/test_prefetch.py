@@ -291,3 +291,39 @@ def test_direct_gathering_in_a_slice_of_a_larger_round_robin(tmp_path, monkeypat
     for want, got in zip(threaded, gathered, strict=True):
         assert all(torch.equal(a, b) for g, w in zip(got, want, strict=True)
                    for a, b in zip(g, w, strict=True))
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_staged_cuda_batches_stay_valid_when_kept_and_across_streams(tmp_path, monkeypatch):
+    """On CUDA the loop stages k batches per copy and hands out views of them: batches kept
+    over several stages keep their values, and a current stream changed mid-stage (the side
+    stream below) still gets the CPU feed's batches."""
+    from caffe_py.io import prefetch
+
+    monkeypatch.setattr(prefetch, "STAGE_BATCHES", 3)
+    db, _ = make_db(tmp_path / "db", 10)
+    transform = {"crop_size": 4, "mirror": True, "scale": 0.5, "mean_value": [10, 20, 30]}
+    want, _, went, _ = _run_replicas(db, transform, "cpu", 16, direct=True,
+                                     monkeypatch=monkeypatch, local=1)
+    spec = parse_layer({"name": "data", "type": "Data", "top": ["data", "label"],
+                        "data_param": {"source": db, "batch_size": 3, "rand_skip": 7},
+                        "transform_param": transform}, Source(), "layer")
+    layer = lookup("Data")(spec, [], BuildContext(phase="TRAIN"))
+    side = torch.cuda.Stream()
+    with ReaderPool() as pool:
+        (feed,) = pool.attach(_net(layer), device="cuda", seed=3)
+        pool.start()
+        kept = []
+        for step in range(16):
+            if 9 <= step < 12:
+                with torch.cuda.stream(side):
+                    kept.append(layer())
+            else:
+                kept.append(layer())
+        assert feed.gathers_in_loop and feed._direct.k == 3
+        torch.cuda.synchronize()
+    assert went == [True]
+    for step, ((data, label), [(w_data, w_label)]) in enumerate(zip(kept, want, strict=True)):
+        assert torch.equal(label.cpu(), w_label), step
+        assert torch.equal(data.cpu(), w_data), step
