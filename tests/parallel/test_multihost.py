@@ -11,12 +11,9 @@ import textwrap
 import time
 from pathlib import Path
 
-import numpy as np
 import pytest
 import torch
 
-from caffe_py.io.datum import datum_from_array, encode_datum
-from caffe_py.io.lmdb_store import LmdbWriter
 from caffe_py.parallel import ReplicatedRun
 from caffe_py.parallel.multihost import world_size
 from caffe_py.solver.snapshot import load_weights
@@ -88,17 +85,6 @@ DRIVER = textwrap.dedent("""
                f"{out}/rank{rank}.pt")
     print(f"rank {rank} ended at iteration {root.iter}", flush=True)
 """)
-
-
-@pytest.fixture(scope="module")
-def db(tmp_path_factory):
-    path = tmp_path_factory.mktemp("lmdb") / "train_lmdb"
-    rng = np.random.default_rng(0)
-    with LmdbWriter(path) as writer:
-        for i in range(97):   # not a multiple of any batch: the reader wraps
-            image = rng.integers(0, 256, (1, 6, 6), dtype=np.uint8)
-            writer.put(b"%08d" % i, encode_datum(datum_from_array(image, int(i % 3))))
-    return str(path)
 
 
 def _solver_file(tmp_path, db, *, batch=B, iters=ITERS, snapshot=0, name="s") -> Path:
