@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import logging
 import threading
 import time
 from pathlib import Path
@@ -27,10 +28,11 @@ from typing import Any
 import torch
 import yaml
 
-from caffe_py.parallel import ReplicatedRun, parse_devices
+from caffe_py.devices import parse_devices
+from caffe_py.options import TrainOptions
+from caffe_py.parallel import ReplicatedRun, Tuning
 from caffe_py.parallel.nccl import NcclSync
 from caffe_py.parallel.sync import SyncGroup, TreeSync, run_replicas
-from caffe_py.solver.solver import TrainOptions
 from caffe_py.spec.solver_spec import load_solver
 
 
@@ -84,6 +86,17 @@ def sync_devices(devices: list[torch.device]) -> None:
             torch.cuda.synchronize(d)
 
 
+class NoteHandler(logging.Handler):
+    """Keeps the run's log lines (the graph fallbacks are reported with the results)."""
+
+    def __init__(self, notes: list[str]):
+        super().__init__(logging.INFO)
+        self.notes = notes
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.notes.append(record.getMessage())
+
+
 class StepClock:
     """Callback of one replica: wall time of the timed steps, host CPU time of its thread
     (from the first timed step to the last backward), and an optional profile of 5 steps."""
@@ -135,11 +148,13 @@ def cmd_caffe(args: argparse.Namespace) -> None:
               for i in range(len(devices))]
     param.memory_format = "CHANNELS_LAST" if args.channels_last else "CONTIGUOUS"
     notes: list[str] = []
-    with ReplicatedRun(param, devices, TrainOptions(reduction=args.reduction),
-                       log=notes.append, extra_callbacks=lambda i: [clocks[i]],
-                       cuda_graphs=args.graphs,
-                       overlap=not args.no_overlap,
-                       lockstep=False if args.no_lockstep else None) as run:
+    logging.getLogger("caffe_py").setLevel(logging.INFO)
+    logging.getLogger("caffe_py").addHandler(NoteHandler(notes))
+    tuning = Tuning(extra_callbacks=lambda i: [clocks[i]], overlap=not args.no_overlap,
+                    lockstep=False if args.no_lockstep else None)
+    with ReplicatedRun(param, devices,
+                       TrainOptions(reduction=args.reduction, cuda_graphs=args.graphs),
+                       tuning=tuning) as run:
         batch = run.root.batch_size()
         waits = [0.0] * len(devices)
 

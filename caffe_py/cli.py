@@ -13,6 +13,7 @@ import sys
 
 import click
 
+from .commands.output import logging_to_console
 from .errors import CaffePyError
 
 # Idle OpenMP threads of torch's CPU kernels otherwise spin between ops and starve the data
@@ -42,7 +43,8 @@ class _Group(click.Group):
 
     def invoke(self, ctx: click.Context):
         try:
-            return super().invoke(ctx)
+            with logging_to_console():
+                return super().invoke(ctx)
         except CaffePyError as exc:
             raise click.ClickException(str(exc)) from None
 

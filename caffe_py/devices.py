@@ -7,6 +7,8 @@ everything else runs on the CPU.
 """
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import torch
 
 from .errors import CaffePyError
@@ -55,6 +57,31 @@ def _cuda(index: int, n_cuda: int, what: str) -> torch.device:
         raise DeviceError(f"{what}: GPU {index} does not exist (this machine has {n_cuda}: "
                           f"{have}); see cpy device-query")
     return torch.device("cuda", index)
+
+
+def check_devices(devices: Sequence[torch.device | str | int]) -> list[torch.device]:
+    """Devices as torch.device, each CUDA id existing and listed once (for library callers;
+    ``cpy train`` has checked its ``--gpus`` with :func:`parse_devices`)."""
+    out = [torch.device("cuda", d) if isinstance(d, int) else torch.device(d) for d in devices]
+    if not out:
+        raise DeviceError("no device to train on; give --gpus ids, 'all' or cpu:N")
+    available = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    seen: set[int] = set()
+    for d in out:
+        if d.type != "cuda":
+            continue
+        index = 0 if d.index is None else d.index
+        if index >= available:
+            have = f"{available} GPU(s) (ids 0-{available - 1})" if available else "no GPU"
+            raise DeviceError(f"GPU {index} does not exist: this machine has {have}; pass "
+                              "--gpus with existing ids, 'all', or cpu:N")
+        if index in seen:
+            raise DeviceError(f"GPU {index} is listed twice in --gpus; list each GPU once")
+        seen.add(index)
+    kinds = {d.type for d in out}
+    if len(kinds) > 1:
+        raise DeviceError("--gpus mixes CPU and GPU replicas; use one kind")
+    return [torch.device("cuda", d.index or 0) if d.type == "cuda" else d for d in out]
 
 
 def describe(devices: list[torch.device]) -> str:

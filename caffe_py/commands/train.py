@@ -1,25 +1,29 @@
 """`cpy train`, `cpy test`, `cpy time`, `cpy device-query`: Caffe's tools/caffe.cpp actions.
 
-Thin: parse and check the flags, then call caffe_py.solver. Every user error is a
-CaffePyError, which the CLI group prints as one line with exit status 1.
+Thin: parse and check the flags, then call the library (caffe_py.train for training). Every
+user error is a CaffePyError, which the CLI group prints as one line with exit status 1. The
+library is imported when a command runs, so `--help` stays fast.
 """
 from __future__ import annotations
 
 import json
+import logging
 import os
+from typing import TYPE_CHECKING
 
 import click
-import torch
 
-from ..devices import describe, parse_devices
-from ..errors import SolverError
-from ..net import Net
-from ..solver import evaluate
+from ..options import DEFAULT_DIST_TIMEOUT_S, DIST_BACKENDS, REDUCTIONS
 from ..solver.signals import EFFECTS
-from ..solver.snapshot import load_weights
-from ..solver.solver import TrainOptions, train
-from ..spec.net_spec import load_net
-from ..spec.solver_spec import PRECISIONS, load_solver
+from ..spec.solver_spec import PRECISIONS
+from .output import console_handler, terminal_progress
+
+if TYPE_CHECKING:
+    import torch
+
+    from ..net import Net
+
+log = logging.getLogger("caffe_py.commands")
 
 GPUS_HELP = "devices: cpu, cpu:N (N CPU replicas), 0 or 0,1,2,3 (CUDA ids), or all"
 
@@ -38,14 +42,15 @@ GPUS_HELP = "devices: cpu, cpu:N (N CPU replicas), 0 or 0,1,2,3 (CUDA ids), or a
               show_default=True, help="what SIGHUP does (after the current iteration)")
 @click.option("--precision", type=click.Choice(PRECISIONS), default=None,
               help="override the solver's precision")
-@click.option("--reduction", type=click.Choice(["tree", "nccl"]), default="tree",
+@click.option("--reduction", type=click.Choice(REDUCTIONS), default="tree",
               show_default=True, help="multi-device gradient reduction")
 @click.option("--cuda-graphs/--no-cuda-graphs", default=False, show_default=True,
               help="run each GPU's forward/backward as one CUDA graph (ignored on CPU)")
-@click.option("--dist-backend", type=click.Choice(["nccl", "gloo"]), default=None,
+@click.option("--dist-backend", type=click.Choice(DIST_BACKENDS), default=None,
               help="between hosts, when WORLD_SIZE > 1 (default: nccl on GPUs, gloo on CPU)")
-@click.option("--dist-timeout", type=click.FloatRange(min=1), default=900.0, show_default=True,
-              metavar="S", help="between hosts: seconds any wait for another host may take")
+@click.option("--dist-timeout", type=click.FloatRange(min=1), default=DEFAULT_DIST_TIMEOUT_S,
+              show_default=True, metavar="S",
+              help="between hosts: seconds any wait for another host may take")
 def train_command(solver_file: str, gpus: str | None, weights: str | None,
                   snapshot: str | None, sigint_effect: str, sighup_effect: str,
                   precision: str | None, reduction: str, cuda_graphs: bool,
@@ -54,26 +59,20 @@ def train_command(solver_file: str, gpus: str | None, weights: str | None,
     if weights and snapshot:
         raise click.UsageError("--weights and --snapshot are exclusive: --weights starts a new "
                                "run from those weights, --snapshot resumes one")
+    from ..devices import describe, parse_devices
+    from ..options import TrainOptions
+    from ..spec.solver_spec import load_solver
+    from ..train import train
+
     param = load_solver(solver_file)
     devices = parse_devices(gpus, solver_mode=param.solver_mode, device_id=param.device_id)
     options = TrainOptions(weights=[w for w in (weights or "").split(",") if w],
                            snapshot=snapshot, sigint_effect=sigint_effect,
                            sighup_effect=sighup_effect, precision=precision,
-                           reduction=reduction, cuda_graphs=cuda_graphs)
-    click.echo(f"Using {describe(devices)}")
-    from ..parallel.multihost import world_size
-
-    if world_size() > 1:  # one process per host, started by torchrun (see docs/parallel.md)
-        from ..parallel.multihost import train_multihost
-
-        train_multihost(param, devices, options, log=click.echo, backend=dist_backend,
-                        timeout=dist_timeout)
-        return
-    if cuda_graphs:
-        from ..parallel.replicated import train_with_graphs
-
-        train_with_graphs(param, devices, options, log=click.echo)
-        return
+                           reduction=reduction, cuda_graphs=cuda_graphs,
+                           dist_backend=dist_backend, dist_timeout=dist_timeout,
+                           progress=terminal_progress())
+    log.info(f"Using {describe(devices)}")
     train(param, devices, options)
 
 
@@ -88,9 +87,16 @@ def train_command(solver_file: str, gpus: str | None, weights: str | None,
 def test_command(model: str, weights: str, iterations: int, gpus: str | None,
                  as_json: bool) -> None:
     """Score a trained net: each batch's outputs, then their means (Caffe's `caffe test`)."""
-    log = (lambda m: click.echo(m, err=True)) if as_json else click.echo
+    from ..devices import parse_devices
+    from ..solver import evaluate
+    from ..solver.snapshot import load_weights
+
+    if as_json:  # stdout carries the JSON object alone
+        handler = console_handler()
+        if handler is not None:
+            handler.err = True
     device = parse_devices(gpus, solver_mode="CPU")[0]
-    log(f"Using {device}")
+    log.info(f"Using {device}")
     net = _net(model, "TEST", device)
     blobs = load_weights(weights)
     net.copy_from(blobs, source=weights)
@@ -98,17 +104,17 @@ def test_command(model: str, weights: str, iterations: int, gpus: str | None,
     def on_batch(i: int, values: dict[str, torch.Tensor], loss: float) -> None:
         for name, value in values.items():
             for v in value.tolist():
-                log(f"Batch {i}, {name} = {v:g}")
+                log.info(f"Batch {i}, {name} = {v:g}")
 
     with evaluate.fed(net):
         means = evaluate.run_batches(net, iterations, on_batch=on_batch)
-    log(f"Loss: {float(means['__loss__']):g}")
+    log.info(f"Loss: {float(means['__loss__']):g}")
     outputs = evaluate.output_means(means)
     for name, value in outputs.items():
         weight = net.loss_weights.get(name, 0.0)
         for v in value.tolist():
             extra = f" (* {weight:g} = {weight * v:g} loss)" if weight else ""
-            log(f"{name} = {v:g}{extra}")
+            log.info(f"{name} = {v:g}{extra}")
     if as_json:
         result = {name: (v.item() if v.numel() == 1 else v.tolist())
                   for name, v in outputs.items()}
@@ -122,28 +128,35 @@ def test_command(model: str, weights: str, iterations: int, gpus: str | None,
 @click.option("--gpus", default=None, metavar="LIST", help=f"{GPUS_HELP} (the first is used)")
 def time_command(model: str, iterations: int, gpus: str | None) -> None:
     """Time each layer's forward and backward (Caffe's `caffe time`)."""
+    from ..devices import parse_devices
+    from ..net import Net
+    from ..solver import evaluate
+    from ..spec.net_spec import load_net
+
     device = parse_devices(gpus, solver_mode="CPU")[0]
-    click.echo(f"Using {device}")
+    log.info(f"Using {device}")
     net = Net(load_net(model), "TRAIN", device=device)
     inputs = evaluate.random_inputs(net)
     with evaluate.fed(net):
-        click.echo("Performing Forward")
+        log.info("Performing Forward")
         loss = net(inputs).loss
-        click.echo(f"Initial loss: {float(loss.detach()):g}")
-        click.echo("Performing Backward")
+        log.info(f"Initial loss: {float(loss.detach()):g}")
+        log.info("Performing Backward")
         if loss.requires_grad:
             loss.backward()
-        click.echo("*** Benchmark begins ***")
-        click.echo(f"Testing for {iterations} iterations.")
-        times = evaluate.time_layers(net, iterations, click.echo, inputs)
+        log.info("*** Benchmark begins ***")
+        log.info(f"Testing for {iterations} iterations.")
+        times = evaluate.time_layers(net, iterations, inputs)
     for line in evaluate.time_report(net, times, iterations):
-        click.echo(line)
-    click.echo("*** Benchmark ends ***")
+        log.info(line)
+    log.info("*** Benchmark ends ***")
 
 
 @click.command("device-query")
 def device_query_command() -> None:
     """List the CUDA devices: name, memory, capability and peer access."""
+    import torch
+
     if not torch.cuda.is_available() or torch.cuda.device_count() == 0:
         click.echo(f"No CUDA device is available: caffe-py runs on the CPU "
                    f"({os.cpu_count()} cores, torch {torch.__version__}, "
@@ -169,6 +182,10 @@ def device_query_command() -> None:
 
 
 def _net(model: str, phase: str, device: torch.device) -> Net:
+    from ..errors import SolverError
+    from ..net import Net
+    from ..spec.net_spec import load_net
+
     net = Net(load_net(model), phase, device=device)
     inputs = [layer.name for layer in net.layers if layer.spec.type == "Input"]
     if inputs:

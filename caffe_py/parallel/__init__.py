@@ -1,13 +1,11 @@
-"""Data parallelism in one process: a replica (Solver + thread) per device, synchronised
-through the solver's callbacks by a reduction tree (Caffe rc3's P2PSync) or an NCCL ring.
+"""Data parallelism: a replica (Solver + thread) per device of a process, synchronised through
+the solver's callbacks by a reduction tree (Caffe rc3's P2PSync) or an NCCL ring, and the hosts'
+roots joined through torch.distributed.
 
-``train_replicated(param, devices, options)`` is the entry point ``cpy train --gpus`` uses for
-more than one device; ``parse_devices`` (from caffe_py.devices) reads a ``--gpus`` value
-('0,1', 'all', 'cpu:N').
+The strategies :class:`~.replicated.Replicated` (one process, several devices) and
+:class:`~.multihost.MultiHost` (several hosts) are what caffe_py.train picks for ``cpy train``.
 """
-from ..devices import parse_devices
-from .replicated import ReplicatedRun, check_devices, train_replicated
+from .replicated import HostSlice, Replicated, ReplicatedRun, Tuning
 from .topology import Tree, build_tree
 
-__all__ = ["ReplicatedRun", "Tree", "build_tree", "check_devices", "parse_devices",
-           "train_replicated"]
+__all__ = ["HostSlice", "Replicated", "ReplicatedRun", "Tree", "Tuning", "build_tree"]

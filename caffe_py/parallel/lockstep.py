@@ -14,7 +14,9 @@ at the root's ``on_gradient_ready`` each worker from the bottom up (children fir
 ``on_gradient_ready`` callbacks (the tree's add + push, issued on its own streams) and counts
 its iteration, then the root reduces. Every GPU still waits for its peers only through CUDA
 events, the host never waits for a GPU, and the arithmetic and its order are the tree's, so
-the weights are bit-identical to the threaded run (tested on CPU replicas).
+the weights are bit-identical to the threaded run (tested on CPU replicas). The workers are
+driven through the Solver's public seams (zero_grads, forward_backward, record_loss,
+finish_iteration), the same calls its own iteration makes.
 """
 from __future__ import annotations
 
@@ -58,16 +60,16 @@ class LockstepRoot:
                 worker.start()
                 for cb in worker.callbacks:
                     cb.on_start(worker)
-                worker._zero_grads()
-                loss, _ = worker._forward_backward()
-                worker._track_loss(loss)
+                worker.zero_grads()
+                loss, _ = worker.forward_backward()
+                worker.record_loss(loss)
 
     def on_gradient_ready(self, solver: Any = None) -> None:
         for i in self.up:
             with self._as_worker(i) as worker:
                 for cb in worker.callbacks:
                     cb.on_gradient_ready(worker)
-                worker.iter += 1
+                worker.finish_iteration()
         self.sync.grads_up(self.sync.tree.root)
 
     @contextlib.contextmanager

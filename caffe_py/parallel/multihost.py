@@ -27,8 +27,9 @@ are G = H x N in all.
 """
 from __future__ import annotations
 
-import copy
+import dataclasses
 import datetime
+import logging
 import os
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -38,16 +39,13 @@ import torch
 import torch.distributed as dist
 
 from ..errors import CaffePyError, SolverError
-from ..solver import snapshot as snap
-from ..solver.signals import NONE, SNAPSHOT, STOP, SignalHandler
-from ..solver.solver import Solver, TrainOptions, check_start_files, resolve_seed, stdout_log
+from ..options import DEFAULT_DIST_TIMEOUT_S, TrainOptions
+from ..solver.signals import NONE, SNAPSHOT, STOP
+from ..solver.solver import Solver
 from ..spec.solver_spec import SolverParameter
-from .replicated import ReplicatedRun, check_devices
+from .replicated import HostSlice, ReplicatedRun, Tuning
 
-Log = Callable[[str], None]
-BACKENDS = ("nccl", "gloo")
-DEFAULT_DIST_TIMEOUT_S = 900.0
-"""Long enough for rank 0's test phase, during which the other roots wait."""
+log = logging.getLogger(__name__)
 _CODES = {NONE: 0, SNAPSHOT: 1, STOP: 2}
 _ACTIONS = {v: k for k, v in _CODES.items()}
 
@@ -193,12 +191,11 @@ class MultiHostRun(ReplicatedRun):
     """One host's :class:`ReplicatedRun`: global replicas ``rank * N ..``, rank 0 leads."""
 
     def __init__(self, param: SolverParameter, devices: Sequence[torch.device], hosts: Hosts,
-                 options: TrainOptions | None = None, *, log: Log = stdout_log,
-                 action: Callable[[], str] | None = None, **kw: Any):
-        self.hosts = hosts
-        local_scale = 1.0 / hosts.world if (options and options.reduction == "nccl") else None
+                 options: TrainOptions | None = None, *, action: Callable[[], str] | None = None,
+                 tuning: Tuning = Tuning()):
         self.host_sync: HostSync | None = None
-        extra = kw.pop("extra_callbacks", None)
+        local_scale = 1.0 / hosts.world if (options and options.reduction == "nccl") else None
+        extra = tuning.extra_callbacks
 
         def callbacks(i: int) -> list[Any]:
             more = list(extra(i)) if extra else []
@@ -209,10 +206,10 @@ class MultiHostRun(ReplicatedRun):
             self.host_sync = HostSync(hosts, self.sync, action or _no_action, scale)
             return [self.host_sync, *more]
 
-        super().__init__(param, devices, options, log=log,
-                         action=lambda: self.host_sync.action(), extra_callbacks=callbacks,
-                         replica_offset=hosts.offset, total_replicas=hosts.total,
-                         lead=hosts.rank == 0, **kw)
+        super().__init__(param, devices, options, action=lambda: self.host_sync.action(),
+                         hosts=HostSlice(hosts.offset, hosts.total, lead=hosts.rank == 0),
+                         tuning=dataclasses.replace(tuning, extra_callbacks=callbacks))
+        self.cluster = hosts
         try:
             self._check_same_net()
         except BaseException:
@@ -225,11 +222,11 @@ class MultiHostRun(ReplicatedRun):
         root = self.sync.replica(0)
         mine = [[tuple(t.shape) for t in root.flat.tensors],
                 [tuple(t.shape) for t in root.state.tensors]]
-        nets: list[Any] = [None] * self.hosts.world
+        nets: list[Any] = [None] * self.cluster.world
         try:
-            dist.all_gather_object(nets, mine, group=self.hosts.flags)
+            dist.all_gather_object(nets, mine, group=self.cluster.flags)
         except Exception as exc:  # noqa: BLE001
-            raise self.hosts.fail("comparing the nets", exc) from None
+            raise self.cluster.fail("comparing the nets", exc) from None
         for rank, other in enumerate(nets):
             for kind, theirs, ours in zip(("learnable", "state"), other, nets[0], strict=True):
                 if theirs != ours:
@@ -238,10 +235,10 @@ class MultiHostRun(ReplicatedRun):
                                       "train the same net")
 
     def banner(self) -> list[str]:
-        h, p = self.hosts, self.param
+        h, p = self.cluster, self.param
         batch = self.root.batch_size()
         devices = ", ".join(str(d) for d in self.devices)
-        if not self.lead:
+        if not self.hosts.lead:
             return [f"rank {h.rank} of {h.world}: global replicas {h.offset}.."
                     f"{h.offset + h.local - 1} on {devices}"]
         per_host = f"{h.local} replica{'s' if h.local != 1 else ''} per host"
@@ -263,7 +260,7 @@ class MultiHostRun(ReplicatedRun):
                 if t.numel():
                     dist.broadcast(t, src=0)
         except Exception as exc:  # noqa: BLE001
-            raise self.hosts.fail("the broadcast of rank 0's weights", exc) from None
+            raise self.cluster.fail("the broadcast of rank 0's weights", exc) from None
 
 
 def _first_difference(theirs: list[tuple[int, ...]], ours: list[tuple[int, ...]]) -> str:
@@ -277,35 +274,35 @@ def _no_action() -> str:
     return NONE
 
 
-def train_multihost(param: SolverParameter, devices: Sequence[torch.device | str | int],
-                    options: TrainOptions | None = None, *, log: Log = stdout_log,
-                    backend: str | None = None,
-                    timeout: float = DEFAULT_DIST_TIMEOUT_S) -> Solver:
-    """``cpy train`` when WORLD_SIZE > 1: this host's part of the run; returns its root."""
-    options = options or TrainOptions()
-    if options.weights and options.snapshot:
-        raise SolverError("--weights and --snapshot are both given; --weights starts a new run "
-                          "from those weights, --snapshot resumes one: give only one")
-    devices = check_devices(devices)
-    check_start_files(options)
-    try:
-        hosts = init_hosts(devices, backend, timeout)
-        param = _agreed_param(param, options, hosts)
-        if hosts.rank == 0:
-            snap.check_writable(param.snapshot_prefix)
-        with SignalHandler(options.sigint_effect, options.sighup_effect) as signals, \
-                MultiHostRun(param, devices, hosts, options, log=log, timeout=timeout,
-                             action=signals.requested_action) as run:
-            return run.run()
-    except CaffePyError as exc:
-        where = f"rank {_rank()} of {_world()}"
-        msg = str(exc)
-        if msg.startswith(where):
-            raise
-        raise SolverError(f"{where}: {msg.replace(f'{where}: ', '', 1)}") from exc
-    finally:
-        if dist.is_initialized():
-            dist.destroy_process_group()
+class MultiHost:
+    """The strategy of one host among several (``WORLD_SIZE > 1``): this host's part of the
+    run, joined to the others through torch.distributed."""
+
+    def __init__(self, devices: Sequence[torch.device], options: TrainOptions):
+        self.devices, self.options = list(devices), options
+
+    @property
+    def leads(self) -> bool:
+        """Rank 0 tests, displays and snapshots."""
+        return os.environ.get("RANK", "0") == "0"
+
+    def run(self, param: SolverParameter, action: Callable[[], str]) -> Solver:
+        opts = self.options
+        try:
+            hosts = init_hosts(self.devices, opts.dist_backend, opts.dist_timeout)
+            param = _agreed_param(param, hosts)
+            with MultiHostRun(param, self.devices, hosts, opts, action=action,
+                              tuning=Tuning(timeout=opts.dist_timeout)) as run:
+                return run.run()
+        except CaffePyError as exc:
+            where = f"rank {_rank()} of {_world()}"
+            msg = str(exc)
+            if msg.startswith(where):
+                raise
+            raise SolverError(f"{where}: {msg.replace(f'{where}: ', '', 1)}") from exc
+        finally:
+            if dist.is_initialized():
+                dist.destroy_process_group()
 
 
 def _rank() -> int | str:
@@ -316,16 +313,11 @@ def _world() -> int:
     return dist.get_world_size() if dist.is_initialized() else world_size()
 
 
-def _agreed_param(param: SolverParameter, options: TrainOptions,
-                  hosts: Hosts) -> SolverParameter:
-    """The solver with the precision override and rank 0's seed (one clock seed for all)."""
-    param = copy.copy(param)
-    if options.precision:
-        param.precision = options.precision
-    seed = [resolve_seed(param.random_seed)]
+def _agreed_param(param: SolverParameter, hosts: Hosts) -> SolverParameter:
+    """The solver with rank 0's seed (one seed for all, also when it came from the clock)."""
+    seed = [param.random_seed]
     try:
         dist.broadcast_object_list(seed, src=0, group=hosts.flags)
     except Exception as exc:  # noqa: BLE001
         raise hosts.fail("the broadcast of the seed", exc) from None
-    param.random_seed = int(seed[0])
-    return param
+    return dataclasses.replace(param, random_seed=int(seed[0]))

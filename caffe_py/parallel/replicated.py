@@ -1,31 +1,31 @@
 """Data-parallel training in one process: one Solver and one thread per device.
 
-``train_replicated(param, devices, options)`` is what ``cpy train --gpus 0,1,2,3`` (or
-``--gpus cpu:N``) calls. Every replica builds the full TRAIN net on its device and reads its own
-share of each database (a shared :class:`~caffe_py.io.ReaderPool`: replica i of N gets records
-i, i+N, ...), so each device runs the net's batch size and the effective batch is batch x N, as
-in Caffe. Replica 0 is the root: it alone applies updates, runs the test nets, displays and
-snapshots; the others are Caffe's WorkerSolvers (``applies_updates`` False, seeds
-random_seed + replica index; their Data feeds all use random_seed itself, see
-:class:`DataSeedPool`). Weights and gradients move through :mod:`.sync` (the tree) or
-:mod:`.nccl` (the ring), plugged in as solver callbacks.
+:class:`Replicated` is the strategy ``cpy train --gpus 0,1,2,3`` (or ``--gpus cpu:N``) runs.
+Every replica builds the full TRAIN net on its device and reads its own share of each database
+(a shared :class:`~caffe_py.io.ReaderPool`: replica i of N gets records i, i+N, ...), so each
+device runs the net's batch size and the effective batch is batch x N, as in Caffe. Replica 0
+is the root (role ROOT: it alone applies updates, runs the test nets, displays and snapshots);
+the others are Caffe's WorkerSolvers (role WORKER, seeds random_seed + replica index; their
+Data feeds all use random_seed itself, see :class:`~caffe_py.solver.roles.Seeds`). Weights and
+gradients move through :mod:`.sync` (the tree) or :mod:`.nccl` (the ring), plugged in as
+solver callbacks.
 """
 from __future__ import annotations
 
-import copy
-import dataclasses
+import logging
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import torch
 
-from ..devices import DeviceError
-from ..errors import SolverError
-from ..solver import snapshot as snap
-from ..solver.signals import SignalHandler
-from ..solver.solver import Solver, TrainOptions, check_start_files, resolve_seed, stdout_log
+from ..devices import check_devices
+from ..options import TrainOptions
+from ..solver.callbacks import Callback
+from ..solver.graphs import GraphedStep
+from ..solver.roles import HOST_ROOT, ROOT, WORKER, Seeds, StepFn, eager_step
+from ..solver.solver import Solver, resolve_seed
 from ..spec.solver_spec import SolverParameter
-from .graphs import use_cuda_graphs
 from .lockstep import LockstepRoot
 from .nccl import NcclSync
 from .sync import (
@@ -37,118 +37,100 @@ from .sync import (
     run_replicas,
 )
 
-REDUCTIONS = ("tree", "nccl")
-Log = Callable[[str], None]
+log = logging.getLogger(__name__)
 
 
-def check_devices(devices: Sequence[torch.device | str | int]) -> list[torch.device]:
-    """Devices as torch.device, each CUDA id existing and listed once (for library callers;
-    ``cpy train`` has checked its ``--gpus`` with :func:`caffe_py.devices.parse_devices`)."""
-    out = [torch.device("cuda", d) if isinstance(d, int) else torch.device(d) for d in devices]
-    if not out:
-        raise DeviceError("no device to train on; give --gpus ids, 'all' or cpu:N")
-    available = torch.cuda.device_count() if torch.cuda.is_available() else 0
-    seen: set[int] = set()
-    for d in out:
-        if d.type != "cuda":
-            continue
-        index = 0 if d.index is None else d.index
-        if index >= available:
-            have = f"{available} GPU(s) (ids 0-{available - 1})" if available else "no GPU"
-            raise DeviceError(f"GPU {index} does not exist: this machine has {have}; pass "
-                              "--gpus with existing ids, 'all', or cpu:N")
-        if index in seen:
-            raise DeviceError(f"GPU {index} is listed twice in --gpus; list each GPU once")
-        seen.add(index)
-    kinds = {d.type for d in out}
-    if len(kinds) > 1:
-        raise DeviceError("--gpus mixes CPU and GPU replicas; use one kind")
-    return [torch.device("cuda", d.index or 0) if d.type == "cuda" else d for d in out]
+@dataclass(frozen=True)
+class HostSlice:
+    """The replicas of this process within a larger run (several hosts, :mod:`.multihost`).
+
+    This run holds global replicas ``offset`` .. of ``total`` (None: this run's own count);
+    seeds and the reader's round-robin are global, the tree's root leaves the sum unscaled
+    (the hosts' roots sum and scale it next), and with ``lead`` False the root neither tests,
+    displays nor snapshots (role HOST_ROOT)."""
+
+    offset: int = 0
+    total: int | None = None
+    lead: bool = True
+
+
+@dataclass(frozen=True)
+class Tuning:
+    """Settings tests and benchmarks change; the defaults are what ``cpy train`` runs.
+
+    ``overlap=False`` makes the tree reduce only after backward (no Python hooks in backward's
+    thread); ``lockstep`` has the root's thread issue every replica's iteration (:mod:`.lockstep`;
+    None: on with CUDA graphs on GPUs, tree reduction only); ``extra_callbacks(i)`` gives
+    replica i more callbacks after the sync one (benchmarks time and profile steps with it)."""
+
+    timeout: float = DEFAULT_TIMEOUT_S
+    overlap: bool = True
+    lockstep: bool | None = None
+    extra_callbacks: Callable[[int], Sequence[Callback]] | None = None
 
 
 class ReplicatedRun:
     """N Solvers (one per device) wired to one sync group and one reader pool.
 
-    Build it, then :meth:`run`; :meth:`close` stops the readers (also done by ``with``).
-    ``extra_callbacks(i)`` gives replica i more callbacks after the sync one (benchmarks time
-    and profile steps with it); the solver's ``memory_format`` field lays out each net before
-    its weights move into the flat buffers; ``cuda_graphs`` runs each replica's
-    forward/backward as one CUDA graph replay (:mod:`.graphs`; default: the options'
-    ``cuda_graphs`` field when it has one, else off); ``overlap=False`` makes the tree reduce
-    only after backward (no Python hooks in backward's thread); ``lockstep`` has the root's
-    thread issue every replica's iteration (:mod:`.lockstep`; default: on with CUDA graphs on
-    GPUs, tree reduction only).
-
-    Several hosts (:mod:`.multihost`): this run holds global replicas ``replica_offset`` ..
-    of ``total_replicas``; seeds and the reader's round-robin are global, the tree's root
-    leaves the sum unscaled (the hosts' roots sum and scale it next), and with ``lead``
-    False the root neither tests, displays nor snapshots: it steps like a worker.
+    Build it, then :meth:`run`; :meth:`close` stops the readers (also done by ``with``). The
+    solver's ``memory_format`` field lays out each net before its weights move into the flat
+    buffers; ``options.cuda_graphs`` runs each replica's forward/backward as one CUDA graph
+    replay (:class:`~caffe_py.solver.graphs.GraphedStep`); ``action`` is the root's signal
+    source.
     """
 
     def __init__(self, param: SolverParameter, devices: Sequence[torch.device | str | int],
-                 options: TrainOptions | None = None, *, log: Log = stdout_log,
-                 action: Callable[[], str] | None = None, timeout: float = DEFAULT_TIMEOUT_S,
-                 extra_callbacks: Callable[[int], Sequence[Any]] | None = None,
-                 cuda_graphs: bool | None = None, overlap: bool = True,
-                 lockstep: bool | None = None, replica_offset: int = 0,
-                 total_replicas: int | None = None, lead: bool = True):
+                 options: TrainOptions | None = None, *, action: Callable[[], str] | None = None,
+                 hosts: HostSlice = HostSlice(), tuning: Tuning = Tuning()):
         from ..io import ReaderPool
 
         self.options = options or TrainOptions()
-        if self.options.reduction not in REDUCTIONS:
-            raise SolverError(f"reduction '{self.options.reduction}' is not one of "
-                              f"{', '.join(REDUCTIONS)}")
         self.devices = check_devices(devices)
         self.param = param
-        self.log = log
+        self.hosts, self.tuning = hosts, tuning
         n = len(self.devices)
-        self.replica_offset, self.lead = replica_offset, lead
-        self.total_replicas = n if total_replicas is None else total_replicas
-        base_seed = resolve_seed(param.random_seed)
-        if cuda_graphs is None:
-            cuda_graphs = bool(getattr(self.options, "cuda_graphs", False))
+        self.total_replicas = n if hosts.total is None else hosts.total
+        graphs = self.options.cuda_graphs
         # a graph replay runs no hooks: with graphs the tree reduces after backward
-        self.sync: SyncGroup = (NcclSync(self.devices, timeout=timeout)
+        self.sync: SyncGroup = (NcclSync(self.devices, timeout=tuning.timeout)
                                 if self.options.reduction == "nccl"
-                                else TreeSync(self.devices, timeout=timeout,
-                                              overlap=overlap and not cuda_graphs,
-                                              root_scale=total_replicas is None))
+                                else TreeSync(self.devices, timeout=tuning.timeout,
+                                              overlap=tuning.overlap and not graphs,
+                                              root_scale=hosts.total is None))
         # with graphs on GPUs one thread issues every replica's step (see .lockstep)
+        lockstep = tuning.lockstep
         if lockstep is None:
-            lockstep = cuda_graphs and all(d.type == "cuda" for d in self.devices)
+            lockstep = graphs and all(d.type == "cuda" for d in self.devices)
         self.lockstep = bool(lockstep) and isinstance(self.sync, TreeSync)
-        self.pool = ReaderPool(replicas=n, replica_offset=replica_offset,
+        self.pool = ReaderPool(replicas=n, replica_offset=hosts.offset,
                                total_replicas=self.total_replicas)
         self.solvers: list[Solver] = []
+        self.graphs: list[GraphedStep] = []
+        base_seed = resolve_seed(param.random_seed)
         try:
             for i in range(n):
-                extra = list(extra_callbacks(i)) if extra_callbacks else []
-                self._add_replica(i, base_seed, extra, action if i == 0 else None)
+                step: StepFn = eager_step
+                if graphs:
+                    self.graphs.append(GraphedStep())
+                    step = self.graphs[-1]
+                self._add_replica(i, base_seed, step, action if i == 0 else None)
             self.sync.check_shapes()
-            self.graphs = [use_cuda_graphs(s, log) for s in self.solvers] if cuda_graphs else []
         except BaseException:
             self.close()
             raise
 
-    def _add_replica(self, i: int, base_seed: int, extra: list[Any],
+    def _add_replica(self, i: int, base_seed: int, step: StepFn,
                      action: Callable[[], str] | None) -> None:
-        """Replica i's Solver on its device, its params moved into flat buffers.
-
-        The Solver (its fillers, Dropout: Caffe's worker seeds) gets ``base_seed + i``; its
-        Data feeds get ``base_seed`` itself, since crop/mirror choices are a function of
-        (seed, record position) and N replicas must draw what one replica with N x the batch
-        draws for the same records."""
+        """Replica i's Solver on its device, its params moved into flat buffers."""
+        role = WORKER if i else (ROOT if self.hosts.lead else HOST_ROOT)
+        extra = list(self.tuning.extra_callbacks(i)) if self.tuning.extra_callbacks else []
         kw: dict[str, Any] = {"action": action} if action else {}
-        if i == 0 and not self.lead:  # another host's root: a worker that also updates
-            kw.update(test_nets=False, verbose=False)
         try:
-            solver = Solver(self.param, device=self.devices[i], replica=i,
-                            seed=base_seed + self.replica_offset + i,
-                            pool=DataSeedPool(self.pool, base_seed),
-                            callbacks=[self._sync_callback(i), *extra],
-                            log=self.log, precision=self.options.precision, **kw)
+            solver = Solver(self.param, device=self.devices[i], replica=i, role=role,
+                            seeds=Seeds(model=base_seed + self.hosts.offset + i, data=base_seed),
+                            pool=self.pool, callbacks=[self._sync_callback(i), *extra],
+                            step=step, **kw)
             self.solvers.append(solver)
-            solver.applies_updates = i == 0
             self.sync.setup(i, [lp.param for lp in solver.net.learnable_params()],
                             state_blobs(solver.net))
         except torch.cuda.OutOfMemoryError as exc:
@@ -172,7 +154,7 @@ class ReplicatedRun:
         lines = [f"Batch: {batch} per replica x {n} replicas x iter_size {p.iter_size} = "
                  f"{batch * n * p.iter_size} per update (effective batch {batch * n}; "
                  f"devices {', '.join(names)}; reduction {self.options.reduction}; precision "
-                 f"{self.root.precision})"]
+                 f"{p.precision})"]
         if isinstance(self.sync, TreeSync):
             on_gpus = any(d.type == "cuda" for d in self.devices)
             lines += self.sync.tree.describe(names, links=on_gpus).splitlines()
@@ -196,12 +178,16 @@ class ReplicatedRun:
     def run(self) -> Solver:
         """Train every replica to max_iter; the root snapshots. Returns the root's Solver."""
         for line in self.banner():
-            self.log(line)
+            log.info(line)
         self.prepare()
+
         def steps(s: Solver) -> Callable[[], None]:
             return lambda: s.step(self.param.max_iter - s.iter)
 
-        targets = ([self.root.solve] if self.lead else [steps(self.root)]) + [
+        def solve() -> None:
+            self.root.solve(progress=self.options.progress)
+
+        targets = ([solve] if self.hosts.lead else [steps(self.root)]) + [
             steps(s) for s in self.solvers[1:]]
         run_replicas(self.sync, targets[:1] if self.lockstep else targets)
         return self.root
@@ -218,54 +204,17 @@ class ReplicatedRun:
         self.close()
 
 
-def train_replicated(param: SolverParameter, devices: Sequence[torch.device | str | int],
-                     options: TrainOptions | None = None, *, log: Log = stdout_log) -> Solver:
-    """``cpy train`` on several devices; the root's Solver is returned when training ends."""
-    options = options or TrainOptions()
-    if options.weights and options.snapshot:
-        raise SolverError("--weights and --snapshot are both given; --weights starts a new run "
-                          "from those weights, --snapshot resumes one: give only one")
-    if options.precision:
-        param = copy.copy(param)
-        param.precision = options.precision
-    snap.check_writable(param.snapshot_prefix)
-    with SignalHandler(options.sigint_effect, options.sighup_effect) as signals, \
-            ReplicatedRun(param, devices, options, log=log,
-                          action=signals.requested_action) as run:
-        return run.run()
+class Replicated:
+    """The strategy of one process with several devices (see the module docstring)."""
 
+    leads = True
 
-class DataSeedPool:
-    """The run's shared ReaderPool as one replica's Solver sees it: every Data feed it attaches
-    draws its random crops and mirrors from the run's ``seed``, whatever seed the Solver passes
-    (its own ``random_seed + replica``); everything else is the pool itself."""
+    def __init__(self, devices: Sequence[torch.device], options: TrainOptions):
+        self.devices, self.options = list(devices), options
 
-    def __init__(self, pool: Any, seed: int):
-        self.pool, self.seed = pool, seed
-
-    def attach(self, net: Any, *, replica: int = 0, device: str | torch.device = "cpu",
-               seed: int = 0) -> list[Any]:
-        return self.pool.attach(net, replica=replica, device=device, seed=self.seed)
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self.pool, name)
-
-
-def train_with_graphs(param: SolverParameter, devices: Sequence[torch.device],
-                      options: TrainOptions, *, log: Log = stdout_log) -> Solver | None:
-    """``cpy train --cuda-graphs``. GPUs train through :class:`ReplicatedRun` (one replica on
-    one GPU: the same Solver loop, its forward/backward captured); on CPU, where there is
-    nothing to capture, the flag is ignored with a note and the usual path runs."""
-    from ..solver.solver import train
-
-    if any(d.type != "cuda" for d in devices):
-        log("Note: --cuda-graphs applies to CUDA devices only; training on "
-            f"{', '.join(sorted({d.type for d in devices}))} without graphs")
-        return train(param, devices, dataclasses.replace(options, cuda_graphs=False), log=log)
-    if len(devices) > 1:
-        return train(param, devices, options, log=log)
-    check_start_files(options)
-    return train_replicated(param, devices, options, log=log)
+    def run(self, param: SolverParameter, action: Callable[[], str]) -> Solver:
+        with ReplicatedRun(param, self.devices, self.options, action=action) as run:
+            return run.run()
 
 
 def state_blobs(net: Any) -> list[torch.Tensor]:

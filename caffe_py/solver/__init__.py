@@ -1,10 +1,12 @@
 """The solver: lr policies, the update rules, the training loop, snapshots and callbacks."""
 from .callbacks import Callback
 from .lr_policy import learning_rate
+from .roles import HOST_ROOT, ROOT, WORKER, Role, Seeds, StepFn, eager_step
 from .rules import RULES, Updater
 from .signals import SignalHandler
 from .snapshot import load_state, load_weights, snapshot_paths
-from .solver import Solver, TrainOptions, train
+from .solver import Solver
 
-__all__ = ["Callback", "RULES", "SignalHandler", "Solver", "TrainOptions", "Updater",
-           "learning_rate", "load_state", "load_weights", "snapshot_paths", "train"]
+__all__ = ["Callback", "HOST_ROOT", "ROOT", "RULES", "Role", "Seeds", "SignalHandler", "Solver",
+           "StepFn", "Updater", "WORKER", "eager_step", "learning_rate", "load_state",
+           "load_weights", "snapshot_paths"]

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import logging
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
@@ -10,6 +11,8 @@ from dataclasses import dataclass, field
 import torch
 
 from ..net import Net
+
+log = logging.getLogger(__name__)
 
 
 def run_batches(net: Net, iterations: int, *, autocast: Callable = contextlib.nullcontext,
@@ -70,7 +73,7 @@ class LayerTimes:
     """Forward-backward milliseconds of each iteration."""
 
 
-def time_layers(net: Net, iterations: int, log: Callable[[str], None],
+def time_layers(net: Net, iterations: int,
                 inputs: Mapping[str, torch.Tensor] | None = None) -> LayerTimes:
     """Caffe's ``time``: each layer's forward and backward, ``iterations`` times.
 
@@ -116,8 +119,8 @@ def time_layers(net: Net, iterations: int, log: Callable[[str], None],
                 times.backward[layer.name] += _time_backward(
                     layer, seen[layer.name], needs[layer.name], sync)
             times.iterations.append((time.perf_counter() - start) * 1e3)
-            log(f"Iteration: {len(times.iterations)} forward-backward time: "
-                f"{times.iterations[-1]:.3f} ms.")
+            log.info(f"Iteration: {len(times.iterations)} forward-backward time: "
+                     f"{times.iterations[-1]:.3f} ms.")
     finally:
         for h in hooks:
             h.remove()

@@ -1,15 +1,22 @@
-"""The Solver: Caffe's Solver::Solve / Step / Test / Snapshot / Restore on one device.
+"""The Solver: Caffe's Solver::Solve / Step / Test / Snapshot / Restore for one replica.
 
-One Solver drives one replica: it builds the TRAIN net (and, when asked, the TEST nets, which
-share the TRAIN net's weights), attaches the data readers, and runs iterations::
+One Solver drives one replica on one device: it builds the TRAIN net (and, when its role
+tests, the TEST nets, which share the TRAIN net's weights), attaches the data feeds, and runs
+Caffe's Step loop as a sequence of public seams::
 
-    test (every test_interval) -> callbacks.on_start -> iter_size x forward/backward ->
-    smoothed loss -> display -> callbacks.on_gradient_ready -> update (rate -> clip ->
-    normalize -> regularize -> rule) -> it += 1 -> signal action / snapshot
+    iteration():
+        test_all()                    when due (role.tests)
+        callbacks.on_start            weights flow down (parallel training)
+        zero_grads()
+        forward_backward()            the step function: eager, or a CUDA graph replay
+        record_loss()                 the smoothed loss, on the device
+        callbacks.on_gradient_ready   gradients flow up (parallel training)
+        apply_update()                rate -> clip -> normalize -> regularize -> rule (role)
+        finish_iteration()            it += 1, signals, scheduled snapshot
 
-Parallel training builds one Solver per replica (``replica=i``; non-root replicas with
-``applies_updates=False``, no test nets, no display) and drives each from its own thread with
-:meth:`Solver.iteration`; the solver itself never knows how many devices exist.
+The solver never knows how many devices exist: parallel training builds one Solver per replica
+with a :class:`~caffe_py.solver.roles.Role` and plugs in through the callbacks; a driver that
+issues several replicas' iterations from one thread calls the seams itself.
 
 Per-iteration cost is kept to the math: the loss is accumulated on the device, and the only
 host syncs are at display, test and snapshot time (non-finite losses are recorded on the device
@@ -18,13 +25,12 @@ and reported there, naming the first bad iteration).
 from __future__ import annotations
 
 import contextlib
-import copy
-import sys
+import logging
 import time
 from collections.abc import Callable, Iterator, Sequence
-from dataclasses import dataclass, field
+from contextlib import AbstractContextManager
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 import torch
 
@@ -35,28 +41,21 @@ from . import snapshot as snap
 from .callbacks import Callback
 from .evaluate import format_output_lines, run_batches
 from .lr_policy import learning_rate
+from .roles import ROOT, Role, Seeds, StepFn, eager_step
 from .rules import Updater
-from .signals import NONE, SNAPSHOT, STOP, SignalHandler, no_action
+from .signals import NONE, SNAPSHOT, STOP, no_action
 
-Log = Callable[[str], None]
+log = logging.getLogger(__name__)
 
 
-@dataclass
-class TrainOptions:
-    """What ``cpy train`` passes to the single-device path or to parallel training."""
+class Progress(Protocol):
+    """A progress display the command supplies (e.g. a tqdm bar on a terminal)."""
 
-    weights: list[str] = field(default_factory=list)
-    """Weights files to start from (fine-tuning), copied by layer name in order."""
-    snapshot: str | None = None
-    """A .solverstate file to resume from (exclusive with ``weights``)."""
-    sigint_effect: str = STOP
-    sighup_effect: str = SNAPSHOT
-    precision: str | None = None
-    """Overrides the solver's ``precision`` (FLOAT32 | BF16) when set."""
-    reduction: str = "tree"
-    """Multi-device gradient reduction: 'tree' (Caffe rc3's P2PSync) or 'nccl'."""
-    cuda_graphs: bool = False
-    """Run each GPU replica's forward/backward as one CUDA graph replay (caffe_py.parallel)."""
+    def update(self, n: int) -> None: ...
+
+
+ProgressFactory = Callable[[int, int], AbstractContextManager[Progress]]
+"""``factory(total, initial)``: a context manager giving the progress display of one solve."""
 
 
 def resolve_seed(random_seed: int) -> int:
@@ -71,37 +70,40 @@ def memory_format_for(name: str, device: torch.device) -> torch.memory_format:
     return torch.contiguous_format
 
 
-def stdout_log(message: str) -> None:
-    print(message, flush=True)
-
-
 class Solver:
-    """Trains one replica's nets; see the module docstring for the loop."""
+    """Trains one replica's nets; see the module docstring for the loop.
+
+    ``seeds`` default to the solver's random_seed (the clock when -1) plus ``replica`` for the
+    model and the seed itself for the data; ``pool`` is a shared reader pool (parallel
+    training) for the TRAIN net, else the solver reads through a pool of its own; ``action``
+    returns what a signal asks for after each iteration (see signals.py); ``step`` computes the
+    forward and backward passes (default: :func:`~caffe_py.solver.roles.eager_step`).
+    """
 
     def __init__(self, param: SolverParameter, *, device: str | torch.device = "cpu",
-                 replica: int = 0, callbacks: Sequence[Callback] = (), seed: int | None = None,
-                 test_nets: bool | None = None, verbose: bool | None = None,
-                 pool: Any = None, action: Callable[[], str] = no_action,
-                 log: Log = stdout_log, precision: str | None = None):
+                 replica: int = 0, role: Role = ROOT, seeds: Seeds | None = None,
+                 callbacks: Sequence[Callback] = (), pool: Any = None,
+                 action: Callable[[], str] = no_action, step: StepFn = eager_step):
         self.param = param
         self.device = torch.device(device)
         self.replica = replica
+        self.role = role
         self.callbacks = list(callbacks)
-        self.applies_updates = True
-        self.verbose = replica == 0 if verbose is None else verbose
         self.action = action
-        self.log = log
-        self.precision = precision or param.precision
-        self.seed = resolve_seed(param.random_seed) + replica if seed is None else seed
-        if replica == 0:
-            torch.manual_seed(self.seed)
+        self.step_fn = step
+        if seeds is None:
+            base = resolve_seed(param.random_seed)
+            seeds = Seeds(model=base + replica, data=base)
+        self.seeds = seeds
+        if role.seeds_rng:
+            torch.manual_seed(seeds.model)
         self.iter = 0
         self.current_step = 0
         self.stop_requested = False
         self.last_test: list[dict[str, torch.Tensor]] = []
         self._pools: list[Any] = []
         self._started = False
-        self._bar = None
+        self._progress: Progress | None = None
 
         spec, state = param.train_net_spec()
         if self.device.type == "cuda":  # the net's shapes are fixed: let cuDNN pick its kernels
@@ -115,10 +117,9 @@ class Solver:
         self.updater = Updater(param, [lp.param for lp in learnable],
                                [(lp.lr_mult, lp.decay_mult) for lp in learnable])
         self.pool = self._attach(self.net, pool)
-        build_tests = (replica == 0) if test_nets is None else test_nets
         self.test_nets: list[Net] = []
         self._test_pool = self.pool if self.pool in self._pools else None
-        if build_tests:
+        if role.tests:
             for spec, state in param.test_net_specs():
                 net = self._build(spec, "TEST", state)
                 net.share_weights_with(self.net)
@@ -133,7 +134,7 @@ class Solver:
     # --- building -----------------------------------------------------------------------------
     def _build(self, spec, phase: str, state) -> Net:
         net = Net(spec, phase, stages=state.stage, level=state.level, device=self.device,
-                  seed=self.seed)
+                  seed=self.seeds.model)
         inputs = [layer.name for layer in net.layers if layer.spec.type == "Input"]
         if inputs:
             raise SolverError(f"the {phase} net '{net.name}' has Input layer '{inputs[0]}', "
@@ -155,7 +156,7 @@ class Solver:
             pool = ReaderPool(replicas=1)
             self._pools.append(pool)
         replica = 0 if pool in self._pools else self.replica
-        pool.attach(net, replica=replica, device=self.device, seed=self.seed)
+        pool.attach(net, replica=replica, device=self.device, seed=self.seeds.data)
         return pool
 
     def start(self) -> None:
@@ -176,126 +177,139 @@ class Solver:
         self.close()
 
     # --- the loop -----------------------------------------------------------------------------
-    def solve(self, resume_file: str | None = None) -> None:
-        """Caffe's Solver::Solve: train to max_iter, snapshot, and show the final numbers."""
+    def solve(self, resume_file: str | None = None,
+              progress: ProgressFactory | None = None) -> None:
+        """Caffe's Solver::Solve: train to max_iter, snapshot, and show the final numbers.
+
+        ``progress`` (the command's, e.g. a terminal bar) is advanced once per iteration."""
         p = self.param
-        if self.verbose:
-            snap.check_writable(p.snapshot_prefix)
-        self.log(f"Solving {self.net.name}")
-        self.log(f"Learning Rate Policy: {p.lr_policy}")
+        log.info(f"Solving {self.net.name}")
+        log.info(f"Learning Rate Policy: {p.lr_policy}")
         if resume_file:
             self.restore(resume_file)
         self.start()
-        with self._progress():
+        with self._progress_of(progress):
             self.step(p.max_iter - self.iter)
         if p.snapshot_after_train and (not p.snapshot or self.iter % p.snapshot != 0):
             self.snapshot()
         if self.stop_requested:
-            self.log("Optimization stopped early.")
+            log.info("Optimization stopped early.")
             return
-        self._check_finite()
+        self.check_finite()
         if p.display and self.iter % p.display == 0:
-            with torch.no_grad(), self._autocast():
+            with torch.no_grad(), self.autocast():
                 loss = self.net().loss.detach().float()
-            self._track_loss(loss)
-            self.log(f"Iteration {self.iter}, loss = {self.smoothed_loss():g}")
+            self.record_loss(loss)
+            log.info(f"Iteration {self.iter}, loss = {self.smoothed_loss():g}")
         if p.test_interval and self.iter % p.test_interval == 0:
             self.test_all()
-        self.log("Optimization Done.")
+        log.info("Optimization Done.")
 
     def step(self, iters: int) -> None:
-        """Run ``iters`` iterations (fewer when a stop is requested)."""
+        """Caffe's Step: run ``iters`` iterations (fewer when a stop is requested)."""
         stop_iter = self.iter + iters
         while self.iter < stop_iter and not self.stop_requested:
             self.iteration()
 
     def iteration(self) -> None:
         """One iteration of Caffe's Step loop (test if due, train, update, act, snapshot)."""
-        p = self.param
         self.start()
-        if (self.test_nets and p.test_interval and self.iter % p.test_interval == 0
-                and (self.iter > 0 or p.test_initialization)):
+        if self.test_due():
             self.test_all()
             if self.stop_requested:
                 return
         for cb in self.callbacks:
             cb.on_start(self)
-        display = self.verbose and p.display > 0 and self.iter % p.display == 0
-        self._zero_grads()
-        loss, out = self._forward_backward()
-        self._track_loss(loss)
+        display = self.display_due()
+        self.zero_grads()
+        loss, out = self.forward_backward()
+        self.record_loss(loss)
         if display:
-            self._display(out)
+            self.display(out)
         for cb in self.callbacks:
             cb.on_gradient_ready(self)
-        if self.applies_updates:
-            rate = self._rate()
-            self.updater.apply(rate, self.iter)
+        if self.role.applies_updates:
+            rate = self.apply_update()
             if display:
-                self.log(f"Iteration {self.iter}, lr = {rate:g}")
-        self.iter += 1
-        if self._bar is not None:
-            self._bar.update(1)
-        request = self.action()
-        if (p.snapshot and self.iter % p.snapshot == 0 and self.verbose) or request == SNAPSHOT:
-            self.snapshot()
-        if request == STOP:
-            self.stop_requested = True
+                log.info(f"Iteration {self.iter}, lr = {rate:g}")
+        self.finish_iteration()
 
-    def _forward_backward(self) -> tuple[torch.Tensor, NetOutput]:
-        """Mean loss (on the device) over iter_size passes; gradients accumulate."""
-        total = torch.zeros((), device=self.device)
-        out = None
-        for _ in range(self.param.iter_size):
-            with self._autocast():
-                out = self.net()
-            if out.loss.requires_grad:
-                out.loss.backward()
-            total += out.loss.detach().float()
-        return total / self.param.iter_size, out
+    # --- the seams ----------------------------------------------------------------------------
+    def test_due(self) -> bool:
+        """Whether the TEST nets run before this iteration (Caffe: every test_interval)."""
+        p = self.param
+        return bool(self.test_nets and p.test_interval and self.iter % p.test_interval == 0
+                    and (self.iter > 0 or p.test_initialization))
 
-    def _zero_grads(self) -> None:
-        # In place: gradients may be views into a parallel replica's flat buffer.
+    def display_due(self) -> bool:
+        return self.role.reports and self.param.display > 0 and self.iter % self.param.display == 0
+
+    def zero_grads(self) -> None:
+        """Clear the gradients in place (they may be views into a flat reduction buffer)."""
         grads = [w.grad for w in self.updater.params if w.grad is not None]
         if grads:
             torch._foreach_zero_(grads)
 
-    def _rate(self) -> float:
-        rate, self.current_step = learning_rate(self.param, self.iter, self.current_step)
-        return rate
+    def forward_backward(self) -> tuple[torch.Tensor, NetOutput]:
+        """This iteration's passes through the step function: (mean loss on the device, the
+        last pass's outputs); the gradients accumulate."""
+        return self.step_fn(self)
 
-    def _autocast(self):
-        if self.precision == "BF16":
-            return torch.autocast(device_type=self.device.type, dtype=torch.bfloat16)
-        return contextlib.nullcontext()
-
-    # --- loss tracking and display ------------------------------------------------------------
-    def _track_loss(self, loss: torch.Tensor) -> None:
-        """Caffe's UpdateSmoothedLoss as a ring buffer on the device (no host sync)."""
+    def record_loss(self, loss: torch.Tensor) -> None:
+        """Caffe's UpdateSmoothedLoss as a ring buffer on the device (no host sync); a
+        non-finite loss is remembered with its iteration."""
         self._losses[self._n_losses % self._losses.numel()] = loss
         self._n_losses += 1
         bad = ~torch.isfinite(loss) & (self._bad_iter < 0)
         self._bad_iter = torch.where(bad, self.iter, self._bad_iter)
 
+    def apply_update(self) -> float:
+        """Caffe's ApplyUpdate on the current gradients; returns the learning rate used."""
+        rate, self.current_step = learning_rate(self.param, self.iter, self.current_step)
+        self.updater.apply(rate, self.iter)
+        return rate
+
+    def finish_iteration(self) -> None:
+        """Count the iteration, then act on a signal and snapshot when due."""
+        p = self.param
+        self.iter += 1
+        if self._progress is not None:
+            self._progress.update(1)
+        request = self.action()
+        if (p.snapshot and self.iter % p.snapshot == 0 and self.role.reports) or \
+                request == SNAPSHOT:
+            self.snapshot()
+        if request == STOP:
+            self.stop_requested = True
+
+    def autocast(self) -> AbstractContextManager[Any]:
+        """The forward passes' precision context (bf16 autocast for precision BF16)."""
+        if self.param.precision == "BF16":
+            return torch.autocast(device_type=self.device.type, dtype=torch.bfloat16)
+        return contextlib.nullcontext()
+
+    # --- loss tracking and display ------------------------------------------------------------
     def smoothed_loss(self) -> float:
         """The mean of the last average_loss losses (a host sync)."""
         n = min(self._n_losses, self._losses.numel())
         return float(self._losses[:n].mean()) if n else 0.0
 
-    def _display(self, out: NetOutput) -> None:
-        self._check_finite()
+    def display(self, out: NetOutput) -> None:
+        """Caffe's display lines: the rate, the smoothed loss and every TRAIN output."""
+        self.check_finite()
         now = time.perf_counter()
         then, last_iter = self._last_display
         lapse = now - then
         per_s = (self.iter - last_iter) / lapse if lapse > 0 else 0.0
         self._last_display = (now, self.iter)
-        self.log(f"Iteration {self.iter} ({per_s:g} iter/s, {lapse:.3f}s/{self.param.display} "
+        log.info(f"Iteration {self.iter} ({per_s:g} iter/s, {lapse:.3f}s/{self.param.display} "
                  f"iters), loss = {self.smoothed_loss():g}")
         values = {name: t.detach().float().reshape(-1) for name, t in out.outputs.items()}
         for line in format_output_lines("Train net output", values, self.net.loss_weights):
-            self.log(f"    {line}")
+            log.info(f"    {line}")
 
-    def _check_finite(self) -> None:
+    def check_finite(self) -> None:
+        """Stop the run (a one-line error) if a recorded loss was NaN or inf (a host sync)."""
         bad = int(self._bad_iter)
         if bad >= 0:
             raise SolverError(f"iteration {bad}: the loss is not finite (NaN or inf); training "
@@ -303,22 +317,16 @@ class Solver:
                               "set clip_gradients, or check the data")
 
     @contextlib.contextmanager
-    def _progress(self) -> Iterator[None]:
-        """A tqdm bar on a terminal (display lines go above it); plain lines otherwise."""
-        if not (self.verbose and sys.stdout.isatty()):
+    def _progress_of(self, factory: ProgressFactory | None) -> Iterator[None]:
+        if factory is None or not self.role.reports:
             yield
             return
-        from tqdm import tqdm
-
-        log = self.log
-        self._bar = tqdm(total=self.param.max_iter, initial=self.iter, unit="it",
-                         dynamic_ncols=True, leave=False)
-        self.log = lambda msg: self._bar.write(msg)
-        try:
-            yield
-        finally:
-            self._bar.close()
-            self._bar, self.log = None, log
+        with factory(self.param.max_iter, self.iter) as bar:
+            self._progress = bar
+            try:
+                yield
+            finally:
+                self._progress = None
 
     # --- testing ------------------------------------------------------------------------------
     def test_all(self) -> list[dict[str, torch.Tensor]]:
@@ -326,14 +334,14 @@ class Solver:
         self.start()
         self.last_test = []
         for k, net in enumerate(self.test_nets):
-            self.log(f"Iteration {self.iter}, Testing net (#{k})")
-            means = run_batches(net, self.param.test_iter[k], autocast=self._autocast,
+            log.info(f"Iteration {self.iter}, Testing net (#{k})")
+            means = run_batches(net, self.param.test_iter[k], autocast=self.autocast,
                                 between=self._test_action)
             if means is None:  # stopped by a signal
                 return self.last_test
             self.last_test.append(means)
             for line in format_output_lines("Test net output", means, net.loss_weights):
-                self.log(f"    {line}")
+                log.info(f"    {line}")
         return self.last_test
 
     def _test_action(self) -> bool:
@@ -351,23 +359,23 @@ class Solver:
     def load_weights(self, paths: Sequence[str]) -> None:
         """Fine-tune: copy layers by name from each weights file in order (Caffe's CopyLayers)."""
         for path in paths:
-            self.log(f"Finetuning from {path}")
+            log.info(f"Finetuning from {path}")
             result = self.net.copy_from(snap.load_weights(path), source=path)
             for name in result.ignored:
-                self.log(f"Ignoring source layer {name}")
+                log.info(f"Ignoring source layer {name}")
 
     def snapshot(self) -> tuple[Path, Path]:
         """Write the weights and the solver state for the current iteration."""
-        self._check_finite()
+        self.check_finite()
         if not all(bool(torch.isfinite(w).all()) for w in self.updater.params):
             raise SolverError(f"iteration {self.iter}: the weights are not finite; no snapshot "
                               "was written; lower base_lr or set clip_gradients")
         weights, state = snap.snapshot_paths(self.param.snapshot_prefix, self.iter,
                                              self.param.snapshot_format)
-        self.log(f"Snapshotting to {weights}")
+        log.info(f"Snapshotting to {weights}")
         types = {layer.name: layer.spec.type for layer in self.net.layers}
         snap.save_weights(self.net.layer_blobs(), weights, types, self.net.name)
-        self.log(f"Snapshotting solver state to {state}")
+        log.info(f"Snapshotting solver state to {state}")
         snap.save_state(self.state_dict(weights.name), state)
         return weights, state
 
@@ -389,7 +397,7 @@ class Solver:
         """Caffe's Restore: weights, iteration, current_step, history, RNGs, data positions."""
         if self._started:
             raise SolverError(f"{path}: restore before the first iteration")
-        self.log(f"Restoring previous solver status from {path}")
+        log.info(f"Restoring previous solver status from {path}")
         state = snap.load_state(path)
         weights = snap.weights_path_of(state, path)
         if not weights.is_file():
@@ -440,48 +448,3 @@ class Solver:
             if not layer.spec.bottom and layer.top_shapes and layer.top_shapes[0]:
                 return int(layer.top_shapes[0][0])
         return 0
-
-
-def check_start_files(options: TrainOptions) -> None:
-    """--weights must name weights and --snapshot a solver state, both existing files."""
-    for path in options.weights:
-        if snap.is_state_path(path):
-            raise SolverError(f"{path} is a solver state, not weights; pass it to --snapshot "
-                              "to resume training")
-    if options.snapshot and not snap.is_state_path(options.snapshot):
-        raise SolverError(f"{options.snapshot} is not a solver state (its name has no "
-                          "'.solverstate'); pass weights to --weights, or give the "
-                          "<prefix>_iter_<N>.solverstate.pt file to --snapshot")
-    for path in [*options.weights, *([options.snapshot] if options.snapshot else [])]:
-        if not Path(path).is_file():
-            raise SolverError(f"{path}: file not found; check the path")
-
-
-def train(param: SolverParameter, devices: Sequence[torch.device], options: TrainOptions,
-          log: Log = stdout_log) -> Solver | None:
-    """The single-device path of ``cpy train`` (several devices go to caffe_py.parallel)."""
-    if options.weights and options.snapshot:
-        raise SolverError("--weights and --snapshot are both given; --weights starts a new run "
-                          "from those weights, --snapshot resumes one: give only one")
-    if options.precision:
-        param = copy.copy(param)
-        param.precision = options.precision
-    check_start_files(options)
-    snap.check_writable(param.snapshot_prefix)
-    if len(devices) > 1:
-        try:
-            from ..parallel import train_replicated
-        except ImportError:
-            raise SolverError("multi-device training needs caffe_py.parallel") from None
-        return train_replicated(param, list(devices), options)
-    with SignalHandler(options.sigint_effect, options.sighup_effect) as signals, \
-            Solver(param, device=devices[0], action=signals.requested_action,
-                   log=log) as solver:
-        batch = solver.batch_size()
-        log(f"Batch: {batch} per replica x 1 replica x iter_size {param.iter_size} = "
-            f"{batch * param.iter_size} per update (device {devices[0]}, precision "
-            f"{solver.precision})")
-        if options.weights:
-            solver.load_weights(options.weights)
-        solver.solve(options.snapshot)
-        return solver

@@ -4,15 +4,17 @@ Skipped without CUDA (marker ``gpu``); the multi-GPU cases need at least two GPU
 """
 from __future__ import annotations
 
+import logging
+
 import numpy as np
 import pytest
 import torch
 
-from caffe_py.devices import DeviceError
+from caffe_py.devices import DeviceError, check_devices
 from caffe_py.io.datum import datum_from_array, encode_datum
 from caffe_py.io.lmdb_store import LmdbWriter
-from caffe_py.parallel import ReplicatedRun, check_devices
-from caffe_py.solver.solver import TrainOptions
+from caffe_py.options import TrainOptions
+from caffe_py.parallel import ReplicatedRun, Tuning
 from caffe_py.spec.solver_spec import load_solver
 
 pytestmark = [pytest.mark.gpu,
@@ -60,14 +62,16 @@ def db(tmp_path_factory):
     return str(path)
 
 
-def _train(tmp_path, db, devices, batch, **kw):
+def _train(tmp_path, db, devices, batch, options=None, caplog=None, **tuning):
     path = tmp_path / f"s{len(devices)}_{batch}.yaml"
     path.write_text(SOLVER.format(db=db, batch=batch, iters=ITERS, prefix=tmp_path / "snap"))
-    notes: list[str] = []
-    with ReplicatedRun(load_solver(path), devices, log=notes.append, **kw) as run:
+    if caplog is not None:
+        caplog.set_level(logging.INFO, logger="caffe_py")
+        caplog.clear()
+    with ReplicatedRun(load_solver(path), devices, options, tuning=Tuning(**tuning)) as run:
         run.run()
         weights = [lp.param.detach().cpu() for lp in run.root.net.learnable_params()]
-    return weights, notes
+    return weights, (caplog.messages if caplog is not None else [])
 
 
 def _rel(a, b):
@@ -96,20 +100,21 @@ def test_tree_runs_are_bit_identical(tmp_path, db):
     assert all(torch.equal(x, y) for x, y in zip(a, b, strict=True))
 
 
-def test_cuda_graphs_match_eager(tmp_path, db):
+def test_cuda_graphs_match_eager(tmp_path, db, caplog):
     devices = [torch.device("cuda", i) for i in range(min(torch.cuda.device_count(), 2))]
-    graphed, notes = _train(tmp_path, db, devices, B, cuda_graphs=True)
+    graphed, notes = _train(tmp_path, db, devices, B, TrainOptions(cuda_graphs=True), caplog)
     assert not [m for m in notes if m.startswith("CUDA graphs off")]
-    eager, _ = _train(tmp_path, db, devices, B, cuda_graphs=False)
+    eager, _ = _train(tmp_path, db, devices, B)
     assert _rel(graphed, eager) < 1e-5
 
 
 @two_gpus
-def test_graphs_in_lockstep_match_graphs_in_threads(tmp_path, db):
+def test_graphs_in_lockstep_match_graphs_in_threads(tmp_path, db, caplog):
     devices = [torch.device("cuda", i) for i in range(min(torch.cuda.device_count(), 4))]
-    lockstep, notes = _train(tmp_path, db, devices, B, cuda_graphs=True)
+    graphs = TrainOptions(cuda_graphs=True)
+    lockstep, notes = _train(tmp_path, db, devices, B, graphs, caplog)
     assert not [m for m in notes if m.startswith("CUDA graphs off")]
-    threads, _ = _train(tmp_path, db, devices, B, cuda_graphs=True, lockstep=False)
+    threads, _ = _train(tmp_path, db, devices, B, graphs, lockstep=False)
     assert _rel(lockstep, threads) < 1e-5
     ref, _ = _train(tmp_path, db, devices[:1], len(devices) * B)
     assert _rel(lockstep, ref) < 1e-5

@@ -14,8 +14,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from caffe_py.parallel import ReplicatedRun
+from caffe_py.parallel import HostSlice, ReplicatedRun
 from caffe_py.parallel.multihost import world_size
+from caffe_py.solver import HOST_ROOT
 from caffe_py.solver.snapshot import load_weights
 from caffe_py.solver.solver import Solver
 from caffe_py.spec.solver_spec import load_solver
@@ -53,21 +54,23 @@ snapshot_prefix: {prefix}
 # One host's process, as `cpy train` runs it, that also saves its root's weights (every rank)
 # and can make one of its workers fail at an iteration.
 DRIVER = textwrap.dedent("""
-    import os, sys, torch
+    import logging, os, sys, torch
     from caffe_py.devices import parse_devices
     from caffe_py.errors import CaffePyError
-    from caffe_py.parallel.multihost import train_multihost
+    from caffe_py.options import TrainOptions
     from caffe_py.solver.solver import Solver
     from caffe_py.spec.solver_spec import load_solver
+    from caffe_py.train import train
+    logging.basicConfig(level=logging.INFO, format="%(message)s", stream=sys.stdout)
     solver_file, gpus, out = sys.argv[1:4]
     rank = int(os.environ["RANK"])
     if os.environ.get("FAIL_RANK") == str(rank):
-        real = Solver._forward_backward
+        real = Solver.forward_backward
         def failing(self):
             if self.replica == 1 and self.iter == 2:
                 raise RuntimeError("injected")
             return real(self)
-        Solver._forward_backward = failing
+        Solver.forward_backward = failing
     if os.environ.get("SIGNAL_RANK") == str(rank):  # "snapshot" at the 2nd poll, "stop" at the 4th
         from caffe_py.solver.signals import SignalHandler
         polls = []
@@ -76,8 +79,8 @@ DRIVER = textwrap.dedent("""
             return {2: "snapshot", 4: "stop"}.get(len(polls), "none")
         SignalHandler.requested_action = requested
     try:
-        root = train_multihost(load_solver(solver_file), parse_devices(gpus), timeout=20,
-                               log=lambda m: print(m, flush=True))
+        root = train(load_solver(solver_file), parse_devices(gpus),
+                     TrainOptions(dist_timeout=20))
     except CaffePyError as exc:
         print(f"Error: {exc}", flush=True)
         sys.exit(1)
@@ -143,15 +146,13 @@ def test_two_hosts_of_two_equal_one_host_of_four_and_one_replica_of_4b(tmp_path,
     rank0, rank1 = (torch.load(tmp_path / f"rank{r}.pt", map_location="cpu") for r in (0, 1))
     # every root applied the same update to the same weights
     assert all(torch.equal(a, b) for a, b in zip(rank0, rank1, strict=True))
-    quiet = lambda m: None  # noqa: E731
-    with ReplicatedRun(load_solver(solver), ["cpu"] * 4, log=quiet) as run:
+    with ReplicatedRun(load_solver(solver), ["cpu"] * 4) as run:
         run.run()
         four = _weights(run.root)
-    with Solver(load_solver(_solver_file(tmp_path, db, batch=4 * B, name="big")),
-                log=quiet) as single:
+    with Solver(load_solver(_solver_file(tmp_path, db, batch=4 * B, name="big"))) as single:
         single.solve()
         big = _weights(single)
-    start = _weights(Solver(load_solver(solver), log=quiet))
+    start = _weights(Solver(load_solver(solver)))
     assert _rel(rank0, start) > 1e-3      # it trained
     assert _rel(rank0, four) < 1e-5
     assert _rel(rank0, big) < 1e-5
@@ -290,7 +291,7 @@ def test_two_processes_over_nccl_equal_one_process_on_the_same_gpus(tmp_path, db
     assert "backend nccl" in runs[0][1]
     rank0, rank1 = (torch.load(tmp_path / f"rank{r}.pt", map_location="cpu") for r in (0, 1))
     assert all(torch.equal(a, b) for a, b in zip(rank0, rank1, strict=True))
-    with ReplicatedRun(load_solver(solver), ["cuda:0", "cuda:1"], log=lambda m: None) as run:
+    with ReplicatedRun(load_solver(solver), ["cuda:0", "cuda:1"]) as run:
         run.run()
         one = _weights(run.root)
     assert _rel(rank0, [w.cpu() for w in one]) < 1e-4
@@ -301,11 +302,11 @@ def test_a_hosts_replicas_take_global_seeds_and_record_slices(tmp_path, db):
     the run's seed 7), the reader's slice 2..3 of 4, an unscaled local root, and a root that
     neither tests nor displays."""
     param = load_solver(_solver_file(tmp_path, db))
-    with ReplicatedRun(param, ["cpu", "cpu"], log=lambda m: None, replica_offset=2,
-                       total_replicas=4, lead=False) as run:
-        assert [s.seed for s in run.solvers] == [9, 10]
+    with ReplicatedRun(param, ["cpu", "cpu"], hosts=HostSlice(2, 4, lead=False)) as run:
+        assert [s.seeds.model for s in run.solvers] == [9, 10]
         assert [s.net.data_layers()[0]._feed.transformer.seed for s in run.solvers] == [7, 7]
         assert (run.pool.replica_offset, run.pool.total_replicas) == (2, 4)
         assert run.sync.root_scale is False
-        assert (run.root.verbose, run.root.test_nets, run.root.applies_updates) == (
+        assert run.root.role == HOST_ROOT
+        assert (run.root.role.reports, run.root.test_nets, run.root.role.applies_updates) == (
             False, [], True)

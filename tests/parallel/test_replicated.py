@@ -3,20 +3,23 @@ the Data layer and a tiny LMDB (the round-robin reader gives identical record se
 lockstep driver gives the threaded run's weights bit for bit."""
 from __future__ import annotations
 
+import logging
 import threading
 
 import pytest
 import torch
 
-from caffe_py.devices import DeviceError
+from caffe_py.devices import DeviceError, check_devices, parse_devices
 from caffe_py.errors import SolverError
-from caffe_py.parallel import ReplicatedRun, check_devices, parse_devices, train_replicated
+from caffe_py.options import TrainOptions
+from caffe_py.parallel import ReplicatedRun, Tuning
 from caffe_py.parallel.lockstep import LockstepRoot, top_down
 from caffe_py.parallel.sync import TreeSync
 from caffe_py.parallel.topology import build_tree
 from caffe_py.solver.snapshot import load_weights
-from caffe_py.solver.solver import Solver, TrainOptions
+from caffe_py.solver.solver import Solver
 from caffe_py.spec.solver_spec import load_solver
+from caffe_py.train import train
 
 B, ITERS = 4, 6
 SOLVER = """
@@ -75,14 +78,14 @@ def _weights(solver):
 
 
 def _single(tmp_path, db, n, **kw):
-    with Solver(_param(tmp_path, db, batch=n * B, name="ref", **kw), log=lambda m: None) as s:
+    with Solver(_param(tmp_path, db, batch=n * B, name="ref", **kw)) as s:
         s.solve()
         return _weights(s)
 
 
 def _replicated(tmp_path, db, n, **kw):
     param = _param(tmp_path, db, batch=B, name="rep", **kw)
-    with ReplicatedRun(param, ["cpu"] * n, log=lambda m: None) as run:
+    with ReplicatedRun(param, ["cpu"] * n) as run:
         run.run()
         return _weights(run.root), run
 
@@ -117,16 +120,17 @@ def test_random_crop_and_mirror_n_replicas_equal_one_with_n_times_the_batch(tmp_
     ref = _single(tmp_path, db, n, transform=CROP_MIRROR)
     got, run = _replicated(tmp_path, db, n, transform=CROP_MIRROR)
     assert _rel(got, ref) < 1e-5
-    seeds = [(s.seed, s.net.data_layers()[0]._feed.transformer.seed) for s in run.solvers]
+    seeds = [(s.seeds.model, s.net.data_layers()[0]._feed.transformer.seed) for s in run.solvers]
     assert seeds == [(7 + i, 7) for i in range(n)]
 
 
 def test_weights_moved_and_workers_hold_the_roots_weights(tmp_path, db):
     got, run = _replicated(tmp_path, db, 3)
-    start = _weights(Solver(_param(tmp_path, db, batch=B, name="init"), log=lambda m: None))
+    start = _weights(Solver(_param(tmp_path, db, batch=B, name="init")))
     assert _rel(got, start) > 1e-3
     # workers trained the last iteration with the weights before the root's last update
-    assert run.solvers[1].applies_updates is False and run.solvers[0].applies_updates is True
+    assert run.solvers[1].role.applies_updates is False
+    assert run.solvers[0].role.applies_updates is True
     assert [s.iter for s in run.solvers] == [ITERS] * 3
 
 
@@ -136,10 +140,11 @@ def test_two_runs_are_bit_identical(tmp_path, db):
     assert all(torch.equal(x, y) for x, y in zip(a, b, strict=True))
 
 
-def test_train_replicated_logs_batches_and_tree_and_snapshots(tmp_path, db):
-    lines = []
+def test_train_replicated_logs_batches_and_tree_and_snapshots(tmp_path, db, caplog):
+    caplog.set_level(logging.INFO, logger="caffe_py")
     param = _param(tmp_path, db, batch=B, snap="true", name="cli")
-    root = train_replicated(param, parse_devices("cpu:3"), TrainOptions(), log=lines.append)
+    root = train(param, parse_devices("cpu:3"), TrainOptions())
+    lines = caplog.messages
     assert lines[:4] == [
         "Batch: 4 per replica x 3 replicas x iter_size 1 = 12 per update (effective batch 12; "
         "devices cpu#0, cpu#1, cpu#2; reduction tree; precision FLOAT32)",
@@ -155,16 +160,16 @@ def test_train_replicated_logs_batches_and_tree_and_snapshots(tmp_path, db):
 def test_a_failure_leaves_the_last_snapshot_intact(tmp_path, db, monkeypatch):
     param = _param(tmp_path, db, batch=B, iters=20, name="snap")
     param.snapshot = 2
-    with ReplicatedRun(param, ["cpu"] * 2, log=lambda m: None) as run:
+    with ReplicatedRun(param, ["cpu"] * 2) as run:
         worker = run.solvers[1]
-        real = worker._forward_backward
+        real = worker.step_fn
 
-        def out_of_memory():
+        def out_of_memory(solver):
             if worker.iter == 5:
                 raise MemoryError("no room")
-            return real()
+            return real(solver)
 
-        monkeypatch.setattr(worker, "_forward_backward", out_of_memory)
+        monkeypatch.setattr(worker, "step_fn", out_of_memory)
         with pytest.raises(SolverError, match=r"^replica 1 \(cpu\) failed: MemoryError: no room$"):
             run.run()
     snaps = sorted(p.name for p in tmp_path.iterdir() if p.name.startswith("snap_snap_iter"))
@@ -177,17 +182,17 @@ def test_a_failure_leaves_the_last_snapshot_intact(tmp_path, db, monkeypatch):
 @pytest.mark.parametrize("lockstep", [None, True], ids=["threads", "lockstep"])
 def test_an_exception_in_one_worker_names_it_and_stops_all(tmp_path, db, monkeypatch, lockstep):
     param = _param(tmp_path, db, batch=B, iters=50, name="boom")
-    with ReplicatedRun(param, ["cpu"] * 3, log=lambda m: None, lockstep=lockstep) as run:
+    with ReplicatedRun(param, ["cpu"] * 3, tuning=Tuning(lockstep=lockstep)) as run:
         assert run.lockstep is bool(lockstep)
         worker = run.solvers[2]
-        real = worker._forward_backward
+        real = worker.step_fn
 
-        def boom():
+        def boom(solver):
             if worker.iter == 3:
                 raise RuntimeError("injected in replica 2")
-            return real()
+            return real(solver)
 
-        monkeypatch.setattr(worker, "_forward_backward", boom)
+        monkeypatch.setattr(worker, "step_fn", boom)
         with pytest.raises(SolverError, match=r"^replica 2 \(cpu\) failed: RuntimeError: "
                                               r"injected in replica 2$"):
             run.run()
@@ -221,7 +226,7 @@ def test_nccl_needs_cuda(tmp_path, db):
 def test_channels_last_replicas_train_the_same(tmp_path, db):
     param = _param(tmp_path, db, batch=B, name="cl")
     param.memory_format = "CHANNELS_LAST"
-    with ReplicatedRun(param, ["cpu"] * 2, log=lambda m: None) as run:
+    with ReplicatedRun(param, ["cpu"] * 2) as run:
         conv = run.root.net.layer_by_name("conv").blobs()[0]
         assert conv.is_contiguous(memory_format=torch.channels_last)
         assert all(h.is_contiguous(memory_format=torch.channels_last)
@@ -234,13 +239,12 @@ def test_channels_last_replicas_train_the_same(tmp_path, db):
 def test_resume_from_a_snapshot_continues_exactly(tmp_path, db):
     full = _param(tmp_path, db, batch=B, iters=6, snap="false", name="full")
     full.snapshot = 3
-    with ReplicatedRun(full, ["cpu"] * 3, log=lambda m: None) as run:
+    with ReplicatedRun(full, ["cpu"] * 3) as run:
         run.run()
         whole = _weights(run.root)
     again = _param(tmp_path, db, batch=B, iters=6, snap="false", name="again")
     state = tmp_path / "full_snap_iter_3.solverstate.pt"
-    with ReplicatedRun(again, ["cpu"] * 3, TrainOptions(snapshot=str(state)),
-                       log=lambda m: None) as run:
+    with ReplicatedRun(again, ["cpu"] * 3, TrainOptions(snapshot=str(state))) as run:
         run.run()
         resumed = _weights(run.root)
         assert [s.iter for s in run.solvers] == [6, 6, 6]
@@ -286,7 +290,7 @@ def test_out_of_memory_while_building_names_the_replica(tmp_path, db, monkeypatc
 # --- lockstep: the root's thread issues every replica's iteration (used with CUDA graphs) --
 def _lockstep_run(tmp_path, db, n, *, lockstep, **kw):
     param = _param(tmp_path, db, batch=B, name=f"ls{n}{lockstep}", **kw)
-    with ReplicatedRun(param, ["cpu"] * n, log=lambda m: None, lockstep=lockstep) as run:
+    with ReplicatedRun(param, ["cpu"] * n, tuning=Tuning(lockstep=lockstep)) as run:
         assert run.lockstep is lockstep
         assert isinstance(run.root.callbacks[0], LockstepRoot) is lockstep
         run.run()
@@ -320,5 +324,5 @@ def test_top_down_puts_parents_first():
 
 def test_default_is_off_on_cpu_even_with_graphs(tmp_path, db):
     param = _param(tmp_path, db, batch=B, name="default")
-    with ReplicatedRun(param, ["cpu"] * 2, log=lambda m: None, cuda_graphs=True) as run:
+    with ReplicatedRun(param, ["cpu"] * 2, TrainOptions(cuda_graphs=True)) as run:
         assert run.lockstep is False

@@ -42,7 +42,7 @@ def test_auto_means_channels_last_on_cuda_and_contiguous_on_cpu():
 
 def _train(ws, fmt: str) -> tuple[Solver, list[torch.Tensor]]:
     ws.net(CONV_NET)
-    solver = Solver(ws.load(max_iter=3, memory_format=fmt), log=lambda m: None)
+    solver = Solver(ws.load(max_iter=3, memory_format=fmt))
     solver.solve()
     return solver, [lp.param.detach().contiguous() for lp in solver.net.learnable_params()]
 

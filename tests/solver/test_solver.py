@@ -1,21 +1,31 @@
 """The training loop: Caffe's Step order, display and test lines, snapshots, exact resume."""
 from __future__ import annotations
 
+import logging
 import math
 
 import pytest
 import torch
 
 from caffe_py.errors import SolverError
-from caffe_py.solver import Solver, TrainOptions, train
+from caffe_py.options import TrainOptions
+from caffe_py.solver import Role, Solver
 from caffe_py.solver.snapshot import load_state, load_weights
+from caffe_py.train import train
 
 
-def run(param, resume=None, **kw):
-    lines: list[str] = []
-    with Solver(param, log=lines.append, **kw) as solver:
-        solver.solve(resume)
-    return solver, lines
+@pytest.fixture
+def run(caplog):
+    """``run(param, resume=None, **solver_kw)``: a solve; (the Solver, its log lines)."""
+    caplog.set_level(logging.INFO, logger="caffe_py")
+
+    def solve(param, resume=None, **kw):
+        caplog.clear()
+        with Solver(param, **kw) as solver:
+            solver.solve(resume)
+        return solver, [r.getMessage() for r in caplog.records]
+
+    return solve
 
 
 def weights_of(solver):
@@ -29,7 +39,7 @@ def assert_bitwise(a, b):
             assert torch.equal(x, y), name
 
 
-def test_display_test_and_snapshot_lines_follow_caffe(ws):
+def test_display_test_and_snapshot_lines_follow_caffe(ws, run):
     p = ws.load(test_iter=2, test_interval=3, display=3, snapshot=3, max_iter=6,
                 lr_policy="step", gamma=0.5, stepsize=3)
     solver, lines = run(p)
@@ -54,7 +64,7 @@ def test_display_test_and_snapshot_lines_follow_caffe(ws):
         6, 1, "tiny_iter_6.pt")
 
 
-def test_test_outputs_are_the_mean_over_test_iter(ws):
+def test_test_outputs_are_the_mean_over_test_iter(ws, run):
     # Zero weights (no filler) give uniform softmax: the loss is log(3) on every batch.
     ws.net(DUMMY_ZERO := (ws.root / "net.yaml").read_text().replace(
         ", weight_filler: {type: xavier}", ""))
@@ -70,7 +80,7 @@ def test_test_outputs_are_the_mean_over_test_iter(ws):
     {"type": "Adam", "momentum2": 0.99, "lr_policy": "fixed"},
     {"type": "Nesterov", "snapshot_format": "caffemodel"},
 ])
-def test_resume_is_bitwise_identical_with_dummy_data(ws, rule):
+def test_resume_is_bitwise_identical_with_dummy_data(ws, rule, run):
     straight, _ = run(ws.load(max_iter=6, test_iter=1, test_interval=2, **rule))
     first, _ = run(ws.load(max_iter=3, test_iter=1, test_interval=2, snapshot_prefix="b/t",
                            **rule))
@@ -86,7 +96,7 @@ def test_resume_is_bitwise_identical_with_dummy_data(ws, rule):
     assert not torch.equal(weights_of(first)["ip"][0], weights_of(straight)["ip"][0])
 
 
-def test_resume_is_bitwise_identical_with_an_lmdb(ws):
+def test_resume_is_bitwise_identical_with_an_lmdb(ws, run):
     ws.net(ws.LMDB_NET, batch=2)
     common = {"max_iter": 8, "test_iter": 2, "test_interval": 3, "lr_policy": "fixed"}
     straight, _ = run(ws.load(**common))
@@ -97,7 +107,7 @@ def test_resume_is_bitwise_identical_with_an_lmdb(ws):
     assert straight.last_test[0]["acc"].item() == resumed.last_test[0]["acc"].item()
 
 
-def test_iter_size_k_with_batch_b_equals_batch_k_times_b(ws):
+def test_iter_size_k_with_batch_b_equals_batch_k_times_b(ws, run):
     ws.net(ws.LMDB_NET, batch=2)
     small, _ = run(ws.load(max_iter=3, iter_size=2, weight_decay=0.01))
     ws.net(ws.LMDB_NET, batch=4)
@@ -106,7 +116,7 @@ def test_iter_size_k_with_batch_b_equals_batch_k_times_b(ws):
         torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)
 
 
-def test_lr_mult_zero_blob_stays_fixed_in_a_net(ws):
+def test_lr_mult_zero_blob_stays_fixed_in_a_net(ws, run):
     text = (ws.root / "net.yaml").read_text().replace(
         "{lr_mult: 2, decay_mult: 0}", "{lr_mult: 0}").replace(
         "weight_filler: {type: xavier}", "weight_filler: {type: xavier}, "
@@ -131,16 +141,15 @@ class Recorder:
 def test_callbacks_run_around_backward_and_applies_updates_false_keeps_weights(ws):
     calls: list = []
     p = ws.load(max_iter=2, snapshot_after_train=False)
-    with Solver(p, callbacks=[Recorder(calls)], log=lambda m: None) as solver:
+    with Solver(p, callbacks=[Recorder(calls)], role=Role(applies_updates=False)) as solver:
         before = weights_of(solver)
-        solver.applies_updates = False
         solver.step(2)
         assert calls == [("start", 0), ("grad", 0, True), ("start", 1), ("grad", 1, True)]
         assert_bitwise(before, weights_of(solver))
         assert solver.iter == 2
 
 
-def test_non_finite_loss_stops_naming_the_iteration_and_writes_no_snapshot(ws):
+def test_non_finite_loss_stops_naming_the_iteration_and_writes_no_snapshot(ws, run):
     text = (ws.root / "net.yaml").read_text().replace("{type: gaussian}",
                                                       "{type: constant, value: .inf}")
     ws.net(text)
@@ -152,17 +161,17 @@ def test_non_finite_loss_stops_naming_the_iteration_and_writes_no_snapshot(ws):
     assert not list(ws.root.glob("snaps/*"))
 
 
-def test_bf16_precision_keeps_float32_weights(ws):
+def test_bf16_precision_keeps_float32_weights(ws, run):
     solver, _ = run(ws.load(max_iter=2, precision="BF16", snapshot_after_train=False))
-    assert solver.precision == "BF16"
+    assert solver.param.precision == "BF16"
     assert all(w.dtype == torch.float32 for w in solver.updater.params)
     assert all(torch.isfinite(w).all() for w in solver.updater.params)
 
 
-def test_finetune_copies_weights_by_layer_name(ws):
+def test_finetune_copies_weights_by_layer_name(ws, run):
     first, _ = run(ws.load(max_iter=2))
     weights = ws.root / "snaps" / "tiny_iter_2.pt"
-    with Solver(ws.load(max_iter=2), log=lambda m: None) as solver:
+    with Solver(ws.load(max_iter=2)) as solver:
         solver.load_weights([str(weights)])
         assert_bitwise({"ip": load_weights(weights)["ip"]}, {"ip": solver.net.layer_blobs()["ip"]})
 
@@ -171,7 +180,7 @@ def test_train_rejects_unwritable_snapshot_dir_before_training(ws):
     (ws.root / "afile").write_text("x")
     p = ws.load(snapshot_prefix="afile/sub/tiny")
     with pytest.raises(SolverError) as err:
-        train(p, [torch.device("cpu")], TrainOptions(), log=lambda m: None)
+        train(p, [torch.device("cpu")], TrainOptions())
     assert str(err.value).startswith(f"cannot write snapshots to '{ws.root / 'afile' / 'sub'}' "
                                      f"(snapshot_prefix {ws.root / 'afile' / 'sub' / 'tiny'}):")
     assert str(err.value).endswith("make the directory writable or change snapshot_prefix")
@@ -192,20 +201,53 @@ def test_input_layer_in_a_train_net_is_an_error(ws):
     ws.net("name: n\nlayer:\n  - {name: in, type: Input, top: x, "
            "input_param: {shape: {dim: [2, 3]}}}\n")
     with pytest.raises(SolverError, match="the TRAIN net 'n' has Input layer 'in'"):
-        Solver(ws.load(), log=lambda m: None)
+        Solver(ws.load())
 
 
 def test_smoothed_loss_is_the_mean_of_the_last_average_loss_iterations(ws):
-    with Solver(ws.load(average_loss=3), log=lambda m: None) as solver:
+    with Solver(ws.load(average_loss=3)) as solver:
         for i, loss in enumerate([1.0, 2.0, 3.0, 4.0]):
             solver.iter = i
-            solver._track_loss(torch.tensor(loss))
+            solver.record_loss(torch.tensor(loss))
             if i == 1:
                 assert solver.smoothed_loss() == 1.5  # fewer than 3 so far: their mean
         assert solver.smoothed_loss() == 3.0
         solver.iter = 7
-        solver._track_loss(torch.tensor(float("nan")))
+        solver.record_loss(torch.tensor(float("nan")))
         solver.iter = 8
-        solver._track_loss(torch.tensor(float("inf")))
+        solver.record_loss(torch.tensor(float("inf")))
         with pytest.raises(SolverError, match="^iteration 7: the loss is not finite"):
-            solver._check_finite()
+            solver.check_finite()
+
+
+def test_progress_advances_once_per_iteration_from_the_resumed_iteration(ws, run):
+    import contextlib
+
+    calls: list = []
+
+    class Bar:
+        def update(self, n):
+            calls.append(n)
+
+    @contextlib.contextmanager
+    def factory(total, initial):
+        calls.append(("open", total, initial))
+        yield Bar()
+        calls.append("closed")
+
+    run(ws.load(max_iter=2))
+    with Solver(ws.load(max_iter=5)) as solver:
+        solver.solve(str(ws.root / "snaps" / "tiny_iter_2.solverstate.pt"), progress=factory)
+    assert calls == [("open", 5, 2), 1, 1, 1, "closed"]
+
+
+def test_a_worker_role_neither_updates_nor_tests_nor_reports(ws, run):
+    from caffe_py.solver import WORKER
+
+    p = ws.load(max_iter=2, test_iter=1, test_interval=1, display=1, snapshot=1)
+    with Solver(p, role=WORKER) as solver:
+        before = weights_of(solver)
+        solver.step(2)
+        assert solver.test_nets == [] and not solver.display_due()
+        assert_bitwise(before, weights_of(solver))
+    assert not list(ws.root.glob("snaps/*"))

@@ -11,7 +11,7 @@ pytestmark = [pytest.mark.gpu,
 
 
 def trained(param, device, resume=None):
-    with Solver(param, device=device, log=lambda m: None) as solver:
+    with Solver(param, device=device) as solver:
         solver.solve(resume)
         return {k: [b.detach().cpu() for b in v] for k, v in solver.net.layer_blobs().items()}
 
@@ -40,8 +40,8 @@ def test_cuda_resume_continues_exactly(ws):
 
 
 def test_bf16_on_cuda_trains_float32_weights(ws):
-    with Solver(ws.load(max_iter=20, precision="BF16", lr_policy="fixed"), device="cuda:0",
-                log=lambda m: None) as solver:
+    with Solver(ws.load(max_iter=20, precision="BF16", lr_policy="fixed"),
+                device="cuda:0") as solver:
         before = [w.detach().clone() for w in solver.updater.params]
         solver.step(20)
         assert all(w.dtype == torch.float32 and w.is_cuda for w in solver.updater.params)

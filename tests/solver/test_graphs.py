@@ -2,10 +2,13 @@
 (CPU); on a GPU the captured step gives the eager step's weights (test_gpu.py)."""
 from __future__ import annotations
 
+import logging
+
 import torch
 
+from caffe_py.options import TrainOptions
 from caffe_py.parallel import ReplicatedRun
-from caffe_py.parallel.graphs import uncapturable_reason
+from caffe_py.solver.graphs import uncapturable_reason
 from caffe_py.solver.solver import Solver
 from caffe_py.spec.solver_spec import load_solver
 
@@ -35,43 +38,40 @@ def _param(tmp_path, filler):
 
 
 def test_reasons_a_step_cannot_be_captured(tmp_path):
-    solver = Solver(_param(tmp_path, "gaussian"), log=lambda m: None)
+    solver = Solver(_param(tmp_path, "gaussian"))
     assert uncapturable_reason(solver) == "the replica runs on cpu, not CUDA"
     solver.device = torch.device("cuda", 0)   # only the reason is asked: nothing runs there
     assert uncapturable_reason(solver) == (
         "DummyData layer 'data' refills a top on the host every forward (a non-constant "
         "filler); use constant fillers to capture")
-    solver = Solver(_param(tmp_path, "constant"), log=lambda m: None)
+    solver = Solver(_param(tmp_path, "constant"))
     solver.device = torch.device("cuda", 0)
     assert uncapturable_reason(solver) is None
 
 
-def test_cpu_replicas_fall_back_to_eager_and_train_the_same(tmp_path):
-    lines: list[str] = []
-    with ReplicatedRun(_param(tmp_path, "uniform"), ["cpu"] * 2, log=lines.append,
-                       cuda_graphs=True) as run:
+def test_cpu_replicas_fall_back_to_eager_and_train_the_same(tmp_path, caplog):
+    caplog.set_level(logging.INFO, logger="caffe_py")
+    with ReplicatedRun(_param(tmp_path, "uniform"), ["cpu"] * 2,
+                       TrainOptions(cuda_graphs=True)) as run:
         run.run()
         graphed = [lp.param.detach().clone() for lp in run.root.net.learnable_params()]
-    assert sorted(m for m in lines if m.startswith("CUDA graphs")) == [
+    assert sorted(m for m in caplog.messages if m.startswith("CUDA graphs")) == [
         f"CUDA graphs off for replica {i} (cpu): the replica runs on cpu, not CUDA; running "
         "eagerly" for i in (0, 1)]
-    with ReplicatedRun(_param(tmp_path, "uniform"), ["cpu"] * 2, log=lambda m: None) as run:
+    with ReplicatedRun(_param(tmp_path, "uniform"), ["cpu"] * 2) as run:
         run.run()
         eager = [lp.param.detach() for lp in run.root.net.learnable_params()]
     assert all(torch.equal(a, b) for a, b in zip(graphed, eager, strict=True))
 
 
-def test_options_field_turns_graphs_on(tmp_path):
-    from caffe_py.solver.solver import TrainOptions
-
-    lines: list[str] = []
+def test_options_field_turns_graphs_on(tmp_path, caplog):
+    caplog.set_level(logging.INFO, logger="caffe_py")
     with ReplicatedRun(_param(tmp_path, "constant"), ["cpu"] * 2,
-                       TrainOptions(cuda_graphs=True), log=lines.append) as run:
+                       TrainOptions(cuda_graphs=True)) as run:
         assert len(run.graphs) == 2
         run.run()
-    assert sum(m.startswith("CUDA graphs off for replica") for m in lines) == 2
-    with ReplicatedRun(_param(tmp_path, "constant"), ["cpu"] * 2, TrainOptions(),
-                       log=lines.append) as run:
+    assert sum(m.startswith("CUDA graphs off for replica") for m in caplog.messages) == 2
+    with ReplicatedRun(_param(tmp_path, "constant"), ["cpu"] * 2, TrainOptions()) as run:
         assert run.graphs == []
 
 
@@ -99,7 +99,7 @@ def test_start_files_are_checked_before_a_graphed_run(tmp_path):
     import pytest
 
     from caffe_py.errors import SolverError
-    from caffe_py.solver.solver import TrainOptions, check_start_files
+    from caffe_py.train import check_start_files
 
     with pytest.raises(SolverError, match=r"^x\.solverstate\.pt is a solver state, not weights"):
         check_start_files(TrainOptions(weights=["x.solverstate.pt"]))

@@ -1,15 +1,15 @@
-"""A replica's forward + backward captured in one CUDA graph (off by default).
+"""A step function that replays a replica's forward + backward as one CUDA graph.
 
-With N replica threads in one process every Python-level op launch holds the GIL, so the
-threads queue for it (nn.DataParallel reaches 71% of linear on 4 H200s for this reason). A
+Small nets are bound by the host's op launches, and replica threads in one process queue for
+the GIL to launch theirs (docs/performance.md and docs/parallel.md give the numbers). A
 captured step is one ``graph.replay()`` per pass: the per-iteration Python work per replica
-drops to copying the next batch into static input buffers and a replay. On a 1-GPU LeNet
-(batch 64) this measured 2,977 it/s against 839 it/s eager.
+drops to copying the next batch into static input buffers and a replay.
 
 What makes a step capturable here:
 
-* the gradients live at fixed addresses (views into the replica's flat gradient buffer), so
-  the backward's in-place accumulation is captured and the tree/NCCL sync reads them as usual;
+* the gradients live at fixed addresses (made by the warm-up passes and zeroed in place, or
+  views into a replica's flat gradient buffer), so the backward's in-place accumulation is
+  captured and a tree/NCCL sync reads them as usual;
 * every Data layer reads from a :class:`StaticFeed`: before each replay the real feed's next
   batch is copied into the static tensors the graph was captured with;
 * no host sync inside: the loss layers' label-range check (a host sync) is switched off for
@@ -19,14 +19,21 @@ What makes a step capturable here:
 Warm-up passes (needed before capture) use the zero-filled static batch and consume no
 records; BatchNorm's running sums are restored after them and the gradients cleared, so the
 captured run sees the same state as an eager one.
+
+``Solver(param, step=GraphedStep())`` uses it; a step that cannot be captured says why in one
+line and runs :func:`~caffe_py.solver.roles.eager_step` instead.
 """
 from __future__ import annotations
 
+import logging
 import threading
-from collections.abc import Callable
 from typing import Any
 
 import torch
+
+from .roles import eager_step
+
+log = logging.getLogger(__name__)
 
 WARMUP_PASSES = 3
 _CAPTURE_LOCK = threading.Lock()   # one capture at a time: captures are rare, errors clearer
@@ -64,122 +71,114 @@ def uncapturable_reason(solver: Any) -> str | None:
 
 
 class GraphedStep:
-    """Drop-in for ``Solver._forward_backward``: iter_size replays of one captured pass.
+    """A :class:`~caffe_py.solver.roles.StepFn`: iter_size replays of one captured pass.
 
-    Built in the main thread; the capture happens on the first call, in the replica's own
-    thread (its device and stream), after that iteration's weights have arrived.
+    Made before its Solver; the capture happens on the first call, in the replica's own thread
+    (its device and stream), after that iteration's weights have arrived.
     """
 
-    def __init__(self, solver: Any, log: Callable[[str], None]):
-        self.solver, self.log = solver, log
+    def __init__(self) -> None:
         self.graph: torch.cuda.CUDAGraph | None = None
         self.feeds: list[StaticFeed] = []
         self.static_loss: torch.Tensor | None = None
         self.static_out: Any = None
-        self.eager = solver._forward_backward
         self.fallback: str | None = None
 
-    def __call__(self) -> tuple[torch.Tensor, Any]:
+    def __call__(self, solver: Any) -> tuple[torch.Tensor, Any]:
         if self.fallback is not None:
-            return self.eager()
+            return eager_step(solver)
         if self.graph is None:
-            self._capture()
+            self._capture(solver)
             if self.graph is None:
-                return self.eager()
-        s = self.solver
-        if s.param.iter_size == 1:
+                return eager_step(solver)
+        assert self.static_loss is not None
+        if solver.param.iter_size == 1:
             # the static loss is read (copied into the solver's loss ring) in stream order
             # before the next replay overwrites it: no per-step allocation or sum
             for feed in self.feeds:
                 feed.refill()
             self.graph.replay()
             return self.static_loss, self.static_out
-        total = torch.zeros((), device=s.device)
-        for _ in range(s.param.iter_size):
+        total = torch.zeros((), device=solver.device)
+        for _ in range(solver.param.iter_size):
             for feed in self.feeds:
                 feed.refill()
             self.graph.replay()
             total += self.static_loss
-        return total / s.param.iter_size, self.static_out
+        return total / solver.param.iter_size, self.static_out
 
     # --- capture ------------------------------------------------------------------------------
-    def _capture(self) -> None:
-        s = self.solver
+    def _capture(self, s: Any) -> None:
         reason = uncapturable_reason(s)
         if reason is not None:
-            self._give_up(reason)
+            self._give_up(s, reason)
             return
         net = s.net
-        self._install_static_feeds()
+        self._install_static_feeds(s)
         net.ctx.options["check_labels"] = False   # a host sync cannot be captured
         state = [t for blobs in net.layer_blobs().values() for t in blobs
                  if not isinstance(t, torch.nn.Parameter)]   # BatchNorm's running sums
         saved = [t.detach().clone() for t in state]
         try:
             with _CAPTURE_LOCK:
-                self._warm_up()
+                _warm_up(s)
                 _restore(state, saved)
-                s._zero_grads()
+                s.zero_grads()
                 graph = torch.cuda.CUDAGraph()
                 # torch's default capture stream is one per process, made on whichever device
                 # captured first: each replica captures on a stream of its own device
                 capture = torch.cuda.Stream(s.device)
                 with torch.cuda.graph(graph, stream=capture, capture_error_mode="thread_local"):
-                    self.static_loss, self.static_out = self._pass()
-                s._zero_grads()
+                    self.static_loss, self.static_out = _pass(s)
+                s.zero_grads()
             self.graph = graph
         except RuntimeError as exc:   # a layer did something a graph cannot hold
             torch.cuda.synchronize(s.device)
             _restore(state, saved)      # the eager step starts from where capture began
-            s._zero_grads()
-            self._restore_feeds()
+            s.zero_grads()
+            self._restore_feeds(s)
             net.ctx.options["check_labels"] = True
-            self._give_up(f"capture failed: {str(exc).splitlines()[0]}")
+            self._give_up(s, f"capture failed: {str(exc).splitlines()[0]}")
 
-    def _pass(self) -> tuple[torch.Tensor, Any]:
-        s = self.solver
-        with s._autocast():
-            out = s.net()
-        if out.loss.requires_grad:
-            out.loss.backward()
-        return out.loss.detach().float(), out
-
-    def _warm_up(self) -> None:
-        current = torch.cuda.current_stream(self.solver.device)
-        side = torch.cuda.Stream(self.solver.device)
-        side.wait_stream(current)
-        with torch.cuda.stream(side):
-            for _ in range(WARMUP_PASSES):
-                self._pass()
-        current.wait_stream(side)
-
-    def _install_static_feeds(self) -> None:
-        device = self.solver.device
+    def _install_static_feeds(self, s: Any) -> None:
         self.feeds = []
-        for layer in self.solver.net.data_layers():
-            feed = StaticFeed(layer._feed, layer.top_shapes, device)
+        for layer in s.net.data_layers():
+            feed = StaticFeed(layer._feed, layer.top_shapes, s.device)
             layer.attach(feed)
             self.feeds.append(feed)
 
-    def _restore_feeds(self) -> None:
-        for layer, feed in zip(self.solver.net.data_layers(), self.feeds, strict=True):
+    def _restore_feeds(self, s: Any) -> None:
+        for layer, feed in zip(s.net.data_layers(), self.feeds, strict=True):
             layer.attach(feed.real)
         self.feeds = []
 
-    def _give_up(self, reason: str) -> None:
+    def _give_up(self, s: Any, reason: str) -> None:
         self.fallback = reason
-        self.log(f"CUDA graphs off for replica {self.solver.replica} ({self.solver.device}): "
-                 f"{reason}; running eagerly")
+        log.info(f"CUDA graphs off for replica {s.replica} ({s.device}): {reason}; "
+                 "running eagerly")
+
+
+def _pass(s: Any) -> tuple[torch.Tensor, Any]:
+    """One forward and backward, as captured (the loss as float32)."""
+    with s.autocast():
+        out = s.net()
+    if out.loss.requires_grad:
+        out.loss.backward()
+    return out.loss.detach().float(), out
+
+
+def _warm_up(s: Any) -> None:
+    """The passes capture needs first, on a side stream (cuDNN and allocator warm-up)."""
+    current = torch.cuda.current_stream(s.device)
+    side = torch.cuda.Stream(s.device)
+    side.wait_stream(current)
+    with torch.cuda.stream(side):
+        for _ in range(WARMUP_PASSES):
+            _pass(s)
+    current.wait_stream(side)
 
 
 @torch.no_grad()
 def _restore(tensors: list[torch.Tensor], saved: list[torch.Tensor]) -> None:
     for t, v in zip(tensors, saved, strict=True):
         t.copy_(v)
-
-
-def use_cuda_graphs(solver: Any, log: Callable[[str], None]) -> GraphedStep:
-    """Make ``solver`` run its forward/backward passes through a :class:`GraphedStep`."""
-    step = GraphedStep(solver, log)
-    solver._forward_backward = step
-    return step

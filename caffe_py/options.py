@@ -1,0 +1,51 @@
+"""The options of one training run besides the solver and the devices (``cpy train``'s
+flags), shared by the run layer (caffe_py/train.py) and the strategies in caffe_py/parallel/."""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+from .errors import SolverError
+from .solver.signals import EFFECTS, SNAPSHOT, STOP
+
+if TYPE_CHECKING:
+    from .solver.solver import ProgressFactory
+
+REDUCTIONS = ("tree", "nccl")
+DIST_BACKENDS = ("nccl", "gloo")
+DEFAULT_DIST_TIMEOUT_S = 900.0
+"""Long enough for rank 0's test phase, during which the other hosts' roots wait."""
+
+
+@dataclass
+class TrainOptions:
+    """What ``cpy train`` passes to :func:`train` besides the solver and the devices."""
+
+    weights: list[str] = field(default_factory=list)
+    """Weights files to start from (fine-tuning), copied by layer name in order."""
+    snapshot: str | None = None
+    """A .solverstate file to resume from (exclusive with ``weights``)."""
+    sigint_effect: str = STOP
+    sighup_effect: str = SNAPSHOT
+    precision: str | None = None
+    """Overrides the solver's ``precision`` (FLOAT32 | BF16) when set."""
+    reduction: str = "tree"
+    """Multi-device gradient reduction: 'tree' (Caffe rc3's P2PSync) or 'nccl'."""
+    cuda_graphs: bool = False
+    """Run each GPU replica's forward/backward as one CUDA graph replay."""
+    dist_backend: str | None = None
+    """Between hosts (WORLD_SIZE > 1): nccl or gloo (default: nccl on GPUs, gloo on CPUs)."""
+    dist_timeout: float = DEFAULT_DIST_TIMEOUT_S
+    """Between hosts: seconds any wait for another host may take."""
+    progress: ProgressFactory | None = None
+    """The command's progress display (a terminal bar), advanced once per iteration."""
+
+    def __post_init__(self) -> None:
+        for name, value, allowed in (("reduction", self.reduction, REDUCTIONS),
+                                     ("sigint_effect", self.sigint_effect, EFFECTS),
+                                     ("sighup_effect", self.sighup_effect, EFFECTS)):
+            if value not in allowed:
+                raise SolverError(f"{name} '{value}' is not one of {', '.join(allowed)}")
+        if self.dist_backend not in (None, *DIST_BACKENDS):
+            raise SolverError(f"dist_backend '{self.dist_backend}' is not one of "
+                              f"{', '.join(DIST_BACKENDS)}")

@@ -1,0 +1,133 @@
+"""The run layer: ``train(param, devices, options)``, what ``cpy train`` calls (Caffe's
+tools/caffe.cpp ``train()``).
+
+It checks what can be checked before anything is built, once for every kind of run (weights
+vs snapshot, the start files, the precision override, the seed, a writable snapshot prefix),
+then picks a strategy and runs it under the signal handler:
+
+* :class:`SingleDevice`: one Solver on one device (eager, or its step as a CUDA graph);
+* :class:`~caffe_py.parallel.replicated.Replicated`: one Solver and one thread per device of
+  this process, synchronised by the tree (or NCCL ring) through the Solver's callbacks;
+* :class:`~caffe_py.parallel.multihost.MultiHost`: the same on every host (one process each,
+  ``WORLD_SIZE > 1``), the hosts' roots joined through torch.distributed.
+
+Each strategy returns the root's Solver when training ends.
+"""
+from __future__ import annotations
+
+import dataclasses
+import logging
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Protocol
+
+import torch
+
+from .devices import check_devices
+from .errors import SolverError
+from .options import TrainOptions
+from .solver import snapshot as snap
+from .solver.signals import SignalHandler
+from .solver.solver import Solver, resolve_seed
+from .spec.solver_spec import SolverParameter
+
+log = logging.getLogger(__name__)
+
+Action = Callable[[], str]
+
+
+class Strategy(Protocol):
+    """How a run uses its devices; built by :func:`choose_strategy`."""
+
+    leads: bool
+    """Whether this process tests, displays and snapshots (checks the snapshot prefix)."""
+
+    def run(self, param: SolverParameter, action: Action) -> Solver:
+        """Train to max_iter; ``action`` reports signals. Returns the root's Solver."""
+        ...
+
+
+def train(param: SolverParameter, devices: Sequence[torch.device | str | int],
+          options: TrainOptions | None = None) -> Solver:
+    """Train ``param``'s net on ``devices``: checks, then the chosen strategy's run."""
+    options = options or TrainOptions()
+    check_start_files(options)
+    param = prepared(param, options)
+    strategy = choose_strategy(check_devices(devices), options)
+    if strategy.leads:
+        snap.check_writable(param.snapshot_prefix)
+    with SignalHandler(options.sigint_effect, options.sighup_effect) as signals:
+        return strategy.run(param, signals.requested_action)
+
+
+def check_start_files(options: TrainOptions) -> None:
+    """--weights must name weights and --snapshot a solver state, both existing files, and
+    not both at once."""
+    if options.weights and options.snapshot:
+        raise SolverError("--weights and --snapshot are both given; --weights starts a new run "
+                          "from those weights, --snapshot resumes one: give only one")
+    for path in options.weights:
+        if snap.is_state_path(path):
+            raise SolverError(f"{path} is a solver state, not weights; pass it to --snapshot "
+                              "to resume training")
+    if options.snapshot and not snap.is_state_path(options.snapshot):
+        raise SolverError(f"{options.snapshot} is not a solver state (its name has no "
+                          "'.solverstate'); pass weights to --weights, or give the "
+                          "<prefix>_iter_<N>.solverstate.pt file to --snapshot")
+    for path in [*options.weights, *([options.snapshot] if options.snapshot else [])]:
+        if not Path(path).is_file():
+            raise SolverError(f"{path}: file not found; check the path")
+
+
+def prepared(param: SolverParameter, options: TrainOptions) -> SolverParameter:
+    """The solver as the run uses it: the precision override applied, and a seed drawn from
+    the clock (random_seed -1) fixed once for every replica."""
+    changes: dict[str, object] = {"random_seed": resolve_seed(param.random_seed)}
+    if options.precision:
+        changes["precision"] = options.precision
+    return dataclasses.replace(param, **changes)
+
+
+def choose_strategy(devices: list[torch.device], options: TrainOptions) -> Strategy:
+    """Several hosts when the launcher says so, else several devices, else one."""
+    from .parallel.multihost import world_size
+
+    if options.cuda_graphs and any(d.type != "cuda" for d in devices):
+        kinds = ", ".join(sorted({d.type for d in devices}))
+        log.info(f"Note: --cuda-graphs applies to CUDA devices only; training on {kinds} "
+                 "without graphs")
+        options = dataclasses.replace(options, cuda_graphs=False)
+    if world_size() > 1:  # one process per host, started by torchrun (docs/parallel.md)
+        from .parallel.multihost import MultiHost
+
+        return MultiHost(devices, options)
+    if len(devices) > 1:
+        from .parallel.replicated import Replicated
+
+        return Replicated(devices, options)
+    return SingleDevice(devices[0], options)
+
+
+class SingleDevice:
+    """One Solver on one device: Caffe's single-GPU ``caffe train``."""
+
+    leads = True
+
+    def __init__(self, device: torch.device, options: TrainOptions):
+        self.device, self.options = device, options
+
+    def run(self, param: SolverParameter, action: Action) -> Solver:
+        from .solver.graphs import GraphedStep
+        from .solver.roles import eager_step
+
+        opts = self.options
+        step = GraphedStep() if opts.cuda_graphs else eager_step
+        with Solver(param, device=self.device, action=action, step=step) as solver:
+            batch = solver.batch_size()
+            log.info(f"Batch: {batch} per replica x 1 replica x iter_size {param.iter_size} = "
+                     f"{batch * param.iter_size} per update (device {self.device}, precision "
+                     f"{param.precision})")
+            if opts.weights:
+                solver.load_weights(opts.weights)
+            solver.solve(opts.snapshot, opts.progress)
+            return solver
