@@ -209,6 +209,8 @@ def _p(path: str, key: str) -> str:
     return f"{path}.{key}" if path else key
 
 
+# BlobShape, FillerParameter and the data, loss and softmax blocks live in spec.layer_params;
+# they stay importable from here, where they were first (io reads TransformationParameter so).
 __all__ = ["BlobShape", "FillerParameter", "ParamSpec", "NetStateRule", "TransformationParameter",
            "DataParameter", "LossParameter", "SoftmaxParameter", "LayerParameter", "NetParameter",
            "parse_layer", "parse_net", "load_net", "convert", "PHASES"]
