@@ -18,7 +18,7 @@ The markdown table goes to stdout, and to $OUT/kernels.md when OUT is set (or --
 
     python benchmarks/activations.py --variants
 
-instead builds the forward launch sweep (caffe_py/kernels/variants.py) and times the forward
+instead builds the forward launch sweep (benchmarks/fwd_variants.py) and times the forward
 (float32 and bfloat16, 64 and 256 MB) of ReLU for each of the 54 kFwd variants, and of ELU,
 Sigmoid and TanH for each of the 12 kFwdMath variants, with the shipped kernel, PyTorch's op
 and x.copy_, interleaved over rounds (medians; inputs rotate among 3 buffers so L2 cannot
@@ -44,9 +44,10 @@ import torch.nn.functional as F
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+import fwd_variants  # noqa: E402  (benchmarks/fwd_variants.py, beside this script)
+
 from caffe_py.kernels import build  # noqa: E402
 from caffe_py.kernels import reference as ref  # noqa: E402
-from caffe_py.kernels import variants as fwd_variants  # noqa: E402
 
 aten = torch.ops.aten
 

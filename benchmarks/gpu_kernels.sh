@@ -4,7 +4,7 @@
 #     bash benchmarks/gpu_kernels.sh [extra arguments for benchmarks/activations.py]
 #
 # 1. builds the extension for sm_90 only (H100/H200; set TORCH_CUDA_ARCH_LIST for others),
-# 2. runs the GPU tests (pytest -m gpu tests/kernels),
+# 2. runs the GPU tests (pytest -m gpu tests/kernels tests/benchmarks),
 # 3. runs the benchmark, whose markdown report also lands in $OUT/kernels.md when OUT is set,
 # 4. runs the forward launch sweep (activations.py --variants: ReLU over kFwd's 54 launches,
 #    ELU, Sigmoid and TanH over kFwdMath's 12; its module builds in the background during
@@ -29,7 +29,7 @@ start=$(date +%s)
 } 2>&1 | tee "$LOG"
 SWEEP_LOG="${OUT:+$OUT/}fwd_variants_build.log"
 if [ "${VARIANTS:-1}" != 0 ]; then
-  "$PY" -c "from caffe_py.kernels import variants; variants.load()" >"$SWEEP_LOG" 2>&1 &
+  "$PY" benchmarks/fwd_variants.py >"$SWEEP_LOG" 2>&1 &
   sweep_pid=$!
 fi
 "$PY" - <<'PYEOF' 2>&1 | tee -a "$LOG"
@@ -57,7 +57,7 @@ if [ "$build_status" -ne 0 ]; then
 fi
 
 echo "== GPU tests" | tee -a "$LOG"
-"$PY" -m pytest -q -m gpu -p no:cacheprovider tests/kernels 2>&1 | tee -a "$LOG"
+"$PY" -m pytest -q -m gpu -p no:cacheprovider tests/kernels tests/benchmarks 2>&1 | tee -a "$LOG"
 test_status=${PIPESTATUS[0]}
 
 echo "== benchmark" | tee -a "$LOG"

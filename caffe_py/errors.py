@@ -1,9 +1,29 @@
-"""The project's error types.
+"""The project's error types, and the one formatter of their messages.
 
 Every error a user can cause is a :class:`CaffePyError`: the command line prints its one-line
 message and exits non-zero, with no traceback. Anything else that escapes is a bug.
+:func:`one_line` writes every message that points into a file, so that all of them read
+``file:line: key.path: problem; fix`` and an editor can jump to the place.
 """
 from __future__ import annotations
+
+
+def one_line(problem: str, fix: str | None = None, *, file: str | None = None,
+             line: int | None = None, column: int | None = None, path: str = "",
+             layer: tuple[str, str] | None = None) -> str:
+    """``file:line[:column]: key.path: layer 'name' (Type): problem; fix``.
+
+    Each part is left out when it is unknown (a spec built in code has no file or line);
+    ``layer`` is the (name, type) of the layer the problem is about.
+    """
+    where = ""
+    if file:
+        where = f"{file}:{line}" if line else file
+        where += f":{column}: " if line and column is not None else ": "
+    key = f"{path}: " if path else ""
+    named = f"layer '{layer[0]}' ({layer[1]}): " if layer else ""
+    tail = f"; {fix}" if fix else ""
+    return f"{where}{key}{named}{problem}{tail}"
 
 
 class CaffePyError(Exception):
@@ -11,23 +31,13 @@ class CaffePyError(Exception):
 
 
 class SpecError(CaffePyError):
-    """A YAML spec that does not load or validate.
-
-    The message reads ``file:line: key.path: problem; fix`` so that an editor can jump to it.
-    """
+    """A YAML spec (or a prototxt) that does not load or validate; see :func:`one_line`."""
 
     def __init__(self, problem: str, *, file: str | None = None, line: int | None = None,
-                 path: str = "", fix: str | None = None):
+                 path: str = "", fix: str | None = None, column: int | None = None):
         self.problem, self.file, self.line, self.path, self.fix = problem, file, line, path, fix
-        super().__init__(self._format())
-
-    def _format(self) -> str:
-        where = ""
-        if self.file:
-            where = f"{self.file}:{self.line}: " if self.line else f"{self.file}: "
-        key = f"{self.path}: " if self.path else ""
-        fix = f"; {self.fix}" if self.fix else ""
-        return f"{where}{key}{self.problem}{fix}"
+        self.column = column
+        super().__init__(one_line(problem, fix, file=file, line=line, column=column, path=path))
 
 
 class NetError(CaffePyError):

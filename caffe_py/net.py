@@ -18,13 +18,13 @@ from typing import Any
 import torch
 from torch import nn
 
-from .errors import DataError, NetError
-from .kernels.fusion import fuse_bias_activation
+from .errors import DataError, NetError, one_line
 from .layers import registry
 from .layers.base import BuildContext, Layer, Shape
-from .layers.fusion import fuse_batchnorm_scale
+from .passes import fuse_batchnorm_scale, fuse_bias_activation
+from .spec.layer_params.data import InputParameter
 from .spec.net_spec import BlobShape, LayerParameter, NetParameter, ParamSpec
-from .spec.schema import Location, is_set, key_line, suggest
+from .spec.schema import is_set, location, message_at, place, suggest
 
 
 @dataclass
@@ -124,9 +124,11 @@ class Net(nn.Module):
         seen: dict[str, LayerParameter] = {}
         for lp in kept:
             if lp.name in seen:
-                raise _at(lp, f"layer name '{lp.name}' is used twice in the {self.phase} net "
-                              f"(first at {_where(seen[lp.name])})",
-                          "give every layer a unique name, or include each in one phase only")
+                raise NetError(message_at(
+                    lp, f"layer name '{lp.name}' is used twice in the {self.phase} net (first "
+                        f"at {seen[lp.name].where()})",
+                    "give every layer a unique name, or include each in one phase only",
+                    named=True))
             seen[lp.name] = lp
         legacy = self._legacy_input()
         return ([legacy] if legacy is not None else []) + kept
@@ -139,21 +141,18 @@ class Net(nn.Module):
         shapes = [list(s.dim) for s in spec.input_shape]
         if spec.input_dim:
             if shapes or len(spec.input_dim) != 4 * len(spec.input):
-                raise _net_error(spec, f"{len(spec.input)} input(s) need {4 * len(spec.input)} "
-                                       f"input_dim values, got {len(spec.input_dim)}"
-                                 if not shapes else "input_shape and input_dim are both set",
-                                 "give input_shape (one per input) or 4 input_dim per input")
+                raise NetError(message_at(
+                    spec, f"{len(spec.input)} input(s) need {4 * len(spec.input)} input_dim "
+                          f"values, got {len(spec.input_dim)}"
+                    if not shapes else "input_shape and input_dim are both set",
+                    "give input_shape (one per input) or 4 input_dim per input"))
             shapes = [spec.input_dim[4 * i:4 * i + 4] for i in range(len(spec.input))]
         if len(shapes) != len(spec.input):
-            raise _net_error(spec, f"{len(spec.input)} input(s) but {len(shapes)} shapes",
-                             "give one input_shape per input")
-        input_param = registry.lookup("Input").params["input_param"]
+            raise NetError(message_at(spec, f"{len(spec.input)} input(s) but {len(shapes)} "
+                                            "shapes", "give one input_shape per input"))
         layer = LayerParameter(name="input", type="Input", top=list(spec.input))
-        layer.params = {"input_param": input_param(shape=[BlobShape(dim=d) for d in shapes])}
-        loc = getattr(spec, "_location", None)
-        if loc is not None:
-            layer._location = Location(loc.file, key_line(spec, "input"), "input")
-        return layer
+        layer.params = {"input_param": InputParameter(shape=[BlobShape(dim=d) for d in shapes])}
+        return place(layer, location(spec, "input"))
 
     def _build(self, layer_specs: list[LayerParameter]) -> None:
         producers: dict[str, LayerParameter] = {}   # blob name -> layer that last wrote it
@@ -184,7 +183,7 @@ class Net(nn.Module):
         try:
             return registry.lookup(lp.type)(lp, bottom_shapes, self.ctx)
         except DataError as exc:  # e.g. a Data layer's database is missing: say which layer
-            raise DataError(str(_at(lp, str(exc)))) from None
+            raise DataError(message_at(lp, str(exc), named=True)) from None
 
     def _bottom_shape(self, lp: LayerParameter, k: int, later: list[LayerParameter]) -> Shape:
         name = lp.bottom[k]
@@ -193,51 +192,58 @@ class Net(nn.Module):
         problem = f"Unknown bottom blob '{name}' (layer '{lp.name}', bottom index {k})"
         producer = next((x for x in later if name in x.top), None)
         if producer is not None:
-            raise _at(lp, f"{problem}: only the later layer '{producer.name}' "
-                          f"({_where(producer)}) produces it",
-                      "a layer reads only blobs produced above it: move it below "
-                      f"'{producer.name}' or break the cycle", key="bottom", named=False)
+            raise NetError(message_at(
+                lp, f"{problem}: only the later layer '{producer.name}' ({producer.where()}) "
+                    "produces it",
+                "a layer reads only blobs produced above it: move it below "
+                f"'{producer.name}' or break the cycle", key="bottom"))
         dropped = next((x for x in self.spec.layer if name in x.top
                         and not x.kept_for(self.phase, self.level, self.stages)), None)
         if dropped is not None:
-            raise _at(lp, f"{problem}: only layer '{dropped.name}' ({_where(dropped)}) produces "
-                          f"it, and its include/exclude rules leave it out of the {self.phase} "
-                          "net", "make both layers belong to the same phases", key="bottom",
-                      named=False)
+            raise NetError(message_at(
+                lp, f"{problem}: only layer '{dropped.name}' ({dropped.where()}) produces it, "
+                    f"and its include/exclude rules leave it out of the {self.phase} net",
+                "make both layers belong to the same phases", key="bottom"))
         near = suggest(name, self.blobs)
         hint = f"did you mean '{near}'?" if near else \
             "name a top of an earlier layer in this phase"
         known = ", ".join(self.blobs) or "none"
-        raise _at(lp, problem, f"{hint} (blobs so far: {known})", key="bottom", named=False)
+        raise NetError(message_at(lp, problem, f"{hint} (blobs so far: {known})", key="bottom"))
 
     def _check_wiring(self, lp: LayerParameter, producers: dict[str, LayerParameter]) -> None:
         for j, name in enumerate(lp.top):
             in_place = j < len(lp.bottom) and lp.bottom[j] == name
             if name in lp.top[:j]:
-                raise _at(lp, f"Top blob '{name}' produced by multiple sources: it is named "
-                              "twice in this layer's tops", "give each top its own name",
-                          key="top")
+                raise NetError(message_at(
+                    lp, f"Top blob '{name}' produced by multiple sources: it is named twice in "
+                        "this layer's tops", "give each top its own name", key="top",
+                    named=True))
             if name in producers and not in_place:
                 first = producers[name]
-                raise _at(lp, f"Top blob '{name}' produced by multiple sources: layer "
-                              f"'{first.name}' ({_where(first)}) already produces it",
-                          "rename one of the tops; in place needs top[k] == bottom[k]",
-                          key="top")
+                raise NetError(message_at(
+                    lp, f"Top blob '{name}' produced by multiple sources: layer '{first.name}' "
+                        f"({first.where()}) already produces it",
+                    "rename one of the tops; in place needs top[k] == bottom[k]", key="top",
+                    named=True))
         if lp.propagate_down and len(lp.propagate_down) != len(lp.bottom):
-            raise _at(lp, f"propagate_down has {len(lp.propagate_down)} entries for "
-                          f"{len(lp.bottom)} bottoms", "give one per bottom, or none",
-                      key="propagate_down")
+            raise NetError(message_at(
+                lp, f"propagate_down has {len(lp.propagate_down)} entries for "
+                    f"{len(lp.bottom)} bottoms", "give one per bottom, or none",
+                key="propagate_down", named=True))
         if lp.loss_weight and len(lp.loss_weight) != len(lp.top):
-            raise _at(lp, f"loss_weight has {len(lp.loss_weight)} entries for {len(lp.top)} "
-                          "tops", "give one per top, or none", key="loss_weight")
+            raise NetError(message_at(
+                lp, f"loss_weight has {len(lp.loss_weight)} entries for {len(lp.top)} tops",
+                "give one per top, or none", key="loss_weight", named=True))
 
     def _register_blobs(self, layer: Layer, params_by_name: dict[str, _Blob]) -> None:
         """Caffe's AppendParam: multipliers per blob, sharing by ``param.name``."""
         specs = layer.spec.param
         if len(specs) > len(layer.blob_names):
-            raise _at(layer.spec, f"{len(specs)} param entries for {len(layer.blob_names)} "
-                                  f"blob(s) ({', '.join(layer.blob_names) or 'none'})",
-                      "give at most one param entry per blob, in blob order", key="param")
+            raise NetError(message_at(
+                layer.spec, f"{len(specs)} param entries for {len(layer.blob_names)} blob(s) "
+                            f"({', '.join(layer.blob_names) or 'none'})",
+                "give at most one param entry per blob, in blob order", key="param",
+                named=True))
         for index, attr in enumerate(layer.blob_names):
             ps = specs[index] if index < len(specs) else ParamSpec()
             ref = _Blob(layer, index, attr, ps.lr_mult, ps.decay_mult)
@@ -255,30 +261,35 @@ class Net(nn.Module):
     def _share(self, ref: _Blob, ps: ParamSpec, owner: _Blob) -> None:
         mine, theirs = getattr(ref.layer, ref.attr), getattr(owner.layer, owner.attr)
         who = f"param '{ps.name}' (owner layer '{owner.layer.name}')"
+        problem, fix = None, None
         if ps.share_mode == "STRICT" and mine.shape != theirs.shape:
-            raise _at(ref.layer.spec, f"cannot share {who}: shape {list(mine.shape)} here vs "
-                                      f"{list(theirs.shape)} in the owner (share_mode STRICT)",
-                      "make the shapes equal, or set share_mode: PERMISSIVE if only the counts "
-                      "must match", key="param")
-        if mine.numel() != theirs.numel():
-            raise _at(ref.layer.spec, f"cannot share {who}: {mine.numel()} values here vs "
-                                      f"{theirs.numel()} in the owner (share_mode PERMISSIVE)",
-                      "make the element counts equal", key="param")
-        if isinstance(mine, nn.Parameter) != isinstance(theirs, nn.Parameter):
-            raise _at(ref.layer.spec, f"cannot share {who}: one blob is learnable and the "
-                                      "other is not", "share blobs of the same kind", key="param")
+            problem = (f"shape {list(mine.shape)} here vs {list(theirs.shape)} in the owner "
+                       "(share_mode STRICT)")
+            fix = ("make the shapes equal, or set share_mode: PERMISSIVE if only the counts "
+                   "must match")
+        elif mine.numel() != theirs.numel():
+            problem = (f"{mine.numel()} values here vs {theirs.numel()} in the owner "
+                       "(share_mode PERMISSIVE)")
+            fix = "make the element counts equal"
+        elif isinstance(mine, nn.Parameter) != isinstance(theirs, nn.Parameter):
+            problem = "one blob is learnable and the other is not"
+            fix = "share blobs of the same kind"
+        if problem is not None:
+            raise NetError(message_at(ref.layer.spec, f"cannot share {who}: {problem}", fix,
+                                      key="param", named=True))
         owner_spec = _param_spec(owner)
         for mult in ("lr_mult", "decay_mult"):
             if not is_set(ps, mult):
                 setattr(ref, mult, getattr(owner, mult))
             elif owner_spec is not None and is_set(owner_spec, mult):
                 if getattr(ps, mult) != getattr(owner_spec, mult):
-                    raise _at(ref.layer.spec, f"Shared param '{ps.name}' has mismatched {mult}: "
-                                              f"{getattr(ps, mult):g} here, "
-                                              f"{getattr(owner_spec, mult):g} in the owner "
-                                              f"layer '{owner.layer.name}'",
-                              f"set the same {mult} on every sharer, or set it only on the "
-                              "owner", key="param")
+                    raise NetError(message_at(
+                        ref.layer.spec, f"Shared param '{ps.name}' has mismatched {mult}: "
+                                        f"{getattr(ps, mult):g} here, "
+                                        f"{getattr(owner_spec, mult):g} in the owner layer "
+                                        f"'{owner.layer.name}'",
+                        f"set the same {mult} on every sharer, or set it only on the owner",
+                        key="param", named=True))
             else:  # Caffe: the first sharer that sets it decides
                 setattr(owner, mult, getattr(ps, mult))
         ref.owner = owner
@@ -454,9 +465,10 @@ def _reshaped_bottom(layer: Layer, bottoms: list[torch.Tensor]) -> str | None:
     for k, (tensor, built) in enumerate(zip(bottoms, layer.bottom_shapes, strict=True)):
         got = tuple(tensor.shape)
         if len(got) != len(built) or got[1:] != built[1:]:
-            return (f"layer '{layer.name}' ({layer.spec.type}): bottom '{layer.spec.bottom[k]}' "
-                    f"has shape {list(got)} but the net was built for {list(built)}; only the "
-                    "batch size (axis 0) may differ: give inputs of the declared shape")
+            return one_line(f"bottom '{layer.spec.bottom[k]}' has shape {list(got)} but the "
+                            f"net was built for {list(built)}",
+                            "only the batch size (axis 0) may differ: give inputs of the "
+                            "declared shape", layer=(layer.name, layer.spec.type))
     return None
 
 
@@ -471,31 +483,6 @@ def _same_shape(source: torch.Size, target: torch.Size) -> bool:
         return True
     strip = lambda s: list(s)[next((i for i, d in enumerate(s) if d != 1), len(s)):]
     return math.prod(source) == math.prod(target) and strip(source) == strip(target)
-
-
-def _where(lp: LayerParameter) -> str:
-    loc = getattr(lp, "_location", None)
-    return f"line {loc.line}" if loc is not None else f"layer '{lp.name}'"
-
-
-def _at(lp: LayerParameter, problem: str, fix: str | None = None,
-        key: str | None = None, named: bool = True) -> NetError:
-    """A NetError at the layer's line (or the line of ``key`` inside it) in its spec file."""
-    if named:
-        problem = f"layer '{lp.name}' ({lp.type}): {problem}"
-    loc = getattr(lp, "_location", None)
-    if loc is None:
-        return NetError(f"{problem}; {fix}" if fix else problem)
-    line = key_line(lp, key) if key else loc.line
-    path = f"{loc.path}.{key}" if key else loc.path
-    return NetError(str(Location(loc.file, line, path).error(problem, fix)))
-
-
-def _net_error(spec: NetParameter, problem: str, fix: str) -> NetError:
-    loc = getattr(spec, "_location", None)
-    if loc is None:
-        return NetError(f"{problem}; {fix}")
-    return NetError(str(loc.error(problem, fix)))
 
 
 __all__ = ["Net", "NetOutput", "LearnableParam", "SummaryRow", "CopyResult"]

@@ -1,7 +1,8 @@
 """Shared fixtures: toy layer types (to test the Net apart from the layer library) and specs.
 
-The toy types are registered only while a test module that asks for ``toy_layers`` runs, and
-removed afterwards, so the registry test and other modules see the real library alone.
+The toy types are declared in the spec's table and registered only while a test module that
+asks for ``toy_layers`` runs, and removed afterwards, so the registry test and other modules
+see the real library alone.
 """
 from __future__ import annotations
 
@@ -13,13 +14,14 @@ import torch
 
 from caffe_py.layers import registry
 from caffe_py.layers.base import Layer, Shape
+from caffe_py.spec import layer_params
 from caffe_py.spec.net_spec import FillerParameter, NetParameter, parse_net
-from caffe_py.spec.schema import Source, field
+from caffe_py.spec.schema import Message, Source, field
 from caffe_py.spec.yamlio import loads
 
 
 @dataclass
-class ToyParameter:
+class ToyParameter(Message):
     """Settings of the toy layers."""
 
     value: float = field(1.0, "ToyScale: initial weight; ToySource: the constant")
@@ -29,8 +31,6 @@ class ToyParameter:
 
 class ToyScale(Layer):
     """y = x * w (+ b), w of C values broadcast over axis 1; blobs [weight, bias]."""
-
-    params = {"toy_param": ToyParameter}
 
     def setup(self, bottom_shapes: list[Shape]) -> list[Shape]:
         p, channels = self.param(), bottom_shapes[0][1]
@@ -78,7 +78,6 @@ class ToyLoss(Layer):
 class ToySource(Layer):
     """No bottoms; one constant top of ``toy_param.shape``."""
 
-    params = {"toy_param": ToyParameter}
     bottoms = (0, 0)
 
     def setup(self, bottom_shapes: list[Shape]) -> list[Shape]:
@@ -104,16 +103,19 @@ class ToyStat(Layer):
 
 TOY_LAYERS = {"ToyScale": ToyScale, "ToyAdd": ToyAdd, "ToyLoss": ToyLoss,
               "ToySource": ToySource, "ToyStat": ToyStat}
+TOY_BLOCKS = {"ToyScale": {"toy_param": ToyParameter}, "ToySource": {"toy_param": ToyParameter}}
 
 
 @pytest.fixture(scope="module")
 def toy_layers():
-    """Register the toy types for one test module."""
+    """Declare and register the toy types for one test module."""
     for name, cls in TOY_LAYERS.items():
+        layer_params.declare(name, TOY_BLOCKS.get(name, {}))
         registry.register(name)(cls)
     yield TOY_LAYERS
     for name in TOY_LAYERS:
         registry._LAYERS.pop(name, None)
+        layer_params.undeclare(name)
 
 
 def _spec_of(text: str, file: str = "net.yaml", base_dir: Path = Path(".")) -> NetParameter:

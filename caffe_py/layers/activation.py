@@ -24,69 +24,17 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
-from dataclasses import dataclass
 
 import torch
 from torch import nn
 
 from ..kernels import build, functions, reference
-from ..spec.net_spec import FillerParameter
-from ..spec.schema import field
+from ..spec.layer_params.activation import ELUParameter, ReLUParameter
+from ..spec.layer_params.shared import FillerParameter
 from .base import Layer, Shape
 from .registry import register
 
-ENGINES = ("DEFAULT", "CAFFE", "CUDNN", "CUDA", "TORCH")
-_ENGINE_DOC = ("implementation: DEFAULT/CAFFE/CUDNN pick the faster of the CUDA kernels and "
-               "PyTorch's op on a GPU net (measured per layer kind), CUDA requires the kernels, "
-               "TORCH uses PyTorch's ops")
 _NET_ENGINES = ("DEFAULT", "CUDA", "TORCH")
-
-
-@dataclass
-class ReLUParameter:
-    """ReLU: y = max(x, 0) + negative_slope * min(x, 0)."""
-
-    negative_slope: float = field(0.0, "slope for x <= 0 (0: plain ReLU, > 0: leaky ReLU)")
-    engine: str = field("DEFAULT", _ENGINE_DOC, choices=ENGINES)
-
-
-@dataclass
-class PReLUParameter:
-    """PReLU: ReLU with a learned slope per channel (axis 1), or one shared slope."""
-
-    filler: FillerParameter | None = field(None, "initial slopes (none: constant 0.25, as Caffe)")
-    channel_shared: bool = field(False, "one slope for every channel instead of one each")
-
-
-@dataclass
-class ELUParameter:
-    """ELU: y = x for x > 0, alpha * (exp(x) - 1) otherwise."""
-
-    alpha: float = field(1.0, "the value y approaches as x goes to minus infinity, negated")
-    engine: str = field("DEFAULT", _ENGINE_DOC, choices=ENGINES)
-
-
-@dataclass
-class SigmoidParameter:
-    """Sigmoid: y = 1 / (1 + exp(-x))."""
-
-    engine: str = field("DEFAULT", _ENGINE_DOC, choices=ENGINES)
-
-
-@dataclass
-class TanHParameter:
-    """TanH: y = tanh(x)."""
-
-    engine: str = field("DEFAULT", _ENGINE_DOC, choices=ENGINES)
-
-
-@dataclass
-class PowerParameter:
-    """Power: y = (shift + scale * x) ^ power."""
-
-    power: float = field(1.0, "the exponent")
-    scale: float = field(1.0, "multiplies x first")
-    shift: float = field(0.0, "added after scaling")
 
 
 # The backend engine DEFAULT (and CAFFE, CUDNN) picks on a CUDA net, per layer kind, from
@@ -221,7 +169,6 @@ class _Activation(_Elementwise):
 class ReLU(_Activation):
     """Caffe's ReLU with negative_slope (leaky when it is not 0)."""
 
-    params = {"relu_param": ReLUParameter}
     kind = reference.RELU
 
     def activation_parameter(self, param: ReLUParameter) -> float:
@@ -230,7 +177,6 @@ class ReLU(_Activation):
 
 @register("ELU")
 class ELU(_Activation):
-    params = {"elu_param": ELUParameter}
     kind = reference.ELU
 
     def activation_parameter(self, param: ELUParameter) -> float:
@@ -239,13 +185,11 @@ class ELU(_Activation):
 
 @register("Sigmoid")
 class Sigmoid(_Activation):
-    params = {"sigmoid_param": SigmoidParameter}
     kind = reference.SIGMOID
 
 
 @register("TanH")
 class TanH(_Activation):
-    params = {"tanh_param": TanHParameter}
     kind = reference.TANH
 
 
@@ -253,7 +197,6 @@ class TanH(_Activation):
 class PReLU(_Elementwise):
     """Learned slopes over axis 1: one per channel, or one shared (a 0-axis blob, as Caffe)."""
 
-    params = {"prelu_param": PReLUParameter}
 
     def configure(self, shape: Shape) -> None:
         p = self.param()
@@ -285,7 +228,6 @@ class AbsVal(_Elementwise):
 class Power(_Elementwise):
     """y = (shift + scale * x) ^ power, with Caffe's shortcuts for constant results."""
 
-    params = {"power_param": PowerParameter}
 
     def configure(self, shape: Shape) -> None:
         p = self.param()

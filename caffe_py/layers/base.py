@@ -12,7 +12,7 @@ Caffe stores but never trains (BatchNorm's statistics) are buffers.
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
@@ -20,7 +20,9 @@ import torch
 from torch import nn
 
 from ..errors import NetError
-from ..spec.net_spec import FillerParameter, LayerParameter
+from ..spec.layer_params.shared import FillerParameter
+from ..spec.net_spec import LayerParameter
+from ..spec.schema import message_at
 from . import fillers
 
 Shape = tuple[int, ...]
@@ -42,8 +44,9 @@ class Layer(nn.Module):
     """Base of every layer type. Subclasses set the class attributes and define setup/forward."""
 
     type_name: ClassVar[str] = ""
-    params: ClassVar[dict[str, type]] = {}
-    """The ``<x>_param`` blocks this type takes, key -> message class."""
+    params: ClassVar[Mapping[str, type]] = {}
+    """The ``<x>_param`` blocks this type takes, key -> message class: the type's entry in the
+    spec's table (caffe_py.spec.layer_params), set by ``register``."""
     bottoms: ClassVar[tuple[int, int | None]] = (1, 1)
     """Allowed bottom count (min, max); max None means any number."""
     tops: ClassVar[tuple[int, int | None]] = (1, 1)
@@ -94,8 +97,7 @@ class Layer(nn.Module):
 
     def fail(self, problem: str, fix: str | None = None) -> NetError:
         """An error about this layer, with its file:line when it came from a file."""
-        err = self.spec.error(problem, fix)
-        return NetError(str(err))
+        return NetError(message_at(self.spec, problem, fix, named=True))
 
     def bottom_error(self, index: int, problem: str, fix: str | None = None) -> NetError:
         """An error about bottom ``index``, naming the blob."""

@@ -8,14 +8,13 @@ tensors it gets, so a batch size other than the build one is fine.
 from __future__ import annotations
 
 import dataclasses
-from dataclasses import dataclass
 from typing import Any
 
 import torch
 import torch.nn.functional as F
 
-from ..spec.net_spec import FillerParameter, SoftmaxParameter
-from ..spec.schema import Check, field, is_set
+from ..spec.layer_params.common import ReshapeParameter
+from ..spec.schema import is_set
 from .base import Layer, Shape, canonical_axis, count
 from .registry import register
 
@@ -39,23 +38,10 @@ def same_shapes(layer: Layer, shapes: list[Shape], rule: str) -> None:
 
 
 # --- InnerProduct ---------------------------------------------------------------------------
-@dataclass
-class InnerProductParameter:
-    """A fully connected layer (Caffe's InnerProductParameter)."""
-
-    num_output: int = field(0, "the number of outputs N", min=0)
-    bias_term: bool = field(True, "add a learnable bias of shape (N,)")
-    weight_filler: FillerParameter | None = field(None, "weight init (none: zeros, as Caffe)")
-    bias_filler: FillerParameter | None = field(None, "bias init (none: zeros, as Caffe)")
-    axis: int = field(1, "the first axis flattened into the K inputs (negative from the end)")
-    transpose: bool = field(False, "store the weight as (K, N) instead of (N, K)")
-
-
 @register("InnerProduct")
 class InnerProduct(Layer):
     """y = x W^T + b over x flattened from ``axis``: (..., K) -> (..., N)."""
 
-    params = {"inner_product_param": InnerProductParameter}
 
     def setup(self, bottom_shapes: list[Shape]) -> list[Shape]:
         p = self.param()
@@ -79,19 +65,10 @@ class InnerProduct(Layer):
 
 
 # --- Flatten --------------------------------------------------------------------------------
-@dataclass
-class FlattenParameter:
-    """Which axes a Flatten layer merges (Caffe's FlattenParameter)."""
-
-    axis: int = field(1, "the first axis merged (negative from the end)")
-    end_axis: int = field(-1, "the last axis merged, inclusive (negative from the end)")
-
-
 @register("Flatten")
 class Flatten(Layer):
     """Merges axes ``axis..end_axis`` into one: (N, C, H, W) -> (N, C*H*W) by default."""
 
-    params = {"flatten_param": FlattenParameter}
 
     def setup(self, bottom_shapes: list[Shape]) -> list[Shape]:
         p = self.param()
@@ -109,32 +86,6 @@ class Flatten(Layer):
 
 
 # --- Reshape --------------------------------------------------------------------------------
-@dataclass
-class ReshapeShape:
-    """Reshape's BlobShape, whose dims may also be 0 (copy) or -1 (infer)."""
-
-    dim: list[int] = field([], "the new dims: a size, 0 (copy the bottom's) or -1 (infer)")
-
-
-@dataclass
-class ReshapeParameter:
-    """The new shape of a Reshape layer (Caffe's ReshapeParameter)."""
-
-    shape: ReshapeShape = field(ReshapeShape(), "new dims: 0 copies the bottom's dim, -1 is "
-                                                "inferred")
-    axis: int = field(0, "the first bottom axis replaced (negative: -1 is after the last axis)")
-    num_axes: int = field(-1, "how many bottom axes are replaced (-1: all from axis on)",
-                          min=-1)
-
-    def check(self, v: Check) -> None:
-        if any(d < -1 for d in self.shape.dim):
-            v.fail("shape", f"shape {self.shape.dim} has a dim below -1",
-                   "dims are sizes, 0 (copy) or -1 (infer)")
-        if self.shape.dim.count(-1) > 1:
-            v.fail("shape", f"shape {self.shape.dim} has more than one -1",
-                   "at most one dim may be inferred")
-
-
 def reshape_target(layer: Layer, bottom: Shape, p: ReshapeParameter) -> Shape:
     """Caffe's ReshapeLayer::Reshape: the top shape for ``bottom``, or an error."""
     n = len(bottom)
@@ -173,7 +124,6 @@ def reshape_target(layer: Layer, bottom: Shape, p: ReshapeParameter) -> Shape:
 class Reshape(Layer):
     """A view of the bottom with a new shape (0 = copy a dim, -1 = infer one)."""
 
-    params = {"reshape_param": ReshapeParameter}
 
     def setup(self, bottom_shapes: list[Shape]) -> list[Shape]:
         self._targets = {bottom_shapes[0]: reshape_target(self, bottom_shapes[0], self.param())}
@@ -188,23 +138,10 @@ class Reshape(Layer):
 
 
 # --- Concat ---------------------------------------------------------------------------------
-@dataclass
-class ConcatParameter:
-    """The axis a Concat layer joins along (Caffe's ConcatParameter)."""
-
-    axis: int = field(1, "the axis joined along (negative from the end)")
-    concat_dim: int = field(1, "legacy name for a non-negative axis", min=0)
-
-    def check(self, v: Check) -> None:
-        if is_set(self, "axis") and is_set(self, "concat_dim"):
-            v.fail("concat_dim", "axis and concat_dim are both set", "keep only axis")
-
-
 @register("Concat")
 class Concat(Layer):
     """Joins the bottoms along one axis; every other axis must match."""
 
-    params = {"concat_param": ConcatParameter}
     bottoms = (1, None)
 
     def setup(self, bottom_shapes: list[Shape]) -> list[Shape]:
@@ -237,25 +174,10 @@ class Concat(Layer):
 
 
 # --- Slice ----------------------------------------------------------------------------------
-@dataclass
-class SliceParameter:
-    """Where a Slice layer cuts (Caffe's SliceParameter)."""
-
-    axis: int = field(1, "the axis cut along (negative from the end)")
-    slice_point: list[int] = field([], "cut positions, increasing (one fewer than the tops); "
-                                       "none: equal parts", min=0)
-    slice_dim: int = field(1, "legacy name for a non-negative axis", min=0)
-
-    def check(self, v: Check) -> None:
-        if is_set(self, "axis") and is_set(self, "slice_dim"):
-            v.fail("slice_dim", "axis and slice_dim are both set", "keep only axis")
-
-
 @register("Slice")
 class Slice(Layer):
     """Cuts the bottom into the tops along one axis, at ``slice_point`` or in equal parts."""
 
-    params = {"slice_param": SliceParameter}
     tops = (1, None)
 
     def setup(self, bottom_shapes: list[Shape]) -> list[Shape]:
@@ -311,26 +233,10 @@ class Split(Layer):
 
 
 # --- Eltwise --------------------------------------------------------------------------------
-@dataclass
-class EltwiseParameter:
-    """How an Eltwise layer combines its bottoms (Caffe's EltwiseParameter)."""
-
-    operation: str = field("SUM", "element-wise PROD, SUM or MAX", choices=("PROD", "SUM", "MAX"))
-    coeff: list[float] = field([], "SUM only: one coefficient per bottom (none: all 1)")
-    stable_prod_grad: bool = field(True, "PROD: Caffe's choice of gradient formula; autograd's "
-                                         "product of the other bottoms is the stable one")
-
-    def check(self, v: Check) -> None:
-        if self.coeff and self.operation != "SUM":
-            v.fail("coeff", f"coeff is given for operation {self.operation}",
-                   "coefficients apply to SUM only; remove coeff")
-
-
 @register("Eltwise")
 class Eltwise(Layer):
     """Element-wise product, weighted sum or maximum of bottoms of one shape."""
 
-    params = {"eltwise_param": EltwiseParameter}
     bottoms = (2, None)
 
     def setup(self, bottom_shapes: list[Shape]) -> list[Shape]:
@@ -385,7 +291,6 @@ class Silence(Layer):
 class Softmax(Layer):
     """Probabilities along ``axis`` (softmax_param.axis, default the channel axis 1)."""
 
-    params = {"softmax_param": SoftmaxParameter}
 
     def setup(self, bottom_shapes: list[Shape]) -> list[Shape]:
         self.axis = canonical_axis(self, self.param().axis, len(bottom_shapes[0]))
@@ -396,21 +301,6 @@ class Softmax(Layer):
 
 
 # --- Dropout --------------------------------------------------------------------------------
-@dataclass
-class DropoutParameter:
-    """How much a Dropout layer drops (Caffe's DropoutParameter)."""
-
-    dropout_ratio: float = field(0.5, "the probability that an element is zeroed in TRAIN",
-                                 min=0.0)
-    scale_train: bool = field(True, "scale kept elements by 1/(1-ratio) in TRAIN (false: "
-                                    "scale by (1-ratio) in TEST instead)")
-
-    def check(self, v: Check) -> None:
-        if self.dropout_ratio >= 1.0:
-            v.fail("dropout_ratio", f"dropout_ratio {self.dropout_ratio} drops everything",
-                   "use a value in [0, 1)")
-
-
 @register("Dropout")
 class Dropout(Layer):
     """TRAIN: x * mask / (1 - ratio), mask ~ Bernoulli(1 - ratio); TEST: x.
@@ -419,7 +309,6 @@ class Dropout(Layer):
     torch's default generator of the tensor's device, so ``torch.manual_seed`` repeats them.
     """
 
-    params = {"dropout_param": DropoutParameter}
 
     def setup(self, bottom_shapes: list[Shape]) -> list[Shape]:
         p = self.param()

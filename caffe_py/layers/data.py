@@ -9,27 +9,20 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Mapping
-from dataclasses import dataclass
 from typing import Protocol
 
 import torch
 
 from ..errors import DataError
-from ..spec.net_spec import BlobShape, DataParameter, FillerParameter, TransformationParameter
-from ..spec.schema import Check, field, is_set
+from ..spec.layer_params.data import DataParameter, DummyDataParameter, TransformationParameter
+from ..spec.layer_params.shared import FillerParameter
+from ..spec.schema import is_set
 from . import fillers
 from .base import Layer, Shape
 from .registry import register
 
 
 # --- Input ----------------------------------------------------------------------------------
-@dataclass
-class InputParameter:
-    """The shapes of a net's inputs (Caffe's InputParameter)."""
-
-    shape: list[BlobShape] = field([], "one shape per top, or one shape for every top")
-
-
 @register("Input")
 class Input(Layer):
     """The net's inputs: ``forward`` returns the tensors last given to :meth:`provide`.
@@ -38,7 +31,6 @@ class Input(Layer):
     tensors provided later may have another batch size but must have as many axes.
     """
 
-    params = {"input_param": InputParameter}
     bottoms = (0, 0)
     tops = (1, None)
 
@@ -78,25 +70,6 @@ class Input(Layer):
 
 
 # --- DummyData ------------------------------------------------------------------------------
-@dataclass
-class DummyDataParameter:
-    """Tops made by fillers (Caffe's DummyDataParameter)."""
-
-    data_filler: list[FillerParameter] = field(
-        [], "one filler for every top, or one per top (none: constant 0)")
-    shape: list[BlobShape] = field([], "one shape for every top, or one per top")
-    num: list[int] = field([], "legacy shape: N per top (or one for all)")
-    channels: list[int] = field([], "legacy shape: C per top (or one for all)")
-    height: list[int] = field([], "legacy shape: H per top (or one for all)")
-    width: list[int] = field([], "legacy shape: W per top (or one for all)")
-
-    def check(self, v: Check) -> None:
-        legacy = any((self.num, self.channels, self.height, self.width))
-        if legacy and self.shape:
-            v.fail("shape", "both shape and the legacy num/channels/height/width are set",
-                   "keep one of them")
-
-
 @register("DummyData")
 class DummyData(Layer):
     """Tops filled by ``data_filler``: constant fillers once at build, others every forward.
@@ -105,7 +78,6 @@ class DummyData(Layer):
     later layer: layers compute out of place unless they keep autograd correct).
     """
 
-    params = {"dummy_data_param": DummyDataParameter}
     bottoms = (0, 0)
     tops = (1, None)
 
@@ -174,7 +146,6 @@ class Data(Layer):
     :meth:`caffe_py.io.ReaderPool.attach` gave the layer (docs/data_pipeline.md).
     """
 
-    params = {"data_param": DataParameter, "transform_param": TransformationParameter}
     bottoms = (0, 0)
     tops = (1, 2)
 

@@ -10,7 +10,7 @@ import math
 
 import torch
 
-from ..spec.net_spec import FillerParameter
+from ..spec.layer_params.shared import FillerParameter
 
 
 def fill(spec: FillerParameter | None, shape: tuple[int, ...],

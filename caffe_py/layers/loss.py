@@ -15,15 +15,14 @@ inside a CUDA graph, and then out-of-range labels are clamped instead of crashin
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
 
 import numpy as np
 import torch
 import torch.nn.functional as F
 
 from ..errors import DataError
-from ..spec.net_spec import LossParameter, SoftmaxParameter
-from ..spec.schema import field, is_set
+from ..spec.layer_params.loss import AccuracyParameter, LossParameter
+from ..spec.schema import is_set, message_at
 from .base import Layer, Shape, canonical_axis, count
 from .registry import register
 
@@ -60,10 +59,10 @@ def check_label_range(layer: Layer, labels: torch.Tensor, valid: torch.Tensor | 
         bad &= valid
     if bool(bad.any()):  # the one host sync
         value = int(labels[bad].flatten()[0])
-        err = layer.spec.error(
-            f"label {value} is outside [0, {num_classes}) ({num_classes} classes)",
-            f"check the data's labels, or set {param_key}.ignore_label: {value} to skip them")
-        raise DataError(str(err))
+        raise DataError(message_at(
+            layer.spec, f"label {value} is outside [0, {num_classes}) ({num_classes} classes)",
+            f"check the data's labels, or set {param_key}.ignore_label: {value} to skip them",
+            named=True))
 
 
 def require_batch_axis(layer: Layer, shape: Shape) -> None:
@@ -107,7 +106,6 @@ class SoftmaxWithLoss(Layer):
     clamp is active.
     """
 
-    params = {"loss_param": LossParameter, "softmax_param": SoftmaxParameter}
     bottoms = (2, 2)
     tops = (1, 2)
     is_loss = True
@@ -143,7 +141,6 @@ class EuclideanLoss(Layer):
     does not normalise by it.
     """
 
-    params = {"loss_param": LossParameter}
     bottoms = (2, 2)
     is_loss = True
 
@@ -166,7 +163,6 @@ class SigmoidCrossEntropyLoss(Layer):
     max(x, 0) - x t + log(1 + exp(-|x|)); targets equal to ``ignore_label`` add nothing.
     Normalization defaults to BATCH_SIZE (Caffe 1.0); the targets get no gradient."""
 
-    params = {"loss_param": LossParameter}
     bottoms = (2, 2)
     is_loss = True
 
@@ -194,16 +190,6 @@ class SigmoidCrossEntropyLoss(Layer):
         return (per_value * valid).sum() / normalizer(self.mode, outer, inner, valid)
 
 
-@dataclass
-class AccuracyParameter:
-    """Caffe's AccuracyParameter."""
-
-    top_k: int = field(1, "a prediction is right when the label is among the k best classes",
-                       min=1)
-    axis: int = field(1, "the class axis (negative counts from the end)")
-    ignore_label: int | None = field(None, "positions with this label are not counted")
-
-
 @register("Accuracy")
 class Accuracy(Layer):
     """Fraction of non-ignored positions whose label ranks in the top k; optional second top:
@@ -214,7 +200,6 @@ class Accuracy(Layer):
     higher index. No gradient flows.
     """
 
-    params = {"accuracy_param": AccuracyParameter}
     bottoms = (2, 2)
     tops = (1, 2)
 

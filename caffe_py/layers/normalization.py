@@ -10,35 +10,22 @@ and adds 1, so the global statistics are ``mean_sum / count`` and ``var_sum / co
 Mixed precision: under bfloat16/float16 autocast a float32 blob would promote a low-precision
 activation to float32 (and every following convolution would cast it back), so Scale and Bias
 cast their operand to the activation's dtype; float32 and float64 runs compute exactly as
-before. The fusion pass (caffe_py/layers/fusion.py) lets a BatchNorm apply the following
+before. The fusion pass (caffe_py/passes.py) lets a BatchNorm apply the following
 Scale's blobs inside its own batch_norm call (:meth:`BatchNorm.attach_affine`).
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import Any
 
 import torch
 import torch.nn.functional as F
 
-from ..spec.net_spec import FillerParameter
-from ..spec.schema import field
+from ..spec.layer_params.normalization import BatchNormParameter, BiasParameter, ScaleParameter
+from ..spec.layer_params.shared import FillerParameter
 from .base import Layer, Shape, canonical_axis
 from .registry import register
 
 _ONE = FillerParameter(type="constant", value=1.0)
-
-
-@dataclass
-class BatchNormParameter:
-    """Caffe's BatchNormParameter."""
-
-    use_global_stats: bool | None = field(
-        None, "normalise with the stored statistics instead of the batch's "
-              "(default: true in TEST, false in TRAIN)")
-    moving_average_fraction: float = field(
-        0.999, "decay of the running sums per iteration", min=0.0, max=1.0)
-    eps: float = field(1e-5, "added to the variance before the square root", min=0.0)
 
 
 @register("BatchNorm")
@@ -52,7 +39,6 @@ class BatchNorm(Layer):
     yet" and, as in Caffe, uses mean 0 and variance 0.
     """
 
-    params = {"batch_norm_param": BatchNormParameter}
 
     def setup(self, bottom_shapes: list[Shape]) -> list[Shape]:
         (shape,) = bottom_shapes
@@ -150,32 +136,6 @@ class BatchNorm(Layer):
         return f"{super().extra_repr()}{fused}"
 
 
-@dataclass
-class ScaleParameter:
-    """Caffe's ScaleParameter."""
-
-    axis: int = field(1, "the first axis of bottom[0] the scale applies along "
-                         "(negative counts from the end)")
-    num_axes: int = field(1, "how many axes the learned scale spans (-1: to the end; 0: a "
-                             "scalar); ignored with a second bottom, whose shape decides",
-                          min=-1)
-    filler: FillerParameter | None = field(None, "initial scale (default: constant 1)")
-    bias_term: bool = field(False, "also learn a bias of the same shape, added after scaling")
-    bias_filler: FillerParameter | None = field(None, "initial bias (default: zeros)")
-
-
-@dataclass
-class BiasParameter:
-    """Caffe's BiasParameter."""
-
-    axis: int = field(1, "the first axis of bottom[0] the bias applies along "
-                         "(negative counts from the end)")
-    num_axes: int = field(1, "how many axes the learned bias spans (-1: to the end; 0: a "
-                             "scalar); ignored with a second bottom, whose shape decides",
-                          min=-1)
-    filler: FillerParameter | None = field(None, "initial bias (default: zeros)")
-
-
 def operand_shape(layer: Layer, bottom_shapes: list[Shape], axis: int,
                   num_axes: int) -> tuple[int, Shape]:
     """(axis, shape) of the scale or bias that broadcasts over bottom 0 from ``axis`` on.
@@ -238,7 +198,6 @@ class Scale(Layer):
     Two bottoms: the second bottom is the scale, and only the bias (if any) is learned.
     """
 
-    params = {"scale_param": ScaleParameter}
     bottoms = (1, 2)
 
     def setup(self, bottom_shapes: list[Shape]) -> list[Shape]:
@@ -273,7 +232,6 @@ class Bias(Layer):
     """y = x + bias, the bias broadcast along bottom 0's axes from ``axis`` (a learned blob,
     or the second bottom)."""
 
-    params = {"bias_param": BiasParameter}
     bottoms = (1, 2)
 
     def setup(self, bottom_shapes: list[Shape]) -> list[Shape]:

@@ -16,29 +16,15 @@ The input projections for all T steps are one matmul; only the recurrent matmul 
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
 
-from ..spec.net_spec import FillerParameter
-from ..spec.schema import field
+from ..spec.layer_params.recurrent import RecurrentParameter
 from .base import Layer, Shape, count
 from .registry import register
 
 log = logging.getLogger(__name__)
-
-
-@dataclass
-class RecurrentParameter:
-    """Caffe's RecurrentParameter (shared by RNN and LSTM)."""
-
-    num_output: int = field(0, "the hidden size H (required)", min=0)
-    weight_filler: FillerParameter | None = field(None, "initial weights (default: zeros)")
-    bias_filler: FillerParameter | None = field(None, "initial biases (default: zeros)")
-    debug_info: bool = field(False, "log the mean |h_t| (and |c_t|) of every time step")
-    expose_hidden: bool = field(False, "add bottoms h_0 [c_0] and tops h_T [c_T] "
-                                       "(1 x N x H) to carry the state explicitly")
 
 
 class Recurrent(Layer):
@@ -155,7 +141,6 @@ class RNN(Recurrent):
     """h_t = tanh(W_hh (cont_t h_{t-1}) + W_xh x_t + b_h [+ W_xh_static x_static]),
     o_t = tanh(W_ho h_t + b_o). Blobs: W_xh, b_h, [W_xh_static], W_hh, W_ho, b_o."""
 
-    params = {"recurrent_param": RecurrentParameter}
     bottoms = (2, 4)
     tops = (1, 2)
     state_names = ("h",)
@@ -193,7 +178,6 @@ class LSTM(Recurrent):
     in the order i, f, o, g along 4H; i, f, o = sigmoid, g = tanh;
     c_t = cont_t f c_{t-1} + i g; h_t = o tanh(c_t). Blobs: W_xc, b_c, [W_xc_static], W_hc."""
 
-    params = {"recurrent_param": RecurrentParameter}
     bottoms = (2, 5)
     tops = (1, 3)
     state_names = ("h", "c")

@@ -1,15 +1,17 @@
 """The layer registry: Caffe type string -> layer class.
 
-``@register("ReLU")`` on a :class:`~caffe_py.layers.base.Layer` subclass adds it. Registering
-a type twice is an error naming the first registration; looking up an unknown type lists the
-known ones and the nearest match.
+``@register("ReLU")`` on a :class:`~caffe_py.layers.base.Layer` subclass adds it and hands it
+the parameter blocks the spec's table declares for the type (``Layer.params``, from
+:mod:`caffe_py.spec.layer_params`). Registering a type twice is an error naming the first
+registration, and so is registering a type the table lacks; looking up an unknown type lists
+the known ones and the nearest match.
 """
 from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from ..errors import SpecError
-from ..spec.schema import Source, suggest
+from ..spec import layer_params
+from ..spec.schema import Source
 
 if TYPE_CHECKING:
     from .base import Layer
@@ -24,7 +26,12 @@ def register(type_name: str):
         if first is not None:
             raise RuntimeError(f"layer type '{type_name}' is already registered by "
                                f"{first.__module__}.{first.__qualname__}")
+        if type_name not in layer_params.LAYER_PARAMS:
+            raise RuntimeError(f"layer type '{type_name}' has no entry in the spec's table of "
+                               f"parameter blocks: add \"{type_name}\": {{...}} ({{}} for none) "
+                               "to LAYER_PARAMS in caffe_py/spec/layer_params/__init__.py")
         cls.type_name = type_name
+        cls.params = layer_params.blocks(type_name)
         _LAYERS[type_name] = cls
         return cls
     return add
@@ -42,16 +49,9 @@ def lookup(type_name: str, *, src: Source | None = None, line: int | None = None
     cls = _LAYERS.get(type_name)
     if cls is not None:
         return cls
-    near = suggest(type_name, _LAYERS)
-    fix = f"did you mean '{near}'? " if near else ""
-    raise SpecError(f"unknown layer type '{type_name}'", file=src.file if src else None,
-                    line=line, path=path, fix=f"{fix}known types: {', '.join(sorted(_LAYERS))}")
-
-
-def declares_param(key: str) -> bool:
-    """Whether any registered layer type takes a ``key`` block (e.g. 'pooling_param')."""
-    _load_library()
-    return any(key in cls.params for cls in _LAYERS.values())
+    layer_params.blocks(type_name, src=src, line=line, path=path)  # unknown: a SpecError
+    raise RuntimeError(f"layer type '{type_name}' is in the spec's table of parameter blocks "
+                       "but no layer class is registered for it")
 
 
 def _load_library() -> None:

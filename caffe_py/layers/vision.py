@@ -13,8 +13,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from ..spec.net_spec import FillerParameter
-from ..spec.schema import field
+from ..spec.layer_params.vision import ConvolutionParameter, PoolingParameter
 from .base import Layer, Shape, canonical_axis
 from .common import given, same_shapes
 from .registry import register
@@ -24,32 +23,6 @@ FLT_MIN = 1.1754943508222875e-38
 
 
 # --- Convolution and Deconvolution ----------------------------------------------------------
-@dataclass
-class ConvolutionParameter:
-    """Convolution and Deconvolution settings (Caffe's ConvolutionParameter)."""
-
-    num_output: int = field(0, "the number of output channels", min=0)
-    bias_term: bool = field(True, "add a learnable bias of shape (num_output,)")
-    pad: list[int] = field([], "zero padding: once, or once per spatial axis (default 0)", min=0)
-    kernel_size: list[int] = field([], "kernel size: once, or once per spatial axis", min=0)
-    stride: list[int] = field([], "stride: once, or once per spatial axis (default 1)", min=0)
-    dilation: list[int] = field([], "kernel dilation: once, or once per spatial axis "
-                                    "(default 1)", min=0)
-    pad_h: int = field(0, "2-D only: padding along H (instead of pad)", min=0)
-    pad_w: int = field(0, "2-D only: padding along W (instead of pad)", min=0)
-    kernel_h: int = field(0, "2-D only: kernel height (instead of kernel_size)", min=0)
-    kernel_w: int = field(0, "2-D only: kernel width (instead of kernel_size)", min=0)
-    stride_h: int = field(0, "2-D only: stride along H (instead of stride)", min=0)
-    stride_w: int = field(0, "2-D only: stride along W (instead of stride)", min=0)
-    group: int = field(1, "split channels and outputs into this many independent groups", min=1)
-    weight_filler: FillerParameter | None = field(None, "weight init (none: zeros, as Caffe)")
-    bias_filler: FillerParameter | None = field(None, "bias init (none: zeros, as Caffe)")
-    engine: str = field("DEFAULT", "implementation (all map to torch's convolution)",
-                        choices=("DEFAULT", "CAFFE", "CUDNN"))
-    axis: int = field(1, "the channel axis; the axes after it are spatial")
-    force_nd_im2col: bool = field(False, "accepted for compatibility; has no effect")
-
-
 def _per_axis(layer: Layer, p: ConvolutionParameter, name: str, n: int,
               default: int | None) -> tuple[int, ...]:
     """Caffe's per-spatial-axis value of ``name`` (kernel_size, pad, stride or dilation)."""
@@ -92,7 +65,6 @@ class Convolution(Layer):
     Several bottoms share the weights and give one top each, as in Caffe.
     """
 
-    params = {"convolution_param": ConvolutionParameter}
     bottoms = (1, None)
     tops = (1, None)
     _ops: tuple[Callable[..., torch.Tensor], ...] = (F.conv1d, F.conv2d, F.conv3d)
@@ -194,25 +166,6 @@ class Deconvolution(Convolution):
 
 
 # --- Pooling --------------------------------------------------------------------------------
-@dataclass
-class PoolingParameter:
-    """Pooling settings (Caffe's PoolingParameter)."""
-
-    pool: str = field("MAX", "pooling method", choices=("MAX", "AVE", "STOCHASTIC"))
-    pad: int = field(0, "padding on each side (MAX and AVE only)", min=0)
-    pad_h: int = field(0, "padding along H (instead of pad)", min=0)
-    pad_w: int = field(0, "padding along W (instead of pad)", min=0)
-    kernel_size: int = field(0, "square window size", min=0)
-    kernel_h: int = field(0, "window height (instead of kernel_size)", min=0)
-    kernel_w: int = field(0, "window width (instead of kernel_size)", min=0)
-    stride: int = field(1, "step between windows", min=0)
-    stride_h: int = field(0, "step along H (instead of stride)", min=0)
-    stride_w: int = field(0, "step along W (instead of stride)", min=0)
-    engine: str = field("DEFAULT", "implementation (all map to torch's pooling)",
-                        choices=("DEFAULT", "CAFFE", "CUDNN"))
-    global_pooling: bool = field(False, "pool over the whole H x W (no kernel, pad 0, stride 1)")
-
-
 def caffe_pool_size(size: int, k: int, s: int, p: int) -> int:
     """Caffe's pooled length: ceil rounding, and with padding no window starting in the pad."""
     out = -(-(size + 2 * p - k) // s) + 1
@@ -245,7 +198,6 @@ class Pooling(Layer):
     A second top (MAX only) is Caffe's argmax mask: the flat index h * W + w in the input plane.
     """
 
-    params = {"pooling_param": PoolingParameter}
     tops = (1, 2)
 
     def setup(self, bottom_shapes: list[Shape]) -> list[Shape]:
@@ -402,28 +354,11 @@ class Pooling(Layer):
 
 
 # --- LRN ------------------------------------------------------------------------------------
-@dataclass
-class LRNParameter:
-    """Local response normalisation (Caffe's LRNParameter)."""
-
-    local_size: int = field(5, "channels summed (ACROSS_CHANNELS) or the side of the square "
-                               "window (WITHIN_CHANNEL); odd", min=1)
-    alpha: float = field(1.0, "scale of the sum of squares")
-    beta: float = field(0.75, "exponent")
-    norm_region: str = field("ACROSS_CHANNELS", "normalise over nearby channels or a spatial "
-                                                "window", choices=("ACROSS_CHANNELS",
-                                                                   "WITHIN_CHANNEL"))
-    k: float = field(1.0, "ACROSS_CHANNELS: the constant added (WITHIN_CHANNEL uses 1)")
-    engine: str = field("DEFAULT", "implementation (all map to torch)",
-                        choices=("DEFAULT", "CAFFE", "CUDNN"))
-
-
 @register("LRN")
 class LRN(Layer):
     """b = a * (k + alpha/n * sum of a^2 over n channels)^-beta, or the WITHIN_CHANNEL form
     b = a * (1 + alpha * mean of a^2 over an n x n window, zero-padded)^-beta."""
 
-    params = {"lrn_param": LRNParameter}
 
     def setup(self, bottom_shapes: list[Shape]) -> list[Shape]:
         p = self.param()

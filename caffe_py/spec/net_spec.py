@@ -1,25 +1,31 @@
-"""The net spec: NetParameter, LayerParameter and the messages layers share (caffe.proto).
+"""The net spec: NetParameter and LayerParameter (caffe.proto), parsed and validated.
 
-A layer's own block (``convolution_param``, ``pooling_param``, ...) is declared by its layer
-class (``Layer.params``) next to the layer, and found through the registry by the layer's
-``type``, so this file never needs to know the layer library.
+A layer's own blocks (``convolution_param``, ``pooling_param``, ...) are messages of
+:mod:`caffe_py.spec.layer_params`, whose table says which blocks each layer ``type`` takes, so
+validating a net needs neither the layer library nor torch.
 """
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from ..errors import SpecError
-from . import yamlio
+from . import layer_params, yamlio
+from .layer_params.common import SoftmaxParameter
+from .layer_params.data import DataParameter, TransformationParameter
+from .layer_params.loss import LossParameter
+from .layer_params.shared import BlobShape, FillerParameter
 from .schema import (
     Check,
-    Location,
+    Message,
     Source,
     convert,
     field,
     field_names,
+    location,
     parse_message,
     unknown_key_error,
 )
@@ -28,35 +34,7 @@ PHASES = ("TRAIN", "TEST")
 
 
 @dataclass
-class BlobShape:
-    """A blob's shape (Caffe's BlobShape)."""
-
-    dim: list[int] = field([], "the size of each axis, outermost first")
-
-    def check(self, v: Check) -> None:
-        if any(d < 0 for d in self.dim):
-            v.fail("dim", f"negative size in {self.dim}", "sizes are >= 0")
-
-
-@dataclass
-class FillerParameter:
-    """How a learnable blob is initialised (Caffe's FillerParameter)."""
-
-    type: str = field("constant", "filler kind",
-                      choices=("constant", "uniform", "gaussian", "xavier", "msra",
-                               "positive_unitball", "bilinear"))
-    value: float = field(0.0, "constant: the value")
-    min: float = field(0.0, "uniform: lower bound")
-    max: float = field(1.0, "uniform: upper bound")
-    mean: float = field(0.0, "gaussian: mean")
-    std: float = field(1.0, "gaussian: standard deviation", min=0)
-    sparse: int = field(-1, "gaussian: expected non-zeros per output (-1: dense)")
-    variance_norm: str = field("FAN_IN", "xavier/msra: the n in the variance",
-                               choices=("FAN_IN", "FAN_OUT", "AVERAGE"))
-
-
-@dataclass
-class ParamSpec:
+class ParamSpec(Message):
     """Per learnable blob: its learning-rate and decay multipliers, and a name to share it."""
 
     name: str = field("", "share this blob with every other blob of the same name")
@@ -67,7 +45,7 @@ class ParamSpec:
 
 
 @dataclass
-class NetStateRule:
+class NetStateRule(Message):
     """An include/exclude rule: matches when every condition given holds."""
 
     phase: str | None = field(None, "TRAIN or TEST", choices=PHASES)
@@ -87,64 +65,7 @@ class NetStateRule:
 
 
 @dataclass
-class TransformationParameter:
-    """Data-layer preprocessing, in Caffe's order: crop -> mirror -> (x - mean) * scale."""
-
-    scale: float = field(1.0, "multiply after the mean is subtracted")
-    mirror: bool = field(False, "flip horizontally at random (TRAIN and TEST, as Caffe does)")
-    crop_size: int = field(0, "square crop: random in TRAIN, centre in TEST (0: none)", min=0)
-    mean_file: str = field("", "a BlobProto mean image (cpy compute-mean)", path=True)
-    mean_value: list[float] = field([], "one mean, or one per channel")
-    force_color: bool = field(False, "decode encoded images as 3 channels")
-    force_gray: bool = field(False, "decode encoded images as 1 channel")
-
-    def check(self, v: Check) -> None:
-        if self.mean_file and self.mean_value:
-            v.fail("mean_value", "mean_file and mean_value are both set", "keep one of them")
-        if self.force_color and self.force_gray:
-            v.fail("force_gray", "force_color and force_gray are both set", "keep one of them")
-
-
-@dataclass
-class DataParameter:
-    """Where a Data layer reads from."""
-
-    source: str = field("", "the database directory", path=True)
-    batch_size: int = field(0, "records per batch (per replica)", min=1)
-    backend: str = field("LMDB", "database kind", choices=("LMDB",))
-    prefetch: int = field(4, "batches buffered ahead per replica", min=1)
-    rand_skip: int = field(0, "skip up to this many records at the start (random)", min=0)
-    mean_file: str = field("", "deprecated; use transform_param.mean_file", path=True)
-    scale: float = field(1.0, "deprecated; use transform_param.scale")
-    crop_size: int = field(0, "deprecated; use transform_param.crop_size", min=0)
-    mirror: bool = field(False, "deprecated; use transform_param.mirror")
-    force_encoded_color: bool = field(False, "decode encoded images as colour")
-
-    def check(self, v: Check) -> None:
-        if not self.source:
-            v.fail(None, "data_param.source is not set", "name the LMDB directory to read")
-
-
-@dataclass
-class LossParameter:
-    """Shared by loss layers: which label to ignore and how to normalise."""
-
-    ignore_label: int | None = field(None, "positions with this label add no loss or gradient")
-    normalization: str = field("VALID", "what the summed loss is divided by",
-                               choices=("FULL", "VALID", "BATCH_SIZE", "NONE"))
-    normalize: bool | None = field(None, "legacy: true means VALID, false BATCH_SIZE")
-
-
-@dataclass
-class SoftmaxParameter:
-    """Softmax and SoftmaxWithLoss: the axis the probabilities sum to 1 over."""
-
-    axis: int = field(1, "the class axis (negative counts from the end)")
-    engine: str = field("DEFAULT", "implementation", choices=("DEFAULT", "CAFFE", "CUDNN", "TORCH"))
-
-
-@dataclass
-class LayerParameter:
+class LayerParameter(Message):
     """One layer: its wiring, multipliers, phase rules and its type's own parameter blocks.
 
     ``params`` holds one message per ``<type>_param`` block the layer type declares, parsed or
@@ -162,7 +83,6 @@ class LayerParameter:
     exclude: list[NetStateRule] = field([], "drop the layer when any rule matches")
     propagate_down: list[bool] = field([], "per bottom: whether to back-propagate into it")
     params: dict[str, Any] = dataclasses.field(default_factory=dict)
-    _location: Location | None = dataclasses.field(default=None, repr=False, compare=False)
 
     def check(self, v: Check) -> None:
         if self.include and self.exclude:
@@ -178,17 +98,14 @@ class LayerParameter:
             return any(r.matches(phase, level, stages) for r in self.include)
         return not any(r.matches(phase, level, stages) for r in self.exclude)
 
-    def error(self, problem: str, fix: str | None = None) -> SpecError:
-        """An error about this layer, pointing at its line in the spec when known."""
-        loc = self._location
-        what = f"layer '{self.name}' ({self.type}): {problem}"
-        if loc is None:
-            return SpecError(what, fix=fix)
-        return SpecError(what, file=loc.file, line=loc.line, path=loc.path, fix=fix)
+    def where(self) -> str:
+        """How another layer's error refers to this one: its line, or (built in code) its name."""
+        loc = location(self)
+        return f"line {loc.line}" if loc is not None else f"layer '{self.name}'"
 
 
 @dataclass
-class NetParameter:
+class NetParameter(Message):
     """A whole net: a name and a list of layers (plus Caffe's legacy net inputs)."""
 
     name: str = field("", "the net's name")
@@ -199,16 +116,13 @@ class NetParameter:
     force_backward: bool = field(
         False, "accepted for Caffe compatibility; autograd already back-propagates wherever a "
                "gradient is needed, so it changes nothing")
-    _location: Location | None = dataclasses.field(default=None, repr=False, compare=False)
 
 
 _LAYER_KEYS = [n for n in field_names(LayerParameter) if n != "params"]
 
 
 def parse_layer(node: Any, src: Source, path: str, line: int | None = None) -> LayerParameter:
-    """Parse one layer: common keys first, then the blocks its type declares."""
-    from ..layers import registry  # the layer library registers itself on import
-
+    """Parse one layer: common keys first, then the blocks its type takes."""
     if not isinstance(node, dict):
         raise SpecError(f"expected a mapping (a layer), got {node!r}", file=src.file,
                         line=getattr(node, "line", None) or line, path=path,
@@ -221,23 +135,22 @@ def parse_layer(node: Any, src: Source, path: str, line: int | None = None) -> L
     if not isinstance(layer_type, str):
         raise SpecError(f"type must be a string, got {layer_type!r}", file=src.file,
                         line=node.line_of("type"), path=f"{path}.type")
-    cls = registry.lookup(layer_type, src=src, line=node.line_of("type"), path=f"{path}.type")
-    declared = dict(cls.params)
+    declared = layer_params.blocks(layer_type, src=src, line=node.line_of("type"),
+                                   path=f"{path}.type")
     block_keys = [k for k in node if k in declared]
     for key in node:
         if key in _LAYER_KEYS or key in declared:
             continue
-        if key.endswith("_param") and registry.declares_param(key):
+        if key.endswith("_param") and layer_params.takes_block(key):
             raise SpecError(f"'{key}' does not apply to {_a(layer_type)} layer",
                             file=src.file, line=node.line_of(key), path=f"{path}.{key}",
                             fix=_allowed_blocks(layer_type, declared))
         raise unknown_key_error(key, _LAYER_KEYS + list(declared), f"{_a(layer_type)} layer",
                                 node, src, path)
     spec = parse_message(LayerParameter, node, src, path, skip=block_keys)
-    spec.params = {key: (parse_message(declared[key], node[key], src, f"{path}.{key}")
-                         if key in node else declared[key]())
-                   for key in declared}
-    spec._location = Location(src.file, node.line, path)
+    spec.params = {key: (parse_message(cls, node[key], src, f"{path}.{key}")
+                         if key in node else cls())
+                   for key, cls in declared.items()}
     if not spec.name:
         raise SpecError(f"the {layer_type} layer has no name", file=src.file, line=node.line,
                         path=path, fix="add 'name: <unique name>'")
@@ -262,7 +175,6 @@ def parse_net(node: Any, src: Source, path: str = "") -> NetParameter:
             layer_node.line = lines[i]
         net.layer.append(parse_layer(layer_node, src, lpath,
                                      line=lines[i] if i < len(lines) else None))
-    net._location = Location(src.file, getattr(node, "line", 1), path)
     if len(net.input_shape) not in (0, len(net.input)):
         raise SpecError(f"{len(net.input)} inputs but {len(net.input_shape)} input_shape entries",
                         file=src.file, line=node.line_of("input_shape"),
@@ -276,7 +188,7 @@ def load_net(path: str | Path) -> NetParameter:
     return parse_net(yamlio.load(path), Source.of(path))
 
 
-def _allowed_blocks(layer_type: str, declared: dict) -> str:
+def _allowed_blocks(layer_type: str, declared: Mapping[str, type]) -> str:
     if not declared:
         return f"{_a(layer_type)} layer takes no parameter block"
     return f"{_a(layer_type)} layer takes {', '.join(sorted(declared))}"
@@ -297,6 +209,8 @@ def _p(path: str, key: str) -> str:
     return f"{path}.{key}" if path else key
 
 
+# BlobShape, FillerParameter and the data, loss and softmax blocks live in spec.layer_params;
+# they stay importable from here, where they were first (io reads TransformationParameter so).
 __all__ = ["BlobShape", "FillerParameter", "ParamSpec", "NetStateRule", "TransformationParameter",
            "DataParameter", "LossParameter", "SoftmaxParameter", "LayerParameter", "NetParameter",
            "parse_layer", "parse_net", "load_net", "convert", "PHASES"]

@@ -1,11 +1,12 @@
 """One schema for every spec: typed, defaulted, documented dataclasses, parsed with line marks.
 
-A *message* is a dataclass whose fields mirror a caffe.proto message. Declare each field with
-:func:`field`, which records its documentation, its allowed values (Caffe's enums), whether it
-is a path (resolved against the YAML file's directory), and numeric bounds::
+A *message* is a dataclass whose fields mirror a caffe.proto message, derived from
+:class:`Message`. Declare each field with :func:`field`, which records its documentation, its
+allowed values (Caffe's enums), whether it is a path (resolved against the YAML file's
+directory), and numeric bounds::
 
     @dataclass
-    class PoolingParameter:
+    class PoolingParameter(Message):
         pool: str = field("MAX", "pooling method", choices=("MAX", "AVE", "STOCHASTIC"))
         kernel_size: list[int] = field([], "window size; one value, or one per spatial axis")
 
@@ -13,7 +14,9 @@ is a path (resolved against the YAML file's directory), and numeric bounds::
 (naming the nearest valid one), checks every type, accepts a single value where a list is
 declared (as prototxt does for repeated fields), and then calls the message's optional
 ``check(self, v: Check)`` hook for rules that span fields. Every failure is a
-:class:`~caffe_py.errors.SpecError` naming the file, line and key path.
+:class:`~caffe_py.errors.SpecError` naming the file, line and key path. A parsed message
+remembers which fields the spec wrote and where (:func:`is_set`, :func:`location`), so that
+later errors about it (:func:`message_at`) point into the file too.
 """
 from __future__ import annotations
 
@@ -28,7 +31,7 @@ from dataclasses import MISSING
 from pathlib import Path
 from typing import Any
 
-from ..errors import SpecError
+from ..errors import SpecError, one_line
 from .yamlio import MarkedDict, MarkedList
 
 
@@ -60,16 +63,34 @@ class Source:
 
 @dataclasses.dataclass(frozen=True)
 class Location:
-    """A message's place in its file, kept so later errors (net build, solver) can point at it."""
+    """A message's (or one key's) place in its file, kept so that later errors (net build,
+    solver) can point at it."""
 
     file: str
     line: int
     path: str
 
-    def error(self, problem: str, fix: str | None = None, key: str | None = None,
-              line: int | None = None) -> SpecError:
-        path = f"{self.path}.{key}" if key and self.path else (key or self.path)
-        return SpecError(problem, file=self.file, line=line or self.line, path=path, fix=fix)
+
+@dataclasses.dataclass(frozen=True)
+class Origin:
+    """What the spec wrote for one message and where: the record :func:`parse_message` keeps."""
+
+    location: Location
+    key_lines: typing.Mapping[str, int] = dataclasses.field(default_factory=dict)
+    """Each written key's line."""
+    written: frozenset[str] = frozenset()
+    """The fields the spec wrote (Caffe's has_<field>())."""
+    read: typing.Mapping[str, Any] = dataclasses.field(default_factory=dict)
+    """Every field's value as read, to tell which fields code has set since."""
+
+
+@dataclasses.dataclass
+class Message:
+    """Base of the spec's messages. A parsed message keeps its :class:`Origin` in ``_origin``,
+    a keyword-only field, so ``dataclasses.replace`` carries the record over to the copy."""
+
+    _origin: Origin | None = dataclasses.field(default=None, kw_only=True, repr=False,
+                                               compare=False)
 
 
 class Check:
@@ -85,23 +106,45 @@ class Check:
                         fix=fix)
 
 
-def location(msg: Any) -> Location | None:
-    """The location a parsed message was read from (None for messages built in code)."""
-    return getattr(msg, "_location", None)
+def location(msg: Any, key: str | None = None) -> Location | None:
+    """Where a parsed message (or its ``key``: that key's line, else the message's) was read
+    from; None for messages built in code."""
+    origin: Origin | None = getattr(msg, "_origin", None)
+    if origin is None:
+        return None
+    if key is None:
+        return origin.location
+    loc = origin.location
+    return Location(loc.file, origin.key_lines.get(key, loc.line), _join(loc.path, key))
 
 
-def key_line(msg: Any, key: str) -> int | None:
-    """The line of ``key`` in the mapping ``msg`` was parsed from (else the message's line)."""
-    lines = getattr(msg, "_key_lines", None) or {}
-    if key in lines:
-        return lines[key]
-    loc = location(msg)
-    return loc.line if loc is not None else None
+def place(msg: Any, loc: Location | None) -> Any:
+    """Give a message built in code the place in a file it stands for (e.g. the Input layer
+    made of a net's legacy ``input`` fields), so that errors about it point there; returns it."""
+    if loc is not None:
+        object.__setattr__(msg, "_origin", Origin(loc))
+    return msg
+
+
+def message_at(msg: Any, problem: str, fix: str | None = None, *, key: str | None = None,
+               named: bool = False) -> str:
+    """The one-line message of an error about ``msg`` (or its ``key``), at the place it was
+    read from; ``named`` starts it with "layer 'name' (Type): " (``msg`` is a layer's)."""
+    loc = location(msg, key)
+    layer = (msg.name, msg.type) if named else None
+    if loc is None:
+        return one_line(problem, fix, layer=layer)
+    return one_line(problem, fix, file=loc.file, line=loc.line, path=loc.path, layer=layer)
 
 
 def is_set(msg: Any, name: str) -> bool:
-    """Whether a field was written in the spec (Caffe's ``has_<field>()``)."""
-    return name in getattr(msg, "_set_fields", ())
+    """Caffe's ``has_<field>()``: the spec wrote the field, or code gave it another value since
+    (``dataclasses.replace`` included). Always False for a message built in code."""
+    origin: Origin | None = getattr(msg, "_origin", None)
+    if origin is None:
+        return False
+    return name in origin.written or (name in origin.read
+                                      and getattr(msg, name) != origin.read[name])
 
 
 def field_names(cls: type) -> list[str]:
@@ -153,9 +196,10 @@ def parse_message(cls: type, node: Any, src: Source, path: str = "",
         values[key] = convert(raw, hints[key], f.metadata, src, _join(path, key),
                               node.line_of(key))
     obj = cls(**values)
-    object.__setattr__(obj, "_set_fields", frozenset(values))
-    object.__setattr__(obj, "_location", Location(src.file, node.line, path))
-    object.__setattr__(obj, "_key_lines", dict(getattr(node, "key_lines", {})))
+    read = {name: _copied(getattr(obj, name)) for name in fields}
+    object.__setattr__(obj, "_origin", Origin(Location(src.file, node.line, path),
+                                              dict(getattr(node, "key_lines", {})),
+                                              frozenset(k for k in node if k in fields), read))
     hook = getattr(obj, "check", None)
     if hook is not None:
         hook(Check(node, src, path))
@@ -241,6 +285,11 @@ def _to_float(raw: Any) -> float | None:
             return None
         return value if not math.isnan(value) else None
     return None
+
+
+def _copied(value: Any) -> Any:
+    """A list as read is kept as a copy: appending to the message's list later is a change."""
+    return list(value) if isinstance(value, list) else value
 
 
 def _join(path: str, key: str | None) -> str:

@@ -18,7 +18,7 @@ from typing import Any
 from ..errors import SpecError
 from . import yamlio
 from .net_spec import NetParameter, parse_net
-from .schema import Check, Location, Source, field, is_set, parse_message
+from .schema import Check, Message, Source, field, is_set, location, parse_message
 
 SOLVER_TYPES = ("SGD", "Nesterov", "AdaGrad", "RMSProp", "AdaDelta", "Adam")
 LR_POLICIES = ("fixed", "step", "exp", "inv", "multistep", "poly", "sigmoid")
@@ -40,7 +40,7 @@ _INLINE_NETS = ("net_param", "train_net_param", "test_net_param")
 
 
 @dataclass
-class NetState:
+class NetState(Message):
     """The state a net is built in: phase, level and stages (select layers by rule)."""
 
     phase: str = field("TEST", "TRAIN or TEST", choices=("TRAIN", "TEST"))
@@ -49,7 +49,7 @@ class NetState:
 
 
 @dataclass
-class SolverParameter:
+class SolverParameter(Message):
     """How to train: the nets, the schedule, the update rule and the snapshots."""
 
     # --- the nets ------------------------------------------------------------------------
@@ -116,8 +116,6 @@ class SolverParameter:
                                        "(NCHW, Caffe's), or AUTO: CHANNELS_LAST on CUDA "
                                        "devices, CONTIGUOUS on CPUs; the numbers are the same",
                                choices=MEMORY_FORMATS)
-    _location: Location | None = dataclasses.field(default=None, repr=False, compare=False)
-    _file: str = dataclasses.field(default="<string>", repr=False, compare=False)
 
     def validate(self, v: Check) -> None:
         """Caffe's cross-field CHECKs; run by :func:`parse_solver` once inline nets are in."""
@@ -173,7 +171,8 @@ class SolverParameter:
     @property
     def file(self) -> str:
         """The file the spec came from (``<string>`` when built in code)."""
-        return self._file
+        loc = location(self)
+        return loc.file if loc is not None else "<string>"
 
     def train_net_spec(self) -> tuple[NetParameter, NetState]:
         """The TRAIN net and its state (Caffe's Solver::InitTrainNet)."""
@@ -183,7 +182,7 @@ class SolverParameter:
                 return getattr(self, inline), state
             if getattr(self, path):
                 return _load_net(getattr(self, path), self, path), state
-        raise SpecError("no net is given", file=self._file, fix="add 'net: <file>'")
+        raise SpecError("no net is given", file=self.file, fix="add 'net: <file>'")
 
     def test_net_specs(self) -> list[tuple[NetParameter, NetState]]:
         """The TEST nets in Caffe's order: test_net_param, test_net, then the generic net."""
@@ -212,10 +211,6 @@ def parse_solver(node: Any, src: Source) -> SolverParameter:
     tests = tests if isinstance(tests, list) else [tests]
     spec.test_net_param = [parse_net(t, src, f"test_net_param[{i}]")
                            for i, t in enumerate(tests)]
-    given = set(spec._set_fields) | {k for k in _INLINE_NETS if k in node}
-    object.__setattr__(spec, "_set_fields", frozenset(given))
-    object.__setattr__(spec, "_key_lines", dict(node.key_lines))
-    spec._file = src.file
     spec.validate(Check(node, src, ""))
     if spec.snapshot_format == "BINARYPROTO":  # Caffe's enum name for the same files
         spec.snapshot_format = "caffemodel"
@@ -236,15 +231,11 @@ def _load_net(path: str, spec: SolverParameter, key: str) -> NetParameter:
     from .net_spec import load_net
 
     if not Path(path).exists():
-        loc = spec._location
-        raise SpecError(f"net file not found: {path}", file=spec._file,
-                        line=_key_line(spec, key) or (loc.line if loc else None), path=key,
+        loc = location(spec, key)
+        raise SpecError(f"net file not found: {path}", file=spec.file,
+                        line=loc.line if loc is not None else None, path=key,
                         fix="check the path (relative to the solver file's directory)")
     return load_net(path)
-
-
-def _key_line(spec: SolverParameter, key: str) -> int | None:
-    return getattr(spec, "_key_lines", {}).get(key)
 
 
 def _default_prefix(spec: SolverParameter, src: Source, written: str) -> None:

@@ -41,12 +41,7 @@ class PrototxtError(SpecError):
 
     def __init__(self, problem: str, *, file: str, line: int, column: int,
                  fix: str | None = None):
-        self.column = column
-        super().__init__(problem, file=file, line=line, fix=fix)
-
-    def _format(self) -> str:
-        fix = f"; {self.fix}" if self.fix else ""
-        return f"{self.file}:{self.line}:{self.column}: {self.problem}{fix}"
+        super().__init__(problem, file=file, line=line, column=column, fix=fix)
 
 
 class Ident(str):

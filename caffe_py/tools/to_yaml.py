@@ -34,6 +34,7 @@ import yaml
 
 from ..errors import SpecError
 from ..fileio import atomic_write_bytes
+from ..spec import layer_params
 from ..spec.net_spec import LayerParameter, NetParameter, load_net
 from ..spec.schema import suggest
 from ..spec.solver_spec import SolverParameter, load_solver
@@ -235,16 +236,12 @@ class _Converter:
         return self.fields(msg, _schema(cls) if cls is not None else None, path)
 
     def layer_schema(self, msg: Message) -> dict[str, _Kind]:
-        """LayerParameter's fields plus the blocks the layer's type declares."""
-        from ..layers import registry
-
+        """LayerParameter's fields plus the blocks the layer's type takes."""
         schema = _schema(LayerParameter)
         type_field = msg.first("type")
         if type_field is not None and isinstance(type_field.value, str):
-            try:
-                declared = registry.lookup(type_field.value).params
-            except SpecError:  # an unknown type: the loader names it with the known ones
-                declared = {}
+            # an unknown type takes no block here: the loader names it with the known ones
+            declared = layer_params.LAYER_PARAMS.get(type_field.value, {})
             schema.update({k: _Kind(False, cls) for k, cls in declared.items()})
         return schema
 

@@ -14,7 +14,9 @@ from caffe_py.errors import SpecError
 from caffe_py.io.datum import Datum, encode_datum
 from caffe_py.io.lmdb_store import LmdbWriter
 from caffe_py.layers import registry
+from caffe_py.layers.base import Layer
 from caffe_py.net import Net
+from caffe_py.spec import layer_params
 from caffe_py.spec.net_spec import parse_net
 from caffe_py.spec.schema import Source
 
@@ -150,3 +152,39 @@ def test_registering_a_type_twice_names_the_first():
         registry.register("Convolution")(type("Again", (first,), {}))
     assert str(err.value) == ("layer type 'Convolution' is already registered by "
                               f"{first.__module__}.{first.__qualname__}")
+
+
+def test_registry_and_spec_table_are_in_step():
+    """Every registered layer type has its blocks in the spec's table, and every type of the
+    table builds a layer: the spec validates exactly the types the net can build."""
+    registered, declared = set(registry.known_types()), set(layer_params.known_types())
+    assert not registered - declared, (
+        f"registered layer types missing from the spec's table: "
+        f"{', '.join(sorted(registered - declared))}; add them to LAYER_PARAMS in "
+        "caffe_py/spec/layer_params/__init__.py")
+    assert not declared - registered, (
+        f"layer types in the spec's table with no registered layer class: "
+        f"{', '.join(sorted(declared - registered))}; register one in caffe_py/layers/")
+    for type_name in sorted(registered):
+        assert registry.lookup(type_name).params == layer_params.blocks(type_name), type_name
+
+
+def test_registering_a_type_the_table_lacks_says_where_to_declare_it():
+    with pytest.raises(RuntimeError) as err:
+        registry.register("Undeclared")(type("Undeclared", (Layer,), {}))
+    assert str(err.value) == (
+        "layer type 'Undeclared' has no entry in the spec's table of parameter blocks: add "
+        "\"Undeclared\": {...} ({} for none) to LAYER_PARAMS in "
+        "caffe_py/spec/layer_params/__init__.py")
+    assert "Undeclared" not in registry.known_types()
+
+
+def test_a_declared_type_without_a_layer_class_is_named():
+    layer_params.declare("Unbuilt", {})
+    try:
+        with pytest.raises(RuntimeError) as err:
+            registry.lookup("Unbuilt")
+    finally:
+        layer_params.undeclare("Unbuilt")
+    assert str(err.value) == ("layer type 'Unbuilt' is in the spec's table of parameter blocks "
+                              "but no layer class is registered for it")

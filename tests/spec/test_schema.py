@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 from caffe_py.errors import SpecError
-from caffe_py.spec.schema import Check, Source, field, is_set, key_line, parse_message, to_dict
+from caffe_py.spec.schema import Check, Source, field, is_set, location, parse_message, to_dict
 from caffe_py.spec.yamlio import loads
 
 
@@ -112,4 +112,4 @@ def test_paths_resolve_against_the_files_directory(tmp_path):
 def test_is_set_and_key_line():
     m = parse("rate: 0.5\n\ncount: 0\n")
     assert is_set(m, "rate") and is_set(m, "count") and not is_set(m, "mode")
-    assert key_line(m, "count") == 3 and key_line(m, "mode") == 1
+    assert location(m, "count").line == 3 and location(m, "mode").line == 1

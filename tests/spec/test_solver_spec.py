@@ -125,3 +125,29 @@ def test_inline_net_errors_point_inside_the_solver(tmp_path):
     got = error_of(tmp_path, "base_lr: 0.1\nnet_param:\n  name: x\n  layer:\n    - type: Nope\n")
     assert got.startswith(f"{tmp_path / 'solver.yaml'}:5: net_param.layer[0].type: "
                           "unknown layer type 'Nope'")
+
+
+def test_written_fields_survive_dataclasses_replace(tmp_path):
+    """is_set is Caffe's has_<field>(): a copy keeps what the spec wrote and where, and what
+    replace (or code) changes counts as set too; a message built in code has nothing set."""
+    import dataclasses
+
+    from caffe_py.spec.schema import is_set, location
+    from caffe_py.spec.solver_spec import SolverParameter
+
+    p = load_solver(write(tmp_path, """\
+        net: net.yaml
+        base_lr: 0.01
+        momentum: 0.9
+        """))
+    q = dataclasses.replace(p, max_iter=50)
+    assert [is_set(q, k) for k in ("net", "base_lr", "momentum", "max_iter", "weight_decay")] \
+        == [True, True, True, True, False]
+    assert not is_set(p, "max_iter")  # the source is untouched
+    assert location(q, "momentum").line == 3 and q.file == str(tmp_path / "solver.yaml")
+    r = dataclasses.replace(q, weight_decay=0.0)  # the value as read: not set
+    assert not is_set(r, "weight_decay") and is_set(r, "max_iter")
+    p.gamma = 0.5
+    assert is_set(p, "gamma")
+    assert not is_set(SolverParameter(momentum=0.9), "momentum")
+    assert not is_set(dataclasses.replace(SolverParameter(), momentum=0.9), "momentum")

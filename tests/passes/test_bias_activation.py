@@ -1,15 +1,15 @@
 """The bias + activation fusion pass, on CPU: the CUDA functions are swapped for the torch
 reference (same signatures), so the pass's wiring is what is tested here. The fused kernel
-itself is tested against the reference in test_cuda_kernels.py."""
+itself is tested against the reference in tests/kernels/test_cuda_kernels.py."""
 from __future__ import annotations
 
 import pytest
 import torch
 
 from caffe_py.kernels import functions, reference
-from caffe_py.kernels.fusion import fuse_bias_activation
 from caffe_py.layers import activation
 from caffe_py.net import Net
+from caffe_py.passes import fuse_bias_activation
 
 NET = """
 name: fuse

@@ -1,4 +1,4 @@
-"""The BatchNorm + Scale fusion pass (caffe_py/layers/fusion.py) against the unfused net, and
+"""The BatchNorm + Scale fusion pass (caffe_py/passes.py) against the unfused net, and
 the dtype of a ResNet block's activations under bfloat16 autocast."""
 from __future__ import annotations
 

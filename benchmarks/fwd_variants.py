@@ -1,22 +1,28 @@
 """The forward launch sweep: every variant of csrc/fwd_variants.h, built as its own extension.
 
-The shipped module holds two forward launches in csrc/common.cuh (threads per block, 16-byte
-packs per thread for 4-byte and 2-byte types, load and store flavours): ``kFwd`` for ReLU and
-leaky ReLU, ``kFwdMath`` for ELU, Sigmoid and TanH. ``benchmarks/activations.py --variants``
-builds this second module (only then), times ReLU forward over the full grid and the three
-math ops over a smaller one against PyTorch's ops and x.copy_, and uses :func:`choose` to
-print the line of each launch to put in common.cuh: the launch whose worst case against
-PyTorch is best.
+The shipped module holds two forward launches in caffe_py/kernels/csrc/common.cuh (threads per
+block, 16-byte packs per thread for 4-byte and 2-byte types, load and store flavours): ``kFwd``
+for ReLU and leaky ReLU, ``kFwdMath`` for ELU, Sigmoid and TanH. ``benchmarks/activations.py
+--variants`` builds this second module (only then; its sources are benchmarks/csrc/ and it
+includes the package's kernels), times ReLU forward over the full grid and the three math ops
+over a smaller one against PyTorch's ops and x.copy_, and uses :func:`choose` to print the line
+of each launch to put in common.cuh: the launch whose worst case against PyTorch is best.
+
+    python benchmarks/fwd_variants.py    # build (or load the cached) sweep module only
 """
 from __future__ import annotations
 
 import re
+import sys
 from dataclasses import dataclass
 from pathlib import Path
 from types import ModuleType
 
-from . import build
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from caffe_py.kernels import build  # noqa: E402
+
+CSRC = Path(__file__).resolve().parent / "csrc"
 NAME = "caffe_py_fwd_variants"
 SOURCES = ("fwd_variants.cpp", "fwd_variants_f32.cu", "fwd_variants_bf16.cu",
            "fwd_variants_math_f32.cu", "fwd_variants_math_bf16.cu")
@@ -81,9 +87,9 @@ def load(verbose: bool = False) -> tuple[ModuleType, list[Variant], list[Variant
     directory = build.build_dir() / "fwd_variants"
     directory.mkdir(parents=True, exist_ok=True)
     module = cpp_extension.load(
-        name=NAME, sources=[str(build.CSRC / s) for s in SOURCES], extra_cflags=["-O3"],
-        extra_cuda_cflags=list(build.NVCC_FLAGS), build_directory=str(directory),
-        verbose=verbose)
+        name=NAME, sources=[str(CSRC / s) for s in SOURCES], extra_cflags=["-O3"],
+        extra_cuda_cflags=list(build.NVCC_FLAGS), extra_include_paths=[str(build.CSRC)],
+        build_directory=str(directory), verbose=verbose)
     relu = [Variant(t, p, LOADS[ld], STORES[st]) for t, p, ld, st in module.variants()]
     math = [Variant(t, p, LOADS[ld], STORES[st]) for t, p, ld, st in module.math_variants()]
     return module, relu, math
@@ -118,3 +124,8 @@ def choose(ratios: dict[tuple[int, object, Variant], float]) -> tuple[FwdConfig,
     if best is None:
         raise ValueError("no measurements to choose a forward launch from")
     return best[1], best[0]
+
+
+if __name__ == "__main__":
+    _, relu_variants, math_variants = load(verbose="-v" in sys.argv[1:])
+    print(f"{NAME}: {len(relu_variants)} kFwd and {len(math_variants)} kFwdMath variants")

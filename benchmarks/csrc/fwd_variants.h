@@ -1,6 +1,6 @@
 // The forward launch variants that `benchmarks/activations.py --variants` times (a separate
-// extension, caffe_py/kernels/variants.py; the shipped module holds only kFwd's and
-// kFwdMath's launches).
+// extension, benchmarks/fwd_variants.py, built against caffe_py/kernels/csrc; the shipped
+// module holds only kFwd's and kFwdMath's launches).
 // ReLU (kFwd's candidates): id = ((threads_index * 3 + packs_index) * 3 + load) * 3 + store.
 // ELU, Sigmoid, TanH (kFwdMath's candidates, a smaller grid: each is 3 kernels per dtype):
 // id = (threads_index * 3 + packs_index) * 2 + flavour, flavour 0 plain/plain, 1 cs/cs.

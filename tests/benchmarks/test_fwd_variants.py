@@ -1,12 +1,30 @@
-"""The forward launch sweep: reading and writing common.cuh's kFwd and kFwdMath lines, the
-choice of the launch to ship from measured ratios, and (with CUDA) every variant's output."""
+"""The forward launch sweep (benchmarks/fwd_variants.py): reading and writing common.cuh's kFwd
+and kFwdMath lines, the choice of the launch to ship from measured ratios, and (with CUDA)
+every variant's output."""
 from __future__ import annotations
+
+import importlib.util
+import sys
+from pathlib import Path
 
 import pytest
 import torch
 
-from caffe_py.kernels import build, variants
-from caffe_py.kernels.variants import FwdConfig, Variant
+from caffe_py.kernels import build
+
+SCRIPT = Path(__file__).resolve().parents[2] / "benchmarks" / "fwd_variants.py"
+
+
+def _load_script():
+    spec = importlib.util.spec_from_file_location("fwd_variants", SCRIPT)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # its dataclasses resolve their annotations through it
+    spec.loader.exec_module(module)
+    return module
+
+
+variants = _load_script()
+FwdConfig, Variant = variants.FwdConfig, variants.Variant
 
 
 def test_shipped_reads_the_kfwd_and_kfwdmath_lines_of_common_cuh():

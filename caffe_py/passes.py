@@ -1,0 +1,136 @@
+"""The build-time passes over a built Net: two fusions, each off with a net option.
+
+Both fold one layer's work into the next layer that touches the same blob, and neither
+changes a parameter object or the blob order: snapshots, weight sharing, ``lr_mult`` and the
+solver see the same net. ``Net.__init__`` runs them in this order, after every layer is built.
+
+**BatchNorm + Scale** (``fuse_batchnorm_scale``). Caffe's BatchNorm has no affine part, so
+every Caffe ResNet writes ``BatchNorm -> Scale (bias_term) -> ReLU``, all in place on one
+blob. Run as written that is two full passes over the activation forward (normalise, then
+scale and shift) and two more backward. PyTorch's batch_norm takes a per-channel weight and
+bias and does it all in its own kernels, as torchvision's ResNet does. The Scale keeps its
+blobs but passes its bottom through; the BatchNorm reads those Parameters at every forward (so
+a TEST net sharing the TRAIN net's weights follows them) and gives them to batch_norm as
+weight and bias. TRAIN still normalises with the batch statistics and updates Caffe's
+[mean_sum, var_sum, count] blobs exactly as before; only rounding differs. A pair is fused
+only when all of these hold:
+
+- a BatchNorm with one bottom of at least 2 axes and one top, with no loss weight on it (it
+  would see the scaled values);
+- the first later layer that touches that top (reads it or writes it) is a Scale with one
+  bottom, in place on it, with ``bias_term``, a learned (C,) operand along axis 1 and no
+  ``propagate_down: false``.
+
+**bias + activation** (``fuse_bias_activation``). Caffe writes ``conv -> ReLU`` with the ReLU
+in place. Adding the bias and then applying the ReLU reads and writes the tensor twice; the
+fused CUDA kernel does both in one pass, and its backward gives the input gradient and the
+bias gradient in one pass too. The producer keeps its bias blob but stops adding it
+(``has_bias = False``), and the activation reads that Parameter at every forward and adds it
+inside the fused kernel. A pair is fused only when all of these hold:
+
+- the net is built on a CUDA device and the activation's engine allows the kernels
+  (``can_fuse``: engine CUDA, or DEFAULT/CAFFE/CUDNN with a top of at least
+  ``FUSE_MIN_ELEMENTS`` elements, below which PyTorch's two ops were faster); the activation
+  then runs on the kernels;
+- the producer is a Convolution, Deconvolution or InnerProduct with bias_term and one top;
+- the activation (ReLU with negative_slope >= 0, ELU with alpha >= 0, Sigmoid, TanH) is in
+  place on that top, and no layer between the two reads the top (it would miss the bias).
+"""
+from __future__ import annotations
+
+from typing import Any
+
+from torch import nn
+
+BATCHNORM_SCALE = "fuse_batchnorm_scale"
+BIAS_ACTIVATION = "fuse_bias_activation"
+PRODUCERS = ("Convolution", "Deconvolution", "InnerProduct")
+ACTIVATIONS = ("ReLU", "ELU", "Sigmoid", "TanH")
+
+
+def fuse_batchnorm_scale(net: Any) -> list[tuple[str, str]]:
+    """Fold every eligible (BatchNorm, Scale) pair of ``net``; returns their names."""
+    if not net.ctx.options.get(BATCHNORM_SCALE, True):
+        return []
+    layers: list[nn.Module] = list(net.layers)
+    fused = []
+    for i, bn in enumerate(layers):
+        j = _fusable_scale(layers, i)
+        if j is None:
+            continue
+        scale = layers[j]
+        bn.attach_affine(scale)
+        scale.folded_into = bn.name
+        fused.append((bn.name, scale.name))
+    return fused
+
+
+def fuse_bias_activation(net: Any) -> list[tuple[str, str]]:
+    """Fuse every eligible (producer, activation) pair of ``net``; returns their names."""
+    if not net.ctx.options.get(BIAS_ACTIVATION, True):
+        return []
+    layers: list[nn.Module] = list(net.layers)
+    fused = []
+    for i, producer in enumerate(layers):
+        j = _fusable_activation(layers, i)
+        if j is None:
+            continue
+        act = layers[j]
+        act.attach_bias(producer, producer.axis)
+        producer.has_bias = False
+        fused.append((producer.name, act.name))
+    return fused
+
+
+def first_user(layers: list[nn.Module], i: int, blob: str) -> int | None:
+    """The index of the first layer after layer i that reads or writes ``blob``, or None.
+
+    A pass may only fold layer i's work into that layer: anything between them would see the
+    blob without it.
+    """
+    for j in range(i + 1, len(layers)):
+        spec = layers[j].spec
+        if blob in spec.bottom or blob in spec.top:
+            return j
+    return None
+
+
+def _fusable_scale(layers: list[nn.Module], i: int) -> int | None:
+    """The index of the Scale whose blobs layer i (a BatchNorm) can apply, or None."""
+    bn = layers[i]
+    spec = bn.spec
+    if spec.type != "BatchNorm" or len(spec.bottom) != 1 or len(spec.top) != 1:
+        return None
+    if len(bn.bottom_shapes[0]) < 2 or any(w != 0 for w in spec.loss_weight):
+        return None
+    top = spec.top[0]
+    j = first_user(layers, i, top)
+    return j if j is not None and _is_plain_affine(layers[j], top, bn.channels) else None
+
+
+def _is_plain_affine(layer: nn.Module, top: str, channels: int) -> bool:
+    """A Scale in place on ``top`` with a learned (C,) scale and bias along axis 1."""
+    spec = layer.spec
+    return (spec.type == "Scale" and spec.bottom == [top] and spec.top == [top]
+            and all(spec.propagate_down) and layer.bias_term and layer.axis == 1
+            and tuple(layer.scale.shape) == (channels,)
+            and tuple(layer.bias.shape) == (channels,)
+            and getattr(layer, "folded_into", None) is None)
+
+
+def _fusable_activation(layers: list[nn.Module], i: int) -> int | None:
+    """The index of the activation that can take layer i's bias, or None."""
+    producer = layers[i]
+    spec = producer.spec
+    if spec.type not in PRODUCERS or len(spec.top) != 1:
+        return None
+    if not getattr(producer, "has_bias", False) or not hasattr(producer, "axis"):
+        return None
+    top = spec.top[0]
+    j = first_user(layers, i, top)
+    if j is None:
+        return None
+    act, later = layers[j], layers[j].spec
+    ok = (later.type in ACTIVATIONS and later.bottom == [top] and later.top == [top]
+          and act.can_fuse())
+    return j if ok else None

@@ -1,0 +1,26 @@
+"""The blocks of the loss layers and Accuracy."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from ..schema import Message, field
+
+
+@dataclass
+class LossParameter(Message):
+    """Shared by loss layers: which label to ignore and how to normalise."""
+
+    ignore_label: int | None = field(None, "positions with this label add no loss or gradient")
+    normalization: str = field("VALID", "what the summed loss is divided by",
+                               choices=("FULL", "VALID", "BATCH_SIZE", "NONE"))
+    normalize: bool | None = field(None, "legacy: true means VALID, false BATCH_SIZE")
+
+
+@dataclass
+class AccuracyParameter(Message):
+    """Caffe's AccuracyParameter."""
+
+    top_k: int = field(1, "a prediction is right when the label is among the k best classes",
+                       min=1)
+    axis: int = field(1, "the class axis (negative counts from the end)")
+    ignore_label: int | None = field(None, "positions with this label are not counted")
