@@ -7,19 +7,18 @@ from __future__ import annotations
 
 import json
 import os
+from typing import TYPE_CHECKING
 
 import click
-import torch
 
-from ..devices import describe, parse_devices
 from ..errors import SolverError
-from ..net import Net
-from ..solver import evaluate
 from ..solver.signals import EFFECTS
-from ..solver.snapshot import load_weights
-from ..solver.solver import TrainOptions, train
-from ..spec.net_spec import load_net
-from ..spec.solver_spec import PRECISIONS, load_solver
+from ..spec.solver_spec import PRECISIONS
+
+if TYPE_CHECKING:
+    import torch
+
+    from ..net import Net
 
 GPUS_HELP = "devices: cpu, cpu:N (N CPU replicas), 0 or 0,1,2,3 (CUDA ids), or all"
 
@@ -51,6 +50,11 @@ def train_command(solver_file: str, gpus: str | None, weights: str | None,
                   precision: str | None, reduction: str, cuda_graphs: bool,
                   dist_backend: str | None, dist_timeout: float) -> None:
     """Train the net of a solver spec (Caffe's `caffe train`)."""
+    # torch and the library load here, when the command runs, so that --help stays fast
+    from ..devices import describe, parse_devices
+    from ..solver.solver import TrainOptions, train
+    from ..spec.solver_spec import load_solver
+
     if weights and snapshot:
         raise click.UsageError("--weights and --snapshot are exclusive: --weights starts a new "
                                "run from those weights, --snapshot resumes one")
@@ -88,6 +92,10 @@ def train_command(solver_file: str, gpus: str | None, weights: str | None,
 def test_command(model: str, weights: str, iterations: int, gpus: str | None,
                  as_json: bool) -> None:
     """Score a trained net: each batch's outputs, then their means (Caffe's `caffe test`)."""
+    from ..devices import parse_devices
+    from ..solver import evaluate
+    from ..solver.snapshot import load_weights
+
     log = (lambda m: click.echo(m, err=True)) if as_json else click.echo
     device = parse_devices(gpus, solver_mode="CPU")[0]
     log(f"Using {device}")
@@ -122,6 +130,11 @@ def test_command(model: str, weights: str, iterations: int, gpus: str | None,
 @click.option("--gpus", default=None, metavar="LIST", help=f"{GPUS_HELP} (the first is used)")
 def time_command(model: str, iterations: int, gpus: str | None) -> None:
     """Time each layer's forward and backward (Caffe's `caffe time`)."""
+    from ..devices import parse_devices
+    from ..net import Net
+    from ..solver import evaluate
+    from ..spec.net_spec import load_net
+
     device = parse_devices(gpus, solver_mode="CPU")[0]
     click.echo(f"Using {device}")
     net = Net(load_net(model), "TRAIN", device=device)
@@ -144,6 +157,8 @@ def time_command(model: str, iterations: int, gpus: str | None) -> None:
 @click.command("device-query")
 def device_query_command() -> None:
     """List the CUDA devices: name, memory, capability and peer access."""
+    import torch
+
     if not torch.cuda.is_available() or torch.cuda.device_count() == 0:
         click.echo(f"No CUDA device is available: caffe-py runs on the CPU "
                    f"({os.cpu_count()} cores, torch {torch.__version__}, "
@@ -169,6 +184,9 @@ def device_query_command() -> None:
 
 
 def _net(model: str, phase: str, device: torch.device) -> Net:
+    from ..net import Net
+    from ..spec.net_spec import load_net
+
     net = Net(load_net(model), phase, device=device)
     inputs = [layer.name for layer in net.layers if layer.spec.type == "Input"]
     if inputs:
