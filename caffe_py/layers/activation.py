@@ -262,9 +262,9 @@ class PReLU(_Elementwise):
                                        "(N, C, ...)")
         filler = p.filler or FillerParameter(type="constant", value=0.25)
         count = 1 if p.channel_shared else shape[1]
-        self.add_blob("slope", (count,), filler)
+        slope = self.add_blob("slope", (count,), filler)
         if p.channel_shared:  # Caffe's shared slope is a blob with no axes
-            self.slope = nn.Parameter(self.slope.detach().reshape(()))
+            self.slope = nn.Parameter(slope.detach().reshape(()))
         self.backend, _ = pick_backend(self, "DEFAULT", "PReLU")
         self._impl: Callable[..., torch.Tensor] = (
             functions.prelu if self.backend == "cuda" else reference.prelu)
