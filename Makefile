@@ -7,13 +7,14 @@ PIP := $(PYTHON) -m pip
 TORCH_PIN ?= torch==2.13.0
 STAMP := .make
 
-.PHONY: install data train test test-gpu lint bench clean help
+.PHONY: install data train test test-gpu lint typecheck bench clean help
 
 help:
 	@echo "make train   install, fetch and convert Fashion-MNIST, train LeNet on it (CPU)"
 	@echo "make test    install and run the test suite"
 	@echo "make data    fetch Fashion-MNIST and convert it to LMDB under data/fashion_mnist"
 	@echo "make lint    ruff over the package, tests and scripts"
+	@echo "make typecheck  mypy over the package (settings in setup.cfg)"
 
 install: $(STAMP)/installed
 
@@ -37,6 +38,9 @@ test-gpu: install
 
 lint: install
 	$(PYTHON) -m ruff check caffe_py tests benchmarks data cli.py
+
+typecheck: install
+	$(PYTHON) -m mypy caffe_py
 
 clean:
 	rm -rf $(STAMP) build *.egg-info snapshots

@@ -109,13 +109,13 @@ def choose(ratios: dict[tuple[int, object, Variant], float]) -> tuple[FwdConfig,
         packs: dict[int, int] = {}
         worst = float("inf")
         for itemsize in sorted({k[0] for k in ratios}):
-            options = {}
+            options: dict[int, float] = {}  # packs per thread -> worst ratio
             for (size, _mb, v), r in ratios.items():
                 if size == itemsize and (v.threads, v.load, v.store) == (threads, ld, st):
                     options[v.packs] = min(options.get(v.packs, float("inf")), r)
             if not options:
                 continue
-            pick = max(sorted(options), key=lambda p, o=options: o[p])
+            pick = max(sorted(options), key=options.__getitem__)
             packs[itemsize] = pick
             worst = min(worst, options[pick])
         config = FwdConfig(threads, packs.get(4, 2), packs.get(2, 1), ld, st)

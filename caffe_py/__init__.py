@@ -1,3 +1,22 @@
 """caffe-py: Caffe's workflow and numbers, with PyTorch underneath."""
+from __future__ import annotations
+
+from pathlib import Path
+
+from .errors import CaffePyError
 
 __version__ = "0.1.0"
+
+
+def configs_dir() -> Path:
+    """The directory of the shipped net and solver specs (lenet.yaml, mnist.yaml, ...).
+
+    An installed wheel carries them as ``caffe_py/configs``; a source checkout (or an editable
+    install) has them in ``configs/`` beside the package.
+    """
+    package = Path(__file__).resolve().parent
+    for candidate in (package / "configs", package.parent / "configs"):
+        if (candidate / "lenet.yaml").is_file():
+            return candidate
+    raise CaffePyError(f"no shipped configs in {package / 'configs'}: reinstall caffe-py")
+

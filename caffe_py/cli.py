@@ -13,6 +13,7 @@ import sys
 
 import click
 
+from . import configs_dir
 from .commands.output import logging_to_console
 from .errors import CaffePyError
 
@@ -49,8 +50,21 @@ class _Group(click.Group):
             raise click.ClickException(str(exc)) from None
 
 
+def _print_configs_dir(ctx: click.Context, _param: click.Parameter, value: bool) -> None:
+    if not value or ctx.resilient_parsing:
+        return
+    try:
+        click.echo(configs_dir())
+    except CaffePyError as exc:
+        raise click.ClickException(str(exc)) from None
+    ctx.exit()
+
+
 @click.group(cls=_Group, context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(package_name="caffe-py", prog_name="cpy")
+@click.option("--configs-dir", is_flag=True, expose_value=False, is_eager=True,
+              callback=_print_configs_dir,
+              help="Print the directory of the shipped net and solver specs and exit.")
 def cli() -> None:
     """caffe-py: train Caffe-style nets from YAML specs on CPUs and GPUs."""
 

@@ -10,10 +10,10 @@ sharing). The loss is Caffe's: the sum over weighted tops of ``loss_weight * top
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, cast, overload
 
 import torch
 from torch import nn
@@ -21,6 +21,7 @@ from torch import nn
 from .errors import DataError, NetError, one_line
 from .layers import registry
 from .layers.base import BuildContext, Layer, Shape
+from .layers.data import Input
 from .passes import fuse_batchnorm_scale, fuse_bias_activation
 from .spec.layer_params.data import InputParameter
 from .spec.net_spec import BlobShape, LayerParameter, NetParameter, ParamSpec
@@ -84,6 +85,22 @@ class _Blob:
     """The blob this one shares (None: it owns its tensor)."""
 
 
+class LayerList(nn.ModuleList):
+    """The net's layers in build order: an ``nn.ModuleList`` whose items are Layers."""
+
+    def __iter__(self) -> Iterator[Layer]:
+        return cast("Iterator[Layer]", super().__iter__())
+
+    @overload
+    def __getitem__(self, idx: slice) -> LayerList: ...
+
+    @overload
+    def __getitem__(self, idx: int) -> Layer: ...
+
+    def __getitem__(self, idx: int | slice) -> Layer | LayerList:
+        return cast("Layer | LayerList", super().__getitem__(idx))
+
+
 class Net(nn.Module):
     """A Caffe net built for one phase; call it with the net's inputs to run forward."""
 
@@ -102,13 +119,13 @@ class Net(nn.Module):
         self.ctx = BuildContext(phase=phase, device=self.device,
                                 generator=torch.Generator().manual_seed(seed),
                                 options=dict(options or {}))
-        self.layers = nn.ModuleList()
+        self.layers = LayerList()
         self.blobs: dict[str, Shape] = {}
         """Every blob name -> its shape at build time (an in-place blob: its last shape)."""
         self._loss_weights: list[tuple[str, float]] = []
         self._blob_refs: list[_Blob] = []
         self._rebinds: list[tuple[Layer, str, Layer, str]] = []
-        self._views: list[tuple[_Blob, Shape]] = []
+        self._views: list[tuple[_Blob, _Blob, Shape]] = []  # (sharer, owner, sharer's shape)
         self.input_names: list[str] = []
         self.output_names: list[str] = []
         self._build(self._kept_layers())
@@ -300,7 +317,7 @@ class Net(nn.Module):
                 del ref.layer._parameters[ref.attr]
             else:
                 del ref.layer._buffers[ref.attr]
-            self._views.append((ref, tuple(mine.shape)))
+            self._views.append((ref, owner, tuple(mine.shape)))
             setattr(ref.layer, ref.attr, theirs.view(mine.shape))
 
     # --- forward ----------------------------------------------------------------------------
@@ -315,7 +332,7 @@ class Net(nn.Module):
         blobs: dict[str, torch.Tensor] = {}
         for layer in self.layers:
             lp = layer.spec
-            if lp.type == "Input":
+            if isinstance(layer, Input):
                 layer.provide_named(inputs)
             bottoms = [blobs[b] for b in lp.bottom]
             for k, down in enumerate(lp.propagate_down):
@@ -345,8 +362,7 @@ class Net(nn.Module):
             value = getattr(src, src_attr)
             if getattr(layer, attr) is not value:
                 setattr(layer, attr, value)
-        for ref, shape in self._views:
-            owner = ref.owner
+        for ref, owner, shape in self._views:
             setattr(ref.layer, ref.attr, getattr(owner.layer, owner.attr).view(shape))
 
     # --- parameters and weights -------------------------------------------------------------

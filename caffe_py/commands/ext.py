@@ -3,8 +3,6 @@ from __future__ import annotations
 
 import click
 
-from ..kernels import build
-
 
 @click.command("build-ext")
 @click.option("--verbose", is_flag=True, help="show the compiler's commands and output")
@@ -14,6 +12,8 @@ def build_ext_command(verbose: bool) -> None:
     Set TORCH_CUDA_ARCH_LIST (e.g. 9.0) to build for fewer GPU architectures, and
     TORCH_EXTENSIONS_DIR to move the cache.
     """
+    from ..kernels import build  # torch loads when the command runs, not for --help
+
     directory, seconds = build.build(verbose=verbose)
     click.echo(f"built {build.NAME} in {directory} ({seconds:.1f} s)")
 

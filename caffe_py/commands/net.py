@@ -1,10 +1,12 @@
 """`cpy net`: build a net from its spec and print its layers, shapes and parameter counts."""
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import click
 
-from ..net import Net, SummaryRow
-from ..spec.net_spec import load_net
+if TYPE_CHECKING:
+    from ..net import SummaryRow
 
 
 @click.command("net")
@@ -16,6 +18,9 @@ from ..spec.net_spec import load_net
 @click.option("--level", type=int, default=0, show_default=True, help="the net's level")
 def net_command(config: str, phase: str, stages: tuple[str, ...], level: int) -> None:
     """Build the net in CONFIG and print one row per layer, then the totals."""
+    from ..net import Net  # torch loads when the command runs, not for --help
+    from ..spec.net_spec import load_net
+
     net = Net(load_net(config), phase, stages=stages, level=level)
     rows = net.summary()
     click.echo(f"net '{net.name}' ({phase}" + "".join(f", stage {s}" for s in stages)

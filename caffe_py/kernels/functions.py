@@ -49,6 +49,7 @@ def like(t: torch.Tensor, ref: torch.Tensor) -> torch.Tensor:
     if t.is_contiguous() and ref.is_contiguous():  # the common case, two flag reads
         return t
     fmt = memory_format(ref)
+    assert fmt is not None, "ref must be dense"
     if t.is_contiguous(memory_format=fmt) and memory_format(t) == fmt:
         return t
     return t.contiguous(memory_format=fmt)

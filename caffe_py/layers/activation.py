@@ -37,18 +37,12 @@ from .registry import register
 _NET_ENGINES = ("DEFAULT", "CUDA", "TORCH")
 
 
-# The backend engine DEFAULT (and CAFFE, CUDNN) picks on a CUDA net, per layer kind, from
-# `bash benchmarks/gpu_kernels.sh` on an H200 (2026-11-21 08:34 UTC, docs/kernels.md): the plain
-# elementwise kernels ran at 0.85-0.98x PyTorch's ops (ReLU float32 256 MB: 3799 GB/s against
-# 4162; bf16 Sigmoid 0.85x), so DEFAULT keeps PyTorch's op for them; PReLU ran 1.35-2.2x
-# (float32) and 2.1-4.1x (bf16) faster and the fused bias + activation 2.1-2.9x forward and
-# 1.5-2.0x backward, so those take the kernels. benchmarks/activations.py prints the choice
-# its own run supports ("DEFAULT check"); change a row only on such a measurement.
+# The backend DEFAULT (and CAFFE, CUDNN) picks on a CUDA net: the faster one per layer kind in
+# the run docs/kernels.md records; change a row only on benchmarks/activations.py's DEFAULT check.
 DEFAULT_BACKEND = {"ReLU": "torch", "ELU": "torch", "Sigmoid": "torch", "TanH": "torch",
                    "PReLU": "cuda", "bias + activation": "cuda"}
-# Below this many elements a fused bias + activation stays unfused under DEFAULT: the host
-# time of the autograd Function outweighs the bandwidth saved (LeNet's ip1 + relu1, 64 x 500:
-# the step took 1.78 ms fused against 1.34 ms with PyTorch's ops).
+# Below this many elements a fused bias + activation stays unfused under DEFAULT: the autograd
+# Function's host time outweighs the bandwidth saved (docs/kernels.md, "Small tensors").
 FUSE_MIN_ELEMENTS = 1 << 20
 
 
@@ -205,9 +199,9 @@ class PReLU(_Elementwise):
                                        "(N, C, ...)")
         filler = p.filler or FillerParameter(type="constant", value=0.25)
         count = 1 if p.channel_shared else shape[1]
-        self.add_blob("slope", (count,), filler)
+        slope = self.add_blob("slope", (count,), filler)
         if p.channel_shared:  # Caffe's shared slope is a blob with no axes
-            self.slope = nn.Parameter(self.slope.detach().reshape(()))
+            self.slope = nn.Parameter(slope.detach().reshape(()))
         self.backend, _ = pick_backend(self, "DEFAULT", "PReLU")
         self._impl: Callable[..., torch.Tensor] = (
             functions.prelu if self.backend == "cuda" else reference.prelu)

@@ -14,7 +14,7 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar
 
 import torch
 from torch import nn
@@ -53,6 +53,10 @@ class Layer(nn.Module):
     """Allowed top count (min, max)."""
     is_loss: ClassVar[bool] = False
     """Loss layers weight their first top by 1 unless loss_weight says otherwise."""
+
+    if TYPE_CHECKING:
+        # What add_blob sets by name is a blob (nn.Module's own hint says Tensor | Module).
+        def __getattr__(self, name: str) -> torch.Tensor: ...
 
     def __init__(self, spec: LayerParameter, bottom_shapes: Sequence[Shape], ctx: BuildContext):
         super().__init__()

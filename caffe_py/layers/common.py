@@ -24,7 +24,10 @@ def given(msg: Any, name: str) -> bool:
     if is_set(msg, name):
         return True
     f = next(f for f in dataclasses.fields(msg) if f.name == name)
-    default = f.default_factory() if f.default is dataclasses.MISSING else f.default
+    if f.default_factory is not dataclasses.MISSING:
+        default = f.default_factory()
+    else:
+        default = f.default
     return getattr(msg, name) != default
 
 

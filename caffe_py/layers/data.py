@@ -164,7 +164,8 @@ class Data(Layer):
             first = datum_to_array(datum, color=self.color)
         except DataError as exc:
             raise DataError(f"{dp.source}: record {format_key(key)}: {exc}") from None
-        self.record_shape: tuple[int, int, int] = tuple(int(d) for d in first.shape)
+        channels, height, width = (int(d) for d in first.shape)
+        self.record_shape = (channels, height, width)
         self.record_dtype = first.dtype
         try:
             transformer = Transformer(tp, self.phase, self.record_shape, where="")

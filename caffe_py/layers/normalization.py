@@ -115,7 +115,7 @@ class BatchNorm(Layer):
         var = centred.square().mean(dim=dims, keepdim=True)
         y = centred / torch.sqrt(var + self.eps)
         self._update_stats(mean.detach().flatten(), var.detach().flatten())
-        if weight is not None:
+        if weight is not None and bias is not None:  # a fused Scale gives both
             trailing = x.dim() - 2
             y = torch.addcmul(trailing_view(as_dtype(bias, y), trailing), y,
                               trailing_view(as_dtype(weight, y), trailing))

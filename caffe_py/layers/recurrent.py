@@ -65,7 +65,7 @@ class Recurrent(Layer):
             self._check_shape(i, bottom_shapes[i], (1, streams, self.hidden), "1 x N x H")
         self._add_blobs(p, count(x, 2), static_size)
         self._carry: tuple[torch.Tensor, ...] | None = None
-        out = [(steps, streams, self.hidden)]
+        out: list[Shape] = [(steps, streams, self.hidden)]
         if self.expose_hidden:
             out += [(1, streams, self.hidden)] * states
         return out

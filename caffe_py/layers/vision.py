@@ -293,15 +293,17 @@ class Pooling(Layer):
 
     def _max(self, x: torch.Tensor, plan: _PoolPlan, kernel: Any) -> Any:
         want_mask = len(self.top_shapes) == 2
+        # torch's stubs type return_indices only as Literal[True] / Literal[False], not bool
         if plan.direct:
-            y = F.max_pool2d(x, kernel, self.stride, self.pad, ceil_mode=True,
-                             return_indices=want_mask)
+            y = F.max_pool2d(x, kernel, self.stride, self.pad,  # type: ignore[call-overload]
+                             ceil_mode=True, return_indices=want_mask)
             if not want_mask:
                 return y
             return y[0], y[1].to(x.dtype)
         # Caffe starts each window at -FLT_MAX, so padding with it reproduces empty windows too.
         xp = F.pad(x, plan.pads, value=-FLT_MAX)
-        y = F.max_pool2d(xp, kernel, self.stride, return_indices=want_mask)
+        y = F.max_pool2d(xp, kernel, self.stride,  # type: ignore[call-overload]
+                         return_indices=want_mask)
         if not want_mask:
             return y
         y, index = y

@@ -1,12 +1,4 @@
-"""The solver: lr policies, the update rules, the training loop, snapshots and callbacks."""
-from .callbacks import Callback
-from .lr_policy import learning_rate
-from .roles import HOST_ROOT, ROOT, WORKER, Role, Seeds, StepFn, eager_step
-from .rules import RULES, Updater
-from .signals import SignalHandler
-from .snapshot import load_state, load_weights, snapshot_paths
-from .solver import Solver
-
-__all__ = ["Callback", "HOST_ROOT", "ROOT", "RULES", "Role", "Seeds", "SignalHandler", "Solver",
-           "StepFn", "Updater", "WORKER", "eager_step", "learning_rate", "load_state",
-           "load_weights", "snapshot_paths"]
+"""The solver: lr policies (lr_policy), the update rules (rules), one replica's training loop
+(solver: Solver), its roles and step functions (roles), CUDA-graph steps (graphs), snapshots
+(snapshot, caffemodel), signals and the callback interface. Import from the submodules: this
+package imports nothing, so a torch-free one (signals) stays torch-free."""

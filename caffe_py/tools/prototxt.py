@@ -27,6 +27,7 @@ _FLOAT_WORDS = {"inf": float("inf"), "infinity": float("inf"), "nan": float("nan
 
 _NUMBER = re.compile(r"0[xX][0-9a-fA-F]+|(?:\d+\.?\d*|\.\d+)(?:[eE][+-]?\d+)?[fF]?")
 _IDENT = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+_OCTAL = re.compile(r"[0-7]{1,3}")
 _SYMBOLS = "{}<>:[],;-"
 _SIMPLE_ESCAPES = {"n": b"\n", "t": b"\t", "r": b"\r", "a": b"\a", "b": b"\b", "f": b"\f",
                    "v": b"\v", "\\": b"\\", "'": b"'", '"': b'"', "?": b"?"}
@@ -148,7 +149,7 @@ def _tokenize(text: str, source: str) -> list[_Token]:
             tokens.append(_Token("string", value, line, col, line, pending))
             pending = []
         elif ch.isdigit() or (ch == "." and i + 1 < n and text[i + 1].isdigit()):
-            m = _NUMBER.match(text, i)
+            m = _match_at(_NUMBER, text, i)
             end = m.end()
             if end < n and (text[end].isalnum() or text[end] in "_."):
                 raise PrototxtError(f"malformed number '{_word_at(text, i)}'", file=source,
@@ -157,7 +158,7 @@ def _tokenize(text: str, source: str) -> list[_Token]:
             tokens.append(_Token("number", m.group(), line, col, line, pending))
             pending, i = [], end
         elif ch.isalpha() or ch == "_":
-            m = _IDENT.match(text, i)
+            m = _match_at(_IDENT, text, i)
             tokens.append(_Token("ident", m.group(), line, col, line, pending))
             pending, i = [], m.end()
         elif ch in _SYMBOLS:
@@ -202,6 +203,13 @@ def _read_string(text: str, i: int, line: int, line_start: int,
             from None
 
 
+def _match_at(pattern: re.Pattern[str], text: str, i: int) -> re.Match[str]:
+    """``pattern`` matched at ``i``, where the caller has seen a character it starts with."""
+    m = pattern.match(text, i)
+    assert m is not None, f"{pattern.pattern!r} at {i}"
+    return m
+
+
 def _read_escape(text: str, i: int, source: str, line: int, line_start: int) -> tuple[bytes, int]:
     """The bytes of the escape starting at the backslash ``text[i]``."""
     col = i - line_start + 1
@@ -209,12 +217,12 @@ def _read_escape(text: str, i: int, source: str, line: int, line_start: int) -> 
     if nxt in _SIMPLE_ESCAPES:
         return _SIMPLE_ESCAPES[nxt], i + 2
     if nxt and nxt in "01234567":
-        m = re.compile(r"[0-7]{1,3}").match(text, i + 1)
+        m = _match_at(_OCTAL, text, i + 1)
         return bytes([int(m.group(), 8) & 0xFF]), m.end()
     if nxt in ("x", "X"):
-        m = re.compile(r"[0-9a-fA-F]{1,2}").match(text, i + 2)
-        if m:
-            return bytes([int(m.group(), 16)]), m.end()
+        hex_match = re.compile(r"[0-9a-fA-F]{1,2}").match(text, i + 2)
+        if hex_match:
+            return bytes([int(hex_match.group(), 16)]), hex_match.end()
     if nxt in ("u", "U"):
         width = 4 if nxt == "u" else 8
         digits = text[i + 2:i + 2 + width]
@@ -237,7 +245,7 @@ class _Parser:
 
     def parse_file(self) -> Message:
         msg = Message(line=1, column=1)
-        self._fields(msg, closing=None)
+        self._fields(msg, opener=None)
         return msg
 
     # - helpers
@@ -258,13 +266,14 @@ class _Parser:
                              fix=fix)
 
     # - productions
-    def _fields(self, msg: Message, closing: str | None,
-                opener: _Token | None = None) -> _Token:
-        """Fields up to ``closing`` (or the end of the file when None); returns the last token."""
+    def _fields(self, msg: Message, opener: _Token | None) -> _Token:
+        """Fields up to the symbol closing ``opener`` (or the end of the file when None);
+        returns the last token."""
+        closing = _CLOSING[opener.text] if opener is not None else None
         while True:
             tok = self.peek()
             if tok.kind == "eof":
-                if closing is not None:
+                if opener is not None:
                     raise self.fail(tok, f"end of file inside the block opened at "
                                          f"{opener.line}:{opener.column}",
                                     f"close it with '{closing}'")
@@ -276,7 +285,7 @@ class _Parser:
                 msg.one_line = opener is not None and opener.line == tok.line
                 return tok
             if tok.kind == "symbol" and tok.text in "}>":
-                if closing is None:
+                if opener is None:
                     raise self.fail(tok, f"'{tok.text}' closes no open block",
                                     "remove it, or open the block it closes")
                 raise self.fail(tok, f"'{tok.text}' cannot close the block opened with "
@@ -316,25 +325,28 @@ class _Parser:
         if tok.kind == "symbol" and tok.text == "-":
             self.take()
             number = self.peek()
-            value = self._scalar(number, name, signed=True)
-            return -value, number.trailing
+            return -self._number(number, name), number.trailing
         if tok.kind in ("number", "ident"):
-            return self._scalar(tok, name, signed=False), tok.trailing
+            return self._scalar(tok, name), tok.trailing
         raise self.fail(tok, f"expected a value for '{name.text}', got {_show(tok)}",
                         "write a number, a quoted string, an enum name or a { ... } block")
 
-    def _scalar(self, tok: _Token, name: _Token, signed: bool) -> int | float | str:
-        """A number, inf/nan, or (unsigned) a bare identifier."""
+    def _scalar(self, tok: _Token, name: _Token) -> int | float | str:
+        """A number, inf/nan, or a bare identifier (an enum value)."""
+        if tok.kind == "ident" and tok.text.lower() not in _FLOAT_WORDS:
+            self.take()
+            return Ident(tok.text)
+        return self._number(tok, name)
+
+    def _number(self, tok: _Token, name: _Token) -> int | float:
+        """A number or inf/nan: what may follow a '-'."""
         if tok.kind == "ident":
             word = tok.text.lower()
-            if word in _FLOAT_WORDS:
-                self.take()
-                return _FLOAT_WORDS[word]
-            if signed:
+            if word not in _FLOAT_WORDS:
                 raise self.fail(tok, f"'-{tok.text}' is not a number",
                                 "only numbers, inf and nan take a sign")
             self.take()
-            return Ident(tok.text)
+            return _FLOAT_WORDS[word]
         if tok.kind != "number":
             raise self.fail(tok, f"expected a number after '-', got {_show(tok)}")
         self.take()
@@ -347,7 +359,7 @@ class _Parser:
     def _block(self) -> tuple[Message, str | None]:
         opener = self.take()
         msg = Message(line=opener.line, column=opener.column)
-        closer = self._fields(msg, _CLOSING[opener.text], opener)
+        closer = self._fields(msg, opener)
         return msg, opener.trailing or closer.trailing
 
     def _list(self, name: _Token) -> list[Field]:

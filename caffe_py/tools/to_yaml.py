@@ -277,7 +277,8 @@ class _Converter:
 
     def value(self, f: Field, kind: _Kind | None, path: str) -> Any:
         if isinstance(f.value, Message):
-            cls = kind.tp if kind is not None and dataclasses.is_dataclass(kind.tp) else None
+            cls = kind.tp if kind is not None and isinstance(kind.tp, type) \
+                and dataclasses.is_dataclass(kind.tp) else None
             return self.message(f.value, cls, path)
         return self.scalar(f.value, kind, path)
 
@@ -388,8 +389,8 @@ class _Converter:
         return dataclasses.replace(m, fields=fields)
 
     def v1_type(self, f: Field) -> str:
-        if f.value not in V1_LAYER_TYPES:
-            near = suggest(f.value, V1_LAYER_TYPES)
+        if not isinstance(f.value, str) or f.value not in V1_LAYER_TYPES:
+            near = suggest(str(f.value), V1_LAYER_TYPES)
             hint = f"did you mean {near}? " if near else ""
             raise self.fail(f, f"unknown V1 layer type '{f.value}'",
                             f"{hint}V1 types: {', '.join(sorted(set(V1_LAYER_TYPES) - {'NONE'}))}")
@@ -399,21 +400,23 @@ class _Converter:
 
     def move_transform(self, fields: list[Field], block: str) -> list[Field]:
         """scale/mean_file/crop_size/mirror of a V1 data block -> transform_param (they win)."""
-        data = next((f for f in fields if f.name == block and isinstance(f.value, Message)), None)
-        if data is None:
+        found = _block_field(fields, block)
+        if found is None:
             return fields
-        moved = [f for f in data.value.fields if f.name in _TRANSFORM_KEYS]
+        data, data_msg = found
+        moved = [f for f in data_msg.fields if f.name in _TRANSFORM_KEYS]
         if not moved:
             return fields
-        kept = [f for f in data.value.fields if f.name not in _TRANSFORM_KEYS]
-        new_data = dataclasses.replace(data, value=dataclasses.replace(data.value, fields=kept))
-        old = next((f for f in fields if f.name == "transform_param"
-                    and isinstance(f.value, Message)), None)
+        kept = [f for f in data_msg.fields if f.name not in _TRANSFORM_KEYS]
+        new_data = dataclasses.replace(data, value=dataclasses.replace(data_msg, fields=kept))
+        existing = _block_field(fields, "transform_param")
+        old = existing[0] if existing is not None else None
         names = {f.name for f in moved}
-        if old is not None:
-            merged = [f for f in old.value.fields if f.name not in names] + moved
-            transform = dataclasses.replace(old, value=dataclasses.replace(old.value,
-                                                                           fields=merged))
+        if existing is not None:
+            old_msg = existing[1]
+            merged = [f for f in old_msg.fields if f.name not in names] + moved
+            transform = dataclasses.replace(existing[0], value=dataclasses.replace(
+                old_msg, fields=merged))
         else:
             transform = Field("transform_param", Message(moved, line=moved[0].line),
                               moved[0].line, moved[0].column)
@@ -517,6 +520,14 @@ def _emit_item(item: Any, indent: int, w: _Writer) -> None:
     w.extend(sub)
 
 
+def _block_field(fields: list[Field], name: str) -> tuple[Field, Message] | None:
+    """The first field ``name`` whose value is a block, and that block."""
+    for f in fields:
+        if f.name == name and isinstance(f.value, Message):
+            return f, f.value
+    return None
+
+
 def _flow(node: _Node) -> str | None:
     """``{k: v, ...}`` for a block written on one line with no comments; else None."""
     if not node.entries:
@@ -530,7 +541,8 @@ def _flow(node: _Node) -> str | None:
             text = _flow(v)
         elif isinstance(v, list):
             items = [_flow(x) if isinstance(x, _Node) else _scalar(x) for x in v]
-            text = None if None in items else f"[{', '.join(items)}]"
+            flows = [x for x in items if x is not None]
+            text = f"[{', '.join(flows)}]" if len(flows) == len(items) else None
         else:
             text = _scalar(v)
         if text is None:

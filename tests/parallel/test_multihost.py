@@ -16,7 +16,7 @@ import torch
 
 from caffe_py.parallel import HostSlice, ReplicatedRun
 from caffe_py.parallel.multihost import world_size
-from caffe_py.solver import HOST_ROOT
+from caffe_py.solver.roles import HOST_ROOT
 from caffe_py.solver.snapshot import load_weights
 from caffe_py.solver.solver import Solver
 from caffe_py.spec.solver_spec import load_solver

@@ -9,8 +9,9 @@ import torch
 
 from caffe_py.errors import SolverError
 from caffe_py.options import TrainOptions
-from caffe_py.solver import Role, Solver
+from caffe_py.solver.roles import Role
 from caffe_py.solver.snapshot import load_state, load_weights
+from caffe_py.solver.solver import Solver
 from caffe_py.train import train
 
 
@@ -161,11 +162,25 @@ def test_non_finite_loss_stops_naming_the_iteration_and_writes_no_snapshot(ws, r
     assert not list(ws.root.glob("snaps/*"))
 
 
-def test_bf16_precision_keeps_float32_weights(ws, run):
+def test_bf16_precision_runs_layers_in_bfloat16_and_keeps_float32_weights(ws, run):
     solver, _ = run(ws.load(max_iter=2, precision="BF16", snapshot_after_train=False))
     assert solver.param.precision == "BF16"
     assert all(w.dtype == torch.float32 for w in solver.updater.params)
     assert all(torch.isfinite(w).all() for w in solver.updater.params)
+    # Under autocast the InnerProduct computes in bfloat16, so the same first iteration (same
+    # seed, data and weights) gives a slightly different loss than in float32.
+    dtypes: dict[str, list[torch.dtype]] = {}
+    losses = {}
+    for precision in ("FLOAT32", "BF16"):
+        seen = dtypes.setdefault(precision, [])
+        with Solver(ws.load(precision=precision)) as solver:
+            solver.net.layer_by_name("ip").register_forward_hook(
+                lambda _layer, _bottoms, top, seen=seen: seen.append(top.dtype))
+            solver.step(1)
+            losses[precision] = solver.smoothed_loss()
+    assert dtypes == {"FLOAT32": [torch.float32], "BF16": [torch.bfloat16]}
+    assert losses["BF16"] != losses["FLOAT32"]
+    assert losses["BF16"] == pytest.approx(losses["FLOAT32"], abs=0.05)
 
 
 def test_finetune_copies_weights_by_layer_name(ws, run):
@@ -242,7 +257,7 @@ def test_progress_advances_once_per_iteration_from_the_resumed_iteration(ws, run
 
 
 def test_a_worker_role_neither_updates_nor_tests_nor_reports(ws, run):
-    from caffe_py.solver import WORKER
+    from caffe_py.solver.roles import WORKER
 
     p = ws.load(max_iter=2, test_iter=1, test_interval=1, display=1, snapshot=1)
     with Solver(p, role=WORKER) as solver:

@@ -4,7 +4,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from caffe_py.solver import Solver
+from caffe_py.solver.solver import Solver
 
 pytestmark = [pytest.mark.gpu,
               pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")]
@@ -39,11 +39,15 @@ def test_cuda_resume_continues_exactly(ws):
         torch.testing.assert_close(a, b, rtol=0, atol=1e-6)
 
 
-def test_bf16_on_cuda_trains_float32_weights(ws):
+def test_bf16_on_cuda_runs_layers_in_bfloat16_and_trains_float32_weights(ws):
     with Solver(ws.load(max_iter=20, precision="BF16", lr_policy="fixed"),
                 device="cuda:0") as solver:
         before = [w.detach().clone() for w in solver.updater.params]
+        dtypes: list[torch.dtype] = []
+        solver.net.layer_by_name("ip").register_forward_hook(
+            lambda _layer, _bottoms, top: dtypes.append(top.dtype))
         solver.step(20)
+        assert dtypes == [torch.bfloat16] * 20  # autocast ran the InnerProduct in bfloat16
         assert all(w.dtype == torch.float32 and w.is_cuda for w in solver.updater.params)
         assert all(torch.isfinite(w).all() for w in solver.updater.params)
         assert not torch.equal(before[0], solver.updater.params[0])

@@ -46,16 +46,12 @@ struct FwdConfig {
   St store;
 };
 
-// The shipped forward launches. `python benchmarks/activations.py --variants` times the sweep's
-// variants against PyTorch's ops and prints the line to put here when another one wins.
-// kFwd (ReLU, leaky ReLU: a compare and a multiply per element): the sweep's best on an H200,
-// 256 threads, one 16-byte pack per thread, streaming loads and stores (1.006-1.026x
-// torch.relu at float32 and bfloat16, 64 and 256 MB).
+// The shipped forward launches, each the best of `python benchmarks/activations.py --variants`
+// (it prints the line to put here when another one wins; docs/kernels.md has the numbers).
+// kFwd (ReLU, leaky ReLU: a compare and a multiply per element).
 constexpr FwdConfig kFwd{256, 1, 1, Ld::kCs, St::kCs};
-// kFwdMath (ELU, Sigmoid, TanH: an exponential or tanh per element): the sweep's best on an
-// H200 over both dtypes and sizes, 128 threads, one float pack or two bfloat16 packs per
-// thread (16 bfloat16 elements keep enough loads in flight behind the math), streaming loads
-// and stores: worst case 1.008x PyTorch's op (bfloat16 ELU 1.5x F.elu).
+// kFwdMath (ELU, Sigmoid, TanH: an exponential or tanh per element): two bfloat16 packs per
+// thread, since 16 bfloat16 elements keep enough loads in flight behind the math.
 constexpr FwdConfig kFwdMath{128, 1, 2, Ld::kCs, St::kCs};
 
 // The reductions of channel.cu keep a grid-stride design (a thread accumulates as it walks):
