@@ -20,7 +20,7 @@ from torch import nn
 
 from .errors import DataError, NetError, one_line
 from .layers import registry
-from .layers.base import BuildContext, Layer, Shape
+from .layers.base import BuildContext, DeviceCheck, Layer, Shape
 from .layers.data import Input
 from .passes import fuse_batchnorm_scale, fuse_bias_activation
 from .spec.layer_params.data import InputParameter
@@ -351,10 +351,19 @@ class Net(nn.Module):
                 tops = ()
             for name, value in zip(lp.top, tops, strict=True):
                 blobs[name] = value
-        loss = torch.zeros((), device=self.device)
+        return NetOutput(self._loss(blobs), {name: blobs[name] for name in self.output_names})
+
+    def _loss(self, blobs: Mapping[str, torch.Tensor]) -> torch.Tensor:
+        """The sum of loss_weight * top.sum() over the weighted tops, in as few ops as the
+        usual case allows (one scalar loss of weight 1: the top itself)."""
+        loss: torch.Tensor | None = None
         for name, weight in self._loss_weights:
-            loss = loss + weight * blobs[name].sum()
-        return NetOutput(loss, {name: blobs[name] for name in self.output_names})
+            top = blobs[name]
+            term = top if top.dim() == 0 else top.sum()
+            if weight != 1.0:
+                term = term * weight
+            loss = term if loss is None else loss + term
+        return loss if loss is not None else torch.zeros((), device=self.device)
 
     def _bind_shared(self) -> None:
         """Re-point shared blobs (a layer may have rebound its own attribute since)."""
@@ -443,6 +452,10 @@ class Net(nn.Module):
         near = suggest(name, [layer.name for layer in self.layers])
         fix = f"; did you mean '{near}'?" if near else ""
         raise NetError(f"net '{self.name}' ({self.phase}) has no layer '{name}'{fix}")
+
+    def device_checks(self) -> list[DeviceCheck]:
+        """Every condition the layers watch on the device (read by the solver's monitor)."""
+        return [check for layer in self.layers for check in layer.device_checks]
 
     def data_layers(self) -> list[Layer]:
         """The layers of type Data, in order (the data pipeline attaches a feed to each)."""

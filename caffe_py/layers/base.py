@@ -12,7 +12,7 @@ Caffe stores but never trains (BatchNorm's statistics) are buffers.
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, ClassVar
 
@@ -40,6 +40,17 @@ class BuildContext:
     """Net-wide switches (e.g. 'fuse_bias_activation': False); unknown keys are ignored."""
 
 
+@dataclass
+class DeviceCheck:
+    """A condition a layer records on its device without a host sync (e.g. the range of the
+    labels it has seen). The layer updates ``state`` (a small device tensor) in place; the
+    solver copies it to the host every few iterations without stalling the device, and
+    ``problem(host_copy)`` turns the copy into a one-line problem, or None when all is well."""
+
+    state: torch.Tensor
+    problem: Callable[[torch.Tensor], str | None]
+
+
 class Layer(nn.Module):
     """Base of every layer type. Subclasses set the class attributes and define setup/forward."""
 
@@ -65,6 +76,8 @@ class Layer(nn.Module):
         self.phase = ctx.phase
         self.ctx = ctx
         self.blob_names: list[str] = []
+        self.device_checks: list[DeviceCheck] = []
+        """Conditions this layer watches on the device (see :class:`DeviceCheck`)."""
         self.bottom_shapes = [tuple(s) for s in bottom_shapes]
         self._check_count("bottom", len(bottom_shapes), self.bottoms)
         self._check_count("top", len(spec.top), self.tops)
@@ -94,6 +107,11 @@ class Layer(nn.Module):
             self.register_buffer(name, value)
         self.blob_names.append(name)
         return getattr(self, name)
+
+    def generators(self) -> dict[str, torch.Generator]:
+        """The random generators this layer keeps for itself, by attribute name (a solver
+        state saves them; a CUDA graph replays those on the device)."""
+        return {name: v for name, v in vars(self).items() if isinstance(v, torch.Generator)}
 
     def blobs(self) -> list[torch.Tensor]:
         """All blobs in Caffe order (learnable and state)."""

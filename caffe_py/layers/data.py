@@ -91,13 +91,15 @@ class DummyData(Layer):
         given = p.data_filler or [FillerParameter()]
         self._fillers = [given[0] if len(given) == 1 else given[i] for i in range(n)]
         self._refill = [f.type != "constant" for f in self._fillers]
-        self._gen = torch.Generator()
+        # Tops are filled on the layer's device by a generator there (no host work per
+        # forward; a CUDA graph replays it), seeded from the net's seed as before.
+        self._gen = torch.Generator(device=self.ctx.device)
         if any(self._refill):
             self._gen.manual_seed(int(torch.randint(2**62, (1,), generator=self.ctx.generator)))
         for i, (shape, filler) in enumerate(zip(shapes, self._fillers, strict=True)):
             if not self._refill[i]:
-                value = fillers.fill(filler, shape, self._gen).to(self.ctx.device)
-                self.register_buffer(f"_top{i}", value, persistent=False)
+                self.register_buffer(f"_top{i}", fillers.fill(filler, shape, self._gen),
+                                     persistent=False)
         return shapes
 
     def _shapes(self, p: DummyDataParameter, n: int) -> list[Shape]:
@@ -116,10 +118,14 @@ class DummyData(Layer):
         return [tuple(s.dim) for s in (p.shape * n if len(p.shape) == 1 else p.shape)]
 
     def forward(self) -> torch.Tensor | tuple[torch.Tensor, ...]:
+        # Caffe refills a non-constant top every forward (here a new tensor, so a top kept
+        # from an earlier forward keeps its values).
         out = []
         for i, shape in enumerate(self.top_shapes):
             if self._refill[i]:
-                out.append(fillers.fill(self._fillers[i], shape, self._gen).to(self.ctx.device))
+                out.append(fillers.fill_(self._fillers[i], torch.empty(shape,
+                                                                        device=self.ctx.device),
+                                         self._gen))
             else:
                 out.append(getattr(self, f"_top{i}"))
         return out[0] if len(out) == 1 else tuple(out)

@@ -1,4 +1,5 @@
-"""Caffe's weight fillers (filler.hpp), drawn from a seeded CPU generator.
+"""Caffe's weight fillers (filler.hpp), drawn from a seeded generator on its own device (a
+net's weights from the CPU generator of its seed; DummyData's tops on the layer's device).
 
 fan_in = count / shape[0] and fan_out = count / shape[1] as Caffe's ``num()`` and
 ``channels()`` give them. With no filler at all a blob starts at zero, as Caffe's default
@@ -15,10 +16,16 @@ from ..spec.layer_params.shared import FillerParameter
 
 def fill(spec: FillerParameter | None, shape: tuple[int, ...],
          gen: torch.Generator) -> torch.Tensor:
-    """A new float32 CPU tensor of ``shape`` filled as ``spec`` says."""
-    out = torch.zeros(shape, dtype=torch.float32)
-    if spec is None or out.numel() == 0:
-        return out
+    """A new float32 tensor of ``shape`` on ``gen``'s device, filled as ``spec`` says."""
+    out = torch.zeros(shape, dtype=torch.float32, device=gen.device)
+    if spec is not None and out.numel():
+        fill_(spec, out, gen)
+    return out
+
+
+def fill_(spec: FillerParameter, out: torch.Tensor, gen: torch.Generator) -> torch.Tensor:
+    """Fill ``out`` (float32, on ``gen``'s device) in place as ``spec`` says."""
+    shape = tuple(out.shape)
     kind = spec.type
     if kind == "constant":
         out.fill_(spec.value)
@@ -27,7 +34,8 @@ def fill(spec: FillerParameter | None, shape: tuple[int, ...],
     elif kind == "gaussian":
         out.normal_(spec.mean, spec.std, generator=gen)
         if spec.sparse >= 0:
-            keep = torch.empty(shape).bernoulli_(spec.sparse / shape[0], generator=gen)
+            keep = torch.empty(shape, device=gen.device).bernoulli_(spec.sparse / shape[0],
+                                                                    generator=gen)
             out.mul_(keep)
     elif kind == "positive_unitball":
         out.uniform_(0, 1, generator=gen)
@@ -39,7 +47,7 @@ def fill(spec: FillerParameter | None, shape: tuple[int, ...],
     elif kind == "msra":
         out.normal_(0.0, math.sqrt(2.0 / _fan(spec, shape)), generator=gen)
     elif kind == "bilinear":
-        out.copy_(_bilinear(shape))
+        out.copy_(_bilinear(shape).to(out.device))
     else:  # the schema's choices make this unreachable from a spec
         raise ValueError(f"unknown filler type {kind!r}")
     return out

@@ -8,9 +8,11 @@ SigmoidCrossEntropyLoss defaults to BATCH_SIZE, as Caffe 1.0 keeps its old behav
 (sigmoid_cross_entropy_loss_layer.cpp: "normalization_ = BATCH_SIZE" when neither is set).
 
 Labels are class indices stored in any dtype (Data layers give floats); like Caffe they are
-truncated to integers. A label outside [0, C) that is not ignored is a DataError (checked with
-one reduction and one host sync per batch; ``options['check_labels'] = False`` skips it, e.g.
-inside a CUDA graph, and then out-of-range labels are clamped instead of crashing the kernel).
+truncated to integers. A label outside [0, C) that is not ignored is a DataError: raised at once
+on the CPU; on a GPU the running minimum and maximum of the labels are kept on the device (no
+host sync, so also inside a CUDA graph) and the solver reports a bad one within a few
+iterations (:class:`LabelRange`). Out-of-range labels are clamped, so a kernel never reads out
+of bounds. ``options['check_labels'] = False`` turns the check off.
 """
 from __future__ import annotations
 
@@ -23,7 +25,7 @@ import torch.nn.functional as F
 from ..errors import DataError
 from ..spec.layer_params.loss import AccuracyParameter, LossParameter
 from ..spec.schema import is_set, message_at
-from .base import Layer, Shape, canonical_axis, count
+from .base import DeviceCheck, Layer, Shape, canonical_axis, count
 from .registry import register
 
 # Caffe clamps the probability at FLT_MIN before the log: the loss of one position is at most
@@ -49,20 +51,50 @@ def normalizer(mode: str, outer: int, inner: int,
     return float(max(1, n))
 
 
-def check_label_range(layer: Layer, labels: torch.Tensor, valid: torch.Tensor | None,
-                      num_classes: int, param_key: str) -> None:
-    """Raise a DataError when a non-ignored label is outside [0, num_classes)."""
-    if not layer.ctx.options.get("check_labels", True):
-        return
-    bad = (labels < 0) | (labels >= num_classes)
-    if valid is not None:
-        bad &= valid
-    if bool(bad.any()):  # the one host sync
-        value = int(labels[bad].flatten()[0])
-        raise DataError(message_at(
-            layer.spec, f"label {value} is outside [0, {num_classes}) ({num_classes} classes)",
-            f"check the data's labels, or set {param_key}.ignore_label: {value} to skip them",
-            named=True))
+class LabelRange:
+    """The labels a loss or Accuracy layer sees, checked against [0, classes).
+
+    On the CPU, reading them costs nothing: :meth:`observe` raises at once. On a GPU it keeps
+    [min, max] of the non-ignored labels on the device (three small kernels, no host sync) in a
+    :class:`~caffe_py.layers.base.DeviceCheck` that the solver reads every few iterations.
+    """
+
+    def __init__(self, layer: Layer, classes: int, param_key: str):
+        self.layer, self.classes, self.param_key = layer, classes, param_key
+        self.enabled = layer.ctx.options.get("check_labels", True)
+        self.seen: torch.Tensor | None = None
+        if self.enabled and layer.ctx.device.type == "cuda":
+            big = torch.iinfo(torch.int64).max
+            self.seen = torch.tensor([big, -big], dtype=torch.int64, device=layer.ctx.device)
+            layer.device_checks.append(DeviceCheck(self.seen, self.problem))
+
+    def observe(self, labels: torch.Tensor, valid: torch.Tensor | None) -> None:
+        """Check (CPU) or record (GPU) integer ``labels``; ``valid`` masks ignored ones."""
+        if not self.enabled:
+            return
+        if self.seen is None or not labels.is_cuda:
+            bad = (labels < 0) | (labels >= self.classes)
+            if valid is not None:
+                bad &= valid
+            if bool(bad.any()):
+                raise DataError(self.message(int(labels[bad].flatten()[0])))
+            return
+        kept = labels if valid is None else torch.where(valid, labels, 0)  # 0 is in range
+        lo, hi = torch.aminmax(kept)
+        self.seen[0].clamp_(max=lo)
+        self.seen[1].clamp_(min=hi)
+
+    def problem(self, seen: torch.Tensor) -> str | None:
+        lo, hi = (int(v) for v in seen.tolist())
+        value = lo if lo < 0 else hi if hi >= self.classes else None
+        return None if value is None else self.message(value)
+
+    def message(self, value: int) -> str:
+        return message_at(
+            self.layer.spec, f"label {value} is outside [0, {self.classes}) ({self.classes} "
+                             "classes)",
+            f"check the data's labels, or set {self.param_key}.ignore_label: {value} to skip "
+            "them", named=True)
 
 
 def require_batch_axis(layer: Layer, shape: Shape) -> None:
@@ -116,13 +148,14 @@ class SoftmaxWithLoss(Layer):
             self, bottom_shapes, self.param("softmax_param").axis)
         self.ignore_label = p.ignore_label
         self.mode = normalization_mode(p, "VALID")
+        self.labels = LabelRange(self, self.classes, "loss_param")
         return [()] + [bottom_shapes[0]] * (len(self.spec.top) - 1)
 
     def forward(self, scores: torch.Tensor, labels: torch.Tensor):
         logp = F.log_softmax(scores, dim=self.axis)
         logp3, lab = as_positions(logp, labels.detach(), self.axis)
         valid = None if self.ignore_label is None else lab != self.ignore_label
-        check_label_range(self, lab, valid, self.classes, "loss_param")
+        self.labels.observe(lab, valid)
         nll = -logp3.gather(1, lab.clamp(0, self.classes - 1))  # (outer, 1, inner)
         # clamp the value at -log(FLT_MIN) but keep the unclamped gradient, as Caffe does
         nll = nll - (nll - nll.clamp(max=_MAX_NLL)).detach()
@@ -212,6 +245,7 @@ class Accuracy(Layer):
                             f"use accuracy_param.top_k <= {self.classes}")
         self.top_k = p.top_k
         self.ignore_label = p.ignore_label
+        self.labels = LabelRange(self, self.classes, "accuracy_param")
         return [()] + [(self.classes,)] * (len(self.spec.top) - 1)
 
     @torch.no_grad()
@@ -219,7 +253,7 @@ class Accuracy(Layer):
         s3, lab = as_positions(scores, labels, self.axis)  # (outer, C, inner), (outer, 1, inner)
         valid = (torch.ones_like(lab, dtype=torch.bool) if self.ignore_label is None
                  else lab != self.ignore_label)
-        check_label_range(self, lab, valid, self.classes, "accuracy_param")
+        self.labels.observe(lab, None if self.ignore_label is None else valid)
         lab = lab.clamp(0, self.classes - 1)
         label_score = s3.gather(1, lab)
         index = torch.arange(self.classes, device=s3.device).view(1, -1, 1)

@@ -133,6 +133,7 @@ class ReplicatedRun:
             self.solvers.append(solver)
             self.sync.setup(i, [lp.param for lp in solver.net.learnable_params()],
                             state_blobs(solver.net))
+            solver.grads_in_place = True   # views into the flat gradient buffer
         except torch.cuda.OutOfMemoryError as exc:
             raise replica_error(Failure(i, self.devices[i], exc)) from None
 

@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 
 import torch
 
+from ..errors import DataError
 from ..net import Net
 
 log = logging.getLogger(__name__)
@@ -42,7 +43,16 @@ def run_batches(net: Net, iterations: int, *, autocast: Callable = contextlib.nu
                              for n, v in out.outputs.items()}, float(out.loss))
     means = {name: (s / iterations).cpu() for name, s in sums.items()}
     means["__loss__"] = (loss_sum / iterations).cpu().reshape(1)
+    raise_device_problems(net)
     return means
+
+
+def raise_device_problems(net: Net) -> None:
+    """Raise what the net's layers noticed on the device (e.g. a bad label; a host sync)."""
+    for check in net.device_checks():
+        problem = check.problem(check.state.cpu())
+        if problem is not None:
+            raise DataError(problem)
 
 
 def output_means(means: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:

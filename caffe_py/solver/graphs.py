@@ -114,6 +114,7 @@ class GraphedStep:
             self._give_up(s, reason)
             return
         net = s.net
+        s.grads_in_place = True   # the captured backward accumulates into fixed tensors
         self._install_static_feeds(s)
         net.ctx.options["check_labels"] = False   # a host sync cannot be captured
         state = [t for blobs in net.layer_blobs().values() for t in blobs

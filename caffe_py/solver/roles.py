@@ -60,6 +60,12 @@ class StepFn(Protocol):
 
 def eager_step(solver: Solver) -> tuple[torch.Tensor, NetOutput]:
     """The plain step: iter_size forward and backward passes, op by op."""
+    if solver.param.iter_size == 1:
+        with solver.autocast():
+            out = solver.net()
+        if out.loss.requires_grad:
+            out.loss.backward()
+        return out.loss.detach().float(), out
     total = torch.zeros((), device=solver.device)
     out = None
     for _ in range(solver.param.iter_size):

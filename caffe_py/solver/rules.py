@@ -9,6 +9,11 @@ For speed every step is a ``torch._foreach_*`` call over a *group* of parameters
 instead of hundreds. Gradients are modified in place, as Caffe modifies the diff: they may be
 views into a flat buffer owned by the parallel package, so they are never replaced.
 The history blobs follow Caffe's layout: ``history[j * N + i]`` is history j of parameter i.
+
+A rule's per-iteration multiplier (the local rate, and Adam's bias correction) is computed on
+the host by :meth:`UpdateRule.scale`; :meth:`Updater.apply_scales` takes it as a Python float
+(op by op) or as a 0-d device tensor (what a CUDA graph replays: a new rate every iteration
+without capturing a new graph).
 """
 from __future__ import annotations
 
@@ -20,6 +25,8 @@ import torch
 from ..spec.solver_spec import SolverParameter
 
 Tensors = list[torch.Tensor]
+Scale = float | torch.Tensor
+"""A per-iteration multiplier: a host float, or a 0-d tensor on the parameters' device."""
 
 
 @dataclass(frozen=True)
@@ -49,11 +56,16 @@ class UpdateRule:
     def __init__(self, p: SolverParameter):
         self.p = p
 
-    def compute(self, g: Tensors, h: list[Tensors], local_rate: float, it: int) -> Tensors:
+    def scale(self, local_rate: float, it: int) -> float:
+        """The update's multiplier at iteration ``it`` (before it is incremented): the local
+        rate (rate * lr_mult), times whatever else the rule folds in (Adam's correction)."""
+        return local_rate
+
+    def compute(self, g: Tensors, h: list[Tensors], scale: Scale) -> Tensors:
         """The update for each gradient in ``g``; ``h[j]`` is history j of the same params."""
         (hist,) = h
         torch._foreach_mul_(hist, self.p.momentum)
-        torch._foreach_add_(hist, g, alpha=local_rate)
+        _add_scaled_(hist, g, scale)
         return hist
 
 
@@ -62,12 +74,12 @@ class Nesterov(UpdateRule):
 
     type_name = "Nesterov"
 
-    def compute(self, g, h, local_rate, it):
+    def compute(self, g, h, scale):
         (hist,) = h
         m = self.p.momentum
         previous = torch._foreach_mul(hist, m)
         torch._foreach_mul_(hist, m)
-        torch._foreach_add_(hist, g, alpha=local_rate)
+        _add_scaled_(hist, g, scale)
         update = torch._foreach_mul(hist, 1.0 + m)
         torch._foreach_sub_(update, previous)
         return update
@@ -78,10 +90,10 @@ class AdaGrad(UpdateRule):
 
     type_name = "AdaGrad"
 
-    def compute(self, g, h, local_rate, it):
+    def compute(self, g, h, scale):
         (hist,) = h
         torch._foreach_addcmul_(hist, g, g)
-        return _scaled_ratio(g, hist, self.p.delta, local_rate)
+        return _scaled_ratio(g, hist, self.p.delta, scale)
 
 
 class RMSProp(UpdateRule):
@@ -89,12 +101,12 @@ class RMSProp(UpdateRule):
 
     type_name = "RMSProp"
 
-    def compute(self, g, h, local_rate, it):
+    def compute(self, g, h, scale):
         (hist,) = h
         decay = self.p.rms_decay
         torch._foreach_mul_(hist, decay)
         torch._foreach_addcmul_(hist, g, g, value=1.0 - decay)
-        return _scaled_ratio(g, hist, self.p.delta, local_rate)
+        return _scaled_ratio(g, hist, self.p.delta, scale)
 
 
 class AdaDelta(UpdateRule):
@@ -103,7 +115,7 @@ class AdaDelta(UpdateRule):
     type_name = "AdaDelta"
     histories = 2
 
-    def compute(self, g, h, local_rate, it):
+    def compute(self, g, h, scale):
         hist, hist2 = h
         m, d = self.p.momentum, self.p.delta
         torch._foreach_mul_(hist, m)
@@ -114,7 +126,7 @@ class AdaDelta(UpdateRule):
         update = torch._foreach_mul(g, ratio)  # u
         torch._foreach_mul_(hist2, m)
         torch._foreach_addcmul_(hist2, update, update, value=1.0 - m)
-        torch._foreach_mul_(update, local_rate)
+        torch._foreach_mul_(update, scale)
         return update
 
 
@@ -125,20 +137,31 @@ class Adam(UpdateRule):
     type_name = "Adam"
     histories = 2
 
-    def compute(self, g, h, local_rate, it):
-        m1, m2 = h
+    def scale(self, local_rate, it):
         b1, b2 = self.p.momentum, self.p.momentum2
         t = it + 1
-        correction = (1.0 - b2 ** t) ** 0.5 / (1.0 - b1 ** t)
+        return local_rate * ((1.0 - b2 ** t) ** 0.5 / (1.0 - b1 ** t))
+
+    def compute(self, g, h, scale):
+        m1, m2 = h
+        b1, b2 = self.p.momentum, self.p.momentum2
         torch._foreach_mul_(m1, b1)
         torch._foreach_add_(m1, g, alpha=1.0 - b1)
         torch._foreach_mul_(m2, b2)
         torch._foreach_addcmul_(m2, g, g, value=1.0 - b2)
         # delta goes in before the bias correction (Caffe), unlike torch.optim.Adam.
-        return _scaled_ratio(m1, m2, self.p.delta, local_rate * correction)
+        return _scaled_ratio(m1, m2, self.p.delta, scale)
 
 
-def _scaled_ratio(num: Tensors, sq: Tensors, delta: float, scale: float) -> Tensors:
+def _add_scaled_(acc: Tensors, g: Tensors, scale: Scale) -> None:
+    """acc += scale * g (one fused op for a float; a multiply, then an add, for a tensor)."""
+    if isinstance(scale, torch.Tensor):
+        torch._foreach_add_(acc, torch._foreach_mul(g, scale))
+    else:
+        torch._foreach_add_(acc, g, alpha=scale)
+
+
+def _scaled_ratio(num: Tensors, sq: Tensors, delta: float, scale: Scale) -> Tensors:
     """scale * num / (sqrt(sq) + delta), as new tensors."""
     den = torch._foreach_sqrt(sq)
     torch._foreach_add_(den, delta)
@@ -173,19 +196,28 @@ class Updater:
     @torch.no_grad()
     def apply(self, rate: float, it: int) -> None:
         """One update at ``rate`` for iteration ``it`` (before it is incremented)."""
+        self.apply_scales(self.scales(rate, it))
+
+    def scales(self, rate: float, it: int) -> list[float]:
+        """Each group's multiplier for the update at ``rate`` in iteration ``it``."""
+        return [self.rule.scale(rate * g.lr_mult, it) for g in self.groups]
+
+    @torch.no_grad()
+    def apply_scales(self, scales: Sequence[Scale]) -> None:
+        """One update with each group's multiplier given (see :meth:`scales`)."""
         grads = [self._grad(i) for g in self.groups for i in g.indices]
         if not grads:
             return
         self._clip(grads)
         start = 0
-        for group, hist in zip(self.groups, self._hist, strict=True):
+        for group, hist, scale in zip(self.groups, self._hist, scales, strict=True):
             g = grads[start:start + len(group.indices)]
             start += len(group.indices)
             w = [self.params[i] for i in group.indices]
             if self.p.iter_size > 1:
                 torch._foreach_mul_(g, 1.0 / self.p.iter_size)
             self._regularize(w, g, group.decay_mult)
-            update = self.rule.compute(g, hist, rate * group.lr_mult, it)
+            update = self.rule.compute(g, hist, scale)
             torch._foreach_sub_(w, update)
 
     def _grad(self, i: int) -> torch.Tensor:

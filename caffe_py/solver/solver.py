@@ -41,11 +41,20 @@ from . import snapshot as snap
 from .callbacks import Callback
 from .evaluate import format_output_lines, run_batches
 from .lr_policy import learning_rate
+from .monitor import Monitor
 from .roles import ROOT, Role, Seeds, StepFn, eager_step
 from .rules import Updater
 from .signals import NONE, SNAPSHOT, STOP, no_action
 
 log = logging.getLogger(__name__)
+
+
+class Runner(Protocol):
+    """Something that runs a Solver's iterations instead of :meth:`Solver.iteration`."""
+
+    def run(self, solver: Solver, stop_iter: int) -> None:
+        """Run at least one iteration (none past ``stop_iter``), with Caffe's bookkeeping."""
+        ...
 
 
 class Progress(Protocol):
@@ -91,6 +100,11 @@ class Solver:
         self.callbacks = list(callbacks)
         self.action = action
         self.step_fn = step
+        self.runner: Runner | None = None
+        """Runs iterations in place of :meth:`iteration` (e.g. a CUDA-graph loop), if set."""
+        self.grads_in_place = False
+        """Gradients keep their tensors between iterations (set by whoever binds them: a
+        parallel sync's flat buffers, a CUDA graph's capture)."""
         if seeds is None:
             base = resolve_seed(param.random_seed)
             seeds = Seeds(model=base + replica, data=base)
@@ -125,10 +139,8 @@ class Solver:
                 net.share_weights_with(self.net)
                 self.test_nets.append(net)
                 self._test_pool = self._attach(net, self._test_pool)
-        window = max(param.average_loss, 1)
-        self._losses = torch.zeros(window, device=self.device)
-        self._n_losses = 0
-        self._bad_iter = torch.full((), -1, dtype=torch.long, device=self.device)
+        checks = [c for net in (self.net, *self.test_nets) for c in net.device_checks()]
+        self.monitor = Monitor(self.device, param.average_loss, checks)
         self._last_display = (time.perf_counter(), 0)
 
     # --- building -----------------------------------------------------------------------------
@@ -209,7 +221,10 @@ class Solver:
         """Caffe's Step: run ``iters`` iterations (fewer when a stop is requested)."""
         stop_iter = self.iter + iters
         while self.iter < stop_iter and not self.stop_requested:
-            self.iteration()
+            if self.runner is None:
+                self.iteration()
+            else:
+                self.runner.run(self, stop_iter)
 
     def iteration(self) -> None:
         """One iteration of Caffe's Step loop (test if due, train, update, act, snapshot)."""
@@ -231,7 +246,7 @@ class Solver:
         if self.role.applies_updates:
             rate = self.apply_update()
             if display:
-                log.info(f"Iteration {self.iter}, lr = {rate:g}")
+                self.show_rate(rate)
         self.finish_iteration()
 
     # --- the seams ----------------------------------------------------------------------------
@@ -245,7 +260,13 @@ class Solver:
         return self.role.reports and self.param.display > 0 and self.iter % self.param.display == 0
 
     def zero_grads(self) -> None:
-        """Clear the gradients in place (they may be views into a flat reduction buffer)."""
+        """Clear the gradients: dropped, so that backward writes them afresh (no zeroing and
+        no accumulation kernels), or zeroed in place when :attr:`grads_in_place` (they are
+        views into a flat reduction buffer, or a CUDA graph accumulates into them)."""
+        if not self.grads_in_place:
+            for w in self.updater.params:
+                w.grad = None
+            return
         grads = [w.grad for w in self.updater.params if w.grad is not None]
         if grads:
             torch._foreach_zero_(grads)
@@ -256,12 +277,9 @@ class Solver:
         return self.step_fn(self)
 
     def record_loss(self, loss: torch.Tensor) -> None:
-        """Caffe's UpdateSmoothedLoss as a ring buffer on the device (no host sync); a
-        non-finite loss is remembered with its iteration."""
-        self._losses[self._n_losses % self._losses.numel()] = loss
-        self._n_losses += 1
-        bad = ~torch.isfinite(loss) & (self._bad_iter < 0)
-        self._bad_iter = torch.where(bad, self.iter, self._bad_iter)
+        """Caffe's UpdateSmoothedLoss: this iteration's loss into the monitor's ring on the
+        device (no host sync; a non-finite one stops the run within a few iterations)."""
+        self.monitor.record(self.iter, loss)
 
     def apply_update(self) -> float:
         """Caffe's ApplyUpdate on the current gradients; returns the learning rate used."""
@@ -269,12 +287,14 @@ class Solver:
         self.updater.apply(rate, self.iter)
         return rate
 
-    def finish_iteration(self) -> None:
-        """Count the iteration, then act on a signal and snapshot when due."""
+    def finish_iteration(self, count: int = 1) -> None:
+        """Count the iteration (or the ``count`` a runner ran at once), then act on a signal
+        and snapshot when due."""
         p = self.param
-        self.iter += 1
+        self.iter += count
         if self._progress is not None:
-            self._progress.update(1)
+            self._progress.update(count)
+        self.monitor.poll(self.iter)
         request = self.action()
         if (p.snapshot and self.iter % p.snapshot == 0 and self.role.reports) or \
                 request == SNAPSHOT:
@@ -284,15 +304,15 @@ class Solver:
 
     def autocast(self) -> AbstractContextManager[Any]:
         """The forward passes' precision context (bf16 autocast for precision BF16)."""
-        if self.param.precision == "BF16":
-            return torch.autocast(device_type=self.device.type, dtype=torch.bfloat16)
+        if self.param.precision == "BF16":  # no weight-cast cache: a CUDA graph cannot hold one
+            return torch.autocast(device_type=self.device.type, dtype=torch.bfloat16,
+                                  cache_enabled=False)
         return contextlib.nullcontext()
 
     # --- loss tracking and display ------------------------------------------------------------
     def smoothed_loss(self) -> float:
         """The mean of the last average_loss losses (a host sync)."""
-        n = min(self._n_losses, self._losses.numel())
-        return float(self._losses[:n].mean()) if n else 0.0
+        return self.monitor.smoothed()
 
     def display(self, out: NetOutput) -> None:
         """Caffe's display lines: the rate, the smoothed loss and every TRAIN output."""
@@ -308,13 +328,14 @@ class Solver:
         for line in format_output_lines("Train net output", values, self.net.loss_weights):
             log.info(f"    {line}")
 
+    def show_rate(self, rate: float) -> None:
+        """Caffe's display line of the learning rate used by this iteration's update."""
+        log.info(f"Iteration {self.iter}, lr = {rate:g}")
+
     def check_finite(self) -> None:
-        """Stop the run (a one-line error) if a recorded loss was NaN or inf (a host sync)."""
-        bad = int(self._bad_iter)
-        if bad >= 0:
-            raise SolverError(f"iteration {bad}: the loss is not finite (NaN or inf); training "
-                              "stopped and no snapshot was written after it; lower base_lr, "
-                              "set clip_gradients, or check the data")
+        """Stop the run (a one-line error) if a recorded loss was NaN or inf or a layer's device
+        check failed (a host sync)."""
+        self.monitor.check_now()
 
     @contextlib.contextmanager
     def _progress_of(self, factory: ProgressFactory | None) -> Iterator[None]:
@@ -421,7 +442,7 @@ class Solver:
         nets = [("train", self.net)] + [(f"test{k}", n) for k, n in enumerate(self.test_nets)]
         return {f"{tag}/{layer.name}.{attr}": value
                 for tag, net in nets for layer in net.layers
-                for attr, value in vars(layer).items() if isinstance(value, torch.Generator)}
+                for attr, value in layer.generators().items()}
 
     def _rng_state(self) -> dict[str, Any]:
         state: dict[str, Any] = {"torch": torch.get_rng_state(),

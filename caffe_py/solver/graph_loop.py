@@ -1,0 +1,310 @@
+"""A single-device Solver's whole iterations as CUDA graph replays (the default on a GPU).
+
+One captured iteration holds everything between two host decisions: the gradients zeroed,
+iter_size forward and backward passes (each Data layer reading its batch from a static slot),
+the loss recorded, and Caffe's update with this iteration's multipliers read from the device
+(:meth:`~caffe_py.solver.rules.Updater.apply_scales`: the learning rate changes every
+iteration without a new capture). Small nets are bound by the host's launches, so several
+iterations go into one graph (a *chunk*): per chunk the host only copies the next batches into
+their slots, copies the rates, replays, and does the bookkeeping Caffe does after each
+iteration (display, test, snapshot and signals happen at chunk boundaries, which the chunk
+length divides).
+
+The first iterations run eagerly (warm-up: cuDNN picks its kernels, lazy handles are made),
+then one graph of one iteration and, when the chunk is longer, one of ``chunk`` iterations are
+captured; capture runs nothing, so no state moves. Where a step cannot be captured the loop
+says why in one line and runs the eager iteration instead.
+"""
+from __future__ import annotations
+
+import logging
+import math
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from .lr_policy import learning_rate
+
+log = logging.getLogger(__name__)
+
+WARMUP_ITERATIONS = 2
+CHUNK_MAX = 32
+"""The most iterations one replay runs."""
+CHUNK_TARGET_MS = 4.0
+"""A chunk aims at about this much device time (one replay per iteration above it)."""
+SLOT_BYTES_MAX = 256 << 20
+"""The static batch slots of a chunk take at most this much device memory."""
+
+
+class SlotFeed:
+    """What a Data layer reads inside the graphs: static batch slots, filled from the real
+    feed before each replay; the n-th ``next()`` of a capture returns slot n."""
+
+    def __init__(self, real: Any, shapes: list[tuple[int, ...]], slots: int,
+                 device: torch.device):
+        self.real = real
+        self.data = torch.zeros((slots, *shapes[0]), dtype=torch.float32, device=device)
+        label_shape = shapes[1] if len(shapes) > 1 else (shapes[0][0],)
+        self.label = torch.zeros((slots, *label_shape), dtype=torch.int64, device=device)
+        self.cursor = 0
+
+    def next(self) -> tuple[torch.Tensor, torch.Tensor]:
+        slot = self.cursor % len(self.data)
+        self.cursor += 1
+        return self.data[slot], self.label[slot]
+
+    def fill(self, slots: int) -> None:
+        """Copy the real feed's next ``slots`` batches into slots 0 .. slots-1."""
+        for k in range(slots):
+            data, label = self.real.next()
+            self.data[k].copy_(data, non_blocking=True)
+            self.label[k].copy_(label, non_blocking=True)
+
+
+@dataclass
+class _Graph:
+    """One captured chunk of ``length`` iterations."""
+
+    length: int
+    graph: Any
+    losses: torch.Tensor
+    """(length,) each iteration's mean loss, written by the replay."""
+    first_out: Any
+    """The first iteration's NetOutput (static tensors: what display shows)."""
+
+
+@dataclass
+class _Scales:
+    """The per-iteration update multipliers: a device (chunk, groups) buffer the graphs read,
+    filled from two pinned host buffers used in turn."""
+
+    device: torch.Tensor
+    host: list[torch.Tensor]
+    done: list[Any] = field(default_factory=lambda: [None, None])
+    turn: int = 0
+
+    def put(self, rows: list[list[float]]) -> None:
+        k = self.turn % 2
+        self.turn += 1
+        if self.done[k] is not None:
+            self.done[k].synchronize()   # the copy that last read this buffer has finished
+        buf = self.host[k]
+        buf[:len(rows)] = torch.tensor(rows, dtype=torch.float32)
+        on_cuda = self.device.is_cuda
+        self.device[:len(rows)].copy_(buf[:len(rows)], non_blocking=on_cuda)
+        if on_cuda:
+            self.done[k] = torch.cuda.Event()
+            self.done[k].record()
+
+
+class GraphedLoop:
+    """Runs a Solver's iterations as replays of captured whole iterations (module docstring).
+
+    Set as ``solver.runner``; :meth:`run` is called by ``Solver.step`` in place of one eager
+    iteration and runs one or more iterations. ``chunk`` caps the iterations per replay
+    (None: chosen from the measured step time and the solver's display/test/snapshot
+    intervals). ``emulate=True`` records nothing and calls the recorded function at each
+    replay instead (the same host logic on a CPU: what the CPU tests run).
+    """
+
+    def __init__(self, chunk: int | None = None, emulate: bool = False):
+        self.chunk_cap = chunk
+        self.emulate = emulate
+        self.chunk = 1
+        self.fallback: str | None = None
+        self.graphs: dict[int, _Graph] = {}
+        self.feeds: list[SlotFeed] = []
+        self.scales: _Scales | None = None
+        self._warm = 0
+        self._eager_ms: list[float] = []
+
+    # --- the loop ---------------------------------------------------------------------------
+    def run(self, s: Any, stop_iter: int) -> None:
+        if self.fallback is not None:
+            s.iteration()
+            return
+        if not self.graphs:
+            if self._warm < WARMUP_ITERATIONS:
+                self._warm_up(s)
+                return
+            self._capture(s)
+            if self.fallback is not None:
+                s.iteration()
+                return
+        s.start()
+        if s.test_due():
+            s.test_all()
+            if s.stop_requested:
+                return
+        self._replay(s, self._length(s, stop_iter))
+
+    def _length(self, s: Any, stop_iter: int) -> int:
+        """The chunk when it fits before the next boundary, else one iteration."""
+        k = self.chunk
+        return k if k > 1 and s.iter % k == 0 and s.iter + k <= stop_iter else 1
+
+    def _replay(self, s: Any, length: int) -> None:
+        g = self.graphs[length]
+        display = s.display_due()
+        for feed in self.feeds:
+            feed.fill(length * s.param.iter_size)
+        rates = self._put_scales(s, length)
+        g.graph.replay()
+        s.monitor.record_many(s.iter, g.losses)
+        if display:
+            s.display(g.first_out if g.first_out is not None else g.graph.outs[0])
+            s.show_rate(rates[0])
+        s.finish_iteration(length)
+
+    def _put_scales(self, s: Any, length: int) -> list[float]:
+        """Compute the next ``length`` iterations' rates on the host (advancing current_step
+        as Caffe does) and copy each group's multiplier to the device."""
+        rows, rates = [], []
+        current = s.current_step
+        for j in range(length):
+            rate, current = learning_rate(s.param, s.iter + j, current)
+            rates.append(rate)
+            rows.append(s.updater.scales(rate, s.iter + j))
+        s.current_step = current
+        assert self.scales is not None
+        self.scales.put(rows)
+        return rates
+
+    # --- warm-up and capture ----------------------------------------------------------------
+    def _warm_up(self, s: Any) -> None:
+        """A real eager iteration, timed (the chunk length is chosen from it)."""
+        self._warm += 1
+        if s.device.type != "cuda":
+            s.iteration()
+            return
+        torch.cuda.synchronize(s.device)
+        start = torch.cuda.Event(enable_timing=True)
+        end = torch.cuda.Event(enable_timing=True)
+        start.record()
+        s.iteration()
+        end.record()
+        end.synchronize()
+        self._eager_ms.append(start.elapsed_time(end))
+
+    def _capture(self, s: Any) -> None:
+        reason = capture_blocker(s, self.emulate)
+        if reason is None:
+            try:
+                self._build(s)
+            except RuntimeError as exc:   # a layer did something a graph cannot hold
+                torch.cuda.synchronize(s.device)
+                self._restore_feeds(s)
+                self.graphs.clear()
+                reason = f"capture failed: {str(exc).splitlines()[0]}"
+        if reason is not None:
+            self.fallback = reason
+            log.info(f"CUDA graphs off ({s.device}): {reason}; running eagerly")
+
+    def _build(self, s: Any) -> None:
+        self.chunk = self._chunk_length(s)
+        passes = s.param.iter_size
+        self.feeds = [SlotFeed(layer._feed, layer.top_shapes, self.chunk * passes, s.device)
+                      for layer in s.net.data_layers()]
+        for layer, feed in zip(s.net.data_layers(), self.feeds, strict=True):
+            layer.attach(feed)
+        groups = len(s.updater.groups)
+        pinned = s.device.type == "cuda"
+        self.scales = _Scales(torch.zeros((self.chunk, groups), device=s.device),
+                              [torch.zeros((self.chunk, groups), pin_memory=pinned)
+                               for _ in range(2)])
+        s.grads_in_place = True
+        for w in s.updater.params:   # every gradient at a fixed address, zero to start
+            if w.grad is None:
+                w.grad = torch.zeros_like(w)
+        if not self.emulate:
+            torch.cuda.synchronize(s.device)
+        for length in sorted({1, self.chunk}):
+            self.graphs[length] = self._record(s, length)
+
+    def _chunk_length(self, s: Any) -> int:
+        """Iterations per replay: about CHUNK_TARGET_MS of device time, at most CHUNK_MAX (or
+        the cap given), within the slot memory, and dividing every interval at which the host
+        must step in between iterations."""
+        if self.chunk_cap is not None:
+            k = self.chunk_cap
+        else:
+            step_ms = min(self._eager_ms) if self._eager_ms else CHUNK_TARGET_MS
+            k = max(1, min(CHUNK_MAX, math.floor(CHUNK_TARGET_MS / max(step_ms, 1e-3))))
+        slot_bytes = sum(4 * math.prod(layer.top_shapes[0]) + 8 * math.prod(layer.top_shapes[0][:1])
+                         for layer in s.net.data_layers()) * s.param.iter_size
+        if slot_bytes:
+            k = min(k, max(1, SLOT_BYTES_MAX // slot_bytes))
+        p = s.param
+        common = 0   # gcd of the intervals: a chunk length must divide it
+        for interval in (p.display, p.test_interval if s.test_nets else 0, p.snapshot):
+            common = math.gcd(common, interval)
+        if common:
+            k = max(d for d in range(1, k + 1) if common % d == 0)
+        return k
+
+    def _record(self, s: Any, length: int) -> _Graph:
+        losses = torch.zeros(length, device=s.device)
+        assert self.scales is not None
+        scales = [list(self.scales.device[j].unbind()) for j in range(length)]
+        outs: list[Any] = []
+
+        def iterations() -> None:
+            for feed in self.feeds:
+                feed.cursor = 0
+            for j in range(length):
+                s.zero_grads()
+                loss, out = s.step_fn(s)
+                losses[j].copy_(loss)
+                s.updater.apply_scales(scales[j])
+                if j == 0:
+                    outs[:] = [out]
+
+        if self.emulate:
+            return _Graph(length, _Emulated(iterations, outs), losses, None)
+        graph = torch.cuda.CUDAGraph()
+        for gen in _device_generators(s):
+            graph.register_generator_state(gen)
+        capture = torch.cuda.Stream(s.device)
+        capture.wait_stream(torch.cuda.current_stream(s.device))
+        with torch.cuda.graph(graph, stream=capture, capture_error_mode="thread_local"):
+            iterations()
+        torch.cuda.current_stream(s.device).wait_stream(capture)
+        return _Graph(length, graph, losses, outs[0])
+
+    def _restore_feeds(self, s: Any) -> None:
+        for layer, feed in zip(s.net.data_layers(), self.feeds, strict=True):
+            layer.attach(feed.real)
+        self.feeds = []
+
+
+class _Emulated:
+    """A stand-in for a captured graph: :meth:`replay` runs the recorded function again."""
+
+    def __init__(self, fn: Any, outs: list[Any]):
+        self.fn, self.outs = fn, outs
+
+    def replay(self) -> None:
+        self.fn()
+
+
+def capture_blocker(s: Any, emulate: bool = False) -> str | None:
+    """Why ``s``'s whole iteration cannot be captured (None when it can)."""
+    if s.device.type != "cuda" and not emulate:
+        return f"the net runs on {s.device}, not CUDA"
+    if s.callbacks:
+        return "callbacks run between the forward and the update"
+    for layer in s.net.layers:
+        for name, gen in layer.generators().items():
+            if gen.device.type != s.device.type:
+                return f"layer '{layer.name}' draws from a host generator ({name})"
+        if not getattr(layer, "capturable", True):
+            return f"layer '{layer.name}' ({layer.spec.type}) runs host code every forward"
+        if layer.spec.type == "Data" and getattr(layer, "_feed", None) is None:
+            return f"Data layer '{layer.name}' has no feed attached"
+    return None
+
+
+def _device_generators(s: Any) -> list[torch.Generator]:
+    return [g for layer in s.net.layers for g in layer.generators().values()
+            if g.device.type == "cuda"]

@@ -1,0 +1,122 @@
+"""The whole-iteration CUDA-graph loop's host logic, on the CPU: ``emulate=True`` runs the
+recorded iterations at each replay instead of a captured graph, so chunking, batch slots,
+per-iteration rates, the loss ring and Caffe's bookkeeping are checked against the eager loop
+here; the capture itself is checked on a GPU (tests/solver/test_solver_gpu.py)."""
+from __future__ import annotations
+
+import logging
+
+import pytest
+import torch
+
+from caffe_py.errors import SolverError
+from caffe_py.solver.graph_loop import GraphedLoop, capture_blocker
+from caffe_py.solver.solver import Solver
+
+
+def weights(solver):
+    return [lp.param.detach().clone() for lp in solver.net.learnable_params()]
+
+
+def trained(param, loop=None, resume=None):
+    with Solver(param) as solver:
+        solver.runner = loop
+        solver.solve(resume)
+        return solver, weights(solver)
+
+
+def close(a, b, tol=1e-5):
+    return all(torch.allclose(x, y, rtol=tol, atol=1e-7) for x, y in zip(a, b, strict=True))
+
+
+@pytest.mark.parametrize("rule", [
+    {"type": "SGD", "lr_policy": "inv", "gamma": 0.1, "power": 0.75, "weight_decay": 0.01},
+    {"type": "SGD", "lr_policy": "multistep", "gamma": 0.5, "stepvalue": "[3, 7]"},
+    {"type": "Adam", "momentum2": 0.99, "lr_policy": "fixed", "base_lr": 0.01},
+    {"type": "Nesterov", "iter_size": 2, "clip_gradients": 0.5},
+])
+def test_chunks_train_as_the_eager_loop_with_an_lmdb(ws, rule):
+    ws.net(ws.LMDB_NET, batch=2)
+    common = {"max_iter": 12, "display": 4, "test_iter": 2, "test_interval": 8, **rule}
+    eager, want = trained(ws.load(**common))
+    loop = GraphedLoop(chunk=4, emulate=True)
+    graphed, got = trained(ws.load(**common, snapshot_prefix="g/t"), loop)
+    assert loop.fallback is None and loop.chunk == 4 and sorted(loop.graphs) == [1, 4]
+    assert graphed.iter == eager.iter == 12
+    assert graphed.current_step == eager.current_step
+    assert close(got, want)
+    assert graphed.last_test[0]["acc"].item() == pytest.approx(eager.last_test[0]["acc"].item())
+
+
+def test_the_chunk_divides_display_test_and_snapshot(ws):
+    loop = GraphedLoop(emulate=True)
+    loop._eager_ms = [0.01]   # a tiny step: the cap would be 32
+    with Solver(ws.load(display=20, snapshot=30, max_iter=10)) as solver:
+        assert loop._chunk_length(solver) == 10
+    loop._eager_ms = [1.0]
+    with Solver(ws.load(display=100, max_iter=10)) as solver:
+        assert loop._chunk_length(solver) == 4
+
+
+def test_lines_snapshots_and_resume_follow_the_eager_loop(ws, caplog):
+    caplog.set_level(logging.INFO, logger="caffe_py")
+    common = {"max_iter": 12, "display": 4, "snapshot": 8, "lr_policy": "step", "gamma": 0.5,
+              "stepsize": 5}
+    trained(ws.load(**common, snapshot_prefix="e/t"))
+    eager_lines = [m for m in caplog.messages if m.startswith(("Iteration", "Snapshot"))]
+    caplog.clear()
+    trained(ws.load(**common, snapshot_prefix="e/t"), GraphedLoop(chunk=4, emulate=True))
+    lines = [m for m in caplog.messages if m.startswith(("Iteration", "Snapshot"))]
+    strip = [m.split(" (")[0] if "iter/s" in m else m.split(", loss")[0] for m in lines]
+    assert strip == [m.split(" (")[0] if "iter/s" in m else m.split(", loss")[0]
+                     for m in eager_lines]
+    # resume from iteration 8 (aligned) and from a state at iteration 5 (single steps first)
+    state = ws.root / "e" / "t_iter_8.solverstate.pt"
+    straight, want = trained(ws.load(**common, snapshot_prefix="s/t"))
+    resumed, got = trained(ws.load(**common, snapshot_prefix="r/t"),
+                           GraphedLoop(chunk=4, emulate=True), resume=str(state))
+    assert resumed.iter == 12 and close(got, want)
+
+
+def test_a_misaligned_start_runs_single_iterations_until_aligned(ws):
+    loop = GraphedLoop(chunk=4, emulate=True)
+    runs = []
+    real = loop._replay
+    loop._replay = lambda s, length: (runs.append((s.iter, length)), real(s, length))
+    with Solver(ws.load(max_iter=11, display=0)) as solver:
+        solver.runner = loop
+        solver.iter = 1
+        solver.solve()
+    assert runs == [(3, 1), (4, 4), (8, 1), (9, 1), (10, 1)]  # 1, 2 warm up eagerly
+
+
+def test_a_non_finite_loss_stops_within_a_few_iterations_without_display(ws):
+    text = (ws.root / "net.yaml").read_text().replace("{type: gaussian}",
+                                                      "{type: constant, value: .inf}")
+    ws.net(text)
+    with Solver(ws.load(max_iter=1000, display=0, snapshot=0)) as solver:
+        solver.runner = GraphedLoop(chunk=4, emulate=True)
+        with pytest.raises(SolverError, match="^iteration 0: the loss is not finite"):
+            solver.solve()
+        assert solver.iter <= 2 * 16 + 4
+
+
+def test_callbacks_keep_the_eager_loop_and_say_why(ws, caplog):
+    caplog.set_level(logging.INFO, logger="caffe_py")
+
+    class Nothing:
+        def on_start(self, solver):
+            pass
+
+        def on_gradient_ready(self, solver):
+            pass
+
+    with Solver(ws.load(max_iter=4), callbacks=[Nothing()]) as solver:
+        loop = GraphedLoop(emulate=True)
+        solver.runner = loop
+        solver.solve()
+        assert loop.fallback == "callbacks run between the forward and the update"
+    assert ("CUDA graphs off (cpu): callbacks run between the forward and the update; running "
+            "eagerly") in caplog.messages
+    with Solver(ws.load(max_iter=4)) as solver:
+        assert capture_blocker(solver) == "the net runs on cpu, not CUDA"
