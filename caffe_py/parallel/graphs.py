@@ -28,6 +28,8 @@ from typing import Any
 
 import torch
 
+from ..io.feeds import feed_of, swap_feed
+
 WARMUP_PASSES = 3
 _CAPTURE_LOCK = threading.Lock()   # one capture at a time: captures are rare, errors clearer
 
@@ -58,7 +60,7 @@ def uncapturable_reason(solver: Any) -> str | None:
         if layer.spec.type == "DummyData" and any(getattr(layer, "_refill", ())):
             return (f"DummyData layer '{layer.name}' refills a top on the host every forward "
                     "(a non-constant filler); use constant fillers to capture")
-        if layer.spec.type == "Data" and getattr(layer, "_feed", None) is None:
+        if layer.spec.type == "Data" and feed_of(layer) is None:
             return f"Data layer '{layer.name}' has no feed attached"
     return None
 
@@ -157,13 +159,13 @@ class GraphedStep:
         device = self.solver.device
         self.feeds = []
         for layer in self.solver.net.data_layers():
-            feed = StaticFeed(layer._feed, layer.top_shapes, device)
-            layer.attach(feed)
+            feed = StaticFeed(feed_of(layer), layer.top_shapes, device)
+            swap_feed(layer, feed)
             self.feeds.append(feed)
 
     def _restore_feeds(self) -> None:
         for layer, feed in zip(self.solver.net.data_layers(), self.feeds, strict=True):
-            layer.attach(feed.real)
+            swap_feed(layer, feed.real)
         self.feeds = []
 
     def _give_up(self, reason: str) -> None:

@@ -7,7 +7,7 @@ i, i+N, ...), so each device runs the net's batch size and the effective batch i
 in Caffe. Replica 0 is the root: it alone applies updates, runs the test nets, displays and
 snapshots; the others are Caffe's WorkerSolvers (``applies_updates`` False, seeds
 random_seed + replica index; their Data feeds all use random_seed itself, see
-:class:`DataSeedPool`). Weights and gradients move through :mod:`.sync` (the tree) or
+:meth:`ReplicatedRun._add_replica`). Weights and gradients move through :mod:`.sync` (the tree) or
 :mod:`.nccl` (the ring), plugged in as solver callbacks.
 """
 from __future__ import annotations
@@ -144,7 +144,7 @@ class ReplicatedRun:
         try:
             solver = Solver(self.param, device=self.devices[i], replica=i,
                             seed=base_seed + self.replica_offset + i,
-                            pool=DataSeedPool(self.pool, base_seed),
+                            pool=self.pool, data_seed=base_seed,
                             callbacks=[self._sync_callback(i), *extra],
                             log=self.log, precision=self.options.precision, **kw)
             self.solvers.append(solver)
@@ -233,22 +233,6 @@ def train_replicated(param: SolverParameter, devices: Sequence[torch.device | st
             ReplicatedRun(param, devices, options, log=log,
                           action=signals.requested_action) as run:
         return run.run()
-
-
-class DataSeedPool:
-    """The run's shared ReaderPool as one replica's Solver sees it: every Data feed it attaches
-    draws its random crops and mirrors from the run's ``seed``, whatever seed the Solver passes
-    (its own ``random_seed + replica``); everything else is the pool itself."""
-
-    def __init__(self, pool: Any, seed: int):
-        self.pool, self.seed = pool, seed
-
-    def attach(self, net: Any, *, replica: int = 0, device: str | torch.device = "cpu",
-               seed: int = 0) -> list[Any]:
-        return self.pool.attach(net, replica=replica, device=device, seed=self.seed)
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self.pool, name)
 
 
 def train_with_graphs(param: SolverParameter, devices: Sequence[torch.device],

@@ -82,7 +82,8 @@ class Solver:
                  replica: int = 0, callbacks: Sequence[Callback] = (), seed: int | None = None,
                  test_nets: bool | None = None, verbose: bool | None = None,
                  pool: Any = None, action: Callable[[], str] = no_action,
-                 log: Log = stdout_log, precision: str | None = None):
+                 log: Log = stdout_log, precision: str | None = None,
+                 data_seed: int | None = None):
         self.param = param
         self.device = torch.device(device)
         self.replica = replica
@@ -93,6 +94,7 @@ class Solver:
         self.log = log
         self.precision = precision or param.precision
         self.seed = resolve_seed(param.random_seed) + replica if seed is None else seed
+        self.data_seed = self.seed if data_seed is None else data_seed  # Data crops, mirrors
         if replica == 0:
             torch.manual_seed(self.seed)
         self.iter = 0
@@ -154,8 +156,10 @@ class Solver:
 
             pool = ReaderPool(replicas=1)
             self._pools.append(pool)
+        from ..io import attach_feeds
+
         replica = 0 if pool in self._pools else self.replica
-        pool.attach(net, replica=replica, device=self.device, seed=self.seed)
+        attach_feeds(net, pool, replica=replica, device=self.device, seed=self.data_seed)
         return pool
 
     def start(self) -> None:
@@ -380,8 +384,8 @@ class Solver:
             "type": self.param.type,
             "history": [h.detach().cpu() for h in self.updater.history],
             "rng": self._rng_state(),
-            "data": self.pool.state() if self.pool is not None else None,
-            "test_data": (self._test_pool.state() if self._test_pool not in (None, self.pool)
+            "data": self.pool.state_dict() if self.pool is not None else None,
+            "test_data": (self._test_pool.state_dict() if self._test_pool not in (None, self.pool)
                           else None),
         }
 
@@ -403,9 +407,9 @@ class Solver:
         self.iter, self.current_step = state["iter"], state["current_step"]
         self._load_rng_state(state.get("rng") or {})
         if self.pool is not None and state.get("data"):
-            self.pool.load_state(state["data"])
+            self.pool.load_state_dict(state["data"])
         if self._test_pool not in (None, self.pool) and state.get("test_data"):
-            self._test_pool.load_state(state["test_data"])
+            self._test_pool.load_state_dict(state["test_data"])
         self._last_display = (time.perf_counter(), self.iter)
 
     def _generators(self) -> dict[str, torch.Generator]:

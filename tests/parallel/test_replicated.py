@@ -10,6 +10,7 @@ import torch
 
 from caffe_py.devices import DeviceError
 from caffe_py.errors import SolverError
+from caffe_py.io import feed_of
 from caffe_py.parallel import ReplicatedRun, check_devices, parse_devices, train_replicated
 from caffe_py.parallel.lockstep import LockstepRoot, top_down
 from caffe_py.parallel.sync import TreeSync
@@ -117,7 +118,7 @@ def test_random_crop_and_mirror_n_replicas_equal_one_with_n_times_the_batch(tmp_
     ref = _single(tmp_path, db, n, transform=CROP_MIRROR)
     got, run = _replicated(tmp_path, db, n, transform=CROP_MIRROR)
     assert _rel(got, ref) < 1e-5
-    seeds = [(s.seed, s.net.data_layers()[0]._feed.transformer.seed) for s in run.solvers]
+    seeds = [(s.seed, feed_of(s.net.data_layers()[0]).transformer.seed) for s in run.solvers]
     assert seeds == [(7 + i, 7) for i in range(n)]
 
 
