@@ -101,16 +101,34 @@ def dummy_layer(kind: Kind, device: str):
 
 
 # --- pipeline rates -------------------------------------------------------------------------
+@dataclass
+class Record:
+    """One record as a consumer taking records one by one holds it."""
+
+    position: int
+    key: bytes
+    array: np.ndarray
+    label: int
+
+
+def take_records(queue, n: int) -> list[Record]:
+    """The next ``n`` records one by one: the per-record consumer this rate has always been
+    measured with (so the column compares across versions)."""
+    batch = queue.get_batch(n)
+    return [Record(int(p), k, a, int(label)) for p, k, a, label in
+            zip(batch.positions, batch.keys, batch.pixels, batch.labels, strict=True)]
+
+
 def decode_rate(db: str, kind: Kind, seconds: float) -> float:
     """Records/s through the producer thread alone (read, decode, queue)."""
     with ReaderPool() as pool:
         queue = pool.subscribe(db, "bench", replica=0, batch_size=kind.batch, prefetch=4,
                                record_shape=kind.shape)
         pool.start()
-        queue.get_batch(kind.batch)
+        take_records(queue, kind.batch)
         n, start = 0, time.perf_counter()
         while time.perf_counter() - start < seconds:
-            n += len(queue.get_batch(kind.batch))
+            n += len(take_records(queue, kind.batch))
         return n / (time.perf_counter() - start)
 
 

@@ -8,11 +8,10 @@ are read and skipped, never queued, and not decoded unless the database is cache
 
 One thread per database serves every stream of that database: it reads the LMDB in key order a
 chunk at a time, decodes the chunk (:mod:`.decode`) and appends each replica's rows of it to that
-replica's bounded :class:`RecordQueue`, under one lock. A database small enough is kept decoded
-after the first pass (:class:`~.records.DecodedDatabase`), and later passes hand out views of
-it: nothing per record runs in Python, which would take the GIL from a launch-bound training
-loop. Two Data layers that read one database are two streams with two read positions, so each
-sees exactly the sequence it would see reading the database alone.
+replica's bounded :class:`RecordQueue`, under one lock. A small database is kept decoded after
+the first pass, and later passes hand out views of it: nothing per record runs in Python, which
+would take the GIL from a launch-bound training loop. Two Data layers that read one database are
+two streams with two read positions: each sees what it would see reading the database alone.
 
 A consumer (a feed) uses its queue only through :meth:`RecordQueue.get_batch`,
 :meth:`~RecordQueue.mark_consumed`, :meth:`~RecordQueue.detach` and
@@ -64,9 +63,7 @@ class Managed(Protocol):
     """What :meth:`ReaderPool.manage` starts and stops with the readers (a feed)."""
 
     thread: threading.Thread | None
-
     def start(self) -> None: ...
-
     def close(self) -> None: ...
 
 
