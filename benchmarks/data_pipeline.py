@@ -136,7 +136,7 @@ def batch_rate(db: str, kind: Kind, device: str, seconds: float) -> float:
     """Batches/s the Data layer delivers (reader + transform + prefetch, nothing computing)."""
     layer = data_layer(db, kind, device)
     with ReaderPool() as pool:
-        attach_feeds(_Net([layer]), pool, device=device)
+        attach_feeds(_Net([layer]), pool, device=device, seed=0)
         pool.start()
         layer()
         n, start = 0, time.perf_counter()
@@ -249,7 +249,7 @@ def train_compare(db: str, kind: Kind, device: str, steps: int, warmup: int,
                      else torch.contiguous_format)
     layer = data_layer(db, kind, device)
     with ReaderPool() as pool:
-        (feed,) = attach_feeds(_Net([layer]), pool, device=device)
+        (feed,) = attach_feeds(_Net([layer]), pool, device=device, seed=0)
         pool.start()
         sides = {"dummy": make_step(model, dummy_layer(kind, device), device, channels_last),
                  "data": make_step(model, layer, device, channels_last)}
@@ -375,7 +375,7 @@ def gil_compare(db: str, kind: Kind, seconds: float, rounds: int = 12) -> dict:
     (goal >= 0.97)."""
     layer = data_layer(db, kind, "cpu")
     with ReaderPool() as pool:
-        (feed,) = attach_feeds(_Net([layer]), pool, device="cpu")
+        (feed,) = attach_feeds(_Net([layer]), pool, device="cpu", seed=0)
         pool.start()
         sides = {"dummy": launch_bound_step(dummy_layer(kind, "cpu")),
                  "data": launch_bound_step(layer)}

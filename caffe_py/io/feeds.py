@@ -9,9 +9,13 @@ into the layer.
 """
 from __future__ import annotations
 
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 import torch
+
+if TYPE_CHECKING:
+    from .prefetch import Prefetcher
+    from .reader import ReaderPool
 
 
 class Feed(Protocol):
@@ -27,8 +31,8 @@ class NetWithData(Protocol):
     def data_layers(self) -> list[Any]: ...
 
 
-def attach_feeds(net: NetWithData, pool: Any, *, replica: int = 0,
-                 device: str | torch.device = "cpu", seed: int = 0) -> list[Any]:
+def attach_feeds(net: NetWithData, pool: ReaderPool, *, replica: int = 0,
+                 device: str | torch.device = "cpu", seed: int) -> list[Prefetcher]:
     """Give every Data layer of ``net`` a feed of replica ``replica``'s records from ``pool``,
     transformed on ``device``; ``seed`` draws the random crops and mirrors (and the rand_skip
     start). Call before ``pool.start()``. Returns the feeds (Prefetchers), in layer order.

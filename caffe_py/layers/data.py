@@ -225,7 +225,7 @@ class Data(Layer):
         # after its first pass) the feed gathers it here: one numpy gather, a few torch calls.
         if self._feed is None:
             raise self.fail("has no data feed attached",
-                            "start the data pipeline: caffe_py.io.attach_feeds(net, pool) and "
-                            "pool.start() before running the net")
+                            "start the data pipeline: caffe_py.io.attach_feeds(net, pool, "
+                            "seed=...) and pool.start() before running the net")
         batch = self._feed.next()
         return batch if self._label_top else batch[0]

@@ -75,7 +75,7 @@ def test_no_feed_or_reader_is_added_after_the_pool_started(tmp_path):
     with ReaderPool() as pool:
         pool.start()
         with pytest.raises(DataError, match="cannot attach a reader after the pool has started"):
-            attach_feeds(net, pool)
+            attach_feeds(net, pool, seed=0)
         with pytest.raises(DataError, match="cannot add a data feed after the pool has started"):
             pool.manage(feed_of(net.layers[0]))
 
@@ -88,7 +88,7 @@ def test_swap_feed_hands_back_the_feed_it_replaced(tmp_path):
     net = TwoDataLayers(make_db(tmp_path / "db", 5))
     layer = net.layers[0]
     with ReaderPool() as pool:
-        (real, _) = attach_feeds(net, pool)
+        (real, _) = attach_feeds(net, pool, seed=0)
         pool.start()
         constant = Constant()
         assert swap_feed(layer, constant) is real

@@ -116,7 +116,7 @@ def test_a_corrupt_record_is_raised_by_forward_naming_the_key(tmp_path):
     db, _ = make_db(tmp_path / "db", 10, corrupt=5)
     layer = data_layer(db)
     with ReaderPool() as pool:
-        attach_feeds(_net(layer), pool)
+        attach_feeds(_net(layer), pool, seed=0)
         pool.start()
         assert layer()[1].tolist() == [100, 101, 102, 103]
         for _ in range(2):  # the second batch, and every call after it
@@ -129,7 +129,7 @@ def test_forward_before_start_and_after_close(tmp_path):
     db, _ = make_db(tmp_path / "db", 10)
     layer = data_layer(db, tops=("data",))
     pool = ReaderPool()
-    attach_feeds(_net(layer), pool)
+    attach_feeds(_net(layer), pool, seed=0)
     with pytest.raises(DataError, match="the data feed TRAIN/data#0 has not started; call "
                                         r"ReaderPool.start\(\)"):
         layer()
@@ -147,7 +147,7 @@ def _pipeline_batch(db, transform, batch_size=2):
                         "transform_param": transform}, Source(), "layer")
     layer = lookup("Data")(spec, [], BuildContext(phase="TEST"))
     with ReaderPool() as pool:
-        attach_feeds(_net(layer), pool)
+        attach_feeds(_net(layer), pool, seed=0)
         pool.start()
         return layer, layer()
 

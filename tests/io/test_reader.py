@@ -279,20 +279,20 @@ def test_state_moves_to_another_replica_count(tmp_path):
     layers = [data_layer(db, batch_size=2) for _ in range(2)]
     with ReaderPool(replicas=2) as pool:
         for i, layer in enumerate(layers):
-            attach_feeds(FakeNet(layer), pool, replica=i)
+            attach_feeds(FakeNet(layer), pool, replica=i, seed=0)
         pool.start()
         run(layers, 3)  # 12 records read
         state = pool.state_dict()
     assert state[db]["TRAIN/data"]["next"] == [12, 13]
     single = data_layer(db, batch_size=4)
     with ReaderPool() as pool:
-        attach_feeds(FakeNet(single), pool)
+        attach_feeds(FakeNet(single), pool, seed=0)
         pool.load_state_dict(state)
         pool.start()
         assert single()[1].tolist() == [12, 13, 14, 15]
     uneven = {db: {"TRAIN/data": {"replicas": 2, "origin": 0, "next": [12, 15]}}}
     with ReaderPool() as pool:
-        attach_feeds(FakeNet(data_layer(db)), pool)
+        attach_feeds(FakeNet(data_layer(db)), pool, seed=0)
         with pytest.raises(DataError, match="for 2 replicas that had read unequal amounts"):
             pool.load_state_dict(uneven)
 
@@ -300,7 +300,7 @@ def test_state_moves_to_another_replica_count(tmp_path):
 def test_state_for_an_unknown_stream_is_an_error(tmp_path):
     db = make_db(tmp_path / "db", 4)
     with ReaderPool() as pool:
-        attach_feeds(FakeNet(data_layer(db)), pool)
+        attach_feeds(FakeNet(data_layer(db)), pool, seed=0)
         with pytest.raises(DataError, match="stream TEST/x, which no attached Data layer reads"):
             pool.load_state_dict({db: {"TEST/x": {"replicas": 1, "origin": 0, "next": [0]}}})
 
@@ -311,7 +311,7 @@ def test_state_for_an_unknown_stream_is_an_error(tmp_path):
 def test_a_state_that_no_round_robin_wrote_is_one_line(tmp_path, saved):
     db = make_db(tmp_path / "db", 4)
     with ReaderPool() as pool:
-        attach_feeds(FakeNet(data_layer(db)), pool)
+        attach_feeds(FakeNet(data_layer(db)), pool, seed=0)
         with pytest.raises(DataError, match=f"^{db}: the saved data state of TRAIN/data is not "
                                             r"a read state of a round-robin \(.*\); resume "
                                             "from an unchanged solver state$"):
@@ -475,7 +475,7 @@ def test_slice_state_is_global_and_resumes_in_any_layout(tmp_path):
         layers = [data_layer(db, batch_size=2) for _ in range(2)]
         with ReaderPool(replicas=2, replica_offset=offset, total_replicas=4) as pool:
             for i, layer in enumerate(layers):
-                attach_feeds(FakeNet(layer), pool, replica=i)
+                attach_feeds(FakeNet(layer), pool, replica=i, seed=0)
             pool.start()
             run(layers, 3)  # 3 batches of 2 per replica: 24 records of the 4 replicas
             states.append(pool.state_dict())
@@ -487,13 +487,13 @@ def test_slice_state_is_global_and_resumes_in_any_layout(tmp_path):
     layers = [data_layer(db, batch_size=2) for _ in range(2)]
     with ReaderPool(replicas=2, replica_offset=2, total_replicas=4) as pool:
         for i, layer in enumerate(layers):
-            attach_feeds(FakeNet(layer), pool, replica=i)
+            attach_feeds(FakeNet(layer), pool, replica=i, seed=0)
         pool.load_state_dict(states[0])
         pool.start()
         assert [layer()[1].tolist() for layer in layers] == [[26, 30], [27, 31]]
     single = data_layer(db, batch_size=4)
     with ReaderPool() as pool:
-        attach_feeds(FakeNet(single), pool)
+        attach_feeds(FakeNet(single), pool, seed=0)
         pool.load_state_dict(states[1])
         pool.start()
         assert single()[1].tolist() == [24, 25, 26, 27]
@@ -505,7 +505,7 @@ def test_a_slice_resumes_its_part_of_a_one_pool_state(tmp_path):
     layers = [data_layer(db, batch_size=1) for _ in range(2)]
     with ReaderPool(replicas=2, replica_offset=2, total_replicas=4) as pool:
         for i, layer in enumerate(layers):
-            attach_feeds(FakeNet(layer), pool, replica=i)
+            attach_feeds(FakeNet(layer), pool, replica=i, seed=0)
         pool.load_state_dict(state)
         pool.start()
         assert [layer()[1].tolist() for layer in layers] == [[14], [11]]
