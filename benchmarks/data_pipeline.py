@@ -37,9 +37,9 @@ from torch import nn  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from caffe_py.io import ReaderPool, attach_feeds  # noqa: E402
 from caffe_py.io.datum import datum_from_array, encode_datum  # noqa: E402
 from caffe_py.io.lmdb_store import LmdbWriter  # noqa: E402
-from caffe_py.io.reader import ReaderPool  # noqa: E402
 from caffe_py.io.transformer import Choices  # noqa: E402
 from caffe_py.layers import BuildContext, lookup  # noqa: E402
 from caffe_py.spec.net_spec import parse_layer  # noqa: E402
@@ -101,16 +101,34 @@ def dummy_layer(kind: Kind, device: str):
 
 
 # --- pipeline rates -------------------------------------------------------------------------
+@dataclass
+class Record:
+    """One record as a consumer taking records one by one holds it."""
+
+    position: int
+    key: bytes
+    array: np.ndarray
+    label: int
+
+
+def take_records(queue, n: int) -> list[Record]:
+    """The next ``n`` records one by one: the per-record consumer this rate has always been
+    measured with (so the column compares across versions)."""
+    batch = queue.get_batch(n)
+    return [Record(int(p), k, a, int(label)) for p, k, a, label in
+            zip(batch.positions, batch.keys, batch.pixels, batch.labels, strict=True)]
+
+
 def decode_rate(db: str, kind: Kind, seconds: float) -> float:
     """Records/s through the producer thread alone (read, decode, queue)."""
     with ReaderPool() as pool:
         queue = pool.subscribe(db, "bench", replica=0, batch_size=kind.batch, prefetch=4,
                                record_shape=kind.shape)
         pool.start()
-        queue.get(kind.batch)
+        take_records(queue, kind.batch)
         n, start = 0, time.perf_counter()
         while time.perf_counter() - start < seconds:
-            n += len(queue.get(kind.batch))
+            n += len(take_records(queue, kind.batch))
         return n / (time.perf_counter() - start)
 
 
@@ -118,7 +136,7 @@ def batch_rate(db: str, kind: Kind, device: str, seconds: float) -> float:
     """Batches/s the Data layer delivers (reader + transform + prefetch, nothing computing)."""
     layer = data_layer(db, kind, device)
     with ReaderPool() as pool:
-        pool.attach(_Net([layer]), device=device)
+        attach_feeds(_Net([layer]), pool, device=device, seed=0)
         pool.start()
         layer()
         n, start = 0, time.perf_counter()
@@ -231,7 +249,7 @@ def train_compare(db: str, kind: Kind, device: str, steps: int, warmup: int,
                      else torch.contiguous_format)
     layer = data_layer(db, kind, device)
     with ReaderPool() as pool:
-        (feed,) = pool.attach(_Net([layer]), device=device)
+        (feed,) = attach_feeds(_Net([layer]), pool, device=device, seed=0)
         pool.start()
         sides = {"dummy": make_step(model, dummy_layer(kind, device), device, channels_last),
                  "data": make_step(model, layer, device, channels_last)}
@@ -246,7 +264,7 @@ def train_compare(db: str, kind: Kind, device: str, steps: int, warmup: int,
             else []
     return {"dummy": best["dummy"][0], "data": best["data"][0], "wait_ms": best["data"][1],
             "ratio": best["data"][0] / best["dummy"][0], "path": feed_path(feed),
-            "pieces": pieces, "stage": feed._direct.k if feed.gathers_in_loop else 1}
+            "pieces": pieces, "stage": feed.gatherer.k if feed.gathers_in_loop else 1}
 
 
 # --- where the Data layer's time goes (CUDA, gathering in the loop) ----------------------------
@@ -265,11 +283,11 @@ def _host_us(fn, calls: int = BREAKDOWN_CALLS) -> float:
 
 def direct_breakdown(layer, feed) -> list[tuple[str, float, float]]:
     """(piece, us per call, calls per batch) for one Data-layer forward of a feed gathering
-    in the loop on CUDA: the whole call, then each piece of ``_Direct.next_staged`` (per batch)
-    and ``_Direct.stage`` (once per ``k`` batches), each timed alone over many calls on the
-    feed's own buffers. Reaches into the feed's internals on purpose; run after the timed
+    in the loop on CUDA: the whole call, then each piece of ``StagedGather.next`` (per batch)
+    and ``StagedGather.stage`` (once per ``k`` batches), each timed alone over many calls on the
+    feed's own buffers. Reaches into the gather's buffers on purpose; run after the timed
     steps (it advances the feed and rewrites its stages)."""
-    direct, transformer, mean = feed._direct, feed.transformer, feed._mean
+    direct, transformer, mean = feed.gatherer, feed.transformer, feed.mean
     loop = _host_us(lambda: None)
     rows = [("Data layer call (module wrapper + forward)", _host_us(layer), 1.0),
             ("  feed.next() alone", _host_us(feed.next), 1.0)]
@@ -294,10 +312,10 @@ def direct_breakdown(layer, feed) -> list[tuple[str, float, float]]:
         ("stage: choices_for", lambda: transformer.choices_for(0, direct.step, len(index)),
          per_stage),
         ("stage: gather (numpy, into pinned)",
-         lambda: transformer.gather(direct.cache.pixels, index, choices, stage.host_pixels),
+         lambda: transformer.gather(direct.view.pixels, index, choices, stage.host_pixels),
          per_stage),
         ("stage: labels (np.take into pinned)",
-         lambda: np.take(direct.cache.labels, index, out=stage.host_labels, mode="clip"),
+         lambda: np.take(direct.view.labels, index, out=stage.host_labels, mode="clip"),
          per_stage),
         ("stage: pixel copy (.to, non_blocking)",
          lambda: stage.pixels.to(direct.device, non_blocking=True), per_stage),
@@ -357,7 +375,7 @@ def gil_compare(db: str, kind: Kind, seconds: float, rounds: int = 12) -> dict:
     (goal >= 0.97)."""
     layer = data_layer(db, kind, "cpu")
     with ReaderPool() as pool:
-        (feed,) = pool.attach(_Net([layer]), device="cpu")
+        (feed,) = attach_feeds(_Net([layer]), pool, device="cpu", seed=0)
         pool.start()
         sides = {"dummy": launch_bound_step(dummy_layer(kind, "cpu")),
                  "data": launch_bound_step(layer)}

@@ -12,15 +12,20 @@ from .lmdb_store import LmdbReader, LmdbWriter, open_db, partial_path
 
 __all__ = [
     "Datum", "LmdbReader", "LmdbWriter", "datum_from_array", "datum_to_array", "decode_datum",
-    "decode_record", "encode_datum", "open_db", "partial_path", "ReaderPool",
+    "decode_record", "encode_datum", "open_db", "partial_path", "ReaderPool", "attach_feeds",
+    "feed_of", "swap_feed",
 ]
+
+# The reading side (threads, queues, feeds) needs torch; importing it lazily keeps the
+# converters and `make data` free of torch's two-second import.
+_LAZY = {"ReaderPool": "reader", "attach_feeds": "feeds", "feed_of": "feeds",
+         "swap_feed": "feeds"}
 
 
 def __getattr__(name: str):
-    # The reading side (threads, queues, prefetch) needs torch; importing it lazily keeps the
-    # converters and `make data` free of torch's two-second import.
-    if name == "ReaderPool":
-        from .reader import ReaderPool
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    from importlib import import_module
 
-        return ReaderPool
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    return getattr(import_module(f".{module}", __name__), name)

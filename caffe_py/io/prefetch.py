@@ -18,11 +18,11 @@ per wake (docs/data_pipeline.md, "The training thread's GIL").
 Once the stream's database is kept decoded (the reader's cache, complete after the first pass)
 and a batch of records is small (``DIRECT_BYTES``), no thread is needed at all: :meth:`next`
 stops this feed's thread, takes its queue off the producer, and from then on gathers each batch
-in the training thread from the decoded database by position arithmetic (one numpy gather;
-on CUDA of several batches at once into a pinned stage, copied in two copies, and per batch two
-views and the transform on the current stream): a few microseconds of the loop's own time
-instead of two threads waking and taking the GIL. The batches are the ones the threads would
-have made, bit for bit.
+in the training thread from the decoded database (:mod:`.gather`). The batches are the ones the
+threads would have made, bit for bit.
+
+The feed reads its queue through the reader's consumer calls only: ``get_batch``,
+``mark_consumed``, ``detach`` and ``decoded``.
 """
 from __future__ import annotations
 
@@ -30,14 +30,15 @@ import queue
 import threading
 import time
 from dataclasses import dataclass
-from typing import Any
 
 import numpy as np
 import torch
 
 from ..errors import DataError
+from .gather import HostGather, loop_gather
 from .reader import JOIN_TIMEOUT_S, STALL_TIMEOUT_S, WAIT_SLICE_S, Detached, RecordQueue
-from .transformer import Choices, Transformer
+from .records import DecodedView
+from .transformer import Transformer
 
 SLOTS = 4
 """Batches a feed assembles ahead of the training loop (its ring of host buffers on CUDA).
@@ -47,12 +48,6 @@ DIRECT_BYTES = 1 << 20
 """A feed whose batch of records is at most this many bytes gathers its batches in the training
 thread once the database is kept decoded (a gather of up to a few hundred microseconds);
 bigger batches stay on the threads, whose copies run outside the GIL beside the loop."""
-STAGE_BATCHES = 8
-STAGE_BYTES = 8 << 20
-"""On CUDA a feed gathering in the loop stages up to STAGE_BATCHES batches (at most
-STAGE_BYTES of records) at once: one gather, two copies and an event per stage; per batch
-only a stream lookup, two views and the transform (each a Python call into torch, the cost
-that counts in a launch-bound loop)."""
 
 
 @dataclass
@@ -96,32 +91,35 @@ class _HostSlot:
 
 
 class Prefetcher:
-    """The feed of one Data layer on one replica: ``next()`` -> (data, label) on ``device``."""
+    """The feed of one Data layer on one replica: ``next()`` -> (data, label) on ``device``.
+
+    ``start`` and ``close`` are the reader pool's to call (:meth:`ReaderPool.manage`)."""
 
     def __init__(self, records: RecordQueue, transformer: Transformer, batch_size: int, *,
                  device: torch.device, name: str = "feed",
                  stop: threading.Event | None = None):
         self.records, self.transformer, self.batch_size = records, transformer, batch_size
         self.device, self.name = _with_index(torch.device(device)), name
-        self.stop = stop if stop is not None else records.source.stop
+        self.stop = stop if stop is not None else threading.Event()
         self.thread: threading.Thread | None = None
         self.delivered = 0
         """Batches handed to the training loop."""
+        self.mean: torch.Tensor | None = None
+        """The transform's mean on the device (set by :meth:`start`)."""
         # C-implemented queues: a hand-over is one call, no Python lock or condition.
         self._ready: queue.SimpleQueue[_Batch | _Failure] = queue.SimpleQueue()
         self._free: queue.SimpleQueue[int] = queue.SimpleQueue()
         self._cuda = self.device.type == "cuda"
         self._slots: list[_HostSlot] = []
         self._side: torch.cuda.Stream | None = None
-        self._mean: torch.Tensor | None = None
-        record_bytes = int(np.prod(records.stream.record_shape)) * records.stream.dtype.itemsize
+        record_bytes = int(np.prod(records.record_shape)) * np.dtype(records.dtype).itemsize
         self._may_gather = batch_size * record_bytes <= DIRECT_BYTES
-        self._direct: _Direct | None = None  # set once the loop gathers its own batches
+        self._loop: HostGather | None = None  # set once the loop gathers its own batches
         self._halt = False  # tells the thread to stop (the loop gathers from now on)
 
     # --- lifetime -----------------------------------------------------------------------------
     def start(self) -> None:
-        self._mean = self.transformer.device_mean(self.device)
+        self.mean = self.transformer.device_mean(self.device)
         if self._cuda:
             self._slots = [_HostSlot(self._host_shape(), self._host_dtype(), self.device)
                            for _ in range(SLOTS)]
@@ -138,7 +136,7 @@ class Prefetcher:
 
     def _host_dtype(self) -> np.dtype:
         """The records' own dtype: uint8 pixels cross to the device as bytes."""
-        return np.dtype(self.records.stream.dtype)
+        return np.dtype(self.records.dtype)
 
     def close(self) -> None:
         self.stop.set()
@@ -195,7 +193,7 @@ class Prefetcher:
         # labels, the transform (float, mean, scale: one op without a mean), fresh tensors
         # for the loop (it may keep them), and the event.
         slot.device.copy_(slot.host, non_blocking=True)
-        data = transformer.device(slot.device_data, choices, self._mean, mirror=True)
+        data = transformer.device(slot.device_data, choices, self.mean, mirror=True)
         label = slot.device_label.clone()
         slot.done.record(self._side)
         slot.used = True
@@ -204,16 +202,16 @@ class Prefetcher:
     # --- the consumer -------------------------------------------------------------------------
     def next(self) -> tuple[torch.Tensor, torch.Tensor]:
         """The next batch: data (B, C, h, w) float32 and labels (B,) int64 on the device."""
-        if self._direct is not None:
-            return self._gather()
+        if self._loop is not None:
+            return self._gathered()
         if self.thread is None:
-            raise DataError(f"{self.records.source.path}: the data feed {self.name} has not "
+            raise DataError(f"{self.records.path}: the data feed {self.name} has not "
                             "started; call ReaderPool.start() before the first forward")
         if self._may_gather:
-            cache = self.records.stream.cache
-            if cache is not None and cache.complete:
-                self._go_direct(cache)
-                return self._gather()
+            view = self.records.decoded()
+            if view is not None:
+                self._go_direct(view)
+                return self._gathered()
         item = self._take()
         if isinstance(item, _Failure):
             self._ready.put(item)  # every next() after a failure raises the same error
@@ -232,10 +230,15 @@ class Prefetcher:
     @property
     def gathers_in_loop(self) -> bool:
         """Whether batches are now gathered in the training thread (no feed thread)."""
-        return self._direct is not None
+        return self._loop is not None
 
-    def _go_direct(self, cache: Any) -> None:
-        """Stop the thread, take the queue off the producer, and gather from ``cache`` (the
+    @property
+    def gatherer(self) -> HostGather | None:
+        """The in-loop gather once :attr:`gathers_in_loop` (its ``k``: batches per stage)."""
+        return self._loop
+
+    def _go_direct(self, view: DecodedView) -> None:
+        """Stop the thread, take the queue off the producer, and gather from ``view`` (the
         stream's decoded database) from now on. What the thread assembled ahead is dropped:
         the positions count only what the loop took, so nothing is skipped or repeated."""
         self._halt = True
@@ -243,7 +246,7 @@ class Prefetcher:
         self._free.put(-1)  # ... or for a free slot
         self.thread.join(JOIN_TIMEOUT_S)
         if self.thread.is_alive():
-            raise DataError(f"{self.records.source.path}: the data feed {self.name} did not "
+            raise DataError(f"{self.records.path}: the data feed {self.name} did not "
                             f"stop within {JOIN_TIMEOUT_S:.0f} s")
         while not self._ready.empty():
             item = self._ready.get_nowait()
@@ -253,24 +256,17 @@ class Prefetcher:
         if self._cuda:  # the tensors the thread handed out were made on the side stream
             torch.cuda.current_stream(self.device).wait_stream(self._side)
             self._slots = []  # the thread's ring (the pinned allocator waits for its copies)
-        self._direct = _Direct(self.records, cache, self.batch_size, self.transformer,
-                               self.device)
+        self._loop = loop_gather(view, self.batch_size, self.transformer, self.device,
+                                 self.mean)
 
-    def _gather(self) -> tuple[torch.Tensor, torch.Tensor]:
+    def _gathered(self) -> tuple[torch.Tensor, torch.Tensor]:
         """The next batch from the decoded database, in this (the training) thread."""
         if self.stop.is_set():
-            raise DataError(f"{self.records.source.path}: the data feed {self.name} "
+            raise DataError(f"{self.records.path}: the data feed {self.name} "
                             "stopped (the data reader was closed)")
-        direct, records = self._direct, self.records
-        if self._cuda:
-            data, label = direct.next_staged(records.consumed, self._mean)
-        else:
-            first, index = direct.positions(records.consumed)
-            choices = direct.choices(first)
-            pixels = self.transformer.gather(direct.cache.pixels, index, choices)
-            data = torch.from_numpy(self.transformer.numpy_values(pixels, choices))
-            label = torch.from_numpy(direct.cache.labels[index])
-        records.consumed += self.batch_size  # mark_consumed, inlined: nothing waits on it
+        records = self.records
+        data, label = self._loop.next(records.consumed)
+        records.mark_consumed(self.batch_size)
         self.delivered += 1
         return data, label
 
@@ -286,125 +282,11 @@ class Prefetcher:
             except queue.Empty:
                 pass
             if not self.thread.is_alive() and self._ready.empty():
-                raise DataError(f"{self.records.source.path}: the data feed {self.name} "
+                raise DataError(f"{self.records.path}: the data feed {self.name} "
                                 "stopped (the data reader was closed)")
             if time.monotonic() - waited_since > STALL_TIMEOUT_S + 5 * WAIT_SLICE_S:
-                raise DataError(f"{self.records.source.path}: no batch for the data feed "
+                raise DataError(f"{self.records.path}: no batch for the data feed "
                                 f"{self.name} in {STALL_TIMEOUT_S:.0f} s")
-
-
-class _Stage:
-    """A pinned staging buffer of the CUDA direct path: ``k`` batches of records
-    (k, B, C, h, w) in their own dtype, their labels (k, B) int64, and the event marking
-    both copied to the device (refilled only after it)."""
-
-    def __init__(self, k: int, batch_size: int, shape: tuple[int, ...], dtype: np.dtype):
-        tdtype = torch.from_numpy(np.zeros(0, dtype=dtype)).dtype
-        self.pixels = torch.empty((k, batch_size, *shape), dtype=tdtype, pin_memory=True)
-        self.labels = torch.empty((k, batch_size), dtype=torch.int64, pin_memory=True)
-        self.host_pixels = self.pixels.numpy().reshape(k * batch_size, *shape)  # views
-        self.host_labels = self.labels.numpy().reshape(k * batch_size)
-        self.done = torch.cuda.Event()  # a query before its first record is True
-
-
-class _Direct:
-    """Where a feed's batches lie in its stream's decoded database, and (CUDA) the batches
-    staged ahead: replica slot s of a round-robin of n reads positions starts[s],
-    starts[s] + n, ...; position p is database record (origin + p) mod size, exactly as the
-    producer reads them.
-
-    On CUDA ``k`` batches (up to STAGE_BATCHES, STAGE_BYTES of records) are gathered at once
-    into one of two pinned stages and copied to fresh device tensors (records, labels: two
-    copies); each batch is then a view of them and the transform, so the per-batch host work
-    is a stream lookup, two views and one op. The device tensors are never written again, so
-    the labels handed out (views) need no clone and stay valid however long they are kept."""
-
-    def __init__(self, records: RecordQueue, cache: Any, batch_size: int,
-                 transformer: Transformer, device: torch.device):
-        stream = records.stream
-        self.cache, self.transformer, self.batch_size = cache, transformer, batch_size
-        self.step = stream.step
-        self.start = stream.starts[stream.order.index(records.replica)]
-        self.origin, self.size = stream.origin, cache.size
-        self.fixed: Choices | None = None if transformer.random else \
-            transformer.choices_for(0, self.step, batch_size)
-        """The constant choices of a transform without randomness (None: drawn per batch)."""
-        self.k = 1
-        if device.type == "cuda":
-            batch_bytes = batch_size * cache.pixels[0].nbytes
-            self.k = max(1, min(STAGE_BATCHES, STAGE_BYTES // max(1, batch_bytes)))
-        n = self.k * batch_size
-        self.offsets = np.arange(n, dtype=np.int64) * self.step  # (k B,)
-        self.index = np.empty(n, dtype=np.int64)  # filled in place: no array per batch
-        self.span = (n - 1) * self.step
-        if device.type == "cuda":
-            self.device = device.index
-            self.stages = [_Stage(self.k, batch_size, transformer.out_shape, cache.pixels.dtype)
-                           for _ in range(2)]
-            self.turn = 0
-            self.taken = self.k  # batches of the staged ones handed out (k: stage more)
-            self.stream: torch.cuda.Stream | None = None  # where the staged copies ran
-            self.pixels: torch.Tensor | None = None  # (k, B, C, h, w) on the device
-            self.labels: torch.Tensor | None = None  # (k, B) int64 on the device
-            self.choices_k: Choices | None = None  # the staged batches' choices (k B)
-
-    def positions(self, consumed: int) -> tuple[int, np.ndarray]:
-        """The first position of the ``k`` batches after ``consumed`` records, and their
-        (k B,) database records (``self.index``, rewritten by the next call)."""
-        first = self.start + self.step * consumed
-        low = (self.origin + first) % self.size
-        index = np.add(self.offsets, low, out=self.index)
-        if low + self.span >= self.size:  # wraps past the end of the database
-            np.remainder(index, self.size, out=index)
-        return first, index
-
-    def choices(self, first: int) -> Choices:
-        """The choices of the batch starting at position ``first`` (CPU: k is 1)."""
-        if self.fixed is not None:
-            return self.fixed
-        return self.transformer.choices_for(first, self.step, self.batch_size)
-
-    # --- CUDA: staged batches -----------------------------------------------------------------
-    def next_staged(self, consumed: int,
-                    mean: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
-        """The batch after ``consumed`` records: (B, C, h, w) float32, (B,) int64."""
-        stream = torch.cuda.current_stream(self.device)  # the one lookup of the batch
-        if self.taken == self.k:
-            self.stage(consumed, stream)
-        elif stream != self.stream:
-            self._follow(stream)
-        k = self.taken
-        self.taken = k + 1
-        choices = self.fixed
-        if choices is None:
-            picked = slice(k * self.batch_size, (k + 1) * self.batch_size)
-            choices = Choices(self.choices_k.offsets[picked], self.choices_k.flips[picked])
-        return self.transformer.device(self.pixels[k], choices, mean), self.labels[k]
-
-    def stage(self, consumed: int, stream: torch.cuda.Stream) -> None:
-        """Gather the next ``k`` batches (crops and flips included) into a pinned stage and
-        copy it to fresh device tensors on ``stream`` (the current, compute stream: what
-        the loop does with the batches is ordered after the copies)."""
-        stage = self.stages[self.turn]
-        self.turn ^= 1
-        if not stage.done.query():  # its copies were queued k batches ago: done by now
-            stage.done.synchronize()
-        first, index = self.positions(consumed)
-        choices = self.transformer.choices_for(first, self.step, len(index))
-        self.transformer.gather(self.cache.pixels, index, choices, stage.host_pixels)
-        np.take(self.cache.labels, index, out=stage.host_labels, mode="clip")
-        self.pixels = stage.pixels.to(self.device, non_blocking=True)
-        self.labels = stage.labels.to(self.device, non_blocking=True)
-        stage.done.record(stream)
-        self.stream, self.choices_k, self.taken = stream, choices, 0
-
-    def _follow(self, stream: torch.cuda.Stream) -> None:
-        """The loop's current stream changed since the stage was copied: order it after the
-        copies, and keep the allocator from reusing the tensors while it reads them."""
-        stream.wait_stream(self.stream)
-        self.pixels.record_stream(stream)
-        self.labels.record_stream(stream)
-        self.stream = stream
 
 
 def _with_index(device: torch.device) -> torch.device:

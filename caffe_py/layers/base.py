@@ -62,6 +62,9 @@ class Layer(nn.Module):
     """Allowed bottom count (min, max); max None means any number."""
     tops: ClassVar[tuple[int, int | None]] = (1, 1)
     """Allowed top count (min, max)."""
+    capturable: ClassVar[bool] = True
+    """Whether a CUDA graph can hold this layer's forward and backward (False for a layer that
+    runs host code every forward, e.g. a Python layer)."""
     is_loss: ClassVar[bool] = False
     """Loss layers weight their first top by 1 unless loss_weight says otherwise."""
 

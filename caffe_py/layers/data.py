@@ -2,14 +2,14 @@
 
 None of these layers has bottoms. ``Input`` returns the tensors the net is given,
 ``DummyData`` makes tensors from fillers, and ``Data`` returns the next batch of the feed the
-data pipeline attached to it (``caffe_py.io.ReaderPool.attach``); no layer reads a file in
+data pipeline attached to it (``caffe_py.io.attach_feeds``); no layer reads a file in
 ``forward``.
 """
 from __future__ import annotations
 
 import dataclasses
 from collections.abc import Mapping
-from typing import Protocol
+from typing import TYPE_CHECKING
 
 import torch
 
@@ -20,6 +20,9 @@ from ..spec.schema import is_set
 from . import fillers
 from .base import Layer, Shape
 from .registry import register
+
+if TYPE_CHECKING:
+    from ..io.feeds import Feed
 
 
 # --- Input ----------------------------------------------------------------------------------
@@ -93,12 +96,13 @@ class DummyData(Layer):
         self._refill = [f.type != "constant" for f in self._fillers]
         # Tops are filled on the layer's device by a generator there (no host work per
         # forward; a CUDA graph replays it), seeded from the net's seed as before.
-        self._gen = torch.Generator(device=self.ctx.device)
+        gen = torch.Generator(device=self.ctx.device)
         if any(self._refill):
-            self._gen.manual_seed(int(torch.randint(2**62, (1,), generator=self.ctx.generator)))
+            gen.manual_seed(int(torch.randint(2**62, (1,), generator=self.ctx.generator)))
+        self._gen = gen if any(self._refill) else None   # only a refilling layer draws
         for i, (shape, filler) in enumerate(zip(shapes, self._fillers, strict=True)):
             if not self._refill[i]:
-                self.register_buffer(f"_top{i}", fillers.fill(filler, shape, self._gen),
+                self.register_buffer(f"_top{i}", fillers.fill(filler, shape, gen),
                                      persistent=False)
         return shapes
 
@@ -122,7 +126,7 @@ class DummyData(Layer):
         # from an earlier forward keeps its values).
         out = []
         for i, shape in enumerate(self.top_shapes):
-            if self._refill[i]:
+            if self._gen is not None and self._refill[i]:
                 out.append(fillers.fill_(self._fillers[i], torch.empty(shape,
                                                                         device=self.ctx.device),
                                          self._gen))
@@ -132,13 +136,6 @@ class DummyData(Layer):
 
 
 # --- Data -----------------------------------------------------------------------------------
-class Feed(Protocol):
-    """What the data pipeline attaches to a Data layer (caffe_py.io.prefetch.Prefetcher)."""
-
-    def next(self) -> tuple[torch.Tensor, torch.Tensor]:
-        """The next batch: data (B, C, H, W) float32 and labels (B,) int64, on the device."""
-
-
 _LEGACY_TRANSFORM = ("mean_file", "scale", "crop_size", "mirror")
 
 
@@ -149,7 +146,7 @@ class Data(Layer):
     Building opens the database and reads its first record for the shapes (C, H, W, then the
     crop). ``self.transform`` is the effective transform_param (deprecated data_param fields
     moved in). ``forward`` returns the next batch of the feed that
-    :meth:`caffe_py.io.ReaderPool.attach` gave the layer (docs/data_pipeline.md).
+    :func:`caffe_py.io.attach_feeds` gave the layer (docs/data_pipeline.md).
     """
 
     bottoms = (0, 0)
@@ -197,12 +194,17 @@ class Data(Layer):
         """Give the layer its feed (done by the data pipeline, never by user code)."""
         self._feed = feed
 
+    @property
+    def feed(self) -> Feed | None:
+        """The feed ``forward`` reads (None until the data pipeline attaches one)."""
+        return self._feed
+
     def forward(self) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
         # The feed's thread made the batch, or (a small batch of a database kept decoded,
         # after its first pass) the feed gathers it here: one numpy gather, a few torch calls.
         if self._feed is None:
             raise self.fail("has no data feed attached",
-                            "start the data pipeline: caffe_py.io.ReaderPool(...).attach(net) "
-                            "and .start() before running the net")
+                            "start the data pipeline: caffe_py.io.attach_feeds(net, pool, "
+                            "seed=...) and pool.start() before running the net")
         batch = self._feed.next()
         return batch if self._label_top else batch[0]

@@ -200,10 +200,10 @@ def fed(net: Net, *, seed: int = 0):
     if not net.data_layers():
         yield net
         return
-    from ..io import ReaderPool
+    from ..io import ReaderPool, attach_feeds
 
     with ReaderPool(replicas=1) as pool:
-        pool.attach(net, replica=0, device=net.device, seed=seed)
+        attach_feeds(net, pool, replica=0, device=net.device, seed=seed)
         pool.start()
         yield net
 

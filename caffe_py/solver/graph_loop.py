@@ -24,6 +24,7 @@ from typing import Any
 
 import torch
 
+from ..io.feeds import feed_of, swap_feed
 from .lr_policy import learning_rate
 
 log = logging.getLogger(__name__)
@@ -204,10 +205,10 @@ class GraphedLoop:
     def _build(self, s: Any) -> None:
         self.chunk = self._chunk_length(s)
         passes = s.param.iter_size
-        self.feeds = [SlotFeed(layer._feed, layer.top_shapes, self.chunk * passes, s.device)
+        self.feeds = [SlotFeed(feed_of(layer), layer.top_shapes, self.chunk * passes, s.device)
                       for layer in s.net.data_layers()]
         for layer, feed in zip(s.net.data_layers(), self.feeds, strict=True):
-            layer.attach(feed)
+            swap_feed(layer, feed)
         groups = len(s.updater.groups)
         pinned = s.device.type == "cuda"
         self.scales = _Scales(torch.zeros((self.chunk, groups), device=s.device),
@@ -274,7 +275,7 @@ class GraphedLoop:
 
     def _restore_feeds(self, s: Any) -> None:
         for layer, feed in zip(s.net.data_layers(), self.feeds, strict=True):
-            layer.attach(feed.real)
+            swap_feed(layer, feed.real)
         self.feeds = []
 
 
@@ -298,9 +299,9 @@ def capture_blocker(s: Any, emulate: bool = False) -> str | None:
         for name, gen in layer.generators().items():
             if gen.device.type != s.device.type:
                 return f"layer '{layer.name}' draws from a host generator ({name})"
-        if not getattr(layer, "capturable", True):
+        if not layer.capturable:
             return f"layer '{layer.name}' ({layer.spec.type}) runs host code every forward"
-        if layer.spec.type == "Data" and getattr(layer, "_feed", None) is None:
+        if layer.spec.type == "Data" and feed_of(layer) is None:
             return f"Data layer '{layer.name}' has no feed attached"
     return None
 

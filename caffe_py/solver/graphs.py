@@ -12,9 +12,10 @@ What makes a step capturable here:
   captured and a tree/NCCL sync reads them as usual;
 * every Data layer reads from a :class:`StaticFeed`: before each replay the real feed's next
   batch is copied into the static tensors the graph was captured with;
-* no host sync inside: the loss layers' label-range check (a host sync) is switched off for
-  the captured net, and a DummyData top refilled on the host every forward (a non-constant
-  filler) makes the step uncapturable, so the replica stays eager and says why.
+* no host work inside: the loss layers check labels on the device, DummyData draws from a
+  generator on the device (registered with the graph, so each replay draws anew); a layer
+  that runs host code (a generator on the host, a Python layer) keeps the replica eager, and
+  it says why.
 
 Warm-up passes (needed before capture) use the zero-filled static batch and consume no
 records; BatchNorm's running sums are restored after them and the gradients cleared, so the
@@ -31,6 +32,7 @@ from typing import Any
 
 import torch
 
+from ..io.feeds import feed_of, swap_feed
 from .roles import eager_step
 
 log = logging.getLogger(__name__)
@@ -62,10 +64,12 @@ def uncapturable_reason(solver: Any) -> str | None:
     if solver.device.type != "cuda":
         return f"the replica runs on {solver.device}, not CUDA"
     for layer in solver.net.layers:
-        if layer.spec.type == "DummyData" and any(getattr(layer, "_refill", ())):
-            return (f"DummyData layer '{layer.name}' refills a top on the host every forward "
-                    "(a non-constant filler); use constant fillers to capture")
-        if layer.spec.type == "Data" and getattr(layer, "_feed", None) is None:
+        for name, gen in layer.generators().items():
+            if gen.device.type != "cuda":
+                return f"layer '{layer.name}' draws from a host generator ({name})"
+        if not layer.capturable:
+            return f"layer '{layer.name}' ({layer.spec.type}) runs host code every forward"
+        if layer.spec.type == "Data" and feed_of(layer) is None:
             return f"Data layer '{layer.name}' has no feed attached"
     return None
 
@@ -116,7 +120,6 @@ class GraphedStep:
         net = s.net
         s.grads_in_place = True   # the captured backward accumulates into fixed tensors
         self._install_static_feeds(s)
-        net.ctx.options["check_labels"] = False   # a host sync cannot be captured
         state = [t for blobs in net.layer_blobs().values() for t in blobs
                  if not isinstance(t, torch.nn.Parameter)]   # BatchNorm's running sums
         saved = [t.detach().clone() for t in state]
@@ -126,6 +129,9 @@ class GraphedStep:
                 _restore(state, saved)
                 s.zero_grads()
                 graph = torch.cuda.CUDAGraph()
+                for layer in net.layers:   # DummyData: each replay draws anew
+                    for gen in layer.generators().values():
+                        graph.register_generator_state(gen)
                 # torch's default capture stream is one per process, made on whichever device
                 # captured first: each replica captures on a stream of its own device
                 capture = torch.cuda.Stream(s.device)
@@ -138,19 +144,18 @@ class GraphedStep:
             _restore(state, saved)      # the eager step starts from where capture began
             s.zero_grads()
             self._restore_feeds(s)
-            net.ctx.options["check_labels"] = True
             self._give_up(s, f"capture failed: {str(exc).splitlines()[0]}")
 
     def _install_static_feeds(self, s: Any) -> None:
         self.feeds = []
         for layer in s.net.data_layers():
-            feed = StaticFeed(layer._feed, layer.top_shapes, s.device)
-            layer.attach(feed)
+            feed = StaticFeed(feed_of(layer), layer.top_shapes, s.device)
+            swap_feed(layer, feed)
             self.feeds.append(feed)
 
     def _restore_feeds(self, s: Any) -> None:
         for layer, feed in zip(s.net.data_layers(), self.feeds, strict=True):
-            layer.attach(feed.real)
+            swap_feed(layer, feed.real)
         self.feeds = []
 
     def _give_up(self, s: Any, reason: str) -> None:

@@ -167,8 +167,10 @@ class Solver:
 
             pool = ReaderPool(replicas=1)
             self._pools.append(pool)
+        from ..io import attach_feeds
+
         replica = 0 if pool in self._pools else self.replica
-        pool.attach(net, replica=replica, device=self.device, seed=self.seeds.data)
+        attach_feeds(net, pool, replica=replica, device=self.device, seed=self.seeds.data)
         return pool
 
     def start(self) -> None:
@@ -409,8 +411,8 @@ class Solver:
             "type": self.param.type,
             "history": [h.detach().cpu() for h in self.updater.history],
             "rng": self._rng_state(),
-            "data": self.pool.state() if self.pool is not None else None,
-            "test_data": (self._test_pool.state() if self._test_pool not in (None, self.pool)
+            "data": self.pool.state_dict() if self.pool is not None else None,
+            "test_data": (self._test_pool.state_dict() if self._test_pool not in (None, self.pool)
                           else None),
         }
 
@@ -432,9 +434,9 @@ class Solver:
         self.iter, self.current_step = state["iter"], state["current_step"]
         self._load_rng_state(state.get("rng") or {})
         if self.pool is not None and state.get("data"):
-            self.pool.load_state(state["data"])
+            self.pool.load_state_dict(state["data"])
         if self._test_pool not in (None, self.pool) and state.get("test_data"):
-            self._test_pool.load_state(state["test_data"])
+            self._test_pool.load_state_dict(state["test_data"])
         self._last_display = (time.perf_counter(), self.iter)
 
     def _generators(self) -> dict[str, torch.Generator]:

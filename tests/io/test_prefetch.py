@@ -1,4 +1,5 @@
-"""Prefetcher: batches in order, transformed on the device, failures raised in the loop."""
+"""Prefetcher and the in-loop gather: batches in order, transformed on the device, failures raised
+in the loop, the same batches from the threads and from the loop."""
 from __future__ import annotations
 
 import threading
@@ -8,9 +9,9 @@ import pytest
 import torch
 
 from caffe_py.errors import DataError
+from caffe_py.io import ReaderPool, attach_feeds
 from caffe_py.io.datum import datum_from_array, encode_datum
 from caffe_py.io.lmdb_store import LmdbWriter
-from caffe_py.io.reader import ReaderPool
 from caffe_py.io.transformer import Transformer
 from caffe_py.layers import BuildContext, lookup
 from caffe_py.spec.net_spec import parse_layer
@@ -45,6 +46,10 @@ def data_layer(db, phase="TRAIN", batch_size=4, tops=("data", "label")):
     return lookup("Data")(spec, [], BuildContext(phase=phase))
 
 
+def _net(layer):
+    return type("Net", (), {"data_layers": lambda self: [layer]})()
+
+
 def expected(layer, arrays, positions, seed, device="cpu"):
     t = Transformer(layer.param("transform_param"), layer.phase, SHAPE, seed=seed)
     return t([arrays[p % len(arrays)] for p in positions], positions).to(device)
@@ -57,8 +62,7 @@ def check_batches(device: str):
         db, arrays = make_db(f"{tmp}/db", 10)
         layer = data_layer(db)
         with ReaderPool() as pool:
-            (feed,) = pool.attach(type("Net", (), {"data_layers": lambda self: [layer]})(),
-                                  device=device, seed=11)
+            (feed,) = attach_feeds(_net(layer), pool, device=device, seed=11)
             pool.start()
             batches = [layer() for _ in range(5)]
             first = batches[0][0].clone()
@@ -99,7 +103,7 @@ def test_cuda_ring_gives_the_cpu_feeds_batches(tmp_path, transform):
                             "transform_param": transform}, Source(), "layer")
         layer = lookup("Data")(spec, [], BuildContext(phase="TRAIN"))
         with ReaderPool() as pool:
-            pool.attach_layer(layer, device=device, seed=5)
+            attach_feeds(_net(layer), pool, device=device, seed=5)
             pool.start()
             out[device] = [layer() for _ in range(11)]
         torch.cuda.synchronize()
@@ -112,7 +116,7 @@ def test_a_corrupt_record_is_raised_by_forward_naming_the_key(tmp_path):
     db, _ = make_db(tmp_path / "db", 10, corrupt=5)
     layer = data_layer(db)
     with ReaderPool() as pool:
-        pool.attach(type("Net", (), {"data_layers": lambda self: [layer]})())
+        attach_feeds(_net(layer), pool, seed=0)
         pool.start()
         assert layer()[1].tolist() == [100, 101, 102, 103]
         for _ in range(2):  # the second batch, and every call after it
@@ -125,7 +129,7 @@ def test_forward_before_start_and_after_close(tmp_path):
     db, _ = make_db(tmp_path / "db", 10)
     layer = data_layer(db, tops=("data",))
     pool = ReaderPool()
-    pool.attach(type("Net", (), {"data_layers": lambda self: [layer]})())
+    attach_feeds(_net(layer), pool, seed=0)
     with pytest.raises(DataError, match="the data feed TRAIN/data#0 has not started; call "
                                         r"ReaderPool.start\(\)"):
         layer()
@@ -143,7 +147,7 @@ def _pipeline_batch(db, transform, batch_size=2):
                         "transform_param": transform}, Source(), "layer")
     layer = lookup("Data")(spec, [], BuildContext(phase="TEST"))
     with ReaderPool() as pool:
-        pool.attach(type("Net", (), {"data_layers": lambda self: [layer]})())
+        attach_feeds(_net(layer), pool, seed=0)
         pool.start()
         return layer, layer()
 
@@ -187,10 +191,6 @@ def test_float_records_flow_through_as_floats(tmp_path):
 
 
 # --- gathering in the training thread once the database is kept decoded -----------------------
-def _net(layer):
-    return type("Net", (), {"data_layers": lambda self: [layer]})()
-
-
 def _run_replicas(db, transform, device, steps, *, direct, monkeypatch, state=None,
                   direct_bytes=1 << 20, local=2, offset=0, total=None):
     """``steps`` lockstep iterations of ``local`` replicas (global ``offset`` .. of ``total``;
@@ -207,17 +207,17 @@ def _run_replicas(db, transform, device, steps, *, direct, monkeypatch, state=No
                             "transform_param": transform}, Source(), "layer")
         layers.append(lookup("Data")(spec, [], BuildContext(phase="TRAIN")))
     with ReaderPool(replicas=local, replica_offset=offset, total_replicas=total) as pool:
-        feeds = [pool.attach(_net(layer), replica=i, device=device, seed=3)[0]
+        feeds = [attach_feeds(_net(layer), pool, replica=i, device=device, seed=3)[0]
                  for i, layer in enumerate(layers)]
         if state is not None:
-            pool.load_state(state)
+            pool.load_state_dict(state)
         pool.start()
         batches = [[tuple(t.cpu() for t in layer()) for layer in layers] for _ in range(steps)]
-        went = [f._direct is not None for f in feeds]
+        went = [f.gathers_in_loop for f in feeds]
         for thread in pool.threads() if all(went) else ():
             thread.join(2.0)  # the producer stops on its next look at the queues
         alive = any(t.is_alive() for t in pool.threads())
-        return batches, pool.state(), went, alive
+        return batches, pool.state_dict(), went, alive
 
 
 def check_direct_matches_threaded(tmp_path, monkeypatch, device):
@@ -299,9 +299,9 @@ def test_staged_cuda_batches_stay_valid_when_kept_and_across_streams(tmp_path, m
     """On CUDA the loop stages k batches per copy and hands out views of them: batches kept
     over several stages keep their values, and a current stream changed mid-stage (the side
     stream below) still gets the CPU feed's batches."""
-    from caffe_py.io import prefetch
+    from caffe_py.io import gather
 
-    monkeypatch.setattr(prefetch, "STAGE_BATCHES", 3)
+    monkeypatch.setattr(gather, "STAGE_BATCHES", 3)
     db, _ = make_db(tmp_path / "db", 10)
     transform = {"crop_size": 4, "mirror": True, "scale": 0.5, "mean_value": [10, 20, 30]}
     want, _, went, _ = _run_replicas(db, transform, "cpu", 16, direct=True,
@@ -312,7 +312,7 @@ def test_staged_cuda_batches_stay_valid_when_kept_and_across_streams(tmp_path, m
     layer = lookup("Data")(spec, [], BuildContext(phase="TRAIN"))
     side = torch.cuda.Stream()
     with ReaderPool() as pool:
-        (feed,) = pool.attach(_net(layer), device="cuda", seed=3)
+        (feed,) = attach_feeds(_net(layer), pool, device="cuda", seed=3)
         pool.start()
         kept = []
         for step in range(16):
@@ -321,7 +321,7 @@ def test_staged_cuda_batches_stay_valid_when_kept_and_across_streams(tmp_path, m
                     kept.append(layer())
             else:
                 kept.append(layer())
-        assert feed.gathers_in_loop and feed._direct.k == 3
+        assert feed.gathers_in_loop and feed.gatherer.k == 3
         torch.cuda.synchronize()
     assert went == [True]
     for step, ((data, label), [(w_data, w_label)]) in enumerate(zip(kept, want, strict=True)):

@@ -1,17 +1,23 @@
-"""ReaderPool: rc3's round-robin DataReader, wrap-around, streams, bounds, state and failures."""
+"""ReaderPool: rc3's round-robin DataReader, wrap-around, streams, bounds, state and failures.
+
+No test sleeps to show that something does not happen: the producer is observed at rest with
+``pool.settle()`` (it returns once the producer has looked for room after the call and found
+none), and a consumer is known to be blocked once its thread enters ``Condition.wait``.
+"""
 from __future__ import annotations
 
+import sys
 import threading
-import time
 
 import numpy as np
 import pytest
 import torch
 
 from caffe_py.errors import DataError
+from caffe_py.io import ReaderPool, attach_feeds
 from caffe_py.io.datum import datum_from_array, encode_datum
 from caffe_py.io.lmdb_store import LmdbWriter
-from caffe_py.io.reader import ReaderPool
+from caffe_py.io.reader import Detached
 from caffe_py.layers import BuildContext, lookup
 from caffe_py.spec.net_spec import parse_layer
 from caffe_py.spec.schema import Source
@@ -36,7 +42,7 @@ def make_db(path, n: int, corrupt: int | None = None) -> str:
 
 
 def labels(queue, n: int) -> list[int]:
-    return [r.label for r in queue.get(n, timeout=5)]
+    return queue.get_batch(n, timeout=5).labels.tolist()
 
 
 def subscribe(pool, db, replica=0, stream="TRAIN/data", batch_size=2, prefetch=4):
@@ -94,20 +100,30 @@ def test_queue_bound_is_prefetch_times_batch(tmp_path):
         a = subscribe(pool, db, 0, batch_size=3, prefetch=2)
         b = subscribe(pool, db, 1, batch_size=3, prefetch=2)
         pool.start()
-        deadline = time.monotonic() + 5
-        while len(a) < 6 and time.monotonic() < deadline:
-            time.sleep(0.01)
-        time.sleep(0.2)  # the producer now waits for room
-        stream = a.stream
-        assert (len(a), len(b), stream.position) == (6, 6, 12)
+        position = pool.settle(timeout=5)[db]["TRAIN/data"]  # the producer waits for room
+        assert (len(a), len(b), position) == (6, 6, 12)
         assert labels(a, 1) == [0]
         # one slot freed: exactly record 12 (replica 0's turn) is read; a freed slot below
         # half the queue does not wake the producer, it finds the room within a wait slice
-        deadline = time.monotonic() + 5
-        while stream.position < 13 and time.monotonic() < deadline:
-            time.sleep(0.01)
-        time.sleep(0.3)
-        assert (len(a), len(b), stream.position) == (6, 6, 13)
+        position = pool.settle(timeout=5)[db]["TRAIN/data"]
+        assert (len(a), len(b), position) == (6, 6, 13)
+
+
+def test_settle_waits_for_the_producer_to_rest_and_names_every_stream(tmp_path):
+    db = make_db(tmp_path / "db", 50)
+    with ReaderPool() as pool:
+        a = subscribe(pool, db, stream="TRAIN/data", batch_size=2)
+        b = subscribe(pool, db, stream="TRAIN/label_only", batch_size=3)
+        with pytest.raises(DataError, match="^start the data readers before waiting for them$"):
+            pool.settle()
+        pool.start()
+        assert pool.settle(timeout=5) == {db: {"TRAIN/data": 8, "TRAIN/label_only": 12}}
+        a.detach()
+        b.detach()
+        # every queue taken off the producer: it has returned, where it stopped
+        assert pool.settle(timeout=5) == {db: {"TRAIN/data": 8, "TRAIN/label_only": 12}}
+        with pytest.raises(Detached, match="TRAIN/data"):
+            a.get_batch(9, timeout=5)
 
 
 def test_corrupt_record_reaches_the_consumer_naming_the_key(tmp_path):
@@ -117,9 +133,9 @@ def test_corrupt_record_reaches_the_consumer_naming_the_key(tmp_path):
         pool.start()
         assert labels(q, 3) == [0, 1, 2]
         with pytest.raises(DataError, match=f"^{db}: record '00000003' is not a Caffe Datum"):
-            q.get(1, timeout=5)
+            q.get_batch(1, timeout=5)
         with pytest.raises(DataError, match="record '00000003'"):  # and stays failed
-            q.get(1, timeout=5)
+            q.get_batch(1, timeout=5)
 
 
 def test_a_stalled_consumer_raises_instead_of_hanging(tmp_path):
@@ -133,7 +149,19 @@ def test_a_stalled_consumer_raises_instead_of_hanging(tmp_path):
         # replica 1 never reads, so record 3 (replica 1's turn) blocks the round-robin
         assert labels(a, 1) == [2]
         with pytest.raises(DataError, match="no record arrived for 0 s .*another replica"):
-            a.get(1, timeout=0.3)
+            a.get_batch(1, timeout=0.3)
+
+
+def announce_wait(event: threading.Event):
+    """A profile function that sets ``event`` when its thread calls Condition.wait: a
+    consumer that found no record and blocks."""
+    wait = threading.Condition.wait.__code__
+
+    def profile(frame, what, arg):
+        if what == "call" and frame.f_code is wait:
+            event.set()
+
+    return profile
 
 
 def test_closed_pool_wakes_consumers(tmp_path):
@@ -142,22 +170,25 @@ def test_closed_pool_wakes_consumers(tmp_path):
     a = subscribe(pool, db, 0, batch_size=1, prefetch=1)
     subscribe(pool, db, 1, batch_size=1, prefetch=1)
     pool.start()
-    errors = []
-    waiter = threading.Thread(target=lambda: _collect(errors, a.get, 5, 30))
+    errors, blocked = [], threading.Event()
+
+    def take_five():  # replica 1 never reads: replica 0 gets records 0 and 2, then blocks
+        sys.setprofile(announce_wait(blocked))
+        try:
+            a.get_batch(5, timeout=30)
+        except DataError as exc:
+            errors.append(exc)
+        finally:
+            sys.setprofile(None)
+
+    waiter = threading.Thread(target=take_five)
     waiter.start()
-    time.sleep(0.3)
+    assert blocked.wait(5)
     pool.close()
     pool.close()  # idempotent
     waiter.join(5)
     assert not waiter.is_alive()
     assert [str(e) for e in errors] == [f"{db}: the data reader was closed"]
-
-
-def _collect(errors, fn, *args):
-    try:
-        fn(*args)
-    except DataError as exc:
-        errors.append(exc)
 
 
 def test_missing_database_fails_at_start(tmp_path):
@@ -199,20 +230,20 @@ def test_state_resumes_the_exact_sequence(tmp_path):
     db = make_db(tmp_path / "db", 11)
     straight = data_layer(db)
     with ReaderPool() as pool:
-        pool.attach(FakeNet(straight), seed=5)
+        attach_feeds(FakeNet(straight), pool, seed=5)
         pool.start()
         expected = run([straight], 6)
     first = data_layer(db)
     with ReaderPool() as pool:
-        pool.attach(FakeNet(first), seed=5)
+        attach_feeds(FakeNet(first), pool, seed=5)
         pool.start()
         head = run([first], 4)
-        state = pool.state()
+        state = pool.state_dict()
     assert state == {db: {"TRAIN/data": {"replicas": 1, "origin": 0, "next": [12]}}}
     resumed = data_layer(db)
     with ReaderPool() as pool:
-        pool.attach(FakeNet(resumed), seed=5)
-        pool.load_state(state)
+        attach_feeds(FakeNet(resumed), pool, seed=5)
+        pool.load_state_dict(state)
         pool.start()
         tail = run([resumed], 2)
     for (want_label, want), (got_label, got) in zip(expected, head + tail, strict=True):
@@ -224,13 +255,13 @@ def test_n_replicas_of_b_read_what_one_replica_of_n_b_reads(tmp_path):
     db = make_db(tmp_path / "db", 13)
     one = data_layer(db, batch_size=6)
     with ReaderPool() as pool:
-        pool.attach(FakeNet(one), seed=1)
+        attach_feeds(FakeNet(one), pool, seed=1)
         pool.start()
         big = run([one], 3)
     layers = [data_layer(db, batch_size=2) for _ in range(3)]
     with ReaderPool(replicas=3) as pool:
         for i, layer in enumerate(layers):
-            pool.attach(FakeNet(layer), replica=i, seed=1)
+            attach_feeds(FakeNet(layer), pool, replica=i, seed=1)
         pool.start()
         small = run(layers, 3)
     for step in range(3):
@@ -248,30 +279,43 @@ def test_state_moves_to_another_replica_count(tmp_path):
     layers = [data_layer(db, batch_size=2) for _ in range(2)]
     with ReaderPool(replicas=2) as pool:
         for i, layer in enumerate(layers):
-            pool.attach(FakeNet(layer), replica=i)
+            attach_feeds(FakeNet(layer), pool, replica=i, seed=0)
         pool.start()
         run(layers, 3)  # 12 records read
-        state = pool.state()
+        state = pool.state_dict()
     assert state[db]["TRAIN/data"]["next"] == [12, 13]
     single = data_layer(db, batch_size=4)
     with ReaderPool() as pool:
-        pool.attach(FakeNet(single))
-        pool.load_state(state)
+        attach_feeds(FakeNet(single), pool, seed=0)
+        pool.load_state_dict(state)
         pool.start()
         assert single()[1].tolist() == [12, 13, 14, 15]
     uneven = {db: {"TRAIN/data": {"replicas": 2, "origin": 0, "next": [12, 15]}}}
     with ReaderPool() as pool:
-        pool.attach(FakeNet(data_layer(db)))
+        attach_feeds(FakeNet(data_layer(db)), pool, seed=0)
         with pytest.raises(DataError, match="for 2 replicas that had read unequal amounts"):
-            pool.load_state(uneven)
+            pool.load_state_dict(uneven)
 
 
 def test_state_for_an_unknown_stream_is_an_error(tmp_path):
     db = make_db(tmp_path / "db", 4)
     with ReaderPool() as pool:
-        pool.attach(FakeNet(data_layer(db)))
+        attach_feeds(FakeNet(data_layer(db)), pool, seed=0)
         with pytest.raises(DataError, match="stream TEST/x, which no attached Data layer reads"):
-            pool.load_state({db: {"TEST/x": {"replicas": 1, "origin": 0, "next": [0]}}})
+            pool.load_state_dict({db: {"TEST/x": {"replicas": 1, "origin": 0, "next": [0]}}})
+
+
+@pytest.mark.parametrize("saved", [{"replicas": 2, "origin": 0, "next": [12, 14]},
+                                   {"replicas": 1, "origin": 0},
+                                   {"replicas": 0, "origin": 0, "next": [0]}])
+def test_a_state_that_no_round_robin_wrote_is_one_line(tmp_path, saved):
+    db = make_db(tmp_path / "db", 4)
+    with ReaderPool() as pool:
+        attach_feeds(FakeNet(data_layer(db)), pool, seed=0)
+        with pytest.raises(DataError, match=f"^{db}: the saved data state of TRAIN/data is not "
+                                            r"a read state of a round-robin \(.*\); resume "
+                                            "from an unchanged solver state$"):
+            pool.load_state_dict({db: {"TRAIN/data": saved}})
 
 
 def test_records_the_fast_path_leaves_to_the_full_decoder(tmp_path):
@@ -285,9 +329,9 @@ def test_records_the_fast_path_leaves_to_the_full_decoder(tmp_path):
     with ReaderPool() as pool:
         q = subscribe(pool, str(path))
         pool.start()
-        got = q.get(4, timeout=5)
-    assert [r.label for r in got] == [0, -1, 2000, -3]
-    assert [int(r.array.max()) for r in got] == [0, 1, 2, 3]
+        got = q.get_batch(4, timeout=5)
+    assert got.labels.tolist() == [0, -1, 2000, -3]
+    assert [int(array.max()) for array in got.pixels] == [0, 1, 2, 3]
 
 
 def test_a_record_of_another_size_names_its_key(tmp_path):
@@ -300,22 +344,28 @@ def test_a_record_of_another_size_names_its_key(tmp_path):
         pool.start()
         with pytest.raises(DataError, match=r"record 'b' is uint8 \[1, 5, 4\] but the first "
                                             r"record is uint8 \[1, 4, 4\]; a Data layer needs"):
-            q.get(2, timeout=5)
+            q.get_batch(2, timeout=5)
 
 
 CHILD = """
-import sys, numpy as np
+import sys, threading
 from caffe_py.io.reader import ReaderPool
 pool = ReaderPool(replicas=2)
 q = pool.subscribe(sys.argv[1], "s", replica=0, batch_size=1, prefetch=1, record_shape=(1, 4, 4))
 pool.subscribe(sys.argv[1], "s", replica=1, batch_size=1, prefetch=1, record_shape=(1, 4, 4))
 pool.start()
-q.get(1)
-print("waiting", flush=True)
+q.get_batch(1)
 if sys.argv[2] == "exit":
+    print("waiting", flush=True)
     sys.exit(3)  # the pool is left open: its threads must not hold the process
-q.get(1)
-q.get(1)  # replica 1 never reads: blocks until Ctrl-C
+q.get_batch(1)
+WAIT = threading.Condition.wait.__code__
+def announce(frame, what, arg):
+    if what == "call" and frame.f_code is WAIT:
+        sys.setprofile(None)
+        print("blocked", flush=True)
+sys.setprofile(announce)
+q.get_batch(1)  # replica 1 never reads: blocks until Ctrl-C
 """
 
 
@@ -323,14 +373,13 @@ q.get(1)  # replica 1 never reads: blocks until Ctrl-C
 def test_no_hang_at_exit_or_on_ctrl_c(tmp_path, how):
     import signal
     import subprocess
-    import sys
 
     db = make_db(tmp_path / "db", 10)
     child = subprocess.Popen([sys.executable, "-c", CHILD, db, how], stdout=subprocess.PIPE,
                              stderr=subprocess.PIPE, text=True)
-    assert child.stdout.readline() == "waiting\n"
+    # "blocked": the main thread is in the consumer's wait when Ctrl-C arrives
+    assert child.stdout.readline() == ("waiting\n" if how == "exit" else "blocked\n")
     if how == "sigint":
-        time.sleep(0.3)
         child.send_signal(signal.SIGINT)
     _, err = child.communicate(timeout=20)
     if how == "exit":
@@ -355,11 +404,11 @@ def test_one_chunk_of_mixed_records_reads_back_exactly(tmp_path):
     with ReaderPool() as pool:
         q = subscribe(pool, str(path), batch_size=12, prefetch=1)
         pool.start()
-        got = q.get(12, timeout=5)
-    assert [r.label for r in got] == wanted
-    assert [r.array.tolist() for r in got] == [np.full(SHAPE, i).tolist() for i in range(12)]
-    assert [r.key for r in got] == [b"%08d" % i for i in range(12)]
-    assert [r.position for r in got] == list(range(12))
+        got = q.get_batch(12, timeout=5)
+    assert got.labels.tolist() == wanted
+    assert [a.tolist() for a in got.pixels] == [np.full(SHAPE, i).tolist() for i in range(12)]
+    assert list(got.keys) == [b"%08d" % i for i in range(12)]
+    assert got.positions.tolist() == list(range(12))
 
 
 @pytest.mark.parametrize("cache_bytes", [0, 1 << 30])
@@ -373,15 +422,16 @@ def test_passes_after_the_first_equal_it_with_or_without_the_cache(tmp_path, mon
     db = make_db(tmp_path / "db", 11)
     with ReaderPool(replicas=2) as pool:
         queues = [subscribe(pool, db, replica=i, batch_size=5, prefetch=2) for i in range(2)]
-        pool.load_state({db: {"TRAIN/data": {"replicas": 2, "origin": 3, "next": [0, 1]}}})
+        pool.load_state_dict({db: {"TRAIN/data": {"replicas": 2, "origin": 3, "next": [0, 1]}}})
         pool.start()
         got: list[list] = [[], []]
         for _ in range(6):  # the replicas take turns, a batch each (the round-robin)
             for replica, q in enumerate(queues):
-                got[replica] += [(r.label, int(r.array[0, 0, 0]), r.key)
-                                 for r in q.get(5, timeout=5)]
-        stream = queues[0].stream
-        assert (stream.cache is not None and stream.cache.complete) == bool(cache_bytes)
+                batch = q.get_batch(5, timeout=5)
+                got[replica] += [(int(label), int(array[0, 0, 0]), key) for label, array, key
+                                 in zip(batch.labels, batch.pixels, batch.keys, strict=True)]
+        # kept decoded (and complete) exactly when the database fits in CACHE_BYTES
+        assert (queues[0].decoded() is not None) == bool(cache_bytes)
     for replica in range(2):
         indices = [(3 + replica + 2 * k) % 11 for k in range(30)]
         assert got[replica] == [(i, i, b"%08d" % i) for i in indices]
@@ -425,10 +475,10 @@ def test_slice_state_is_global_and_resumes_in_any_layout(tmp_path):
         layers = [data_layer(db, batch_size=2) for _ in range(2)]
         with ReaderPool(replicas=2, replica_offset=offset, total_replicas=4) as pool:
             for i, layer in enumerate(layers):
-                pool.attach(FakeNet(layer), replica=i)
+                attach_feeds(FakeNet(layer), pool, replica=i, seed=0)
             pool.start()
             run(layers, 3)  # 3 batches of 2 per replica: 24 records of the 4 replicas
-            states.append(pool.state())
+            states.append(pool.state_dict())
     assert states[0][db]["TRAIN/data"] == {"replicas": 4, "origin": 0, "next": [24, 25],
                                            "offset": 0}
     assert states[1][db]["TRAIN/data"] == {"replicas": 4, "origin": 0, "next": [26, 27],
@@ -437,14 +487,14 @@ def test_slice_state_is_global_and_resumes_in_any_layout(tmp_path):
     layers = [data_layer(db, batch_size=2) for _ in range(2)]
     with ReaderPool(replicas=2, replica_offset=2, total_replicas=4) as pool:
         for i, layer in enumerate(layers):
-            pool.attach(FakeNet(layer), replica=i)
-        pool.load_state(states[0])
+            attach_feeds(FakeNet(layer), pool, replica=i, seed=0)
+        pool.load_state_dict(states[0])
         pool.start()
         assert [layer()[1].tolist() for layer in layers] == [[26, 30], [27, 31]]
     single = data_layer(db, batch_size=4)
     with ReaderPool() as pool:
-        pool.attach(FakeNet(single))
-        pool.load_state(states[1])
+        attach_feeds(FakeNet(single), pool, seed=0)
+        pool.load_state_dict(states[1])
         pool.start()
         assert single()[1].tolist() == [24, 25, 26, 27]
 
@@ -455,8 +505,8 @@ def test_a_slice_resumes_its_part_of_a_one_pool_state(tmp_path):
     layers = [data_layer(db, batch_size=1) for _ in range(2)]
     with ReaderPool(replicas=2, replica_offset=2, total_replicas=4) as pool:
         for i, layer in enumerate(layers):
-            pool.attach(FakeNet(layer), replica=i)
-        pool.load_state(state)
+            attach_feeds(FakeNet(layer), pool, replica=i, seed=0)
+        pool.load_state_dict(state)
         pool.start()
         assert [layer()[1].tolist() for layer in layers] == [[14], [11]]
 

@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from caffe_py.io import feed_of
 from caffe_py.parallel import HostSlice, ReplicatedRun
 from caffe_py.parallel.multihost import world_size
 from caffe_py.solver.roles import HOST_ROOT
@@ -304,7 +305,7 @@ def test_a_hosts_replicas_take_global_seeds_and_record_slices(tmp_path, db):
     param = load_solver(_solver_file(tmp_path, db))
     with ReplicatedRun(param, ["cpu", "cpu"], hosts=HostSlice(2, 4, lead=False)) as run:
         assert [s.seeds.model for s in run.solvers] == [9, 10]
-        assert [s.net.data_layers()[0]._feed.transformer.seed for s in run.solvers] == [7, 7]
+        assert [feed_of(s.net.data_layers()[0]).transformer.seed for s in run.solvers] == [7, 7]
         assert (run.pool.replica_offset, run.pool.total_replicas) == (2, 4)
         assert run.sync.root_scale is False
         assert run.root.role == HOST_ROOT

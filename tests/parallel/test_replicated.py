@@ -11,6 +11,7 @@ import torch
 
 from caffe_py.devices import DeviceError, check_devices, parse_devices
 from caffe_py.errors import SolverError
+from caffe_py.io import feed_of
 from caffe_py.options import TrainOptions
 from caffe_py.parallel import ReplicatedRun, Tuning
 from caffe_py.parallel.lockstep import LockstepRoot, top_down
@@ -120,7 +121,7 @@ def test_random_crop_and_mirror_n_replicas_equal_one_with_n_times_the_batch(tmp_
     ref = _single(tmp_path, db, n, transform=CROP_MIRROR)
     got, run = _replicated(tmp_path, db, n, transform=CROP_MIRROR)
     assert _rel(got, ref) < 1e-5
-    seeds = [(s.seeds.model, s.net.data_layers()[0]._feed.transformer.seed) for s in run.solvers]
+    seeds = [(s.seeds.model, feed_of(s.net.data_layers()[0]).transformer.seed) for s in run.solvers]
     assert seeds == [(7 + i, 7) for i in range(n)]
 
 

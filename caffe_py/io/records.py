@@ -1,0 +1,91 @@
+"""What the reader hands its consumers: runs of decoded records, and the decoded database.
+
+No threads and no torch here: the reader fills these, the feeds read them.
+"""
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+
+@dataclass
+class RecordBatch:
+    """Records of one replica in stream order: positions first, first + step, ... (step: every
+    replica of the round-robin), pixels (n, C, H, W) and labels (n,) int64. The arrays may be
+    read-only views of the bytes read from the database: copy before writing."""
+
+    first: int
+    step: int
+    pixels: np.ndarray
+    labels: np.ndarray
+    keys: tuple[bytes, ...]
+
+    def __len__(self) -> int:
+        return len(self.labels)
+
+    @property
+    def positions(self) -> np.ndarray:
+        return np.arange(self.first, self.first + self.step * len(self), self.step)
+
+    def split(self, n: int) -> tuple[RecordBatch, RecordBatch]:
+        """The first ``n`` records and the rest (views, no copy)."""
+        return (RecordBatch(self.first, self.step, self.pixels[:n], self.labels[:n],
+                            self.keys[:n]),
+                RecordBatch(self.first + self.step * n, self.step, self.pixels[n:],
+                            self.labels[n:], self.keys[n:]))
+
+
+def join(parts: Sequence[RecordBatch]) -> RecordBatch:
+    """Consecutive runs of one replica as one (a copy only when there are several)."""
+    if len(parts) == 1:
+        return parts[0]
+    return RecordBatch(parts[0].first, parts[0].step,
+                       np.concatenate([p.pixels for p in parts]),
+                       np.concatenate([p.labels for p in parts]),
+                       tuple(k for p in parts for k in p.keys))
+
+
+class DecodedDatabase:
+    """Every record of a small database, decoded: pixels (N, C, H, W), labels (N,) int64 and
+    keys, in key order; filled by a stream's first pass and complete after it."""
+
+    def __init__(self, size: int, shape: tuple[int, int, int], dtype: np.dtype):
+        self.pixels = np.empty((size, *shape), dtype)
+        self.labels = np.empty(size, np.int64)
+        self.keys: list[bytes] = [b""] * size
+        self.size, self.stored = size, 0
+
+    @property
+    def complete(self) -> bool:
+        return self.stored >= self.size
+
+    def store(self, index: int, keys: Sequence[bytes], pixels: np.ndarray,
+              labels: np.ndarray) -> None:
+        """Records ``index`` .. of the database (each stored once: the first pass is
+        sequential)."""
+        end = index + len(labels)
+        self.pixels[index:end] = pixels
+        self.labels[index:end] = labels
+        self.keys[index:end] = keys[:len(labels)]
+        self.stored += len(labels)
+
+
+@dataclass(frozen=True)
+class DecodedView:
+    """One consumer's view of its stream's decoded database, for gathering batches in the
+    training thread: every record (``pixels`` (N, C, H, W), ``labels`` (N,) int64, key order)
+    and where the consumer's records lie in it. Its record number c (counted over everything
+    it consumed) is at stream position ``start + step c``, database record
+    ``(origin + start + step c) mod N``: exactly the record the reader would hand it."""
+
+    pixels: np.ndarray
+    labels: np.ndarray
+    origin: int
+    start: int
+    step: int
+
+    @property
+    def size(self) -> int:
+        return len(self.labels)
