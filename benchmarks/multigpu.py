@@ -152,9 +152,8 @@ def cmd_caffe(args: argparse.Namespace) -> None:
     logging.getLogger("caffe_py").addHandler(NoteHandler(notes))
     tuning = Tuning(extra_callbacks=lambda i: [clocks[i]], overlap=not args.no_overlap,
                     lockstep=False if args.no_lockstep else None)
-    with ReplicatedRun(param, devices,
-                       TrainOptions(reduction=args.reduction, cuda_graphs=args.graphs),
-                       tuning=tuning) as run:
+    options = TrainOptions(reduction=args.reduction, graphs="on" if args.graphs else "off")
+    with ReplicatedRun(param, devices, options, tuning=tuning) as run:
         batch = run.root.batch_size()
         waits = [0.0] * len(devices)
 

@@ -12,6 +12,7 @@ if TYPE_CHECKING:
     from .solver.solver import ProgressFactory
 
 REDUCTIONS = ("tree", "nccl")
+GRAPHS = ("auto", "on", "off")
 DIST_BACKENDS = ("nccl", "gloo")
 DEFAULT_DIST_TIMEOUT_S = 900.0
 """Long enough for rank 0's test phase, during which the other hosts' roots wait."""
@@ -31,8 +32,9 @@ class TrainOptions:
     """Overrides the solver's ``precision`` (FLOAT32 | BF16) when set."""
     reduction: str = "tree"
     """Multi-device gradient reduction: 'tree' (Caffe rc3's P2PSync) or 'nccl'."""
-    cuda_graphs: bool = False
-    """Run each GPU replica's forward/backward as one CUDA graph replay."""
+    graphs: str = "auto"
+    """CUDA graphs: 'auto' (capture whenever the net allows it, else say why and run eagerly),
+    'on' (as auto, but a net that cannot be captured is an error), 'off' (eager)."""
     dist_backend: str | None = None
     """Between hosts (WORLD_SIZE > 1): nccl or gloo (default: nccl on GPUs, gloo on CPUs)."""
     dist_timeout: float = DEFAULT_DIST_TIMEOUT_S
@@ -42,6 +44,7 @@ class TrainOptions:
 
     def __post_init__(self) -> None:
         for name, value, allowed in (("reduction", self.reduction, REDUCTIONS),
+                                     ("graphs", self.graphs, GRAPHS),
                                      ("sigint_effect", self.sigint_effect, EFFECTS),
                                      ("sighup_effect", self.sighup_effect, EFFECTS)):
             if value not in allowed:

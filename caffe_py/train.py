@@ -92,11 +92,12 @@ def choose_strategy(devices: list[torch.device], options: TrainOptions) -> Strat
     """Several hosts when the launcher says so, else several devices, else one."""
     from .parallel.multihost import world_size
 
-    if options.cuda_graphs and any(d.type != "cuda" for d in devices):
-        kinds = ", ".join(sorted({d.type for d in devices}))
-        log.info(f"Note: --cuda-graphs applies to CUDA devices only; training on {kinds} "
-                 "without graphs")
-        options = dataclasses.replace(options, cuda_graphs=False)
+    if options.graphs != "off" and any(d.type != "cuda" for d in devices):
+        if options.graphs == "on":
+            kinds = ", ".join(sorted({d.type for d in devices}))
+            log.info(f"Note: --graphs on applies to CUDA devices only; training on {kinds} "
+                     "without graphs")
+        options = dataclasses.replace(options, graphs="off")
     if world_size() > 1:  # one process per host, started by torchrun (docs/parallel.md)
         from .parallel.multihost import MultiHost
 
@@ -117,12 +118,12 @@ class SingleDevice:
         self.device, self.options = device, options
 
     def run(self, param: SolverParameter, action: Action) -> Solver:
-        from .solver.graphs import GraphedStep
-        from .solver.roles import eager_step
+        from .solver.graph_loop import GraphedLoop
 
         opts = self.options
-        step = GraphedStep() if opts.cuda_graphs else eager_step
-        with Solver(param, device=self.device, action=action, step=step) as solver:
+        with Solver(param, device=self.device, action=action) as solver:
+            if opts.graphs != "off":
+                solver.runner = GraphedLoop(required=opts.graphs == "on")
             batch = solver.batch_size()
             log.info(f"Batch: {batch} per replica x 1 replica x iter_size {param.iter_size} = "
                      f"{batch * param.iter_size} per update (device {self.device}, precision "

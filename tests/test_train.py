@@ -56,10 +56,13 @@ def test_the_strategy_follows_the_devices_and_the_launcher(monkeypatch):
 def test_graphs_on_cpu_are_turned_off_with_one_note(monkeypatch, caplog):
     monkeypatch.delenv("WORLD_SIZE", raising=False)
     caplog.set_level(logging.INFO, logger="caffe_py")
-    strategy = choose_strategy([CPU, CPU], TrainOptions(cuda_graphs=True))
-    assert strategy.options.cuda_graphs is False
-    assert caplog.messages == ["Note: --cuda-graphs applies to CUDA devices only; training on "
+    strategy = choose_strategy([CPU, CPU], TrainOptions(graphs="on"))
+    assert strategy.options.graphs == "off"
+    assert caplog.messages == ["Note: --graphs on applies to CUDA devices only; training on "
                                "cpu without graphs"]
+    caplog.clear()
+    assert choose_strategy([CPU], TrainOptions()).options.graphs == "off"
+    assert caplog.messages == []
 
 
 def test_prepared_fixes_a_clock_seed_once_and_applies_the_precision(solver_file):

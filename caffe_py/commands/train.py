@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING
 
 import click
 
-from ..options import DEFAULT_DIST_TIMEOUT_S, DIST_BACKENDS, REDUCTIONS
+from ..options import DEFAULT_DIST_TIMEOUT_S, DIST_BACKENDS, GRAPHS, REDUCTIONS
 from ..solver.signals import EFFECTS
 from ..spec.solver_spec import PRECISIONS
 from .output import console_handler, terminal_progress
@@ -44,8 +44,11 @@ GPUS_HELP = "devices: cpu, cpu:N (N CPU replicas), 0 or 0,1,2,3 (CUDA ids), or a
               help="override the solver's precision")
 @click.option("--reduction", type=click.Choice(REDUCTIONS), default="tree",
               show_default=True, help="multi-device gradient reduction")
-@click.option("--cuda-graphs/--no-cuda-graphs", default=False, show_default=True,
-              help="run each GPU's forward/backward as one CUDA graph (ignored on CPU)")
+@click.option("--graphs", type=click.Choice(GRAPHS), default=None,
+              help="CUDA graphs: auto (the default: capture whenever the net allows it), on "
+                   "(an error when it does not), off (eager)")
+@click.option("--cuda-graphs/--no-cuda-graphs", "cuda_graphs", default=None, hidden=True,
+              help="the older spelling of --graphs on / --graphs off")
 @click.option("--dist-backend", type=click.Choice(DIST_BACKENDS), default=None,
               help="between hosts, when WORLD_SIZE > 1 (default: nccl on GPUs, gloo on CPU)")
 @click.option("--dist-timeout", type=click.FloatRange(min=1), default=DEFAULT_DIST_TIMEOUT_S,
@@ -53,12 +56,19 @@ GPUS_HELP = "devices: cpu, cpu:N (N CPU replicas), 0 or 0,1,2,3 (CUDA ids), or a
               help="between hosts: seconds any wait for another host may take")
 def train_command(solver_file: str, gpus: str | None, weights: str | None,
                   snapshot: str | None, sigint_effect: str, sighup_effect: str,
-                  precision: str | None, reduction: str, cuda_graphs: bool,
+                  precision: str | None, reduction: str, graphs: str | None,
+                  cuda_graphs: bool | None,
                   dist_backend: str | None, dist_timeout: float) -> None:
     """Train the net of a solver spec (Caffe's `caffe train`)."""
     if weights and snapshot:
         raise click.UsageError("--weights and --snapshot are exclusive: --weights starts a new "
                                "run from those weights, --snapshot resumes one")
+    if cuda_graphs is not None:
+        older = "on" if cuda_graphs else "off"
+        if graphs not in (None, older):
+            raise click.UsageError(f"--graphs {graphs} and --{'' if cuda_graphs else 'no-'}"
+                                   "cuda-graphs disagree; give --graphs alone")
+        graphs = older
     from ..devices import describe, parse_devices
     from ..options import TrainOptions
     from ..spec.solver_spec import load_solver
@@ -69,7 +79,7 @@ def train_command(solver_file: str, gpus: str | None, weights: str | None,
     options = TrainOptions(weights=[w for w in (weights or "").split(",") if w],
                            snapshot=snapshot, sigint_effect=sigint_effect,
                            sighup_effect=sighup_effect, precision=precision,
-                           reduction=reduction, cuda_graphs=cuda_graphs,
+                           reduction=reduction, graphs=graphs or "auto",
                            dist_backend=dist_backend, dist_timeout=dist_timeout,
                            progress=terminal_progress())
     log.info(f"Using {describe(devices)}")

@@ -74,7 +74,7 @@ class ReplicatedRun:
 
     Build it, then :meth:`run`; :meth:`close` stops the readers (also done by ``with``). The
     solver's ``memory_format`` field lays out each net before its weights move into the flat
-    buffers; ``options.cuda_graphs`` runs each replica's forward/backward as one CUDA graph
+    buffers; ``options.graphs`` (on GPUs) runs each replica's forward/backward as one CUDA graph
     replay (:class:`~caffe_py.solver.graphs.GraphedStep`); ``action`` is the root's signal
     source.
     """
@@ -90,7 +90,7 @@ class ReplicatedRun:
         self.hosts, self.tuning = hosts, tuning
         n = len(self.devices)
         self.total_replicas = n if hosts.total is None else hosts.total
-        graphs = self.options.cuda_graphs
+        graphs = self.options.graphs != "off" and all(d.type == "cuda" for d in self.devices)
         # a graph replay runs no hooks: with graphs the tree reduces after backward
         self.sync: SyncGroup = (NcclSync(self.devices, timeout=tuning.timeout)
                                 if self.options.reduction == "nccl"
@@ -111,7 +111,7 @@ class ReplicatedRun:
             for i in range(n):
                 step: StepFn = eager_step
                 if graphs:
-                    self.graphs.append(GraphedStep())
+                    self.graphs.append(GraphedStep(required=self.options.graphs == "on"))
                     step = self.graphs[-1]
                 self._add_replica(i, base_seed, step, action if i == 0 else None)
             self.sync.check_shapes()

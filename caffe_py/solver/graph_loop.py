@@ -24,6 +24,7 @@ from typing import Any
 
 import torch
 
+from ..errors import SolverError
 from ..io.feeds import feed_of, swap_feed
 from .lr_policy import learning_rate
 
@@ -109,9 +110,12 @@ class GraphedLoop:
     replay instead (the same host logic on a CPU: what the CPU tests run).
     """
 
-    def __init__(self, chunk: int | None = None, emulate: bool = False):
+    def __init__(self, chunk: int | None = None, emulate: bool = False,
+                 required: bool = False):
         self.chunk_cap = chunk
         self.emulate = emulate
+        self.required = required
+        """A net that cannot be captured is an error (``--graphs on``), not a note."""
         self.chunk = 1
         self.fallback: str | None = None
         self.graphs: dict[int, _Graph] = {}
@@ -199,6 +203,9 @@ class GraphedLoop:
                 self.graphs.clear()
                 reason = f"capture failed: {str(exc).splitlines()[0]}"
         if reason is not None:
+            if self.required:
+                raise SolverError(f"--graphs on: the iteration on {s.device} cannot be "
+                                  f"captured: {reason}; use --graphs auto to run it eagerly")
             self.fallback = reason
             log.info(f"CUDA graphs off ({s.device}): {reason}; running eagerly")
 

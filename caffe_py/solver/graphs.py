@@ -32,6 +32,7 @@ from typing import Any
 
 import torch
 
+from ..errors import SolverError
 from ..io.feeds import feed_of, swap_feed
 from .roles import eager_step
 
@@ -81,7 +82,9 @@ class GraphedStep:
     (its device and stream), after that iteration's weights have arrived.
     """
 
-    def __init__(self) -> None:
+    def __init__(self, required: bool = False) -> None:
+        self.required = required
+        """A step that cannot be captured is an error (``--graphs on``), not a note."""
         self.graph: torch.cuda.CUDAGraph | None = None
         self.feeds: list[StaticFeed] = []
         self.static_loss: torch.Tensor | None = None
@@ -159,6 +162,9 @@ class GraphedStep:
         self.feeds = []
 
     def _give_up(self, s: Any, reason: str) -> None:
+        if self.required:
+            raise SolverError(f"--graphs on: replica {s.replica} ({s.device}) cannot be "
+                              f"captured: {reason}; use --graphs auto to run it eagerly")
         self.fallback = reason
         log.info(f"CUDA graphs off for replica {s.replica} ({s.device}): {reason}; "
                  "running eagerly")

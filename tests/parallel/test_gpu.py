@@ -102,7 +102,7 @@ def test_tree_runs_are_bit_identical(tmp_path, db):
 
 def test_cuda_graphs_match_eager(tmp_path, db, caplog):
     devices = [torch.device("cuda", i) for i in range(min(torch.cuda.device_count(), 2))]
-    graphed, notes = _train(tmp_path, db, devices, B, TrainOptions(cuda_graphs=True), caplog)
+    graphed, notes = _train(tmp_path, db, devices, B, TrainOptions(graphs="on"), caplog)
     assert not [m for m in notes if m.startswith("CUDA graphs off")]
     eager, _ = _train(tmp_path, db, devices, B)
     assert _rel(graphed, eager) < 1e-5
@@ -111,7 +111,7 @@ def test_cuda_graphs_match_eager(tmp_path, db, caplog):
 @two_gpus
 def test_graphs_in_lockstep_match_graphs_in_threads(tmp_path, db, caplog):
     devices = [torch.device("cuda", i) for i in range(min(torch.cuda.device_count(), 4))]
-    graphs = TrainOptions(cuda_graphs=True)
+    graphs = TrainOptions(graphs="on")
     lockstep, notes = _train(tmp_path, db, devices, B, graphs, caplog)
     assert not [m for m in notes if m.startswith("CUDA graphs off")]
     threads, _ = _train(tmp_path, db, devices, B, graphs, lockstep=False)

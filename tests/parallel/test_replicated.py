@@ -325,5 +325,5 @@ def test_top_down_puts_parents_first():
 
 def test_default_is_off_on_cpu_even_with_graphs(tmp_path, db):
     param = _param(tmp_path, db, batch=B, name="default")
-    with ReplicatedRun(param, ["cpu"] * 2, TrainOptions(cuda_graphs=True)) as run:
+    with ReplicatedRun(param, ["cpu"] * 2, TrainOptions(graphs="on")) as run:
         assert run.lockstep is False

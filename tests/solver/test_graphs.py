@@ -4,11 +4,13 @@ from __future__ import annotations
 
 import logging
 
+import pytest
 import torch
 
+from caffe_py.errors import SolverError
 from caffe_py.options import TrainOptions
 from caffe_py.parallel import ReplicatedRun
-from caffe_py.solver.graphs import uncapturable_reason
+from caffe_py.solver.graphs import GraphedStep, uncapturable_reason
 from caffe_py.solver.solver import Solver
 from caffe_py.spec.solver_spec import load_solver
 
@@ -49,33 +51,33 @@ def test_reasons_a_step_cannot_be_captured(tmp_path):
     assert uncapturable_reason(solver) is None
 
 
-def test_cpu_replicas_fall_back_to_eager_and_train_the_same(tmp_path, caplog):
+def test_a_step_that_cannot_be_captured_says_why_and_trains_as_the_eager_one(tmp_path, caplog):
     caplog.set_level(logging.INFO, logger="caffe_py")
-    with ReplicatedRun(_param(tmp_path, "uniform"), ["cpu"] * 2,
-                       TrainOptions(cuda_graphs=True)) as run:
-        run.run()
-        graphed = [lp.param.detach().clone() for lp in run.root.net.learnable_params()]
-    assert sorted(m for m in caplog.messages if m.startswith("CUDA graphs")) == [
-        f"CUDA graphs off for replica {i} (cpu): the replica runs on cpu, not CUDA; running "
-        "eagerly" for i in (0, 1)]
-    with ReplicatedRun(_param(tmp_path, "uniform"), ["cpu"] * 2) as run:
-        run.run()
-        eager = [lp.param.detach() for lp in run.root.net.learnable_params()]
+    with Solver(_param(tmp_path, "uniform"), step=GraphedStep()) as solver:
+        solver.solve()
+        graphed = [lp.param.detach().clone() for lp in solver.net.learnable_params()]
+    assert [m for m in caplog.messages if m.startswith("CUDA graphs")] == [
+        "CUDA graphs off for replica 0 (cpu): the replica runs on cpu, not CUDA; running "
+        "eagerly"]
+    with Solver(_param(tmp_path, "uniform")) as solver:
+        solver.solve()
+        eager = [lp.param.detach() for lp in solver.net.learnable_params()]
     assert all(torch.equal(a, b) for a, b in zip(graphed, eager, strict=True))
+    with pytest.raises(SolverError, match=r"^--graphs on: replica 0 \(cpu\) cannot be captured: "
+                                          r"the replica runs on cpu, not CUDA; use --graphs "
+                                          r"auto to run it eagerly$"):
+        with Solver(_param(tmp_path, "uniform"), step=GraphedStep(required=True)) as solver:
+            solver.solve()
 
 
-def test_options_field_turns_graphs_on(tmp_path, caplog):
-    caplog.set_level(logging.INFO, logger="caffe_py")
-    with ReplicatedRun(_param(tmp_path, "constant"), ["cpu"] * 2,
-                       TrainOptions(cuda_graphs=True)) as run:
-        assert len(run.graphs) == 2
-        run.run()
-    assert sum(m.startswith("CUDA graphs off for replica") for m in caplog.messages) == 2
-    with ReplicatedRun(_param(tmp_path, "constant"), ["cpu"] * 2, TrainOptions()) as run:
-        assert run.graphs == []
+def test_cpu_replicas_make_no_graphs_whatever_the_option(tmp_path):
+    for graphs in ("auto", "on", "off"):
+        with ReplicatedRun(_param(tmp_path, "constant"), ["cpu"] * 2,
+                           TrainOptions(graphs=graphs)) as run:
+            assert run.graphs == []
 
 
-def test_cpy_train_cuda_graphs_flag_is_ignored_on_cpu_with_a_note(tmp_path):
+def test_cpy_train_graphs_on_is_ignored_on_cpu_with_a_note(tmp_path):
     from click.testing import CliRunner
 
     from caffe_py.cli import cli
@@ -83,16 +85,21 @@ def test_cpy_train_cuda_graphs_flag_is_ignored_on_cpu_with_a_note(tmp_path):
     _param(tmp_path, "constant")
     solver = str(tmp_path / "constant.yaml")
     for gpus in ("cpu", "cpu:2"):
-        result = CliRunner().invoke(cli, ["train", "--solver", solver, "--gpus", gpus,
-                                          "--cuda-graphs"])
+        for flag in (["--graphs", "on"], ["--cuda-graphs"]):
+            result = CliRunner().invoke(cli, ["train", "--solver", solver, "--gpus", gpus, *flag])
+            assert result.exit_code == 0, result.output
+            assert ("Note: --graphs on applies to CUDA devices only; training on cpu without "
+                    "graphs") in result.output
+            assert "CUDA graphs off" not in result.output
+            assert "Optimization Done." in result.output
+    for flag in (["--no-cuda-graphs"], ["--graphs", "off"], []):
+        result = CliRunner().invoke(cli, ["train", "--solver", solver, *flag])
         assert result.exit_code == 0, result.output
-        assert ("Note: --cuda-graphs applies to CUDA devices only; training on cpu without "
-                "graphs") in result.output
-        assert "CUDA graphs off" not in result.output
-        assert "Optimization Done." in result.output
-    result = CliRunner().invoke(cli, ["train", "--solver", solver, "--no-cuda-graphs"])
-    assert result.exit_code == 0, result.output
-    assert "--cuda-graphs" not in result.output
+        assert "graphs" not in result.output
+    result = CliRunner().invoke(cli, ["train", "--solver", solver, "--graphs", "off",
+                                      "--cuda-graphs"])
+    assert result.exit_code == 2
+    assert "--graphs off and --cuda-graphs disagree; give --graphs alone" in result.output
 
 
 def test_start_files_are_checked_before_a_graphed_run(tmp_path):
