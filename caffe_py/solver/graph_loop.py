@@ -11,9 +11,10 @@ iteration (display, test, snapshot and signals happen at chunk boundaries, which
 length divides).
 
 The first iterations run eagerly (warm-up: cuDNN picks its kernels, lazy handles are made),
-then one graph of one iteration and, when the chunk is longer, one of ``chunk`` iterations are
-captured; capture runs nothing, so no state moves. Where a step cannot be captured the loop
-says why in one line and runs the eager iteration instead.
+then a graph of one iteration is captured (capture runs nothing, so no state moves); the next
+few real iterations replay it and are timed on the device, which sizes the chunk, and a graph of
+``chunk`` iterations is captured when that is more than one. Where a step cannot be captured
+the loop says why in one line and runs the eager iteration instead.
 """
 from __future__ import annotations
 
@@ -31,6 +32,8 @@ from .lr_policy import learning_rate
 log = logging.getLogger(__name__)
 
 WARMUP_ITERATIONS = 2
+TIMED_REPLAYS = 3
+"""Real iterations replayed one by one, timed, before the chunk length is chosen."""
 CHUNK_MAX = 32
 """The most iterations one replay runs."""
 CHUNK_TARGET_MS = 4.0
@@ -116,13 +119,16 @@ class GraphedLoop:
         self.emulate = emulate
         self.required = required
         """A net that cannot be captured is an error (``--graphs on``), not a note."""
-        self.chunk = 1
+        self.chunk = 0
+        """Iterations per replay (0: not chosen yet)."""
         self.fallback: str | None = None
         self.graphs: dict[int, _Graph] = {}
         self.feeds: list[SlotFeed] = []
         self.scales: _Scales | None = None
         self._warm = 0
-        self._eager_ms: list[float] = []
+        self._replay_ms: list[float] = []
+        self.slots = 1
+        """Batch slots per Data layer, in iterations: the longest chunk memory allows."""
 
     # --- the loop ---------------------------------------------------------------------------
     def run(self, s: Any, stop_iter: int) -> None:
@@ -131,7 +137,8 @@ class GraphedLoop:
             return
         if not self.graphs:
             if self._warm < WARMUP_ITERATIONS:
-                self._warm_up(s)
+                self._warm += 1
+                s.iteration()
                 return
             self._capture(s)
             if self.fallback is not None:
@@ -142,6 +149,11 @@ class GraphedLoop:
             s.test_all()
             if s.stop_requested:
                 return
+        if len(self._replay_ms) < TIMED_REPLAYS and self.chunk_cap is None:
+            self._timed_replay(s)
+            return
+        if not self.chunk:
+            self._add_chunk(s)
         self._replay(s, self._length(s, stop_iter))
 
     def _length(self, s: Any, stop_iter: int) -> int:
@@ -176,21 +188,26 @@ class GraphedLoop:
         self.scales.put(rows)
         return rates
 
-    # --- warm-up and capture ----------------------------------------------------------------
-    def _warm_up(self, s: Any) -> None:
-        """A real eager iteration, timed (the chunk length is chosen from it)."""
-        self._warm += 1
+    # --- capture, timing, the chunk ---------------------------------------------------------
+    def _timed_replay(self, s: Any) -> None:
+        """A real iteration replayed alone, its device time noted (CPU emulation: 0)."""
         if s.device.type != "cuda":
-            s.iteration()
+            self._replay(s, 1)
+            self._replay_ms.append(0.0)
             return
-        torch.cuda.synchronize(s.device)
         start = torch.cuda.Event(enable_timing=True)
         end = torch.cuda.Event(enable_timing=True)
         start.record()
-        s.iteration()
+        self._replay(s, 1)
         end.record()
         end.synchronize()
-        self._eager_ms.append(start.elapsed_time(end))
+        self._replay_ms.append(start.elapsed_time(end))
+
+    def _add_chunk(self, s: Any) -> None:
+        """Choose the chunk length and capture its graph (once)."""
+        self.chunk = self._chunk_length(s)
+        if self.chunk not in self.graphs:
+            self.graphs[self.chunk] = self._record(s, self.chunk)
 
     def _capture(self, s: Any) -> None:
         reason = capture_blocker(s, self.emulate)
@@ -210,16 +227,17 @@ class GraphedLoop:
             log.info(f"CUDA graphs off ({s.device}): {reason}; running eagerly")
 
     def _build(self, s: Any) -> None:
-        self.chunk = self._chunk_length(s)
+        """Static slots, the rates' buffers, fixed gradients, and the one-iteration graph."""
+        self.slots = self._max_chunk(s)
         passes = s.param.iter_size
-        self.feeds = [SlotFeed(feed_of(layer), layer.top_shapes, self.chunk * passes, s.device)
+        self.feeds = [SlotFeed(feed_of(layer), layer.top_shapes, self.slots * passes, s.device)
                       for layer in s.net.data_layers()]
         for layer, feed in zip(s.net.data_layers(), self.feeds, strict=True):
             swap_feed(layer, feed)
         groups = len(s.updater.groups)
         pinned = s.device.type == "cuda"
-        self.scales = _Scales(torch.zeros((self.chunk, groups), device=s.device),
-                              [torch.zeros((self.chunk, groups), pin_memory=pinned)
+        self.scales = _Scales(torch.zeros((self.slots, groups), device=s.device),
+                              [torch.zeros((self.slots, groups), pin_memory=pinned)
                                for _ in range(2)])
         s.grads_in_place = True
         for w in s.updater.params:   # every gradient at a fixed address, zero to start
@@ -227,22 +245,23 @@ class GraphedLoop:
                 w.grad = torch.zeros_like(w)
         if not self.emulate:
             torch.cuda.synchronize(s.device)
-        for length in sorted({1, self.chunk}):
-            self.graphs[length] = self._record(s, length)
+        self.graphs[1] = self._record(s, 1)
+
+    def _max_chunk(self, s: Any) -> int:
+        """The longest chunk the batch slots' memory allows (the given chunk, else CHUNK_MAX)."""
+        k = self.chunk_cap if self.chunk_cap is not None else CHUNK_MAX
+        slot_bytes = sum(4 * math.prod(layer.top_shapes[0]) + 8 * layer.top_shapes[0][0]
+                         for layer in s.net.data_layers()) * s.param.iter_size
+        return min(k, max(1, SLOT_BYTES_MAX // slot_bytes)) if slot_bytes else k
 
     def _chunk_length(self, s: Any) -> int:
-        """Iterations per replay: about CHUNK_TARGET_MS of device time, at most CHUNK_MAX (or
-        the cap given), within the slot memory, and dividing every interval at which the host
-        must step in between iterations."""
-        if self.chunk_cap is not None:
-            k = self.chunk_cap
-        else:
-            step_ms = min(self._eager_ms) if self._eager_ms else CHUNK_TARGET_MS
-            k = max(1, min(CHUNK_MAX, math.floor(CHUNK_TARGET_MS / max(step_ms, 1e-3))))
-        slot_bytes = sum(4 * math.prod(layer.top_shapes[0]) + 8 * math.prod(layer.top_shapes[0][:1])
-                         for layer in s.net.data_layers()) * s.param.iter_size
-        if slot_bytes:
-            k = min(k, max(1, SLOT_BYTES_MAX // slot_bytes))
+        """Iterations per replay: about CHUNK_TARGET_MS of device time by the timed replays (or
+        the chunk given), within the slots, dividing every interval at which the host must step
+        in between iterations."""
+        k = self.slots
+        if self.chunk_cap is None:
+            step_ms = min(self._replay_ms) if self._replay_ms else CHUNK_TARGET_MS
+            k = min(k, max(1, math.floor(CHUNK_TARGET_MS / max(step_ms, 1e-3))))
         p = s.param
         common = 0   # gcd of the intervals: a chunk length must divide it
         for interval in (p.display, p.test_interval if s.test_nets else 0, p.snapshot):

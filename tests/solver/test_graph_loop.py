@@ -50,12 +50,16 @@ def test_chunks_train_as_the_eager_loop_with_an_lmdb(ws, rule):
 
 def test_the_chunk_divides_display_test_and_snapshot(ws):
     loop = GraphedLoop(emulate=True)
-    loop._eager_ms = [0.01]   # a tiny step: the cap would be 32
+    loop.slots = 32
+    loop._replay_ms = [0.01]   # a tiny step: 32 would fit in the target
     with Solver(ws.load(display=20, snapshot=30, max_iter=10)) as solver:
         assert loop._chunk_length(solver) == 10
-    loop._eager_ms = [1.0]
+    loop._replay_ms = [1.0]
     with Solver(ws.load(display=100, max_iter=10)) as solver:
         assert loop._chunk_length(solver) == 4
+    loop.slots = 3   # the slots' memory allows 3
+    with Solver(ws.load(display=100, max_iter=10)) as solver:
+        assert loop._chunk_length(solver) == 2
 
 
 def test_lines_snapshots_and_resume_follow_the_eager_loop(ws, caplog):
@@ -120,3 +124,18 @@ def test_callbacks_keep_the_eager_loop_and_say_why(ws, caplog):
             "eagerly") in caplog.messages
     with Solver(ws.load(max_iter=4)) as solver:
         assert capture_blocker(solver) == "the net runs on cpu, not CUDA"
+
+
+def test_without_a_given_chunk_three_timed_single_replays_size_it(ws):
+    ws.net(ws.LMDB_NET, batch=2)
+    common = {"max_iter": 40, "display": 10, "lr_policy": "fixed"}
+    _, want = trained(ws.load(**common))
+    loop = GraphedLoop(emulate=True)
+    runs = []
+    real = loop._replay
+    loop._replay = lambda s, length: (runs.append((s.iter, length)), real(s, length))
+    _, got = trained(ws.load(**common, snapshot_prefix="g/t"), loop)
+    assert loop.chunk == 10 and sorted(loop.graphs) == [1, 10]   # 32 slots; 10 divides display
+    assert runs[:6] == [(2, 1), (3, 1), (4, 1), (5, 1), (6, 1), (7, 1)]
+    assert (10, 10) in runs and (20, 10) in runs
+    assert close(got, want)
