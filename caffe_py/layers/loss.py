@@ -1,4 +1,5 @@
-"""Layer family: losses and Accuracy, as Caffe 1.0 computes them.
+"""Layer family: losses and Accuracy, as Caffe 1.0 computes them (the margin losses are in
+margin_loss.py).
 
 Normalization (LossParameter): the summed loss is divided by max(1, n) where n is the count of
 positions whose label is not ``ignore_label`` (VALID), all positions (FULL), the outer count
@@ -21,6 +22,7 @@ import torch
 import torch.nn.functional as F
 
 from ..errors import DataError
+from ..io.blobproto import read_blob_file
 from ..spec.layer_params.loss import AccuracyParameter, LossParameter
 from ..spec.schema import is_set, message_at
 from .base import Layer, Shape, canonical_axis, count
@@ -234,3 +236,99 @@ class Accuracy(Layer):
         per_class_hit = torch.zeros_like(per_class_n)
         per_class_hit.index_add_(0, lab.flatten(), hit.flatten().to(scores.dtype))
         return accuracy, per_class_hit / per_class_n.clamp(min=1)
+
+
+# Caffe's kLOG_THRESHOLD (loss_layer.hpp): probabilities are floored here before the log.
+LOG_THRESHOLD = float(np.float32(1e-20))
+
+
+@register("MultinomialLogisticLoss")
+class MultinomialLogisticLoss(Layer):
+    """-(1/N) sum_n log(max(p[n, label_n], 1e-20)) over probabilities p (N x ..., each item's
+    values flattened). Caffe's gradient -1 / (N max(p, 1e-20)) at the label holds below the
+    floor too; the labels get none."""
+
+    bottoms = (2, 2)
+    is_loss = True
+
+    def setup(self, bottom_shapes: list[Shape]) -> list[Shape]:
+        probs, labels = bottom_shapes
+        require_batch_axis(self, probs)
+        if not labels or labels[0] != probs[0] or count(labels) != probs[0]:
+            raise self.bottom_error(1, f"has shape {list(labels)} but bottom "
+                                       f"'{self.spec.bottom[0]}' {list(probs)} needs one label "
+                                       f"per item: N x 1 x 1 x 1 with N = {probs[0]}")
+        self.classes = count(probs, 1)
+        return [()]
+
+    def forward(self, probs: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+        flat = probs.reshape(probs.shape[0], -1)  # (N, dim)
+        lab = labels.detach().reshape(-1, 1).long()
+        check_label_range(self, lab, None, self.classes, "loss_param")
+        p = flat.gather(1, lab)
+        floored = p + (p.clamp(min=LOG_THRESHOLD) - p).detach()  # the floor's value, p's path
+        return -torch.log(floored).sum() / probs.shape[0]
+
+
+@register("InfogainLoss")
+class InfogainLoss(Layer):
+    """-sum_l H[label, l] log(max(p_l, 1e-20)) per position, p the softmax over ``axis``,
+    normalised as loss_param says (VALID by default; ``normalize`` is refused, as Caffe does).
+    H (C x C) comes from infogain_loss_param.source (a .binaryproto) or a third bottom, which
+    gets no gradient. Caffe's gradient p sum_l H[label, l] - H[label, :] also holds below the
+    floor. Optional second top: the probabilities."""
+
+    bottoms = (2, 3)
+    tops = (1, 2)
+    is_loss = True
+
+    def setup(self, bottom_shapes: list[Shape]) -> list[Shape]:
+        p, loss = self.param(), self.param("loss_param")
+        self.axis, self.classes = split_class_axis(self, bottom_shapes[:2], p.axis)
+        if loss.normalize is not None:
+            raise self.fail("loss_param.normalize is deprecated and InfogainLoss refuses it "
+                            "(as Caffe)", "use loss_param.normalization")
+        self.ignore_label = loss.ignore_label
+        self.mode = normalization_mode(loss, "VALID")
+        c2 = self.classes * self.classes
+        if len(bottom_shapes) == 3:
+            if count(bottom_shapes[2]) != c2:
+                raise self.bottom_error(2, f"(the infogain matrix) has shape "
+                                           f"{list(bottom_shapes[2])}; it must hold "
+                                           f"{self.classes} x {self.classes} values")
+            self.infogain = None
+        else:
+            self.register_buffer("infogain", self._read_matrix(p.source, c2), persistent=False)
+        return [()] + [bottom_shapes[0]] * (len(self.spec.top) - 1)
+
+    def _read_matrix(self, source: str, c2: int) -> torch.Tensor:
+        if not source:
+            raise self.fail("infogain_loss_param.source is not set and there is no third "
+                            "bottom", "name the .binaryproto of the C x C matrix H, or give "
+                                      "H as a third bottom")
+        try:
+            values = read_blob_file(source).array()
+        except DataError as exc:
+            raise self.fail(f"infogain_loss_param.source: {exc}") from None
+        if values.size != c2:
+            raise self.fail(f"infogain_loss_param.source {source} holds {values.size} values "
+                            f"(shape {list(values.shape)}); {self.classes} classes need "
+                            f"{self.classes} x {self.classes}")
+        return torch.from_numpy(values.reshape(self.classes, self.classes).copy())
+
+    def forward(self, scores: torch.Tensor, labels: torch.Tensor,
+                matrix: torch.Tensor | None = None):
+        h = (matrix.detach() if matrix is not None else self.infogain).reshape(
+            self.classes, self.classes).to(scores.dtype)
+        logp = F.log_softmax(scores, dim=self.axis)
+        logp3, lab = as_positions(logp, labels.detach(), self.axis)  # (outer, C, inner)
+        valid = None if self.ignore_label is None else lab != self.ignore_label
+        check_label_range(self, lab, valid, self.classes, "loss_param")
+        floor = math.log(LOG_THRESHOLD)
+        logp3 = logp3 - (logp3 - logp3.clamp(min=floor)).detach()  # floored value, full grad
+        rows = h[lab.clamp(0, self.classes - 1).squeeze(1)].transpose(1, 2)  # (outer, C, inner)
+        per_position = -(rows * logp3).sum(1, keepdim=True)  # (outer, 1, inner)
+        if valid is not None:
+            per_position = per_position * valid
+        loss = per_position.sum() / normalizer(self.mode, lab.shape[0], lab.shape[2], valid)
+        return (loss, logp.exp()) if len(self.top_shapes) == 2 else loss

@@ -26,7 +26,7 @@ def test_unknown_type_names_the_place_and_the_nearest():
         layer_params.blocks("Convolutoin", src=Source("net.yaml"), line=4, path="layer[0].type")
     assert str(err.value) == (
         "net.yaml:4: layer[0].type: unknown layer type 'Convolutoin'; did you mean "
-        f"'Convolution'? known types: {', '.join(layer_params.known_types())}")
+        "'Convolution'?")
 
 
 def test_takes_block():
