@@ -104,8 +104,9 @@ class SoftmaxWithLoss(Layer):
 
     Bottoms: scores (... x C x ...) and labels (one per position outside the class axis, e.g.
     N or N x H x W for N x C x H x W scores). Tops: the loss (a scalar) and, optionally, the
-    probabilities. The gradient is Caffe's (p - onehot) / normalizer, also where the FLT_MIN
-    clamp is active.
+    probabilities, which pass no gradient back (Caffe's backward reads the loss top alone).
+    The gradient is Caffe's (p - onehot) / normalizer, also where the FLT_MIN clamp is
+    active.
     """
 
     bottoms = (2, 2)
@@ -130,8 +131,8 @@ class SoftmaxWithLoss(Layer):
         nll = nll - (nll - nll.clamp(max=_MAX_NLL)).detach()
         total = (nll * valid).sum() if valid is not None else nll.sum()
         loss = total / normalizer(self.mode, lab.shape[0], lab.shape[2], valid)
-        if len(self.top_shapes) == 2:
-            return loss, logp.exp()
+        if len(self.top_shapes) == 2:  # Caffe's backward reads only the loss top's diff
+            return loss, logp.detach().exp()
         return loss
 
 
@@ -197,9 +198,9 @@ class Accuracy(Layer):
     """Fraction of non-ignored positions whose label ranks in the top k; optional second top:
     the accuracy per class (C; 0 for a class with no positions).
 
-    Ranking follows Caffe's sort of (score, class) pairs in descending order: a class beats
-    the label when its score is higher, or equal with a higher class index, so ties go to the
-    higher index. No gradient flows.
+    As in Caffe 1.0 (accuracy_layer.cpp), every other class whose score is at least the
+    label's counts as better, so a tie goes against the label; the position is a hit when
+    fewer than k classes are better. No gradient flows.
     """
 
     bottoms = (2, 2)
@@ -224,9 +225,8 @@ class Accuracy(Layer):
         check_label_range(self, lab, valid, self.classes, "accuracy_param")
         lab = lab.clamp(0, self.classes - 1)
         label_score = s3.gather(1, lab)
-        index = torch.arange(self.classes, device=s3.device).view(1, -1, 1)
-        better = (s3 > label_score) | ((s3 == label_score) & (index > lab))
-        hit = (better.sum(dim=1, keepdim=True) < self.top_k) & valid
+        better = (s3 >= label_score).sum(dim=1, keepdim=True) - 1  # the label itself is >=
+        hit = (better < self.top_k) & valid
         n = valid.sum()
         accuracy = (hit.sum() / n.clamp(min=1)).to(scores.dtype)
         if len(self.top_shapes) == 1:
@@ -276,7 +276,8 @@ class InfogainLoss(Layer):
     normalised as loss_param says (VALID by default; ``normalize`` is refused, as Caffe does).
     H (C x C) comes from infogain_loss_param.source (a .binaryproto) or a third bottom, which
     gets no gradient. Caffe's gradient p sum_l H[label, l] - H[label, :] also holds below the
-    floor. Optional second top: the probabilities."""
+    floor. Optional second top: the probabilities, which pass no gradient back (Caffe's
+    backward reads the loss top alone)."""
 
     bottoms = (2, 3)
     tops = (1, 2)
@@ -331,4 +332,4 @@ class InfogainLoss(Layer):
         if valid is not None:
             per_position = per_position * valid
         loss = per_position.sum() / normalizer(self.mode, lab.shape[0], lab.shape[2], valid)
-        return (loss, logp.exp()) if len(self.top_shapes) == 2 else loss
+        return (loss, logp.detach().exp()) if len(self.top_shapes) == 2 else loss

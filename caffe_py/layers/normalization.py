@@ -271,7 +271,8 @@ class MVN(Layer):
     """Subtract the mean (and divide by the standard deviation plus eps) over H x W per item
     and channel, or over C x H x W per item with ``across_channels``. The variance is the
     biased one (divided by the count). Like Caffe (num/channels/height/width) the bottom has at
-    most 4 axes; a missing axis counts as 1."""
+    most 4 axes, a missing axis counts as 1, and the top is N x C x H x W: (N, C) gives
+    (N, C, 1, 1)."""
 
     def setup(self, bottom_shapes: list[Shape]) -> list[Shape]:
         (shape,) = bottom_shapes
@@ -281,7 +282,7 @@ class MVN(Layer):
         p = self.param()
         self.normalize_variance, self.across, self.eps = (
             p.normalize_variance, p.across_channels, p.eps)
-        return [shape]
+        return [tuple(shape) + (1,) * (4 - len(shape))]
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         rows = x.shape[0] if self.across or x.dim() < 2 else x.shape[0] * x.shape[1]
@@ -290,4 +291,4 @@ class MVN(Layer):
             y = _MVNFunction.apply(flat, self.eps)
         else:
             y = flat - flat.mean(1, keepdim=True)
-        return y.reshape(x.shape)
+        return y.reshape(*x.shape, *([1] * (4 - x.dim())))

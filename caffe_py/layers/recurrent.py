@@ -6,6 +6,10 @@ input x_static (N x ..., seen at every step) and, with ``expose_hidden``, the in
 h_0 (1 x N x H) [and c_0 for LSTM]. Tops: the hidden output (T x N x H) and, with
 ``expose_hidden``, the final state h_T [and c_T] (1 x N x H).
 
+With ``expose_hidden`` the state bottoms and tops carry values only, as in Caffe 1.0
+(recurrent_layer.cpp shares their data but not their diffs): no gradient flows into h_0 [c_0]
+or back from h_T [c_T]; the hidden output's gradient reaches the inputs and weights as usual.
+
 cont_t multiplies the previous state before it is used, so a 0 starts a new sequence. Without
 ``expose_hidden`` Caffe copies the last step's state into the next forward's initial state
 (recurrent_layer.cpp Forward: "copy timestep T to timestep 0"), so cont = 1 at t = 0 continues
@@ -109,8 +113,8 @@ class Recurrent(Layer):
     def _initial_state(self, given: tuple[torch.Tensor, ...], like: torch.Tensor,
                        streams: int) -> tuple[torch.Tensor, ...]:
         """h_0 [, c_0] as (N, H): the bottoms, or the state the last forward left behind."""
-        if self.expose_hidden:
-            return tuple(s.reshape(streams, self.hidden) for s in given)
+        if self.expose_hidden:  # values only: Caffe shares their data, not their diffs
+            return tuple(s.detach().reshape(streams, self.hidden) for s in given)
         carry = self._carry
         if (carry is None or carry[0].shape[0] != streams or carry[0].dtype != like.dtype
                 or carry[0].device != like.device):
@@ -120,8 +124,8 @@ class Recurrent(Layer):
 
     def _finish(self, output: torch.Tensor, final: tuple[torch.Tensor, ...]):
         """Keep the final state for the next forward (no expose_hidden), or return it."""
-        if self.expose_hidden:
-            return (output, *(s.unsqueeze(0) for s in final))
+        if self.expose_hidden:  # values only, as Caffe shares the final state's data alone
+            return (output, *(s.detach().unsqueeze(0) for s in final))
         # a fresh detached reference each time: the old carry may be saved for backward
         self._carry = tuple(s.detach() for s in final)
         return output

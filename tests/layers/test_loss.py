@@ -243,7 +243,7 @@ def test_sigmoid_cross_entropy_count_error():
 
 def np_accuracy(scores: np.ndarray, labels: np.ndarray, top_k: int,
                 ignore: int | None) -> tuple[float, np.ndarray]:
-    """Caffe's sort of (score, class) pairs, descending: ties rank the higher class first."""
+    """Caffe 1.0's rule: a hit when fewer than k other classes score at least the label's."""
     classes = scores.shape[1]
     s = scores.reshape(scores.shape[0], classes, -1)
     lab = labels.reshape(s.shape[0], s.shape[2])
@@ -254,8 +254,8 @@ def np_accuracy(scores: np.ndarray, labels: np.ndarray, top_k: int,
             label = int(lab[i, j])
             if ignore is not None and label == ignore:
                 continue
-            ranked = sorted(((s[i, k, j], k) for k in range(classes)), reverse=True)
-            hit = label in [k for _, k in ranked[:top_k]]
+            at_least = sum(s[i, k, j] >= s[i, label, j] for k in range(classes) if k != label)
+            hit = at_least < top_k
             hits += hit
             total += 1
             per_hit[label] += hit
@@ -282,14 +282,15 @@ def test_accuracy_top_k_with_ties_spatial_and_per_class(top_k):
     assert want_per_class[4] == 0.0
 
 
-def test_accuracy_tie_goes_to_higher_class_index():
+def test_accuracy_tie_goes_against_the_label():
+    # Caffe 1.0 (accuracy_layer.cpp) counts every other class scoring >= the label's as
+    # better, whatever its index (rc3 sorted (score, class) pairs and let the higher win)
     layer = build(spec("Accuracy"), [(4, 3), (4,)])
-    scores = torch.tensor([[1.0, 1.0, 0.0]] * 4)
-    # label 1 wins its tie with class 0; label 0 loses it; label 2 is below both
-    acc = layer(scores, torch.tensor([1.0, 0.0, 0.0, 2.0]))
-    assert float(acc) == 0.25
+    scores = torch.tensor([[1.0, 1.0, 0.0]] * 3 + [[0.0, 2.0, 2.0]])
+    acc = layer(scores, torch.tensor([1.0, 0.0, 2.0, 2.0]))
+    assert float(acc) == 0.0  # both tied labels lose; label 2 of row 2 is below both
     top2 = build(spec("Accuracy", "    accuracy_param: {top_k: 2}\n"), [(4, 3), (4,)])
-    assert float(top2(scores, torch.tensor([1.0, 0.0, 0.0, 2.0]))) == 0.75
+    assert float(top2(scores, torch.tensor([1.0, 0.0, 2.0, 2.0]))) == 0.75
 
 
 def test_accuracy_axis_no_gradient_and_all_ignored():
