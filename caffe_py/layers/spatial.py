@@ -63,12 +63,23 @@ class SPP(Layer):
         """The Pooling layer of each level for an H x W input (built once per size)."""
         levels = self._levels.get((height, width))
         if levels is None:
+            for level in range(self.height):
+                self._check_level(level, height, width)
             ctx = dataclasses.replace(self.ctx, phase="TRAIN")
             levels = [Pooling(self._level_spec(i, height, width), [self.bottom_shapes[0][:2]
                                                                     + (height, width)], ctx)
                       for i in range(self.height)]
             self._levels[(height, width)] = levels
         return levels
+
+    def _check_level(self, level: int, height: int, width: int) -> None:
+        """Caffe's Pooling needs pad < kernel: a small input cannot have many levels."""
+        (kh, ph), (kw, pw) = level_geometry(level, height), level_geometry(level, width)
+        if ph >= kh or pw >= kw:
+            raise self.fail(f"pyramid level {level} of a {height} x {width} input needs "
+                            f"{kh} x {kw} windows padded by {ph} x {pw}, and Caffe's pooling "
+                            "takes a pad smaller than the window",
+                            "use a larger input or a smaller pyramid_height")
 
     def _level_spec(self, level: int, height: int, width: int) -> LayerParameter:
         (kh, ph), (kw, pw) = level_geometry(level, height), level_geometry(level, width)
