@@ -71,7 +71,8 @@ class Blob:
     width = property(lambda self: self._legacy(3))
 
     def _bind(self, data: np.ndarray, diff: np.ndarray | None = None) -> None:
-        """Point the blob at ``data`` (and ``diff``; zeros when None): caffe-py's side only."""
+        """Point the blob at ``data`` (and ``diff``; zeros when None), whose dtype later
+        reshapes keep: caffe-py's side only."""
         self._data = data
         self._diff = np.zeros_like(data) if diff is None else diff
         self._dtype = data.dtype

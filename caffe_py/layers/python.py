@@ -147,8 +147,11 @@ class Python(Layer):
             raise self._user_error(exc, f"importing module '{name}'") from None
 
     def _spec_dir(self) -> Path | None:
+        """The directory of the spec file the layer was read from (None: not from a file)."""
         loc = location(self.spec)
-        return Path(loc.file).resolve().parent if loc is not None and loc.file else None
+        if loc is None or not loc.file or not Path(loc.file).is_file():
+            return None
+        return Path(loc.file).resolve().parent
 
     # --- calling the user's code ------------------------------------------------------------
     def _call(self, fn: Any, what: str, *args: Any) -> Any:
@@ -186,10 +189,6 @@ class _CaffeForm:
 
     def __init__(self, host: Python, obj: Any):
         self.host, self.obj = host, obj
-        for method in ("forward", "backward"):
-            if not callable(getattr(obj, method, None)):
-                raise host.fail(f"{host.where} has no {method}(...) method",
-                                f"define {method} as a Caffe Python layer does")
         self.bottom: list[pycaffe.Blob] = []
         self.top: list[pycaffe.Blob] = [pycaffe.Blob() for _ in host.spec.top]
 
@@ -203,6 +202,10 @@ class _CaffeForm:
         self.bottom = [pycaffe.Blob(s) for s in bottom_shapes]
         host._call(obj.setup, "setup", self.bottom, self.top)
         host._call(obj.reshape, "reshape", self.bottom, self.top)
+        for method in ("forward", "backward"):
+            if not callable(getattr(obj, method, None)):
+                raise host.fail(f"{host.where} has no {method}(...) method",
+                                f"define {method} as a Caffe Python layer does")
         for i, blob in enumerate(obj.blobs):
             param = host.add_blob(f"blob{i}", blob.shape)
             with torch.no_grad():
@@ -241,6 +244,10 @@ class _CaffeForm:
         device = like.device if like is not None else torch.device(self.host.ctx.device)
         arrays = [x.detach().cpu().numpy().copy() for x in bottoms]
         self.bottom = [pycaffe.Blob() for _ in arrays]
+        np_dtype = torch.empty((), dtype=dtype).numpy().dtype
+        for blob in self.top:  # tops in the bottoms' precision (float32 as Caffe's, or 64)
+            if blob.data.dtype != np_dtype:
+                blob._bind(blob.data.astype(np_dtype))
         for blob, array in zip(self.bottom, arrays, strict=True):
             blob._bind(array)
         self.bind_params()
