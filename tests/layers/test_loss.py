@@ -371,7 +371,7 @@ def test_infogain_loss_with_a_third_bottom(mode, ignore):
     labels = rng.integers(0, 3, size=(2, 2, 2)).astype(np.float64)
     x = torch.from_numpy(scores).requires_grad_()
     loss = layer(x, torch.from_numpy(labels), torch.from_numpy(h))
-    assert float(loss) == pytest.approx(np_infogain(scores, labels, h, mode, ignore), rel=1e-10)
+    assert loss.item() == pytest.approx(np_infogain(scores, labels, h, mode, ignore), rel=1e-10)
     assert torch.autograd.gradcheck(
         lambda v: layer.double()(v, torch.from_numpy(labels), torch.from_numpy(h)), (x,))
 

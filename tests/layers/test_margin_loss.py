@@ -47,7 +47,7 @@ def test_contrastive_loss_value_and_caffes_gradient(block, margin, legacy):
     tb = torch.from_numpy(b.reshape(8, 3, 1, 1)).requires_grad_()
     loss = layer(ta, tb, torch.from_numpy(sim))
     want, grad = np_contrastive(a, b, sim, margin, legacy)
-    assert float(loss) == pytest.approx(want, rel=1e-12)
+    assert loss.item() == pytest.approx(want, rel=1e-12)
     (3 * loss).backward()
     np.testing.assert_allclose(ta.grad.numpy().reshape(8, 3), 3 * grad, rtol=1e-12)
     np.testing.assert_allclose(tb.grad.numpy().reshape(8, 3), -3 * grad, rtol=1e-12)
