@@ -75,7 +75,7 @@ def test_hinge_loss_value_and_gradcheck(norm):
     rng = np.random.default_rng(1)
     scores, labels = rng.normal(size=(4, 3, 2)), rng.integers(0, 6, 4).astype(np.float64)
     x = torch.from_numpy(scores).requires_grad_()
-    assert float(layer(x, torch.from_numpy(labels))) == pytest.approx(
+    assert layer(x, torch.from_numpy(labels)).item() == pytest.approx(
         np_hinge(scores, labels, norm == "L2"), rel=1e-12)
     assert torch.autograd.gradcheck(lambda v: layer.double()(v, torch.from_numpy(labels)), (x,))
 
