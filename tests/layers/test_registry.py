@@ -18,7 +18,7 @@ from caffe_py.layers.base import Layer
 from caffe_py.net import Net
 from caffe_py.spec import layer_params
 from caffe_py.spec.net_spec import parse_net
-from caffe_py.spec.schema import Source
+from caffe_py.spec.schema import Source, field_names
 
 # The net's inputs: x and y (N, C, H, W); v and prob (N, K); label (N,) in [0, K); seq (T, N, D)
 # and cont (T, N) for the recurrent layers; c0 (1, N, D), gates (1, N, 4D) and flag (1, N) for
@@ -213,3 +213,18 @@ def test_a_declared_type_without_a_layer_class_is_named():
         layer_params.undeclare("Unbuilt")
     assert str(err.value) == ("layer type 'Unbuilt' is in the spec's table of parameter blocks "
                               "but no layer class is registered for it")
+
+
+def test_docs_layers_table_has_every_type_block_and_field():
+    """docs/layers.md (written by docs/make_layers_table.py) is in step with the spec's table:
+    rerun the script when a type, block or field changes."""
+    text = (Path(__file__).resolve().parents[2] / "docs" / "layers.md").read_text()
+    sections = {part.split("\n", 1)[0].strip(): part for part in text.split("\n### ")[1:]}
+    for type_name in library_types():
+        section = sections.get(type_name)
+        assert section is not None, f"docs/layers.md has no section for {type_name}"
+        for key, cls in layer_params.blocks(type_name).items():
+            assert f"`{key}` ({cls.__name__})" in section, f"{type_name}: {key}"
+            block = section.split(f"`{key}` ({cls.__name__})", 1)[1].split("\n\n`", 1)[0]
+            for name in field_names(cls):
+                assert f"| `{name}` |" in block, f"{type_name}.{key}.{name}"
