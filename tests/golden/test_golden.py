@@ -59,7 +59,7 @@ def error(ours: np.ndarray, caffe: np.ndarray) -> float:
     return float(np.abs(ours.astype(np.float64) - caffe).max()) / scale
 
 
-def build_layer(spec: dict, arrays: dict, tmp: Path) -> Layer:
+def build_layer(spec: dict, arrays: dict, tmp: Path, device: str = "cpu") -> Layer:
     """The case's layer, built by caffe-py with the fixture's files and blobs."""
     params = json.loads(json.dumps(spec["params"]), object_hook=lambda d: {
         k: str(_write_file(v[1:], arrays, tmp)) if isinstance(v, str) and v.startswith("@")
@@ -69,13 +69,14 @@ def build_layer(spec: dict, arrays: dict, tmp: Path) -> Layer:
             "top": [f"t{k}" for k in range(spec["tops"])], **params}
     layer_spec = parse_layer(node, Source(), "layer[0]")
     shapes = [tuple(b["shape"]) for b in spec["bottoms"]]
-    ctx = BuildContext(phase=spec["phase"], generator=torch.Generator().manual_seed(0))
-    layer = lookup(spec["type"])(layer_spec, shapes, ctx)
+    ctx = BuildContext(phase=spec["phase"], device=torch.device(device),
+                       generator=torch.Generator().manual_seed(0))
+    layer = lookup(spec["type"])(layer_spec, shapes, ctx).to(device)
     blobs = layer.blobs()
     assert len(blobs) == len([k for k in arrays if k.startswith("blob") and k[4:].isdigit()])
     with torch.no_grad():
         for j, blob in enumerate(blobs):
-            blob.copy_(torch.from_numpy(arrays[f"blob{j}"]).reshape(blob.shape))
+            blob.copy_(torch.from_numpy(arrays[f"blob{j}"]).reshape(blob.shape).to(device))
     return layer
 
 
@@ -85,14 +86,14 @@ def _write_file(name: str, arrays: dict, tmp: Path) -> Path:
     return path
 
 
-def run_case(type_name: str, case: str, tmp: Path) -> dict[str, float]:
+def run_case(type_name: str, case: str, tmp: Path, device: str = "cpu") -> dict[str, float]:
     """Forward and backward of one fixture case in caffe-py: the error of each array."""
     with np.load(FIXTURES / f"{type_name}.npz") as npz:
         arrays = {k.split("__", 1)[1]: npz[k] for k in npz.files if k.startswith(case + "__")}
     spec = json.loads(str(arrays.pop("spec")))
-    layer = build_layer(spec, arrays, tmp)
-    bottoms = [torch.from_numpy(arrays[f"bottom{i}"]).requires_grad_(i in spec["grad"])
-               for i in range(len(spec["bottoms"]))]
+    layer = build_layer(spec, arrays, tmp, device)
+    bottoms = [torch.from_numpy(arrays[f"bottom{i}"]).to(device).requires_grad_(
+        i in spec["grad"]) for i in range(len(spec["bottoms"]))]
     tops = layer(*bottoms)
     tops = (tops,) if isinstance(tops, torch.Tensor) else tuple(tops)
     errors = {}
@@ -100,19 +101,20 @@ def run_case(type_name: str, case: str, tmp: Path) -> dict[str, float]:
         expected = arrays[f"top{k}"]
         assert tuple(top.shape) == expected.shape, f"top{k}: {tuple(top.shape)} vs Caffe's " \
                                                    f"{expected.shape}"
-        errors[f"top{k}"] = error(top.detach().numpy(), expected)
-    pairs = [(t, torch.from_numpy(arrays[f"top_diff{k}"])) for k, t in enumerate(tops)
-             if t.requires_grad]
+        errors[f"top{k}"] = error(top.detach().cpu().numpy(), expected)
+    pairs = [(t, torch.from_numpy(arrays[f"top_diff{k}"]).to(device))
+             for k, t in enumerate(tops) if t.requires_grad]
     if pairs:
         torch.autograd.backward([t for t, _ in pairs], [g for _, g in pairs])
     for i in spec["grad"]:
         grad = bottoms[i].grad
-        ours = np.zeros_like(arrays[f"bottom{i}"]) if grad is None else grad.numpy()
+        ours = np.zeros_like(arrays[f"bottom{i}"]) if grad is None else grad.cpu().numpy()
         errors[f"bottom_diff{i}"] = error(ours, arrays[f"bottom_diff{i}"])
     for j, blob in enumerate(layer.blobs()):
-        errors[f"blob_after{j}"] = error(blob.detach().numpy(), arrays[f"blob_after{j}"])
+        errors[f"blob_after{j}"] = error(blob.detach().cpu().numpy(), arrays[f"blob_after{j}"])
         if isinstance(blob, torch.nn.Parameter):
-            ours = np.zeros(blob.shape, np.float32) if blob.grad is None else blob.grad.numpy()
+            ours = (np.zeros(blob.shape, np.float32) if blob.grad is None
+                    else blob.grad.cpu().numpy())
             errors[f"blob_diff{j}"] = error(ours, arrays[f"blob_diff{j}"].reshape(blob.shape))
     return errors
 
@@ -122,6 +124,19 @@ def test_layer_matches_caffe(type_name, case, tmp_path):
     errors = run_case(type_name, case, tmp_path)
     worst = {name: e for name, e in errors.items() if not e <= TOLERANCE}
     assert not worst, f"{type_name}/{case}: errors above {TOLERANCE}: {worst}"
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+@pytest.mark.parametrize(("type_name", "case"), CASES, ids=[f"{t}/{c}" for t, c in CASES])
+def test_layer_matches_caffe_on_cuda(type_name, case, tmp_path, monkeypatch):
+    """The same comparison on a CUDA net, TF32 off (cuDNN's algorithms round differently:
+    1e-4)."""
+    monkeypatch.setattr(torch.backends.cudnn, "allow_tf32", False)
+    monkeypatch.setattr(torch.backends.cuda.matmul, "allow_tf32", False)
+    errors = run_case(type_name, case, tmp_path, "cuda")
+    worst = {name: e for name, e in errors.items() if not e <= 1e-4}
+    assert not worst, f"{type_name}/{case} on CUDA: errors above 1e-4: {worst}"
 
 
 def test_every_layer_type_has_a_fixture():
