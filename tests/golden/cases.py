@@ -228,6 +228,15 @@ def loss() -> list[dict]:
         case("Accuracy", "ignore_spatial", {"accuracy_param": {"ignore_label": 1}}, spatial,
              grad=()),
         case("Accuracy", "ties", {}, [((6, 4), "ints:0:2"), ((6,), "labels:4")], grad=()),
+    ]
+
+
+def margin_and_probability_losses() -> list[dict]:
+    scores = ((4, 5), "randn:2")
+    labels = ((4,), "labels:5")
+    spatial = [((2, 4, 2, 3), "randn:2"), ((2, 2, 3), "labels:4:1")]
+    valid_ignore = {"loss_param": {"normalization": "VALID", "ignore_label": 1}}
+    return [
         case("ContrastiveLoss", "margin1", {}, [((6, 3), "randn:0.5"), ((6, 3), "randn:0.5"),
                                                 ((6,), "binary")], (0, 1)),
         case("ContrastiveLoss", "legacy_margin2",
@@ -242,10 +251,10 @@ def loss() -> list[dict]:
         case("InfogainLoss", "source", {"infogain_loss_param": {"source": "@H"}},
              [scores, labels]),
         case("InfogainLoss", "bottom_matrix", {}, [scores, labels, ((5, 5), "uniform:0:1")]),
-        case("InfogainLoss", "spatial_ignore_prob", norm("VALID") | {
+        case("InfogainLoss", "spatial_ignore_prob", valid_ignore | {
             "infogain_loss_param": {"source": "@H"}}, spatial, tops=2),
-        case("InfogainLoss", "none", norm("NONE", None) | {
-            "infogain_loss_param": {"source": "@H"}}, spatial),
+        case("InfogainLoss", "none", {"loss_param": {"normalization": "NONE"},
+                                      "infogain_loss_param": {"source": "@H"}}, spatial),
         case("MultinomialLogisticLoss", "plain", {}, [((4, 5), "probs"), labels]),
         case("MultinomialLogisticLoss", "floor", {}, [((4, 5), "probs_zero_first"),
                                                       ((4,), "ints:0:1")]),
@@ -340,5 +349,5 @@ def data_and_python() -> list[dict]:
 
 
 def all_cases() -> list[dict]:
-    return (vision() + common() + activation() + normalization() + loss() + recurrent()
-            + utility() + data_and_python())
+    return (vision() + common() + activation() + normalization() + loss()
+            + margin_and_probability_losses() + recurrent() + utility() + data_and_python())
