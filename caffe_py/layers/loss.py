@@ -52,8 +52,9 @@ def normalizer(mode: str, outer: int, inner: int,
 
 
 def check_label_range(layer: Layer, labels: torch.Tensor, valid: torch.Tensor | None,
-                      num_classes: int, param_key: str) -> None:
-    """Raise a DataError when a non-ignored label is outside [0, num_classes)."""
+                      num_classes: int, param_key: str | None) -> None:
+    """Raise a DataError when a non-ignored label is outside [0, num_classes); the fix names
+    ``<param_key>.ignore_label`` when the layer honours one (None: it does not)."""
     if not layer.ctx.options.get("check_labels", True):
         return
     bad = (labels < 0) | (labels >= num_classes)
@@ -63,8 +64,8 @@ def check_label_range(layer: Layer, labels: torch.Tensor, valid: torch.Tensor | 
         value = int(labels[bad].flatten()[0])
         raise DataError(message_at(
             layer.spec, f"label {value} is outside [0, {num_classes}) ({num_classes} classes)",
-            f"check the data's labels, or set {param_key}.ignore_label: {value} to skip them",
-            named=True))
+            f"check the data's labels, or set {param_key}.ignore_label: {value} to skip them"
+            if param_key else "check the data's labels", named=True))
 
 
 def require_batch_axis(layer: Layer, shape: Shape) -> None:
@@ -264,7 +265,7 @@ class MultinomialLogisticLoss(Layer):
     def forward(self, probs: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
         flat = probs.reshape(probs.shape[0], -1)  # (N, dim)
         lab = labels.detach().reshape(-1, 1).long()
-        check_label_range(self, lab, None, self.classes, "loss_param")
+        check_label_range(self, lab, None, self.classes, None)
         p = flat.gather(1, lab)
         floored = p + (p.clamp(min=LOG_THRESHOLD) - p).detach()  # the floor's value, p's path
         return -torch.log(floored).sum() / probs.shape[0]

@@ -100,7 +100,7 @@ class HingeLoss(Layer):
     def forward(self, scores: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
         flat = scores.reshape(scores.shape[0], -1)  # (N, dim)
         lab = labels.detach().reshape(-1, 1).long()
-        check_label_range(self, lab, None, self.classes, "loss_param")
+        check_label_range(self, lab, None, self.classes, None)
         sign = torch.ones_like(flat).scatter_(1, lab, -1.0)  # -1 at the label
         hinge = torch.relu(1 + flat * sign)
         total = (hinge * hinge).sum() if self.squared else hinge.sum()
