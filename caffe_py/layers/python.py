@@ -168,7 +168,10 @@ class Python(Layer):
         here = str(Path(__file__).resolve())
         outside = [f for f in frames if str(Path(f.filename).resolve()) != here]
         at = f" ({outside[-1].filename}:{outside[-1].lineno})" if outside else ""
-        text = " ".join(str(exc).split()) or "(no message)"
+        text = str(exc)
+        if isinstance(exc, SyntaxError):  # raised by the compiler: the place is its own
+            at, text = f" ({exc.filename}:{exc.lineno})", exc.msg
+        text = " ".join(text.split()) or "(no message)"
         return self.fail(f"{what} raised {type(exc).__name__}: {text}{at}")
 
     def forward(self, *bottoms: torch.Tensor) -> Any:

@@ -173,6 +173,10 @@ def test_exceptions_in_the_users_code_name_the_module_and_line(tmp_path):
             "<string>:1: layer[0]: layer 'py' (Python): importing module 'broken_mod_b' raised "
             "ModuleNotFoundError: No module named 'not_a_module_xyz' "
             f"({tmp_path / 'broken_mod_b.py'}:2)")
+        write_module(tmp_path, "broken_mod_c", "x = 1\ndef f(:\n")
+        assert error_of(python("X", module="broken_mod_c")) == (
+            "<string>:1: layer[0]: layer 'py' (Python): importing module 'broken_mod_c' raised "
+            f"SyntaxError: invalid syntax ({tmp_path / 'broken_mod_c.py'}:2)")
     finally:
         sys.path.remove(str(tmp_path))
 
