@@ -300,7 +300,8 @@ class InfogainLoss(Layer):
                                            f"{self.classes} x {self.classes} values")
             self.infogain = None
         else:
-            self.register_buffer("infogain", self._read_matrix(p.source, c2), persistent=False)
+            matrix = self._read_matrix(p.source, c2).to(self.ctx.device)
+            self.register_buffer("infogain", matrix, persistent=False)
         return [()] + [bottom_shapes[0]] * (len(self.spec.top) - 1)
 
     def _read_matrix(self, source: str, c2: int) -> torch.Tensor:

@@ -71,7 +71,7 @@ def build_layer(spec: dict, arrays: dict, tmp: Path, device: str = "cpu") -> Lay
     shapes = [tuple(b["shape"]) for b in spec["bottoms"]]
     ctx = BuildContext(phase=spec["phase"], device=torch.device(device),
                        generator=torch.Generator().manual_seed(0))
-    layer = lookup(spec["type"])(layer_spec, shapes, ctx).to(device)
+    layer = lookup(spec["type"])(layer_spec, shapes, ctx)  # on ctx.device, as in a Net
     blobs = layer.blobs()
     assert len(blobs) == len([k for k in arrays if k.startswith("blob") and k[4:].isdigit()])
     with torch.no_grad():
