@@ -1,4 +1,5 @@
-"""Layer family: activation (ReLU, PReLU, ELU, Sigmoid, TanH, AbsVal, Power).
+"""Layer family: activation (ReLU, PReLU, ELU, Sigmoid, TanH, AbsVal, Power, BNLL, Exp, Log,
+Threshold, Clip, Swish).
 
 Every layer keeps its bottom's shape. The backend is chosen once, when the layer is built,
 from the ``engine`` field (Caffe's DEFAULT | CAFFE | CUDNN, plus CUDA and TORCH):
@@ -26,6 +27,7 @@ import math
 from collections.abc import Callable
 
 import torch
+import torch.nn.functional as F
 from torch import nn
 
 from ..kernels import build, functions, reference
@@ -240,3 +242,88 @@ class Power(_Elementwise):
         if self.power == 2.0:
             return base * base
         return torch.pow(base, self.power)
+
+
+@register("BNLL")
+class BNLL(_Elementwise):
+    """y = log(1 + exp(x)), the binomial normal log likelihood; dy/dx = sigmoid(x).
+
+    Caffe's gradient is e / (1 + e) with e = exp(min(x, 50)): PyTorch's softplus with
+    threshold 50 computes the same (and returns x itself above 50, where they agree in float).
+    """
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return F.softplus(x, beta=1.0, threshold=50.0)
+
+
+@register("Exp")
+class Exp(_Elementwise):
+    """y = base ^ (shift + scale * x) = outer * exp(inner * x), with Caffe's inner = scale *
+    ln(base) and outer = base ^ shift (base -1 is e)."""
+
+    def configure(self, shape: Shape) -> None:
+        p = self.param()
+        log_base = 1.0 if p.base == -1.0 else math.log(p.base)
+        self.inner = log_base * p.scale
+        self.outer = 1.0 if p.shift == 0.0 else (
+            math.exp(p.shift) if p.base == -1.0 else p.base ** p.shift)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y = torch.exp(x if self.inner == 1.0 else x * self.inner)
+        return y if self.outer == 1.0 else y * self.outer
+
+
+@register("Log")
+class Log(_Elementwise):
+    """y = log_base(shift + scale * x) (base -1 is e)."""
+
+    def configure(self, shape: Shape) -> None:
+        p = self.param()
+        self.scale, self.shift = p.scale, p.shift
+        self.base_scale = 1.0 if p.base == -1.0 else 1.0 / math.log(p.base)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.scale != 1.0:
+            x = x * self.scale
+        if self.shift != 0.0:
+            x = x + self.shift
+        y = torch.log(x)
+        return y if self.base_scale == 1.0 else y * self.base_scale
+
+
+@register("Threshold")
+class Threshold(_Elementwise):
+    """y = 1 where x > threshold, else 0. A step has no useful gradient (Caffe's backward is
+    not implemented): the top is a constant for autograd, so nothing flows back through it."""
+
+    def configure(self, shape: Shape) -> None:
+        self.threshold = self.param().threshold
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return (x.detach() > self.threshold).to(x.dtype)
+
+
+@register("Clip")
+class Clip(_Elementwise):
+    """y = min(max(x, min), max); the gradient passes where min <= x <= max (both ends)."""
+
+    def configure(self, shape: Shape) -> None:
+        p = self.param()
+        if p.min is None or p.max is None:
+            raise self.fail("clip_param.min and clip_param.max are required",
+                            "set both, e.g. clip_param: {min: 0, max: 6}")
+        self.min, self.max = p.min, p.max
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.clamp(x, self.min, self.max)
+
+
+@register("Swish")
+class Swish(_Elementwise):
+    """y = x * sigmoid(beta * x)."""
+
+    def configure(self, shape: Shape) -> None:
+        self.beta = self.param().beta
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x * torch.sigmoid(x if self.beta == 1.0 else x * self.beta)

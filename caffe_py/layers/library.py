@@ -1,2 +1,14 @@
 """Imports every layer family so that each registers its types."""
-from . import activation, common, data, loss, normalization, recurrent, vision  # noqa: F401
+from . import (  # noqa: F401  (importing registers every layer family)
+    activation,
+    common,
+    data,
+    loss,
+    margin_loss,
+    normalization,
+    python,
+    recurrent,
+    spatial,
+    utility,
+    vision,
+)

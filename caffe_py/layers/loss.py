@@ -1,4 +1,5 @@
-"""Layer family: losses and Accuracy, as Caffe 1.0 computes them.
+"""Layer family: losses and Accuracy, as Caffe 1.0 computes them (the margin losses are in
+margin_loss.py).
 
 Normalization (LossParameter): the summed loss is divided by max(1, n) where n is the count of
 positions whose label is not ``ignore_label`` (VALID), all positions (FULL), the outer count
@@ -23,6 +24,7 @@ import torch
 import torch.nn.functional as F
 
 from ..errors import DataError
+from ..io.blobproto import read_blob_file
 from ..spec.layer_params.loss import AccuracyParameter, LossParameter
 from ..spec.schema import is_set, message_at
 from .base import DeviceCheck, Layer, Shape, canonical_axis, count
@@ -59,7 +61,9 @@ class LabelRange:
     :class:`~caffe_py.layers.base.DeviceCheck` that the solver reads every few iterations.
     """
 
-    def __init__(self, layer: Layer, classes: int, param_key: str):
+    def __init__(self, layer: Layer, classes: int, param_key: str | None):
+        """``param_key``: the block whose ignore_label the fix names (None: the layer has
+        none)."""
         self.layer, self.classes, self.param_key = layer, classes, param_key
         self.enabled = layer.ctx.options.get("check_labels", True)
         self.seen: torch.Tensor | None = None
@@ -94,7 +98,7 @@ class LabelRange:
             self.layer.spec, f"label {value} is outside [0, {self.classes}) ({self.classes} "
                              "classes)",
             f"check the data's labels, or set {self.param_key}.ignore_label: {value} to skip "
-            "them", named=True)
+            "them" if self.param_key else "check the data's labels", named=True)
 
 
 def require_batch_axis(layer: Layer, shape: Shape) -> None:
@@ -134,8 +138,9 @@ class SoftmaxWithLoss(Layer):
 
     Bottoms: scores (... x C x ...) and labels (one per position outside the class axis, e.g.
     N or N x H x W for N x C x H x W scores). Tops: the loss (a scalar) and, optionally, the
-    probabilities. The gradient is Caffe's (p - onehot) / normalizer, also where the FLT_MIN
-    clamp is active.
+    probabilities, which pass no gradient back (Caffe's backward reads the loss top alone).
+    The gradient is Caffe's (p - onehot) / normalizer, also where the FLT_MIN clamp is
+    active.
     """
 
     bottoms = (2, 2)
@@ -161,8 +166,8 @@ class SoftmaxWithLoss(Layer):
         nll = nll - (nll - nll.clamp(max=_MAX_NLL)).detach()
         total = (nll * valid).sum() if valid is not None else nll.sum()
         loss = total / normalizer(self.mode, lab.shape[0], lab.shape[2], valid)
-        if len(self.top_shapes) == 2:
-            return loss, logp.exp()
+        if len(self.top_shapes) == 2:  # Caffe's backward reads only the loss top's diff
+            return loss, logp.detach().exp()
         return loss
 
 
@@ -228,9 +233,9 @@ class Accuracy(Layer):
     """Fraction of non-ignored positions whose label ranks in the top k; optional second top:
     the accuracy per class (C; 0 for a class with no positions).
 
-    Ranking follows Caffe's sort of (score, class) pairs in descending order: a class beats
-    the label when its score is higher, or equal with a higher class index, so ties go to the
-    higher index. No gradient flows.
+    As in Caffe 1.0 (accuracy_layer.cpp), every other class whose score is at least the
+    label's counts as better, so a tie goes against the label; the position is a hit when
+    fewer than k classes are better. No gradient flows.
     """
 
     bottoms = (2, 2)
@@ -256,9 +261,8 @@ class Accuracy(Layer):
         self.labels.observe(lab, None if self.ignore_label is None else valid)
         lab = lab.clamp(0, self.classes - 1)
         label_score = s3.gather(1, lab)
-        index = torch.arange(self.classes, device=s3.device).view(1, -1, 1)
-        better = (s3 > label_score) | ((s3 == label_score) & (index > lab))
-        hit = (better.sum(dim=1, keepdim=True) < self.top_k) & valid
+        better = (s3 >= label_score).sum(dim=1, keepdim=True) - 1  # the label itself is >=
+        hit = (better < self.top_k) & valid
         n = valid.sum()
         accuracy = (hit.sum() / n.clamp(min=1)).to(scores.dtype)
         if len(self.top_shapes) == 1:
@@ -268,3 +272,103 @@ class Accuracy(Layer):
         per_class_hit = torch.zeros_like(per_class_n)
         per_class_hit.index_add_(0, lab.flatten(), hit.flatten().to(scores.dtype))
         return accuracy, per_class_hit / per_class_n.clamp(min=1)
+
+
+# Caffe's kLOG_THRESHOLD (loss_layer.hpp): probabilities are floored here before the log.
+LOG_THRESHOLD = float(np.float32(1e-20))
+
+
+@register("MultinomialLogisticLoss")
+class MultinomialLogisticLoss(Layer):
+    """-(1/N) sum_n log(max(p[n, label_n], 1e-20)) over probabilities p (N x ..., each item's
+    values flattened). Caffe's gradient -1 / (N max(p, 1e-20)) at the label holds below the
+    floor too; the labels get none."""
+
+    bottoms = (2, 2)
+    is_loss = True
+
+    def setup(self, bottom_shapes: list[Shape]) -> list[Shape]:
+        probs, labels = bottom_shapes
+        require_batch_axis(self, probs)
+        if not labels or labels[0] != probs[0] or count(labels) != probs[0]:
+            raise self.bottom_error(1, f"has shape {list(labels)} but bottom "
+                                       f"'{self.spec.bottom[0]}' {list(probs)} needs one label "
+                                       f"per item: N x 1 x 1 x 1 with N = {probs[0]}")
+        self.classes = count(probs, 1)
+        self.labels = LabelRange(self, self.classes, None)
+        return [()]
+
+    def forward(self, probs: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+        flat = probs.reshape(probs.shape[0], -1)  # (N, dim)
+        lab = labels.detach().reshape(-1, 1).long()
+        self.labels.observe(lab, None)
+        p = flat.gather(1, lab.clamp(0, self.classes - 1))
+        floored = p + (p.clamp(min=LOG_THRESHOLD) - p).detach()  # the floor's value, p's path
+        return -torch.log(floored).sum() / probs.shape[0]
+
+
+@register("InfogainLoss")
+class InfogainLoss(Layer):
+    """-sum_l H[label, l] log(max(p_l, 1e-20)) per position, p the softmax over ``axis``,
+    normalised as loss_param says (VALID by default; ``normalize`` is refused, as Caffe does).
+    H (C x C) comes from infogain_loss_param.source (a .binaryproto) or a third bottom, which
+    gets no gradient. Caffe's gradient p sum_l H[label, l] - H[label, :] also holds below the
+    floor. Optional second top: the probabilities, which pass no gradient back (Caffe's
+    backward reads the loss top alone)."""
+
+    bottoms = (2, 3)
+    tops = (1, 2)
+    is_loss = True
+
+    def setup(self, bottom_shapes: list[Shape]) -> list[Shape]:
+        p, loss = self.param(), self.param("loss_param")
+        self.axis, self.classes = split_class_axis(self, bottom_shapes[:2], p.axis)
+        if loss.normalize is not None:
+            raise self.fail("loss_param.normalize is deprecated and InfogainLoss refuses it "
+                            "(as Caffe)", "use loss_param.normalization")
+        self.ignore_label = loss.ignore_label
+        self.mode = normalization_mode(loss, "VALID")
+        c2 = self.classes * self.classes
+        if len(bottom_shapes) == 3:
+            if count(bottom_shapes[2]) != c2:
+                raise self.bottom_error(2, f"(the infogain matrix) has shape "
+                                           f"{list(bottom_shapes[2])}; it must hold "
+                                           f"{self.classes} x {self.classes} values")
+            self.infogain = None
+        else:
+            matrix = self._read_matrix(p.source, c2).to(self.ctx.device)
+            self.register_buffer("infogain", matrix, persistent=False)
+        self.labels = LabelRange(self, self.classes, "loss_param")
+        return [()] + [bottom_shapes[0]] * (len(self.spec.top) - 1)
+
+    def _read_matrix(self, source: str, c2: int) -> torch.Tensor:
+        if not source:
+            raise self.fail("infogain_loss_param.source is not set and there is no third "
+                            "bottom", "name the .binaryproto of the C x C matrix H, or give "
+                                      "H as a third bottom")
+        try:
+            values = read_blob_file(source).array()
+        except DataError as exc:
+            raise self.fail(f"infogain_loss_param.source: {exc}") from None
+        if values.size != c2:
+            raise self.fail(f"infogain_loss_param.source {source} holds {values.size} values "
+                            f"(shape {list(values.shape)}); {self.classes} classes need "
+                            f"{self.classes} x {self.classes}")
+        return torch.from_numpy(values.reshape(self.classes, self.classes).copy())
+
+    def forward(self, scores: torch.Tensor, labels: torch.Tensor,
+                matrix: torch.Tensor | None = None):
+        h = (matrix.detach() if matrix is not None else self.infogain).reshape(
+            self.classes, self.classes).to(scores.dtype)
+        logp = F.log_softmax(scores, dim=self.axis)
+        logp3, lab = as_positions(logp, labels.detach(), self.axis)  # (outer, C, inner)
+        valid = None if self.ignore_label is None else lab != self.ignore_label
+        self.labels.observe(lab, valid)
+        floor = math.log(LOG_THRESHOLD)
+        logp3 = logp3 - (logp3 - logp3.clamp(min=floor)).detach()  # floored value, full grad
+        rows = h[lab.clamp(0, self.classes - 1).squeeze(1)].transpose(1, 2)  # (outer, C, inner)
+        per_position = -(rows * logp3).sum(1, keepdim=True)  # (outer, 1, inner)
+        if valid is not None:
+            per_position = per_position * valid
+        loss = per_position.sum() / normalizer(self.mode, lab.shape[0], lab.shape[2], valid)
+        return (loss, logp.detach().exp()) if len(self.top_shapes) == 2 else loss

@@ -1,6 +1,6 @@
-"""Layer family: normalization (BatchNorm) and the per-channel affine pair that follows it
-(Scale, Bias), as Caffe 1.0 defines them (batch_norm_layer.cpp, scale_layer.cpp,
-bias_layer.cpp).
+"""Layer family: normalization (BatchNorm, MVN) and the per-channel affine pair that follows
+BatchNorm (Scale, Bias), as Caffe 1.0 defines them (batch_norm_layer.cpp, mvn_layer.cpp,
+scale_layer.cpp, bias_layer.cpp).
 
 Caffe's BatchNorm has no affine part: a Scale layer with ``bias_term: true`` follows it. Its
 three blobs are running *sums*, not running means: ``mean_sum`` and ``var_sum`` (C) decay by
@@ -244,3 +244,51 @@ class Bias(Layer):
 
     def forward(self, x: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
         return x + trailing_view(as_dtype(self.bias if bias is None else bias, x), self.trailing)
+
+
+class _MVNFunction(torch.autograd.Function):
+    """y = (x - mean) / (std + eps) per row of a (rows, dim) tensor, with Caffe's backward
+    dx = (dy - mean(dy) - y mean(y dy)) / (std + eps), which treats the eps as part of the
+    standard deviation (the exact derivative differs by a term of relative size eps / std)."""
+
+    @staticmethod
+    def forward(ctx, x: torch.Tensor, eps: float) -> torch.Tensor:
+        centred = x - x.mean(1, keepdim=True)
+        std = centred.square().mean(1, keepdim=True).sqrt() + eps  # (rows, 1)
+        y = centred / std
+        ctx.save_for_backward(y, std)
+        return y
+
+    @staticmethod
+    def backward(ctx, dy: torch.Tensor) -> tuple[torch.Tensor, None]:
+        y, std = ctx.saved_tensors
+        dx = dy - dy.mean(1, keepdim=True) - y * (y * dy).mean(1, keepdim=True)
+        return dx / std, None
+
+
+@register("MVN")
+class MVN(Layer):
+    """Subtract the mean (and divide by the standard deviation plus eps) over H x W per item
+    and channel, or over C x H x W per item with ``across_channels``. The variance is the
+    biased one (divided by the count). Like Caffe (num/channels/height/width) the bottom has at
+    most 4 axes, a missing axis counts as 1, and the top is N x C x H x W: (N, C) gives
+    (N, C, 1, 1)."""
+
+    def setup(self, bottom_shapes: list[Shape]) -> list[Shape]:
+        (shape,) = bottom_shapes
+        if not 1 <= len(shape) <= 4:
+            raise self.bottom_error(0, f"has shape {list(shape)}; MVN takes 1 to 4 axes "
+                                       "(N, C, H, W)")
+        p = self.param()
+        self.normalize_variance, self.across, self.eps = (
+            p.normalize_variance, p.across_channels, p.eps)
+        return [tuple(shape) + (1,) * (4 - len(shape))]
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        rows = x.shape[0] if self.across or x.dim() < 2 else x.shape[0] * x.shape[1]
+        flat = x.reshape(rows, -1)  # (rows, dim)
+        if self.normalize_variance:
+            y = _MVNFunction.apply(flat, self.eps)
+        else:
+            y = flat - flat.mean(1, keepdim=True)
+        return y.reshape(*x.shape, *([1] * (4 - x.dim())))

@@ -1,10 +1,14 @@
-"""Layer family: Caffe's recurrent layers, RNN and LSTM (recurrent_layer.cpp, rnn_layer.cpp,
-lstm_layer.cpp, lstm_unit_layer.cpp).
+"""Layer family: Caffe's recurrent layers, RNN and LSTM, and LSTM's one-step unit LSTMUnit
+(recurrent_layer.cpp, rnn_layer.cpp, lstm_layer.cpp, lstm_unit_layer.cpp).
 
 Bottoms: x (T x N x ...), cont (T x N; 0 at the first step of a sequence), optionally a static
 input x_static (N x ..., seen at every step) and, with ``expose_hidden``, the initial state
 h_0 (1 x N x H) [and c_0 for LSTM]. Tops: the hidden output (T x N x H) and, with
 ``expose_hidden``, the final state h_T [and c_T] (1 x N x H).
+
+With ``expose_hidden`` the state bottoms and tops carry values only, as in Caffe 1.0
+(recurrent_layer.cpp shares their data but not their diffs): no gradient flows into h_0 [c_0]
+or back from h_T [c_T]; the hidden output's gradient reaches the inputs and weights as usual.
 
 cont_t multiplies the previous state before it is used, so a 0 starts a new sequence. Without
 ``expose_hidden`` Caffe copies the last step's state into the next forward's initial state
@@ -109,8 +113,8 @@ class Recurrent(Layer):
     def _initial_state(self, given: tuple[torch.Tensor, ...], like: torch.Tensor,
                        streams: int) -> tuple[torch.Tensor, ...]:
         """h_0 [, c_0] as (N, H): the bottoms, or the state the last forward left behind."""
-        if self.expose_hidden:
-            return tuple(s.reshape(streams, self.hidden) for s in given)
+        if self.expose_hidden:  # values only: Caffe shares their data, not their diffs
+            return tuple(s.detach().reshape(streams, self.hidden) for s in given)
         carry = self._carry
         if (carry is None or carry[0].shape[0] != streams or carry[0].dtype != like.dtype
                 or carry[0].device != like.device):
@@ -120,8 +124,8 @@ class Recurrent(Layer):
 
     def _finish(self, output: torch.Tensor, final: tuple[torch.Tensor, ...]):
         """Keep the final state for the next forward (no expose_hidden), or return it."""
-        if self.expose_hidden:
-            return (output, *(s.unsqueeze(0) for s in final))
+        if self.expose_hidden:  # values only, as Caffe shares the final state's data alone
+            return (output, *(s.detach().unsqueeze(0) for s in final))
         # a fresh detached reference each time: the old carry may be saved for backward
         self._carry = tuple(s.detach() for s in final)
         return output
@@ -210,3 +214,56 @@ class LSTM(Recurrent):
             if self.debug_info:
                 self._debug(t, (h, c))
         return self._finish(torch.stack(hidden), (h, c))
+
+
+class _LSTMUnitFunction(torch.autograd.Function):
+    """One LSTM step with Caffe's gradient: c = f c_prev + i g, h = o tanh(c), where f is
+    cont * sigmoid(x_f) (0 where cont is 0) and Caffe's backward takes f (1 - f) as the forget
+    gate's derivative (exact for cont in {0, 1}, the values sequence flags take)."""
+
+    @staticmethod
+    def forward(ctx, c_prev: torch.Tensor, x: torch.Tensor, cont: torch.Tensor):
+        i, f, o, g = x.chunk(4, dim=-1)  # (1, N, D) each
+        i, o, g = torch.sigmoid(i), torch.sigmoid(o), torch.tanh(g)
+        flag = cont.unsqueeze(-1)  # (1, N, 1)
+        f = torch.where(flag == 0, torch.zeros_like(f), flag * torch.sigmoid(f))
+        c = f * c_prev + i * g
+        tanh_c = torch.tanh(c)
+        ctx.save_for_backward(c_prev, i, f, o, g, tanh_c)
+        return c, o * tanh_c
+
+    @staticmethod
+    def backward(ctx, dc: torch.Tensor | None, dh: torch.Tensor | None):
+        c_prev, i, f, o, g, tanh_c = ctx.saved_tensors
+        dc = torch.zeros_like(c_prev) if dc is None else dc
+        dh = torch.zeros_like(c_prev) if dh is None else dh
+        dc_total = dc + dh * o * (1 - tanh_c * tanh_c)
+        dx = torch.cat([dc_total * g * i * (1 - i), dc_total * c_prev * f * (1 - f),
+                        dh * tanh_c * o * (1 - o), dc_total * i * (1 - g * g)], dim=-1)
+        return dc_total * f, dx, None
+
+
+@register("LSTMUnit")
+class LSTMUnit(Layer):
+    """One step of Caffe's LSTM: bottoms c_prev (1 x N x D), the gate inputs x (1 x N x 4D,
+    in the order i, f, o, g) and cont (1 x N); tops c and h (1 x N x D). The flags get no
+    gradient."""
+
+    bottoms = (3, 3)
+    tops = (2, 2)
+
+    def setup(self, bottom_shapes: list[Shape]) -> list[Shape]:
+        c_prev, x, cont = bottom_shapes
+        for index, (shape, axes) in enumerate(((c_prev, 3), (x, 3), (cont, 2))):
+            self.require_axes(index, shape, axes)
+            if shape[0] != 1 or shape[1] != c_prev[1]:
+                raise self.bottom_error(index, f"has shape {list(shape)}; expected 1 x N ... "
+                                               f"with N = {c_prev[1]} (as bottom "
+                                               f"'{self.spec.bottom[0]}')")
+        if x[2] != 4 * c_prev[2]:
+            raise self.bottom_error(1, f"has shape {list(x)}; its last axis must be 4 x "
+                                       f"{c_prev[2]} (the gates i, f, o, g)")
+        return [c_prev, c_prev]
+
+    def forward(self, c_prev: torch.Tensor, x: torch.Tensor, cont: torch.Tensor):
+        return _LSTMUnitFunction.apply(c_prev, x, cont.detach().to(x.dtype))

@@ -168,6 +168,7 @@ def parse_net(node: Any, src: Source, path: str = "") -> NetParameter:
     if not isinstance(layers, list):
         layers = [layers]
     lines = layers.item_lines if isinstance(layers, yamlio.MarkedList) else []
+    _check_types(layers, src, path)
     net.layer = []
     for i, layer_node in enumerate(layers):
         lpath = f"{path}.layer[{i}]" if path else f"layer[{i}]"
@@ -181,6 +182,18 @@ def parse_net(node: Any, src: Source, path: str = "") -> NetParameter:
                         path=_p(path, "input_shape"),
                         fix="give one input_shape per input")
     return net
+
+
+def _check_types(layers: list, src: Source, path: str) -> None:
+    """Every layer type caffe-py lacks, named in one error (not one per run)."""
+    found = []
+    for i, node in enumerate(layers):
+        layer_type = node.get("type") if isinstance(node, dict) else None
+        if isinstance(layer_type, str) and layer_type not in layer_params.LAYER_PARAMS:
+            line = node.line_of("type") if isinstance(node, yamlio.MarkedDict) else None
+            found.append((layer_type, line, f"{_p(path, f'layer[{i}]')}.type"))
+    if found:
+        raise layer_params.unsupported_types(found, src)
 
 
 def load_net(path: str | Path) -> NetParameter:

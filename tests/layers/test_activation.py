@@ -1,5 +1,6 @@
-"""ReLU, PReLU, ELU, Sigmoid, TanH, AbsVal, Power: values against numpy, float64 gradcheck,
-the engine choice, the build fallback and in-place use."""
+"""ReLU, PReLU, ELU, Sigmoid, TanH, AbsVal, Power, BNLL, Exp, Log, Threshold, Clip, Swish:
+values against numpy, float64 gradcheck, the engine choice, the build fallback and in-place
+use."""
 from __future__ import annotations
 
 import warnings
@@ -58,6 +59,15 @@ CASES = [
     ("Power", "power_param: {power: 2, scale: 0.5, shift: 1}", lambda x: (1 + 0.5 * x) ** 2),
     ("Power", "power_param: {power: 3, scale: -2, shift: 0.25}", lambda x: (0.25 - 2 * x) ** 3),
     ("Power", "power_param: {power: 0.5, scale: 1, shift: 3}", lambda x: np.sqrt(3 + x)),
+    ("BNLL", "", lambda x: np.log1p(np.exp(x))),
+    ("Exp", "", np.exp),
+    ("Exp", "exp_param: {base: 2, scale: 0.5, shift: 1}", lambda x: 2.0 ** (1 + 0.5 * x)),
+    ("Exp", "exp_param: {base: 1}", lambda x: np.ones_like(x)),
+    ("Log", "log_param: {shift: 3}", lambda x: np.log(3 + x)),
+    ("Log", "log_param: {base: 10, scale: 0.5, shift: 2}", lambda x: np.log10(2 + 0.5 * x)),
+    ("Clip", "clip_param: {min: -0.5, max: 0.7}", lambda x: np.clip(x, -0.5, 0.7)),
+    ("Swish", "", lambda x: x * np_sigmoid(x)),
+    ("Swish", "swish_param: {beta: 0.5}", lambda x: x * np_sigmoid(0.5 * x)),
 ]
 
 
@@ -97,6 +107,55 @@ def test_absval_gradient_at_zero_is_zero():
     x = torch.tensor([0.0, 2.0, -3.0], requires_grad=True)
     layer(x).sum().backward()
     assert x.grad.tolist() == [0.0, 1.0, -1.0]
+
+
+def test_bnll_gradient_is_caffes_sigmoid_also_far_out():
+    layer = make(layer_yaml("BNLL"), (4,))
+    x = torch.tensor([-80.0, 0.0, 49.0, 80.0], dtype=torch.float64, requires_grad=True)
+    y = layer(x)
+    np.testing.assert_allclose(y.detach().numpy(), [np.log1p(np.exp(-80.0)), np.log(2.0),
+                                                    49.0 + np.log1p(np.exp(-49.0)), 80.0])
+    y.sum().backward()
+    np.testing.assert_allclose(x.grad.numpy(), np_sigmoid(np.minimum(x.detach().numpy(), 50)))
+
+
+def test_threshold_is_a_step_with_no_gradient():
+    layer = make(layer_yaml("Threshold", "threshold_param: {threshold: 0.3}"), (4,))
+    x = torch.tensor([0.3, 0.31, -1.0, 2.0], requires_grad=True)
+    y = layer(x)
+    assert y.tolist() == [0.0, 1.0, 0.0, 1.0] and not y.requires_grad
+
+
+def test_clip_gradient_passes_at_both_bounds():
+    layer = make(layer_yaml("Clip", "clip_param: {min: -1, max: 1}"), (5,))
+    x = torch.tensor([-2.0, -1.0, 0.5, 1.0, 3.0], requires_grad=True)
+    layer(x).sum().backward()
+    assert x.grad.tolist() == [0.0, 1.0, 1.0, 1.0, 0.0]
+
+
+@pytest.mark.parametrize(("param", "message"), [
+    ("exp_param: {base: -2}", "layer[0].exp_param.base: base -2 is not positive; use a base "
+                              "> 0, or -1 for e"),
+    ("log_param: {base: 0}", "layer[0].log_param.base: base 0 is not positive; use a base > 0, "
+                             "or -1 for e"),
+    ("log_param: {base: 1}", "layer[0].log_param.base: base 1 has log(base) = 0, so log_1 is "
+                             "undefined; use a base > 0 other than 1, or -1 for e"),
+    ("clip_param: {min: 0}", "layer[0].clip_param: clip_param.max is required; set "
+                             "clip_param.max"),
+])
+def test_exp_log_clip_parameter_errors(param, message):
+    kind = param.split("_", 1)[0].capitalize()
+    with pytest.raises(SpecError) as err:
+        make(layer_yaml(kind, param), (3,))
+    assert str(err.value) == f"<string>:5: {message}"
+
+
+def test_clip_without_its_block_names_both_bounds():
+    with pytest.raises(NetError) as err:
+        make(layer_yaml("Clip"), (3,))
+    assert str(err.value) == ("<string>:1: layer[0]: layer 'act' (Clip): clip_param.min and "
+                              "clip_param.max are required; set both, e.g. clip_param: {min: 0, "
+                              "max: 6}")
 
 
 def test_prelu_per_channel_default_filler_and_values():

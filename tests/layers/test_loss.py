@@ -243,7 +243,7 @@ def test_sigmoid_cross_entropy_count_error():
 
 def np_accuracy(scores: np.ndarray, labels: np.ndarray, top_k: int,
                 ignore: int | None) -> tuple[float, np.ndarray]:
-    """Caffe's sort of (score, class) pairs, descending: ties rank the higher class first."""
+    """Caffe 1.0's rule: a hit when fewer than k other classes score at least the label's."""
     classes = scores.shape[1]
     s = scores.reshape(scores.shape[0], classes, -1)
     lab = labels.reshape(s.shape[0], s.shape[2])
@@ -254,8 +254,8 @@ def np_accuracy(scores: np.ndarray, labels: np.ndarray, top_k: int,
             label = int(lab[i, j])
             if ignore is not None and label == ignore:
                 continue
-            ranked = sorted(((s[i, k, j], k) for k in range(classes)), reverse=True)
-            hit = label in [k for _, k in ranked[:top_k]]
+            at_least = sum(s[i, k, j] >= s[i, label, j] for k in range(classes) if k != label)
+            hit = at_least < top_k
             hits += hit
             total += 1
             per_hit[label] += hit
@@ -282,14 +282,15 @@ def test_accuracy_top_k_with_ties_spatial_and_per_class(top_k):
     assert want_per_class[4] == 0.0
 
 
-def test_accuracy_tie_goes_to_higher_class_index():
+def test_accuracy_tie_goes_against_the_label():
+    # Caffe 1.0 (accuracy_layer.cpp) counts every other class scoring >= the label's as
+    # better, whatever its index (rc3 sorted (score, class) pairs and let the higher win)
     layer = build(spec("Accuracy"), [(4, 3), (4,)])
-    scores = torch.tensor([[1.0, 1.0, 0.0]] * 4)
-    # label 1 wins its tie with class 0; label 0 loses it; label 2 is below both
-    acc = layer(scores, torch.tensor([1.0, 0.0, 0.0, 2.0]))
-    assert float(acc) == 0.25
+    scores = torch.tensor([[1.0, 1.0, 0.0]] * 3 + [[0.0, 2.0, 2.0]])
+    acc = layer(scores, torch.tensor([1.0, 0.0, 2.0, 2.0]))
+    assert float(acc) == 0.0  # both tied labels lose; label 2 of row 2 is below both
     top2 = build(spec("Accuracy", "    accuracy_param: {top_k: 2}\n"), [(4, 3), (4,)])
-    assert float(top2(scores, torch.tensor([1.0, 0.0, 0.0, 2.0]))) == 0.75
+    assert float(top2(scores, torch.tensor([1.0, 0.0, 2.0, 2.0]))) == 0.75
 
 
 def test_accuracy_axis_no_gradient_and_all_ignored():
@@ -314,3 +315,92 @@ def test_accuracy_errors():
     assert str(err.value) == ("<string>:3: layer[0]: layer 'l' (Accuracy): label -2 is outside "
                               "[0, 3) (3 classes); check the data's labels, or set "
                               "accuracy_param.ignore_label: -2 to skip them")
+
+
+# --- MultinomialLogisticLoss and InfogainLoss ---------------------------------------------
+
+LOG_THRESHOLD = float(np.float32(1e-20))
+
+
+def test_multinomial_logistic_loss_value_floor_and_caffe_gradient():
+    layer = build(spec("MultinomialLogisticLoss", bottoms="prob, label"), [(3, 4), (3,)])
+    probs = torch.tensor([[0.1, 0.2, 0.3, 0.4], [0.0, 0.5, 0.5, 0.0], [0.25] * 4],
+                         dtype=torch.float64, requires_grad=True)
+    labels = torch.tensor([3.0, 0.0, 1.0])
+    loss = layer(probs, labels)
+    want = -(math.log(0.4) + math.log(LOG_THRESHOLD) + math.log(0.25)) / 3
+    assert loss.item() == pytest.approx(want, rel=1e-12)
+    loss.backward()
+    grad = np.zeros((3, 4))
+    grad[[0, 1, 2], [3, 0, 1]] = [-1 / (3 * 0.4), -1 / (3 * LOG_THRESHOLD), -1 / (3 * 0.25)]
+    np.testing.assert_allclose(probs.grad.numpy(), grad, rtol=1e-12)
+    with pytest.raises(NetError, match="needs one label per item"):
+        build(spec("MultinomialLogisticLoss", bottoms="prob, label"), [(3, 4), (3, 2)])
+
+
+def np_infogain(scores, labels, h, mode, ignore):
+    """infogain_loss_layer.cpp Forward_cpu with the class axis 1."""
+    outer, classes = scores.shape[:2]
+    s = scores.reshape(outer, classes, -1)
+    lab = labels.reshape(outer, -1)
+    loss, count = 0.0, 0
+    for i in range(outer):
+        for j in range(s.shape[2]):
+            label = int(lab[i, j])
+            if ignore is not None and label == ignore:
+                continue
+            p = np.exp(s[i, :, j] - s[i, :, j].max())
+            p /= p.sum()
+            loss -= sum(h[label, k] * math.log(max(p[k], LOG_THRESHOLD))
+                        for k in range(classes))
+            count += 1
+    n = {"FULL": outer * s.shape[2], "VALID": count if ignore is not None else
+         outer * s.shape[2], "BATCH_SIZE": outer, "NONE": 1}[mode]
+    return loss / max(1, n)
+
+
+@pytest.mark.parametrize(("mode", "ignore"), [("VALID", None), ("VALID", 1), ("FULL", 1),
+                                              ("NONE", None)])
+def test_infogain_loss_with_a_third_bottom(mode, ignore):
+    block = f"    loss_param: {{normalization: {mode}" + (
+        f", ignore_label: {ignore}}}\n" if ignore is not None else "}\n")
+    layer = build(spec("InfogainLoss", block, bottoms="score, label, H"),
+                  [(2, 3, 2, 2), (2, 2, 2), (3, 3)])
+    rng = np.random.default_rng(4)
+    scores, h = rng.normal(size=(2, 3, 2, 2)), rng.uniform(size=(3, 3))
+    labels = rng.integers(0, 3, size=(2, 2, 2)).astype(np.float64)
+    x = torch.from_numpy(scores).requires_grad_()
+    loss = layer(x, torch.from_numpy(labels), torch.from_numpy(h))
+    assert loss.item() == pytest.approx(np_infogain(scores, labels, h, mode, ignore), rel=1e-10)
+    assert torch.autograd.gradcheck(
+        lambda v: layer.double()(v, torch.from_numpy(labels), torch.from_numpy(h)), (x,))
+
+
+def test_infogain_loss_reads_h_from_a_binaryproto(tmp_path):
+    from caffe_py.io.blobproto import blob_from_array, write_blob_file
+    h = np.arange(16, dtype=np.float32).reshape(4, 4) / 10
+    write_blob_file(tmp_path / "h.binaryproto", blob_from_array(h))
+    block = f"    infogain_loss_param: {{source: {tmp_path / 'h.binaryproto'}}}\n"
+    layer = build(spec("InfogainLoss", block, tops="loss, prob"), [(3, 4), (3,)])
+    assert layer.blob_names == [] and layer.top_shapes == [(), (3, 4)]
+    scores = np.random.default_rng(5).normal(size=(3, 4))
+    labels = np.array([0.0, 3.0, 2.0])
+    loss, prob = layer(torch.from_numpy(scores).float(), torch.from_numpy(labels))
+    assert float(loss) == pytest.approx(np_infogain(scores, labels, h, "VALID", None),
+                                        rel=1e-5)
+    assert not prob.requires_grad  # Caffe's backward reads the loss top alone
+
+
+def test_infogain_loss_errors(tmp_path):
+    with pytest.raises(NetError, match="infogain_loss_param.source is not set and there is no "
+                                       "third bottom"):
+        build(spec("InfogainLoss"), [(3, 4), (3,)])
+    with pytest.raises(NetError, match="infogain_loss_param.source: .*file not found"):
+        build(spec("InfogainLoss", f"    infogain_loss_param: {{source: {tmp_path}/no}}\n"),
+              [(3, 4), (3,)])
+    with pytest.raises(NetError, match="loss_param.normalize is deprecated and InfogainLoss "
+                                       "refuses it"):
+        build(spec("InfogainLoss", "    loss_param: {normalize: true}\n",
+                   bottoms="score, label, H"), [(3, 4), (3,), (4, 4)])
+    with pytest.raises(NetError, match=r"\(the infogain matrix\) has shape \[3, 3\]"):
+        build(spec("InfogainLoss", bottoms="score, label, H"), [(3, 4), (3,), (3, 3)])

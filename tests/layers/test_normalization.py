@@ -348,3 +348,53 @@ def test_batch_norm_keeps_bfloat16_and_float32_running_sums():
     mean = x.to(torch.bfloat16).float().mean(dim=(0, 2, 3))
     torch.testing.assert_close(layer.mean_sum, mean, rtol=1e-2, atol=1e-2)
     assert layer.count.item() == 1.0
+
+
+# --- MVN ----------------------------------------------------------------------------------
+
+def np_mvn(x: np.ndarray, variance: bool, across: bool, eps: float) -> np.ndarray:
+    """Caffe's MVN forward: per item (and channel unless ``across``), biased variance."""
+    x4 = x.reshape(*x.shape, *([1] * (4 - x.ndim)))
+    rows = x4.reshape(x4.shape[0] if across else x4.shape[0] * x4.shape[1], -1)
+    centred = rows - rows.mean(axis=1, keepdims=True)
+    if variance:
+        centred = centred / (np.sqrt((centred ** 2).mean(axis=1, keepdims=True)) + eps)
+    return centred.reshape(x4.shape)
+
+
+def np_mvn_caffe_backward(y: np.ndarray, dy: np.ndarray, std: np.ndarray) -> np.ndarray:
+    """mvn_layer.cpp Backward_cpu: (dy - mean(dy) - y mean(y dy)) / (std + eps)."""
+    return (dy - dy.mean(1, keepdims=True) - y * (y * dy).mean(1, keepdims=True)) / std
+
+
+@pytest.mark.parametrize(("block", "variance", "across"), [
+    ("", True, False), ("mvn_param: {across_channels: true}", True, True),
+    ("mvn_param: {normalize_variance: false}", False, False),
+])
+def test_mvn_forward_and_gradcheck(block, variance, across):
+    layer = build(f"name: m\ntype: MVN\nbottom: x\ntop: y\n{block}\n", [(2, 3, 4, 5)])
+    x = torch.from_numpy(np.random.default_rng(0).normal(size=(2, 3, 4, 5)))
+    np.testing.assert_allclose(layer(x).numpy(), np_mvn(x.numpy(), variance, across, 1e-9),
+                               rtol=1e-10, atol=1e-12)
+    small = torch.from_numpy(np.random.default_rng(1).normal(size=(2, 2, 2, 3)))
+    assert torch.autograd.gradcheck(layer.double(), (small.requires_grad_(),))
+
+
+def test_mvn_backward_is_caffes_with_eps_in_the_std():
+    layer = build("name: m\ntype: MVN\nbottom: x\ntop: y\n"
+                  "mvn_param: {eps: 0.5, across_channels: true}\n", [(3, 8)])
+    rng = np.random.default_rng(2)
+    x = torch.from_numpy(rng.normal(size=(3, 8))).requires_grad_()
+    dy = rng.normal(size=(3, 8, 1, 1))
+    y = layer(x)
+    assert y.shape == (3, 8, 1, 1)  # Caffe's top is N x C x H x W
+    y.backward(torch.from_numpy(dy))
+    rows = x.detach().numpy()
+    std = np.sqrt(((rows - rows.mean(1, keepdims=True)) ** 2).mean(1, keepdims=True)) + 0.5
+    want = np_mvn_caffe_backward(y.detach().numpy().reshape(3, 8), dy.reshape(3, 8), std)
+    np.testing.assert_allclose(x.grad.numpy(), want, rtol=1e-12)
+
+
+def test_mvn_refuses_more_than_4_axes():
+    with pytest.raises(NetError, match=r"has shape \[1, 2, 3, 4, 5\]; MVN takes 1 to 4 axes"):
+        build("name: m\ntype: MVN\nbottom: x\ntop: y\n", [(1, 2, 3, 4, 5)])

@@ -251,3 +251,51 @@ layer:
     assert str(err.value) == ("<string>:3: layer[0]: layer 'rec' (LSTM): "
                               "recurrent_param.num_output is not set; set num_output to the "
                               "hidden size")
+
+
+def test_expose_hidden_state_carries_values_but_no_gradient(data):
+    # Caffe 1.0 shares the state bottoms' and tops' data, not their diffs
+    x, _ = data
+    layer = build("LSTM", "x, cont, h0, c0", [x.shape, (T, N), (1, N, H), (1, N, H)],
+                  tops="y, hT, cT", param="      expose_hidden: true\n")
+    h0 = torch.ones(1, N, H, dtype=torch.float64, requires_grad=True)
+    y, h_t, c_t = layer(t64(x), t64(np.ones((T, N))), h0, torch.zeros(1, N, H).double())
+    assert y.requires_grad and not h_t.requires_grad and not c_t.requires_grad
+    y.sum().backward()
+    assert h0.grad is None
+
+
+# --- LSTMUnit ------------------------------------------------------------------------------
+
+def unit(shapes):
+    spec = parse_layer(loads("name: u\ntype: LSTMUnit\nbottom: [c0, x, cont]\ntop: [c, h]\n"),
+                       Source(), "layer[0]")
+    return lookup("LSTMUnit")(spec, shapes, BuildContext())
+
+
+def test_lstm_unit_matches_one_step_of_the_reference():
+    rng = np.random.default_rng(3)
+    c0, x = rng.normal(size=(1, N, H)), rng.normal(size=(1, N, 4 * H))
+    cont = np.array([[1.0, 0.0, 1.0]])
+    layer = unit([c0.shape, x.shape, cont.shape])
+    assert layer.top_shapes == [(1, N, H), (1, N, H)]
+    c, h = layer(t64(c0), t64(x), t64(cont))
+    i, f, o = (sigmoid(x[0, :, k * H:(k + 1) * H]) for k in range(3))
+    g = np.tanh(x[0, :, 3 * H:])
+    c_want = cont[0][:, None] * f * c0[0] + i * g
+    np.testing.assert_allclose(c.numpy()[0], c_want, rtol=1e-12)
+    np.testing.assert_allclose(h.numpy()[0], o * np.tanh(c_want), rtol=1e-12)
+
+
+def test_lstm_unit_gradcheck_with_sequence_flags():
+    rng = np.random.default_rng(4)
+    c0 = torch.from_numpy(rng.normal(size=(1, N, 2))).requires_grad_()
+    x = torch.from_numpy(rng.normal(size=(1, N, 8))).requires_grad_()
+    layer = unit([(1, N, 2), (1, N, 8), (1, N)])
+    cont = torch.tensor([[1.0, 0.0, 1.0]], dtype=torch.float64)
+    assert torch.autograd.gradcheck(lambda a, b: layer(a, b, cont), (c0, x))
+
+
+def test_lstm_unit_gate_width_error():
+    with pytest.raises(NetError, match=r"has shape \[1, 3, 7\]; its last axis must be 4 x 2"):
+        unit([(1, 3, 2), (1, 3, 7), (1, 3)])

@@ -115,3 +115,9 @@ def test_start_files_are_checked_before_a_graphed_run(tmp_path):
     missing = tmp_path / "m.caffemodel"
     with pytest.raises(SolverError, match=f"^{missing}: file not found; check the path$"):
         check_start_files(TrainOptions(weights=[str(missing)]))
+
+
+def test_a_python_layer_keeps_the_step_eager():
+    from caffe_py.layers.python import Python
+
+    assert Python.capturable is False

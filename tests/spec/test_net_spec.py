@@ -4,7 +4,6 @@ from __future__ import annotations
 import pytest
 
 from caffe_py.errors import SpecError
-from caffe_py.layers import known_types
 from caffe_py.spec.schema import is_set
 
 pytestmark = pytest.mark.usefixtures("toy_layers")
@@ -86,11 +85,9 @@ def test_layer_errors(spec_of):
         "net.yaml:3: layer[0].type: type must be a string, got 3"
 
 
-def test_unknown_type_suggests_and_lists_known(spec_of):
-    known = ", ".join(known_types())
+def test_unknown_type_suggests_the_nearest(spec_of):
     assert error_of(spec_of, "name: n\nlayer:\n  - name: a\n    type: ToyScal\n") == \
-        (f"net.yaml:4: layer[0].type: unknown layer type 'ToyScal'; did you mean 'ToyScale'? "
-         f"known types: {known}")
+        "net.yaml:4: layer[0].type: unknown layer type 'ToyScal'; did you mean 'ToyScale'?"
 
 
 def test_an_empty_layer_list_is_no_layers(spec_of):

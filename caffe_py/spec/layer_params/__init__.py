@@ -21,12 +21,17 @@ from types import MappingProxyType
 from ...errors import SpecError
 from ..schema import Source, suggest
 from .activation import (
+    ClipParameter,
     ELUParameter,
+    ExpParameter,
+    LogParameter,
     PowerParameter,
     PReLUParameter,
     ReLUParameter,
     SigmoidParameter,
+    SwishParameter,
     TanHParameter,
+    ThresholdParameter,
 )
 from .common import (
     ConcatParameter,
@@ -39,9 +44,21 @@ from .common import (
     SoftmaxParameter,
 )
 from .data import DataParameter, DummyDataParameter, InputParameter, TransformationParameter
-from .loss import AccuracyParameter, LossParameter
-from .normalization import BatchNormParameter, BiasParameter, ScaleParameter
+from .forks import PORT, fix_for, origin
+from .loss import AccuracyParameter, InfogainLossParameter, LossParameter
+from .margin_loss import ContrastiveLossParameter, HingeLossParameter
+from .normalization import BatchNormParameter, BiasParameter, MVNParameter, ScaleParameter
+from .python import PythonParameter
 from .recurrent import RecurrentParameter
+from .spatial import SPPParameter
+from .utility import (
+    ArgMaxParameter,
+    CropParameter,
+    EmbedParameter,
+    ParameterParameter,
+    ReductionParameter,
+    TileParameter,
+)
 from .vision import ConvolutionParameter, LRNParameter, PoolingParameter
 
 # Layer type -> its blocks (key -> message class), in the order Caffe's layer reads them.
@@ -74,32 +91,106 @@ LAYER_PARAMS: dict[str, dict[str, type]] = {
     "TanH": {"tanh_param": TanHParameter},
     "AbsVal": {},
     "Power": {"power_param": PowerParameter},
+    "BNLL": {},
+    "Exp": {"exp_param": ExpParameter},
+    "Log": {"log_param": LogParameter},
+    "Threshold": {"threshold_param": ThresholdParameter},
+    "Clip": {"clip_param": ClipParameter},
+    "Swish": {"swish_param": SwishParameter},
+    # utility
+    "Crop": {"crop_param": CropParameter},
+    "Tile": {"tile_param": TileParameter},
+    "Reduction": {"reduction_param": ReductionParameter},
+    "ArgMax": {"argmax_param": ArgMaxParameter},
+    "Embed": {"embed_param": EmbedParameter},
+    "Filter": {},
+    "BatchReindex": {},
+    "Parameter": {"parameter_param": ParameterParameter},
     # normalization
     "BatchNorm": {"batch_norm_param": BatchNormParameter},
     "Scale": {"scale_param": ScaleParameter},
     "Bias": {"bias_param": BiasParameter},
+    "MVN": {"mvn_param": MVNParameter},
+    # spatial
+    "SPP": {"spp_param": SPPParameter},
+    "Im2col": {"convolution_param": ConvolutionParameter},
     # loss
     "SoftmaxWithLoss": {"loss_param": LossParameter, "softmax_param": SoftmaxParameter},
     "EuclideanLoss": {"loss_param": LossParameter},
     "SigmoidCrossEntropyLoss": {"loss_param": LossParameter},
     "Accuracy": {"accuracy_param": AccuracyParameter},
+    "ContrastiveLoss": {"contrastive_loss_param": ContrastiveLossParameter,
+                        "loss_param": LossParameter},
+    "HingeLoss": {"hinge_loss_param": HingeLossParameter, "loss_param": LossParameter},
+    "InfogainLoss": {"infogain_loss_param": InfogainLossParameter, "loss_param": LossParameter},
+    "MultinomialLogisticLoss": {"loss_param": LossParameter},
     # recurrent
     "RNN": {"recurrent_param": RecurrentParameter},
     "LSTM": {"recurrent_param": RecurrentParameter},
+    "LSTMUnit": {},
+    # python
+    "Python": {"python_param": PythonParameter},
 }
 
 
 def blocks(type_name: str, *, src: Source | None = None, line: int | None = None,
            path: str = "") -> Mapping[str, type]:
-    """The blocks ``type_name`` takes, key -> message class (read-only); an unknown type is a
-    SpecError at ``src``:``line`` listing the known types and the nearest one."""
+    """The blocks ``type_name`` takes, key -> message class (read-only); a type caffe-py lacks
+    is a SpecError at ``src``:``line`` (see :func:`unsupported_types`)."""
     declared = LAYER_PARAMS.get(type_name)
     if declared is not None:
         return MappingProxyType(declared)
+    raise unsupported_types([(type_name, line, path)], src)
+
+
+def unsupported_types(found: list[tuple[str, int | None, str]],
+                      src: Source | None = None) -> SpecError:
+    """One error for every layer type a net uses that caffe-py lacks.
+
+    ``found`` holds (type, line, key path) per layer, in file order; the error points at the
+    first. A type of a known Caffe fork is named as such (forks.py), a near miss of a known
+    type gets a did-you-mean, and the known types are not listed (docs/layers.md has them).
+    """
+    lines: dict[str, list[int]] = {}
+    for type_name, line, _ in found:
+        lines.setdefault(type_name, [])
+        if line is not None and line not in lines[type_name]:
+            lines[type_name].append(line)
+    file = src.file if src else None
+    first_type, first_line, first_path = found[0]
+    if len(lines) == 1:
+        problem, fix = _describe(first_type)
+        return SpecError(problem, file=file, line=first_line, path=first_path, fix=fix)
+    parts = []
+    for type_name, at in lines.items():
+        where = origin(type_name) or _near_miss(type_name)
+        place = f"; line{'s' if len(at) > 1 else ''} {', '.join(map(str, at))}" if at else ""
+        parts.append(f"'{type_name}' ({where}{place})")
+    return SpecError(f"the net uses {len(lines)} layer types caffe-py does not have: "
+                     f"{', '.join(parts)}", file=file, line=first_line, path=first_path,
+                     fix="replace them with BVLC Caffe 1.0 layers (docs/layers.md) or port "
+                         "them as Python layers (type: Python)")
+
+
+def _describe(type_name: str) -> tuple[str, str]:
+    """(problem, fix) for one type caffe-py lacks."""
+    where = origin(type_name)
+    if where == "BVLC Caffe 1.0":
+        return (f"'{type_name}' is a BVLC Caffe 1.0 layer type that caffe-py does not have "
+                "yet", f"replace it with other layers, or {PORT}")
+    if where is not None:
+        return f"'{type_name}' is a layer of {where}, not of BVLC Caffe", fix_for(type_name)
     near = suggest(type_name, LAYER_PARAMS)
-    fix = f"did you mean '{near}'? " if near else ""
-    raise SpecError(f"unknown layer type '{type_name}'", file=src.file if src else None,
-                    line=line, path=path, fix=f"{fix}known types: {', '.join(known_types())}")
+    if near is not None:
+        return f"unknown layer type '{type_name}'", f"did you mean '{near}'?"
+    return (f"unknown layer type '{type_name}'",
+            "caffe-py has BVLC Caffe 1.0's layer types (docs/layers.md lists them) and "
+            "Python layers (type: Python)")
+
+
+def _near_miss(type_name: str) -> str:
+    near = suggest(type_name, LAYER_PARAMS)
+    return f"unknown; did you mean '{near}'?" if near else "unknown"
 
 
 def known_types() -> list[str]:
@@ -127,4 +218,5 @@ def undeclare(type_name: str) -> None:
     LAYER_PARAMS.pop(type_name, None)
 
 
-__all__ = ["LAYER_PARAMS", "blocks", "known_types", "takes_block", "declare", "undeclare"]
+__all__ = ["LAYER_PARAMS", "blocks", "unsupported_types", "known_types", "takes_block",
+           "declare", "undeclare"]

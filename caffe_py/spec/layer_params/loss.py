@@ -1,4 +1,4 @@
-"""The blocks of the loss layers and Accuracy."""
+"""The blocks of the loss layers and Accuracy (the margin losses' are in margin_loss.py)."""
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -24,3 +24,12 @@ class AccuracyParameter(Message):
                        min=1)
     axis: int = field(1, "the class axis (negative counts from the end)")
     ignore_label: int | None = field(None, "positions with this label are not counted")
+
+
+@dataclass
+class InfogainLossParameter(Message):
+    """Caffe's InfogainLossParameter."""
+
+    source: str = field("", "a .binaryproto holding the C x C infogain matrix H (not needed "
+                            "when H is the third bottom)", path=True)
+    axis: int = field(1, "the class axis of the scores (negative counts from the end)")

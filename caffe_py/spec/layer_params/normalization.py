@@ -1,4 +1,4 @@
-"""The blocks of the normalization layers: BatchNorm, Scale, Bias."""
+"""The blocks of the normalization layers: BatchNorm, Scale, Bias, MVN."""
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -43,3 +43,14 @@ class BiasParameter(Message):
                              "scalar); ignored with a second bottom, whose shape decides",
                           min=-1)
     filler: FillerParameter | None = field(None, "initial bias (default: zeros)")
+
+
+@dataclass
+class MVNParameter(Message):
+    """Caffe's MVNParameter: mean (and variance) normalisation per item and channel."""
+
+    normalize_variance: bool = field(True, "divide by the standard deviation (false: subtract "
+                                           "the mean only)")
+    across_channels: bool = field(False, "normalise over C x H x W together instead of per "
+                                         "channel")
+    eps: float = field(1e-9, "added to the standard deviation before dividing")

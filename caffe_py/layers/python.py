@@ -1,0 +1,306 @@
+"""Layer family: Python (Caffe's PythonLayer), a layer whose code is the user's own class.
+
+``python_param {module, layer, param_str}`` names a module and a class in it. The module is
+imported from ``sys.path`` (PYTHONPATH, as Caffe's embedded interpreter), and failing that
+from the directory of the spec file, which is then added to the end of ``sys.path``. The class
+takes one of two forms:
+
+- A Caffe Python layer (pycaffe's ``caffe.Layer`` interface): ``setup`` / ``reshape`` /
+  ``forward(bottom, top)`` / ``backward(top, propagate_down, bottom)`` over blobs whose
+  ``.data`` and ``.diff`` are numpy arrays. Existing files run unchanged: ``import caffe`` gets
+  caffe-py's stand-in (:mod:`caffe_py.layers.pycaffe`) when pycaffe is not already imported.
+  The forward copies the bottoms to numpy and the tops back; the backward is wired into
+  autograd, so the class's ``backward`` gives the bottoms' and its blobs' gradients.
+- A torch-native layer (:class:`TorchLayer`): ``setup(bottom_shapes) -> top shapes`` and
+  ``forward(*bottoms) -> top(s)`` on tensors under autograd, on the net's device; no copies,
+  no hand-written backward: the fast form.
+
+An error in the user's module (it does not import, lacks the class, or raises in setup,
+forward or backward) is one NetError naming the layer, the module and where it was raised.
+"""
+from __future__ import annotations
+
+import importlib
+import sys
+import traceback
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from ..errors import CaffePyError, NetError
+from ..spec.layer_params.shared import FillerParameter
+from ..spec.schema import location, suggest
+from . import pycaffe
+from .base import Layer, Shape
+from .registry import register
+
+
+class TorchLayer:
+    """Base of a torch-native Python layer: tensors in, tensors out, autograd for backward.
+
+    ::
+
+        from caffe_py.layers.python import TorchLayer
+
+        class ChannelScale(TorchLayer):
+            def setup(self, bottom_shapes):            # [(N, C, H, W)] -> top shapes
+                self.add_blob((bottom_shapes[0][1],), {"type": "constant", "value": 1.0})
+                return [bottom_shapes[0]]
+
+            def forward(self, x):                      # tensors -> tensor or tuple
+                return x * self.blobs[0].view(1, -1, 1, 1)
+
+    Set before ``setup``: ``param_str`` (python_param.param_str), ``phase`` ('TRAIN' or
+    'TEST') and ``device``. Blobs made with :meth:`add_blob` are the layer's blobs in Caffe
+    order (learnable ones are trained by the solver and saved in snapshots).
+    """
+
+    param_str: str = ""
+    phase: str = "TRAIN"
+    device: torch.device = torch.device("cpu")
+    _host: Layer | None = None
+
+    def setup(self, bottom_shapes: list[Shape]) -> list[Shape]:
+        """Check the bottom shapes, add blobs, return the top shapes."""
+        raise NotImplementedError(f"{type(self).__name__}.setup")
+
+    def forward(self, *bottoms: torch.Tensor) -> torch.Tensor | tuple[torch.Tensor, ...]:
+        raise NotImplementedError(f"{type(self).__name__}.forward")
+
+    def add_blob(self, shape: Sequence[int], filler: FillerParameter | dict | None = None,
+                 learnable: bool = True) -> torch.Tensor:
+        """Add the next blob (a filler message or dict such as {"type": "xavier"}; None:
+        zeros) and return it."""
+        if isinstance(filler, dict):
+            filler = FillerParameter(**filler)
+        host = self._host
+        return host.add_blob(f"blob{len(host.blob_names)}", tuple(shape), filler, learnable)
+
+    @property
+    def blobs(self) -> list[torch.Tensor]:
+        """The blobs in Caffe order, as the net holds them now (weight sharing included)."""
+        return self._host.blobs()
+
+
+@register("Python")
+class Python(Layer):
+    """A layer implemented by the class python_param names (see the module's docstring)."""
+
+    bottoms = (0, None)
+    tops = (0, None)
+    capturable = False   # the user's code runs on the host every forward
+
+    def setup(self, bottom_shapes: list[Shape]) -> list[Shape]:
+        p = self.param()
+        self.where = f"{p.module}.{p.layer}"
+        cls = self._load_class(p.module, p.layer)
+        if isinstance(cls, type) and issubclass(cls, TorchLayer):
+            self.impl: Any = self._call(cls, "__init__")
+            self.impl.param_str, self.impl.phase = p.param_str, self.phase
+            self.impl.device, self.impl._host = torch.device(self.ctx.device), self
+            tops = self._call(self.impl.setup, "setup", [tuple(s) for s in bottom_shapes])
+            return [tuple(int(d) for d in s) for s in tops]
+        self.impl = _CaffeForm(self, self._call(cls, "__init__", self.spec))
+        return self.impl.setup(bottom_shapes, p.param_str)
+
+    # --- loading the user's class -----------------------------------------------------------
+    def _load_class(self, module_name: str, class_name: str) -> Any:
+        module = self._import(module_name)
+        cls = getattr(module, class_name, None)
+        if cls is None:
+            names = [n for n, v in vars(module).items() if isinstance(v, type)]
+            near = suggest(class_name, names)
+            raise self.fail(f"module '{module_name}' ({getattr(module, '__file__', '?')}) has "
+                            f"no class '{class_name}'",
+                            f"did you mean '{near}'?" if near else
+                            f"its classes: {', '.join(sorted(names)) or 'none'}")
+        if any(getattr(c, "__module__", "") == "caffe._caffe" for c in getattr(cls, "__mro__",
+                                                                               ())):
+            raise self.fail(f"{self.where} derives from BVLC pycaffe's caffe.Layer (pycaffe "
+                            "was imported in this process)", "build the net before importing "
+                            "pycaffe, so that 'import caffe' gets caffe-py's stand-in")
+        return cls
+
+    def _import(self, name: str) -> Any:
+        sys.modules.setdefault("caffe", pycaffe)
+        try:
+            try:
+                return importlib.import_module(name)
+            except ModuleNotFoundError as exc:
+                beside = self._spec_dir()
+                if not _is_missing(exc, name) or beside is None or str(beside) in sys.path:
+                    raise
+                sys.path.append(str(beside))  # Caffe users keep layers beside the prototxt
+                return importlib.import_module(name)
+        except ModuleNotFoundError as exc:
+            if _is_missing(exc, name):
+                beside = self._spec_dir()
+                raise self.fail(f"cannot find python_param.module '{name}'",
+                                f"put {name.replace('.', '/')}.py on PYTHONPATH"
+                                + (f" or in {beside}" if beside else "")) from None
+            raise self._user_error(exc, f"importing module '{name}'") from None
+        except CaffePyError:
+            raise
+        except Exception as exc:  # the module's own code failed (SyntaxError included)
+            raise self._user_error(exc, f"importing module '{name}'") from None
+
+    def _spec_dir(self) -> Path | None:
+        """The directory of the spec file the layer was read from (None: not from a file)."""
+        loc = location(self.spec)
+        if loc is None or not loc.file or not Path(loc.file).is_file():
+            return None
+        return Path(loc.file).resolve().parent
+
+    # --- calling the user's code ------------------------------------------------------------
+    def _call(self, fn: Any, what: str, *args: Any) -> Any:
+        """``fn(*args)``, with any exception it raises made one NetError naming the layer."""
+        try:
+            return fn(*args)
+        except CaffePyError:
+            raise
+        except Exception as exc:
+            raise self._user_error(exc, f"{self.where}.{what}") from None
+
+    def _user_error(self, exc: BaseException, what: str) -> NetError:
+        frames = traceback.extract_tb(exc.__traceback__)
+        here = str(Path(__file__).resolve())
+        outside = [f for f in frames if str(Path(f.filename).resolve()) != here]
+        at = f" ({outside[-1].filename}:{outside[-1].lineno})" if outside else ""
+        text = str(exc)
+        if isinstance(exc, SyntaxError):  # raised by the compiler: the place is its own
+            at, text = f" ({exc.filename}:{exc.lineno})", exc.msg
+        text = " ".join(text.split()) or "(no message)"
+        return self.fail(f"{what} raised {type(exc).__name__}: {text}{at}")
+
+    def forward(self, *bottoms: torch.Tensor) -> Any:
+        if isinstance(self.impl, _CaffeForm):
+            return self.impl.forward(bottoms)
+        return self._call(self.impl.forward, "forward", *bottoms)
+
+
+def _is_missing(exc: ModuleNotFoundError, name: str) -> bool:
+    """Whether ``exc`` is about ``name`` itself (or a package on its path), not something the
+    module imports."""
+    missing = exc.name or ""
+    return missing == name or name.startswith(missing + ".")
+
+
+class _CaffeForm:
+    """Runs a pycaffe-style layer object: numpy blobs in and out, its backward in autograd."""
+
+    def __init__(self, host: Python, obj: Any):
+        self.host, self.obj = host, obj
+        self.bottom: list[pycaffe.Blob] = []
+        self.top: list[pycaffe.Blob] = [pycaffe.Blob() for _ in host.spec.top]
+
+    def setup(self, bottom_shapes: list[Shape], param_str: str) -> list[Shape]:
+        """Caffe's Layer::SetUp: param_str and phase, setup, reshape; learnable blobs after."""
+        obj, host = self.obj, self.host
+        if not isinstance(getattr(obj, "blobs", None), pycaffe.BlobVec):
+            obj.blobs = pycaffe.BlobVec()
+        obj.param_str, obj.phase = param_str, pycaffe.TRAIN if host.phase == "TRAIN" else \
+            pycaffe.TEST
+        self.bottom = [pycaffe.Blob(s) for s in bottom_shapes]
+        host._call(obj.setup, "setup", self.bottom, self.top)
+        host._call(obj.reshape, "reshape", self.bottom, self.top)
+        for method in ("forward", "backward"):
+            if not callable(getattr(obj, method, None)):
+                raise host.fail(f"{host.where} has no {method}(...) method",
+                                f"define {method} as a Caffe Python layer does")
+        for i, blob in enumerate(obj.blobs):
+            param = host.add_blob(f"blob{i}", blob.shape)
+            with torch.no_grad():
+                param.copy_(torch.from_numpy(np.asarray(blob.data, dtype=np.float32)))
+        return [tuple(t.shape) for t in self.top]
+
+    def params(self) -> list[torch.Tensor]:
+        return self.host.blobs()
+
+    def bind_params(self, with_diff: bool = False) -> list[np.ndarray]:
+        """Point the object's blobs at the parameters' current values (shared on the CPU);
+        with ``with_diff`` their diffs hold the gradients accumulated so far. Returns those."""
+        before = []
+        for blob, param in zip(self.obj.blobs, self.params(), strict=True):
+            data = param.detach().cpu().numpy()
+            diff = None
+            if with_diff:
+                diff = (param.grad.detach().cpu().numpy().copy() if param.grad is not None
+                        else np.zeros_like(data))
+                before.append(diff.copy())
+            blob._bind(data, diff)
+        return before
+
+    def forward(self, bottoms: Sequence[torch.Tensor]) -> Any:
+        if not self.top:  # nothing to back-propagate from
+            self.run_forward(bottoms)
+            return ()
+        tops = _CaffeFunction.apply(self, len(bottoms), *bottoms, *self.params())
+        if len(self.top) == 1:
+            return tops[0] if isinstance(tops, tuple) else tops
+        return tops
+
+    def run_forward(self, bottoms: Sequence[torch.Tensor]) -> tuple[torch.Tensor, ...]:
+        like = bottoms[0] if bottoms else self.params()[0] if self.params() else None
+        dtype = like.dtype if like is not None else torch.float32
+        device = like.device if like is not None else torch.device(self.host.ctx.device)
+        arrays = [x.detach().cpu().numpy().copy() for x in bottoms]
+        self.bottom = [pycaffe.Blob() for _ in arrays]
+        np_dtype = torch.empty((), dtype=dtype).numpy().dtype
+        for blob in self.top:  # tops in the bottoms' precision (float32 as Caffe's, or 64)
+            if blob.data.dtype != np_dtype:
+                blob._bind(blob.data.astype(np_dtype))
+        for blob, array in zip(self.bottom, arrays, strict=True):
+            blob._bind(array)
+        self.bind_params()
+        self.host._call(self.obj.reshape, "reshape", self.bottom, self.top)
+        self.host._call(self.obj.forward, "forward", self.bottom, self.top)
+        return tuple(torch.as_tensor(np.array(t.data), dtype=dtype, device=device)
+                     for t in self.top)
+
+    def run_backward(self, top_grads: Sequence[torch.Tensor | None],
+                     propagate_down: list[bool]) -> list[torch.Tensor | None]:
+        for blob, grad in zip(self.top, top_grads, strict=True):
+            blob._diff = (np.zeros_like(blob.data) if grad is None else
+                          grad.detach().cpu().numpy().astype(blob.data.dtype).reshape(
+                              blob.data.shape))
+        for blob in self.bottom:
+            blob._diff = np.zeros_like(blob.data)
+        before = self.bind_params(with_diff=True)
+        self.host._call(self.obj.backward, "backward", self.top, propagate_down, self.bottom)
+        grads: list[torch.Tensor | None] = [
+            torch.from_numpy(np.array(b.diff)) if down else None
+            for b, down in zip(self.bottom, propagate_down, strict=True)]
+        grads += [torch.from_numpy(np.array(blob.diff) - old)
+                  for blob, old in zip(self.obj.blobs, before, strict=True)]
+        return grads
+
+
+class _CaffeFunction(torch.autograd.Function):
+    """Autograd's view of a pycaffe-style layer: forward and backward call the object's."""
+
+    @staticmethod
+    def forward(ctx, form: _CaffeForm, n_bottoms: int, *tensors: torch.Tensor):
+        ctx.form, ctx.n_bottoms = form, n_bottoms
+        ctx.likes = [(t.dtype, t.device) for t in tensors]
+        ctx.state = None
+        tops = form.run_forward(tensors[:n_bottoms])
+        # Caffe's backward reads the blobs of its own forward: keep them for it
+        ctx.state = ([b.data for b in form.bottom], [t.data.copy() for t in form.top])
+        return tops
+
+    @staticmethod
+    def backward(ctx, *top_grads: torch.Tensor):
+        form = ctx.form
+        bottoms, tops = ctx.state
+        for blob, data in zip(form.bottom, bottoms, strict=True):
+            blob._bind(data)
+        for blob, data in zip(form.top, tops, strict=True):
+            blob._bind(data)
+        down = list(ctx.needs_input_grad[2:2 + ctx.n_bottoms])
+        grads = form.run_backward(top_grads, down)
+        out = [None if g is None else g.to(dtype=dt, device=dev)
+               for g, (dt, dev) in zip(grads, ctx.likes, strict=True)]
+        return (None, None, *out)
