@@ -27,6 +27,7 @@ import torch
 
 from ..errors import SolverError
 from ..io.feeds import feed_of, swap_feed
+from .graphs import register_generators
 from .lr_policy import learning_rate
 
 log = logging.getLogger(__name__)
@@ -290,8 +291,7 @@ class GraphedLoop:
         if self.emulate:
             return _Graph(length, _Emulated(iterations, outs), losses, None)
         graph = torch.cuda.CUDAGraph()
-        for gen in _device_generators(s):
-            graph.register_generator_state(gen)
+        register_generators(graph, _device_generators(s))
         capture = torch.cuda.Stream(s.device)
         capture.wait_stream(torch.cuda.current_stream(s.device))
         with torch.cuda.graph(graph, stream=capture, capture_error_mode="thread_local"):

@@ -132,9 +132,8 @@ class GraphedStep:
                 _restore(state, saved)
                 s.zero_grads()
                 graph = torch.cuda.CUDAGraph()
-                for layer in net.layers:   # DummyData: each replay draws anew
-                    for gen in layer.generators().values():
-                        graph.register_generator_state(gen)
+                register_generators(graph, [g for layer in net.layers   # DummyData
+                                            for g in layer.generators().values()])
                 # torch's default capture stream is one per process, made on whichever device
                 # captured first: each replica captures on a stream of its own device
                 capture = torch.cuda.Stream(s.device)
@@ -188,6 +187,14 @@ def _warm_up(s: Any) -> None:
         for _ in range(WARMUP_PASSES):
             _pass(s)
     current.wait_stream(side)
+
+
+def register_generators(graph: Any, generators: list[torch.Generator]) -> None:
+    """Make each replay of ``graph`` draw anew from these device generators."""
+    if generators and not hasattr(graph, "register_generator_state"):
+        raise RuntimeError("this torch cannot replay a layer's own generator in a graph")
+    for gen in generators:
+        graph.register_generator_state(gen)
 
 
 @torch.no_grad()
