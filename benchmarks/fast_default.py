@@ -170,10 +170,11 @@ class Clock:
 
 
 def cpy_rates(solver_file: Path, device: torch.device, graphs: str, marks: list[int],
-              **fields) -> Clock:
+              compile_net: bool = False, **fields) -> Clock:
     param = dataclasses.replace(load_solver(solver_file), max_iter=marks[-1], **fields)
     clock = Clock(marks, device)
-    train(param, [device], TrainOptions(graphs=graphs, progress=clock.factory()))
+    train(param, [device], TrainOptions(graphs=graphs, progress=clock.factory(),
+                                        compile=compile_net))
     return clock
 
 
@@ -263,10 +264,11 @@ def sync(device: torch.device) -> None:
         torch.cuda.synchronize(device)
 
 
-def final_weights(solver_file: Path, device: torch.device) -> tuple[float, list, float]:
+def final_weights(solver_file: Path, device: torch.device,
+                  deterministic: bool = False) -> tuple[float, list, float]:
     """The shipped 10,000-iteration solve: wall seconds, weights, final test accuracy."""
     start = time.perf_counter()
-    root = train(load_solver(solver_file), [device], TrainOptions())
+    root = train(load_solver(solver_file), [device], TrainOptions(deterministic=deterministic))
     seconds = time.perf_counter() - start
     acc = float(root.last_test[0]["accuracy"]) if root.last_test else float("nan")
     return seconds, [lp.param.detach().cpu() for lp in root.net.learnable_params()], acc
@@ -292,6 +294,8 @@ def main() -> None:
         solver = lenet_files(args.fmnist, work)
         if "lenet" not in skip:
             rows += lenet_rows(solver, work, device, steps, end, args.smoke)
+        if "profile" not in skip:
+            profile_eager(solver, work, device, args.out, 20 if args.smoke else 300)
         if "full" not in skip:
             rows += full_rows(solver, device, args.smoke)
         if "resnet" not in skip:
@@ -325,6 +329,60 @@ def lenet_rows(solver: Path, work: Path, device: torch.device, steps: int, end: 
     return rows
 
 
+def profile_eager(solver: Path, work: Path, device: torch.device, out: Path, steps: int) -> None:
+    """Where an eager LeNet iteration's host time goes: torch.profiler over cpy's eager loop
+    and the plain loop (host self time per op), and cProfile over cpy's Python."""
+    import cProfile
+    import io
+    import pstats
+
+    from torch.profiler import ProfilerActivity, profile
+
+    from caffe_py.solver.solver import Solver
+
+    param = dataclasses.replace(load_solver(solver), max_iter=10**6, test_interval=0,
+                                display=0)
+    text = []
+    with Solver(param, device=device) as s:
+        s.start()
+        for _ in range(50):
+            s.iteration()
+        with profile(activities=[ProfilerActivity.CPU]) as prof:
+            for _ in range(steps):
+                s.iteration()
+        text.append(f"cpy eager iteration, {steps} iterations, by host self time\n"
+                    + prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=40))
+        stats = io.StringIO()
+        cp = cProfile.Profile()
+        cp.enable()
+        for _ in range(steps):
+            s.iteration()
+        cp.disable()
+        pstats.Stats(cp, stream=stats).sort_stats("tottime").print_stats(40)
+        text.append("cProfile of the same loop\n" + stats.getvalue())
+    images, labels = idx_arrays(fmnist_dir(work))
+    images, labels = images.to(device), labels.to(device)
+    model = LeNet().to(device)
+    opt = CaffeSGD(model, device)
+
+    def step(it: int) -> None:
+        for p in model.parameters():
+            p.grad = None
+        k = it % 900
+        x = images[k * 64:(k + 1) * 64].float().mul_(0.00390625)
+        F.cross_entropy(model(x), labels[k * 64:(k + 1) * 64]).backward()
+        opt.step(inv_rate(it))
+
+    for it in range(50):
+        step(it)
+    with profile(activities=[ProfilerActivity.CPU]) as prof:
+        for it in range(steps):
+            step(it)
+    text.append(f"plain eager loop, {steps} iterations, by host self time\n"
+                + prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=30))
+    (out / "eager_profile.txt").write_text("\n\n".join(text))
+
+
 def full_rows(solver: Path, device: torch.device, smoke: bool) -> list[tuple[str, str]]:
     if smoke:
         data = yaml.safe_load(solver.read_text())
@@ -333,10 +391,17 @@ def full_rows(solver: Path, device: torch.device, smoke: bool) -> list[tuple[str
     seconds, w1, acc = final_weights(solver, device)
     _, w2, _ = final_weights(solver, device)
     same = all(torch.equal(a, b) for a, b in zip(w1, w2, strict=True))
+    det_s, d1, det_acc = final_weights(solver, device, deterministic=True)
+    _, d2, _ = final_weights(solver, device, deterministic=True)
+    torch.use_deterministic_algorithms(False)
+    torch.backends.cudnn.deterministic = False
+    det_same = all(torch.equal(a, b) for a, b in zip(d1, d2, strict=True))
     iters = yaml.safe_load(solver.read_text())["max_iter"]
     return [(f"LeNet, the shipped solver ({iters} iterations, tests every 500): wall s, "
              "final accuracy", f"{seconds:.1f} s, {acc:.4f}"),
-            ("LeNet, two runs of the default path: bit-identical weights", str(same))]
+            ("LeNet, two runs of the default path: bit-identical weights", str(same)),
+            ("LeNet, the same with --deterministic: wall s, accuracy, bit-identical",
+             f"{det_s:.1f} s, {det_acc:.4f}, {det_same}")]
 
 
 def resnet_rows(work: Path, device: torch.device, smoke: bool) -> list[tuple[str, str]]:
@@ -353,8 +418,14 @@ def resnet_rows(work: Path, device: torch.device, smoke: bool) -> list[tuple[str
     rates = {}
     for name, filler, graphs in (("no flag, constant DummyData", "constant", "auto"),
                                  ("--graphs off, constant DummyData", "constant", "off"),
-                                 ("no flag, the shipped config (gaussian)", None, "auto")):
-        clock = cpy_rates(resnet_solver(work, filler, batch), device, graphs, marks)
+                                 ("no flag, the shipped config (gaussian)", None, "auto"),
+                                 ("--compile, constant DummyData", "constant", "auto")):
+        try:
+            clock = cpy_rates(resnet_solver(work, filler, batch), device, graphs, marks,
+                              compile_net="--compile" in name)
+        except Exception as exc:  # noqa: BLE001 - a failed variant is a row, not the end
+            rows.append((f"ResNet-50, cpy train {name}", f"failed: {str(exc)[:160]}"))
+            continue
         rates[name] = batch * clock.rate(*marks)
         ratio = f" ({rates[name] / base:.2f}x torchvision)" if base else ""
         rows.append((f"ResNet-50, cpy train {name} (img/s)", f"{rates[name]:,.0f}{ratio}"))

@@ -35,6 +35,12 @@ class TrainOptions:
     graphs: str = "auto"
     """CUDA graphs: 'auto' (capture whenever the net allows it, else say why and run eagerly),
     'on' (as auto, but a net that cannot be captured is an error), 'off' (eager)."""
+    deterministic: bool = False
+    """Bit-identical runs on GPUs too: deterministic cuDNN algorithms and PyTorch kernels
+    (slower on some nets; docs/performance.md says which step breaks it otherwise)."""
+    compile: bool = False
+    """Compile the TRAIN net's forward and backward with torch.compile (inductor) before the
+    first iteration; on GPUs the compiled step is captured as a CUDA graph as usual."""
     dist_backend: str | None = None
     """Between hosts (WORLD_SIZE > 1): nccl or gloo (default: nccl on GPUs, gloo on CPUs)."""
     dist_timeout: float = DEFAULT_DIST_TIMEOUT_S

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import os
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Protocol
@@ -53,6 +54,8 @@ def train(param: SolverParameter, devices: Sequence[torch.device | str | int],
     options = options or TrainOptions()
     check_start_files(options)
     param = prepared(param, options)
+    if options.deterministic:
+        make_deterministic()
     strategy = choose_strategy(check_devices(devices), options)
     if strategy.leads:
         snap.check_writable(param.snapshot_prefix)
@@ -77,6 +80,15 @@ def check_start_files(options: TrainOptions) -> None:
     for path in [*options.weights, *([options.snapshot] if options.snapshot else [])]:
         if not Path(path).is_file():
             raise SolverError(f"{path}: file not found; check the path")
+
+
+def make_deterministic() -> None:
+    """Deterministic cuDNN algorithms (no benchmark search) and PyTorch kernels; an op that has
+    none warns once instead of failing."""
+    os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
+    torch.backends.cudnn.deterministic = True
+    torch.backends.cudnn.benchmark = False
+    torch.use_deterministic_algorithms(True, warn_only=True)
 
 
 def prepared(param: SolverParameter, options: TrainOptions) -> SolverParameter:
@@ -122,6 +134,10 @@ class SingleDevice:
 
         opts = self.options
         with Solver(param, device=self.device, action=action) as solver:
+            if opts.compile:
+                from .solver.roles import CompiledStep
+
+                solver.step_fn = CompiledStep(solver.net)
             if opts.graphs != "off":
                 solver.runner = GraphedLoop(required=opts.graphs == "on")
             batch = solver.batch_size()

@@ -92,3 +92,35 @@ def test_bad_options_are_refused_when_made():
         TrainOptions(sigint_effect="kill")
     with pytest.raises(SolverError, match="^dist_backend 'mpi' is not one of nccl, gloo$"):
         TrainOptions(dist_backend="mpi")
+
+
+def test_deterministic_sets_cudnn_and_torch_and_the_cli_takes_both_flags(solver_file, tmp_path,
+                                                                        monkeypatch):
+    from click.testing import CliRunner
+
+    from caffe_py.cli import cli
+    from caffe_py.train import make_deterministic
+
+    saved = (torch.backends.cudnn.deterministic, torch.backends.cudnn.benchmark,
+             torch.are_deterministic_algorithms_enabled())
+    try:
+        make_deterministic()
+        assert torch.backends.cudnn.deterministic and not torch.backends.cudnn.benchmark
+        assert torch.are_deterministic_algorithms_enabled()
+        monkeypatch.chdir(tmp_path)
+        solver_file(seed=4)
+        result = CliRunner().invoke(cli, ["train", "--solver", "s4.yaml", "--deterministic"])
+        assert result.exit_code == 0, result.output
+        assert "Optimization Done." in result.output
+    finally:
+        torch.backends.cudnn.deterministic, torch.backends.cudnn.benchmark = saved[:2]
+        torch.use_deterministic_algorithms(saved[2])
+
+
+@pytest.mark.slow
+def test_a_compiled_step_trains_as_the_eager_one(solver_file, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    eager = train(solver_file(seed=6), ["cpu"])
+    compiled = train(solver_file(seed=6), ["cpu"], TrainOptions(compile=True))
+    for a, b in zip(eager.net.learnable_params(), compiled.net.learnable_params(), strict=True):
+        torch.testing.assert_close(a.param, b.param, rtol=1e-5, atol=1e-6)

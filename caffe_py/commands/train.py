@@ -49,6 +49,10 @@ GPUS_HELP = "devices: cpu, cpu:N (N CPU replicas), 0 or 0,1,2,3 (CUDA ids), or a
                    "(an error when it does not), off (eager)")
 @click.option("--cuda-graphs/--no-cuda-graphs", "cuda_graphs", default=None, hidden=True,
               help="the older spelling of --graphs on / --graphs off")
+@click.option("--deterministic", is_flag=True,
+              help="bit-identical runs on GPUs too (deterministic cuDNN and kernels; slower)")
+@click.option("--compile", "compile_net", is_flag=True,
+              help="compile the net with torch.compile (inductor) before training")
 @click.option("--dist-backend", type=click.Choice(DIST_BACKENDS), default=None,
               help="between hosts, when WORLD_SIZE > 1 (default: nccl on GPUs, gloo on CPU)")
 @click.option("--dist-timeout", type=click.FloatRange(min=1), default=DEFAULT_DIST_TIMEOUT_S,
@@ -57,7 +61,7 @@ GPUS_HELP = "devices: cpu, cpu:N (N CPU replicas), 0 or 0,1,2,3 (CUDA ids), or a
 def train_command(solver_file: str, gpus: str | None, weights: str | None,
                   snapshot: str | None, sigint_effect: str, sighup_effect: str,
                   precision: str | None, reduction: str, graphs: str | None,
-                  cuda_graphs: bool | None,
+                  cuda_graphs: bool | None, deterministic: bool, compile_net: bool,
                   dist_backend: str | None, dist_timeout: float) -> None:
     """Train the net of a solver spec (Caffe's `caffe train`)."""
     if weights and snapshot:
@@ -80,6 +84,7 @@ def train_command(solver_file: str, gpus: str | None, weights: str | None,
                            snapshot=snapshot, sigint_effect=sigint_effect,
                            sighup_effect=sighup_effect, precision=precision,
                            reduction=reduction, graphs=graphs or "auto",
+                           deterministic=deterministic, compile=compile_net,
                            dist_backend=dist_backend, dist_timeout=dist_timeout,
                            progress=terminal_progress())
     log.info(f"Using {describe(devices)}")

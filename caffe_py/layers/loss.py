@@ -18,6 +18,7 @@ of bounds. ``options['check_labels'] = False`` turns the check off.
 from __future__ import annotations
 
 import math
+from typing import Any
 
 import numpy as np
 import torch
@@ -157,18 +158,51 @@ class SoftmaxWithLoss(Layer):
         return [()] + [bottom_shapes[0]] * (len(self.spec.top) - 1)
 
     def forward(self, scores: torch.Tensor, labels: torch.Tensor):
-        logp = F.log_softmax(scores, dim=self.axis)
-        logp3, lab = as_positions(logp, labels.detach(), self.axis)
+        scores3, lab = as_positions(scores, labels.detach(), self.axis)
         valid = None if self.ignore_label is None else lab != self.ignore_label
         self.labels.observe(lab, valid)
-        nll = -logp3.gather(1, lab.clamp(0, self.classes - 1))  # (outer, 1, inner)
-        # clamp the value at -log(FLT_MIN) but keep the unclamped gradient, as Caffe does
-        nll = nll - (nll - nll.clamp(max=_MAX_NLL)).detach()
-        total = (nll * valid).sum() if valid is not None else nll.sum()
-        loss = total / normalizer(self.mode, lab.shape[0], lab.shape[2], valid)
+        target = lab.clamp(0, self.classes - 1).squeeze(1)   # (outer, inner)
+        if valid is not None:
+            target = torch.where(valid.squeeze(1), target, -1)   # nll_loss's ignore_index
+        if scores3.shape[2] == 1:   # (outer, C): the plain kernels
+            scores3, target = scores3.squeeze(2), target.squeeze(1)
+        norm = normalizer(self.mode, lab.shape[0], lab.shape[2], valid)
+        loss, logp3 = _CaffeSoftmaxLoss.apply(scores3, target, norm, valid is not None)
         if len(self.top_shapes) == 2:  # Caffe's backward reads only the loss top's diff
-            return loss, logp.detach().exp()
+            return loss, logp3.detach().exp().reshape(scores.shape)
         return loss
+
+
+class _CaffeSoftmaxLoss(torch.autograd.Function):
+    """sum(min(-log p_target, -log FLT_MIN)) / norm over (outer, C[, inner]) scores, with
+    Caffe's gradient (p - onehot) / norm, also where the clamp holds; target -1 is ignored (no
+    loss, no gradient). In as few kernels as the formula allows: a launch-bound eager step pays
+    for each one."""
+
+    @staticmethod
+    def forward(ctx: Any, scores: torch.Tensor, target: torch.Tensor,
+                norm: torch.Tensor | float, ignores: bool) -> tuple[torch.Tensor, torch.Tensor]:
+        logp = F.log_softmax(scores, dim=1)
+        nll = F.nll_loss(logp, target, reduction="none", ignore_index=-1)
+        loss = nll.clamp_(max=_MAX_NLL).sum() / norm
+        ctx.save_for_backward(logp, target)
+        ctx.norm, ctx.ignores = norm, ignores
+        ctx.mark_non_differentiable(logp)
+        return loss, logp
+
+    @staticmethod
+    def backward(ctx: Any, grad: torch.Tensor, _unused: Any) -> tuple[Any, None, None, None]:
+        logp, target = ctx.saved_tensors
+        dx = logp.exp()
+        if not ctx.ignores:
+            index = target.unsqueeze(1)
+            dx.scatter_add_(1, index, torch.full_like(index, -1, dtype=dx.dtype))
+        else:
+            index = target.clamp(min=0).unsqueeze(1)
+            kept = (target >= 0).unsqueeze(1).to(dx.dtype)
+            dx.scatter_add_(1, index, -kept)
+            dx.mul_(kept)
+        return dx.mul_(grad / ctx.norm), None, None, None
 
 
 @register("EuclideanLoss")

@@ -1,6 +1,7 @@
 """The loss history and the run's device-side checks, read without stalling the device.
 
-Every iteration's loss goes into a ring on the device (one small copy, no host sync). Caffe's
+Every iteration's loss goes into a ring on the device (no host sync; the losses of a few
+iterations are stacked into it at once, a launch-bound step pays for each copy). Caffe's
 smoothed loss is the mean of its last ``average_loss`` entries. Every ``CHECK_INTERVAL``
 iterations, :meth:`Monitor.poll` copies the ring and every layer's
 :class:`~caffe_py.layers.base.DeviceCheck` state to pinned host memory without blocking, and
@@ -59,29 +60,41 @@ class Monitor:
         self._pinned: list[list[torch.Tensor]] = []
         """Two sets of pinned host buffers, used in turn (CUDA only)."""
         self._polls = 0
+        self._fresh: list[tuple[int, torch.Tensor]] = []
+        """Losses noted but not yet in the ring (at most ``interval``)."""
         self._last_poll = 0
 
     def record(self, iteration: int, loss: torch.Tensor) -> None:
-        """Put this iteration's loss (a device scalar) into the ring."""
-        slot = self.count % self.window
-        self.losses[slot].copy_(loss)
-        self.iterations[slot] = iteration
-        self.count += 1
+        """Note this iteration's loss (a device scalar); it reaches the ring with the next few."""
+        self._fresh.append((iteration, loss))
+        if len(self._fresh) >= self.interval:
+            self._flush()
 
     def record_many(self, first: int, losses: torch.Tensor) -> None:
-        """Put the losses of iterations first, first + 1, ... (a device vector) into the ring:
-        one copy, or two where the ring wraps."""
+        """Put the losses of iterations first, first + 1, ... (a device vector) into the ring."""
+        self._flush()
+        self._store(list(range(first, first + len(losses))), losses)
+
+    def _flush(self) -> None:
+        if self._fresh:
+            iterations, losses = zip(*self._fresh, strict=True)
+            self._fresh = []
+            self._store(list(iterations), torch.stack(losses))
+
+    def _store(self, iterations: list[int], losses: torch.Tensor) -> None:
+        """One copy into the ring, or two where it wraps."""
         n, start = len(losses), self.count % self.window
         head = min(n, self.window - start)
         self.losses[start:start + head].copy_(losses[:head])
         if head < n:
             self.losses[:n - head].copy_(losses[head:])
-        for j in range(n):
-            self.iterations[(start + j) % self.window] = first + j
+        for j, it in enumerate(iterations):
+            self.iterations[(start + j) % self.window] = it
         self.count += n
 
     def smoothed(self) -> float:
         """The mean of the last average_loss losses (a host sync; 0 before the first)."""
+        self._flush()
         n = min(self.count, self.average)
         if not n:
             return 0.0
@@ -93,6 +106,7 @@ class Monitor:
         if iteration - self._last_poll < self.interval:
             return
         self._last_poll = iteration
+        self._flush()
         if self._pending is not None:
             pending, self._pending = self._pending, None
             self._judge(pending)
@@ -104,6 +118,7 @@ class Monitor:
 
     def check_now(self) -> None:
         """Read every loss and check recorded so far and raise the first problem."""
+        self._flush()
         if self._pending is not None:
             pending, self._pending = self._pending, None
             self._judge(pending)

@@ -9,7 +9,7 @@ applies the same update as the leading root, but tests, displays and snapshots n
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 import torch
 
@@ -58,11 +58,13 @@ class StepFn(Protocol):
     def __call__(self, solver: Solver) -> tuple[torch.Tensor, NetOutput]: ...
 
 
-def eager_step(solver: Solver) -> tuple[torch.Tensor, NetOutput]:
-    """The plain step: iter_size forward and backward passes, op by op."""
+def eager_step(solver: Solver, net: Any = None) -> tuple[torch.Tensor, NetOutput]:
+    """The plain step: iter_size forward and backward passes, op by op (through ``net``, a
+    compiled form of the solver's net, when given)."""
+    net = net if net is not None else solver.net
     if solver.param.iter_size == 1:
         with solver.autocast():
-            out = solver.net()
+            out = net()
         if out.loss.requires_grad:
             out.loss.backward()
         return out.loss.detach().float(), out
@@ -70,9 +72,21 @@ def eager_step(solver: Solver) -> tuple[torch.Tensor, NetOutput]:
     out = None
     for _ in range(solver.param.iter_size):
         with solver.autocast():
-            out = solver.net()
+            out = net()
         if out.loss.requires_grad:
             out.loss.backward()
         total += out.loss.detach().float()
     assert out is not None  # iter_size >= 1 (the schema's minimum)
     return total / solver.param.iter_size, out
+
+
+class CompiledStep:
+    """A :class:`StepFn` running the net compiled by ``torch.compile`` (inductor): the first
+    call compiles (minutes for a large net), later ones run the generated kernels; the
+    parameters are the net's own, so the update, snapshots and sharing see the same tensors."""
+
+    def __init__(self, net: Any):
+        self.net = torch.compile(net)
+
+    def __call__(self, solver: Solver) -> tuple[torch.Tensor, NetOutput]:
+        return eager_step(solver, self.net)

@@ -120,8 +120,8 @@ class Solver:
         self._progress: Progress | None = None
 
         spec, state = param.train_net_spec()
-        if self.device.type == "cuda":  # the net's shapes are fixed: let cuDNN pick its kernels
-            torch.backends.cudnn.benchmark = True
+        if self.device.type == "cuda" and not torch.backends.cudnn.deterministic:
+            torch.backends.cudnn.benchmark = True  # the shapes are fixed: let cuDNN pick
         self.net = self._build(spec, "TRAIN", state)
         self.memory_format = memory_format_for(param.memory_format, self.device)
         # Before the Updater exists, so its history takes the weights' layout; the TEST nets

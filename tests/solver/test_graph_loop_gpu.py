@@ -60,3 +60,20 @@ def test_a_bad_label_is_caught_on_the_device_within_a_few_iterations(ws):
         with pytest.raises(DataError, match=r"label 3 is outside \[0, 3\) \(3 classes\)"):
             solver.solve()
         assert solver.iter <= 2 * 16 + 8
+
+
+def test_deterministic_runs_of_the_default_path_are_bit_identical(ws):
+    from caffe_py.options import TrainOptions
+    from caffe_py.train import train
+
+    ws.net(ws.LMDB_NET, batch=2)
+    runs = []
+    try:
+        for _ in range(2):
+            root = train(ws.load(max_iter=40, display=0), ["cuda:0"],
+                         TrainOptions(deterministic=True))
+            runs.append([lp.param.detach().cpu() for lp in root.net.learnable_params()])
+    finally:
+        torch.use_deterministic_algorithms(False)
+        torch.backends.cudnn.deterministic = False
+    assert all(torch.equal(a, b) for a, b in zip(*runs, strict=True))
