@@ -9,6 +9,8 @@ sharing). The loss is Caffe's: the sum over weighted tops of ``loss_weight * top
 """
 from __future__ import annotations
 
+import dataclasses
+import logging
 import math
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
@@ -26,6 +28,10 @@ from .spec.layer_params.data import InputParameter
 from .spec.net_spec import BlobShape, LayerParameter, NetParameter, ParamSpec
 from .spec.schema import is_set, location, message_at, place, suggest
 
+log = logging.getLogger(__name__)
+AUTOMATIC = "(automatic)"
+"""The name Caffe gives the top it adds to a loss layer written without one (AutoTopBlobs)."""
+
 
 @dataclass
 class NetOutput:
@@ -34,7 +40,7 @@ class NetOutput:
     loss: torch.Tensor
     """Scalar: sum of loss_weight * top.sum() over every weighted top (0 when none)."""
     outputs: dict[str, torch.Tensor]
-    """Every top no later layer consumes, in the order the layers produce them."""
+    """Every top no later layer consumes, sorted by name as Caffe numbers them."""
 
 
 @dataclass
@@ -87,17 +93,22 @@ class _Blob:
 class Net(nn.Module):
     """A Caffe net built for one phase; call it with the net's inputs to run forward."""
 
-    def __init__(self, spec: NetParameter, phase: str = "TRAIN", *, stages: Iterable[str] = (),
-                 level: int = 0, device: str | torch.device = "cpu", seed: int = 0,
+    def __init__(self, spec: NetParameter, phase: str | None = None, *,
+                 stages: Iterable[str] = (), level: int | None = None,
+                 device: str | torch.device = "cpu", seed: int = 0,
                  options: Mapping[str, Any] | None = None):
         super().__init__()
+        state = spec.state
+        phase = phase or (state.phase if state is not None else "TRAIN")
         if phase not in ("TRAIN", "TEST"):
             raise NetError(f"phase '{phase}' is not TRAIN or TEST")
         self.spec = spec
         self.name = spec.name
         self.phase = phase
-        self.stages = frozenset(stages)
-        self.level = level
+        """The net's phase: as given, else the spec's ``state.phase``, else TRAIN."""
+        self.stages = frozenset(stages) | frozenset(state.stage if state is not None else ())
+        """The given stages and the spec's ``state.stage`` (Caffe adds them up)."""
+        self.level = level if level is not None else (state.level if state is not None else 0)
         self.device = torch.device(device)
         self.ctx = BuildContext(phase=phase, device=self.device,
                                 generator=torch.Generator().manual_seed(seed),
@@ -111,6 +122,9 @@ class Net(nn.Module):
         self._views: list[tuple[_Blob, Shape]] = []
         self.input_names: list[str] = []
         self.output_names: list[str] = []
+        """The net's outputs (tops no later layer consumes), sorted by name: Caffe keeps its
+        available blobs in a std::set, so ``Train net output #0`` is the first by name."""
+        self._automatic: set[str] = set()
         self._build(self._kept_layers())
         self.fused: list[tuple[str, str]] = fuse_bias_activation(self)
         """(producer, activation) pairs whose bias add runs inside the activation kernel."""
@@ -119,17 +133,13 @@ class Net(nn.Module):
 
     # --- building ---------------------------------------------------------------------------
     def _kept_layers(self) -> list[LayerParameter]:
-        """Caffe's FilterNet, plus the legacy ``input`` fields as an Input layer first."""
+        """Caffe's FilterNet, plus the legacy ``input`` fields as an Input layer first.
+
+        Two layers may share a name, as in Caffe; weights files and the TEST net's sharing
+        then reach only the first of them (see :meth:`copy_from`), which a warning says when
+        the later one has blobs of its own.
+        """
         kept = [lp for lp in self.spec.layer if lp.kept_for(self.phase, self.level, self.stages)]
-        seen: dict[str, LayerParameter] = {}
-        for lp in kept:
-            if lp.name in seen:
-                raise NetError(message_at(
-                    lp, f"layer name '{lp.name}' is used twice in the {self.phase} net (first "
-                        f"at {seen[lp.name].where()})",
-                    "give every layer a unique name, or include each in one phase only",
-                    named=True))
-            seen[lp.name] = lp
         legacy = self._legacy_input()
         return ([legacy] if legacy is not None else []) + kept
 
@@ -161,33 +171,68 @@ class Net(nn.Module):
         for i, lp in enumerate(layer_specs):
             bottom_shapes = [self._bottom_shape(lp, k, layer_specs[i + 1:])
                              for k in range(len(lp.bottom))]
+            cls = registry.lookup(lp.type)
+            named = len(lp.top)
+            lp = self._with_automatic_tops(lp, cls)
             self._check_wiring(lp, producers)
-            layer = self._build_layer(lp, bottom_shapes)
+            layer = self._build_layer(cls, lp, bottom_shapes)
             self.layers.append(layer)
             for name in lp.bottom:
                 available.pop(name, None)
             for j, (name, shape) in enumerate(zip(lp.top, layer.top_shapes, strict=True)):
-                producers[name] = lp
-                available.pop(name, None)
-                available[name] = None
                 self.blobs[name] = shape
                 weight = _loss_weight(layer, j)
                 if weight != 0.0:
                     self._loss_weights.append((name, weight))
+                if j >= named:  # an automatic top: no later layer may read it, not an output
+                    continue
+                producers[name] = lp
+                available[name] = None
             if lp.type == "Input":
                 self.input_names.extend(lp.top)
             self._register_blobs(layer, params_by_name)
-        self.output_names = list(available)
+        self.output_names = sorted(available)
+        self._warn_shadowed_names()
 
-    def _build_layer(self, lp: LayerParameter, bottom_shapes: list[Shape]) -> Layer:
+    def _with_automatic_tops(self, lp: LayerParameter, cls: type[Layer]) -> LayerParameter:
+        """Caffe's AutoTopBlobs: a loss layer written with fewer tops than it needs (none)
+        gets anonymous ones, which carry its loss but feed no layer and are no output."""
+        need = cls.tops[0] - len(lp.top)
+        if not cls.is_loss or need <= 0:
+            return lp
+        tops = []
+        for _ in range(need):
+            name, k = AUTOMATIC, 1
+            while name in self.blobs or name in tops:
+                k += 1
+                name = f"{AUTOMATIC}#{k}"
+            tops.append(name)
+        self._automatic.update(tops)
+        return dataclasses.replace(lp, top=list(lp.top) + tops)
+
+    def _build_layer(self, cls: type[Layer], lp: LayerParameter,
+                     bottom_shapes: list[Shape]) -> Layer:
         try:
-            return registry.lookup(lp.type)(lp, bottom_shapes, self.ctx)
+            return cls(lp, bottom_shapes, self.ctx)
         except DataError as exc:  # e.g. a Data layer's database is missing: say which layer
             raise DataError(message_at(lp, str(exc), named=True)) from None
 
+    def _warn_shadowed_names(self) -> None:
+        """A later layer with blobs whose name an earlier layer has: no weights file reaches
+        its blobs (Caffe's CopyTrainedLayersFrom stops at the first layer of a name)."""
+        first: dict[str, Layer] = {}
+        for layer in self.layers:
+            earlier = first.setdefault(layer.name, layer)
+            if earlier is not layer and layer.blob_names:
+                log.warning("Warning: " + message_at(
+                    layer.spec, f"an earlier layer ({earlier.spec.where()}) has this name, so "
+                                "weights files and the TEST net's sharing reach only that one "
+                                "(as in Caffe): this layer's blobs are never loaded",
+                    "give the layer its own name", named=True))
+
     def _bottom_shape(self, lp: LayerParameter, k: int, later: list[LayerParameter]) -> Shape:
         name = lp.bottom[k]
-        if name in self.blobs:
+        if name in self.blobs and name not in self._automatic:
             return self.blobs[name]
         problem = f"Unknown bottom blob '{name}' (layer '{lp.name}', bottom index {k})"
         producer = next((x for x in later if name in x.top), None)
@@ -204,10 +249,11 @@ class Net(nn.Module):
                 lp, f"{problem}: only layer '{dropped.name}' ({dropped.where()}) produces it, "
                     f"and its include/exclude rules leave it out of the {self.phase} net",
                 "make both layers belong to the same phases", key="bottom"))
-        near = suggest(name, self.blobs)
+        readable = [b for b in self.blobs if b not in self._automatic]
+        near = suggest(name, readable)
         hint = f"did you mean '{near}'?" if near else \
             "name a top of an earlier layer in this phase"
-        known = ", ".join(self.blobs) or "none"
+        known = ", ".join(readable) or "none"
         raise NetError(message_at(lp, problem, f"{hint} (blobs so far: {known})", key="bottom"))
 
     def _check_wiring(self, lp: LayerParameter, producers: dict[str, LayerParameter]) -> None:
@@ -361,14 +407,20 @@ class Net(nn.Module):
         return out
 
     def layer_blobs(self) -> dict[str, list[torch.Tensor]]:
-        """Layer name -> its blobs in Caffe order (what a weights file holds); none skipped."""
-        return {layer.name: layer.blobs() for layer in self.layers if layer.blob_names}
+        """Layer name -> its blobs in Caffe order (what a weights file holds); none skipped.
+
+        Of layers sharing a name, the first is the one listed (the one a weights file fills
+        on loading, as Caffe's CopyTrainedLayersFrom does).
+        """
+        return {name: layer.blobs() for name, layer in self._first_by_name().items()
+                if layer.blob_names}
 
     def copy_from(self, blobs_by_layer: Mapping[str, list[torch.Tensor]],
                   source: str | Path = "<weights>") -> CopyResult:
-        """Caffe's CopyTrainedLayersFrom: copy by layer name; layers the net lacks are skipped."""
+        """Caffe's CopyTrainedLayersFrom: copy by layer name into the first layer of that name
+        (Caffe stops at the first match); layers the net lacks are skipped."""
         result = CopyResult()
-        by_name = {layer.name: layer for layer in self.layers}
+        by_name = self._first_by_name()
         for name, values in blobs_by_layer.items():
             layer = by_name.get(name)
             if layer is None:
@@ -376,13 +428,13 @@ class Net(nn.Module):
                 continue
             targets = layer.blobs()
             if len(values) != len(targets):
-                raise NetError(f"{source}: layer '{name}' has {len(values)} blob(s) in the "
-                               f"weights but {len(targets)} in the net; the weights are for "
-                               "another net")
+                raise NetError(f"{source}: layer {self._ref(layer)} has {len(values)} blob(s) "
+                               f"in the weights but {len(targets)} in the net; the weights are "
+                               "for another net")
             for i, (value, target) in enumerate(zip(values, targets, strict=True)):
                 value = torch.as_tensor(value)
                 if not _same_shape(value.shape, target.shape):
-                    raise NetError(f"{source}: layer '{name}' blob {i}: shape "
+                    raise NetError(f"{source}: layer {self._ref(layer)} blob {i}: shape "
                                    f"{list(value.shape)} in the weights, {list(target.shape)} in "
                                    "the net; the weights are for another net (or rename the "
                                    "layer to start it afresh)")
@@ -394,34 +446,56 @@ class Net(nn.Module):
     def share_weights_with(self, other: Net) -> list[str]:
         """Caffe's ShareTrainedLayersWith: use ``other``'s blob tensors for same-named layers.
 
-        Returns the names of the layers that now share. A layer of this net that ``other``
-        lacks keeps its own blobs, as in Caffe.
+        Each layer of ``other`` is matched with the first layer of this net of its name (a later
+        one of a repeated name wins, as in Caffe). Returns the names of the layers that now
+        share. A layer of this net that ``other`` lacks keeps its own blobs, as in Caffe.
         """
-        theirs = {layer.name: layer for layer in other.layers}
-        shared = []
-        for layer in self.layers:
-            src = theirs.get(layer.name)
-            if src is None or not layer.blob_names:
+        first = self._first_by_name()
+        pairs: dict[str, tuple[Layer, Layer]] = {}
+        for src in other.layers:
+            layer = first.get(src.name)
+            if layer is None:
                 continue
             if len(src.blob_names) != len(layer.blob_names):
-                raise NetError(f"layer '{layer.name}' has {len(layer.blob_names)} blob(s) here "
-                               f"but {len(src.blob_names)} in net '{other.name}' "
+                raise NetError(f"layer {self._ref(layer)} has {len(layer.blob_names)} blob(s) "
+                               f"here but {len(src.blob_names)} in net '{other.name}' "
                                f"({other.phase}); layers of one name must match across phases")
             for i, (attr, src_attr) in enumerate(zip(layer.blob_names, src.blob_names,
                                                      strict=True)):
                 a, b = getattr(layer, attr), getattr(src, src_attr)
                 if a.shape != b.shape:
-                    raise NetError(f"layer '{layer.name}' blob {i}: shape {list(a.shape)} here "
-                                   f"but {list(b.shape)} in net '{other.name}' ({other.phase}); "
-                                   "layers of one name must match across phases")
+                    raise NetError(f"layer {self._ref(layer)} blob {i}: shape {list(a.shape)} "
+                                   f"here but {list(b.shape)} in net '{other.name}' "
+                                   f"({other.phase}); layers of one name must match across "
+                                   "phases")
+            if layer.blob_names:
+                pairs[src.name] = (layer, src)
+        for layer, src in pairs.values():
+            for attr, src_attr in zip(layer.blob_names, src.blob_names, strict=True):
                 self._rebinds.append((layer, attr, src, src_attr))
-            shared.append(layer.name)
         self._bind_shared()
-        return shared
+        return list(pairs)
+
+    def _first_by_name(self) -> dict[str, Layer]:
+        """Layer name -> the first layer of that name (the one weights reach, as in Caffe)."""
+        first: dict[str, Layer] = {}
+        for layer in self.layers:
+            first.setdefault(layer.name, layer)
+        return first
+
+    def _ref(self, layer: Layer) -> str:
+        """'name', or 'name' with its line (else its index) when another layer has the name."""
+        if sum(other.name == layer.name for other in self.layers) == 1:
+            return f"'{layer.name}'"
+        loc = location(layer.spec)
+        where = f"line {loc.line}" if loc is not None else \
+            f"layer #{list(self.layers).index(layer)} of the net"
+        return f"'{layer.name}' ({layer.spec.type}, {where})"
 
     # --- looking around ---------------------------------------------------------------------
     def layer_by_name(self, name: str) -> Layer:
-        for layer in self.layers:
+        """The layer called ``name``; of several, the last (Caffe's ``layer_by_name``)."""
+        for layer in reversed(self.layers):
             if layer.name == name:
                 return layer
         near = suggest(name, [layer.name for layer in self.layers])
