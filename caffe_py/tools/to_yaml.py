@@ -39,6 +39,7 @@ from ..spec.net_spec import LayerParameter, NetParameter, load_net
 from ..spec.schema import suggest
 from ..spec.solver_spec import SolverParameter, load_solver
 from .prototxt import BOOL_WORDS, Field, Ident, Message, PrototxtError, parse_file
+from .upgrade_v0 import is_v0, upgrade_v0_net
 
 # Caffe's UpgradeV1LayerType (upgrade_proto.cpp): V1 enum name -> V2 type string.
 V1_LAYER_TYPES = {
@@ -319,6 +320,8 @@ class _Converter:
 
     # --- Caffe's upgrades, on the parsed prototxt (positions kept for errors) ---------------
     def upgrade_net(self, msg: Message) -> Message:
+        if is_v0(msg):
+            msg = upgrade_v0_net(msg, self.fail, self.notes)
         v1, v2 = msg.all("layers"), msg.all("layer")
         if v1 and v2:
             raise self.fail(v1[0], "the net has both 'layer' (current) and 'layers' (V1) "
@@ -376,9 +379,6 @@ class _Converter:
                     dataclasses.replace(f, name=_V1_PARAM_FIELDS[f.name], comments=[]))
                 counts[f.name] += 1
                 continue
-            elif f.name == "layer":
-                raise self.fail(f, "a V0 'layer' block inside a V1 'layers' block",
-                                "upgrade the file with Caffe's upgrade_net_proto_text first")
             out.append(f)
         params = [Field("param", Message(specs[i], line=specs[i][0].line, one_line=True),
                         specs[i][0].line, specs[i][0].column) for i in sorted(specs)]
