@@ -202,8 +202,13 @@ def parse_layer(node: Any, src: Source, path: str, line: int | None = None) -> L
     return spec
 
 
-def parse_net(node: Any, src: Source, path: str = "") -> NetParameter:
-    """Parse a NetParameter mapping (a file's root, or a solver's inline ``net_param``)."""
+def parse_net(node: Any, src: Source, path: str = "", *,
+              skip_unknown: bool = False) -> NetParameter:
+    """Parse a NetParameter mapping (a file's root, or a solver's inline ``net_param``).
+
+    ``skip_unknown`` leaves out the layers whose type caffe-py lacks (see
+    :func:`unknown_types`) instead of failing on them; the others keep their ``layer[i]``.
+    """
     if not isinstance(node, dict):
         raise SpecError("a net spec is a mapping with 'name' and 'layer'", file=src.file,
                         line=getattr(node, "line", None), path=path)
@@ -215,6 +220,8 @@ def parse_net(node: Any, src: Source, path: str = "") -> NetParameter:
     lines = layers.item_lines if isinstance(layers, yamlio.MarkedList) else []
     net.layer = []
     for i, layer_node in enumerate(layers):
+        if skip_unknown and _type_of(layer_node) not in (None, *layer_params.LAYER_PARAMS):
+            continue
         lpath = f"{path}.layer[{i}]" if path else f"layer[{i}]"
         if isinstance(layer_node, yamlio.MarkedDict) and not layer_node.line and lines:
             layer_node.line = lines[i]
@@ -226,6 +233,23 @@ def parse_net(node: Any, src: Source, path: str = "") -> NetParameter:
                         path=_p(path, "input_shape"),
                         fix="give one input_shape per input")
     return net
+
+
+def unknown_types(node: Any) -> list[tuple[str, str, int]]:
+    """(type, layer name, line) of every layer of a loaded net mapping whose type caffe-py
+    does not have, in order."""
+    layers = node.get("layer") if isinstance(node, dict) else None
+    if not isinstance(layers, list):
+        return []
+    lines = layers.item_lines if isinstance(layers, yamlio.MarkedList) else [0] * len(layers)
+    return [(_type_of(item), str(item.get("name", "")), getattr(item, "line", 0) or line)
+            for item, line in zip(layers, lines, strict=True)
+            if _type_of(item) not in (None, *layer_params.LAYER_PARAMS)]
+
+
+def _type_of(node: Any) -> str | None:
+    kind = node.get("type") if isinstance(node, dict) else None
+    return kind if isinstance(kind, str) else None
 
 
 def load_net(path: str | Path) -> NetParameter:
@@ -259,4 +283,4 @@ def _p(path: str, key: str) -> str:
 __all__ = ["BlobShape", "FillerParameter", "ParamSpec", "NetState", "NetStateRule",
            "merge_states", "TransformationParameter",
            "DataParameter", "LossParameter", "SoftmaxParameter", "LayerParameter", "NetParameter",
-           "parse_layer", "parse_net", "load_net", "convert", "PHASES"]
+           "parse_layer", "parse_net", "load_net", "unknown_types", "convert", "PHASES"]

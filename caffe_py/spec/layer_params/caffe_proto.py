@@ -20,4 +20,15 @@ CAFFE_LAYER_BLOCKS = frozenset({
     "swish_param", "tanh_param", "threshold_param", "tile_param", "window_data_param",
 })
 
-__all__ = ["CAFFE_LAYER_BLOCKS"]
+# The fields of those blocks that name files (relative ones resolve against where Caffe runs).
+CAFFE_PATH_FIELDS = {
+    "data_param": ("source", "mean_file"),
+    "transform_param": ("mean_file",),
+    "image_data_param": ("source", "mean_file", "root_folder"),
+    "window_data_param": ("source", "mean_file", "root_folder"),
+    "hdf5_data_param": ("source",),
+    "hdf5_output_param": ("file_name",),
+    "infogain_loss_param": ("source",),
+}
+
+__all__ = ["CAFFE_LAYER_BLOCKS", "CAFFE_PATH_FIELDS"]
