@@ -138,7 +138,9 @@ CASES = {
     "missing database": (
         "name: bad\nlayer:\n  - name: mnist\n    type: Data\n    top: [data, label]\n"
         "    data_param: {source: ../data/fashion_mnist/train_lmdb, batch_size: 4}\n",
-        "{f}:3: layer[0]: layer 'mnist' (Data): {db}: database not found; run `make data`"),
+        "{f}:3: layer[0]: layer 'mnist' (Data): database {db} does not exist, so its record "
+        "shape is unknown; give it, e.g. cpy net --input-shape data=C,H,W (or create the "
+        "database)"),
 }
 
 
