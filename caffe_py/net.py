@@ -9,10 +9,10 @@ sharing). The loss is Caffe's: the sum over weighted tops of ``loss_weight * top
 """
 from __future__ import annotations
 
-import math
+import dataclasses
+import logging
 from collections.abc import Iterable, Iterator, Mapping
-from dataclasses import dataclass, field
-from pathlib import Path
+from dataclasses import dataclass
 from typing import Any, cast, overload
 
 import torch
@@ -22,10 +22,15 @@ from .errors import DataError, NetError, one_line
 from .layers import registry
 from .layers.base import BuildContext, DeviceCheck, Layer, Shape
 from .layers.data import Input
+from .net_weights import CopyResult, WeightsMixin
 from .passes import fuse_batchnorm_scale, fuse_bias_activation
 from .spec.layer_params.data import InputParameter
 from .spec.net_spec import BlobShape, LayerParameter, NetParameter, ParamSpec
 from .spec.schema import is_set, location, message_at, place, suggest
+
+log = logging.getLogger(__name__)
+AUTOMATIC = "(automatic)"
+"""The name Caffe gives the top it adds to a loss layer written without one (AutoTopBlobs)."""
 
 
 @dataclass
@@ -35,7 +40,7 @@ class NetOutput:
     loss: torch.Tensor
     """Scalar: sum of loss_weight * top.sum() over every weighted top (0 when none)."""
     outputs: dict[str, torch.Tensor]
-    """Every top no later layer consumes, in the order the layers produce them."""
+    """Every top no later layer consumes, sorted by name as Caffe numbers them."""
 
 
 @dataclass
@@ -62,14 +67,6 @@ class SummaryRow:
     tops: list[tuple[str, Shape]]
     params: int
     """Learnable values this layer owns (a blob it shares from another layer counts there)."""
-
-
-@dataclass
-class CopyResult:
-    """What :meth:`Net.copy_from` did: layers copied, and source layers the net lacks."""
-
-    copied: list[str] = field(default_factory=list)
-    ignored: list[str] = field(default_factory=list)
 
 
 @dataclass
@@ -101,20 +98,25 @@ class LayerList(nn.ModuleList):
         return cast("Layer | LayerList", super().__getitem__(idx))
 
 
-class Net(nn.Module):
+class Net(WeightsMixin, nn.Module):
     """A Caffe net built for one phase; call it with the net's inputs to run forward."""
 
-    def __init__(self, spec: NetParameter, phase: str = "TRAIN", *, stages: Iterable[str] = (),
-                 level: int = 0, device: str | torch.device = "cpu", seed: int = 0,
+    def __init__(self, spec: NetParameter, phase: str | None = None, *,
+                 stages: Iterable[str] = (), level: int | None = None,
+                 device: str | torch.device = "cpu", seed: int = 0,
                  options: Mapping[str, Any] | None = None):
         super().__init__()
+        state = spec.state
+        phase = phase or (state.phase if state is not None else "TRAIN")
         if phase not in ("TRAIN", "TEST"):
             raise NetError(f"phase '{phase}' is not TRAIN or TEST")
         self.spec = spec
         self.name = spec.name
         self.phase = phase
-        self.stages = frozenset(stages)
-        self.level = level
+        """The net's phase: as given, else the spec's ``state.phase``, else TRAIN."""
+        self.stages = frozenset(stages) | frozenset(state.stage if state is not None else ())
+        """The given stages and the spec's ``state.stage`` (Caffe adds them up)."""
+        self.level = level if level is not None else (state.level if state is not None else 0)
         self.device = torch.device(device)
         self.ctx = BuildContext(phase=phase, device=self.device,
                                 generator=torch.Generator().manual_seed(seed),
@@ -128,6 +130,9 @@ class Net(nn.Module):
         self._views: list[tuple[_Blob, _Blob, Shape]] = []  # (sharer, owner, sharer's shape)
         self.input_names: list[str] = []
         self.output_names: list[str] = []
+        """The net's outputs (tops no later layer consumes), sorted by name: Caffe keeps its
+        available blobs in a std::set, so ``Train net output #0`` is the first by name."""
+        self._automatic: set[str] = set()
         self._build(self._kept_layers())
         self.fused: list[tuple[str, str]] = fuse_bias_activation(self)
         """(producer, activation) pairs whose bias add runs inside the activation kernel."""
@@ -136,17 +141,13 @@ class Net(nn.Module):
 
     # --- building ---------------------------------------------------------------------------
     def _kept_layers(self) -> list[LayerParameter]:
-        """Caffe's FilterNet, plus the legacy ``input`` fields as an Input layer first."""
+        """Caffe's FilterNet, plus the legacy ``input`` fields as an Input layer first.
+
+        Two layers may share a name, as in Caffe; weights files and the TEST net's sharing
+        then reach only the first of them (see :meth:`copy_from`), which a warning says when
+        the later one has blobs of its own.
+        """
         kept = [lp for lp in self.spec.layer if lp.kept_for(self.phase, self.level, self.stages)]
-        seen: dict[str, LayerParameter] = {}
-        for lp in kept:
-            if lp.name in seen:
-                raise NetError(message_at(
-                    lp, f"layer name '{lp.name}' is used twice in the {self.phase} net (first "
-                        f"at {seen[lp.name].where()})",
-                    "give every layer a unique name, or include each in one phase only",
-                    named=True))
-            seen[lp.name] = lp
         legacy = self._legacy_input()
         return ([legacy] if legacy is not None else []) + kept
 
@@ -178,33 +179,68 @@ class Net(nn.Module):
         for i, lp in enumerate(layer_specs):
             bottom_shapes = [self._bottom_shape(lp, k, layer_specs[i + 1:])
                              for k in range(len(lp.bottom))]
+            cls = registry.lookup(lp.type)
+            named = len(lp.top)
+            lp = self._with_automatic_tops(lp, cls)
             self._check_wiring(lp, producers)
-            layer = self._build_layer(lp, bottom_shapes)
+            layer = self._build_layer(cls, lp, bottom_shapes)
             self.layers.append(layer)
             for name in lp.bottom:
                 available.pop(name, None)
             for j, (name, shape) in enumerate(zip(lp.top, layer.top_shapes, strict=True)):
-                producers[name] = lp
-                available.pop(name, None)
-                available[name] = None
                 self.blobs[name] = shape
                 weight = _loss_weight(layer, j)
                 if weight != 0.0:
                     self._loss_weights.append((name, weight))
+                if j >= named:  # an automatic top: no later layer may read it, not an output
+                    continue
+                producers[name] = lp
+                available[name] = None
             if lp.type == "Input":
                 self.input_names.extend(lp.top)
             self._register_blobs(layer, params_by_name)
-        self.output_names = list(available)
+        self.output_names = sorted(available)
+        self._warn_shadowed_names()
 
-    def _build_layer(self, lp: LayerParameter, bottom_shapes: list[Shape]) -> Layer:
+    def _with_automatic_tops(self, lp: LayerParameter, cls: type[Layer]) -> LayerParameter:
+        """Caffe's AutoTopBlobs: a loss layer written with fewer tops than it needs (none)
+        gets anonymous ones, which carry its loss but feed no layer and are no output."""
+        need = cls.tops[0] - len(lp.top)
+        if not cls.is_loss or need <= 0:
+            return lp
+        tops = []
+        for _ in range(need):
+            name, k = AUTOMATIC, 1
+            while name in self.blobs or name in tops:
+                k += 1
+                name = f"{AUTOMATIC}#{k}"
+            tops.append(name)
+        self._automatic.update(tops)
+        return dataclasses.replace(lp, top=list(lp.top) + tops)
+
+    def _build_layer(self, cls: type[Layer], lp: LayerParameter,
+                     bottom_shapes: list[Shape]) -> Layer:
         try:
-            return registry.lookup(lp.type)(lp, bottom_shapes, self.ctx)
+            return cls(lp, bottom_shapes, self.ctx)
         except DataError as exc:  # e.g. a Data layer's database is missing: say which layer
             raise DataError(message_at(lp, str(exc), named=True)) from None
 
+    def _warn_shadowed_names(self) -> None:
+        """A later layer with blobs whose name an earlier layer has: no weights file reaches
+        its blobs (Caffe's CopyTrainedLayersFrom stops at the first layer of a name)."""
+        first: dict[str, Layer] = {}
+        for layer in self.layers:
+            earlier = first.setdefault(layer.name, layer)
+            if earlier is not layer and layer.blob_names:
+                log.warning("Warning: " + message_at(
+                    layer.spec, f"an earlier layer ({earlier.spec.where()}) has this name, so "
+                                "weights files and the TEST net's sharing reach only that one "
+                                "(as in Caffe): this layer's blobs are never loaded",
+                    "give the layer its own name", named=True))
+
     def _bottom_shape(self, lp: LayerParameter, k: int, later: list[LayerParameter]) -> Shape:
         name = lp.bottom[k]
-        if name in self.blobs:
+        if name in self.blobs and name not in self._automatic:
             return self.blobs[name]
         problem = f"Unknown bottom blob '{name}' (layer '{lp.name}', bottom index {k})"
         producer = next((x for x in later if name in x.top), None)
@@ -221,10 +257,11 @@ class Net(nn.Module):
                 lp, f"{problem}: only layer '{dropped.name}' ({dropped.where()}) produces it, "
                     f"and its include/exclude rules leave it out of the {self.phase} net",
                 "make both layers belong to the same phases", key="bottom"))
-        near = suggest(name, self.blobs)
+        readable = [b for b in self.blobs if b not in self._automatic]
+        near = suggest(name, readable)
         hint = f"did you mean '{near}'?" if near else \
             "name a top of an earlier layer in this phase"
-        known = ", ".join(self.blobs) or "none"
+        known = ", ".join(readable) or "none"
         raise NetError(message_at(lp, problem, f"{hint} (blobs so far: {known})", key="bottom"))
 
     def _check_wiring(self, lp: LayerParameter, producers: dict[str, LayerParameter]) -> None:
@@ -374,7 +411,7 @@ class Net(nn.Module):
         for ref, owner, shape in self._views:
             setattr(ref.layer, ref.attr, getattr(owner.layer, owner.attr).view(shape))
 
-    # --- parameters and weights -------------------------------------------------------------
+    # --- parameters ---------------------------------------------------------------------------
     def learnable_params(self) -> list[LearnableParam]:
         """Every learnable blob once, in layer and blob order, with its multipliers."""
         out = []
@@ -385,68 +422,10 @@ class Net(nn.Module):
                                           ref.lr_mult, ref.decay_mult))
         return out
 
-    def layer_blobs(self) -> dict[str, list[torch.Tensor]]:
-        """Layer name -> its blobs in Caffe order (what a weights file holds); none skipped."""
-        return {layer.name: layer.blobs() for layer in self.layers if layer.blob_names}
-
-    def copy_from(self, blobs_by_layer: Mapping[str, list[torch.Tensor]],
-                  source: str | Path = "<weights>") -> CopyResult:
-        """Caffe's CopyTrainedLayersFrom: copy by layer name; layers the net lacks are skipped."""
-        result = CopyResult()
-        by_name = {layer.name: layer for layer in self.layers}
-        for name, values in blobs_by_layer.items():
-            layer = by_name.get(name)
-            if layer is None:
-                result.ignored.append(name)
-                continue
-            targets = layer.blobs()
-            if len(values) != len(targets):
-                raise NetError(f"{source}: layer '{name}' has {len(values)} blob(s) in the "
-                               f"weights but {len(targets)} in the net; the weights are for "
-                               "another net")
-            for i, (value, target) in enumerate(zip(values, targets, strict=True)):
-                value = torch.as_tensor(value)
-                if not _same_shape(value.shape, target.shape):
-                    raise NetError(f"{source}: layer '{name}' blob {i}: shape "
-                                   f"{list(value.shape)} in the weights, {list(target.shape)} in "
-                                   "the net; the weights are for another net (or rename the "
-                                   "layer to start it afresh)")
-                with torch.no_grad():
-                    target.copy_(value.reshape(target.shape))
-            result.copied.append(name)
-        return result
-
-    def share_weights_with(self, other: Net) -> list[str]:
-        """Caffe's ShareTrainedLayersWith: use ``other``'s blob tensors for same-named layers.
-
-        Returns the names of the layers that now share. A layer of this net that ``other``
-        lacks keeps its own blobs, as in Caffe.
-        """
-        theirs = {layer.name: layer for layer in other.layers}
-        shared = []
-        for layer in self.layers:
-            src = theirs.get(layer.name)
-            if src is None or not layer.blob_names:
-                continue
-            if len(src.blob_names) != len(layer.blob_names):
-                raise NetError(f"layer '{layer.name}' has {len(layer.blob_names)} blob(s) here "
-                               f"but {len(src.blob_names)} in net '{other.name}' "
-                               f"({other.phase}); layers of one name must match across phases")
-            for i, (attr, src_attr) in enumerate(zip(layer.blob_names, src.blob_names,
-                                                     strict=True)):
-                a, b = getattr(layer, attr), getattr(src, src_attr)
-                if a.shape != b.shape:
-                    raise NetError(f"layer '{layer.name}' blob {i}: shape {list(a.shape)} here "
-                                   f"but {list(b.shape)} in net '{other.name}' ({other.phase}); "
-                                   "layers of one name must match across phases")
-                self._rebinds.append((layer, attr, src, src_attr))
-            shared.append(layer.name)
-        self._bind_shared()
-        return shared
-
     # --- looking around ---------------------------------------------------------------------
     def layer_by_name(self, name: str) -> Layer:
-        for layer in self.layers:
+        """The layer called ``name``; of several, the last (Caffe's ``layer_by_name``)."""
+        for layer in reversed(self.layers):
             if layer.name == name:
                 return layer
         near = suggest(name, [layer.name for layer in self.layers])
@@ -504,14 +483,6 @@ def _reshaped_bottom(layer: Layer, bottoms: list[torch.Tensor]) -> str | None:
 def _param_spec(ref: _Blob) -> ParamSpec | None:
     specs = ref.layer.spec.param
     return specs[ref.index] if ref.index < len(specs) else None
-
-
-def _same_shape(source: torch.Size, target: torch.Size) -> bool:
-    """Equal shapes, or Caffe's legacy 4-axis form with leading 1s (e.g. 1 x 1 x N x M)."""
-    if source == target:
-        return True
-    strip = lambda s: list(s)[next((i for i, d in enumerate(s) if d != 1), len(s)):]
-    return math.prod(source) == math.prod(target) and strip(source) == strip(target)
 
 
 __all__ = ["Net", "NetOutput", "LearnableParam", "SummaryRow", "CopyResult"]

@@ -120,7 +120,7 @@ def test_resnet50_dummy_builds_with_the_published_parameter_count():
     assert sum(r.params for r in net.summary()) == 25_557_032
     assert net.blobs["pool5"] == (256, 2048, 1, 1) and net.blobs["fc1000"] == (256, 1000)
     assert net.blobs["res3a"] == (256, 512, 28, 28) and net.blobs["res5c"] == (256, 2048, 7, 7)
-    assert net.output_names == ["loss", "accuracy", "accuracy_top5"]
+    assert net.output_names == ["accuracy", "accuracy_top5", "loss"]  # by name, as Caffe
     frozen = [p.name for p in net.learnable_params() if p.lr_mult == 0]
     assert frozen == []  # BatchNorm's statistics are buffers, never learnable params
 

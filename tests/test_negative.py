@@ -57,10 +57,10 @@ CASES = {
         "    inner_product_param: {num_output: -1}\n",
         "{f}:9: layer[0].inner_product_param.num_output: -1 is below the minimum 0; use a "
         "value >= 0"),
-    "param block of another type": (
-        HEAD + "  - name: c\n    type: Convolution\n    pooling_param: {pool: MAX}\n",
-        "{f}:7: layer[0].pooling_param: 'pooling_param' does not apply to a Convolution layer; "
-        "a Convolution layer takes convolution_param"),
+    "param block nobody has": (
+        HEAD + "  - name: c\n    type: Convolution\n    pooling_parm: {pool: MAX}\n",
+        "{f}:7: layer[0].pooling_parm: unknown key 'pooling_parm' in a Convolution layer; did "
+        "you mean 'convolution_param'?"),
     "include and exclude": (
         HEAD + "  - name: s\n    type: ToyScale\n    include: {phase: TRAIN}\n"
         "    exclude: {phase: TEST}\n",
@@ -114,10 +114,6 @@ CASES = {
         "  - {name: add, type: ToyAdd, bottom: [s, d], top: e}\n",
         "{f}:7: layer[2]: layer 'add' (ToyAdd): bottom 'd' (index 1) has shape [3, 3] but "
         "bottom 0 has [2, 3]; give equal shapes"),
-    "duplicate layer name": (
-        HEAD + SCALE + "  - {name: s, type: ToyScale, bottom: s, top: s2}\n",
-        "{f}:6: layer[1]: layer 's' (ToyScale): layer name 's' is used twice in the TRAIN net "
-        "(first at line 5); give every layer a unique name, or include each in one phase only"),
     "propagate_down count": (
         HEAD + "  - {name: s, type: ToyScale, bottom: data, top: s, "
         "propagate_down: [true, false]}\n",
@@ -140,7 +136,9 @@ CASES = {
     "missing database": (
         "name: bad\nlayer:\n  - name: mnist\n    type: Data\n    top: [data, label]\n"
         "    data_param: {source: ../data/fashion_mnist/train_lmdb, batch_size: 4}\n",
-        "{f}:3: layer[0]: layer 'mnist' (Data): {db}: database not found; run `make data`"),
+        "{f}:3: layer[0]: layer 'mnist' (Data): database {db} does not exist, so its record "
+        "shape is unknown; give it, e.g. cpy net --input-shape data=C,H,W (or create the "
+        "database)"),
 }
 
 

@@ -95,9 +95,10 @@ def test_no_loss_is_a_zero_scalar(spec_of):
     assert result.loss.shape == () and result.loss.item() == 0.0
 
 
-def test_outputs_are_unconsumed_tops_in_order(spec_of):
-    net = Net(spec_of(PHASED), "TRAIN")
-    assert net.output_names == ["notx", "nottest"]
+def test_outputs_are_unconsumed_tops_sorted_by_name(spec_of):
+    net = Net(spec_of(PHASED), "TRAIN")  # produced notx, then nottest
+    assert net.output_names == ["nottest", "notx"]
+    assert list(net({"data": torch.ones(2, 3)}).outputs) == ["nottest", "notx"]
 
 
 def test_propagate_down_false_detaches_that_bottom(spec_of):

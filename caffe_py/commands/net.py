@@ -11,20 +11,34 @@ if TYPE_CHECKING:
 
 @click.command("net")
 @click.argument("config", type=click.Path(dir_okay=False))
-@click.option("--phase", type=click.Choice(["TRAIN", "TEST"]), default="TRAIN", show_default=True,
-              help="which layers to keep (include/exclude rules)")
+@click.option("--phase", type=click.Choice(["TRAIN", "TEST"]), default=None,
+              help="which layers to keep (include/exclude rules)  [default: the net's "
+                   "state.phase, else TRAIN]")
 @click.option("--stage", "stages", multiple=True, metavar="S",
-              help="a stage the net is in (repeat for several)")
-@click.option("--level", type=int, default=0, show_default=True, help="the net's level")
-def net_command(config: str, phase: str, stages: tuple[str, ...], level: int) -> None:
-    """Build the net in CONFIG and print one row per layer, then the totals."""
+              help="a stage the net is in, besides the net's state.stage (repeat for several)")
+@click.option("--level", type=int, default=None,
+              help="the net's level  [default: the net's state.level, else 0]")
+@click.option("--input-shape", "input_shapes", multiple=True, metavar="NAME=C,H,W",
+              callback=lambda ctx, param, value: parse_shapes(value),
+              help="the record shape of a Data layer (by layer or top name) whose database "
+                   "does not exist here (repeat for several)")
+def net_command(config: str, phase: str | None, stages: tuple[str, ...], level: int | None,
+                input_shapes: dict[str, tuple[int, ...]]) -> None:
+    """Build the net in CONFIG and print one row per layer, then the totals.
+
+    Data layers need no database: their shapes come from data_param.batch_size, the
+    transform's crop and the first record of the database when it exists (else
+    --input-shape).
+    """
     from ..net import Net  # torch loads when the command runs, not for --help
     from ..spec.net_spec import load_net
 
-    net = Net(load_net(config), phase, stages=stages, level=level)
+    net = Net(load_net(config), phase, stages=stages, level=level,
+              options={"record_shapes": input_shapes})
     rows = net.summary()
-    click.echo(f"net '{net.name}' ({phase}" + "".join(f", stage {s}" for s in stages)
-               + (f", level {level}" if level else "") + ")")
+    click.echo(f"net '{net.name}' ({net.phase}" + "".join(f", stage {s}" for s in
+                                                          sorted(net.stages))
+               + (f", level {net.level}" if net.level else "") + ")")
     for line in format_table(rows):
         click.echo(line)
     total = sum(r.params for r in rows)
@@ -34,6 +48,22 @@ def net_command(config: str, phase: str, stages: tuple[str, ...], level: int) ->
                f"outputs: {', '.join(net.output_names) or 'none'}; "
                "loss: " + (" + ".join(f"{w:g} * {t}" for t, w in net.loss_weights.items())
                            or "none"))
+
+
+def parse_shapes(values: tuple[str, ...]) -> dict[str, tuple[int, ...]]:
+    """``('data=3,227,227', ...)`` -> ``{'data': (3, 227, 227)}``; a bad value is a usage error."""
+    shapes = {}
+    for value in values:
+        name, _, dims = value.partition("=")
+        try:
+            shape = tuple(int(d) for d in dims.split(","))
+        except ValueError:
+            shape = ()
+        if not name or len(shape) != 3 or min(shape) < 1:
+            raise click.BadParameter(f"'{value}' is not NAME=C,H,W (three positive sizes, "
+                                     "e.g. data=3,256,256)", param_hint="--input-shape")
+        shapes[name] = shape
+    return shapes
 
 
 def format_table(rows: list[SummaryRow]) -> list[str]:

@@ -22,6 +22,8 @@ def import_prototxt_command(source: str, out: str, kind: str, caffe_root: str | 
     report = import_file(source, out, kind=kind, root=caffe_root)
     for note in report.notes:
         click.echo(f"note: {note}", err=True)
+    for warning in report.warnings:
+        click.echo(f"warning: {warning}", err=True)
     click.echo(f"wrote {out}: {report.summary}")
 
 

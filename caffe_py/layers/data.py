@@ -9,8 +9,10 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Mapping
+from pathlib import Path
 from typing import TYPE_CHECKING
 
+import numpy as np
 import torch
 
 from ..errors import DataError
@@ -153,15 +155,37 @@ class Data(Layer):
     tops = (1, 2)
 
     def setup(self, bottom_shapes: list[Shape]) -> list[Shape]:
-        from ..io.datum import datum_to_array, decode_record, format_key
-        from ..io.lmdb_store import open_db
         from ..io.transformer import Transformer, force_color
 
         dp, tp = self.param("data_param"), self.param("transform_param")
         tp = self.transform = self._upgraded_transform(dp, tp)
+        self.color = True if dp.force_encoded_color else force_color(tp)
+        self._feed: Feed | None = None
+        self._label_top = len(self.spec.top) == 2
+        given = self._given_record_shape(dp)
+        if given is None:
+            self._read_first_record(dp)
+            try:
+                out_shape = Transformer(tp, self.phase, self.record_shape, where="").out_shape
+            except DataError as exc:
+                raise self.fail(str(exc)) from None
+        else:  # built without its database (`cpy net`): the crop alone decides H and W
+            self.record_shape, self.record_dtype = given, np.dtype(np.uint8)
+            c, h, w = given
+            if tp.crop_size and tp.crop_size > min(h, w):
+                raise self.fail(f"transform_param.crop_size {tp.crop_size} is larger than the "
+                                f"records ({c} x {h} x {w})", "use a smaller crop_size")
+            out_shape = (c, tp.crop_size, tp.crop_size) if tp.crop_size else given
+        shapes: list[Shape] = [(dp.batch_size, *out_shape)]
+        return shapes + [(dp.batch_size,)] if len(self.spec.top) == 2 else shapes
+
+    def _read_first_record(self, dp: DataParameter) -> None:
+        """The record shape and dtype, from the database's first record."""
+        from ..io.datum import datum_to_array, decode_record, format_key
+        from ..io.lmdb_store import open_db
+
         with open_db(dp.source) as db:  # missing: a DataError naming the path and the fix
             key, value = db.first()
-        self.color = True if dp.force_encoded_color else force_color(tp)
         datum = decode_record(value, source=dp.source, key=key)
         try:
             first = datum_to_array(datum, color=self.color)
@@ -170,14 +194,27 @@ class Data(Layer):
         channels, height, width = (int(d) for d in first.shape)
         self.record_shape = (channels, height, width)
         self.record_dtype = first.dtype
-        try:
-            transformer = Transformer(tp, self.phase, self.record_shape, where="")
-        except DataError as exc:
-            raise self.fail(str(exc)) from None
-        self._feed: Feed | None = None
-        self._label_top = len(self.spec.top) == 2
-        shapes: list[Shape] = [(dp.batch_size, *transformer.out_shape)]
-        return shapes + [(dp.batch_size,)] if len(self.spec.top) == 2 else shapes
+
+    def _given_record_shape(self, dp: DataParameter) -> tuple[int, int, int] | None:
+        """The record shape (C, H, W) a net built without databases gives this layer (the
+        net option ``record_shapes``, by layer or top name); None: read the database.
+
+        Training builds without the option, so a missing database is an error there. With it,
+        a layer it does not name reads its database when there is one, and otherwise fails
+        saying what to give.
+        """
+        given = self.ctx.options.get("record_shapes")
+        if given is None:
+            return None
+        for key in (self.name, *self.spec.top):
+            if key in given:
+                return tuple(int(d) for d in given[key])
+        if Path(dp.source).exists():
+            return None
+        top = self.spec.top[0]
+        raise self.fail(f"database {dp.source} does not exist, so its record shape is unknown",
+                        f"give it, e.g. cpy net --input-shape {top}=C,H,W (or create the "
+                        "database)")
 
     def _upgraded_transform(self, dp: DataParameter,
                             tp: TransformationParameter) -> TransformationParameter:

@@ -166,18 +166,23 @@ class Deconvolution(Convolution):
 
 
 # --- Pooling --------------------------------------------------------------------------------
-def caffe_pool_size(size: int, k: int, s: int, p: int) -> int:
-    """Caffe's pooled length: ceil rounding, and with padding no window starting in the pad."""
-    out = -(-(size + 2 * p - k) // s) + 1
+def caffe_pool_size(size: int, k: int, s: int, p: int, ceil: bool = True) -> int:
+    """Caffe's pooled length: (size + 2p - k) / s rounded up (round_mode CEIL) or down, plus
+    one; with padding, no window may start in the right padding. A kernel larger than the
+    padded input gives a negative numerator, rounded the same way (a 1 x 1 input under a 2 x 2
+    stride-2 window pools to 1 x 1)."""
+    span = size + 2 * p - k
+    out = (-(-span // s) if ceil else span // s) + 1
     if p > 0 and (out - 1) * s >= size + p:
         out -= 1
     return out
 
 
-def torch_pool_size(size: int, k: int, s: int, p: int) -> int:
-    """PyTorch's ceil_mode length (its last-window rule applies with or without padding)."""
-    out = -(-(size + 2 * p - k) // s) + 1
-    if (out - 1) * s >= size + p:
+def torch_pool_size(size: int, k: int, s: int, p: int, ceil: bool = True) -> int:
+    """PyTorch's length (its last-window rule applies in ceil mode, with or without padding)."""
+    span = size + 2 * p - k
+    out = (-(-span // s) if ceil else span // s) + 1
+    if ceil and (out - 1) * s >= size + p:
         out -= 1
     return out
 
@@ -206,6 +211,7 @@ class Pooling(Layer):
         self.require_axes(0, shape, 4)
         self.method = p.pool
         self.global_pooling = p.global_pooling
+        self.ceil = p.round_mode == "CEIL"
         if len(self.spec.top) == 2 and p.pool != "MAX":
             raise self.fail(f"{p.pool} pooling has one top; only MAX gives a second top (the "
                             "argmax mask)", "remove the second top")
@@ -255,11 +261,14 @@ class Pooling(Layer):
         if any(pd >= k for pd, k in zip(self.pad, self.kernel, strict=True)):
             raise self.fail(f"pad {list(self.pad)} must be smaller than the kernel "
                             f"{list(self.kernel)}", "use less pad")
-        padded = [s + 2 * pd for s, pd in zip(shape[2:], self.pad, strict=True)]
-        if any(k > s for k, s in zip(self.kernel, padded, strict=True)):
-            raise self.bottom_error(0, f"of spatial size {list(shape[2:])} padded to {padded} "
-                                       f"is smaller than the kernel {list(self.kernel)}",
-                                    "use a smaller kernel_size or more pad")
+        out = [caffe_pool_size(n, k, s, pd, self.ceil) for n, k, s, pd in
+               zip(shape[2:], self.kernel, self.stride, self.pad, strict=True)]
+        if min(out) < 1:
+            raise self.bottom_error(0, f"of spatial size {list(shape[2:])} pools to {out} "
+                                       f"under kernel {list(self.kernel)}, stride "
+                                       f"{list(self.stride)}, pad {list(self.pad)} and "
+                                       f"round_mode {p.round_mode}",
+                                    "use a smaller kernel_size, more pad, or a larger input")
 
     def _plan(self, height: int, width: int) -> _PoolPlan:
         plan = self._plans.get((height, width))
@@ -271,10 +280,10 @@ class Pooling(Layer):
         sizes = (height, width)
         kernel = sizes if self.global_pooling else self.kernel
         geometry = list(zip(sizes, kernel, self.stride, self.pad, strict=True))
-        out = (caffe_pool_size(*geometry[0]), caffe_pool_size(*geometry[1]))
-        # torch's op also refuses pad > kernel / 2
-        direct = all(caffe_pool_size(*g) == torch_pool_size(*g) and g[3] <= g[1] // 2
-                     for g in geometry)
+        out = (caffe_pool_size(*geometry[0], self.ceil), caffe_pool_size(*geometry[1], self.ceil))
+        # torch's op also refuses pad > kernel / 2 and a kernel larger than the padded input
+        direct = all(caffe_pool_size(*g, self.ceil) == torch_pool_size(*g, self.ceil)
+                     and g[3] <= g[1] // 2 and g[1] <= g[0] + 2 * g[3] for g in geometry)
         # Explicit padding: the input spans exactly the windows, (out - 1) * s + k per axis.
         ends = [(o - 1) * s + k - n - p for o, (n, k, s, p) in zip(out, geometry, strict=True)]
         pads = (self.pad[1], ends[1], self.pad[0], ends[0])
@@ -295,8 +304,8 @@ class Pooling(Layer):
         want_mask = len(self.top_shapes) == 2
         # torch's stubs type return_indices only as Literal[True] / Literal[False], not bool
         if plan.direct:
-            y = F.max_pool2d(x, kernel, self.stride, self.pad,  # type: ignore[call-overload]
-                             ceil_mode=True, return_indices=want_mask)
+            y = F.max_pool2d(x, kernel, self.stride, self.pad, ceil_mode=self.ceil,  # type: ignore[call-overload]
+                             return_indices=want_mask)
             if not want_mask:
                 return y
             return y[0], y[1].to(x.dtype)
@@ -320,7 +329,7 @@ class Pooling(Layer):
         if self.global_pooling:
             return x.mean((2, 3), keepdim=True)
         if plan.direct:  # torch's divisor with count_include_pad is Caffe's: clipped to H + pad
-            return F.avg_pool2d(x, kernel, self.stride, self.pad, ceil_mode=True,
+            return F.avg_pool2d(x, kernel, self.stride, self.pad, ceil_mode=self.ceil,
                                 count_include_pad=True)
         sums = F.avg_pool2d(F.pad(x, plan.pads), kernel, self.stride, divisor_override=1)
         return sums / self._divisor(x, plan)

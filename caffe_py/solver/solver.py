@@ -122,7 +122,7 @@ class Solver:
         spec, state = param.train_net_spec()
         if self.device.type == "cuda" and not torch.backends.cudnn.deterministic:
             torch.backends.cudnn.benchmark = True  # the shapes are fixed: let cuDNN pick
-        self.net = self._build(spec, "TRAIN", state)
+        self.net = self._build(spec, state.phase, state)
         self.memory_format = memory_format_for(param.memory_format, self.device)
         # Before the Updater exists, so its history takes the weights' layout; the TEST nets
         # share these Parameters.
@@ -135,7 +135,7 @@ class Solver:
         self._test_pool = self.pool if self.pool in self._pools else None
         if role.tests:
             for spec, state in param.test_net_specs():
-                net = self._build(spec, "TEST", state)
+                net = self._build(spec, state.phase, state)
                 net.share_weights_with(self.net)
                 self.test_nets.append(net)
                 self._test_pool = self._attach(net, self._test_pool)

@@ -7,12 +7,13 @@ validating a net needs neither the layer library nor torch.
 from __future__ import annotations
 
 import dataclasses
+import logging
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from ..errors import SpecError
+from ..errors import SpecError, one_line
 from . import layer_params, yamlio
 from .layer_params.common import SoftmaxParameter
 from .layer_params.data import DataParameter, TransformationParameter
@@ -25,12 +26,14 @@ from .schema import (
     convert,
     field,
     field_names,
+    is_set,
     location,
     parse_message,
     unknown_key_error,
 )
 
 PHASES = ("TRAIN", "TEST")
+log = logging.getLogger(__name__)
 
 
 @dataclass
@@ -62,6 +65,41 @@ class NetStateRule(Message):
         if self.max_level is not None and level > self.max_level:
             return False
         return all(s in stages for s in self.stage) and not any(s in stages for s in self.not_stage)
+
+
+@dataclass
+class NetState(Message):
+    """The state a net is built in: phase, level and stages (include/exclude rules test it)."""
+
+    phase: str = field("TEST", "TRAIN or TEST", choices=PHASES)
+    level: int = field(0, "compared with a rule's min_level / max_level")
+    stage: list[str] = field([], "stages set for this net")
+
+
+def merge_states(phase: str, *states: NetState | None) -> NetState:
+    """Caffe's chain of ``NetState::MergeFrom``: start from ``phase``, level 0, no stage; each
+    later state's phase and level win where it gives them, and its stages add to the list.
+
+    The solver builds its nets from ``merge_states("TRAIN", net.state, train_state)`` and
+    ``merge_states("TEST", net.state, test_state[i])``, as Solver::InitTrainNet/InitTestNets.
+    """
+    out = NetState(phase=phase)
+    for state in states:
+        if state is None:
+            continue
+        for name in ("phase", "level"):
+            if _given(state, name):
+                setattr(out, name, getattr(state, name))
+        out.stage = out.stage + [s for s in state.stage if s not in out.stage]
+    return out
+
+
+def _given(msg: Message, name: str) -> bool:
+    """has_<name>(): written in the spec, or (a message built in code) not the default."""
+    if location(msg) is not None:
+        return is_set(msg, name)
+    default = next(f for f in dataclasses.fields(msg) if f.name == name)
+    return getattr(msg, name) != default.default
 
 
 @dataclass
@@ -116,6 +154,9 @@ class NetParameter(Message):
     force_backward: bool = field(
         False, "accepted for Caffe compatibility; autograd already back-propagates wherever a "
                "gradient is needed, so it changes nothing")
+    state: NetState | None = field(
+        None, "the phase, level and stages the net is built in unless the caller (a solver's "
+              "train_state/test_state, `cpy net --phase`) says otherwise")
 
 
 _LAYER_KEYS = [n for n in field_names(LayerParameter) if n != "params"]
@@ -138,16 +179,20 @@ def parse_layer(node: Any, src: Source, path: str, line: int | None = None) -> L
     declared = layer_params.blocks(layer_type, src=src, line=node.line_of("type"),
                                    path=f"{path}.type")
     block_keys = [k for k in node if k in declared]
+    ignored = []
     for key in node:
         if key in _LAYER_KEYS or key in declared:
             continue
-        if key.endswith("_param") and layer_params.takes_block(key):
-            raise SpecError(f"'{key}' does not apply to {_a(layer_type)} layer",
-                            file=src.file, line=node.line_of(key), path=f"{path}.{key}",
-                            fix=_allowed_blocks(layer_type, declared))
+        if layer_params.caffe_block(key):
+            log.warning("Warning: " + one_line(
+                f"'{key}' does not apply to {_a(layer_type)} layer, so it is ignored (as Caffe "
+                "ignores it)", _allowed_blocks(layer_type, declared), file=src.file,
+                line=node.line_of(key), path=f"{path}.{key}"))
+            ignored.append(key)
+            continue
         raise unknown_key_error(key, _LAYER_KEYS + list(declared), f"{_a(layer_type)} layer",
                                 node, src, path)
-    spec = parse_message(LayerParameter, node, src, path, skip=block_keys)
+    spec = parse_message(LayerParameter, node, src, path, skip=block_keys + ignored)
     spec.params = {key: (parse_message(cls, node[key], src, f"{path}.{key}")
                          if key in node else cls())
                    for key, cls in declared.items()}
@@ -157,8 +202,13 @@ def parse_layer(node: Any, src: Source, path: str, line: int | None = None) -> L
     return spec
 
 
-def parse_net(node: Any, src: Source, path: str = "") -> NetParameter:
-    """Parse a NetParameter mapping (a file's root, or a solver's inline ``net_param``)."""
+def parse_net(node: Any, src: Source, path: str = "", *,
+              skip_unknown: bool = False) -> NetParameter:
+    """Parse a NetParameter mapping (a file's root, or a solver's inline ``net_param``).
+
+    ``skip_unknown`` leaves out the layers whose type caffe-py lacks (see
+    :func:`unknown_types`) instead of failing on them; the others keep their ``layer[i]``.
+    """
     if not isinstance(node, dict):
         raise SpecError("a net spec is a mapping with 'name' and 'layer'", file=src.file,
                         line=getattr(node, "line", None), path=path)
@@ -168,9 +218,12 @@ def parse_net(node: Any, src: Source, path: str = "") -> NetParameter:
     if not isinstance(layers, list):
         layers = [layers]
     lines = layers.item_lines if isinstance(layers, yamlio.MarkedList) else []
-    _check_types(layers, src, path)
+    if not skip_unknown:
+        _check_types(layers, src, path)
     net.layer = []
     for i, layer_node in enumerate(layers):
+        if skip_unknown and _type_of(layer_node) not in (None, *layer_params.LAYER_PARAMS):
+            continue
         lpath = f"{path}.layer[{i}]" if path else f"layer[{i}]"
         if isinstance(layer_node, yamlio.MarkedDict) and not layer_node.line and lines:
             layer_node.line = lines[i]
@@ -194,6 +247,23 @@ def _check_types(layers: list, src: Source, path: str) -> None:
             found.append((layer_type, line, f"{_p(path, f'layer[{i}]')}.type"))
     if found:
         raise layer_params.unsupported_types(found, src)
+
+
+def unknown_types(node: Any) -> list[tuple[str, str, int]]:
+    """(type, layer name, line) of every layer of a loaded net mapping whose type caffe-py
+    does not have, in order."""
+    layers = node.get("layer") if isinstance(node, dict) else None
+    if not isinstance(layers, list):
+        return []
+    lines = layers.item_lines if isinstance(layers, yamlio.MarkedList) else [0] * len(layers)
+    return [(_type_of(item), str(item.get("name", "")), getattr(item, "line", 0) or line)
+            for item, line in zip(layers, lines, strict=True)
+            if _type_of(item) not in (None, *layer_params.LAYER_PARAMS)]
+
+
+def _type_of(node: Any) -> str | None:
+    kind = node.get("type") if isinstance(node, dict) else None
+    return kind if isinstance(kind, str) else None
 
 
 def load_net(path: str | Path) -> NetParameter:
@@ -224,6 +294,7 @@ def _p(path: str, key: str) -> str:
 
 # BlobShape, FillerParameter and the data, loss and softmax blocks live in spec.layer_params;
 # they stay importable from here, where they were first (io reads TransformationParameter so).
-__all__ = ["BlobShape", "FillerParameter", "ParamSpec", "NetStateRule", "TransformationParameter",
+__all__ = ["BlobShape", "FillerParameter", "ParamSpec", "NetState", "NetStateRule",
+           "merge_states", "TransformationParameter",
            "DataParameter", "LossParameter", "SoftmaxParameter", "LayerParameter", "NetParameter",
-           "parse_layer", "parse_net", "load_net", "convert", "PHASES"]
+           "parse_layer", "parse_net", "load_net", "unknown_types", "convert", "PHASES"]

@@ -10,14 +10,13 @@ test net...), reported at the offending key's line.
 """
 from __future__ import annotations
 
-import dataclasses
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from ..errors import SpecError
 from . import yamlio
-from .net_spec import NetParameter, parse_net
+from .net_spec import NetParameter, NetState, merge_states, parse_net
 from .schema import Check, Message, Source, field, is_set, location, parse_message
 
 SOLVER_TYPES = ("SGD", "Nesterov", "AdaGrad", "RMSProp", "AdaDelta", "Adam")
@@ -37,15 +36,6 @@ _POLICY_NEEDS = {
     "sigmoid": ("gamma", "stepsize"),
 }
 _INLINE_NETS = ("net_param", "train_net_param", "test_net_param")
-
-
-@dataclass
-class NetState(Message):
-    """The state a net is built in: phase, level and stages (select layers by rule)."""
-
-    phase: str = field("TEST", "TRAIN or TEST", choices=("TRAIN", "TEST"))
-    level: int = field(0, "compared with a rule's min_level / max_level")
-    stage: list[str] = field([], "stages set for this net")
 
 
 @dataclass
@@ -176,12 +166,12 @@ class SolverParameter(Message):
 
     def train_net_spec(self) -> tuple[NetParameter, NetState]:
         """The TRAIN net and its state (Caffe's Solver::InitTrainNet)."""
-        state = dataclasses.replace(self.train_state or NetState(), phase="TRAIN")
         for inline, path in (("train_net_param", "train_net"), ("net_param", "net")):
-            if getattr(self, inline) is not None:
-                return getattr(self, inline), state
-            if getattr(self, path):
-                return _load_net(getattr(self, path), self, path), state
+            net = getattr(self, inline)
+            if net is None and getattr(self, path):
+                net = _load_net(getattr(self, path), self, path)
+            if net is not None:
+                return net, merge_states("TRAIN", net.state, self.train_state)
         raise SpecError("no net is given", file=self.file, fix="add 'net: <file>'")
 
     def test_net_specs(self) -> list[tuple[NetParameter, NetState]]:
@@ -191,8 +181,8 @@ class SolverParameter(Message):
         generic = self.net_param or (_load_net(self.net, self, "net") if self.net else None)
         if generic is not None:
             nets += [generic] * (len(self.test_iter) - len(nets))
-        states = self.test_state or [NetState() for _ in nets]
-        return [(net, dataclasses.replace(state, phase="TEST"))
+        states = self.test_state or [None for _ in nets]
+        return [(net, merge_states("TEST", net.state, state))
                 for net, state in zip(nets, states, strict=True)]
 
 

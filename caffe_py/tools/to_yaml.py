@@ -21,24 +21,28 @@ saying which file to import next.
 """
 from __future__ import annotations
 
+import contextlib
 import dataclasses
+import logging
 import os
 import re
 import types
 import typing
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path, PurePath
 from typing import Any
 
-import yaml
-
 from ..errors import SpecError
 from ..fileio import atomic_write_bytes
-from ..spec import layer_params
-from ..spec.net_spec import LayerParameter, NetParameter, load_net
-from ..spec.schema import suggest
+from ..spec import layer_params, yamlio
+from ..spec.layer_params.caffe_proto import CAFFE_PATH_FIELDS
+from ..spec.net_spec import LayerParameter, NetParameter, parse_net, unknown_types
+from ..spec.schema import Source, suggest
 from ..spec.solver_spec import SolverParameter, load_solver
 from .prototxt import BOOL_WORDS, Field, Ident, Message, PrototxtError, parse_file
+from .upgrade_v0 import is_v0, upgrade_v0_net
+from .yaml_writer import Entry, Node, Writer, emit_map
 
 # Caffe's UpgradeV1LayerType (upgrade_proto.cpp): V1 enum name -> V2 type string.
 V1_LAYER_TYPES = {
@@ -68,7 +72,7 @@ SOLVER_TYPES_V1 = {"SGD": "SGD", "NESTEROV": "Nesterov", "ADAGRAD": "AdaGrad",
 _NET_FILE_KEYS = ("net", "train_net", "test_net")
 _NET_MARKS = ("layer", "layers")
 _SOLVER_MARKS = ("base_lr", "net", "train_net", "net_param", "train_net_param")
-_WIDTH = 100
+WIDTH = 100
 
 
 @dataclass
@@ -96,6 +100,8 @@ class ImportReport:
     kind: str
     summary: str
     notes: list[str]
+    warnings: list[str] = dataclasses.field(default_factory=list)
+    """What keeps OUT from building yet (layer types caffe-py does not have)."""
 
 
 def detect_kind(msg: Message, source: str) -> str:
@@ -122,11 +128,11 @@ def convert(msg: Message, kind: str, *, source: str, root: Path | None = None,
     if conv.rebased:
         conv.notes.append(f"relative paths were rewritten from {conv.root} (where Caffe ran; "
                           f"--caffe-root) to be relative to {conv.out_dir}")
-    writer = _Writer()
+    writer = Writer()
     writer.add(0, f"# Imported from {source} by cpy import-prototxt.")
     if not node.entries and not node.tail:
         writer.add(0, "{}")
-    _emit_map(node, 0, writer)
+    emit_map(node, 0, writer)
     notes = list(dict.fromkeys(conv.notes))  # two data layers moving 'scale' say it once
     return Conversion(kind, "\n".join(writer.lines) + "\n", writer.sources, notes)
 
@@ -147,17 +153,70 @@ def import_file(source: str | Path, out: str | Path, kind: str = "auto",
     root = Path(root if root is not None else Path.cwd()).resolve()
     conv = convert(msg, kind, source=str(source), root=root, out=out.resolve())
     atomic_write_bytes(out, conv.text.encode("utf-8"))
+    warnings: list[str] = []
     try:
-        if kind == "net":
-            net = load_net(out)
-            summary = f"{len(net.layer)} layer{'s' if len(net.layer) != 1 else ''}"
-        else:
-            solver = load_solver(out)
-            summary = (f"solver {solver.type}, lr_policy {solver.lr_policy}, "
-                       f"max_iter {solver.max_iter}")
+        with _spec_messages(conv.notes, warnings):
+            summary = _check(out, kind, conv, source, warnings)
     except SpecError as exc:
         raise _validation_error(exc, conv, source, out) from None
-    return ImportReport(out, kind, summary, conv.notes)
+    return ImportReport(out, kind, summary, list(dict.fromkeys(conv.notes)), warnings)
+
+
+def _check(out: Path, kind: str, conv: Conversion, source: Path, warnings: list[str]) -> str:
+    """Load OUT with caffe-py's loader (leaving out layers of types it lacks, which a
+    warning names); returns the one-line summary."""
+    if kind == "net":
+        node = yamlio.load(out)
+        missing = unknown_types(node)
+        net = parse_net(node, Source.of(out), skip_unknown=True)
+        if missing:
+            warnings.append(_missing_types(missing, conv, source))
+        count = len(net.layer) + len(missing)
+        return f"{count} layer{'s' if count != 1 else ''}"
+    solver = load_solver(out)
+    return f"solver {solver.type}, lr_policy {solver.lr_policy}, max_iter {solver.max_iter}"
+
+
+@contextlib.contextmanager
+def _spec_messages(notes: list[str], warnings: list[str]) -> Iterator[None]:
+    """The loader's notes and warnings (a fork's ceil_mode, a block of another type) go into
+    the import's own lists while OUT is checked, instead of the log."""
+    logger = logging.getLogger("caffe_py.spec")
+
+    class Collect(logging.Handler):
+        def emit(self, record: logging.LogRecord) -> None:
+            text = record.getMessage()
+            for prefix in ("Warning: ", "note: "):
+                text = text.removeprefix(prefix)
+            (warnings if record.levelno >= logging.WARNING else notes).append(text)
+
+    handler, propagate = Collect(logging.INFO), logger.propagate
+    level = logger.level
+    logger.addHandler(handler)
+    logger.propagate = False
+    logger.setLevel(logging.INFO)
+    try:
+        yield
+    finally:
+        logger.removeHandler(handler)
+        logger.propagate = propagate
+        logger.setLevel(level)
+
+
+def _missing_types(missing: list[tuple[str, str, int]], conv: Conversion, source: Path) -> str:
+    """One line naming each type caffe-py lacks, with its first layer's prototxt line."""
+    by_type: dict[str, list[tuple[str, int]]] = {}
+    for type_name, name, line in missing:
+        by_type.setdefault(type_name, []).append((name, line))
+    parts = []
+    for type_name, layers in by_type.items():
+        name, line = layers[0]
+        at = f"'{name}' at {source}:{conv.source_line(line) or '?'}"
+        parts.append(f"{type_name} ({at})" if len(layers) == 1 else
+                     f"{type_name} ({len(layers)} layers, first {at})")
+    return (f"the net uses layer type(s) caffe-py does not have yet: {', '.join(parts)}; "
+            "the rest was checked, and `cpy net` / `cpy train` will build it once those types "
+            "exist")
 
 
 def _validation_error(exc: SpecError, conv: Conversion, source: Path, out: Path) -> SpecError:
@@ -177,27 +236,6 @@ class _Kind:
     repeated: bool
     tp: Any            # a scalar type (int, float, str, bool) or a message class
     path: bool = False
-
-
-@dataclass
-class _Node:
-    """A mapping to write; ``comments``/``trailing`` apply when it is an item of a list."""
-
-    entries: list[_Entry]
-    line: int = 0
-    one_line: bool = False
-    tail: list[str] = dataclasses.field(default_factory=list)
-    comments: list[str] = dataclasses.field(default_factory=list)
-    trailing: str | None = None
-
-
-@dataclass
-class _Entry:
-    key: str
-    value: Any         # a scalar, a list of scalars, a _Node, or a list of _Node
-    line: int
-    comments: list[str]
-    trailing: str | None
 
 
 def _schema(cls: type) -> dict[str, _Kind]:
@@ -226,7 +264,7 @@ class _Converter:
     def fail(self, at: Field | Message, problem: str, fix: str | None = None) -> PrototxtError:
         return PrototxtError(problem, file=self.source, line=at.line, column=at.column, fix=fix)
 
-    def message(self, msg: Message, cls: type | None, path: str) -> _Node:
+    def message(self, msg: Message, cls: type | None, path: str) -> Node:
         if cls is NetParameter:
             return self.fields(self.upgrade_net(msg), _schema(NetParameter), path)
         if cls is LayerParameter:
@@ -245,14 +283,14 @@ class _Converter:
             schema.update({k: _Kind(False, cls) for k, cls in declared.items()})
         return schema
 
-    def fields(self, msg: Message, schema: dict[str, _Kind] | None, path: str) -> _Node:
-        node = _Node([], msg.line, msg.one_line, list(msg.tail))
+    def fields(self, msg: Message, schema: dict[str, _Kind] | None, path: str) -> Node:
+        node = Node([], msg.line, msg.one_line, list(msg.tail))
         for name in msg.names():
             kind = schema.get(name) if schema is not None else None
             node.entries.append(self.entry(name, msg.all(name), kind, path))
         return node
 
-    def entry(self, name: str, group: list[Field], kind: _Kind | None, path: str) -> _Entry:
+    def entry(self, name: str, group: list[Field], kind: _Kind | None, path: str) -> Entry:
         key_path = f"{path}.{name}" if path else name
         if kind is not None and not kind.repeated and len(group) > 1:
             raise self.fail(group[1], f"'{name}' is given {len(group)} times (first at line "
@@ -263,22 +301,27 @@ class _Converter:
         first = group[0]
         as_list = (kind.repeated and dataclasses.is_dataclass(kind.tp)) if kind is not None \
             else len(group) > 1
-        if any(isinstance(v, _Node) for v in values) and as_list:
+        if any(isinstance(v, Node) for v in values) and as_list:
             for f, v in zip(group, values, strict=True):
-                if isinstance(v, _Node):
+                if isinstance(v, Node):
                     v.comments, v.trailing = list(f.comments), f.trailing
-            return _Entry(name, values, first.line, [], None)
+            return Entry(name, values, first.line, [], None)
         comments = [c for f in group for c in f.comments]
         trailing = "; ".join(f.trailing.strip() for f in group if f.trailing) or None
         if trailing is not None:
             trailing = " " + trailing
         value = values[0] if len(values) == 1 else values
-        return _Entry(name, value, first.line, comments, trailing)
+        return Entry(name, value, first.line, comments, trailing)
 
     def value(self, f: Field, kind: _Kind | None, path: str) -> Any:
         if isinstance(f.value, Message):
             cls = kind.tp if kind is not None and isinstance(kind.tp, type) \
                 and dataclasses.is_dataclass(kind.tp) else None
+            if cls is None and f.name in CAFFE_PATH_FIELDS:
+                # a block caffe-py has no message for here (its type is not supported yet,
+                # or it is ignored on this type): its paths move all the same
+                paths = {k: _Kind(False, str, path=True) for k in CAFFE_PATH_FIELDS[f.name]}
+                return self.fields(f.value, paths, path)
             return self.message(f.value, cls, path)
         return self.scalar(f.value, kind, path)
 
@@ -320,6 +363,8 @@ class _Converter:
 
     # --- Caffe's upgrades, on the parsed prototxt (positions kept for errors) ---------------
     def upgrade_net(self, msg: Message) -> Message:
+        if is_v0(msg):
+            msg = upgrade_v0_net(msg, self.fail, self.notes)
         v1, v2 = msg.all("layers"), msg.all("layer")
         if v1 and v2:
             raise self.fail(v1[0], "the net has both 'layer' (current) and 'layers' (V1) "
@@ -377,9 +422,6 @@ class _Converter:
                     dataclasses.replace(f, name=_V1_PARAM_FIELDS[f.name], comments=[]))
                 counts[f.name] += 1
                 continue
-            elif f.name == "layer":
-                raise self.fail(f, "a V0 'layer' block inside a V1 'layers' block",
-                                "upgrade the file with Caffe's upgrade_net_proto_text first")
             out.append(f)
         params = [Field("param", Message(specs[i], line=specs[i][0].line, one_line=True),
                         specs[i][0].line, specs[i][0].column) for i in sorted(specs)]
@@ -447,132 +489,12 @@ class _Converter:
         return dataclasses.replace(msg, fields=[new if f is old else f for f in msg.fields])
 
 
-# --- writing YAML ---------------------------------------------------------------------------
-class _Writer:
-    def __init__(self) -> None:
-        self.lines: list[str] = []
-        self.sources: dict[int, int] = {}   # 1-based YAML line -> prototxt line
-
-    def add(self, indent: int, text: str, source: int | None = None,
-            trailing: str | None = None) -> None:
-        self.lines.append(" " * indent + text + (f"  #{trailing}" if trailing else ""))
-        if source:
-            self.sources[len(self.lines)] = source
-
-    def comments(self, indent: int, comments: list[str]) -> None:
-        for c in comments:
-            self.add(indent, f"#{c}")
-
-    def extend(self, other: _Writer) -> None:
-        offset = len(self.lines)
-        self.lines += other.lines
-        self.sources.update({n + offset: s for n, s in other.sources.items()})
-
-
-def _emit_map(node: _Node, indent: int, w: _Writer) -> None:
-    for e in node.entries:
-        _emit_entry(e, indent, w)
-    w.comments(indent, node.tail)
-
-
-def _emit_entry(e: _Entry, indent: int, w: _Writer) -> None:
-    w.comments(indent, e.comments)
-    v, head = e.value, f"{e.key}:"
-    if isinstance(v, _Node):
-        flow = _flow(v)
-        if flow is not None and indent + len(head) + 1 + len(flow) <= _WIDTH:
-            w.add(indent, f"{head} {flow}", e.line, e.trailing)
-        else:
-            w.add(indent, head, e.line, e.trailing)
-            _emit_map(v, indent + 2, w)
-    elif isinstance(v, list) and any(isinstance(x, _Node) for x in v):
-        flows = [_flow(x) if isinstance(x, _Node) else _scalar(x) for x in v]
-        text = f"{head} [{', '.join(f or '' for f in flows)}]"
-        quiet = all(not x.comments and not x.trailing for x in v if isinstance(x, _Node))
-        if None not in flows and quiet and indent + len(text) <= _WIDTH:
-            w.add(indent, text, e.line, e.trailing)
-            return
-        w.add(indent, head, e.line, e.trailing)
-        for item in v:
-            _emit_item(item, indent + 2, w)
-    elif isinstance(v, list):
-        w.add(indent, f"{head} [{', '.join(_scalar(x) for x in v)}]", e.line, e.trailing)
-    else:
-        w.add(indent, f"{head} {_scalar(v)}", e.line, e.trailing)
-
-
-def _emit_item(item: Any, indent: int, w: _Writer) -> None:
-    """One '- ' item of a block list; a mapping's first key shares the dash's line."""
-    if not isinstance(item, _Node):
-        w.add(indent, f"- {_scalar(item)}")
-        return
-    w.comments(indent, item.comments + ([item.trailing] if item.trailing else []))
-    flow = _flow(item)
-    if flow is not None and indent + 2 + len(flow) <= _WIDTH:
-        w.add(indent, f"- {flow}", item.line)
-        return
-    first = item.entries[0]
-    w.comments(indent, first.comments)
-    sub = _Writer()
-    _emit_map(dataclasses.replace(item, entries=[dataclasses.replace(first, comments=[])]
-                                  + item.entries[1:]), indent + 2, sub)
-    sub.lines[0] = " " * indent + "- " + sub.lines[0][indent + 2:]
-    w.extend(sub)
-
-
 def _block_field(fields: list[Field], name: str) -> tuple[Field, Message] | None:
     """The first field ``name`` whose value is a block, and that block."""
     for f in fields:
         if f.name == name and isinstance(f.value, Message):
             return f, f.value
     return None
-
-
-def _flow(node: _Node) -> str | None:
-    """``{k: v, ...}`` for a block written on one line with no comments; else None."""
-    if not node.entries:
-        return "{}"
-    if not node.one_line or node.tail or any(e.comments or e.trailing for e in node.entries):
-        return None
-    parts = []
-    for e in node.entries:
-        v = e.value
-        if isinstance(v, _Node):
-            text = _flow(v)
-        elif isinstance(v, list):
-            items = [_flow(x) if isinstance(x, _Node) else _scalar(x) for x in v]
-            flows = [x for x in items if x is not None]
-            text = f"[{', '.join(flows)}]" if len(flows) == len(items) else None
-        else:
-            text = _scalar(v)
-        if text is None:
-            return None
-        parts.append(f"{e.key}: {text}")
-    return "{" + ", ".join(parts) + "}"
-
-
-_PLAIN = re.compile(r"[A-Za-z_./][\w./+-]*(?: [\w./+-]+)*")
-
-
-def _scalar(v: Any) -> str:
-    """One value as YAML that loads back to the same value and type."""
-    if isinstance(v, bool):
-        return "true" if v else "false"
-    if isinstance(v, int):
-        return str(v)
-    if isinstance(v, float):
-        if v != v:
-            return ".nan"
-        if v in (float("inf"), float("-inf")):
-            return ".inf" if v > 0 else "-.inf"
-        text = repr(v)
-        # YAML 1.1 reads 1e-08 (no dot) as a string: write 1.0e-08
-        return text.replace("e", ".0e") if "e" in text and "." not in text else text
-    text = str(v)
-    if _PLAIN.fullmatch(text) and yaml.safe_load(text) == text:
-        return text
-    quoted = yaml.safe_dump(text, default_style='"', width=10**9, allow_unicode=True)
-    return quoted.strip()
 
 
 __all__ = ["Conversion", "ImportReport", "V1_LAYER_TYPES", "SOLVER_TYPES_V1", "convert",

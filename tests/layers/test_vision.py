@@ -1,6 +1,7 @@
 """Convolution, Deconvolution, Pooling and LRN against plain loop references."""
 from __future__ import annotations
 
+import logging
 import math
 
 import numpy as np
@@ -8,7 +9,7 @@ import pytest
 import torch
 from layer_helpers import build, gradcheck, rand
 
-from caffe_py.errors import NetError
+from caffe_py.errors import NetError, SpecError
 from caffe_py.layers import BuildContext, lookup
 
 FLT_MAX = float(np.finfo(np.float32).max)
@@ -66,12 +67,13 @@ def naive_deconv(x, w, b, stride, pad, dilation, group):
     return out
 
 
-def caffe_pool(x, method, kernel, stride, pad, mask=False):
+def caffe_pool(x, method, kernel, stride, pad, mask=False, ceil=True):
     """Caffe's pooling_layer.cpp Forward_cpu (and the GPU STOCHASTIC test formula) as loops."""
     n, c, h, w = x.shape
     (kh, kw), (sh, sw), (ph, pw) = kernel, stride, pad
-    oh = int(math.ceil((h + 2 * ph - kh) / sh)) + 1
-    ow = int(math.ceil((w + 2 * pw - kw) / sw)) + 1
+    rnd = math.ceil if ceil else math.floor
+    oh = int(rnd((h + 2 * ph - kh) / sh)) + 1
+    ow = int(rnd((w + 2 * pw - kw) / sw)) + 1
     if ph or pw:
         oh -= (oh - 1) * sh >= h + ph
         ow -= (ow - 1) * sw >= w + pw
@@ -321,16 +323,51 @@ POOL_CASES = [
 ]
 
 
-@pytest.mark.parametrize("param,shape,direct", POOL_CASES)
+FLOOR_CASES = [
+    ("{kernel_size: 3, stride: 2, round_mode: FLOOR}", (2, 3, 7, 6), True),  # 3 x 2, not 3 x 3
+    ("{kernel_size: 2, stride: 2, pad: 1, round_mode: FLOOR}", (1, 2, 5, 5), True),
+    ("{kernel_size: 3, stride: 1, pad: 2, round_mode: FLOOR}", (1, 2, 4, 5), False),
+    ("{kernel_size: 3, stride: 2, ceil_mode: false}", (1, 2, 8, 8), True),
+]
+# A kernel larger than the (padded) input: Caffe's formula, rounded the same way (OpenPose's
+# deploy nets declare a 1 x 1 input that is reshaped before use).
+LARGE_KERNEL_CASES = [
+    ("{kernel_size: 2, stride: 2}", (1, 2, 1, 1), False),          # 1 x 1 -> 1 x 1
+    ("{kernel_size: 4, stride: 3, pad: 1}", (1, 2, 1, 2), False),  # -> 1 x 1
+    ("{kernel_size: 5, stride: 4}", (1, 2, 3, 6), False),          # -> 1 x 2
+]
+
+
+@pytest.mark.parametrize("param,shape,direct", POOL_CASES + FLOOR_CASES + LARGE_KERNEL_CASES)
 @pytest.mark.parametrize("method", ["MAX", "AVE"])
 def test_pooling_matches_caffe_loops(param, shape, direct, method):
     layer = build(pool_yaml(param.rstrip("}") + f", pool: {method}}}"), [shape])
     x = rand(*shape, seed=3)
     plan = layer._plan(*shape[2:])
     assert plan.direct == direct
-    want = caffe_pool(x.numpy(), method, layer.kernel, layer.stride, layer.pad)
+    want = caffe_pool(x.numpy(), method, layer.kernel, layer.stride, layer.pad,
+                      ceil="FLOOR" not in param and "ceil_mode" not in param)
     assert layer.top_shapes == [want.shape]
     np.testing.assert_allclose(layer(x.float()).numpy(), want, rtol=1e-6, atol=1e-6)
+
+
+def test_pooling_output_sizes_by_round_mode():
+    sizes = {mode: build(pool_yaml(f"{{kernel_size: 3, stride: 2, round_mode: {mode}}}"),
+                         [(1, 1, 8, 8)]).top_shapes[0] for mode in ("CEIL", "FLOOR")}
+    assert sizes == {"CEIL": (1, 1, 4, 4), "FLOOR": (1, 1, 3, 3)}
+
+
+def test_pooling_ceil_mode_of_a_fork_reads_as_round_mode(caplog):
+    caplog.set_level(logging.INFO, "caffe_py")
+    layer = build(pool_yaml("{kernel_size: 3, stride: 2, ceil_mode: false}"), [(1, 1, 8, 8)])
+    assert layer.top_shapes == [(1, 1, 3, 3)]
+    assert [r.getMessage() for r in caplog.records] == [
+        "note: <string>:5: layer[0].pooling_param.ceil_mode: ceil_mode: false (a fork's field) "
+        "is read as round_mode: FLOOR"]
+    with pytest.raises(SpecError) as err:
+        build(pool_yaml("{kernel_size: 3, ceil_mode: true, round_mode: CEIL}"), [(1, 1, 8, 8)])
+    assert str(err.value) == ("<string>:5: layer[0].pooling_param.ceil_mode: ceil_mode and "
+                              "round_mode are both set; keep round_mode (Caffe 1.0's field)")
 
 
 def test_pooling_cifar10_quick_32_to_16():
@@ -445,8 +482,13 @@ def test_stochastic_pooling_train_gradient_goes_to_the_sample_and_seed_repeats()
 
 @pytest.mark.parametrize("param,shape,message", [
     ("{kernel_size: 5}", (1, 1, 3, 3),
-     "bottom 'data' (index 0) of spatial size [3, 3] padded to [3, 3] is smaller than the "
-     "kernel [5, 5]; use a smaller kernel_size or more pad"),
+     "bottom 'data' (index 0) of spatial size [3, 3] pools to [-1, -1] under kernel [5, 5], "
+     "stride [1, 1], pad [0, 0] and round_mode CEIL; use a smaller kernel_size, more pad, or a "
+     "larger input"),
+    ("{kernel_size: 3, stride: 2, round_mode: FLOOR}", (1, 1, 2, 8),
+     "bottom 'data' (index 0) of spatial size [2, 8] pools to [0, 3] under kernel [3, 3], "
+     "stride [2, 2], pad [0, 0] and round_mode FLOOR; use a smaller kernel_size, more pad, or a "
+     "larger input"),
     ("{kernel_size: 3, pad: 3}", (1, 1, 8, 8),
      "pad [3, 3] must be smaller than the kernel [3, 3]; use less pad"),
     ("{pool: STOCHASTIC, kernel_size: 3, pad: 1}", (1, 1, 8, 8),

@@ -1,6 +1,8 @@
 """NetParameter / LayerParameter: Caffe's field names line for line, and their errors."""
 from __future__ import annotations
 
+import logging
+
 import pytest
 
 from caffe_py.errors import SpecError
@@ -75,14 +77,41 @@ def test_layer_errors(spec_of):
     assert error_of(spec_of, head + "  - {name: a, type: ToyScale, toy_parm: {}}\n") == \
         ("net.yaml:3: layer[0].toy_parm: unknown key 'toy_parm' in a ToyScale layer; did you "
          "mean 'toy_param'?")
-    assert error_of(spec_of, head + "  - {name: a, type: Input, dummy_data_param: {}}\n") == \
-        ("net.yaml:3: layer[0].dummy_data_param: 'dummy_data_param' does not apply to an Input "
-         "layer; an Input layer takes input_param")
-    assert error_of(spec_of, head + "  - {name: a, type: ToyAdd, toy_param: {}}\n") == \
-        ("net.yaml:3: layer[0].toy_param: 'toy_param' does not apply to a ToyAdd layer; a ToyAdd "
-         "layer takes no parameter block")
+    assert error_of(spec_of, head + "  - {name: a, type: ToyAdd, dropout_parm: {}}\n") == \
+        ("net.yaml:3: layer[0].dropout_parm: unknown key 'dropout_parm' in a ToyAdd layer; "
+         "valid keys: bottom, exclude, include, loss_weight, name, param, phase, "
+         "propagate_down, top, type")
     assert error_of(spec_of, head + "  - {name: a, type: 3}\n") == \
         "net.yaml:3: layer[0].type: type must be a string, got 3"
+
+
+def test_a_block_caffe_knows_for_another_type_is_ignored_with_a_warning(spec_of, caplog):
+    head = "name: n\nlayer:\n"
+    caplog.set_level(logging.WARNING, "caffe_py")
+    net = spec_of(head + "  - {name: a, type: Input, input_param: {shape: {dim: 1}},\n"
+                         "     dummy_data_param: {}, window_data_param: {anything: 1}}\n"
+                         "  - {name: b, type: ToyAdd, toy_param: {}, bottom: [a, a], top: b}\n")
+    assert net.layer[0].params.keys() == {"input_param"} and net.layer[1].params == {}
+    assert [r.getMessage() for r in caplog.records] == [
+        "Warning: net.yaml:4: layer[0].dummy_data_param: 'dummy_data_param' does not apply to "
+        "an Input layer, so it is ignored (as Caffe ignores it); an Input layer takes "
+        "input_param",
+        "Warning: net.yaml:4: layer[0].window_data_param: 'window_data_param' does not apply "
+        "to an Input layer, so it is ignored (as Caffe ignores it); an Input layer takes "
+        "input_param",
+        "Warning: net.yaml:5: layer[1].toy_param: 'toy_param' does not apply to a ToyAdd "
+        "layer, so it is ignored (as Caffe ignores it); a ToyAdd layer takes no parameter "
+        "block"]
+
+
+def test_every_block_of_caffes_layer_parameter_is_known():
+    """The table of caffe.proto's blocks holds every block caffe-py's own types take."""
+    from caffe_py.spec import layer_params
+    own = {key for blocks in layer_params.LAYER_PARAMS.values() for key in blocks
+           if not key.startswith("toy")}
+    assert own <= layer_params.CAFFE_LAYER_BLOCKS
+    assert len(layer_params.CAFFE_LAYER_BLOCKS) == 49
+    assert not layer_params.caffe_block("bn_param")  # a fork's block is unknown
 
 
 def test_unknown_type_suggests_the_nearest(spec_of):

@@ -49,6 +49,24 @@ def test_lenet_style_solver_loads_with_caffe_defaults(tmp_path):
     assert len(tests) == 1 and tests[0][1].phase == "TEST"
 
 
+def test_train_and_test_states_merge_over_the_nets_own_state(tmp_path):
+    """Solver::InitTrainNet / InitTestNets: the phase, then the net's state, then the
+    solver's train_state / test_state; set fields win and stages add up."""
+    p = load_solver(write(tmp_path, """\
+        train_net_param: {name: a, state: {level: 2, stage: s}, layer: []}
+        test_net_param: [{name: b, state: {phase: TRAIN}, layer: []}, {name: c, layer: []}]
+        test_iter: [1, 1]
+        train_state: {stage: t}
+        test_state: [{level: 4}, {phase: TRAIN, stage: u}]
+        base_lr: 0.1
+        """))
+    _, train = p.train_net_spec()
+    assert (train.phase, train.level, train.stage) == ("TRAIN", 2, ["s", "t"])
+    states = [state for _, state in p.test_net_specs()]
+    assert [(st.phase, st.level, st.stage) for st in states] == [
+        ("TRAIN", 4, []), ("TRAIN", 0, ["u"])]
+
+
 def test_empty_prefix_is_the_solver_file_name_and_a_directory_gets_it_appended(tmp_path):
     p = load_solver(write(tmp_path, "net: net.yaml\nbase_lr: 0.1\n", name="my_solver.yaml"))
     assert p.snapshot_prefix == str(tmp_path / "my_solver")

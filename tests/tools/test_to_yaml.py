@@ -296,9 +296,11 @@ def test_detect_kind():
     ("net", 'layers {\n  type: CONVOLUTON\n}',
      "n.prototxt:2:3: unknown V1 layer type 'CONVOLUTON'; did you mean CONVOLUTION? V1 types: "
      + ", ".join(sorted(t for t in V1_LAYER_TYPES if t != "NONE"))),
-    ("net", 'layers { layer { type: "conv" } }',
-     "n.prototxt:1:10: a V0 'layer' block inside a V1 'layers' block; upgrade the file with "
-     "Caffe's upgrade_net_proto_text first"),
+    ("net", 'layers { layer { type: "convolution" } }',
+     "n.prototxt:1:18: unknown V0 layer type 'convolution'; V0 types: accuracy, bnll, concat, "
+     "conv, data, dropout, euclidean_loss, flatten, hdf5_data, hdf5_output, im2col, images, "
+     "infogain_loss, innerproduct, lrn, multinomial_logistic_loss, pool, relu, sigmoid, "
+     "softmax, softmax_loss, split, tanh, window_data, padding"),
     ("net", 'input: "data"\ninput_dim: 1\ninput_dim: 2',
      "n.prototxt:2:1: 2 input_dim values for 1 input(s); Caffe takes 4 (N, C, H, W) per input; "
      "give 4 input_dim values per input"),

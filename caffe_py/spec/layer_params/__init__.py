@@ -33,6 +33,7 @@ from .activation import (
     TanHParameter,
     ThresholdParameter,
 )
+from .caffe_proto import CAFFE_LAYER_BLOCKS
 from .common import (
     ConcatParameter,
     DropoutParameter,
@@ -203,6 +204,12 @@ def takes_block(key: str) -> bool:
     return any(key in declared for declared in LAYER_PARAMS.values())
 
 
+def caffe_block(key: str) -> bool:
+    """Whether ``key`` names a parameter block of Caffe's LayerParameter (or one a type of
+    this table takes): a block Caffe ignores on a layer of another type, not a misspelling."""
+    return key in CAFFE_LAYER_BLOCKS or takes_block(key)
+
+
 def declare(type_name: str, type_blocks: Mapping[str, type]) -> None:
     """Add a layer type from outside this package (``{}``: no block); declaring a type twice is
     an error naming the blocks it has."""
@@ -218,5 +225,5 @@ def undeclare(type_name: str) -> None:
     LAYER_PARAMS.pop(type_name, None)
 
 
-__all__ = ["LAYER_PARAMS", "blocks", "unsupported_types", "known_types", "takes_block",
-           "declare", "undeclare"]
+__all__ = ["LAYER_PARAMS", "CAFFE_LAYER_BLOCKS", "blocks", "unsupported_types", "known_types",
+           "takes_block", "caffe_block", "declare", "undeclare"]

@@ -1,10 +1,14 @@
 """The blocks of the vision layers: Convolution (and Deconvolution), Pooling, LRN."""
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass
 
-from ..schema import Message, field
+from ...errors import one_line
+from ..schema import Check, Message, field, is_set
 from .shared import FillerParameter
+
+log = logging.getLogger(__name__)
 
 
 @dataclass
@@ -50,6 +54,24 @@ class PoolingParameter(Message):
     engine: str = field("DEFAULT", "implementation (all map to torch's pooling)",
                         choices=("DEFAULT", "CAFFE", "CUDNN"))
     global_pooling: bool = field(False, "pool over the whole H x W (no kernel, pad 0, stride 1)")
+    round_mode: str = field("CEIL", "how the output size (H + 2 pad - kernel) / stride + 1 is "
+                                    "rounded", choices=("CEIL", "FLOOR"))
+    ceil_mode: bool | None = field(
+        None, "a fork's older spelling of round_mode (BVLC pull request 3057): true is CEIL, "
+              "false is FLOOR")
+
+    def check(self, v: Check) -> None:
+        if self.ceil_mode is None:
+            return
+        if is_set(self, "round_mode"):
+            v.fail("ceil_mode", "ceil_mode and round_mode are both set",
+                   "keep round_mode (Caffe 1.0's field)")
+        mode = "CEIL" if self.ceil_mode else "FLOOR"
+        log.info("note: " + one_line(
+            f"ceil_mode: {str(self.ceil_mode).lower()} (a fork's field) is read as "
+            f"round_mode: {mode}", file=v.src.file, line=v.node.line_of("ceil_mode"),
+            path=f"{v.path}.ceil_mode" if v.path else "ceil_mode"))
+        self.round_mode = mode
 
 
 @dataclass
