@@ -61,12 +61,15 @@ class Tuning:
     ``overlap=False`` makes the tree reduce only after backward (no Python hooks in backward's
     thread); ``lockstep`` has the root's thread issue every replica's iteration (:mod:`.lockstep`;
     None: on with CUDA graphs on GPUs, tree reduction only); ``extra_callbacks(i)`` gives
-    replica i more callbacks after the sync one (benchmarks time and profile steps with it)."""
+    replica i more callbacks after the sync one (benchmarks time and profile steps with it);
+    ``layer_waits=False`` makes a replica's forward wait for all of its weights at on_start
+    instead of layer by layer (:mod:`.pull`; always so with CUDA graphs, which run no hooks)."""
 
     timeout: float = DEFAULT_TIMEOUT_S
     overlap: bool = True
     lockstep: bool | None = None
     extra_callbacks: Callable[[int], Sequence[Callback]] | None = None
+    layer_waits: bool = True
 
 
 class ReplicatedRun:
@@ -133,6 +136,9 @@ class ReplicatedRun:
             self.solvers.append(solver)
             self.sync.setup(i, [lp.param for lp in solver.net.learnable_params()],
                             state_blobs(solver.net))
+            if (isinstance(self.sync, TreeSync) and self.tuning.layer_waits
+                    and not self.options.cuda_graphs):
+                self.sync.watch_layers(i, solver.net)
         except torch.cuda.OutOfMemoryError as exc:
             raise replica_error(Failure(i, self.devices[i], exc)) from None
 
