@@ -125,6 +125,8 @@ class ReplicaState:
     """The forward pre-hooks that wait per layer (None: the whole model waits at on_start)."""
     grads: list[Signal] = field(default_factory=list)
     """Per bucket: "my subtree's sum of this bucket is in my parent's inbox"."""
+    sums: list[Signal] = field(default_factory=list)
+    """Model averaging, per unit: "my subtree's model sum is in my parent's inbox"."""
     inbox: dict[int, torch.Tensor] = field(default_factory=dict)
     """child index -> a gradient-sized receive buffer on this replica's device."""
     reduce_stream: Any = None
@@ -205,7 +207,7 @@ class SyncGroup:
     def wake_all(self) -> None:
         for rep in self.replicas:
             if rep is not None:
-                for signal in [*rep.weights, *rep.grads]:
+                for signal in [*rep.weights, *rep.grads, *rep.sums]:
                     signal.wake()
 
     def check(self, who: int) -> None:
@@ -241,12 +243,15 @@ class TreeSync(SyncGroup):
     """
 
     def __init__(self, devices: Sequence[torch.device], *, tree: Tree | None = None,
-                 overlap: bool = True, **kw: Any):
+                 overlap: bool = True, gradients: bool = True, **kw: Any):
+        """``gradients=False``: the tree carries only weights (model averaging,
+        :mod:`.averaging`); no gradient inboxes or hooks are made."""
         super().__init__(devices, **kw)
         self.tree = tree or build_tree(self.n, peer_matrix(self.devices))
         if self.tree.n != self.n:
             raise ValueError(f"tree over {self.tree.n} replicas for {self.n} devices")
-        self.overlap = overlap
+        self.overlap = overlap and gradients
+        self.gradients = gradients
 
     def callback(self, i: int) -> TreeCallback:
         return TreeCallback(self, i)
@@ -260,6 +265,8 @@ class TreeSync(SyncGroup):
         rep.pull = self.weight_pull(rep, [
             Unit(src, [dst], forward=True) for src, dst in zip(
                 self._parent_units(i, weight_units), weight_units(rep), strict=True)])
+        if not self.gradients:
+            return rep
         for child in self.tree.children(i):
             rep.inbox[child] = torch.zeros_like(rep.flat.grad)
         buckets = rep.flat.buckets
@@ -306,9 +313,9 @@ class TreeSync(SyncGroup):
         rep = self.replica(i)
         rep.iteration += 1
         assert rep.pull is not None
-        with _on_stream(rep.stream):
+        with on_stream(rep.stream):
             if self.tree.parent(i) is None:
-                rep.pull.publish(rep.iteration, _record(rep.stream))
+                rep.pull.publish(rep.iteration, record_event(rep.stream))
             else:
                 rep.pull.open(rep.iteration)
         rep.passes = max(1, int(passes))
@@ -321,13 +328,13 @@ class TreeSync(SyncGroup):
         rep = self.replica(i)
         rep.collecting = False
         assert rep.pull is not None
-        with _on_stream(rep.stream):
+        with on_stream(rep.stream):
             rep.pull.close()   # a unit no forward read (children wait for every one)
         if rep.flat.rebind_grads() and any(rep.done):
             raise SolverError(
                 f"replica {i}: a gradient was replaced instead of accumulated in place, after "
                 "its bucket was already sent; clear gradients in place (zero_), not with None")
-        ready = _record(rep.stream)
+        ready = record_event(rep.stream)
         for b in range(len(rep.done)):
             if not rep.done[b]:
                 self._reduce_bucket(rep, b, ready, block=True)
@@ -341,7 +348,7 @@ class TreeSync(SyncGroup):
             return
         rep.fired[b] += 1
         if rep.fired[b] == rep.expected[b] * rep.passes and not self.stop.is_set():
-            ready = _record(torch.cuda.current_stream(rep.device)) if rep.stream else None
+            ready = record_event(torch.cuda.current_stream(rep.device)) if rep.stream else None
             self._reduce_bucket(rep, b, ready, block=False)
             rep.early += rep.done[b]
 
@@ -357,10 +364,10 @@ class TreeSync(SyncGroup):
             rep.iteration, self, rep.index,
             f"gradient bucket {b} from replica {c} ({self.devices[c]})") for c in kids]
         stream = rep.reduce_stream
-        with _on_stream(stream):
-            _wait_event(stream, ready)
+        with on_stream(stream):
+            wait_event(stream, ready)
             for event in events:
-                _wait_event(stream, event)
+                wait_event(stream, event)
             grad = rep.flat.bucket(rep.flat.grad, b)
             for c in kids:
                 grad.add_(rep.flat.bucket(rep.inbox[c], b))
@@ -371,7 +378,7 @@ class TreeSync(SyncGroup):
             else:
                 rep.flat.bucket(self.replica(parent).inbox[rep.index], b).copy_(
                     grad, non_blocking=True)
-            event = _record(stream)
+            event = record_event(stream)
         rep.done[b] = True
         if parent is not None:
             rep.grads[b].post(rep.iteration, event)
@@ -442,7 +449,7 @@ def replica_error(failure: Failure, stuck: Sequence[str] = ()) -> CaffePyError:
 
 
 # --- device helpers (no-ops on CPU) ---------------------------------------------------------
-class _on_stream:
+class on_stream:
     """``torch.cuda.stream(s)`` for a CUDA stream, nothing for None."""
 
     def __init__(self, stream: Any):
@@ -457,7 +464,7 @@ class _on_stream:
             self.ctx.__exit__(*exc)
 
 
-def _record(stream: Any) -> Any:
+def record_event(stream: Any) -> Any:
     if stream is None:
         return None
     event = torch.cuda.Event()
@@ -465,7 +472,7 @@ def _record(stream: Any) -> Any:
     return event
 
 
-def _wait_event(stream: Any, event: Any) -> None:
+def wait_event(stream: Any, event: Any) -> None:
     if stream is not None and event is not None:
         stream.wait_event(event)
 
