@@ -31,6 +31,7 @@ from ..solver.signals import no_action
 from ..solver.solver import Solver, resolve_seed
 from ..spec.solver_spec import SolverParameter
 from .averaging import AveragingSync, Model
+from .flat import DEFAULT_BUCKET_BYTES
 from .hostavg import HostExchange
 from .lockstep import LockstepRoot
 from .nccl import NcclSync
@@ -73,7 +74,8 @@ class Tuning:
     instead of layer by layer (:mod:`.pull`; always so with CUDA graphs, which run no hooks);
     ``average_history=False`` keeps each replica's update history out of model averaging (the
     variant measured against averaging it, docs/parallel.md; a resume then restarts every
-    replica from the root's history)."""
+    replica from the root's history); ``bucket_bytes`` is the size the flat buffers are cut
+    into buckets at (the units weights travel and are waited for in)."""
 
     timeout: float = DEFAULT_TIMEOUT_S
     overlap: bool = True
@@ -81,6 +83,7 @@ class Tuning:
     extra_callbacks: Callable[[int], Sequence[Callback]] | None = None
     layer_waits: bool = True
     average_history: bool = True
+    bucket_bytes: int = DEFAULT_BUCKET_BYTES
 
 
 class ReplicatedRun:
@@ -112,9 +115,11 @@ class ReplicatedRun:
         graphs = self.options.cuda_graphs
         # a graph replay runs no hooks: with graphs the tree reduces after backward; the root
         # divides the sum by N unless the hosts' roots sum theirs next
-        self.sync: SyncGroup = (NcclSync(self.devices, timeout=tuning.timeout)
+        self.sync: SyncGroup = (NcclSync(self.devices, timeout=tuning.timeout,
+                                         bucket_bytes=tuning.bucket_bytes)
                                 if self.options.reduction == "nccl"
                                 else TreeSync(self.devices, timeout=tuning.timeout,
+                                              bucket_bytes=tuning.bucket_bytes,
                                               overlap=tuning.overlap and not graphs,
                                               gradients=not local,
                                               root_scale=(hosts.total is None
