@@ -27,6 +27,7 @@ needs no exchange in flight.
 """
 from __future__ import annotations
 
+import time
 from typing import Any, Protocol
 
 import torch
@@ -71,6 +72,8 @@ class HostExchange:
         self.exchanges = 0
         self.waited = 0
         """Exchanges the root waited for (synchronous ones), for the run's summary."""
+        self.wait_s = 0.0
+        """Seconds the root spent waiting for exchanges (a benchmark diagnostic)."""
 
     def exchange(self, model: torch.Tensor, t: int, code: int) -> int:
         """At host point ``t``: fold in the exchange in flight, then start the next (or, at a
@@ -80,7 +83,7 @@ class HostExchange:
         self._fill(model, code)
         self.exchanges += 1
         if self.schedule.blocking(t) or agreed:
-            self._wait(self.collective.all_reduce(self.send))
+            self._wait(self.collective.all_reduce(self.send, async_op=True))
             self.waited += 1
             model.copy_(self.send[:self.numel]).mul_(1.0 / self.world)
             return max(agreed, self._codes())
@@ -109,9 +112,12 @@ class HostExchange:
     def _wait(self, work: Any) -> None:
         if work is None:
             return
+        started = time.perf_counter()
         try:
             work.wait()
         except Exception as exc:  # noqa: BLE001 - the peers' failure, as one line
             if self.fail is None:
                 raise
             raise self.fail("the hosts' model exchange", exc) from None
+        finally:
+            self.wait_s += time.perf_counter() - started
