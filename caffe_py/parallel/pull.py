@@ -22,8 +22,8 @@ has ended the iteration before), so no replica runs ahead into its next records 
 root tests or snapshots.
 
 Without layer waits (or with a CUDA graph step, which runs no hooks) everything is pulled, and
-waited for, when the pull opens. Either way the same values are copied, so the weights are the
-same bit for bit (tested).
+waited for, when the pull opens (on a GPU on the compute stream itself, one event for all).
+Either way the same values are copied, so the weights are the same bit for bit (tested).
 """
 from __future__ import annotations
 
@@ -99,6 +99,9 @@ class Pull:
         what = f"weights from replica {parent} ({self.group.devices[parent]})"
         self.events = [signal.wait(gen, self.group, self.who, what)
                        for signal in self.parent_posted]
+        if self.copy_stream is not None and not self.lazy:
+            self._pull_all_on_stream()
+            return
         if self.copy_stream is not None:
             # the copies overwrite weights the previous iteration's passes may still read
             self.copy_stream.wait_stream(self.stream)
@@ -107,6 +110,20 @@ class Pull:
                 self._pull(u)
             if not self.lazy:
                 self._wait(u)
+
+    def _pull_all_on_stream(self) -> None:
+        """GPU without layer waits (e.g. a CUDA graph step): every copy on the compute
+        stream after the parent's events, one event for all (the fewest launches)."""
+        for event in {id(e): e for e in self.events if e is not None}.values():
+            self.stream.wait_event(event)
+        for unit in self.units:
+            _copy(unit)
+        mine = torch.cuda.Event()
+        mine.record(self.stream)
+        n = len(self.units)
+        self.events, self.done, self.waited = [mine] * n, [True] * n, [True] * n
+        for signal in self.posted:
+            signal.post(self.gen, mine)
 
     def need(self, u: int) -> None:
         """Before a layer's forward: unit ``u`` must be here (a no-op once it is)."""
