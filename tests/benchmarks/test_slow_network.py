@@ -93,7 +93,9 @@ import os, torch, torch.distributed as dist
 dist.init_process_group("gloo")
 t = torch.full((3,), float(dist.get_rank() + 1))
 dist.all_reduce(t)
-print(t.tolist())
+dist.barrier()
+print(t.tolist(), flush=True)
+dist.destroy_process_group()
 """
 
 
