@@ -11,12 +11,14 @@ block: at the root's ``on_start`` it takes its own weights, then for each worker
 of the tree down (parents first): the worker's ``on_start`` callbacks (weights from its parent,
 whose copy is already issued), zeroed gradients, its forward/backward (a replay) and its loss;
 at the root's ``on_gradient_ready`` each worker from the bottom up (children first) runs its
-``on_gradient_ready`` callbacks (the tree's add + push, issued on its own streams) and counts
-its iteration, then the root reduces. Every GPU still waits for its peers only through CUDA
-events, the host never waits for a GPU, and the arithmetic and its order are the tree's, so
-the weights are bit-identical to the threaded run (tested on CPU replicas). The workers are
-driven through the Solver's public seams (zero_grads, forward_backward, record_loss,
-finish_iteration), the same calls its own iteration makes.
+``on_gradient_ready`` callbacks (the tree's add + push, issued on its own streams), its update
+when its role applies one (model averaging), its ``on_update_applied`` callbacks (there the
+model sums go up) and counts its iteration, then the root reduces. Every GPU still waits for
+its peers only through CUDA events, the host never waits for a GPU, and the arithmetic and its
+order are the tree's, so the weights are bit-identical to the threaded run (tested on CPU
+replicas). The workers are driven through the Solver's public seams (zero_grads,
+forward_backward, record_loss, apply_update, update_applied, finish_iteration), the same calls
+its own iteration makes.
 """
 from __future__ import annotations
 
@@ -41,19 +43,20 @@ def top_down(sync: TreeSync) -> list[int]:
 class LockstepRoot:
     """The root's sync callback when the root's thread drives every replica.
 
-    ``solvers`` is the run's list of Solvers (index = replica), filled after this callback is
-    made; workers' own callbacks are in ``solver.callbacks`` (their sync callback first).
+    ``inner`` is the root's own sync callback (the tree's, or model averaging's); ``solvers``
+    is the run's list of Solvers (index = replica), filled after this callback is made;
+    workers' own callbacks are in ``solver.callbacks`` (their sync callback first).
     """
 
-    def __init__(self, sync: TreeSync, solvers: Sequence[Any]):
+    def __init__(self, sync: TreeSync, solvers: Sequence[Any], inner: Any = None):
         self.sync, self.solvers = sync, solvers
+        self.inner = inner if inner is not None else sync.callback(sync.tree.root)
         self.down = top_down(sync)
         self.up = list(reversed(self.down))
         self._streams_ready = False
 
     def on_start(self, solver: Any = None) -> None:
-        param = getattr(solver, "param", None)
-        self.sync.weights_down(self.sync.tree.root, passes=getattr(param, "iter_size", 1))
+        self.inner.on_start(solver)
         self._first_use()
         for i in self.down:
             with self._as_worker(i) as worker:
@@ -69,8 +72,16 @@ class LockstepRoot:
             with self._as_worker(i) as worker:
                 for cb in worker.callbacks:
                     cb.on_gradient_ready(worker)
+                if worker.role.applies_updates:
+                    worker.apply_update()
+                worker.update_applied()
                 worker.finish_iteration()
-        self.sync.grads_up(self.sync.tree.root)
+        self.inner.on_gradient_ready(solver)
+
+    def on_update_applied(self, solver: Any) -> None:
+        hook = getattr(self.inner, "on_update_applied", None)
+        if hook is not None:
+            hook(solver)
 
     @contextlib.contextmanager
     def _as_worker(self, i: int) -> Iterator[Any]:

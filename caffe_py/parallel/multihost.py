@@ -16,6 +16,12 @@ are G = H x N in all.
   flat gradient buffer (SUM, one collective), scale by 1/G and each apply the same Caffe
   update to the same weights, so every root holds identical weights without a weight
   broadcast; the weights then flow down each local tree as in one process.
+* **Or models.** With ``host_average_period: K`` (or ``model_average_period`` > 0) the hosts
+  exchange models, not gradients: every root updates on its own host's gradient (or its
+  replicas average, :mod:`.averaging`), and at the host points of the
+  :class:`~.schedule.Schedule` the roots average their models through :mod:`.hostavg`,
+  synchronously or, with ``host_average_async``, overlapped with the next K iterations and
+  folded in one period late; the signal codes ride in that exchange.
 * **Stopping.** Only rank 0 tests, displays and snapshots. Every root polls its signal
   handler at the start of each iteration and the roots all-reduce (MAX) that one small code
   on the CPU (gloo) asynchronously, waiting for it only at the iteration's end, where Caffe
@@ -43,7 +49,10 @@ from ..options import DEFAULT_DIST_TIMEOUT_S, TrainOptions
 from ..solver.signals import NONE, SNAPSHOT, STOP
 from ..solver.solver import Solver
 from ..spec.solver_spec import SolverParameter
+from .averaging import Model
+from .hostavg import DistCollective, HostExchange
 from .replicated import HostSlice, ReplicatedRun, Tuning
+from .schedule import Schedule
 
 log = logging.getLogger(__name__)
 _CODES = {NONE: 0, SNAPSHOT: 1, STOP: 2}
@@ -194,6 +203,13 @@ class MultiHostRun(ReplicatedRun):
                  options: TrainOptions | None = None, *, action: Callable[[], str] | None = None,
                  tuning: Tuning = Tuning()):
         self.host_sync: HostSync | None = None
+        self.cluster = hosts
+        slice_ = HostSlice(hosts.offset, hosts.total, lead=hosts.rank == 0)
+        if Schedule.of(param, hosts.world).averages_hosts:   # models, not gradients
+            super().__init__(param, devices, options, action=action, hosts=slice_,
+                             tuning=tuning)
+            self._check_same_net_or_close()
+            return
         local_scale = 1.0 / hosts.world if (options and options.reduction == "nccl") else None
         extra = tuning.extra_callbacks
 
@@ -207,14 +223,21 @@ class MultiHostRun(ReplicatedRun):
             return [self.host_sync, *more]
 
         super().__init__(param, devices, options, action=lambda: self.host_sync.action(),
-                         hosts=HostSlice(hosts.offset, hosts.total, lead=hosts.rank == 0),
+                         hosts=slice_,
                          tuning=dataclasses.replace(tuning, extra_callbacks=callbacks))
-        self.cluster = hosts
+        self._check_same_net_or_close()
+
+    def _check_same_net_or_close(self) -> None:
         try:
             self._check_same_net()
         except BaseException:
             self.close()
             raise
+
+    def _host_exchange(self, model: Model) -> HostExchange:
+        h = self.cluster
+        return HostExchange(h.world, self.schedule, model.numel, model.avg, DistCollective(h),
+                            fail=h.fail)
 
     def _check_same_net(self) -> None:
         """Every root's learnable and state tensors have rank 0's shapes, in rank 0's order
@@ -247,12 +270,22 @@ class MultiHostRun(ReplicatedRun):
                  f"replicas x iter_size {p.iter_size} = {batch * h.total * p.iter_size}")
         local = super().banner()  # "Batch: ... (effective batch ...)" of this host alone
         local[0] = local[0].replace("Batch: ", "This host: batch ", 1)
-        return [world, *local]
+        return [world, *local, *self._hosts_line()]
 
-    def prepare(self) -> None:
-        """Every rank resumes (its data positions, iteration); then rank 0's weights, state
-        blobs and update history go to every root."""
-        super().prepare()
+    def _hosts_line(self) -> list[str]:
+        s = self.schedule
+        if not s.averages_hosts:
+            return []
+        every = (f"every {s.host} iterations" if s.host
+                 else f"with the replicas, every {s.local} iterations")
+        how = ("asynchronously: each exchange overlaps the next period and is folded in one "
+               "period late, as a delta" if s.host_async else "synchronously")
+        return [f"hosts: models averaged {every} and at every test, snapshot and the end, "
+                f"{how}"]
+
+    def share_root_model(self) -> None:
+        """Every rank has resumed (its data positions, iteration); rank 0's weights, state
+        blobs and update history now go to every root."""
         root = self.sync.replica(0)
         tensors = [root.flat.data, root.state.data, *self.root.updater.history]
         try:

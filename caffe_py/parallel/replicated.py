@@ -8,7 +8,9 @@ is the root (role ROOT: it alone applies updates, runs the test nets, displays a
 the others are Caffe's WorkerSolvers (role WORKER, seeds random_seed + replica index; their
 Data feeds all use random_seed itself, see :class:`~caffe_py.solver.roles.Seeds`). Weights and
 gradients move through :mod:`.sync` (the tree) or :mod:`.nccl` (the ring), plugged in as
-solver callbacks.
+solver callbacks. With ``model_average_period: K`` every replica updates its own weights
+(role AVERAGING_WORKER) and :mod:`.averaging` averages the replicas' models through the tree
+at the points of the :class:`~.schedule.Schedule`.
 """
 from __future__ import annotations
 
@@ -20,14 +22,20 @@ from typing import Any
 import torch
 
 from ..devices import check_devices
+from ..errors import SolverError
 from ..options import TrainOptions
 from ..solver.callbacks import Callback
 from ..solver.graphs import GraphedStep
-from ..solver.roles import HOST_ROOT, ROOT, WORKER, Seeds, StepFn, eager_step
+from ..solver.roles import AVERAGING_WORKER, HOST_ROOT, ROOT, WORKER, Seeds, StepFn, eager_step
+from ..solver.signals import no_action
 from ..solver.solver import Solver, resolve_seed
 from ..spec.solver_spec import SolverParameter
+from .averaging import AveragingSync, Model
+from .flat import DEFAULT_BUCKET_BYTES
+from .hostavg import HostExchange
 from .lockstep import LockstepRoot
 from .nccl import NcclSync
+from .schedule import Actions, Schedule
 from .sync import (
     DEFAULT_TIMEOUT_S,
     Failure,
@@ -61,12 +69,21 @@ class Tuning:
     ``overlap=False`` makes the tree reduce only after backward (no Python hooks in backward's
     thread); ``lockstep`` has the root's thread issue every replica's iteration (:mod:`.lockstep`;
     None: on with CUDA graphs on GPUs, tree reduction only); ``extra_callbacks(i)`` gives
-    replica i more callbacks after the sync one (benchmarks time and profile steps with it)."""
+    replica i more callbacks after the sync one (benchmarks time and profile steps with it);
+    ``layer_waits=False`` makes a replica's forward wait for all of its weights at on_start
+    instead of layer by layer (:mod:`.pull`; always so with CUDA graphs, which run no hooks);
+    ``average_history=False`` keeps each replica's update history out of model averaging (the
+    variant measured against averaging it, docs/parallel.md; a resume then restarts every
+    replica from the root's history); ``bucket_bytes`` is the size the flat buffers are cut
+    into buckets at (the units weights travel and are waited for in)."""
 
     timeout: float = DEFAULT_TIMEOUT_S
     overlap: bool = True
     lockstep: bool | None = None
     extra_callbacks: Callable[[int], Sequence[Callback]] | None = None
+    layer_waits: bool = True
+    average_history: bool = True
+    bucket_bytes: int = DEFAULT_BUCKET_BYTES
 
 
 class ReplicatedRun:
@@ -90,13 +107,30 @@ class ReplicatedRun:
         self.hosts, self.tuning = hosts, tuning
         n = len(self.devices)
         self.total_replicas = n if hosts.total is None else hosts.total
+        self.schedule = Schedule.of(param, hosts=self.total_replicas // n)
+        local = self.schedule.averages_replicas
+        if local and self.options.reduction == "nccl":
+            raise SolverError("model_average_period averages the replicas through the tree; "
+                              "use --reduction tree (or model_average_period: 0 with nccl)")
         graphs = self.options.graphs != "off" and all(d.type == "cuda" for d in self.devices)
-        # a graph replay runs no hooks: with graphs the tree reduces after backward
-        self.sync: SyncGroup = (NcclSync(self.devices, timeout=tuning.timeout)
+        # a graph replay runs no hooks: with graphs the tree reduces after backward; the root
+        # divides the sum by N unless the hosts' roots sum theirs next
+        self.sync: SyncGroup = (NcclSync(self.devices, timeout=tuning.timeout,
+                                         bucket_bytes=tuning.bucket_bytes)
                                 if self.options.reduction == "nccl"
                                 else TreeSync(self.devices, timeout=tuning.timeout,
+                                              bucket_bytes=tuning.bucket_bytes,
                                               overlap=tuning.overlap and not graphs,
-                                              root_scale=hosts.total is None))
+                                              gradients=not local,
+                                              root_scale=(hosts.total is None
+                                                          or self.schedule.averages_hosts)))
+        self.actions: Actions | None = None
+        self.averaging: AveragingSync | None = None
+        if local or self.schedule.averages_hosts:
+            self.actions = Actions(action or no_action, rank=0 if hosts.lead else 1)
+            action = self.actions
+            self.averaging = AveragingSync(self.sync, self.schedule, self.actions,
+                                           average_history=tuning.average_history)
         # with graphs on GPUs one thread issues every replica's step (see .lockstep)
         lockstep = tuning.lockstep
         if lockstep is None:
@@ -122,26 +156,46 @@ class ReplicatedRun:
     def _add_replica(self, i: int, base_seed: int, step: StepFn,
                      action: Callable[[], str] | None) -> None:
         """Replica i's Solver on its device, its params moved into flat buffers."""
-        role = WORKER if i else (ROOT if self.hosts.lead else HOST_ROOT)
+        worker = AVERAGING_WORKER if self.schedule.averages_replicas else WORKER
+        role = worker if i else (ROOT if self.hosts.lead else HOST_ROOT)
         extra = list(self.tuning.extra_callbacks(i)) if self.tuning.extra_callbacks else []
         kw: dict[str, Any] = {"action": action} if action else {}
         try:
             solver = Solver(self.param, device=self.devices[i], replica=i, role=role,
                             seeds=Seeds(model=base_seed + self.hosts.offset + i, data=base_seed),
-                            pool=self.pool, callbacks=[self._sync_callback(i), *extra],
+                            pool=self.pool, callbacks=[*self._sync_callbacks(i), *extra],
                             step=step, **kw)
             self.solvers.append(solver)
             self.sync.setup(i, [lp.param for lp in solver.net.learnable_params()],
                             state_blobs(solver.net))
             solver.grads_in_place = True   # views into the flat gradient buffer
+            if isinstance(self.sync, TreeSync) and self.tuning.layer_waits and not self.graphs:
+                self.sync.watch_layers(i, solver.net)
+            if self.averaging is not None and (self.schedule.averages_replicas or i == 0):
+                model = self.averaging.setup(i, solver.updater.history)
+                if i == 0 and self.schedule.averages_hosts:
+                    self.averaging.exchange = self._host_exchange(model)
         except torch.cuda.OutOfMemoryError as exc:
             raise replica_error(Failure(i, self.devices[i], exc)) from None
 
-    def _sync_callback(self, i: int) -> Any:
+    def _sync_callbacks(self, i: int) -> list[Any]:
+        """Replica i's sync callbacks: the tree's (or ring's), or model averaging's; the root
+        of a run where only the hosts average also hands its model to the hosts' exchange."""
+        averaging = self.averaging
+        if averaging is not None and self.schedule.averages_replicas:
+            inner = averaging.callback(i)
+        else:
+            inner = self.sync.callback(i)
         if self.lockstep and i == 0:
             assert isinstance(self.sync, TreeSync)
-            return LockstepRoot(self.sync, self.solvers)
-        return self.sync.callback(i)
+            inner = LockstepRoot(self.sync, self.solvers, inner)
+        if averaging is not None and not self.schedule.averages_replicas and i == 0:
+            return [inner, averaging.callback(0)]
+        return [inner]
+
+    def _host_exchange(self, model: Model) -> HostExchange | None:
+        """The hosts' exchange of the root's model (several hosts: :mod:`.multihost`)."""
+        return None
 
     @property
     def root(self) -> Solver:
@@ -161,6 +215,12 @@ class ReplicatedRun:
             lines += self.sync.tree.describe(names, links=on_gpus).splitlines()
         else:
             lines.append(f"NCCL ring all-reduce over {', '.join(names)}; root {names[0]}")
+        if self.schedule.averages_replicas:
+            history = "history" if self.tuning.average_history else "history kept per replica"
+            lines.append(f"model averaging: each replica updates on its own records; weights, "
+                         f"state blobs and {history} averaged through the tree every "
+                         f"{self.schedule.local} iterations and at every test, snapshot "
+                         "and the end")
         return lines
 
     def prepare(self) -> None:
@@ -172,9 +232,16 @@ class ReplicatedRun:
             self.root.restore(opts.snapshot)
             for worker in self.solvers[1:]:
                 worker.iter, worker.current_step = self.root.iter, self.root.current_step
+        self.share_root_model()
+        if self.averaging is not None and self.schedule.averages_replicas:
+            self.averaging.spread()
         self.pool.start()
         for solver in self.solvers:
             solver.start()
+
+    def share_root_model(self) -> None:
+        """After the root's --weights or --snapshot, before the replicas start: one host has
+        nothing to share (several hosts: rank 0's model goes to every root)."""
 
     def run(self) -> Solver:
         """Train every replica to max_iter; the root snapshots. Returns the root's Solver."""

@@ -4,9 +4,10 @@ Each replica is driven by its own thread and its own Solver; the solver calls tw
 iteration and knows nothing else about the other replicas:
 
 ``on_start`` (before forward)
-    weights flow down the tree: a replica waits until its parent holds this iteration's
-    weights, then copies the parent's flat data buffer into its own (one copy per bucket) and
-    tells its own children. The root's weights are those of its last update.
+    weights flow down the tree, bucket by bucket (:mod:`.pull`): a replica copies each bucket
+    of its parent's flat data buffer once the parent holds it, and tells its own children;
+    with layer waits (:meth:`TreeSync.watch_layers`) its forward of layer l waits only for the
+    buckets layer l reads. The root's weights are those of its last update.
 ``on_gradient_ready`` (after backward)
     gradients flow up: per bucket, a replica adds its children's subtree sums (in the tree's
     fixed order) into its own flat gradient and pushes the sum into its parent's receive
@@ -32,6 +33,7 @@ import torch
 
 from ..errors import CaffePyError, SolverError
 from .flat import DEFAULT_BUCKET_BYTES, FlatParams
+from .pull import LayerWaits, Pull, Unit
 from .topology import Tree, build_tree, peer_matrix
 
 DEFAULT_TIMEOUT_S = 900.0
@@ -113,9 +115,18 @@ class ReplicaState:
     iteration: int = 0
     wait_s: float = 0.0
     """Seconds this replica's thread spent waiting for its peers (a benchmark diagnostic)."""
-    weights: Signal = field(default_factory=Signal)
+    weights: list[Signal] = field(default_factory=list)
+    """Per weight unit (:mod:`.pull`): "this iteration's unit u is issued here"."""
+    pull: Pull | None = None
+    """How this replica's weights arrive from its parent (posts them, at the root)."""
+    copy_stream: Any = None
+    """CUDA: the side stream where this replica copies its weights from its parent."""
+    layer_waits: LayerWaits | None = None
+    """The forward pre-hooks that wait per layer (None: the whole model waits at on_start)."""
     grads: list[Signal] = field(default_factory=list)
     """Per bucket: "my subtree's sum of this bucket is in my parent's inbox"."""
+    sums: list[Signal] = field(default_factory=list)
+    """Model averaging, per unit: "my subtree's model sum is in my parent's inbox"."""
     inbox: dict[int, torch.Tensor] = field(default_factory=dict)
     """child index -> a gradient-sized receive buffer on this replica's device."""
     reduce_stream: Any = None
@@ -196,8 +207,7 @@ class SyncGroup:
     def wake_all(self) -> None:
         for rep in self.replicas:
             if rep is not None:
-                rep.weights.wake()
-                for signal in rep.grads:
+                for signal in [*rep.weights, *rep.grads, *rep.sums]:
                     signal.wake()
 
     def check(self, who: int) -> None:
@@ -233,12 +243,15 @@ class TreeSync(SyncGroup):
     """
 
     def __init__(self, devices: Sequence[torch.device], *, tree: Tree | None = None,
-                 overlap: bool = True, **kw: Any):
+                 overlap: bool = True, gradients: bool = True, **kw: Any):
+        """``gradients=False``: the tree carries only weights (model averaging,
+        :mod:`.averaging`); no gradient inboxes or hooks are made."""
         super().__init__(devices, **kw)
         self.tree = tree or build_tree(self.n, peer_matrix(self.devices))
         if self.tree.n != self.n:
             raise ValueError(f"tree over {self.tree.n} replicas for {self.n} devices")
-        self.overlap = overlap
+        self.overlap = overlap and gradients
+        self.gradients = gradients
 
     def callback(self, i: int) -> TreeCallback:
         return TreeCallback(self, i)
@@ -246,6 +259,14 @@ class TreeSync(SyncGroup):
     def setup(self, i: int, params: Sequence[torch.Tensor],
               state: Sequence[torch.Tensor] = ()) -> ReplicaState:
         rep = super().setup(i, params, state)
+        if rep.stream is not None:
+            rep.copy_stream = torch.cuda.Stream(rep.device)
+        rep.weights = [Signal() for _ in weight_units(rep)]
+        rep.pull = self.weight_pull(rep, [
+            Unit(src, [dst], forward=True) for src, dst in zip(
+                self._parent_units(i, weight_units), weight_units(rep), strict=True)])
+        if not self.gradients:
+            return rep
         for child in self.tree.children(i):
             rep.inbox[child] = torch.zeros_like(rep.flat.grad)
         buckets = rep.flat.buckets
@@ -263,20 +284,40 @@ class TreeSync(SyncGroup):
                         lambda _p, rep=rep, b=rep.flat.bucket_of[k]: self._on_grad(rep, b))
         return rep
 
+    def weight_pull(self, rep: ReplicaState, units: list[Unit]) -> Pull:
+        """A :class:`Pull` of ``units`` from ``rep``'s parent into ``rep``, posted on
+        ``rep.weights`` (at the root: only posted)."""
+        parent = self.tree.parent(rep.index)
+        return Pull(self, rep.index, parent, units, rep.weights,
+                    None if parent is None else self.replica(parent).weights,
+                    rep.stream, rep.copy_stream, lazy=rep.layer_waits is not None)
+
+    def _parent_units(self, i: int, units: Any) -> list[torch.Tensor]:
+        """The parent's slices matching ``units(rep)`` (the root's own: never read)."""
+        parent = self.tree.parent(i)
+        return units(self.replica(i if parent is None else parent))
+
+    def watch_layers(self, i: int, net: Any) -> LayerWaits:
+        """Per-layer waits (mshadow-ps's PullWait) on replica ``i``'s TRAIN net: its forward of
+        a layer waits only for the weight units that layer reads, not for the whole model."""
+        rep = self.replica(i)
+        unit_of = {t.data_ptr(): u for u, ts in enumerate(unit_tensors(rep)) for t in ts}
+        rep.layer_waits = LayerWaits(net, unit_of, lambda: rep.pull)
+        assert rep.pull is not None
+        rep.pull.lazy = True
+        return rep.layer_waits
+
     def weights_down(self, i: int, passes: int = 1) -> None:
-        """on_start: take this iteration's weights from the parent, then offer them below."""
+        """on_start: take this iteration's weights from the parent, unit by unit; each unit is
+        offered below as soon as it is issued here."""
         rep = self.replica(i)
         rep.iteration += 1
-        parent = self.tree.parent(i)
-        with _on_stream(rep.stream):
-            if parent is not None:
-                src = self.replica(parent)
-                event = src.weights.wait(rep.iteration, self, i,
-                                         f"weights from replica {parent} ({src.device})")
-                _wait_event(rep.stream, event)
-                _copy_buckets(rep.flat, rep.flat.data, src.flat.data)
-                _copy_buckets(rep.state, rep.state.data, src.state.data)
-            rep.weights.post(rep.iteration, _record(rep.stream))
+        assert rep.pull is not None
+        with on_stream(rep.stream):
+            if self.tree.parent(i) is None:
+                rep.pull.publish(rep.iteration, record_event(rep.stream))
+            else:
+                rep.pull.open(rep.iteration)
         rep.passes = max(1, int(passes))
         rep.fired = [0] * len(rep.fired)
         rep.done = [False] * len(rep.done)
@@ -286,11 +327,14 @@ class TreeSync(SyncGroup):
         """on_gradient_ready: reduce and push every bucket backward has not already sent."""
         rep = self.replica(i)
         rep.collecting = False
+        assert rep.pull is not None
+        with on_stream(rep.stream):
+            rep.pull.close()   # a unit no forward read (children wait for every one)
         if rep.flat.rebind_grads() and any(rep.done):
             raise SolverError(
                 f"replica {i}: a gradient was replaced instead of accumulated in place, after "
                 "its bucket was already sent; clear gradients in place (zero_), not with None")
-        ready = _record(rep.stream)
+        ready = record_event(rep.stream)
         for b in range(len(rep.done)):
             if not rep.done[b]:
                 self._reduce_bucket(rep, b, ready, block=True)
@@ -304,7 +348,7 @@ class TreeSync(SyncGroup):
             return
         rep.fired[b] += 1
         if rep.fired[b] == rep.expected[b] * rep.passes and not self.stop.is_set():
-            ready = _record(torch.cuda.current_stream(rep.device)) if rep.stream else None
+            ready = record_event(torch.cuda.current_stream(rep.device)) if rep.stream else None
             self._reduce_bucket(rep, b, ready, block=False)
             rep.early += rep.done[b]
 
@@ -320,10 +364,10 @@ class TreeSync(SyncGroup):
             rep.iteration, self, rep.index,
             f"gradient bucket {b} from replica {c} ({self.devices[c]})") for c in kids]
         stream = rep.reduce_stream
-        with _on_stream(stream):
-            _wait_event(stream, ready)
+        with on_stream(stream):
+            wait_event(stream, ready)
             for event in events:
-                _wait_event(stream, event)
+                wait_event(stream, event)
             grad = rep.flat.bucket(rep.flat.grad, b)
             for c in kids:
                 grad.add_(rep.flat.bucket(rep.inbox[c], b))
@@ -334,7 +378,7 @@ class TreeSync(SyncGroup):
             else:
                 rep.flat.bucket(self.replica(parent).inbox[rep.index], b).copy_(
                     grad, non_blocking=True)
-            event = _record(stream)
+            event = record_event(stream)
         rep.done[b] = True
         if parent is not None:
             rep.grads[b].post(rep.iteration, event)
@@ -405,7 +449,7 @@ def replica_error(failure: Failure, stuck: Sequence[str] = ()) -> CaffePyError:
 
 
 # --- device helpers (no-ops on CPU) ---------------------------------------------------------
-class _on_stream:
+class on_stream:
     """``torch.cuda.stream(s)`` for a CUDA stream, nothing for None."""
 
     def __init__(self, stream: Any):
@@ -420,7 +464,7 @@ class _on_stream:
             self.ctx.__exit__(*exc)
 
 
-def _record(stream: Any) -> Any:
+def record_event(stream: Any) -> Any:
     if stream is None:
         return None
     event = torch.cuda.Event()
@@ -428,12 +472,17 @@ def _record(stream: Any) -> Any:
     return event
 
 
-def _wait_event(stream: Any, event: Any) -> None:
+def wait_event(stream: Any, event: Any) -> None:
     if stream is not None and event is not None:
         stream.wait_event(event)
 
 
-def _copy_buckets(flat: FlatParams, dst: torch.Tensor, src: torch.Tensor) -> None:
-    """dst <- src one bucket at a time (cross-device copies are asynchronous on GPU)."""
-    for b in range(len(flat.buckets)):
-        flat.bucket(dst, b).copy_(flat.bucket(src, b), non_blocking=True)
+def weight_units(rep: ReplicaState) -> list[torch.Tensor]:
+    """A replica's weight units: the buckets of its flat weights, then of its state blobs."""
+    return [f.bucket(f.data, b) for f in (rep.flat, rep.state) for b in range(len(f.buckets))]
+
+
+def unit_tensors(rep: ReplicaState) -> list[list[torch.Tensor]]:
+    """Per weight unit, the tensors that live in it."""
+    return [[f.tensors[k] for k in bucket.members]
+            for f in (rep.flat, rep.state) for bucket in f.buckets]

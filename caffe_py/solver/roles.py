@@ -4,7 +4,10 @@
 A run of one device has one Solver, the ``ROOT``. Data-parallel training builds one Solver per
 replica: the root applies the update, tests, displays and snapshots; the others are ``WORKER``
 (Caffe's WorkerSolver). With several hosts, the root of every other host is a ``HOST_ROOT``: it
-applies the same update as the leading root, but tests, displays and snapshots nothing.
+applies the same update as the leading root, but tests, displays and snapshots nothing. When
+the replicas average their weights every K iterations instead of summing gradients
+(``model_average_period``), every worker is an ``AVERAGING_WORKER``: it applies its own update
+between the averaging points.
 """
 from __future__ import annotations
 
@@ -35,6 +38,7 @@ class Role:
 ROOT = Role()
 WORKER = Role(applies_updates=False, tests=False, reports=False, seeds_rng=False)
 HOST_ROOT = Role(applies_updates=True, tests=False, reports=False, seeds_rng=True)
+AVERAGING_WORKER = Role(applies_updates=True, tests=False, reports=False, seeds_rng=False)
 
 
 @dataclass(frozen=True)

@@ -12,6 +12,7 @@ Caffe's Step loop as a sequence of public seams::
         record_loss()                 the smoothed loss, on the device
         callbacks.on_gradient_ready   gradients flow up (parallel training)
         apply_update()                rate -> clip -> normalize -> regularize -> rule (role)
+        update_applied()              callbacks.on_update_applied, where a callback has it
         finish_iteration()            it += 1, signals, scheduled snapshot
 
 The solver never knows how many devices exist: parallel training builds one Solver per replica
@@ -249,6 +250,7 @@ class Solver:
             rate = self.apply_update()
             if display:
                 self.show_rate(rate)
+        self.update_applied()
         self.finish_iteration()
 
     # --- the seams ----------------------------------------------------------------------------
@@ -288,6 +290,14 @@ class Solver:
         rate, self.current_step = learning_rate(self.param, self.iter, self.current_step)
         self.updater.apply(rate, self.iter)
         return rate
+
+    def update_applied(self) -> None:
+        """Call every callback's optional ``on_update_applied`` (after the update, before the
+        iteration is counted: e.g. the replicas' weights are averaged here)."""
+        for cb in self.callbacks:
+            hook = getattr(cb, "on_update_applied", None)
+            if hook is not None:
+                hook(self)
 
     def finish_iteration(self, count: int = 1) -> None:
         """Count the iteration (or the ``count`` a runner ran at once), then act on a signal

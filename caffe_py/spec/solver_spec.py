@@ -106,6 +106,21 @@ class SolverParameter(Message):
                                        "(NCHW, Caffe's), or AUTO: CHANNELS_LAST on CUDA "
                                        "devices, CONTIGUOUS on CPUs; the numbers are the same",
                                choices=MEMORY_FORMATS)
+    # --- data-parallel consistency (docs/parallel.md, "Two levels, two consistency models") --
+    model_average_period: int = field(
+        0, "the replicas of one host: 0 sums their gradients every iteration (synchronous, "
+           "Caffe's); K > 0 lets each replica update its own weights on its own records and "
+           "averages the replicas' weights and update history through the tree every K "
+           "iterations (local SGD), and before every test, snapshot and the end", min=0)
+    host_average_period: int = field(
+        0, "between hosts (several processes): 0 has the hosts join every reduction of the "
+           "level below synchronously (the gradient every iteration, or each "
+           "model_average_period average); K > 0 averages the hosts' weights and history "
+           "every K iterations, and before every test, snapshot and the end", min=0)
+    host_average_async: bool = field(
+        False, "with host_average_period K > 0: start the hosts' exchange and go on "
+               "computing; its result is folded in K iterations later as a delta (the "
+               "average minus the weights that were sent), so a slow link costs no waiting")
 
     def validate(self, v: Check) -> None:
         """Caffe's cross-field CHECKs; run by :func:`parse_solver` once inline nets are in."""
@@ -116,6 +131,10 @@ class SolverParameter(Message):
                                f"(got {self.momentum:g})", "remove momentum or set it to 0")
         if self.type == "AdaDelta" and not is_set(self, "momentum"):
             v.fail("type", "AdaDelta needs momentum (its decay rate)", "add e.g. momentum: 0.95")
+        if self.host_average_async and self.host_average_period == 0:
+            v.fail("host_average_async", "host_average_async needs host_average_period > 0 "
+                                         "(the iterations an exchange may overlap)",
+                   "add e.g. 'host_average_period: 16', or remove host_average_async")
 
     def _check_nets(self, v: Check) -> None:
         train = [k for k in ("net", "net_param", "train_net", "train_net_param") if is_set(self, k)]

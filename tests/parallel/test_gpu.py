@@ -1,9 +1,11 @@
-"""The same equivalences on CUDA devices: tree and NCCL across GPUs, CUDA graphs vs eager.
+"""The same equivalences on CUDA devices: tree and NCCL across GPUs, CUDA graphs vs eager, per-layer
+waits on the weight path and model averaging.
 
 Skipped without CUDA (marker ``gpu``); the multi-GPU cases need at least two GPUs.
 """
 from __future__ import annotations
 
+import dataclasses
 import logging
 
 import numpy as np
@@ -62,13 +64,14 @@ def db(tmp_path_factory):
     return str(path)
 
 
-def _train(tmp_path, db, devices, batch, options=None, caplog=None, **tuning):
+def _train(tmp_path, db, devices, batch, options=None, caplog=None, fields=None, **tuning):
     path = tmp_path / f"s{len(devices)}_{batch}.yaml"
     path.write_text(SOLVER.format(db=db, batch=batch, iters=ITERS, prefix=tmp_path / "snap"))
     if caplog is not None:
         caplog.set_level(logging.INFO, logger="caffe_py")
         caplog.clear()
-    with ReplicatedRun(load_solver(path), devices, options, tuning=Tuning(**tuning)) as run:
+    param = dataclasses.replace(load_solver(path), **(fields or {}))
+    with ReplicatedRun(param, devices, options, tuning=Tuning(**tuning)) as run:
         run.run()
         weights = [lp.param.detach().cpu() for lp in run.root.net.learnable_params()]
     return weights, (caplog.messages if caplog is not None else [])
@@ -124,3 +127,57 @@ def test_a_gpu_that_does_not_exist():
     n = torch.cuda.device_count()
     with pytest.raises(DeviceError, match=rf"^GPU {n} does not exist: this machine has {n} GPU"):
         check_devices([0, n])
+
+
+@pytest.fixture
+def deterministic():
+    torch.backends.cudnn.deterministic = True
+    yield
+    torch.backends.cudnn.deterministic = False
+
+
+@two_gpus
+@pytest.mark.parametrize("period", [0, 2])
+def test_layer_waits_change_no_bit_on_gpus(tmp_path, db, deterministic, period):
+    """Every blob its own bucket (64-byte buckets): the copies run on each replica's copy
+    stream and each layer's forward waits on its own units' events only."""
+    devices = [torch.device("cuda", i) for i in range(min(torch.cuda.device_count(), 4))]
+    fields = {"model_average_period": period}
+    on, _ = _train(tmp_path, db, devices, B, fields=fields, bucket_bytes=64)
+    off, _ = _train(tmp_path, db, devices, B, fields=fields, bucket_bytes=64, layer_waits=False)
+    assert all(torch.equal(x, y) for x, y in zip(on, off, strict=True))
+
+
+@two_gpus
+def test_a_gpu_forward_waits_only_for_its_layers_units(tmp_path, db):
+    """When conv's forward starts on a worker, every unit's copy is issued on its copy stream,
+    conv's units are waited for on the compute stream and ip's are not yet."""
+    path = tmp_path / "s.yaml"
+    path.write_text(SOLVER.format(db=db, batch=B, iters=1, prefix=tmp_path / "snap"))
+    devices = [torch.device("cuda", 0), torch.device("cuda", 1)]
+    seen = {}
+    with ReplicatedRun(load_solver(path), devices, tuning=Tuning(bucket_bytes=64)) as run:
+        rep = run.sync.replica(1)
+        layers = {layer.name: (layer, units) for layer, units in
+                  zip(run.solvers[1].net.layers, rep.layer_waits.first_needs, strict=True)}
+        conv, conv_units = layers["conv"]
+        ip_units = layers["ip"][1]
+
+        def look(_module, _args):
+            pull = rep.pull
+            seen.update(done=list(pull.done), waited=list(pull.waited),
+                        events=[e is not None for e in pull.events])
+
+        conv.register_forward_pre_hook(look)
+        run.run()
+    assert all(seen["done"]) and all(seen["events"])
+    assert all(seen["waited"][u] for u in conv_units)
+    assert ip_units and not any(seen["waited"][u] for u in ip_units)
+
+
+@two_gpus
+def test_averaging_every_iteration_equals_the_tree_on_gpus(tmp_path, db):
+    devices = [torch.device("cuda", i) for i in range(min(torch.cuda.device_count(), 4))]
+    tree, _ = _train(tmp_path, db, devices, B)
+    averaged, _ = _train(tmp_path, db, devices, B, fields={"model_average_period": 1})
+    assert _rel(averaged, tree) < 1e-5

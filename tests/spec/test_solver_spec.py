@@ -124,6 +124,12 @@ def test_inline_net_param_and_explicit_test_nets(tmp_path):
      "solver.yaml:3: iter_size: 0 is below the minimum 1; use a value >= 1"),
     ("net: net.yaml\nbase_lr: 0.1\nprecision: fp16\n",
      "solver.yaml:3: precision: 'fp16' is not one of FLOAT32, BF16; use one of FLOAT32, BF16"),
+    ("net: net.yaml\nbase_lr: 0.1\nhost_average_async: true\n",
+     "solver.yaml:3: host_average_async: host_average_async needs host_average_period > 0 "
+     "(the iterations an exchange may overlap); add e.g. 'host_average_period: 16', or remove "
+     "host_average_async"),
+    ("net: net.yaml\nbase_lr: 0.1\nmodel_average_period: -4\n",
+     "solver.yaml:3: model_average_period: -4 is below the minimum 0; use a value >= 0"),
 ])
 def test_errors_name_file_line_key_and_fix(tmp_path, text, message):
     got = error_of(tmp_path, text)
@@ -143,6 +149,14 @@ def test_inline_net_errors_point_inside_the_solver(tmp_path):
     got = error_of(tmp_path, "base_lr: 0.1\nnet_param:\n  name: x\n  layer:\n    - type: Nope\n")
     assert got.startswith(f"{tmp_path / 'solver.yaml'}:5: net_param.layer[0].type: "
                           "unknown layer type 'Nope'")
+
+
+def test_the_consistency_fields_default_to_caffes_synchronous_training(tmp_path):
+    p = load_solver(write(tmp_path, "net: net.yaml\nbase_lr: 0.1\n"))
+    assert (p.model_average_period, p.host_average_period, p.host_average_async) == (0, 0, False)
+    p = load_solver(write(tmp_path, "net: net.yaml\nbase_lr: 0.1\nmodel_average_period: 16\n"
+                                    "host_average_period: 64\nhost_average_async: true\n"))
+    assert (p.model_average_period, p.host_average_period, p.host_average_async) == (16, 64, True)
 
 
 def test_written_fields_survive_dataclasses_replace(tmp_path):
