@@ -170,6 +170,7 @@ class Data(Layer):
         channels, height, width = (int(d) for d in first.shape)
         self.record_shape = (channels, height, width)
         self.record_dtype = first.dtype
+        self.record_encoded = bool(datum.encoded)  # image files: decoded in parallel
         try:
             transformer = Transformer(tp, self.phase, self.record_shape, where="")
         except DataError as exc:
