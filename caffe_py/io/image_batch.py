@@ -63,7 +63,7 @@ class BatchImages:
     def host(self, batch: RecordBatch, choices: Choices, out: np.ndarray) -> None:
         """Decode the batch's files into ``out`` (B, C, h, w) uint8: each record's crop,
         mirrored where ``choices`` flip it."""
-        files, keys = batch.files, batch.keys
+        files, keys = batch.rows, batch.keys
         offsets, flips = choices.offsets.tolist(), choices.flips.tolist()
 
         def part(start: int, stop: int) -> None:
@@ -108,7 +108,7 @@ class BatchImages:
         """The batch's crops (B, C, h, w) uint8 on the feed's device (its current stream),
         mirrored where ``choices`` flip them, decoded by nvJPEG; None when this batch is the
         CPU workers' (no GPU decoder, files other than JPEG, or nvJPEG refused them)."""
-        files = batch.files
+        files = batch.rows
         if self.gpu is None or not all(is_jpeg(f) for f in files):
             return None
         try:

@@ -185,19 +185,20 @@ class Prefetcher:
         batch = self.records.get_batch(self.batch_size)
         transformer = self.transformer
         choices = transformer.choices_for(batch.first, batch.step, len(batch))
-        if batch.files is not None:
+        pixels = batch.pixels
+        if pixels is None:
             return self._assemble_files(batch, choices, index)
         if not self._cuda:
             # The whole transform by numpy, into a fresh array per batch (the loop keeps the
             # last one): numpy releases the GIL in its loops, and a torch CPU op here would
             # start a second OpenMP team that spins against the training loop's.
-            data = transformer.numpy(batch.pixels, choices)
-            return _Batch(torch.from_numpy(data), torch.from_numpy(batch.labels.copy()), None,
-                          len(batch), index)
+            values = transformer.numpy(pixels, choices)
+            return _Batch(torch.from_numpy(values), torch.from_numpy(batch.labels.copy()),
+                          None, len(batch), index)
         slot = self._slots[index]
         slot.wait_free()
         # uint8 flips are cheaper on the GPU than strided host copies
-        transformer.host(batch.pixels, choices, slot.data, mirror=False)
+        transformer.host(pixels, choices, slot.data, mirror=False)
         slot.label[:] = batch.labels
         # Four calls on the side stream (this thread's current one): one copy of records and
         # labels, the transform (float, mean, scale: one op without a mean), fresh tensors
@@ -213,12 +214,15 @@ class Prefetcher:
         """A batch of image files: decoded and cropped (and mirrored) by the decode workers,
         into the slot on CUDA, or by nvJPEG on the device; then the transform's values."""
         transformer, images = self.transformer, self.images
+        if images is None:
+            raise DataError(f"{self.records.path}: the data feed {self.name} got image files "
+                            "but its records are not encoded")
         if not self._cuda:
-            crops = np.empty((len(batch), *transformer.out_shape), np.uint8)
-            images.host(batch, choices, crops)
-            data = transformer.numpy_values(crops, choices)
-            return _Batch(torch.from_numpy(data), torch.from_numpy(batch.labels.copy()), None,
-                          len(batch), index)
+            host = np.empty((len(batch), *transformer.out_shape), np.uint8)
+            images.host(batch, choices, host)
+            values = transformer.numpy_values(host, choices)
+            return _Batch(torch.from_numpy(values), torch.from_numpy(batch.labels.copy()),
+                          None, len(batch), index)
         slot = self._slots[index]
         slot.wait_free()
         slot.label[:] = batch.labels

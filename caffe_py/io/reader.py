@@ -320,7 +320,7 @@ class _Source:
                 rows, labels = stream.decoder.decode(keys, values, wanted)
             except PartialChunk as partial:
                 (rows, labels), error = partial.done, partial.error
-            if cache is not None:
+            if cache is not None and isinstance(rows, np.ndarray):  # (files: never kept)
                 cache.store(index, keys, rows, labels)
         self._deliver(stream, keys, rows, labels)
         if error is not None:

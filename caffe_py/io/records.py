@@ -43,7 +43,9 @@ class RecordBatch:
     @property
     def rows(self) -> np.ndarray | ImageFiles:
         """The pixels, or the image files."""
-        return self.files if self.pixels is None else self.pixels
+        if self.pixels is not None:
+            return self.pixels
+        return self.files if self.files is not None else ()
 
     @property
     def positions(self) -> np.ndarray:
@@ -63,7 +65,7 @@ def join(parts: Sequence[RecordBatch]) -> RecordBatch:
         return parts[0]
     first = parts[0]
     rows = (np.concatenate([p.pixels for p in parts]) if first.pixels is not None
-            else tuple(f for p in parts for f in p.files))
+            else tuple(f for p in parts for f in p.rows))
     return RecordBatch.of(first.first, first.step, rows,
                           np.concatenate([p.labels for p in parts]),
                           tuple(k for p in parts for k in p.keys))
