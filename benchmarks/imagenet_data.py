@@ -42,6 +42,7 @@ from pathlib import Path
 
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")  # as the CLI: idle OpenMP threads sleep
 
+import numpy as np  # noqa: E402
 import torch  # noqa: E402
 
 HERE = Path(__file__).resolve().parent
@@ -194,6 +195,40 @@ def report(row: tuple) -> None:
     print(f"decode: {' | '.join(str(v) for v in row[:-1])} | {value} images/s", flush=True)
 
 
+def decode_only_rows(root: Path, s: Setup) -> list:
+    """(threads, images/s) of the CPU workers alone: decode and crop a batch of files into a
+    host buffer (no reader, no transform), over the first records, again and again."""
+    from caffe_py.io.datum import decode_datum
+    from caffe_py.io.image_batch import BatchImages
+    from caffe_py.io.lmdb_store import LmdbReader
+    from caffe_py.io.records import RecordBatch
+    from caffe_py.io.transformer import Transformer
+    from caffe_py.io.workers import DecodeWorkers
+    from caffe_py.spec.net_spec import TransformationParameter
+
+    with LmdbReader(root / "jpeg_lmdb") as db:
+        files = tuple(decode_datum(v).data for _, (_, v) in zip(range(s.batch), db,
+                                                                   strict=False))
+    shape = (3, s.size, s.size)
+    t = Transformer(TransformationParameter(crop_size=s.crop, mirror=True), "TRAIN", shape)
+    batch = RecordBatch(0, 1, None, np.zeros(len(files), np.int64), (b"",) * len(files), files)
+    out = np.empty((len(files), 3, s.crop, s.crop), np.uint8)
+    rows = []
+    for n in (n for n in s.workers if n <= usable_cores()):
+        workers = DecodeWorkers(n)
+        workers.start()
+        images = BatchImages("bench", shape, None, t, workers, DecodeOptions(n, "off"),
+                             torch.device("cpu"))
+        try:
+            rows.append((n, rate([lambda i=images: i.host(batch, t.choices_for(0, 1, len(files)),
+                                                          out)],
+                                 [], s.seconds / 2, len(files))))
+        finally:
+            workers.close()
+        print(f"decode + crop only: {n} CPU threads: {rows[-1][1]:,.0f} images/s", flush=True)
+    return rows
+
+
 def pixel_agreement(root: Path, n: int = 256) -> str:
     """How far nvJPEG's pixels are from PIL's on the first ``n`` JPEG records."""
     if nvjpeg.unavailable() is not None:
@@ -297,7 +332,9 @@ def header(args: argparse.Namespace, s: Setup, device: torch.device, info: dict)
     except ImportError:
         vision = "no torchvision"
     when = datetime.datetime.now(datetime.timezone.utc)
-    return [f"Machine: {gpu}, {usable_cores()} CPU cores ({platform.machine()}), Python "
+    load = f", load average {os.getloadavg()[0]:.1f} at the start" if hasattr(os, "getloadavg") \
+        else ""
+    return [f"Machine: {gpu}, {usable_cores()} CPU cores ({platform.machine()}{load}), Python "
             f"{platform.python_version()}, torch {torch.__version__}, {vision}. Date: "
             f"{when:%Y-%m-%d %H:%M} UTC. Command: `python {' '.join(sys.argv)}`"
             + (" (toy sizes: a check of the script, not a measurement)" if args.smoke else "")
@@ -310,11 +347,17 @@ def header(args: argparse.Namespace, s: Setup, device: torch.device, info: dict)
             "mean_file."]
 
 
-def decode_table(rows: list, replicas: int) -> list[str]:
+def decode_only_table(rows: list) -> list[str]:
+    return ["", "The CPU workers alone (PIL decode and crop of JPEG records into a host buffer; "
+            "no reader, no transform):", "", "| threads | images/s |", "|---:|---:|",
+            *(f"| {n} | {images:,.0f} |" for n, images in rows)]
+
+
+def decode_table(rows: list, replicas: int, device: str) -> list[str]:
     peers = {r[0]: r[3] for r in rows if r[1] == "DataLoader peer"}
     where = f"{replicas} GPUs' feeds sharing one reader" if replicas > 1 else "one feed"
-    lines = ["", f"Decode throughput ({where}; images/s delivered transformed on the device, "
-             "nothing computing):", "",
+    lines = ["", f"Decode throughput ({where}; images/s a Data layer delivers, transformed on "
+             f"{device}, nothing computing):", "",
              "| records | decoded by | workers | images/s | vs DataLoader peer |",
              "|---|---|---|---:|---:|"]
     for records, who, workers, images in rows:
@@ -378,6 +421,7 @@ def run(args: argparse.Namespace, root: Path) -> str:
                                      if getattr(args, k) is not None})
     device = torch.device(args.device or ("cuda" if torch.cuda.is_available() and not
                                           args.smoke else "cpu"))
+    args.device_type = device.type
     if device.type == "cuda":
         torch.backends.cudnn.benchmark = True
     # An ImageNet-size database is never kept decoded (it is far over CACHE_BYTES); smaller
@@ -388,7 +432,9 @@ def run(args: argparse.Namespace, root: Path) -> str:
     if not args.skip_decode:
         devices = ([torch.device("cuda", i) for i in range(args.replicas)]
                    if device.type == "cuda" else [device] * args.replicas)
-        lines += decode_table(decode_rows(root, s, devices, args.peer_workers), len(devices))
+        lines += decode_table(decode_rows(root, s, devices, args.peer_workers), len(devices),
+                              device.type)
+        lines += decode_only_table(decode_only_rows(root, s))
         if device.type == "cuda":
             lines += ["", pixel_agreement(root)]
     if not args.skip_train:
@@ -408,7 +454,8 @@ def main() -> None:
     (args.out / "imagenet_data.md").write_text(table + "\n")
     print("\n" + table, flush=True)
     if args.save:
-        save(args.save, "imagenet-smoke" if args.smoke else "imagenet-gpu", table)
+        save(args.save, "imagenet-smoke" if args.smoke else f"imagenet-{args.device_type}",
+             table)
     assert threading.active_count() == threads_before, "a pipeline thread outlived its pool"
 
 

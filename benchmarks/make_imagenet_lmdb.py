@@ -44,6 +44,8 @@ from caffe_py.io.lmdb_store import LmdbWriter  # noqa: E402
 
 CLASSES = 1000
 CHUNK = 64  # images per worker task
+VERSION = 1
+"""Of the pictures: a set made by another version is made again, not reused."""
 
 
 # --- the images -------------------------------------------------------------------------------
@@ -160,7 +162,7 @@ def make(out: Path, images: int, size: int, quality: int, seed: int, workers: in
             total += part
     mean = (total / images).astype(np.float32)
     write_blob_file(out / "mean.binaryproto", blob_from_array(mean[None], legacy=True))
-    info = {"images": images, "size": size, "quality": quality, "seed": seed,
+    info = {"images": images, "size": size, "quality": quality, "seed": seed, "version": VERSION,
             "jpeg_kb_mean": round(float(np.mean(jpeg_sizes)) / 1000, 1),
             "jpeg_kb_p10_p90": [round(float(np.percentile(jpeg_sizes, p)) / 1000, 1)
                                 for p in (10, 90)],
@@ -187,8 +189,8 @@ def existing(out: Path, images: int, size: int, quality: int, seed: int) -> dict
         info = json.loads((out / "info.json").read_text())
     except (OSError, ValueError):
         return None
-    same = [info.get(k) for k in ("images", "size", "quality", "seed")] == [images, size,
-                                                                            quality, seed]
+    keys = ("images", "size", "quality", "seed", "version")
+    same = [info.get(k) for k in keys] == [images, size, quality, seed, VERSION]
     return info if same and (out / "raw_lmdb").is_dir() and (out / "jpeg_lmdb").is_dir() else None
 
 

@@ -123,10 +123,9 @@ class BatchImages:
                              np.dtype(np.uint8))
         if self.gpu.stream is None:
             stacked = torch.stack(images)
-        else:  # decoded on another device: stack there, copy over
-            with torch.cuda.stream(self.gpu.stream):
-                stacked = torch.stack(images)
-            stacked = stacked.to(self.device, non_blocking=True)
+        else:  # decoded on another device: stack there and copy over, both on its stream
+            with torch.cuda.stream(self.gpu.stream):  # (the copy orders this device's after)
+                stacked = torch.stack(images).to(self.device, non_blocking=True)
         return self.transformer.device_crop(stacked, choices, reverse_channels=shape[0] == 3)
 
     def _gpu_refused(self) -> None:
