@@ -242,7 +242,7 @@ def pixel_agreement(root: Path, n: int = 256) -> str:
         files = [decode_datum(value).data for _, (_, value) in zip(range(n), db,
                                                                      strict=False)]
     gpu = decode_jpeg([torch.frombuffer(bytearray(f), dtype=torch.uint8) for f in files],
-                      mode=ImageReadMode.RGB, device="cuda")
+                      mode=ImageReadMode.RGB, device=torch.device("cuda", 0))
     diffs = [(g.flip(0).cpu().int() - torch.from_numpy(decode_image(f)).int()).abs()
              for g, f in zip(gpu, files, strict=True)]
     per_image = torch.stack([d.float().mean() for d in diffs])

@@ -40,6 +40,8 @@ class BatchImages:
                  device: torch.device):
         self.path, self.record_shape, self.color = path, record_shape, color
         self.transformer, self.workers = transformer, workers
+        if device.type == "cuda" and device.index is None and torch.cuda.is_available():
+            device = torch.device("cuda", torch.cuda.current_device())  # as the feed's
         self.options, self.device = options, device
         self.gpu_error: str | None = None  # nvJPEG refused a batch: see host()
         self.gpu = None
