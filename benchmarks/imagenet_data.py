@@ -126,11 +126,14 @@ def sync(devices: list[torch.device]) -> None:
             torch.cuda.synchronize(device)
 
 
-def rate(sources: list, devices: list[torch.device], seconds: float, batch: int) -> float:
+def rate(sources: list, devices: list[torch.device], seconds: float, batch: int,
+         warmup: int = 8) -> float:
     """Images/s the ``sources`` (callables giving a batch each, one per replica) deliver
-    together, after a warm-up of two batches each."""
+    together, after ``warmup`` batches each (what the feeds had assembled ahead is not
+    counted: 8 covers a Data feed's ring and queue)."""
     for source in sources:
-        source(), source()
+        for _ in range(warmup):
+            source()
     sync(devices)
     n, start = 0, time.perf_counter()
     while time.perf_counter() - start < seconds:
@@ -150,10 +153,14 @@ def feed_rate(db: Path, root: Path, s: Setup, devices: list[torch.device],
                  for i, (layer, device) in enumerate(zip(layers, devices, strict=True))]
         pool.start()
         images = rate(layers, devices, s.seconds, s.batch)
-        images_of = feeds[0].images
-        who = "reader" if images_of is None else ("nvJPEG" if images_of.gpu is not None
-                                                  else f"{pool.workers.count} CPU threads")
-    return images, who
+        return images, decoder_of(feeds[0], pool)
+
+
+def decoder_of(feed, pool: ReaderPool) -> str:
+    """Who decoded a feed's records in the end."""
+    if feed.images is None:
+        return "reader"
+    return "nvJPEG" if feed.images.gpu is not None else f"{pool.workers.count} CPU threads"
 
 
 def decode_rows(root: Path, s: Setup, devices: list[torch.device], peer_workers: int) -> list:
@@ -187,7 +194,8 @@ def peer_rate(db: Path, root: Path, s: Setup, devices: list[torch.device],
     if peer_missing() or len(devices) > 1:
         return None
     with peer_feed(db, s.crop, s.batch, channel_means(root), devices[0], workers) as feed:
-        return rate([feed.next], devices, s.seconds, s.batch)
+        # the DataLoader holds 2 batches per worker ahead: drain them before timing
+        return rate([feed.next], devices, s.seconds, s.batch, warmup=2 * workers + 8)
 
 
 def report(row: tuple) -> None:
@@ -269,11 +277,13 @@ def net_spec(s: Setup, data: dict | None) -> dict:
 
 
 @contextlib.contextmanager
-def our_feed(net, device: torch.device, decode: DecodeOptions):
+def our_feed(net, device: torch.device, decode: DecodeOptions, seen: dict):
+    """The Data layer's own feed; ``seen["who"]``: who decoded, at the end."""
     with ReaderPool(decode=decode) as pool:
-        attach_feeds(net, pool, device=device, seed=0)
+        (feed,) = attach_feeds(net, pool, device=device, seed=0)
         pool.start()
         yield
+        seen["who"] = decoder_of(feed, pool)
 
 
 @contextlib.contextmanager
@@ -283,15 +293,15 @@ def the_peer(net, db: Path, root: Path, s: Setup, device: torch.device, workers:
         yield
 
 
-def train_rate(spec: dict, device: torch.device, s: Setup, feed=None) -> float:
-    """Images/s of ResNet-50 steps after a warm-up; ``feed(net)``: the Data layer's feed
-    (a context), None for DummyData."""
+def train_rate(spec: dict, device: torch.device, s: Setup, feed=None, warmup: int = 0) -> float:
+    """Images/s of ResNet-50 steps after a warm-up (at least ``warmup`` steps); ``feed(net)``:
+    the Data layer's feed (a context), None for DummyData."""
     torch.manual_seed(0)
     net = resnet50_step.build_net(spec, device, {})
     opt = resnet50_step.sgd([p.param for p in net.learnable_params()])
     step = resnet50_step.caffe_step(net)
     with feed(net) if feed is not None else contextlib.nullcontext():
-        resnet50_step.run_steps(step, opt, device, s.warmup)
+        resnet50_step.run_steps(step, opt, device, max(s.warmup, warmup))
         seconds = resnet50_step.run_steps(step, opt, device, s.steps)
     del net, opt, step
     if device.type == "cuda":
@@ -302,24 +312,26 @@ def train_rate(spec: dict, device: torch.device, s: Setup, feed=None) -> float:
 def train_rows(root: Path, s: Setup, device: torch.device, peer_workers: int) -> list:
     """(fed by, database, images/s) for every feed of the same ResNet-50 step."""
     raw, jpeg = root / "raw_lmdb", root / "jpeg_lmdb"
+    seen: dict = {}
     gpu_decode = device.type == "cuda" and nvjpeg.unavailable() is None
-    runs = [("DummyData (constant), first", None, None)]
-    runs += [("Data, raw LMDB", raw, lambda net: our_feed(net, device, DecodeOptions()))]
-    runs += [(f"Data, JPEG LMDB ({'nvJPEG' if gpu_decode else 'CPU threads'})", jpeg,
-              lambda net: our_feed(net, device, DecodeOptions()))]
+    ours = [("raw", raw, DecodeOptions()), ("JPEG", jpeg, DecodeOptions())]  # the defaults
     if gpu_decode:
-        runs += [("Data, JPEG LMDB (CPU threads)", jpeg,
-                  lambda net: our_feed(net, device, DecodeOptions(gpu="off")))]
-    for name, db in (("raw", raw), ("JPEG", jpeg)):
-        if peer_missing() is None:
-            runs += [(f"DataLoader peer, {name} LMDB", db,
-                      lambda net, db=db: the_peer(net, db, root, s, device, peer_workers))]
-    runs += [("DummyData (constant), last", None, None)]
+        ours.append(("JPEG", jpeg, DecodeOptions(gpu="off")))
+    runs: list = [("DummyData (constant), first", None, None, 0)]
+    runs += [(f"Data, {name} LMDB", db, lambda net, d=decode: our_feed(net, device, d, seen),
+              0) for name, db, decode in ours]
+    if peer_missing() is None:  # warm up past what the DataLoader holds ahead
+        runs += [(f"DataLoader peer, {name} LMDB", db,
+                  lambda net, db=db: the_peer(net, db, root, s, device, peer_workers),
+                  2 * peer_workers + 8) for name, db in (("raw", raw), ("JPEG", jpeg))]
+    runs += [("DummyData (constant), last", None, None, 0)]
     rows = []
-    for name, db, feed in runs:
+    for name, db, feed, warmup in runs:
         spec = net_spec(s, None if db is None else data_spec(db, root, s))
-        rows.append((name, db, train_rate(spec, device, s, feed)))
-        print(f"train: {name}: {rows[-1][2]:,.1f} images/s", flush=True)
+        seen.clear()
+        images = train_rate(spec, device, s, feed, warmup)
+        rows.append((f"{name} ({seen['who']})" if "who" in seen else name, db, images))
+        print(f"train: {rows[-1][0]}: {images:,.1f} images/s", flush=True)
     return rows
 
 
