@@ -2,10 +2,14 @@
 
 Raw uint8 records take a fast path of a few numpy operations for the whole chunk
 (:mod:`.raw_records`); anything else (encoded images, float_data, negative labels, other field
-orders) goes through the full Datum decoder, record by record. The reader's producer hands a
-:class:`ChunkDecoder` the keys and values it read, in key order, and gets pixels and labels back
-in the same order: the one place decoding happens, and where a pool of decode workers would
-split a chunk.
+orders) goes through the full Datum decoder, record by record, split between the decode workers
+(:mod:`.workers`) when there are several. The reader's producer hands a :class:`ChunkDecoder`
+the keys and values it read, in key order, and gets pixels and labels back in the same order.
+
+Encoded records of a stream the reader does not keep decoded are not decoded here: the chunk
+comes back as the records' image files (:mod:`.envelope`: a few byte comparisons per record),
+and each replica's feed decodes its own share, on its GPU or with the workers
+(:mod:`.image_batch`).
 """
 from __future__ import annotations
 
@@ -16,29 +20,39 @@ import numpy as np
 from ..errors import DataError
 from ..spec.net_spec import TransformationParameter
 from .datum import decode_record, format_key
+from .envelope import image_file
 from .raw_records import raw_chunk, raw_prefix
+from .records import ImageFiles
 from .transformer import record_array
+from .workers import DecodeWorkers
 
 
 class PartialChunk(Exception):
     """A chunk decoded up to a failing record: the pixels and labels of the records before it,
     and the error."""
 
-    def __init__(self, done: tuple[np.ndarray, np.ndarray], error: DataError):
+    def __init__(self, done: tuple[np.ndarray | ImageFiles, np.ndarray], error: DataError):
         super().__init__(str(error))
         self.done, self.error = done, error
 
 
 class ChunkDecoder:
     """Decodes records of database ``path`` that must all be ``dtype`` ``record_shape``
-    (C, H, W); ``color`` forces encoded images to 3 channels (True) or 1 (False)."""
+    (C, H, W); ``color`` forces encoded images to 3 channels (True) or 1 (False). ``encoded``:
+    the records are image files (the first one is); ``workers`` decode them in parallel."""
 
     def __init__(self, path: str, record_shape: Sequence[int], dtype: np.dtype,
-                 color: bool | None):
+                 color: bool | None, *, encoded: bool = False,
+                 workers: DecodeWorkers | None = None):
         self.path = path
         self.record_shape: tuple[int, int, int] = tuple(int(d) for d in record_shape)
         self.dtype = np.dtype(dtype)
         self.color = color
+        self.encoded = encoded
+        self.workers = workers
+        self.keep_encoded = False
+        """Hand encoded records over as their image files (the feeds decode them): set by the
+        reader for a stream it does not keep decoded."""
         self.raw_prefix = raw_prefix(self.record_shape) if self.dtype == np.uint8 else None
         """What every raw record of record_shape starts with (None: no fast path)."""
 
@@ -48,10 +62,13 @@ class ChunkDecoder:
         return c * h * w * self.dtype.itemsize
 
     def decode(self, keys: Sequence[bytes], values: Sequence[bytes],
-               wanted: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
-        """Pixels (k, C, H, W) and labels (k,) of ``values``; only the records ``wanted``
-        (when given; the rows of the others are left undefined). A record that fails raises
-        :class:`PartialChunk` carrying the records before it."""
+               wanted: np.ndarray | None = None) -> tuple[np.ndarray | ImageFiles, np.ndarray]:
+        """Pixels (k, C, H, W) and labels (k,) of ``values`` (with :attr:`keep_encoded`, the
+        image files (k,) instead of pixels); only the records ``wanted`` (when given; the rows
+        of the others are left undefined). A record that fails raises :class:`PartialChunk`
+        carrying the records before it."""
+        if self.keep_encoded:
+            return self._files(keys, values, wanted)
         fast = None if self.raw_prefix is None else raw_chunk(values, self.raw_prefix,
                                                                self.record_shape)
         if fast is not None and fast[2] is None:
@@ -61,12 +78,48 @@ class ChunkDecoder:
         ok = np.zeros(len(values), bool)
         if fast is not None:
             pixels[...], labels[...], ok = fast
-        for i in np.flatnonzero(~ok if wanted is None else ~ok & wanted).tolist():
-            try:
-                pixels[i], labels[i] = self._decode_one(keys[i], values[i])
-            except DataError as exc:
-                raise PartialChunk((pixels[:i], labels[:i]), exc) from None
+        todo = np.flatnonzero(~ok if wanted is None else ~ok & wanted).tolist()
+        failures: dict[int, DataError] = {}
+
+        def part(start: int, stop: int) -> None:  # records todo[start:stop], until one fails
+            for i in todo[start:stop]:
+                try:
+                    pixels[i], labels[i] = self._decode_one(keys[i], values[i])
+                except DataError as exc:
+                    failures[i] = exc
+                    return
+
+        if self.workers is None:
+            part(0, len(todo))
+        else:
+            self.workers.run(part, len(todo), where=self.path)
+        if failures:
+            first = min(failures)
+            raise PartialChunk((pixels[:first], labels[:first]), failures[first])
         return pixels, labels
+
+    def _files(self, keys: Sequence[bytes], values: Sequence[bytes],
+               wanted: np.ndarray | None) -> tuple[ImageFiles, np.ndarray]:
+        """The image files and labels of encoded records (views of ``values``)."""
+        files: list = [None] * len(values)
+        labels = np.zeros(len(values), np.int64)
+        for i in range(len(values)) if wanted is None else np.flatnonzero(wanted).tolist():
+            found = image_file(values[i])
+            try:
+                files[i], labels[i] = found if found is not None else self._file_of(
+                    keys[i], values[i])
+            except DataError as exc:
+                raise PartialChunk((tuple(files[:i]), labels[:i]), exc) from None
+        return tuple(files), labels
+
+    def _file_of(self, key: bytes, value: bytes) -> tuple[bytes, int]:
+        """The full Datum decoder's way to a record's image file (other field layouts)."""
+        datum = decode_record(value, source=self.path, key=key)
+        if not datum.encoded:
+            raise DataError(f"{self.path}: record {format_key(key)} holds raw pixels but the "
+                            "first record is an encoded image; a Data layer reads records of "
+                            "one kind (convert the database again)")
+        return datum.data, int(datum.label)
 
     def _decode_one(self, key: bytes, value: bytes) -> tuple[np.ndarray, int]:
         datum = decode_record(value, source=self.path, key=key)
@@ -74,12 +127,17 @@ class ChunkDecoder:
             array = record_array(datum, _color_param(self.color))
         except DataError as exc:
             raise DataError(f"{self.path}: record {format_key(key)}: {exc}") from None
-        if tuple(array.shape) != self.record_shape or array.dtype != self.dtype:
-            raise DataError(f"{self.path}: record {format_key(key)} is {_describe(array)} but "
-                            f"the first record is {self.dtype} {list(self.record_shape)}; a "
-                            "Data layer needs records of one size and kind (resize when "
-                            "converting)")
+        check_record(self.path, key, array, self.record_shape, self.dtype)
         return array, int(datum.label)
+
+
+def check_record(path: str, key: bytes, array: np.ndarray, shape: tuple[int, int, int],
+                 dtype: np.dtype) -> None:
+    """A decoded record must have the first record's shape and dtype."""
+    if tuple(array.shape) != shape or array.dtype != dtype:
+        raise DataError(f"{path}: record {format_key(key)} is {_describe(array)} but the first "
+                        f"record is {dtype} {list(shape)}; a Data layer needs records of one "
+                        "size and kind (resize when converting)")
 
 
 def _describe(array: np.ndarray) -> str:

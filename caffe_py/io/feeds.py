@@ -40,6 +40,7 @@ def attach_feeds(net: NetWithData, pool: ReaderPool, *, replica: int = 0,
     Every replica of a run passes the run's seed: a record's crop and mirror are a function of
     (seed, stream position), so N replicas of batch B then see exactly the images one replica
     of batch N x B sees (Caffe seeds each worker with random_seed + device instead)."""
+    from .image_batch import BatchImages
     from .prefetch import Prefetcher
     from .transformer import Transformer
 
@@ -50,11 +51,14 @@ def attach_feeds(net: NetWithData, pool: ReaderPool, *, replica: int = 0,
         queue = pool.subscribe(dp.source, stream, replica=replica, batch_size=dp.batch_size,
                                prefetch=dp.prefetch, record_shape=layer.record_shape,
                                dtype=layer.record_dtype, color=layer.color,
-                               rand_skip=dp.rand_skip, seed=seed)
+                               rand_skip=dp.rand_skip, seed=seed, encoded=layer.record_encoded)
         transformer = Transformer(layer.transform, phase, layer.record_shape, seed=seed,
                                   where=f"layer '{layer.name}' ({dp.source}): ")
-        feed = Prefetcher(queue, transformer, dp.batch_size, device=torch.device(device),
-                          name=f"{stream}#{replica}")
+        device = torch.device(device)
+        images = BatchImages(dp.source, layer.record_shape, layer.color, transformer,
+                             pool.workers, pool.decode, device) if layer.record_encoded else None
+        feed = Prefetcher(queue, transformer, dp.batch_size, device=device,
+                          name=f"{stream}#{replica}", images=images)
         pool.manage(feed)
         layer.attach(feed)
         feeds.append(feed)

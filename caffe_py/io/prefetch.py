@@ -15,6 +15,10 @@ runs, and every wake-up, takes the GIL from it: so nothing here is done per reco
 hand-overs are C queues, and while the loop has batches waiting the thread refills two slots
 per wake (docs/data_pipeline.md, "The training thread's GIL").
 
+Encoded records of a database too big to keep decoded reach the feed as image files: the
+thread has them decoded and cropped (:mod:`.image_batch`) by the decode workers into the slot,
+or on CUDA by nvJPEG on the device, and goes on as for decoded records.
+
 Once the stream's database is kept decoded (the reader's cache, complete after the first pass)
 and a batch of records is small (``DIRECT_BYTES``), no thread is needed at all: :meth:`next`
 stops this feed's thread, takes its queue off the producer, and from then on gathers each batch
@@ -36,9 +40,10 @@ import torch
 
 from ..errors import DataError
 from .gather import HostGather, loop_gather
+from .image_batch import BatchImages
 from .reader import JOIN_TIMEOUT_S, STALL_TIMEOUT_S, WAIT_SLICE_S, Detached, RecordQueue
-from .records import DecodedView
-from .transformer import Transformer
+from .records import DecodedView, RecordBatch
+from .transformer import Choices, Transformer
 
 SLOTS = 4
 """Batches a feed assembles ahead of the training loop (its ring of host buffers on CUDA).
@@ -77,6 +82,7 @@ class _HostSlot:
         raw = self.host.numpy()
         self.data = raw[:count * dtype.itemsize].view(dtype).reshape(shape)
         self.label = raw[data_bytes:].view(np.int64)
+        self.label_at = data_bytes
         self.device = torch.empty_like(self.host, device=device)
         tdtype = torch.from_numpy(np.zeros(0, dtype=dtype)).dtype
         self.device_data = self.device[:count * dtype.itemsize].view(tdtype).view(shape)
@@ -97,8 +103,10 @@ class Prefetcher:
 
     def __init__(self, records: RecordQueue, transformer: Transformer, batch_size: int, *,
                  device: torch.device, name: str = "feed",
-                 stop: threading.Event | None = None):
+                 stop: threading.Event | None = None, images: BatchImages | None = None):
         self.records, self.transformer, self.batch_size = records, transformer, batch_size
+        self.images = images
+        """Decodes batches of image files (encoded records the reader hands over as files)."""
         self.device, self.name = _with_index(torch.device(device)), name
         self.stop = stop if stop is not None else threading.Event()
         self.thread: threading.Thread | None = None
@@ -177,23 +185,56 @@ class Prefetcher:
         batch = self.records.get_batch(self.batch_size)
         transformer = self.transformer
         choices = transformer.choices_for(batch.first, batch.step, len(batch))
+        pixels = batch.pixels
+        if pixels is None:
+            return self._assemble_files(batch, choices, index)
         if not self._cuda:
             # The whole transform by numpy, into a fresh array per batch (the loop keeps the
             # last one): numpy releases the GIL in its loops, and a torch CPU op here would
             # start a second OpenMP team that spins against the training loop's.
-            data = transformer.numpy(batch.pixels, choices)
-            return _Batch(torch.from_numpy(data), torch.from_numpy(batch.labels.copy()), None,
-                          len(batch), index)
+            values = transformer.numpy(pixels, choices)
+            return _Batch(torch.from_numpy(values), torch.from_numpy(batch.labels.copy()),
+                          None, len(batch), index)
         slot = self._slots[index]
         slot.wait_free()
         # uint8 flips are cheaper on the GPU than strided host copies
-        transformer.host(batch.pixels, choices, slot.data, mirror=False)
+        transformer.host(pixels, choices, slot.data, mirror=False)
         slot.label[:] = batch.labels
         # Four calls on the side stream (this thread's current one): one copy of records and
         # labels, the transform (float, mean, scale: one op without a mean), fresh tensors
         # for the loop (it may keep them), and the event.
         slot.device.copy_(slot.host, non_blocking=True)
         data = transformer.device(slot.device_data, choices, self.mean, mirror=True)
+        label = slot.device_label.clone()
+        slot.done.record(self._side)
+        slot.used = True
+        return _Batch(data, label, slot.done, len(batch), index)
+
+    def _assemble_files(self, batch: RecordBatch, choices: Choices, index: int) -> _Batch:
+        """A batch of image files: decoded and cropped (and mirrored) by the decode workers,
+        into the slot on CUDA, or by nvJPEG on the device; then the transform's values."""
+        transformer, images = self.transformer, self.images
+        if images is None:
+            raise DataError(f"{self.records.path}: the data feed {self.name} got image files "
+                            "but its records are not encoded")
+        if not self._cuda:
+            host = np.empty((len(batch), *transformer.out_shape), np.uint8)
+            images.host(batch, choices, host)
+            values = transformer.numpy_values(host, choices)
+            return _Batch(torch.from_numpy(values), torch.from_numpy(batch.labels.copy()),
+                          None, len(batch), index)
+        slot = self._slots[index]
+        slot.wait_free()
+        slot.label[:] = batch.labels
+        crops = images.on_device(batch, choices)  # on the side stream (this thread's)
+        if crops is None:  # the CPU workers: crops into the slot, one copy with the labels
+            images.host(batch, choices, slot.data)
+            slot.device.copy_(slot.host, non_blocking=True)
+            crops = slot.device_data
+        else:
+            at = slot.label_at
+            slot.device[at:].copy_(slot.host[at:], non_blocking=True)
+        data = transformer.device(crops, choices, self.mean, mirror=False)
         label = slot.device_label.clone()
         slot.done.record(self._side)
         slot.used = True

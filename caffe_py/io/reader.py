@@ -13,6 +13,11 @@ the first pass, and later passes hand out views of it: nothing per record runs i
 would take the GIL from a launch-bound training loop. Two Data layers that read one database are
 two streams with two read positions: each sees what it would see reading the database alone.
 
+Encoded records (JPEG, PNG files) are decoded by the pool's decode workers
+(:mod:`.workers`), in order: in the chunk, for a database the reader keeps decoded; otherwise
+the chunk goes over as the records' image files and each replica's feed decodes its own share
+(on its GPU, or with the workers), so the queues, the round-robin and the state do not change.
+
 A consumer (a feed) uses its queue only through :meth:`RecordQueue.get_batch`,
 :meth:`~RecordQueue.mark_consumed`, :meth:`~RecordQueue.detach` and
 :meth:`~RecordQueue.decoded`. The positions :meth:`ReaderPool.state_dict` saves count what the
@@ -37,8 +42,9 @@ import numpy as np
 from ..errors import DataError
 from .decode import ChunkDecoder, PartialChunk
 from .lmdb_store import acquire_readonly, open_db, release_readonly
-from .records import DecodedDatabase, DecodedView, RecordBatch, join
+from .records import DecodedDatabase, DecodedView, ImageFiles, RecordBatch, join
 from .roundrobin import RoundRobin, resume
+from .workers import DecodeOptions, DecodeWorkers
 
 WAIT_SLICE_S = 0.2
 """Every blocking wait sleeps at most this long before it checks for errors and stop."""
@@ -237,6 +243,8 @@ class _Source:
                 if self.size * decoder.record_bytes <= CACHE_BYTES:
                     stream.cache = DecodedDatabase(self.size, decoder.record_shape,
                                                    decoder.dtype)
+                # encoded records of a database not kept decoded go over as files
+                decoder.keep_encoded = decoder.encoded and stream.cache is None
                 stream.cursor = txn.cursor()
                 stream.position = min(stream.plan.starts)
                 self._seek(stream, (stream.origin + stream.position) % self.size)
@@ -295,9 +303,10 @@ class _Source:
         index = (stream.origin + stream.position) % self.size
         count = min(count, self.size - index)
         cache, error = stream.cache, None
+        rows: np.ndarray | ImageFiles
         if cache is not None and cache.complete:  # views: nothing per record
             keys = cache.keys[index:index + count]
-            pixels, labels = cache.pixels[index:index + count], cache.labels[index:index + count]
+            rows, labels = cache.pixels[index:index + count], cache.labels[index:index + count]
         else:
             items = list(islice(stream.cursor.iternext(), count))  # leaves the cursor on the last
             if not stream.cursor.next():
@@ -308,25 +317,26 @@ class _Source:
             wanted = stream.plan.wanted(stream.position, len(values)) if (
                 cache is None and stream.sliced) else None
             try:
-                pixels, labels = stream.decoder.decode(keys, values, wanted)
+                rows, labels = stream.decoder.decode(keys, values, wanted)
             except PartialChunk as partial:
-                (pixels, labels), error = partial.done, partial.error
-            if cache is not None:
-                cache.store(index, keys, pixels, labels)
-        self._deliver(stream, keys, pixels, labels)
+                (rows, labels), error = partial.done, partial.error
+            if cache is not None and isinstance(rows, np.ndarray):  # (files: never kept)
+                cache.store(index, keys, rows, labels)
+        self._deliver(stream, keys, rows, labels)
         if error is not None:
             raise error
 
-    def _deliver(self, stream: _Stream, keys: Sequence[bytes], pixels: np.ndarray,
+    def _deliver(self, stream: _Stream, keys: Sequence[bytes], rows: np.ndarray | ImageFiles,
                  labels: np.ndarray) -> None:
-        """Append each replica's rows of a decoded chunk to its queue: one lock, one notify."""
+        """Append each replica's rows of a decoded chunk (pixels, or image files) to its
+        queue: one lock, one notify."""
         done, first, plan = len(labels), stream.position, stream.plan
         with self.cond:
             for slot, queue in enumerate(stream.slots):
-                rows = plan.rows(slot, first, done)
-                if rows.start < done and not queue._detached:
-                    part = RecordBatch(first + rows.start, plan.total, pixels[rows],
-                                       labels[rows], keys[rows])
+                taken = plan.rows(slot, first, done)
+                if taken.start < done and not queue._detached:
+                    part = RecordBatch.of(first + taken.start, plan.total, rows[taken],
+                                          labels[taken], tuple(keys[taken]))
                     queue._chunks.append(part)
                     queue._count += len(part)
             stream.position += done
@@ -338,11 +348,12 @@ class ReaderPool:
 
     ``subscribe`` every (layer, replica) (:func:`caffe_py.io.attach_feeds` does, and hands the
     feeds it builds to :meth:`manage`), optionally ``load_state_dict``, then ``start``;
-    ``close`` (or leaving the ``with`` block) stops and joins every thread.
+    ``close`` (or leaving the ``with`` block) stops and joins every thread. ``decode`` says
+    how encoded images are decoded (default: :meth:`DecodeOptions.from_env`, automatic).
     """
 
     def __init__(self, replicas: int = 1, *, replica_offset: int = 0,
-                 total_replicas: int | None = None):
+                 total_replicas: int | None = None, decode: DecodeOptions | None = None):
         if replicas < 1:
             raise ValueError(f"replicas must be >= 1, got {replicas}")
         total = replicas if total_replicas is None else total_replicas
@@ -355,6 +366,10 @@ class ReaderPool:
         """Global replica ``replica_offset + i`` of ``total_replicas`` is local replica i."""
         self._sliced = total != replicas  # a slice of a larger round-robin (one pool per host)
         self._stop = threading.Event()
+        self.decode = decode if decode is not None else DecodeOptions.from_env()
+        self.workers = DecodeWorkers(self.decode.threads)
+        """The decode threads every encoded stream's reader and feeds share (started only
+        when a stream reads encoded records)."""
         self._sources: dict[str, _Source] = {}
         self._clients: list[Managed] = []
         self._started = False
@@ -364,10 +379,12 @@ class ReaderPool:
     # --- wiring -------------------------------------------------------------------------------
     def subscribe(self, source: str, stream: str, *, replica: int, batch_size: int,
                   prefetch: int, record_shape: Sequence[int], dtype: Any = np.uint8,
-                  color: bool | None = None, rand_skip: int = 0, seed: int = 0) -> RecordQueue:
+                  color: bool | None = None, rand_skip: int = 0, seed: int = 0,
+                  encoded: bool = False) -> RecordQueue:
         """The record queue of ``replica`` for ``stream`` (a layer) over database ``source``,
         holding ``prefetch`` x ``batch_size`` records. The stream's first subscriber fixes its
-        records' shape, dtype and color, and (seeded by ``seed``) where rand_skip starts it."""
+        records' shape, dtype, color and whether they are ``encoded`` image files, and (seeded
+        by ``seed``) where rand_skip starts it."""
         if self._started:
             raise DataError(f"{source}: cannot attach a reader after the pool has started")
         if not 0 <= replica < self.replicas:
@@ -375,7 +392,8 @@ class ReaderPool:
         src = self._sources.setdefault(source, _Source(source, self._stop))
         st = src.streams.get(stream)
         if st is None:
-            decoder = ChunkDecoder(source, record_shape, np.dtype(dtype), color)
+            decoder = ChunkDecoder(source, record_shape, np.dtype(dtype), color,
+                                   encoded=encoded, workers=self.workers if encoded else None)
             st = src.streams[stream] = _Stream(stream, decoder, sliced=self._sliced)
             if rand_skip:  # Caffe skips up to rand_skip records once at the start
                 st.origin = int(np.random.default_rng(seed).integers(0, rand_skip + 1))
@@ -434,6 +452,9 @@ class ReaderPool:
             return
         self._started = True
         try:
+            if any(st.decoder.encoded for src in self._sources.values()
+                   for st in src.streams.values()):
+                self.workers.start()
             for src in self._sources.values():
                 for st in src.streams.values():
                     self._fix_round_robin(src, st)
@@ -475,6 +496,7 @@ class ReaderPool:
                 src.cond.notify_all()
             if src.thread is not None:
                 src.thread.join(JOIN_TIMEOUT_S)
+        self.workers.close()
         _open_pools.discard(self)
 
     def __enter__(self) -> ReaderPool:
@@ -491,6 +513,7 @@ class ReaderPool:
         for client in self._clients:
             if client.thread is not None:
                 yield client.thread
+        yield from self.workers.threads
 
 
 _open_pools: weakref.WeakSet[ReaderPool] = weakref.WeakSet()

@@ -1,4 +1,5 @@
-"""What the reader hands its consumers: runs of decoded records, and the decoded database.
+"""What the reader hands its consumers: runs of records (decoded, or image files the feeds
+decode), and the decoded database.
 
 No threads and no torch here: the reader fills these, the feeds read them.
 """
@@ -9,21 +10,42 @@ from dataclasses import dataclass
 
 import numpy as np
 
+ImageFiles = tuple
+"""The image files (JPEG, PNG) of encoded records, one bytes-like object per record."""
+
 
 @dataclass
 class RecordBatch:
     """Records of one replica in stream order: positions first, first + step, ... (step: every
-    replica of the round-robin), pixels (n, C, H, W) and labels (n,) int64. The arrays may be
-    read-only views of the bytes read from the database: copy before writing."""
+    replica of the round-robin), labels (n,) int64, and either pixels (n, C, H, W) or, for
+    encoded records the reader does not decode, their image ``files`` (the feed decodes them;
+    ``pixels`` is None). The arrays may be read-only views of the bytes read from the
+    database: copy before writing."""
 
     first: int
     step: int
-    pixels: np.ndarray
+    pixels: np.ndarray | None
     labels: np.ndarray
     keys: tuple[bytes, ...]
+    files: ImageFiles | None = None
+
+    @classmethod
+    def of(cls, first: int, step: int, rows: np.ndarray | ImageFiles, labels: np.ndarray,
+           keys: tuple[bytes, ...]) -> RecordBatch:
+        """A batch of decoded rows (an array of pixels) or of image files (a tuple)."""
+        if isinstance(rows, np.ndarray):
+            return cls(first, step, rows, labels, keys)
+        return cls(first, step, None, labels, keys, rows)
 
     def __len__(self) -> int:
         return len(self.labels)
+
+    @property
+    def rows(self) -> np.ndarray | ImageFiles:
+        """The pixels, or the image files."""
+        if self.pixels is not None:
+            return self.pixels
+        return self.files if self.files is not None else ()
 
     @property
     def positions(self) -> np.ndarray:
@@ -31,20 +53,22 @@ class RecordBatch:
 
     def split(self, n: int) -> tuple[RecordBatch, RecordBatch]:
         """The first ``n`` records and the rest (views, no copy)."""
-        return (RecordBatch(self.first, self.step, self.pixels[:n], self.labels[:n],
-                            self.keys[:n]),
-                RecordBatch(self.first + self.step * n, self.step, self.pixels[n:],
-                            self.labels[n:], self.keys[n:]))
+        rows = self.rows
+        return (RecordBatch.of(self.first, self.step, rows[:n], self.labels[:n], self.keys[:n]),
+                RecordBatch.of(self.first + self.step * n, self.step, rows[n:],
+                               self.labels[n:], self.keys[n:]))
 
 
 def join(parts: Sequence[RecordBatch]) -> RecordBatch:
     """Consecutive runs of one replica as one (a copy only when there are several)."""
     if len(parts) == 1:
         return parts[0]
-    return RecordBatch(parts[0].first, parts[0].step,
-                       np.concatenate([p.pixels for p in parts]),
-                       np.concatenate([p.labels for p in parts]),
-                       tuple(k for p in parts for k in p.keys))
+    first = parts[0]
+    rows = (np.concatenate([p.pixels for p in parts]) if first.pixels is not None
+            else tuple(f for p in parts for f in p.rows))
+    return RecordBatch.of(first.first, first.step, rows,
+                          np.concatenate([p.labels for p in parts]),
+                          tuple(k for p in parts for k in p.keys))
 
 
 class DecodedDatabase:

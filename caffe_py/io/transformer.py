@@ -261,6 +261,30 @@ class Transformer:
         x = batch.to(torch.float32, copy=True)
         return x.mul_(scale) if scale != 1.0 else x
 
+    def device_crop(self, images: torch.Tensor, choices: Choices, *,
+                    reverse_channels: bool = False) -> torch.Tensor:
+        """Whole records (B, C, H, W) on a device -> their crops (B, C, h, w), mirrored where
+        the choices flip: the pixels :meth:`host` picks, in one gather on the device.
+        ``reverse_channels`` turns a decoder's RGB into Caffe's BGR in the same gather."""
+        b, c = images.shape[:2]
+        _, ch, cw = self.out_shape
+        device = images.device
+        if choices is self._fixed_choices.get(b):  # one window for all, no flips: a slice
+            h0, w0 = (int(v) for v in choices.offsets[0]) if b else (0, 0)
+            window = images[:, :, h0:h0 + ch, w0:w0 + cw]
+            return window.flip(1) if reverse_channels else window
+        steps = np.arange(cw)
+        rows = choices.offsets[:, :1] + np.arange(ch)  # (B, h)
+        cols = choices.offsets[:, 1:] + np.where(choices.flips[:, None], cw - 1 - steps, steps)
+        index = _to_device(np.concatenate([rows, cols], 1), device)  # one copy: (B, h + w)
+        rows_t, cols_t = index[:, :ch], index[:, ch:]
+        channels = torch.arange(c, device=device)
+        if reverse_channels:
+            channels = channels.flip(0)
+        batch = torch.arange(b, device=device)
+        return images[batch[:, None, None, None], channels[None, :, None, None],
+                      rows_t[:, None, :, None], cols_t[:, None, None, :]]
+
     def _mean_for(self, mean: torch.Tensor, choices: Choices,
                   device: torch.device) -> torch.Tensor:
         """The mean each record subtracts: (C, 1, 1), (C, h, w), or (B, C, h, w) when the

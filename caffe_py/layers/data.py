@@ -171,6 +171,7 @@ class Data(Layer):
                 raise self.fail(str(exc)) from None
         else:  # built without its database (`cpy net`): the crop alone decides H and W
             self.record_shape, self.record_dtype = given, np.dtype(np.uint8)
+            self.record_encoded = False
             c, h, w = given
             if tp.crop_size and tp.crop_size > min(h, w):
                 raise self.fail(f"transform_param.crop_size {tp.crop_size} is larger than the "
@@ -194,6 +195,7 @@ class Data(Layer):
         channels, height, width = (int(d) for d in first.shape)
         self.record_shape = (channels, height, width)
         self.record_dtype = first.dtype
+        self.record_encoded = bool(datum.encoded)  # image files: decoded in parallel
 
     def _given_record_shape(self, dp: DataParameter) -> tuple[int, int, int] | None:
         """The record shape (C, H, W) a net built without databases gives this layer (the

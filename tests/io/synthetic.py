@@ -1,7 +1,9 @@
-"""Small synthetic inputs for the converter tests: IDX files, PNG images, CIFAR batches."""
+"""Small synthetic inputs for the converter and reader tests: IDX files, PNG images, CIFAR
+batches, image files and LMDBs of encoded records."""
 from __future__ import annotations
 
 import gzip
+import io
 import struct
 from pathlib import Path
 
@@ -43,3 +45,27 @@ def write_cifar_batch(path: Path, images_rgb_chw: np.ndarray, labels: np.ndarray
                for image, label in zip(images_rgb_chw, labels, strict=True)]
     path.write_bytes(b"".join(records))
     return path
+
+
+def image_file(seed: int, mode: str = "RGB", fmt: str = "JPEG", size=(12, 10)) -> bytes:
+    """A small photo-like image file (gradients and a little noise), JPEG at quality 90."""
+    rng = np.random.default_rng(seed)
+    y, x = np.mgrid[0:size[0], 0:size[1]]
+    rgb = np.stack([x * 20 + seed, y * 15, (x + y) * 8], -1) + rng.integers(0, 40, (*size, 3))
+    image = Image.fromarray(rgb.astype(np.uint8)).convert(mode)
+    out = io.BytesIO()
+    image.save(out, fmt, **({"quality": 90} if fmt == "JPEG" else {}))
+    return out.getvalue()
+
+
+def write_encoded_db(path, files, *, bad: dict[int, bytes] | None = None) -> str:
+    """An LMDB of encoded records as convert_imageset --encoded writes them: keys
+    ``%08d_img<i>.jpg``, label 7 i; ``bad`` replaces some values."""
+    from caffe_py.io.datum import Datum, encode_datum
+    from caffe_py.io.lmdb_store import LmdbWriter
+
+    with LmdbWriter(path) as writer:
+        for i, file in enumerate(files):
+            value = encode_datum(Datum(data=file, label=7 * i, encoded=True))
+            writer.put(b"%08d_img%d.jpg" % (i, i), (bad or {}).get(i, value))
+    return str(path)

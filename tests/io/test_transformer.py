@@ -257,3 +257,36 @@ def test_gather_from_a_decoded_database_equals_the_host_crop(phase, tp):
         np.testing.assert_array_equal(out, want)
         np.testing.assert_array_equal(t.gather(records, index, choices, mirror=mirror), want)
     assert tp.get("mirror") is None or choices.flips.any()  # the flips were exercised
+
+
+def _device_crop_matches_the_cpu_path(tmp_path, device: str) -> None:
+    """Whole records on the device, cropped and mirrored by one gather (the GPU decode path's
+    crop), then the device half: the CPU path's batch bit for bit, raw records, every
+    transform; with the channels reversed, the same crops of an RGB copy."""
+    mean = np.random.default_rng(2).uniform(0, 255, (3, 7, 9)).astype(np.float32)
+    path = tmp_path / "mean.binaryproto"
+    path.write_bytes(blobproto(mean[None]))
+    batch = np.stack(records(8))
+    cases = [("TRAIN", dict(crop_size=5, mirror=True, mean_file=str(path), scale=0.25)),
+             ("TRAIN", dict(crop_size=4, mirror=True, mean_value=[104, 117, 123], scale=0.017)),
+             ("TEST", dict(crop_size=5, mean_value=[3.5])), ("TRAIN", dict(mirror=True)),
+             ("TEST", dict(scale=0.5))]
+    for phase, tp in cases:
+        t = Transformer(TransformationParameter(**tp), phase, (3, 7, 9), seed=4)
+        choices = t.choices_for(11, 2, 8)
+        full = torch.from_numpy(batch).to(device)
+        crops = t.device_crop(full, choices)
+        got = t.device(crops, choices, t.device_mean(torch.device(device)), mirror=False)
+        assert torch.equal(got.cpu(), torch.from_numpy(t.numpy(batch, choices))), (phase, tp)
+        rgb = torch.from_numpy(np.ascontiguousarray(batch[:, ::-1])).to(device)
+        assert torch.equal(t.device_crop(rgb, choices, reverse_channels=True).cpu(), crops.cpu())
+
+
+def test_device_crop_gives_the_cpu_paths_batch(tmp_path):
+    _device_crop_matches_the_cpu_path(tmp_path, "cpu")
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_device_crop_gives_the_cpu_paths_batch_on_cuda(tmp_path):
+    _device_crop_matches_the_cpu_path(tmp_path, "cuda")

@@ -1,0 +1,475 @@
+"""ImageNet-scale data into ResNet-50: Caffe's raw and JPEG-encoded 256 x 256 LMDBs against
+constant DummyData and against the usual PyTorch DataLoader, in one run.
+
+    python benchmarks/imagenet_data.py --save docs/data_pipeline.md         # one GPU, ~6 min
+    python benchmarks/imagenet_data.py --smoke                              # toy size, CPU
+    python benchmarks/imagenet_data.py --replicas 4 --skip-train            # 4 GPUs' feeds
+
+1. Data: benchmarks/make_imagenet_lmdb.py makes (or reuses, in --data) N synthetic photo-like
+   images as convert_imageset writes them, raw and JPEG (quality 90), and their mean file.
+2. Decode throughput: images/s a Data layer's feed delivers (batch 256, crop 224, mirror,
+   mean_file; transformed on the device, nothing computing): raw records, JPEG records decoded
+   by 1, 2, 4, 8, 16 CPU threads (PIL) and by nvJPEG on the GPU; and the DataLoader peer's
+   images/s on both databases. With --replicas N, N feeds on N GPUs share the reader.
+3. Training: ResNet-50 (configs/resnet50_dummy.yaml, as benchmarks/resnet50_step.py builds it:
+   bf16 autocast, channels_last, SGD) fed by DummyData (a constant; measured first and last),
+   by the Data layer on each database, and by the DataLoader peer on each: steps/s after a
+   warm-up, with same-run ratios against DummyData (goals: raw >= 0.97, JPEG >= 0.95) and
+   against the peer on the same database (goal >= 1.2).
+
+The peer is the usual PyTorch way: a torch.utils.data.Dataset over the same LMDB (each worker
+process opens its own read-only environment), PIL for JPEG, torchvision's RandomCrop,
+RandomHorizontalFlip, ToTensor/ConvertImageDtype and Normalize (the mean file's channel means,
+Caffe's scale), a DataLoader with one worker per core, shuffle, pin_memory, and a
+non_blocking copy to the GPU. Without torchvision it is left out, and the table says so.
+"""
+from __future__ import annotations
+
+import argparse
+import contextlib
+import dataclasses
+import datetime
+import os
+import platform
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from dataclasses import dataclass
+from fractions import Fraction
+from pathlib import Path
+
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")  # as the CLI: idle OpenMP threads sleep
+
+import numpy as np  # noqa: E402
+import torch  # noqa: E402
+
+HERE = Path(__file__).resolve().parent
+sys.path[:0] = [str(HERE.parent), str(HERE)]
+
+import resnet50_step  # noqa: E402
+from data_pipeline import save  # noqa: E402
+from imagenet_peer import peer_feed, peer_missing  # noqa: E402
+
+from caffe_py.io import ReaderPool, attach_feeds, nvjpeg, reader, swap_feed  # noqa: E402
+from caffe_py.io.blobproto import read_mean_file  # noqa: E402
+from caffe_py.io.workers import DecodeOptions, usable_cores  # noqa: E402
+from caffe_py.layers import BuildContext, lookup  # noqa: E402
+from caffe_py.spec.net_spec import parse_layer  # noqa: E402
+from caffe_py.spec.schema import Source  # noqa: E402
+
+
+@dataclass
+class Setup:
+    """The sizes of one run: the real one, or --smoke's toy one."""
+
+    images: int
+    size: int  # stored records: size x size
+    crop: int
+    batch: int
+    width: Fraction  # ResNet-50's convolutions' num_output x width
+    seconds: float  # per decode measurement
+    warmup: int
+    steps: int
+    workers: list[int]
+
+
+REAL = Setup(32000, 256, 224, 256, Fraction(1), 5.0, 25, 150, [1, 2, 4, 8, 16])
+SMOKE = Setup(48, 40, 32, 8, Fraction(1, 16), 0.5, 1, 3, [1, 2])
+
+
+# --- data -------------------------------------------------------------------------------------
+def make_data(root: Path, s: Setup) -> dict:
+    """Make the databases (or reuse them): make_imagenet_lmdb.py in its own process."""
+    import json
+
+    cmd = [sys.executable, str(HERE / "make_imagenet_lmdb.py"), str(root), "--images",
+           str(s.images), "--size", str(s.size), "--check"]
+    subprocess.run(cmd, check=True)
+    return json.loads((root / "info.json").read_text())
+
+
+def transform(root: Path, s: Setup) -> dict:
+    return {"crop_size": s.crop, "mirror": True, "mean_file": str(root / "mean.binaryproto")}
+
+
+def data_spec(db: Path, root: Path, s: Setup) -> dict:
+    return {"name": "data", "type": "Data", "top": ["data", "label"],
+            "data_param": {"source": str(db), "batch_size": s.batch},
+            "transform_param": transform(root, s)}
+
+
+class _Net:
+    def __init__(self, layers):
+        self.layers = layers
+
+    def data_layers(self):
+        return self.layers
+
+
+def data_layer(db: Path, root: Path, s: Setup):
+    spec = parse_layer(data_spec(db, root, s), Source(), "layer")
+    return lookup("Data")(spec, [], BuildContext(phase="TRAIN"))
+
+
+def channel_means(root: Path) -> list[float]:
+    """The mean file's per-channel means (B, G, R): what the peer's Normalize subtracts."""
+    mean = read_mean_file(root / "mean.binaryproto")
+    return [float(v) for v in mean.reshape(len(mean), -1).mean(1)]
+
+
+# --- decode throughput ------------------------------------------------------------------------
+def sync(devices: list[torch.device]) -> None:
+    for device in devices:
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+
+
+def rate(sources: list, devices: list[torch.device], seconds: float, batch: int,
+         warmup: int = 8) -> float:
+    """Images/s the ``sources`` (callables giving a batch each, one per replica) deliver
+    together, after ``warmup`` batches each (what the feeds had assembled ahead is not
+    counted: 8 covers a Data feed's ring and queue)."""
+    for source in sources:
+        for _ in range(warmup):
+            source()
+    sync(devices)
+    n, start = 0, time.perf_counter()
+    while time.perf_counter() - start < seconds:
+        for source in sources:
+            source()
+            n += batch
+    sync(devices)
+    return n / (time.perf_counter() - start)
+
+
+def feed_rate(db: Path, root: Path, s: Setup, devices: list[torch.device],
+              decode: DecodeOptions) -> tuple[float, str]:
+    """Images/s of one Data feed per device (one reader), and who decoded."""
+    layers = [data_layer(db, root, s) for _ in devices]
+    with ReaderPool(replicas=len(devices), decode=decode) as pool:
+        feeds = [attach_feeds(_Net([layer]), pool, replica=i, device=device, seed=0)[0]
+                 for i, (layer, device) in enumerate(zip(layers, devices, strict=True))]
+        pool.start()
+        images = rate(layers, devices, s.seconds, s.batch)
+        return images, decoder_of(feeds[0], pool)
+
+
+def decoder_of(feed, pool: ReaderPool) -> str:
+    """Who decoded a feed's records in the end."""
+    if feed.images is None:
+        return "reader"
+    return "nvJPEG" if feed.images.gpu is not None else f"{pool.workers.count} CPU threads"
+
+
+def decode_rows(root: Path, s: Setup, devices: list[torch.device], peer_workers: int) -> list:
+    """(records, decoder, workers, images/s) for every decode configuration."""
+    rows = []
+    raw, jpeg = root / "raw_lmdb", root / "jpeg_lmdb"
+    images, _ = feed_rate(raw, root, s, devices, DecodeOptions())
+    rows.append(("raw", "reader (numpy fast path)", "-", images))
+    report(rows[-1])
+    for n in s.workers:
+        if n <= usable_cores():
+            images, _ = feed_rate(jpeg, root, s, devices, DecodeOptions(n, "off"))
+            rows.append(("JPEG", "PIL, CPU threads", str(n), images))
+            report(rows[-1])
+    missing = nvjpeg.unavailable() if devices[0].type == "cuda" else "a CPU run"
+    if missing is None:
+        images, who = feed_rate(jpeg, root, s, devices, DecodeOptions(gpu="on"))
+        rows.append(("JPEG", "nvJPEG (GPU)", "-", images))
+    else:
+        rows.append(("JPEG", f"nvJPEG (GPU): not run ({missing})", "-", None))
+    report(rows[-1])
+    for name, db in (("raw", raw), ("JPEG", jpeg)):
+        rows.append((name, "DataLoader peer", f"{peer_workers} processes",
+                     peer_rate(db, root, s, devices, peer_workers)))
+        report(rows[-1])
+    return rows
+
+
+def peer_rate(db: Path, root: Path, s: Setup, devices: list[torch.device],
+              workers: int) -> float | None:
+    if peer_missing() or len(devices) > 1:
+        return None
+    with peer_feed(db, s.crop, s.batch, channel_means(root), devices[0], workers) as feed:
+        # the DataLoader holds 2 batches per worker ahead: drain them before timing
+        return rate([feed.next], devices, s.seconds, s.batch, warmup=2 * workers + 8)
+
+
+def report(row: tuple) -> None:
+    value = "-" if row[-1] is None else f"{row[-1]:,.0f}"
+    print(f"decode: {' | '.join(str(v) for v in row[:-1])} | {value} images/s", flush=True)
+
+
+def decode_only_rows(root: Path, s: Setup) -> list:
+    """(threads, images/s) of the CPU workers alone: decode and crop a batch of files into a
+    host buffer (no reader, no transform), over the first records, again and again."""
+    from caffe_py.io.datum import decode_datum
+    from caffe_py.io.image_batch import BatchImages
+    from caffe_py.io.lmdb_store import LmdbReader
+    from caffe_py.io.records import RecordBatch
+    from caffe_py.io.transformer import Transformer
+    from caffe_py.io.workers import DecodeWorkers
+    from caffe_py.spec.net_spec import TransformationParameter
+
+    with LmdbReader(root / "jpeg_lmdb") as db:
+        files = tuple(decode_datum(v).data for _, (_, v) in zip(range(s.batch), db,
+                                                                   strict=False))
+    shape = (3, s.size, s.size)
+    t = Transformer(TransformationParameter(crop_size=s.crop, mirror=True), "TRAIN", shape)
+    batch = RecordBatch(0, 1, None, np.zeros(len(files), np.int64), (b"",) * len(files), files)
+    out = np.empty((len(files), 3, s.crop, s.crop), np.uint8)
+    rows = []
+    for n in (n for n in s.workers if n <= usable_cores()):
+        workers = DecodeWorkers(n)
+        workers.start()
+        images = BatchImages("bench", shape, None, t, workers, DecodeOptions(n, "off"),
+                             torch.device("cpu"))
+        try:
+            rows.append((n, rate([lambda i=images: i.host(batch, t.choices_for(0, 1, len(files)),
+                                                          out)],
+                                 [], s.seconds / 2, len(files))))
+        finally:
+            workers.close()
+        print(f"decode + crop only: {n} CPU threads: {rows[-1][1]:,.0f} images/s", flush=True)
+    return rows
+
+
+def pixel_agreement(root: Path, n: int = 256) -> str:
+    """How far nvJPEG's pixels are from PIL's on the first ``n`` JPEG records."""
+    if nvjpeg.unavailable() is not None:
+        return f"nvJPEG against PIL: not measured ({nvjpeg.unavailable()})."
+    from torchvision.io import ImageReadMode, decode_jpeg
+
+    from caffe_py.io.datum import decode_datum, decode_image
+    from caffe_py.io.lmdb_store import LmdbReader
+
+    with LmdbReader(root / "jpeg_lmdb") as db:
+        files = [decode_datum(value).data for _, (_, value) in zip(range(n), db,
+                                                                     strict=False)]
+    gpu = decode_jpeg([torch.frombuffer(bytearray(f), dtype=torch.uint8) for f in files],
+                      mode=ImageReadMode.RGB, device=torch.device("cuda", 0))
+    diffs = [(g.flip(0).cpu().int() - torch.from_numpy(decode_image(f)).int()).abs()
+             for g, f in zip(gpu, files, strict=True)]
+    per_image = torch.stack([d.float().mean() for d in diffs])
+    every = torch.cat([d.flatten() for d in diffs])
+    return (f"nvJPEG against PIL on {n} JPEG records: mean |difference| per image "
+            f"{per_image.mean():.3f} (largest {per_image.max():.3f}; torchvision's own test "
+            f"allows < 2), largest pixel difference {int(every.max())}, "
+            f"{100 * float((every == 0).float().mean()):.1f}% of pixels equal, "
+            f"{100 * float((every <= 2).float().mean()):.2f}% within 2.")
+
+
+# --- training ---------------------------------------------------------------------------------
+def net_spec(s: Setup, data: dict | None) -> dict:
+    """ResNet-50 at the run's batch and width, fed by constant DummyData or by ``data``."""
+    spec = resnet50_step.benchmark_spec(s.batch, s.width)
+    if s.crop != 224:  # toy crops: the last pooling takes whatever is left
+        pool5 = next(layer for layer in spec["layer"] if layer["name"] == "pool5")
+        pool5["pooling_param"] = {"pool": "AVE", "global_pooling": True}
+    if data is None:
+        spec["layer"][0]["dummy_data_param"]["shape"][0]["dim"] = [s.batch, 3, s.crop, s.crop]
+    else:
+        spec["layer"][0] = data
+    return spec
+
+
+@contextlib.contextmanager
+def our_feed(net, device: torch.device, decode: DecodeOptions, seen: dict):
+    """The Data layer's own feed; ``seen["who"]``: who decoded, at the end."""
+    with ReaderPool(decode=decode) as pool:
+        (feed,) = attach_feeds(net, pool, device=device, seed=0)
+        pool.start()
+        yield
+        seen["who"] = decoder_of(feed, pool)
+
+
+@contextlib.contextmanager
+def the_peer(net, db: Path, root: Path, s: Setup, device: torch.device, workers: int):
+    with peer_feed(db, s.crop, s.batch, channel_means(root), device, workers) as feed:
+        swap_feed(net.data_layers()[0], feed)
+        yield
+
+
+def train_rate(spec: dict, device: torch.device, s: Setup, feed=None, warmup: int = 0) -> float:
+    """Images/s of ResNet-50 steps after a warm-up (at least ``warmup`` steps); ``feed(net)``:
+    the Data layer's feed (a context), None for DummyData."""
+    torch.manual_seed(0)
+    net = resnet50_step.build_net(spec, device, {})
+    opt = resnet50_step.sgd([p.param for p in net.learnable_params()])
+    step = resnet50_step.caffe_step(net)
+    with feed(net) if feed is not None else contextlib.nullcontext():
+        resnet50_step.run_steps(step, opt, device, max(s.warmup, warmup))
+        seconds = resnet50_step.run_steps(step, opt, device, s.steps)
+    del net, opt, step
+    if device.type == "cuda":
+        torch.cuda.empty_cache()
+    return s.batch * s.steps / seconds
+
+
+def train_rows(root: Path, s: Setup, device: torch.device, peer_workers: int) -> list:
+    """(fed by, database, images/s) for every feed of the same ResNet-50 step."""
+    raw, jpeg = root / "raw_lmdb", root / "jpeg_lmdb"
+    seen: dict = {}
+    gpu_decode = device.type == "cuda" and nvjpeg.unavailable() is None
+    ours = [("raw", raw, DecodeOptions()), ("JPEG", jpeg, DecodeOptions())]  # the defaults
+    if gpu_decode:
+        ours.append(("JPEG", jpeg, DecodeOptions(gpu="off")))
+    runs: list = [("DummyData (constant), first", None, None, 0)]
+    runs += [(f"Data, {name} LMDB", db, lambda net, d=decode: our_feed(net, device, d, seen),
+              0) for name, db, decode in ours]
+    if peer_missing() is None:  # warm up past what the DataLoader holds ahead
+        runs += [(f"DataLoader peer, {name} LMDB", db,
+                  lambda net, db=db: the_peer(net, db, root, s, device, peer_workers),
+                  2 * peer_workers + 8) for name, db in (("raw", raw), ("JPEG", jpeg))]
+    runs += [("DummyData (constant), last", None, None, 0)]
+    rows = []
+    for name, db, feed, warmup in runs:
+        spec = net_spec(s, None if db is None else data_spec(db, root, s))
+        seen.clear()
+        images = train_rate(spec, device, s, feed, warmup)
+        rows.append((f"{name} ({seen['who']})" if "who" in seen else name, db, images))
+        print(f"train: {rows[-1][0]}: {images:,.1f} images/s", flush=True)
+    return rows
+
+
+# --- the table --------------------------------------------------------------------------------
+def header(args: argparse.Namespace, s: Setup, device: torch.device, info: dict) -> list[str]:
+    gpu = torch.cuda.get_device_name(device) if device.type == "cuda" else "no GPU"
+    try:
+        import torchvision
+        vision = f"torchvision {torchvision.__version__}"
+    except ImportError:
+        vision = "no torchvision"
+    when = datetime.datetime.now(datetime.timezone.utc)
+    load = f", load average {os.getloadavg()[0]:.1f} at the start" if hasattr(os, "getloadavg") \
+        else ""
+    return [f"Machine: {gpu}, {usable_cores()} CPU cores ({platform.machine()}{load}), Python "
+            f"{platform.python_version()}, torch {torch.__version__}, {vision}. Date: "
+            f"{when:%Y-%m-%d %H:%M} UTC. Command: `python {' '.join(sys.argv)}`"
+            + (" (toy sizes: a check of the script, not a measurement)" if args.smoke else "")
+            + ".", "",
+            f"Data: {info['images']:,} synthetic photo-like {s.size} x {s.size} images "
+            "(gradients, 1/f textures, shapes with gratings, grain: "
+            "benchmarks/make_imagenet_lmdb.py), raw and JPEG quality 90 (mean "
+            f"{info['jpeg_kb_mean']} KB, 10-90% {info['jpeg_kb_p10_p90'][0]}-"
+            f"{info['jpeg_kb_p10_p90'][1]} KB); batch {s.batch}, crop {s.crop}, mirror, "
+            "mean_file."]
+
+
+def decode_only_table(rows: list) -> list[str]:
+    return ["", "The CPU workers alone (PIL decode and crop of JPEG records into a host buffer; "
+            "no reader, no transform):", "", "| threads | images/s |", "|---:|---:|",
+            *(f"| {n} | {images:,.0f} |" for n, images in rows)]
+
+
+def decode_table(rows: list, replicas: int, device: str) -> list[str]:
+    peers = {r[0]: r[3] for r in rows if r[1] == "DataLoader peer"}
+    where = f"{replicas} GPUs' feeds sharing one reader" if replicas > 1 else "one feed"
+    lines = ["", f"Decode throughput ({where}; images/s a Data layer delivers, transformed on "
+             f"{device}, nothing computing):", "",
+             "| records | decoded by | workers | images/s | vs DataLoader peer |",
+             "|---|---|---|---:|---:|"]
+    for records, who, workers, images in rows:
+        peer = peers.get(records)
+        ratio = f"{images / peer:.2f}x" if images and peer and who != "DataLoader peer" else ""
+        value = "-" if images is None else f"{images:,.0f}"
+        lines.append(f"| {records} | {who} | {workers} | {value} | {ratio} |")
+    return lines
+
+
+def train_table(rows: list, s: Setup) -> list[str]:
+    dummy = [r[2] for r in rows if r[1] is None]
+    base = sum(dummy) / len(dummy)
+    peers = {r[1]: r[2] for r in rows if r[0].startswith("DataLoader")}
+    lines = ["", f"ResNet-50 training steps (bf16 autocast, channels_last, SGD; {s.warmup} "
+             f"warm-up + {s.steps} timed steps per row; ratios against the mean of the two "
+             "DummyData rows):", "",
+             "| fed by | images/s | ms/step | vs DummyData | vs DataLoader peer | goal |",
+             "|---|---:|---:|---:|---:|---|"]
+    for name, db, images in rows:
+        ours = name.startswith("Data,")
+        peer = peers.get(db) if ours else None
+        vs_peer = f"{images / peer:.2f}x" if peer else ""
+        goal = ""
+        if ours:
+            need = 0.97 if db.name.startswith("raw") else 0.95
+            met = images / base >= need and (peer is None or images / peer >= 1.2)
+            goal = f">= {need} and >= 1.2x peer: {'met' if met else 'not met'}"
+        lines.append(f"| {name} | {images:,.1f} | {1000 * s.batch / images:.1f} | "
+                     f"{images / base:.3f} | {vs_peer} | {goal} |")
+    return lines
+
+
+# --- the run ----------------------------------------------------------------------------------
+def arguments() -> argparse.Namespace:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--smoke", action="store_true",
+                    help="toy sizes on the CPU (48 images of 40 x 40): checks the script")
+    ap.add_argument("--data", type=Path, help="where the databases are made or reused "
+                    "(default /tmp/cpy_imagenet; --smoke: a temporary folder)")
+    ap.add_argument("--images", type=int, help="images to make (default 32,000)")
+    ap.add_argument("--device", help="cuda (the default where there is one) or cpu")
+    ap.add_argument("--replicas", type=int, default=1,
+                    help="decode rows with one feed per GPU on this many GPUs")
+    ap.add_argument("--peer-workers", type=int, default=usable_cores(),
+                    help="the DataLoader peer's worker processes (default: one per core)")
+    ap.add_argument("--steps", type=int, help="timed training steps per row")
+    ap.add_argument("--warmup", type=int, help="warm-up training steps per row")
+    ap.add_argument("--seconds", type=float, help="per decode measurement")
+    ap.add_argument("--skip-decode", action="store_true")
+    ap.add_argument("--skip-train", action="store_true")
+    ap.add_argument("--out", type=Path, default=Path(os.environ.get("OUT", "/tmp/cpy_gpu")))
+    ap.add_argument("--save", type=Path, help="write the tables into this markdown file")
+    return ap.parse_args()
+
+
+def run(args: argparse.Namespace, root: Path) -> str:
+    base = SMOKE if args.smoke else REAL
+    s = dataclasses.replace(base, **{k: getattr(args, k) for k in
+                                     ("images", "steps", "warmup", "seconds")
+                                     if getattr(args, k) is not None})
+    device = torch.device(args.device or ("cuda" if torch.cuda.is_available() and not
+                                          args.smoke else "cpu"))
+    args.device_type = device.type
+    if device.type == "cuda":
+        torch.backends.cudnn.benchmark = True
+    # An ImageNet-size database is never kept decoded (it is far over CACHE_BYTES); smaller
+    # ones made here are not either, so every pass is read and decoded as ImageNet's would be.
+    reader.CACHE_BYTES = 0
+    info = make_data(root, s)
+    lines = header(args, s, device, info)
+    if not args.skip_decode:
+        devices = ([torch.device("cuda", i) for i in range(args.replicas)]
+                   if device.type == "cuda" else [device] * args.replicas)
+        lines += decode_table(decode_rows(root, s, devices, args.peer_workers), len(devices),
+                              device.type)
+        lines += decode_only_table(decode_only_rows(root, s))
+        if device.type == "cuda":
+            lines += ["", pixel_agreement(root)]
+    if not args.skip_train:
+        lines += train_table(train_rows(root, s, device, args.peer_workers), s)
+    if peer_missing() is not None:
+        lines += ["", f"The DataLoader peer was not run: {peer_missing()}."]
+    return "\n".join(lines)
+
+
+def main() -> None:
+    args = arguments()
+    threads_before = threading.active_count()
+    with tempfile.TemporaryDirectory() as tmp:
+        root = args.data or (Path(tmp) if args.smoke else Path("/tmp/cpy_imagenet"))
+        table = run(args, root)
+    args.out.mkdir(parents=True, exist_ok=True)
+    (args.out / "imagenet_data.md").write_text(table + "\n")
+    print("\n" + table, flush=True)
+    if args.save:
+        save(args.save, "imagenet-smoke" if args.smoke else f"imagenet-{args.device_type}",
+             table)
+    assert threading.active_count() == threads_before, "a pipeline thread outlived its pool"
+
+
+if __name__ == "__main__":
+    main()

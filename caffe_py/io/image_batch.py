@@ -1,0 +1,141 @@
+"""A feed's batches of image files (encoded records the reader hands over undecoded), decoded
+and cropped: by the CPU decode workers (PIL), or on the GPU (nvJPEG, :mod:`.nvjpeg`).
+
+CPU: each worker decodes its part of the batch and writes each record's crop window, mirrored
+where the transform flips it and in Caffe's BGR order, straight into the batch buffer (the
+pinned slot on CUDA): the decoded image is read once. The pixels are those of the reader's
+own decoder (:func:`~.datum.decode_image`), bit for bit.
+
+GPU: the batch's files go to nvJPEG in one call; the images are stacked, and one gather on the
+device crops, mirrors and turns RGB into BGR (:meth:`~.transformer.Transformer.device_crop`).
+A batch holding anything but JPEG files, or one nvJPEG refuses, is decoded by the CPU workers
+instead (a file that no decoder reads is then reported by its key).
+"""
+from __future__ import annotations
+
+import io
+import logging
+
+import numpy as np
+import torch
+
+from ..errors import DataError
+from .datum import format_key, pil_to_chw
+from .decode import check_record
+from .envelope import is_jpeg
+from .records import RecordBatch
+from .transformer import Choices, Transformer
+from .workers import DecodeOptions, DecodeWorkers
+
+log = logging.getLogger(__name__)
+
+
+class BatchImages:
+    """Decodes the image files of one feed's batches of records of ``record_shape`` (C, H, W)
+    from database ``path`` (``color`` as the reader's decoder), for ``transformer``'s crops.
+    ``device`` is the feed's; JPEG files are decoded there when ``options`` allow it."""
+
+    def __init__(self, path: str, record_shape: tuple[int, int, int], color: bool | None,
+                 transformer: Transformer, workers: DecodeWorkers, options: DecodeOptions,
+                 device: torch.device):
+        self.path, self.record_shape, self.color = path, record_shape, color
+        self.transformer, self.workers = transformer, workers
+        if device.type == "cuda" and device.index is None and torch.cuda.is_available():
+            device = torch.device("cuda", torch.cuda.current_device())  # as the feed's
+        self.options, self.device = options, device
+        self.gpu_error: str | None = None  # nvJPEG refused a batch: see host()
+        self.gpu = None
+        if device.type == "cuda" and options.gpu != "off" and record_shape[0] in (1, 3):
+            self.gpu = self._gpu_decoder()
+
+    def _gpu_decoder(self):
+        from . import nvjpeg
+
+        reason = nvjpeg.unavailable()
+        if reason is None:
+            return nvjpeg.GpuJpegDecoder(self.device, self.record_shape[0])
+        if self.options.gpu == "on":
+            raise DataError(f"{self.path}: cannot decode JPEG records on the GPU: {reason}; "
+                            "install torchvision, or set CPY_GPU_DECODE=auto or off")
+        log.info("%s: JPEG records are decoded on %d CPU threads (%s)", self.path,
+                 self.workers.count, reason)
+        return None
+
+    # --- the CPU workers ----------------------------------------------------------------------
+    def host(self, batch: RecordBatch, choices: Choices, out: np.ndarray) -> None:
+        """Decode the batch's files into ``out`` (B, C, h, w) uint8: each record's crop,
+        mirrored where ``choices`` flip it."""
+        files, keys = batch.rows, batch.keys
+        offsets, flips = choices.offsets.tolist(), choices.flips.tolist()
+
+        def part(start: int, stop: int) -> None:
+            for i in range(start, stop):
+                self._decode_into(files[i], keys[i], out[i], offsets[i], flips[i])
+
+        try:
+            self.workers.run(part, len(files), where=self.path)
+        except BaseException:
+            self.gpu_error = None  # a file no decoder reads: its error is the one to raise
+            raise
+        if self.gpu_error is not None:
+            self._gpu_refused()
+
+    def _decode_into(self, file, key: bytes, out: np.ndarray, offset: list[int],
+                     flip: bool) -> None:
+        """One record: decode, check its size, write the crop window into ``out``."""
+        from PIL import Image, UnidentifiedImageError
+
+        h0, w0 = offset
+        _, ch, cw = out.shape
+        try:
+            with Image.open(io.BytesIO(file)) as image:
+                image.load()
+                if image.mode == "RGB" and self.record_shape[0] == 3 and self.color is not False:
+                    hwc = np.asarray(image)  # (H, W, 3) RGB: the usual JPEG, read once
+                    check_record(self.path, key, hwc.transpose(2, 0, 1), self.record_shape,
+                                 np.dtype(np.uint8))
+                    window = hwc[h0:h0 + ch, w0:w0 + cw, ::-1]  # BGR
+                    out[...] = (window[:, ::-1] if flip else window).transpose(2, 0, 1)
+                    return
+                chw = pil_to_chw(image, color=self.color)
+        except (UnidentifiedImageError, OSError, ValueError) as exc:
+            raise DataError(f"{self.path}: record {format_key(key)}: encoded image does not "
+                            f"decode ({exc})") from None
+        check_record(self.path, key, chw, self.record_shape, np.dtype(np.uint8))
+        window = chw[:, h0:h0 + ch, w0:w0 + cw]
+        out[...] = window[:, :, ::-1] if flip else window
+
+    # --- the GPU ------------------------------------------------------------------------------
+    def on_device(self, batch: RecordBatch, choices: Choices) -> torch.Tensor | None:
+        """The batch's crops (B, C, h, w) uint8 on the feed's device (its current stream),
+        mirrored where ``choices`` flip them, decoded by nvJPEG; None when this batch is the
+        CPU workers' (no GPU decoder, files other than JPEG, or nvJPEG refused them)."""
+        files = batch.rows
+        if self.gpu is None or not all(is_jpeg(f) for f in files):
+            return None
+        try:
+            images = self.gpu.decode(files)
+        except RuntimeError as exc:  # a file nvJPEG cannot read: the CPU decides (host())
+            self.gpu_error = " ".join(str(exc).split())
+            return None
+        shape = self.record_shape
+        for key, image in zip(batch.keys, images, strict=True):
+            if tuple(image.shape) != shape:
+                check_record(self.path, key, np.empty(tuple(image.shape), np.uint8), shape,
+                             np.dtype(np.uint8))
+        if self.gpu.stream is None:
+            stacked = torch.stack(images)
+        else:  # decoded on another device: stack there and copy over, both on its stream
+            with torch.cuda.stream(self.gpu.stream):  # (the copy orders this device's after)
+                stacked = torch.stack(images).to(self.device, non_blocking=True)
+        return self.transformer.device_crop(stacked, choices, reverse_channels=shape[0] == 3)
+
+    def _gpu_refused(self) -> None:
+        """nvJPEG refused files the CPU decoded: stop using it (auto), or say so (on)."""
+        reason, self.gpu_error = self.gpu_error, None
+        if self.options.gpu == "on":
+            raise DataError(f"{self.path}: nvJPEG could not decode a batch of JPEG records "
+                            f"that PIL decodes ({reason}); set CPY_GPU_DECODE=off or auto")
+        log.info("%s: nvJPEG could not decode a batch (%s); JPEG records are decoded on %d "
+                 "CPU threads from now on", self.path, reason, self.workers.count)
+        self.gpu = None

@@ -1,0 +1,74 @@
+"""The ImageNet benchmark's data (benchmarks/make_imagenet_lmdb.py): written as
+convert_imageset writes its raw and --encoded databases, with compute_image_mean's mean; and the
+benchmark's toy run from end to end (slow)."""
+from __future__ import annotations
+
+import importlib.util
+import io
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+from PIL import Image
+
+from caffe_py.io.blobproto import read_mean_file
+from caffe_py.io.datum import decode_datum
+from caffe_py.io.lmdb_store import LmdbReader
+
+BENCHMARKS = Path(__file__).resolve().parents[2] / "benchmarks"
+
+
+def _load(name: str):
+    spec = importlib.util.spec_from_file_location(name, BENCHMARKS / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_the_databases_are_convert_imagesets_with_their_mean(tmp_path):
+    make = _load("make_imagenet_lmdb")
+    info = make.main([str(tmp_path), "--images", "10", "--size", "48", "--workers", "1"])
+    done = subprocess.run([sys.executable, str(BENCHMARKS / "make_imagenet_lmdb.py"),
+                           str(tmp_path / "two"), "--images", "10", "--size", "48",
+                           "--workers", "2"], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr[-2000:]
+    for name in ("raw_lmdb", "jpeg_lmdb"):  # worker processes make the same images
+        with LmdbReader(tmp_path / name) as one, LmdbReader(tmp_path / "two" / name) as two:
+            assert list(one) == list(two)
+    assert info["images"] == 10 and info["jpeg_kb_mean"] > 1
+    with LmdbReader(tmp_path / "raw_lmdb") as raw, LmdbReader(tmp_path / "jpeg_lmdb") as jpeg:
+        raws, jpegs = list(raw), list(jpeg)
+    assert [k for k, _ in raws] == [k for k, _ in jpegs] == [make.key_of(i) for i in range(10)]
+    assert raws[3][0] == b"00000003_n%04d/img_00000003.JPEG" % make.label_of(3)
+    total = np.zeros((3, 48, 48))
+    for (_, raw_value), (_, jpeg_value) in zip(raws, jpegs, strict=True):
+        r, j = decode_datum(raw_value), decode_datum(jpeg_value)
+        assert (r.channels, r.height, r.width, r.encoded) == (3, 48, 48, False)
+        assert (j.channels, j.height, j.width, j.encoded, j.label) == (0, 0, 0, True, r.label)
+        bgr = np.frombuffer(r.data, np.uint8).reshape(3, 48, 48)
+        total += bgr
+        with Image.open(io.BytesIO(j.data)) as image:
+            assert image.format == "JPEG" and image.mode == "RGB"
+            rgb = np.asarray(image).transpose(2, 0, 1).astype(float)
+        # the same picture (BGR in the raw record), up to JPEG's loss on fine texture
+        assert np.corrcoef(rgb[::-1].ravel(), bgr.ravel())[0, 1] > 0.9
+        assert bgr.std() > 20  # structure, not a flat field
+    np.testing.assert_allclose(read_mean_file(tmp_path / "mean.binaryproto"), total / 10,
+                               rtol=1e-6)
+    again = make.main([str(tmp_path), "--images", "10", "--size", "48", "--check"])
+    assert again == info  # reused, not made again
+
+
+@pytest.mark.slow
+def test_the_benchmark_runs_at_toy_size(tmp_path):
+    done = subprocess.run([sys.executable, str(BENCHMARKS / "imagenet_data.py"), "--smoke",
+                           "--out", str(tmp_path)], capture_output=True, text=True,
+                          timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]
+    table = (tmp_path / "imagenet_data.md").read_text()
+    assert "| JPEG | PIL, CPU threads | 2 |" in table
+    assert re.search(r"\| Data, JPEG LMDB \(\d+ CPU threads\) \| [\d,.]+ \|", table)
