@@ -458,8 +458,9 @@ class Net(nn.Module):
         return [check for layer in self.layers for check in layer.device_checks]
 
     def data_layers(self) -> list[Layer]:
-        """The layers of type Data, in order (the data pipeline attaches a feed to each)."""
-        return [layer for layer in self.layers if layer.spec.type == "Data"]
+        """The layers the data pipeline feeds (Data, ImageData, WindowData, HDF5Data), in
+        order: it attaches a feed to each."""
+        return [layer for layer in self.layers if getattr(layer, "fed", False)]
 
     @property
     def loss_weights(self) -> dict[str, float]:

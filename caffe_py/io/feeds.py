@@ -1,21 +1,47 @@
-"""Feeds for a net's Data layers: the one place that knows what a Data layer holds.
+"""Feeds for a net's data layers: the one place that knows what a data layer holds.
 
-:func:`attach_feeds` subscribes each Data layer of a net (its ``data_param``, effective
-``transform``, record shape, dtype and color) to a :class:`~.reader.ReaderPool`, builds its feed
-(a :class:`~.prefetch.Prefetcher`), hands the feed to the pool (started and closed with the
+:func:`attach_feeds` subscribes each data layer of a net (what its :meth:`feed_spec` says: the
+source, batch, record shape, dtype and color, effective ``transform``, how its database opens
+and what decodes its records) to a :class:`~.reader.ReaderPool`, builds its feed (a
+:class:`~.prefetch.Prefetcher`), hands the feed to the pool (started and closed with the
 readers) and gives it to the layer. :func:`feed_of` and :func:`swap_feed` let a step that
 replaces a layer's feed for a while (the CUDA-graph step's static feed) do so without reaching
 into the layer.
 """
 from __future__ import annotations
 
+from collections.abc import Callable
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol
 
+import numpy as np
 import torch
 
 if TYPE_CHECKING:
+    from ..spec.layer_params.data import TransformationParameter
+    from .db import Database
     from .prefetch import Prefetcher
     from .reader import ReaderPool
+
+
+@dataclass(frozen=True)
+class FeedSpec:
+    """What a data layer's feed reads: ``source`` (the path the reader groups streams by),
+    ``batch_size``, ``prefetch`` (batches buffered per replica), ``rand_skip``, the records'
+    ``record_shape`` (C, H, W), ``dtype`` and ``color``, the effective ``transform``, how the
+    database opens (``opener``; None: ``source`` as an LMDB of Datum records) and what decodes
+    its records (``decoder`` makes a decoder; None: Datum records)."""
+
+    source: str
+    batch_size: int
+    prefetch: int
+    record_shape: tuple[int, int, int]
+    dtype: np.dtype
+    transform: TransformationParameter
+    color: bool | None = None
+    rand_skip: int = 0
+    opener: Callable[[], Database] | None = None
+    decoder: Callable[[], Any] | None = None
 
 
 class Feed(Protocol):
@@ -26,7 +52,8 @@ class Feed(Protocol):
 
 
 class NetWithData(Protocol):
-    """A net, as far as feeds go: its Data layers."""
+    """A net, as far as feeds go: its data layers (each with ``feed_spec(seed)``, ``phase``,
+    ``name`` and ``attach(feed)``)."""
 
     def data_layers(self) -> list[Any]: ...
 
@@ -45,15 +72,16 @@ def attach_feeds(net: NetWithData, pool: ReaderPool, *, replica: int = 0,
 
     feeds = []
     for layer in net.data_layers():
-        dp, phase = layer.param("data_param"), layer.phase
-        stream = f"{phase}/{layer.name}"
-        queue = pool.subscribe(dp.source, stream, replica=replica, batch_size=dp.batch_size,
-                               prefetch=dp.prefetch, record_shape=layer.record_shape,
-                               dtype=layer.record_dtype, color=layer.color,
-                               rand_skip=dp.rand_skip, seed=seed)
-        transformer = Transformer(layer.transform, phase, layer.record_shape, seed=seed,
-                                  where=f"layer '{layer.name}' ({dp.source}): ")
-        feed = Prefetcher(queue, transformer, dp.batch_size, device=torch.device(device),
+        spec: FeedSpec = layer.feed_spec(seed)
+        stream = f"{layer.phase}/{layer.name}"
+        queue = pool.subscribe(spec.source, stream, replica=replica,
+                               batch_size=spec.batch_size, prefetch=spec.prefetch,
+                               record_shape=spec.record_shape, dtype=spec.dtype,
+                               color=spec.color, rand_skip=spec.rand_skip, seed=seed,
+                               opener=spec.opener, decoder=spec.decoder)
+        transformer = Transformer(spec.transform, layer.phase, spec.record_shape, seed=seed,
+                                  where=f"layer '{layer.name}' ({spec.source}): ")
+        feed = Prefetcher(queue, transformer, spec.batch_size, device=torch.device(device),
                           name=f"{stream}#{replica}")
         pool.manage(feed)
         layer.attach(feed)

@@ -9,12 +9,12 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Mapping
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import torch
 
 from ..errors import DataError
-from ..spec.layer_params.data import DataParameter, DummyDataParameter, TransformationParameter
+from ..spec.layer_params.data import DummyDataParameter, TransformationParameter
 from ..spec.layer_params.shared import FillerParameter
 from ..spec.schema import is_set
 from . import fillers
@@ -22,7 +22,8 @@ from .base import Layer, Shape
 from .registry import register
 
 if TYPE_CHECKING:
-    from ..io.feeds import Feed
+    from ..io.db import KeyValueDatabase
+    from ..io.feeds import Feed, FeedSpec
 
 
 # --- Input ----------------------------------------------------------------------------------
@@ -139,6 +140,19 @@ class DummyData(Layer):
 _LEGACY_TRANSFORM = ("mean_file", "scale", "crop_size", "mirror")
 
 
+def upgraded_transform(layer: Layer, block: Any, tp: TransformationParameter,
+                       keys: tuple[str, ...] = _LEGACY_TRANSFORM) -> TransformationParameter:
+    """transform_param with the deprecated fields of a data layer's own block (``keys``) moved
+    in, as Caffe's UpgradeNetDataTransformation does (the spec itself is left as written)."""
+    moved = {key: getattr(block, key) for key in keys if is_set(block, key)}
+    both = [key for key in moved if is_set(tp, key)]
+    if both:
+        name = next(iter(layer.params))
+        raise layer.fail(f"{both[0]} is set in both {name} and transform_param",
+                         f"keep transform_param.{both[0]} only")
+    return dataclasses.replace(tp, **moved) if moved else tp
+
+
 @register("Data")
 class Data(Layer):
     """Batches from an LMDB of Datum records: tops data (B, C, h, w) and, optionally, label (B,).
@@ -151,15 +165,16 @@ class Data(Layer):
 
     bottoms = (0, 0)
     tops = (1, 2)
+    fed = True
+    """Read through the data pipeline: Net.data_layers() lists it, attach_feeds feeds it."""
 
     def setup(self, bottom_shapes: list[Shape]) -> list[Shape]:
         from ..io.datum import datum_to_array, decode_record, format_key
-        from ..io.lmdb_store import open_db
         from ..io.transformer import Transformer, force_color
 
         dp, tp = self.param("data_param"), self.param("transform_param")
-        tp = self.transform = self._upgraded_transform(dp, tp)
-        with open_db(dp.source) as db:  # missing: a DataError naming the path and the fix
+        tp = self.transform = upgraded_transform(self, dp, tp)
+        with self.open_database() as db:  # missing: a DataError naming the path and the fix
             key, value = db.first()
         self.color = True if dp.force_encoded_color else force_color(tp)
         datum = decode_record(value, source=dp.source, key=key)
@@ -179,16 +194,22 @@ class Data(Layer):
         shapes: list[Shape] = [(dp.batch_size, *transformer.out_shape)]
         return shapes + [(dp.batch_size,)] if len(self.spec.top) == 2 else shapes
 
-    def _upgraded_transform(self, dp: DataParameter,
-                            tp: TransformationParameter) -> TransformationParameter:
-        """transform_param with the deprecated data_param fields moved in, as Caffe's
-        UpgradeNetDataTransformation does (the spec itself is left as written)."""
-        moved = {key: getattr(dp, key) for key in _LEGACY_TRANSFORM if is_set(dp, key)}
-        both = [key for key in moved if is_set(tp, key)]
-        if both:
-            raise self.fail(f"{both[0]} is set in both data_param and transform_param",
-                            f"keep transform_param.{both[0]} only")
-        return dataclasses.replace(tp, **moved) if moved else tp
+    def open_database(self) -> KeyValueDatabase:
+        """data_param.source opened as data_param.backend says (the other kind: one line)."""
+        from ..io.db import open_db
+
+        dp = self.param("data_param")
+        return open_db(dp.source, dp.backend,
+                       switch=lambda found: f"set data_param.backend: {found.upper()}")
+
+    def feed_spec(self, seed: int) -> FeedSpec:
+        """What the data pipeline reads for this layer (see caffe_py.io.feeds)."""
+        from ..io.feeds import FeedSpec
+
+        dp = self.param("data_param")
+        return FeedSpec(dp.source, dp.batch_size, dp.prefetch, self.record_shape,
+                        self.record_dtype, self.transform, self.color, dp.rand_skip,
+                        opener=self.open_database)
 
     def attach(self, feed: Feed) -> None:
         """Give the layer its feed (done by the data pipeline, never by user code)."""
