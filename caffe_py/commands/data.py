@@ -16,11 +16,11 @@ from ..io.convert import (
     convert_imageset,
     terminal_progress,
 )
+from ..io.db import BACKENDS
 from ..io.dbinfo import db_info
 from ..io.images import ENCODE_TYPES
-from ..io.db import BACKENDS
-from ..io.partial import partial_path
 from ..io.mean import compute_mean
+from ..io.partial import partial_path
 
 _RESUME_HELP = "continue an interrupted conversion (DB.partial) after its last committed record"
 backend_option = click.option(

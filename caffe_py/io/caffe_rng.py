@@ -41,6 +41,36 @@ class Mt19937:
         self.drawn += 1
         return int(self._bits.random_raw())
 
+    def uniform_ints(self, ranges: np.ndarray) -> np.ndarray:
+        """``boost::uniform_int<long>(0, r)(rng)`` for each r (>= 1) of ``ranges`` in turn,
+        drawn in bulk: one draw each, and a redraw wherever a draw falls in the rejected tail
+        (a chance of at most r / 2^32), leaving the engine exactly where Caffe's would be."""
+        out = np.empty(len(ranges), np.int64)
+        done = 0
+        while done < len(ranges):
+            rest = ranges[done:]
+            state = self._bits.state
+            values = self._bits.random_raw(len(rest)) // _buckets(rest)
+            bad = np.flatnonzero(values > rest.astype(np.uint64))
+            take = len(rest) if len(bad) == 0 else int(bad[0])
+            out[done:done + take] = values[:take]
+            self.drawn += take
+            if take < len(rest):  # draw `take` was rejected: go back to just after it, redraw
+                self._bits.state = state
+                self._bits.random_raw(take + 1)
+                self.drawn += 1
+                out[done + take] = self._redraw(int(rest[take]))
+                take += 1
+            done += take
+        return out
+
+    def _redraw(self, r: int) -> int:
+        bucket = int(_buckets(np.array([r]))[0])
+        while True:
+            value = self() // bucket
+            if value <= r:
+                return value
+
     def skip(self, n: int) -> None:
         """Advance ``n`` draws (in chunks: a resume far into a run stays cheap in memory)."""
         while n > 0:
@@ -64,41 +94,9 @@ def caffe_shuffle(items: MutableSequence, rng: Mt19937) -> None:
     n = len(items)
     if n < 2:
         return
-    picks = uniform_ints(rng, np.arange(n - 1, 0, -1, dtype=np.int64)).tolist()
+    picks = rng.uniform_ints(np.arange(n - 1, 0, -1, dtype=np.int64)).tolist()
     for i, j in zip(range(n - 1, 0, -1), picks, strict=True):
         items[i], items[j] = items[j], items[i]
-
-
-def uniform_ints(rng: Mt19937, ranges: np.ndarray) -> np.ndarray:
-    """``boost::uniform_int<long>(0, r)(rng)`` for each r (>= 1) of ``ranges`` in turn, drawn
-    in bulk: one draw each, and a redraw wherever a draw falls in the rejected tail (a chance
-    of at most r / 2^32), leaving the engine exactly where Caffe's would be."""
-    out = np.empty(len(ranges), np.int64)
-    done = 0
-    while done < len(ranges):
-        rest = ranges[done:]
-        state = rng._bits.state
-        raw = rng._bits.random_raw(len(rest))
-        values = raw // _buckets(rest)
-        bad = np.flatnonzero(values > rest.astype(np.uint64))
-        take = len(rest) if len(bad) == 0 else int(bad[0])
-        out[done:done + take] = values[:take]
-        if take < len(rest):  # draw `take` was rejected: go back to just after it, redraw
-            rng._bits.state = state
-            rng._bits.random_raw(take + 1)
-            bucket = int(_buckets(rest[take:take + 1])[0])
-            while True:
-                value = int(rng._bits.random_raw()) // bucket
-                rng.drawn += 1
-                if value <= int(rest[take]):
-                    break
-            out[done + take] = value
-            rng.drawn += take + 1
-            take += 1
-        else:
-            rng.drawn += take
-        done += take
-    return out
 
 
 class GlibcRand:
@@ -150,3 +148,20 @@ class GlobalDraws:
     @property
     def drawn(self) -> int:
         return self._rng.drawn
+
+    def prefetching_layer(self, needs_rand: bool, own: int) -> list[int]:
+        """The draws one prefetching data layer's setup takes, in Caffe's order: its
+        transformer's InitRand (when it ``needs_rand``), ``own`` draws of its DataLayerSetUp,
+        InitRand again, and its prefetch thread's seed. Returns the ``own`` draws."""
+        if needs_rand:
+            self.draw()
+        mine = [self.draw() for _ in range(own)]
+        if needs_rand:
+            self.draw()
+        self.draw()
+        return mine
+
+
+def needs_rand(mirror: bool, crop_size: int, phase: str) -> bool:
+    """Whether Caffe's DataTransformer seeds a generator (DataTransformer::InitRand)."""
+    return bool(mirror or (phase == "TRAIN" and crop_size))

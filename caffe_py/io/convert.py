@@ -23,8 +23,8 @@ import numpy as np
 
 from ..errors import DataError
 from .datum import Datum, encode_datum, format_key
-from .images import ENCODE_TYPES, encode_image, extension_type, load_image, resize_linear
 from .db import open_writer
+from .images import ENCODE_TYPES, encode_image, extension_type, load_image, resize_linear
 from .partial import PartialWriter, partial_path, remove_partial
 
 MAX_KEY_BYTES = 511  # LMDB's default key size limit

@@ -52,8 +52,9 @@ class Feed(Protocol):
 
 
 class NetWithData(Protocol):
-    """A net, as far as feeds go: its data layers (each with ``feed_spec(seed)``, ``phase``,
-    ``name`` and ``attach(feed)``)."""
+    """A net, as far as feeds go: its data layers (each with ``feed_spec(seed, draws)``,
+    ``phase``, ``name`` and ``attach(feed)``; ``draws`` is the net's
+    :class:`~.caffe_rng.GlobalDraws`, Caffe's caffe_rng_rand() stream)."""
 
     def data_layers(self) -> list[Any]: ...
 
@@ -67,12 +68,14 @@ def attach_feeds(net: NetWithData, pool: ReaderPool, *, replica: int = 0,
     Every replica of a run passes the run's seed: a record's crop and mirror are a function of
     (seed, stream position), so N replicas of batch B then see exactly the images one replica
     of batch N x B sees (Caffe seeds each worker with random_seed + device instead)."""
+    from .caffe_rng import GlobalDraws
     from .prefetch import Prefetcher
     from .transformer import Transformer
 
     feeds = []
+    draws = GlobalDraws(seed)  # the net's data layers draw their seeds in order, as in Caffe
     for layer in net.data_layers():
-        spec: FeedSpec = layer.feed_spec(seed)
+        spec: FeedSpec = layer.feed_spec(seed, draws)
         stream = f"{layer.phase}/{layer.name}"
         queue = pool.subscribe(spec.source, stream, replica=replica,
                                batch_size=spec.batch_size, prefetch=spec.prefetch,

@@ -19,17 +19,36 @@ ENCODE_TYPES = ("png", "jpg")
 
 def load_image(path: Path, *, color: bool) -> np.ndarray:
     """An image file as (C, H, W) uint8: 3 channels BGR when ``color``, else 1 (cv::imread with
-    IMREAD_COLOR / IMREAD_GRAYSCALE). Raises :class:`DataError` naming the file."""
+    IMREAD_COLOR / IMREAD_GRAYSCALE, including how each of OpenCV's decoders makes gray: see
+    :func:`_gray`). Raises :class:`DataError` naming the file."""
     from PIL import Image, UnidentifiedImageError
 
     try:
         with Image.open(path) as image:
+            if not color and image.format == "JPEG" and image.mode != "L":
+                image.draft("L", image.size)  # libjpeg decodes the luma channel alone
             image.load()
-            return pil_to_chw(image, color=color)
+            return pil_to_chw(image, color=True) if color else _gray(image)
     except FileNotFoundError:
         raise DataError(f"{path}: image not found") from None
     except (UnidentifiedImageError, OSError, ValueError) as exc:
         raise DataError(f"{path}: not a readable image ({exc})") from None
+
+
+def _gray(image) -> np.ndarray:
+    """(1, H, W) uint8 as OpenCV's IMREAD_GRAYSCALE makes it: a gray file as it is; a colour
+    PNG through libpng's rgb_to_gray (coefficients 9797, 19234, 3737 / 2^15, truncated); a JPEG
+    as libjpeg's luma (``draft`` above); any other file through OpenCV's own BGR2Gray
+    (4899, 9617, 1868 / 2^14, rounded)."""
+    if image.mode in ("L", "1", "I;16", "I", "F") or image.format == "JPEG":
+        return pil_to_chw(image, color=False)
+    rgb = np.asarray(image.convert("RGB"), dtype=np.int32)
+    r, g, b = rgb[..., 0], rgb[..., 1], rgb[..., 2]
+    if image.format == "PNG":
+        gray = (9797 * r + 19234 * g + 3737 * b) >> 15
+    else:
+        gray = (4899 * r + 9617 * g + 1868 * b + (1 << 13)) >> 14
+    return gray.astype(np.uint8)[None]
 
 
 def _linear_taps(src: int, dst: int, *, clamp: bool) -> tuple[np.ndarray, np.ndarray,

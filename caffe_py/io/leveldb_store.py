@@ -57,10 +57,9 @@ class LeveldbWriter(PartialWriter):
         except plyvel.Error as exc:
             raise DataError(f"{self.partial}: cannot open for writing ({_reason(exc)}); "
                             "delete it and convert again") from None
-        keys = 0
-        for keys, key in enumerate(self._db.iterator(include_value=False), start=1):
+        for key in self._db.iterator(include_value=False):
+            self.resumed += 1
             self.last_key = key
-        self.resumed = keys
 
     def _write(self, pending: list[tuple[bytes, bytes]]) -> None:
         plyvel = plyvel_module()

@@ -16,8 +16,8 @@ import numpy as np
 from ..errors import DataError
 from .blobproto import blob_from_array, write_blob_file
 from .convert import ProgressFactory, no_progress
-from .dbinfo import scan_records
 from .db import open_db
+from .dbinfo import scan_records
 
 
 @dataclass

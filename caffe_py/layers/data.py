@@ -1,27 +1,33 @@
-"""Layer family: data (Input, DummyData, Data).
+"""Layer family: data (Input, DummyData, Data, MemoryData; the file sources ImageData,
+WindowData, HDF5Data and HDF5Output are in :mod:`.sources`).
 
 None of these layers has bottoms. ``Input`` returns the tensors the net is given,
-``DummyData`` makes tensors from fillers, and ``Data`` returns the next batch of the feed the
-data pipeline attached to it (``caffe_py.io.attach_feeds``); no layer reads a file in
-``forward``.
+``DummyData`` makes tensors from fillers, ``Data`` returns the next batch of the feed the
+data pipeline attached to it (``caffe_py.io.attach_feeds``; no layer reads a file in
+``forward``), and ``MemoryData`` the next rows of arrays handed over from Python.
 """
 from __future__ import annotations
 
 import dataclasses
+import logging
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
+import numpy as np
 import torch
 
 from ..errors import DataError
 from ..spec.layer_params.data import DummyDataParameter, TransformationParameter
 from ..spec.layer_params.shared import FillerParameter
-from ..spec.schema import is_set
+from ..spec.schema import is_set, location
 from . import fillers
 from .base import Layer, Shape
 from .registry import register
 
+log = logging.getLogger(__name__)
+
 if TYPE_CHECKING:
+    from ..io.caffe_rng import GlobalDraws
     from ..io.db import KeyValueDatabase
     from ..io.feeds import Feed, FeedSpec
 
@@ -153,9 +159,57 @@ def upgraded_transform(layer: Layer, block: Any, tp: TransformationParameter,
     return dataclasses.replace(tp, **moved) if moved else tp
 
 
+class FedLayer(Layer):
+    """A layer the data pipeline feeds: tops data (B, C, h, w) and, optionally, label (B,).
+
+    Subclasses set ``record_shape`` and ``transform`` in setup and say what to read in
+    ``feed_spec(seed, draws)``; :func:`caffe_py.io.attach_feeds` gives the layer its feed and
+    ``forward`` returns the feed's next batch (docs/data_pipeline.md).
+    """
+
+    bottoms = (0, 0)
+    tops = (1, 2)
+    fed = True
+    """Read through the data pipeline: Net.data_layers() lists it, attach_feeds feeds it."""
+    _feed: Feed | None = None
+
+    def attach(self, feed: Feed) -> None:
+        """Give the layer its feed (done by the data pipeline, never by user code)."""
+        self._feed = feed
+
+    @property
+    def feed(self) -> Feed | None:
+        """The feed ``forward`` reads (None until the data pipeline attaches one)."""
+        return self._feed
+
+    def next_batch(self) -> tuple[torch.Tensor, torch.Tensor]:
+        # The feed's thread made the batch, or (a small batch of a database kept decoded,
+        # after its first pass) the feed gathers it here: one numpy gather, a few torch calls.
+        if self._feed is None:
+            raise self.fail("has no data feed attached",
+                            "start the data pipeline: caffe_py.io.attach_feeds(net, pool, "
+                            "seed=...) and pool.start() before running the net")
+        return self._feed.next()
+
+    def forward(self) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
+        batch = self.next_batch()
+        return batch if len(self.spec.top) == 2 else batch[0]
+
+    def checked_transformer(self, tp: TransformationParameter,
+                            record_shape: tuple[int, int, int]) -> Any:
+        """A Transformer of ``tp`` for these records; a bad crop or mean names the layer."""
+        from ..io.transformer import Transformer
+
+        try:
+            return Transformer(tp, self.phase, record_shape, where="")
+        except DataError as exc:
+            raise self.fail(str(exc)) from None
+
+
 @register("Data")
-class Data(Layer):
-    """Batches from an LMDB of Datum records: tops data (B, C, h, w) and, optionally, label (B,).
+class Data(FedLayer):
+    """Batches from an LMDB or LevelDB of Datum records: tops data (B, C, h, w) and,
+    optionally, label (B,).
 
     Building opens the database and reads its first record for the shapes (C, H, W, then the
     crop). ``self.transform`` is the effective transform_param (deprecated data_param fields
@@ -163,14 +217,9 @@ class Data(Layer):
     :func:`caffe_py.io.attach_feeds` gave the layer (docs/data_pipeline.md).
     """
 
-    bottoms = (0, 0)
-    tops = (1, 2)
-    fed = True
-    """Read through the data pipeline: Net.data_layers() lists it, attach_feeds feeds it."""
-
     def setup(self, bottom_shapes: list[Shape]) -> list[Shape]:
         from ..io.datum import datum_to_array, decode_record, format_key
-        from ..io.transformer import Transformer, force_color
+        from ..io.transformer import force_color
 
         dp, tp = self.param("data_param"), self.param("transform_param")
         tp = self.transform = upgraded_transform(self, dp, tp)
@@ -185,12 +234,7 @@ class Data(Layer):
         channels, height, width = (int(d) for d in first.shape)
         self.record_shape = (channels, height, width)
         self.record_dtype = first.dtype
-        try:
-            transformer = Transformer(tp, self.phase, self.record_shape, where="")
-        except DataError as exc:
-            raise self.fail(str(exc)) from None
-        self._feed: Feed | None = None
-        self._label_top = len(self.spec.top) == 2
+        transformer = self.checked_transformer(tp, self.record_shape)
         shapes: list[Shape] = [(dp.batch_size, *transformer.out_shape)]
         return shapes + [(dp.batch_size,)] if len(self.spec.top) == 2 else shapes
 
@@ -202,30 +246,80 @@ class Data(Layer):
         return open_db(dp.source, dp.backend,
                        switch=lambda found: f"set data_param.backend: {found.upper()}")
 
-    def feed_spec(self, seed: int) -> FeedSpec:
-        """What the data pipeline reads for this layer (see caffe_py.io.feeds)."""
+    def feed_spec(self, seed: int, draws: GlobalDraws) -> FeedSpec:
+        """What the data pipeline reads for this layer (see caffe_py.io.feeds); takes the
+        draws Caffe's setup of this layer takes (none it uses: its crops and mirrors are drawn
+        per record position, see caffe_py.io.transformer)."""
+        from ..io.caffe_rng import needs_rand
         from ..io.feeds import FeedSpec
 
         dp = self.param("data_param")
+        draws.prefetching_layer(needs_rand(self.transform.mirror, self.transform.crop_size,
+                                           self.phase), 0)
         return FeedSpec(dp.source, dp.batch_size, dp.prefetch, self.record_shape,
                         self.record_dtype, self.transform, self.color, dp.rand_skip,
                         opener=self.open_database)
 
-    def attach(self, feed: Feed) -> None:
-        """Give the layer its feed (done by the data pipeline, never by user code)."""
-        self._feed = feed
 
-    @property
-    def feed(self) -> Feed | None:
-        """The feed ``forward`` reads (None until the data pipeline attaches one)."""
-        return self._feed
+# --- MemoryData -----------------------------------------------------------------------------
+@register("MemoryData")
+class MemoryData(Layer):
+    """Batches of arrays handed over from Python: tops data (B, C, H, W) and label (B,), both
+    float32, as Caffe's MemoryDataLayer.
 
-    def forward(self) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
-        # The feed's thread made the batch, or (a small batch of a database kept decoded,
-        # after its first pass) the feed gathers it here: one numpy gather, a few torch calls.
-        if self._feed is None:
-            raise self.fail("has no data feed attached",
-                            "start the data pipeline: caffe_py.io.attach_feeds(net, pool, "
-                            "seed=...) and pool.start() before running the net")
-        batch = self._feed.next()
-        return batch if self._label_top else batch[0]
+    :meth:`reset` (pycaffe's ``set_input_arrays``) takes N rows (N a multiple of batch_size);
+    each ``forward`` returns the next B of them, wrapping to the first after the last. As
+    Caffe's ``Reset``, the arrays are not transformed.
+    """
+
+    bottoms = (0, 0)
+    tops = (2, 2)
+    capturable = False  # which rows a forward returns changes on the host every time
+
+    def setup(self, bottom_shapes: list[Shape]) -> list[Shape]:
+        p = self.param()
+        if location(self.param("transform_param")) is not None:  # the block is written
+            log.warning(f"layer '{self.name}' (MemoryData) does not transform its arrays "
+                        "(as Caffe's Reset); transform_param is ignored")
+        self.row_shape = (p.channels, p.height, p.width)
+        self._data: torch.Tensor | None = None
+        self._labels: torch.Tensor | None = None
+        self.position = 0
+        """The first row the next forward returns."""
+        return [(p.batch_size, *self.row_shape), (p.batch_size,)]
+
+    def reset(self, data: np.ndarray | torch.Tensor, labels: np.ndarray | torch.Tensor) -> None:
+        """Feed N rows: data (N, C, H, W), labels (N,) or (N, 1, 1, 1); N a multiple of
+        batch_size. The next forward returns rows 0 .. B-1."""
+        batch = self.param().batch_size
+        data_t = torch.as_tensor(np.asarray(data) if not isinstance(data, torch.Tensor)
+                                 else data, dtype=torch.float32)
+        label_t = torch.as_tensor(np.asarray(labels) if not isinstance(labels, torch.Tensor)
+                                  else labels, dtype=torch.float32)
+        n = data_t.shape[0] if data_t.dim() else 0
+        if tuple(data_t.shape[1:]) != self.row_shape or data_t.dim() != 4:
+            raise self.fail(f"was given data of shape {list(data_t.shape)}; rows must be "
+                            f"{list(self.row_shape)} (memory_data_param channels, height, "
+                            "width)", "pass an (N, C, H, W) array")
+        if label_t.numel() != n or label_t.dim() not in (1, 4):
+            raise self.fail(f"was given {label_t.numel()} labels of shape "
+                            f"{list(label_t.shape)} for {n} rows",
+                            "pass one label per row, shape (N,) or (N, 1, 1, 1)")
+        if n == 0 or n % batch:
+            raise self.fail(f"was given {n} rows, not a multiple of batch_size {batch}",
+                            f"pass a multiple of {batch} rows")
+        device = self.ctx.device
+        self._data = data_t.to(device, copy=True)
+        self._labels = label_t.reshape(n).to(device, copy=True)
+        self.position = 0
+
+    set_input_arrays = reset  # pycaffe's name
+
+    def forward(self) -> tuple[torch.Tensor, torch.Tensor]:
+        if self._data is None or self._labels is None:
+            raise self.fail("has no arrays", "call reset(data, labels) (or the net's "
+                                             "set_input_arrays) before running the net")
+        batch = self.param().batch_size
+        rows = slice(self.position, self.position + batch)
+        self.position = (self.position + batch) % self._data.shape[0]
+        return self._data[rows], self._labels[rows]

@@ -1,2 +1,11 @@
 """Imports every layer family so that each registers its types."""
-from . import activation, common, data, loss, normalization, recurrent, vision  # noqa: F401
+from . import (  # noqa: F401
+    activation,
+    common,
+    data,
+    loss,
+    normalization,
+    recurrent,
+    sources,
+    vision,
+)

@@ -185,6 +185,16 @@ def test_data_returns_the_feed_batches(tmp_path):
     assert only().shape == (5, 3, 10, 12)
 
 
+class OneLayerNet:
+    """A net of one data layer, as far as attach_feeds looks."""
+
+    def __init__(self, layer):
+        self.layer = layer
+
+    def data_layers(self):
+        return [self.layer]
+
+
 def make_leveldb(path, shape=(3, 10, 12), n=3) -> str:
     from caffe_py.io.datum import datum_from_array, encode_datum
     from caffe_py.io.db import open_writer
@@ -206,12 +216,8 @@ def test_data_reads_leveldb_as_lmdb_and_names_the_other_kind(tmp_path):
         node["data_param"]["backend"] = backend
         layer = build(node, phase="TEST")
 
-        class OneLayer:
-            def data_layers(self):
-                return [layer]
-
         with ReaderPool() as pool:
-            attach_feeds(OneLayer(), pool, seed=0)
+            attach_feeds(OneLayerNet(layer), pool, seed=0)
             pool.start()
             batches[backend] = [layer() for _ in range(2)]
     for (a, la), (b, lb) in zip(batches["LEVELDB"], batches["LMDB"], strict=True):

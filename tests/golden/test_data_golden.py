@@ -1,0 +1,87 @@
+"""caffe-py's data layers against the genuine Caffe 1.0 (fixtures by make_data_golden.py): the
+same records, in the same order, with the same transforms, from the same inputs and seed;
+databases and mean files that Caffe's tools wrote read here, and ones caffe-py wrote read by
+Caffe (and still written the same way today)."""
+from __future__ import annotations
+
+import shutil
+
+import numpy as np
+import pytest
+import torch
+from data_cases import CASES, FIXTURE, INPUTS, net_dict
+
+from caffe_py.io import ReaderPool, attach_feeds
+from caffe_py.net import Net
+from caffe_py.spec.net_spec import parse_net
+from caffe_py.spec.schema import Source
+
+pytest.importorskip("plyvel")
+pytest.importorskip("h5py")
+
+
+@pytest.fixture(scope="module")
+def caffe():
+    with np.load(FIXTURE) as f:
+        return dict(f)
+
+
+@pytest.fixture(scope="module")
+def inputs(tmp_path_factory):
+    """A copy of the inputs (opening a LevelDB writes its LOG and MANIFEST)."""
+    copy = tmp_path_factory.mktemp("golden") / "inputs"
+    shutil.copytree(INPUTS, copy)
+    return copy
+
+
+def caffe_py_batches(case: dict, inputs) -> dict[str, np.ndarray]:
+    spec = parse_net(net_dict(case), Source(str(inputs / "net.yaml"), inputs))
+    net = Net(spec, case["phase"], seed=case["seed"])
+    tops: dict[str, list[np.ndarray]] = {top: [] for top in case["layer"]["top"]}
+    with ReaderPool() as pool:
+        attach_feeds(net, pool, seed=case["seed"])
+        pool.start()
+        for _ in range(case["forwards"]):
+            out = net().outputs
+            for top in tops:
+                tops[top].append(out[top].to(torch.float32).numpy())
+    return {top: np.stack(values) for top, values in tops.items()}
+
+
+@pytest.mark.parametrize("name", list(CASES))
+def test_data_layer_gives_caffes_batches(name, caffe, inputs):
+    case = CASES[name]
+    ours = caffe_py_batches(case, inputs)
+    for top in case["compare"]:
+        theirs = caffe[f"{name}/{top}"]
+        assert ours[top].shape == theirs.shape, top
+        np.testing.assert_array_equal(ours[top], theirs, err_msg=f"{name}: {top}")
+
+
+def test_databases_caffe_py_writes_are_the_ones_caffe_read(tmp_path):
+    """cpy convert imageset and compute-mean write today what the committed files (which Caffe
+    read into the data_ours_* batches) hold, record for record."""
+    from caffe_py.io.convert import ImagesetOptions, convert_imageset
+    from caffe_py.io.db import open_db
+    from caffe_py.io.mean import compute_mean
+
+    for backend in ("lmdb", "leveldb"):
+        convert_imageset(INPUTS, INPUTS / "images.txt", tmp_path / backend,
+                         ImagesetOptions(resize_height=6, resize_width=8), backend=backend)
+        shutil.copytree(INPUTS / f"ours_{backend}", tmp_path / f"committed_{backend}")
+        with open_db(tmp_path / backend, backend) as now, \
+                open_db(tmp_path / f"committed_{backend}", backend) as then:
+            assert list(now.records()) == list(then.records())
+    compute_mean(tmp_path / "lmdb", tmp_path / "mean.binaryproto")
+    assert (tmp_path / "mean.binaryproto").read_bytes() == \
+        (INPUTS / "ours_mean.binaryproto").read_bytes()
+
+
+def test_caffes_and_caffe_py_s_databases_hold_the_same_records(inputs):
+    """convert_imageset and cpy convert imageset: the same keys and Datum bytes."""
+    from caffe_py.io.db import open_db
+
+    for backend in ("lmdb", "leveldb"):
+        with open_db(inputs / f"images_{backend}", backend) as caffe_db, \
+                open_db(inputs / f"ours_{backend}", backend) as ours:
+            assert list(caffe_db.records()) == list(ours.records())
