@@ -22,6 +22,7 @@ consumers marked consumed (not what the threads read ahead), so
 from __future__ import annotations
 
 import atexit
+import os
 import threading
 import time
 import weakref
@@ -428,7 +429,7 @@ class ReaderPool:
         if self._started:
             raise DataError("load the data reader state before the readers start")
         for path, streams in state.items():
-            src = self._sources.get(path)
+            src = self._sources.get(path) or self._moved(path, streams)
             for name, saved in streams.items():
                 st = src.streams.get(name) if src else None
                 if st is None:
@@ -438,6 +439,16 @@ class ReaderPool:
                     saved, slots=len(st.queues), offset=self.replica_offset,
                     total=self.total_replicas if st.sliced else len(st.queues),
                     where=f"{path}: the saved data state of {name}")
+
+    def _moved(self, path: str, streams: dict[str, Any]) -> _Source | None:
+        """The source a saved state's ``path`` stands for when no layer reads that path any
+        more (the run's folder moved, or was copied): the one source of the same file name
+        whose streams (layers) are the saved ones; None when there is not exactly one."""
+        name = os.path.basename(os.path.normpath(path))
+        found = [src for p, src in self._sources.items()
+                 if os.path.basename(os.path.normpath(p)) == name and set(streams) <= set(
+                     src.streams)]
+        return found[0] if len(found) == 1 else None
 
     # --- lifetime -----------------------------------------------------------------------------
     def start(self) -> None:

@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import os
 import time
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import AbstractContextManager
@@ -406,9 +407,11 @@ class Solver:
         types = {layer.name: layer.spec.type for layer in self.net.layers}
         snap.save_weights(self.net.layer_blobs(), weights, types, self.net.name)
         log.info(f"Snapshotting solver state to {state}")
-        # Caffe's formats name the weights as written (Caffe opens that path on --snapshot);
-        # caffe-py looks for the name next to the state whatever the path says
-        learned = weights.name if self.param.snapshot_format == "pt" else str(weights)
+        # Caffe's formats name the weights relative to the current directory, as Caffe writes
+        # them (Caffe opens that path on --snapshot); caffe-py looks for the name next to the
+        # state whatever the path says
+        learned = weights.name if self.param.snapshot_format == "pt" else \
+            os.path.relpath(weights)
         snap.save_state(self.state_dict(learned), state)
         return weights, state
 

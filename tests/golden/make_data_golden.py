@@ -100,6 +100,9 @@ def caffe_py_tools(out: Path) -> None:
     compute_mean(out / "ours_lmdb", out / "ours_mean.binaryproto")
 
 
+ENUMS = ("backend", "phase", "snapshot_format", "solver_mode")  # written bare in a prototxt
+
+
 def prototxt(value, indent: int = 0) -> str:
     """A caffe-py YAML-form dict as protobuf text (enums and booleans bare, strings quoted)."""
     pad = "  " * indent
@@ -110,7 +113,7 @@ def prototxt(value, indent: int = 0) -> str:
                 lines.append(f"{pad}{key} {{\n{prototxt(one, indent + 1)}{pad}}}")
             elif isinstance(one, bool):
                 lines.append(f"{pad}{key}: {str(one).lower()}")
-            elif isinstance(one, str) and not (one.isupper() and key in ("backend", "phase")):
+            elif isinstance(one, str) and not (one.isupper() and key in ENUMS):
                 lines.append(f'{pad}{key}: "{one}"')
             else:
                 lines.append(f"{pad}{key}: {one}")
