@@ -105,6 +105,32 @@ def drop(*names: str) -> None:
         Path(name).unlink(missing_ok=True)
 
 
+def both_ways(tag: str) -> dict[str, np.ndarray]:
+    """One format's runs: Caffe straight and resumed from its own iteration-5 state, caffe-py
+    straight (its state), Caffe resumed from caffe-py's state, and what pycaffe loads from
+    caffe-py's weights."""
+    weights_ext, state_ext = FORMATS[tag][1:]
+    arrays = {}
+
+    def drop_final(who: str) -> None:
+        drop(f"{who}_{tag}_iter_{MAX_ITER}{weights_ext}", f"{who}_{tag}_iter_{MAX_ITER}{state_ext}")
+
+    arrays[f"caffe/straight_{tag}"] = caffe_train(f"solver_caffe_{tag}.prototxt",
+                                                  "--weights=init.caffemodel")
+    drop_final("caffe")
+    arrays[f"caffe/resume_caffe_{tag}"] = caffe_train(
+        f"solver_caffe_{tag}.prototxt", f"--snapshot=caffe_{tag}_iter_5{state_ext}")
+    drop_final("caffe")
+    caffe_py_train(f"solver_cpy_{tag}.yaml")
+    drop_final("cpy")
+    arrays[f"caffe/resume_cpy_{tag}"] = caffe_train(
+        f"solver_cpy_{tag}.prototxt", f"--snapshot=cpy_{tag}_iter_5{state_ext}")
+    drop_final("cpy")
+    for name, value in loaded_by_pycaffe(f"cpy_{tag}_iter_5{weights_ext}").items():
+        arrays[f"pycaffe_loaded_cpy_{tag}/{name}"] = value
+    return arrays
+
+
 def main() -> None:
     HERE.mkdir(exist_ok=True)
     os.chdir(HERE)  # Caffe reads and writes relative paths from where it runs
@@ -116,22 +142,10 @@ def main() -> None:
         Path("records_lmdb").rmdir()
     write_inputs()
     arrays = initial_weights()
-    for tag, (_, weights_ext, state_ext) in FORMATS.items():
-        arrays[f"caffe/straight_{tag}"] = caffe_train(f"solver_caffe_{tag}.prototxt",
-                                                      "--weights=init.caffemodel")
-        drop(f"caffe_{tag}_iter_{MAX_ITER}{weights_ext}", f"caffe_{tag}_iter_{MAX_ITER}{state_ext}")
-        arrays[f"caffe/resume_caffe_{tag}"] = caffe_train(
-            f"solver_caffe_{tag}.prototxt", f"--snapshot=caffe_{tag}_iter_5{state_ext}")
-        drop(f"caffe_{tag}_iter_{MAX_ITER}{weights_ext}", f"caffe_{tag}_iter_{MAX_ITER}{state_ext}")
-        caffe_py_train(f"solver_cpy_{tag}.yaml")
-        drop(f"cpy_{tag}_iter_{MAX_ITER}{weights_ext}", f"cpy_{tag}_iter_{MAX_ITER}{state_ext}")
-        arrays[f"caffe/resume_cpy_{tag}"] = caffe_train(
-            f"solver_cpy_{tag}.prototxt", f"--snapshot=cpy_{tag}_iter_5{state_ext}")
-        drop(f"cpy_{tag}_iter_{MAX_ITER}{weights_ext}", f"cpy_{tag}_iter_{MAX_ITER}{state_ext}")
-        for name, value in loaded_by_pycaffe(f"cpy_{tag}_iter_5{weights_ext}").items():
-            arrays[f"pycaffe_loaded_cpy_{tag}/{name}"] = value
-        print(f"{tag}: straight {len(arrays[f'caffe/straight_{tag}'])} losses, resumed "
-              f"{len(arrays[f'caffe/resume_caffe_{tag}'])} + {len(arrays[f'caffe/resume_cpy_{tag}'])}")
+    for tag in FORMATS:
+        arrays.update(both_ways(tag))
+        print(f"{tag}: " + ", ".join(f"{k} {len(v)} losses" for k, v in arrays.items()
+                                     if k.startswith("caffe/") and k.endswith(tag)))
     np.savez_compressed(FIXTURE, **arrays)
     print(f"wrote {FIXTURE} ({FIXTURE.stat().st_size} bytes); batch {BATCH}")
 
