@@ -100,6 +100,19 @@ CASES: dict[str, dict] = {
 }
 
 
+# HDF5Output: one forward of HDF5Data's first batch (data (3, 2, 3) and label (3,)) into a file;
+# Caffe's file is inputs/hdf5_output_caffe.h5.
+HDF5_OUTPUT_NET = {
+    "name": "hdf5_output",
+    "layer": [
+        {"name": "d", "type": "HDF5Data", "top": ["data", "label"],
+         "hdf5_data_param": {"source": "h5_list.txt", "batch_size": 3}},
+        {"name": "out", "type": "HDF5Output", "bottom": ["data", "label"],
+         "hdf5_output_param": {"file_name": "hdf5_output.h5"}},
+    ],
+}
+
+
 def net_dict(case: dict) -> dict:
     """The whole net of a case, in caffe-py's YAML form."""
     return {"name": "data_case", "layer": [case["layer"]]}

@@ -22,7 +22,7 @@ from pathlib import Path
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).parent))
-from data_cases import CASES, FIXTURE, INPUTS, net_dict  # noqa: E402
+from data_cases import CASES, FIXTURE, HDF5_OUTPUT_NET, INPUTS, net_dict  # noqa: E402
 
 CAFFE_BIN = Path(os.environ.get("CAFFE_ROOT", "/opt/caffe")) / "bin"
 IMAGE_SIZES = [(5, 7), (9, 6), (6, 8), (12, 10), (4, 4), (7, 11)]  # (H, W) of images 0..5
@@ -155,8 +155,23 @@ def main() -> None:
             arrays.update(f)
         out.unlink()
         print(f"{name}: {case['forwards']} batches")
+    subprocess.run([sys.executable, __file__, "--hdf5-output"], check=True)
     np.savez_compressed(FIXTURE, **arrays)
     print(f"wrote {FIXTURE} ({FIXTURE.stat().st_size} bytes) and {INPUTS}")
+
+
+def hdf5_output() -> None:
+    """One forward of HDF5_OUTPUT_NET: Caffe's HDF5Output file, kept as hdf5_output_caffe.h5."""
+    import caffe
+
+    os.chdir(INPUTS)
+    Path("hdf5_output.prototxt").write_text(prototxt(HDF5_OUTPUT_NET))
+    net = caffe.Net("hdf5_output.prototxt", caffe.TEST)
+    net.forward()
+    del net  # closes the file
+    Path("hdf5_output.prototxt").unlink()
+    os.replace("hdf5_output.h5", "hdf5_output_caffe.h5")
+    print("hdf5_output: 1 forward")
 
 
 def one_case(name: str, out: str) -> None:
@@ -167,5 +182,7 @@ def one_case(name: str, out: str) -> None:
 if __name__ == "__main__":
     if sys.argv[1:2] == ["--case"]:
         one_case(sys.argv[2], sys.argv[3])
+    elif sys.argv[1:2] == ["--hdf5-output"]:
+        hdf5_output()
     else:
         main()
