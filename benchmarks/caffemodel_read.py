@@ -138,11 +138,21 @@ def main() -> None:
         report(results, count, size, args.repeats)
 
 
+def cpu_model() -> str:
+    try:
+        for line in open("/proc/cpuinfo"):
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.machine()
+
+
 def report(results: dict[str, list[dict]], count: int, size: int, repeats: int) -> None:
     backend = next((r[0].get("backend") for r in results.values() if "backend" in r[0]), "")
     print(f"VGG-16 caffemodel: {count:,} float32 values, {size / 1e6:.0f} MB; "
           f"{repeats} runs each, fresh process per run")
-    print(f"machine: {platform.processor() or platform.machine()}, {os.cpu_count()} cores, "
+    print(f"machine: {cpu_model()}, {os.cpu_count()} cores, "
           f"Python {platform.python_version()}, protobuf backend {backend}, "
           f"{time.strftime('%Y-%m-%d')}")
     print()
