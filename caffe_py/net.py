@@ -462,7 +462,7 @@ class Net(nn.Module):
             raise NetError(f"net '{self.name}' ({self.phase}): set_input_arrays feeds a "
                            f"MemoryData first layer, and the first layer is {kind}; put the "
                            "MemoryData layer first, or call reset() on it")
-        first.reset(data, labels)
+        cast(Any, first).reset(data, labels)
 
     def device_checks(self) -> list[DeviceCheck]:
         """Every condition the layers watch on the device (read by the solver's monitor)."""

@@ -16,6 +16,7 @@ same order for the same ``random_seed``.
 from __future__ import annotations
 
 from collections.abc import MutableSequence
+from typing import Any
 
 import numpy as np
 
@@ -27,7 +28,7 @@ class Mt19937:
     """boost::mt19937 seeded with ``seed`` (mod 2^32): 32-bit draws in order."""
 
     def __init__(self, seed: int):
-        state = np.random.RandomState(int(seed) & MASK32).get_state(legacy=False)
+        state: Any = np.random.RandomState(int(seed) & MASK32).get_state(legacy=False)
         self._bits = np.random.MT19937()
         self._bits.state = state  # init_genrand(seed), as boost's and std's mt19937
         self.drawn = 0

@@ -33,10 +33,11 @@ class Cursor(Protocol):
         of the first pass: a database whose order changes per pass finds the pass
         ``index // len`` (a key-value store takes it mod ``len``)."""
 
-    def read(self, count: int) -> tuple[Sequence[bytes], Sequence[Any]]:
+    def read(self, count: int) -> tuple[Sequence[bytes], Any]:
         """The next ``count`` records, never past the end of a pass (the caller asks for at most
         what is left), as keys and values; after the last record of a pass the cursor stands
-        on the first of the next."""
+        on the first of the next. The values are whatever the source's decoder takes (bytes
+        of Datum records; an array of HDF5 rows; ...)."""
 
     def close(self) -> None: ...
 
@@ -59,6 +60,8 @@ class KeyValueDatabase(Database, Protocol):
     """An LMDB or LevelDB: also iteration in key order (the tools read these)."""
 
     path: Path
+
+    def __iter__(self) -> Iterator[tuple[bytes, bytes]]: ...
 
     def records(self, start_key: bytes | None = None) -> Iterator[tuple[bytes, bytes]]: ...
 

@@ -140,6 +140,7 @@ class Hdf5RowsCursor:
 
     def __init__(self, db: Hdf5RowsDatabase):
         self.db = db
+        self.data: np.ndarray | None = None  # the current file's rows (width-wide)
         self.seek(0)
 
     def seek(self, index: int) -> None:
@@ -188,6 +189,7 @@ class Hdf5RowsCursor:
             file = self.file_order[self.slot]
             take = min(count, self.db.rows[file] - self.row)
             picked = self.row_order[self.row:self.row + take]
+            assert self.data is not None  # loaded by seek() and on entering each file
             parts.append(self.data[picked])
             keys += [f"{self.db.files[file].name}:{r}".encode() for r in picked]
             self.row += take

@@ -33,7 +33,7 @@ class ImageListDatabase:
                  shuffle_seed: int | None = None, start: int = 0):
         self.source = str(listfile)
         self.start = start  # rand_skip's skip: stream position 0 is this entry of pass 0
-        self.entries = read_image_list(listfile)
+        self.entries = read_image_list(Path(listfile))
         self.root = image_root(Path(listfile), root_folder, self.entries[0].path)
         self.shuffle_seed = shuffle_seed
         self.fixed_order = shuffle_seed is None
@@ -107,7 +107,8 @@ class ImageDecoder:
     def __init__(self, source: str, record_shape: Sequence[int], *, color: bool,
                  resize: tuple[int, int] | None):
         self.path = source
-        self.record_shape: tuple[int, int, int] = tuple(int(d) for d in record_shape)
+        c, h, w = (int(d) for d in record_shape)
+        self.record_shape = (c, h, w)
         self.color, self.resize = color, resize
 
     @property

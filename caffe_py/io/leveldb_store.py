@@ -122,11 +122,12 @@ class LeveldbReader:
     def __init__(self, path: str | os.PathLike, *, fix: str):
         self.path = Path(path)
         self.source = str(path)
-        self._entry = _acquire(self.path, fix)
+        self._entry: _Shared | None = _acquire(self.path, fix)
         self._db = self._entry.db
+        self._count = self._entry.count()
 
     def __len__(self) -> int:
-        return self._entry.count()
+        return self._count
 
     def __iter__(self) -> Iterator[tuple[bytes, bytes]]:
         return self.records()

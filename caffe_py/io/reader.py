@@ -220,9 +220,10 @@ class _Source:
     # --- the producer -------------------------------------------------------------------------
     def start(self) -> None:
         try:  # a missing, corrupt or empty database fails here, in the caller
+            sizes = set()
             for stream in self.streams.values():
-                stream.database = stream.opener()
-            sizes = {len(stream.database) for stream in self.streams.values()}
+                stream.database = database = stream.opener()
+                sizes.add(len(database))
         except BaseException:
             self.close_databases()
             raise
@@ -250,13 +251,13 @@ class _Source:
     def _run(self) -> None:
         try:
             for stream in self.streams.values():
-                decoder = stream.decoder
+                decoder, database = stream.decoder, stream.database
+                assert database is not None  # opened by start()
                 # a decoded copy stands in for later passes only when every pass is the same
-                if stream.database.fixed_order and \
-                        self.size * decoder.record_bytes <= CACHE_BYTES:
+                if database.fixed_order and self.size * decoder.record_bytes <= CACHE_BYTES:
                     stream.cache = DecodedDatabase(self.size, decoder.record_shape,
                                                    decoder.dtype)
-                stream.cursor = stream.database.cursor()
+                stream.cursor = database.cursor()
                 stream.position = min(stream.plan.starts)
                 stream.cursor.seek(stream.origin + stream.position)
             self._produce()

@@ -64,7 +64,9 @@ def read_window_file(path: Path, root: str, fg_threshold: float,
         raise DataError(f"{path}: window file not found; fix window_data_param.source") from None
     if not tokens:
         raise DataError(f"{path}: the window file is empty")
-    images, fg, bg = [], [], []
+    images: list[tuple[Path, tuple[int, int, int]]] = []
+    fg: list[Window] = []
+    bg: list[Window] = []
     pos = 0
     try:
         while pos < len(tokens):

@@ -154,7 +154,7 @@ class WireStream:
 
     def read_into(self, array: np.ndarray) -> None:
         """Fill ``array`` (contiguous) with the next ``array.nbytes`` bytes."""
-        view = memoryview(array).cast("B")
+        view = array.data.cast("B")
         have = min(len(view), len(self._buf) - self._off)
         view[:have] = self._buf[self._off:self._off + have]
         self._off += have

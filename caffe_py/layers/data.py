@@ -11,7 +11,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 from collections.abc import Mapping
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, ClassVar
 
 import numpy as np
 import torch
@@ -167,8 +167,8 @@ class FedLayer(Layer):
     ``forward`` returns the feed's next batch (docs/data_pipeline.md).
     """
 
-    bottoms = (0, 0)
-    tops = (1, 2)
+    bottoms: ClassVar[tuple[int, int | None]] = (0, 0)
+    tops: ClassVar[tuple[int, int | None]] = (1, 2)
     fed = True
     """Read through the data pipeline: Net.data_layers() lists it, attach_feeds feeds it."""
     _feed: Feed | None = None
@@ -191,7 +191,7 @@ class FedLayer(Layer):
                             "seed=...) and pool.start() before running the net")
         return self._feed.next()
 
-    def forward(self) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
+    def forward(self) -> torch.Tensor | tuple[torch.Tensor, ...]:
         batch = self.next_batch()
         return batch if len(self.spec.top) == 2 else batch[0]
 

@@ -54,7 +54,8 @@ class ImageData(FedLayer):
                             f"{len(db)} images of {p.source}", f"use a rand_skip <= {len(db)}")
         resize = (p.new_height, p.new_width) if p.new_height else None
         first = ImageDecoder(p.source, (0, 0, 0), color=p.is_color, resize=resize)
-        self.record_shape = tuple(int(d) for d in first.load(db.path(db.entries[0])).shape)
+        c, h, w = (int(d) for d in first.load(db.path(db.entries[0])).shape)
+        self.record_shape = (c, h, w)
         transformer = self.checked_transformer(self.transform, self.record_shape)
         shapes: list[Shape] = [(p.batch_size, *transformer.out_shape)]
         return shapes + [(p.batch_size,)] if len(self.spec.top) == 2 else shapes
