@@ -34,28 +34,40 @@ def inputs(tmp_path_factory):
     return copy
 
 
-def caffe_py_batches(case: dict, inputs) -> dict[str, np.ndarray]:
+def caffe_py_batches(case: dict, inputs, device: str = "cpu") -> dict[str, np.ndarray]:
     spec = parse_net(net_dict(case), Source(str(inputs / "net.yaml"), inputs))
-    net = Net(spec, case["phase"], seed=case["seed"])
+    net = Net(spec, case["phase"], seed=case["seed"], device=device)
     tops: dict[str, list[np.ndarray]] = {top: [] for top in case["layer"]["top"]}
     with ReaderPool() as pool:
-        attach_feeds(net, pool, seed=case["seed"])
+        attach_feeds(net, pool, seed=case["seed"], device=device)
         pool.start()
         for _ in range(case["forwards"]):
             out = net().outputs
             for top in tops:
-                tops[top].append(out[top].to(torch.float32).numpy())
+                tops[top].append(out[top].to("cpu", torch.float32).numpy())
     return {top: np.stack(values) for top, values in tops.items()}
 
 
-@pytest.mark.parametrize("name", list(CASES))
-def test_data_layer_gives_caffes_batches(name, caffe, inputs):
+def assert_caffes(name: str, caffe: dict, inputs, device: str = "cpu") -> None:
     case = CASES[name]
-    ours = caffe_py_batches(case, inputs)
+    ours = caffe_py_batches(case, inputs, device)
     for top in case["compare"]:
         theirs = caffe[f"{name}/{top}"]
         assert ours[top].shape == theirs.shape, top
         np.testing.assert_array_equal(ours[top], theirs, err_msg=f"{name}: {top}")
+
+
+@pytest.mark.parametrize("name", list(CASES))
+def test_data_layer_gives_caffes_batches(name, caffe, inputs):
+    assert_caffes(name, caffe, inputs)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+@pytest.mark.parametrize("name", list(CASES))
+def test_data_layer_gives_caffes_batches_on_cuda(name, caffe, inputs):
+    """The same batches through the CUDA feeds (pinned staging, transforms on the device)."""
+    assert_caffes(name, caffe, inputs, "cuda")
 
 
 def test_databases_caffe_py_writes_are_the_ones_caffe_read(tmp_path):

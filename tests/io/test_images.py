@@ -77,3 +77,20 @@ def test_encode_image_round_trips_bgr():
 def test_extension_type():
     assert [extension_type(p) for p in ("a/B.JPEG", "x.png", "y.jpg", "noext")] == [
         "jpg", "png", "jpg", ""]
+
+
+def test_resize_equals_cv2_on_random_images_and_sizes():
+    """Where OpenCV's Python package is installed: 300 random shapes, up and down, 1 or 3
+    channels, halving included (the genuine Caffe's resizes are held in tests/golden)."""
+    cv2 = pytest.importorskip("cv2")
+    rng = np.random.default_rng(1)
+    for case in range(300):
+        h, w = (int(v) for v in rng.integers(1, 40, 2))
+        th, tw = (max(1, h // 2), max(1, w // 2)) if case % 10 == 0 else \
+            (int(v) for v in rng.integers(1, 50, 2))
+        c = int(rng.choice([1, 3]))
+        a = rng.integers(0, 256, (c, h, w), dtype=np.uint8)
+        theirs = cv2.resize(np.ascontiguousarray(a.transpose(1, 2, 0)), (tw, th))
+        theirs = theirs.reshape(th, tw, c).transpose(2, 0, 1)
+        np.testing.assert_array_equal(resize_linear(a, th, tw), theirs,
+                                      err_msg=f"{(c, h, w)} -> {(th, tw)}")

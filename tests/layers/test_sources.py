@@ -183,3 +183,19 @@ def test_memory_data_wraps_and_checks_its_arrays():
     with pytest.raises(NetError, match=r"was given data of shape \[2, 1, 2, 1\]; rows must be "
                                        r"\[1, 1, 2\]"):
         layer.reset(np.zeros((2, 1, 2, 1)), np.zeros(2))
+
+
+def test_two_replicas_share_one_shuffled_order(tmp_path):
+    """Replica i of N takes records i, i+N, ... of the one order: together, one replica of
+    batch N x B."""
+    images(tmp_path)
+    layer = image_data(shuffle=True)
+    (one,), _ = batches(tmp_path, {**layer, "image_data_param": {
+        **layer["image_data_param"], "batch_size": 6}}, 1)
+    models = [net(tmp_path, layer) for _ in range(2)]
+    with ReaderPool(replicas=2) as pool:
+        for replica, model in enumerate(models):
+            attach_feeds(model, pool, replica=replica, seed=3)
+        pool.start()
+        parts = [model().outputs["label"] for model in models]
+    assert torch.equal(torch.stack(parts, 1).reshape(-1), one["label"])
