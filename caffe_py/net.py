@@ -432,13 +432,25 @@ class Net(WeightsMixin, nn.Module):
         fix = f"; did you mean '{near}'?" if near else ""
         raise NetError(f"net '{self.name}' ({self.phase}) has no layer '{name}'{fix}")
 
+    def set_input_arrays(self, data: Any, labels: Any) -> None:
+        """pycaffe's Net.set_input_arrays: give the net's first layer, a MemoryData, N rows
+        of data (N, C, H, W) and labels (N,) (see MemoryData.reset)."""
+        first = self.layers[0] if self.layers else None
+        if first is None or first.spec.type != "MemoryData":
+            kind = f"a {first.spec.type}" if first is not None else "no layer"
+            raise NetError(f"net '{self.name}' ({self.phase}): set_input_arrays feeds a "
+                           f"MemoryData first layer, and the first layer is {kind}; put the "
+                           "MemoryData layer first, or call reset() on it")
+        cast(Any, first).reset(data, labels)
+
     def device_checks(self) -> list[DeviceCheck]:
         """Every condition the layers watch on the device (read by the solver's monitor)."""
         return [check for layer in self.layers for check in layer.device_checks]
 
     def data_layers(self) -> list[Layer]:
-        """The layers of type Data, in order (the data pipeline attaches a feed to each)."""
-        return [layer for layer in self.layers if layer.spec.type == "Data"]
+        """The layers the data pipeline feeds (Data, ImageData, WindowData, HDF5Data), in
+        order: it attaches a feed to each."""
+        return [layer for layer in self.layers if getattr(layer, "fed", False)]
 
     @property
     def loss_weights(self) -> dict[str, float]:

@@ -1,5 +1,6 @@
 """`cpy convert idx|imageset|cifar`, `cpy compute-mean`, `cpy db-info`: Caffe's data tools
-(convert_mnist_data, convert_imageset, convert_cifar_data, compute_image_mean) over LMDB."""
+(convert_mnist_data, convert_imageset, convert_cifar_data, compute_image_mean) over LMDB or
+LevelDB (``--backend``, lmdb by default as in Caffe's tools)."""
 from __future__ import annotations
 
 from collections.abc import Iterator
@@ -15,12 +16,16 @@ from ..io.convert import (
     convert_imageset,
     terminal_progress,
 )
+from ..io.db import BACKENDS
 from ..io.dbinfo import db_info
 from ..io.images import ENCODE_TYPES
-from ..io.lmdb_store import partial_path
 from ..io.mean import compute_mean
+from ..io.partial import partial_path
 
 _RESUME_HELP = "continue an interrupted conversion (DB.partial) after its last committed record"
+backend_option = click.option(
+    "--backend", type=click.Choice(BACKENDS), default="lmdb", show_default=True,
+    help="the database kind (Caffe's tools default to lmdb; plyvel reads and writes leveldb)")
 
 
 @contextmanager
@@ -39,7 +44,8 @@ def resumable(*dbs: str | Path) -> Iterator[None]:
 
 @click.group("convert")
 def convert_group() -> None:
-    """Convert a dataset into an LMDB of Caffe Datum records (readable by Caffe too)."""
+    """Convert a dataset into an LMDB or LevelDB of Caffe Datum records (readable by Caffe
+    too)."""
 
 
 @convert_group.command("idx")
@@ -47,10 +53,12 @@ def convert_group() -> None:
 @click.argument("labels", type=click.Path(dir_okay=False))
 @click.argument("db", type=click.Path())
 @click.option("--resume", is_flag=True, help=_RESUME_HELP)
-def convert_idx_command(images: str, labels: str, db: str, resume: bool) -> None:
+@backend_option
+def convert_idx_command(images: str, labels: str, db: str, resume: bool, backend: str) -> None:
     """MNIST-format IMAGES and LABELS (IDX, gzipped or not) into DB, keys %08d."""
     with resumable(db):
-        result = convert_idx(images, labels, db, resume=resume, progress=terminal_progress())
+        result = convert_idx(images, labels, db, resume=resume, progress=terminal_progress(),
+                             backend=backend)
     click.echo(result.line())
 
 
@@ -70,9 +78,11 @@ def convert_idx_command(images: str, labels: str, db: str, resume: bool) -> None
 @click.option("--encode-type", type=click.Choice(ENCODE_TYPES), default=None,
               help="with --encoded: re-encode to this format (default: keep each file's own)")
 @click.option("--resume", is_flag=True, help=_RESUME_HELP)
+@backend_option
 def convert_imageset_command(root: str, listfile: str, db: str, gray: bool, shuffle: bool,
                              seed: int, resize_width: int, resize_height: int, check_size: bool,
-                             encoded: bool, encode_type: str | None, resume: bool) -> None:
+                             encoded: bool, encode_type: str | None, resume: bool,
+                             backend: str) -> None:
     """Images named in LISTFILE ('path label' lines, paths relative to ROOT) into DB, keys
     %08d_<path>, pixels in BGR order as Caffe's convert_imageset stores them."""
     if encode_type and not encoded:
@@ -82,7 +92,7 @@ def convert_imageset_command(root: str, listfile: str, db: str, gray: bool, shuf
                               encoded=encoded, encode_type=encode_type or "")
     with resumable(db):
         result = convert_imageset(root, listfile, db, options, resume=resume,
-                                  progress=terminal_progress())
+                                  progress=terminal_progress(), backend=backend)
     click.echo(result.line())
 
 
@@ -91,12 +101,13 @@ def convert_imageset_command(root: str, listfile: str, db: str, gray: bool, shuf
 @click.argument("db_prefix", type=click.Path())
 @click.option("--resume", is_flag=True,
               help=_RESUME_HELP + "; a database already complete is skipped")
-def convert_cifar_command(directory: str, db_prefix: str, resume: bool) -> None:
-    """CIFAR-10 binary batches in DIRECTORY into DB_PREFIX_train_lmdb (data_batch_1..5.bin)
-    and DB_PREFIX_test_lmdb (test_batch.bin), RGB as Caffe's converter stores them."""
-    with resumable(f"{db_prefix}_train_lmdb", f"{db_prefix}_test_lmdb"):
+@backend_option
+def convert_cifar_command(directory: str, db_prefix: str, resume: bool, backend: str) -> None:
+    """CIFAR-10 binary batches in DIRECTORY into DB_PREFIX_train_<backend> (data_batch_1..5.bin)
+    and DB_PREFIX_test_<backend> (test_batch.bin), RGB as Caffe's converter stores them."""
+    with resumable(f"{db_prefix}_train_{backend}", f"{db_prefix}_test_{backend}"):
         results = convert_cifar(directory, db_prefix, resume=resume,
-                                progress=terminal_progress())
+                                progress=terminal_progress(), backend=backend)
     for result in results:
         click.echo(result.line())
 
@@ -104,18 +115,20 @@ def convert_cifar_command(directory: str, db_prefix: str, resume: bool) -> None:
 @click.command("compute-mean")
 @click.argument("db", type=click.Path())
 @click.argument("out", type=click.Path(dir_okay=False))
-def compute_mean_command(db: str, out: str) -> None:
+@backend_option
+def compute_mean_command(db: str, out: str, backend: str) -> None:
     """Write the mean image of DB to OUT (a Caffe .binaryproto, for transform_param.mean_file)
     and print the per-channel means."""
-    for line in compute_mean(db, out, progress=terminal_progress()).lines():
+    for line in compute_mean(db, out, progress=terminal_progress(), backend=backend).lines():
         click.echo(line)
 
 
 @click.command("db-info")
 @click.argument("db", type=click.Path())
-def db_info_command(db: str) -> None:
+@backend_option
+def db_info_command(db: str, backend: str) -> None:
     """Count, shape and label histogram of DB, after checking that every record decodes."""
-    for line in db_info(db, progress=terminal_progress()).lines():
+    for line in db_info(db, progress=terminal_progress(), backend=backend).lines():
         click.echo(line)
 
 

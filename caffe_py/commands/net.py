@@ -51,17 +51,19 @@ def net_command(config: str, phase: str | None, stages: tuple[str, ...], level: 
 
 
 def parse_shapes(values: tuple[str, ...]) -> dict[str, tuple[int, ...]]:
-    """``('data=3,227,227', ...)`` -> ``{'data': (3, 227, 227)}``; a bad value is a usage error."""
+    """``('data=3,227,227', 'label=')`` -> ``{'data': (3, 227, 227), 'label': ()}``; a bad
+    value is a usage error."""
     shapes = {}
     for value in values:
-        name, _, dims = value.partition("=")
+        name, eq, dims = value.partition("=")
         try:
-            shape = tuple(int(d) for d in dims.split(","))
+            shape = tuple(int(d) for d in dims.split(",")) if dims else ()
         except ValueError:
-            shape = ()
-        if not name or len(shape) != 3 or min(shape) < 1:
-            raise click.BadParameter(f"'{value}' is not NAME=C,H,W (three positive sizes, "
-                                     "e.g. data=3,256,256)", param_hint="--input-shape")
+            shape = (0,)
+        if not name or not eq or (shape and min(shape) < 1):
+            raise click.BadParameter(f"'{value}' is not NAME=C,H,W (positive sizes, e.g. "
+                                     "data=3,256,256; an HDF5Data top: one row's shape, "
+                                     "label= for a scalar)", param_hint="--input-shape")
         shapes[name] = shape
     return shapes
 

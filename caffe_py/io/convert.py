@@ -1,11 +1,11 @@
-"""Converters into Caffe's LMDB layout, record for record and byte for byte what Caffe's tools
-write: ``convert_mnist_data`` (IDX files), ``convert_imageset`` (an image list) and
-``convert_cifar_data`` (CIFAR-10 binary batches).
+"""Converters into Caffe's databases (LMDB or LevelDB), record for record and byte for byte
+what Caffe's tools write: ``convert_mnist_data`` (IDX files), ``convert_imageset`` (an image
+list) and ``convert_cifar_data`` (CIFAR-10 binary batches).
 
 Each input is a :class:`RecordSource`: a count, the key of record ``i``, and the records from
-index ``start`` on. :func:`write_source` puts them through an :class:`LmdbWriter`, so every
-converter shares the growing map, the ``DB.partial`` rename and ``resume`` (continue after the
-last committed record, once its key is checked against the input's).
+index ``start`` on. :func:`write_source` puts them through the backend's writer
+(:func:`~.db.open_writer`), so every converter shares the ``DB.partial`` rename and ``resume``
+(continue after the last committed record, once its key is checked against the input's).
 """
 from __future__ import annotations
 
@@ -23,8 +23,9 @@ import numpy as np
 
 from ..errors import DataError
 from .datum import Datum, encode_datum, format_key
+from .db import open_writer
 from .images import ENCODE_TYPES, encode_image, extension_type, load_image, resize_linear
-from .lmdb_store import LmdbWriter, partial_path, remove_partial
+from .partial import PartialWriter, partial_path, remove_partial
 
 MAX_KEY_BYTES = 511  # LMDB's default key size limit
 
@@ -94,10 +95,12 @@ class RecordSource(Protocol):
 
 
 def write_source(source: RecordSource, db: str | Path, *, resume: bool = False,
-                 progress: ProgressFactory = no_progress) -> ConvertResult:
-    """Write every record of ``source`` into ``db`` (through ``db.partial``)."""
+                 progress: ProgressFactory = no_progress,
+                 backend: str = "lmdb") -> ConvertResult:
+    """Write every record of ``source`` into ``db``, a ``backend`` database (through
+    ``db.partial``)."""
     began = time.perf_counter()
-    writer = LmdbWriter(db, resume=resume)
+    writer = open_writer(db, backend, resume=resume)
     try:
         _check_resume_point(source, writer)
         bar = progress(source.count, Path(db).name)
@@ -118,7 +121,7 @@ def write_source(source: RecordSource, db: str | Path, *, resume: bool = False,
                          time.perf_counter() - began)
 
 
-def _check_resume_point(source: RecordSource, writer: LmdbWriter) -> None:
+def _check_resume_point(source: RecordSource, writer: PartialWriter) -> None:
     done = writer.resumed
     if not done:
         return
@@ -205,11 +208,11 @@ def _check_length(path: Path, actual: int, expected: int, holds: str) -> None:
 
 
 def convert_idx(images: str | Path, labels: str | Path, db: str | Path, *, resume: bool = False,
-                limit: int | None = None,
-                progress: ProgressFactory = no_progress) -> ConvertResult:
+                limit: int | None = None, progress: ProgressFactory = no_progress,
+                backend: str = "lmdb") -> ConvertResult:
     """``cpy convert idx``: an IDX image file and its label file into one database."""
     return write_source(IdxSource(images, labels, limit=limit), db, resume=resume,
-                        progress=progress)
+                        progress=progress, backend=backend)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -342,10 +345,11 @@ def _shape_text(shape: tuple[int, ...]) -> str:
 
 def convert_imageset(root: str | Path, listfile: str | Path, db: str | Path,
                      options: ImagesetOptions | None = None, *, resume: bool = False,
-                     progress: ProgressFactory = no_progress) -> ConvertResult:
+                     progress: ProgressFactory = no_progress,
+                     backend: str = "lmdb") -> ConvertResult:
     """``cpy convert imageset``: the images a list file names, under ``root``."""
     source = ImagesetSource(root, listfile, options or ImagesetOptions())
-    return write_source(source, db, resume=resume, progress=progress)
+    return write_source(source, db, resume=resume, progress=progress, backend=backend)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -397,19 +401,22 @@ class CifarSource:
 
 
 def convert_cifar(directory: str | Path, db_prefix: str | Path, *, resume: bool = False,
-                  progress: ProgressFactory = no_progress) -> list[ConvertResult]:
-    """``cpy convert cifar``: ``DB_PREFIX_train_lmdb`` from data_batch_1..5.bin and
-    ``DB_PREFIX_test_lmdb`` from test_batch.bin. With ``resume`` a finished one is skipped."""
+                  progress: ProgressFactory = no_progress,
+                  backend: str = "lmdb") -> list[ConvertResult]:
+    """``cpy convert cifar``: ``DB_PREFIX_train_<backend>`` from data_batch_1..5.bin and
+    ``DB_PREFIX_test_<backend>`` from test_batch.bin (``_lmdb`` / ``_leveldb``, as Caffe's
+    converter names them). With ``resume`` a finished one is skipped."""
     directory = Path(directory)
     if not directory.is_dir():
         raise DataError(f"{directory}: not a directory; pass the folder holding "
                         "data_batch_1.bin .. data_batch_5.bin and test_batch.bin")
     results = []
     for split, names in (("train", CIFAR_TRAIN_FILES), ("test", CIFAR_TEST_FILES)):
-        db = Path(f"{db_prefix}_{split}_lmdb")
+        db = Path(f"{db_prefix}_{split}_{backend.lower()}")
         source = CifarSource([directory / name for name in names])
         if resume and db.exists() and not partial_path(db).exists():
             results.append(ConvertResult(db, source.count, 0, 0, 0.0, skipped=True))
             continue
-        results.append(write_source(source, db, resume=resume, progress=progress))
+        results.append(write_source(source, db, resume=resume, progress=progress,
+                                    backend=backend))
     return results

@@ -14,14 +14,14 @@ import numpy as np
 from ..errors import DataError
 from .convert import ProgressFactory, no_progress
 from .datum import Datum, datum_to_array, decode_record, format_key
-from .lmdb_store import LmdbReader
+from .db import DISPLAY, KeyValueDatabase, open_db
 
 
 def shape_text(shape: tuple[int, ...]) -> str:
     return " x ".join(str(n) for n in shape)
 
 
-def scan_records(reader: LmdbReader, *, progress: ProgressFactory = no_progress
+def scan_records(reader: KeyValueDatabase, *, progress: ProgressFactory = no_progress
                  ) -> Iterator[tuple[bytes, Datum, np.ndarray]]:
     """Every record in key order as (key, datum, (C, H, W) pixels); a record that does not
     parse or has a different shape from the first is a DataError naming its key."""
@@ -55,6 +55,7 @@ class DbInfo:
 
     path: Path
     records: int
+    backend: str = "lmdb"
     shape: tuple[int, ...] | None = None
     dtype: str = ""
     encoded: int = 0  # records holding a PNG/JPEG file
@@ -64,7 +65,7 @@ class DbInfo:
     seconds: float = 0.0
 
     def lines(self) -> list[str]:
-        rows = [f"database  {self.path}", f"records   {self.records}"]
+        rows = [f"database  {self.path} ({DISPLAY[self.backend]})", f"records   {self.records}"]
         if not self.records:
             return rows + ["(empty)"]
         storage = (f"encoded images ({self.encoded} of {self.records})" if self.encoded
@@ -82,10 +83,11 @@ class DbInfo:
         return rows
 
 
-def db_info(path: str | os.PathLike, *, progress: ProgressFactory = no_progress) -> DbInfo:
+def db_info(path: str | os.PathLike, *, progress: ProgressFactory = no_progress,
+            backend: str = "lmdb") -> DbInfo:
     began = time.perf_counter()
-    with LmdbReader(path) as reader:
-        info = DbInfo(Path(path), len(reader))
+    with open_db(path, backend) as reader:
+        info = DbInfo(Path(path), len(reader), backend=backend)
         for key, datum, array in scan_records(reader, progress=progress):
             if info.first_key is None:
                 info.first_key, info.shape, info.dtype = key, array.shape, str(array.dtype)

@@ -1,21 +1,51 @@
-"""Feeds for a net's Data layers: the one place that knows what a Data layer holds.
+"""Feeds for a net's data layers: the one place that knows what a data layer holds.
 
-:func:`attach_feeds` subscribes each Data layer of a net (its ``data_param``, effective
-``transform``, record shape, dtype and color) to a :class:`~.reader.ReaderPool`, builds its feed
-(a :class:`~.prefetch.Prefetcher`), hands the feed to the pool (started and closed with the
+:func:`attach_feeds` subscribes each data layer of a net (what its :meth:`feed_spec` says: the
+source, batch, record shape, dtype and color, effective ``transform``, how its database opens
+and what decodes its records) to a :class:`~.reader.ReaderPool`, builds its feed (a
+:class:`~.prefetch.Prefetcher`), hands the feed to the pool (started and closed with the
 readers) and gives it to the layer. :func:`feed_of` and :func:`swap_feed` let a step that
 replaces a layer's feed for a while (the CUDA-graph step's static feed) do so without reaching
 into the layer.
 """
 from __future__ import annotations
 
+from collections.abc import Callable
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol
 
+import numpy as np
 import torch
 
 if TYPE_CHECKING:
+    from ..spec.layer_params.data import TransformationParameter
+    from .db import Database
     from .prefetch import Prefetcher
     from .reader import ReaderPool
+
+
+@dataclass(frozen=True)
+class FeedSpec:
+    """What a data layer's feed reads: ``source`` (the path the reader groups streams by),
+    ``batch_size``, ``prefetch`` (batches buffered per replica), ``rand_skip``, the records'
+    ``record_shape`` (C, H, W), ``dtype`` and ``color``, the effective ``transform``, how the
+    database opens (``opener``; None: ``source`` as an LMDB of Datum records) and what decodes
+    its records (``decoder`` makes a decoder; None: Datum records), and whether the records
+    are ``encoded`` image files."""
+
+    source: str
+    batch_size: int
+    prefetch: int
+    record_shape: tuple[int, int, int]
+    dtype: np.dtype
+    transform: TransformationParameter
+    color: bool | None = None
+    rand_skip: int = 0
+    opener: Callable[[], Database] | None = None
+    decoder: Callable[[], Any] | None = None
+    encoded: bool = False
+    """The records are image files (JPEG/PNG Datums): decoded in parallel, in the reader or,
+    for a database too big to keep decoded, in each replica's feed (CPU threads or nvJPEG)."""
 
 
 class Feed(Protocol):
@@ -26,7 +56,9 @@ class Feed(Protocol):
 
 
 class NetWithData(Protocol):
-    """A net, as far as feeds go: its Data layers."""
+    """A net, as far as feeds go: its data layers (each with ``feed_spec(seed, draws)``,
+    ``phase``, ``name`` and ``attach(feed)``; ``draws`` is the net's
+    :class:`~.caffe_rng.GlobalDraws`, Caffe's caffe_rng_rand() stream)."""
 
     def data_layers(self) -> list[Any]: ...
 
@@ -40,24 +72,27 @@ def attach_feeds(net: NetWithData, pool: ReaderPool, *, replica: int = 0,
     Every replica of a run passes the run's seed: a record's crop and mirror are a function of
     (seed, stream position), so N replicas of batch B then see exactly the images one replica
     of batch N x B sees (Caffe seeds each worker with random_seed + device instead)."""
+    from .caffe_rng import GlobalDraws
     from .image_batch import BatchImages
     from .prefetch import Prefetcher
     from .transformer import Transformer
 
     feeds = []
+    draws = GlobalDraws(seed)  # the net's data layers draw their seeds in order, as in Caffe
     for layer in net.data_layers():
-        dp, phase = layer.param("data_param"), layer.phase
-        stream = f"{phase}/{layer.name}"
-        queue = pool.subscribe(dp.source, stream, replica=replica, batch_size=dp.batch_size,
-                               prefetch=dp.prefetch, record_shape=layer.record_shape,
-                               dtype=layer.record_dtype, color=layer.color,
-                               rand_skip=dp.rand_skip, seed=seed, encoded=layer.record_encoded)
-        transformer = Transformer(layer.transform, phase, layer.record_shape, seed=seed,
-                                  where=f"layer '{layer.name}' ({dp.source}): ")
-        device = torch.device(device)
-        images = BatchImages(dp.source, layer.record_shape, layer.color, transformer,
-                             pool.workers, pool.decode, device) if layer.record_encoded else None
-        feed = Prefetcher(queue, transformer, dp.batch_size, device=device,
+        spec: FeedSpec = layer.feed_spec(seed, draws)
+        stream = f"{layer.phase}/{layer.name}"
+        queue = pool.subscribe(spec.source, stream, replica=replica,
+                               batch_size=spec.batch_size, prefetch=spec.prefetch,
+                               record_shape=spec.record_shape, dtype=spec.dtype,
+                               color=spec.color, rand_skip=spec.rand_skip, seed=seed,
+                               opener=spec.opener, decoder=spec.decoder, encoded=spec.encoded)
+        transformer = Transformer(spec.transform, layer.phase, spec.record_shape, seed=seed,
+                                  where=f"layer '{layer.name}' ({spec.source}): ")
+        on = torch.device(device)
+        images = (BatchImages(spec.source, spec.record_shape, spec.color, transformer,
+                              pool.workers, pool.decode, on) if spec.encoded else None)
+        feed = Prefetcher(queue, transformer, spec.batch_size, device=on,
                           name=f"{stream}#{replica}", images=images)
         pool.manage(feed)
         layer.attach(feed)

@@ -13,26 +13,24 @@ conversion fails with MDB_MAP_FULL and no database reserves a terabyte of addres
 from __future__ import annotations
 
 import os
-import shutil
 import threading
-from collections.abc import Iterator
-from dataclasses import dataclass
+from collections.abc import Iterator, Sequence
+from itertools import islice
 from pathlib import Path
 
 import lmdb
 
 from ..errors import DataError
-from ..fileio import fsync_dir
+from .partial import (  # noqa: F401 (partial_path, remove_partial, WriteSummary: re-exported)
+    COMMIT_EVERY,
+    PartialWriter,
+    WriteSummary,
+    cannot_create,
+    partial_path,
+    remove_partial,
+)
 
 INITIAL_MAP_SIZE = 64 << 20
-COMMIT_EVERY = 1000
-PARTIAL_SUFFIX = ".partial"
-
-
-def partial_path(path: str | os.PathLike) -> Path:
-    """Where a database is written until it is complete: ``DB.partial`` beside ``DB``."""
-    path = Path(path)
-    return path.with_name(path.name + PARTIAL_SUFFIX)
 
 
 def missing_fix(path: str | os.PathLike) -> str:
@@ -42,79 +40,38 @@ def missing_fix(path: str | os.PathLike) -> str:
     return "create it with `cpy convert` or fix data_param.source"
 
 
-@dataclass
-class WriteSummary:
-    """What a finished (or interrupted) writer put into its database."""
-
-    path: Path
-    records: int  # records in the database, resumed ones included
-    written: int  # records this writer put
-    bytes: int  # key + value bytes this writer put
-    map_size: int  # the LMDB map size it ended with
-
-
-class LmdbWriter:
-    """Writes ``(key, value)`` records in batches into ``DB.partial``; :meth:`finish` renames it
-    to ``DB``. Keys must come in increasing order for the database to read back in the same
-    order (the converters' zero-padded keys do).
-
-    With ``resume=True`` a leftover ``DB.partial`` is reopened: :attr:`resumed` records are
-    already there, the last of them under :attr:`last_key`, and the caller puts the rest.
-    """
+class LmdbWriter(PartialWriter):
+    """A :class:`~.partial.PartialWriter` into an LMDB: each batch is one write transaction;
+    the map starts at ``map_size`` and doubles whenever LMDB reports it full (the batch is
+    retried)."""
 
     def __init__(self, path: str | os.PathLike, *, resume: bool = False,
                  map_size: int = INITIAL_MAP_SIZE, commit_every: int = COMMIT_EVERY):
-        self.path = Path(path)
-        self.partial = partial_path(self.path)
-        self.commit_every = commit_every
-        self._check_target(resume)
+        self.map_size = map_size
+        super().__init__(path, resume=resume, commit_every=commit_every)
+
+    def _open(self) -> None:
         try:
             self.partial.parent.mkdir(parents=True, exist_ok=True)
-            self._env = lmdb.open(str(self.partial), map_size=map_size, subdir=True,
+            self._env = lmdb.open(str(self.partial), map_size=self.map_size, subdir=True,
                                   readahead=False, meminit=False, max_dbs=0)
         except OSError as exc:
-            blocker = next((p for p in self.partial.parents if p.exists()), None)
-            why = (f"{blocker} is a file, not a folder" if blocker and not blocker.is_dir()
-                   else exc.strerror)
-            raise DataError(f"{self.partial}: cannot create ({why}); choose a writable "
-                            "path") from None
+            raise cannot_create(self.partial, exc) from None
         except lmdb.Error as exc:
             raise DataError(f"{self.partial}: cannot open for writing ({_reason(exc)}); "
                             "delete it and convert again") from None
         self.map_size = int(self._env.info()["map_size"])
         self.resumed = int(self._env.stat()["entries"])
-        self.last_key = self._last_key()
-        self.written = 0
-        self.bytes = 0
-        self._pending: list[tuple[bytes, bytes]] = []
-        self._closed = False
-
-    def _check_target(self, resume: bool) -> None:
-        if self.path.exists():
-            raise DataError(f"{self.path} already exists; delete it or write to another path")
-        if self.partial.exists() and not resume:
-            raise DataError(f"{self.partial} is left from an interrupted conversion; delete it, "
-                            "or pass --resume to continue it")
-
-    def _last_key(self) -> bytes | None:
         with self._env.begin() as txn, txn.cursor() as cursor:
-            return bytes(cursor.key()) if cursor.last() else None
+            self.last_key = bytes(cursor.key()) if cursor.last() else None
 
-    def put(self, key: bytes, value: bytes) -> None:
-        self._pending.append((key, value))
-        if len(self._pending) >= self.commit_every:
-            self.commit()
-
-    def commit(self) -> None:
-        """Write the pending batch in one transaction, growing the map until it fits."""
-        if not self._pending:
-            return
+    def _write(self, pending: list[tuple[bytes, bytes]]) -> None:
         while True:
             try:
                 with self._env.begin(write=True) as txn:
-                    for key, value in self._pending:
+                    for key, value in pending:
                         txn.put(key, value, overwrite=True)
-                break
+                return
             except lmdb.MapFullError:
                 # The transaction was aborted on the way out of `with`; double and retry.
                 self.map_size *= 2
@@ -123,67 +80,57 @@ class LmdbWriter:
                 raise DataError(f"{self.partial}: cannot write ({_reason(exc)}); free disk "
                                 "space or fix the folder's permissions, then run the same "
                                 "command with --resume") from None
-        self.written += len(self._pending)
-        self.bytes += sum(len(k) + len(v) for k, v in self._pending)
-        self.last_key = self._pending[-1][0]
-        self._pending.clear()
 
-    @property
-    def records(self) -> int:
-        """Records committed so far, resumed ones included."""
-        return self.resumed + self.written
-
-    def summary(self) -> WriteSummary:
-        return WriteSummary(self.path, self.records, self.written, self.bytes, self.map_size)
-
-    def finish(self) -> WriteSummary:
-        """Commit the rest, flush to disk and rename ``DB.partial`` to ``DB``."""
-        self.commit()
-        self._env.sync(True)
-        self._close_env()
-        os.replace(self.partial, self.path)
-        fsync_dir(self.path.parent)
-        return self.summary()
-
-    def abandon(self) -> WriteSummary:
-        """Commit what was put and close, leaving ``DB.partial`` for a later resume."""
-        try:
-            self.commit()
-        finally:
-            self._close_env()
-        return self.summary()
-
-    def _close_env(self) -> None:
-        if not self._closed:
-            self._env.close()
-            self._closed = True
+    def _close(self, *, sync: bool) -> None:
+        if sync:
+            self._env.sync(True)
+        self._env.close()
 
     def __enter__(self) -> LmdbWriter:
         return self
 
-    def __exit__(self, exc_type, exc, tb) -> None:
-        if self._closed:
-            return
-        if exc_type is None:
-            self.finish()
-        else:
-            self.abandon()
 
+class LmdbCursor:
+    """One reader's position in an LMDB (key order, in its own read transaction):
+    ``seek(index)``, then ``read(count)`` runs of records, wrapping to the first record after
+    the last."""
 
-def remove_partial(path: str | os.PathLike) -> None:
-    """Delete a leftover ``DB.partial`` (for callers that restart a conversion from scratch)."""
-    partial = partial_path(path)
-    if partial.exists():
-        shutil.rmtree(partial)
+    def __init__(self, env: lmdb.Environment, size: int):
+        self.size = size
+        self._txn = env.begin(buffers=False)
+        self._cursor = self._txn.cursor()
+        self._cursor.first()
+
+    def seek(self, index: int) -> None:
+        """Stand on record ``index`` (mod the size), stepping over keys only."""
+        cursor = self._cursor
+        cursor.first()
+        for _ in range(index % self.size):
+            if not cursor.next():
+                cursor.first()
+
+    def read(self, count: int) -> tuple[Sequence[bytes], Sequence[bytes]]:
+        """The next ``count`` records (fewer at the end of the database), keys and values."""
+        items = list(islice(self._cursor.iternext(), count))  # leaves the cursor on the last
+        if not self._cursor.next():
+            self._cursor.first()  # the end of the database: wrap to the first record
+        keys, values = zip(*items, strict=True) if items else ((), ())
+        return keys, values
+
+    def close(self) -> None:
+        self._txn.abort()
 
 
 class LmdbReader:
-    """A database opened read-only: ``len()``, iteration in key order, ``records(start_key)``.
+    """A database opened read-only: ``len()``, iteration in key order, ``records(start_key)``,
+    ``cursor()`` (the reader's producer).
 
     Opens without the lock file (``lock=False``), so many readers and read-only filesystems
     work; the database must not be written while it is read. Readahead is on: records are read
     sequentially.
     """
+
+    fixed_order = True
 
     def __init__(self, path: str | os.PathLike, *, fix: str | None = None):
         self.path = Path(path)
@@ -218,6 +165,9 @@ class LmdbReader:
         for item in self.records():
             return item
         raise DataError(f"{self.source}: the database is empty; convert the data again")
+
+    def cursor(self) -> LmdbCursor:
+        return LmdbCursor(self._env, self._count)
 
     def close(self) -> None:
         if self._env is not None:

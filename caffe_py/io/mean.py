@@ -16,8 +16,8 @@ import numpy as np
 from ..errors import DataError
 from .blobproto import blob_from_array, write_blob_file
 from .convert import ProgressFactory, no_progress
+from .db import open_db
 from .dbinfo import scan_records
-from .lmdb_store import LmdbReader
 
 
 @dataclass
@@ -41,12 +41,12 @@ class MeanResult:
 
 
 def compute_mean(db: str | os.PathLike, out: str | os.PathLike, *,
-                 progress: ProgressFactory = no_progress) -> MeanResult:
+                 progress: ProgressFactory = no_progress, backend: str = "lmdb") -> MeanResult:
     """Average every record of ``db`` (decoded, in key order) and write the mean file."""
     began = time.perf_counter()
     total: np.ndarray | None = None
     count = 0
-    with LmdbReader(db) as reader:
+    with open_db(db, backend) as reader:
         for _, _, array in scan_records(reader, progress=progress):
             # Sums in float64: exact for any realistic count of uint8 images.
             if total is None:

@@ -27,21 +27,20 @@ consumers marked consumed (not what the threads read ahead), so
 from __future__ import annotations
 
 import atexit
+import os
 import threading
 import time
 import weakref
 from collections import deque
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
-from itertools import islice
 from typing import Any, Protocol
 
-import lmdb
 import numpy as np
 
 from ..errors import DataError
+from .db import Database, open_db
 from .decode import ChunkDecoder, PartialChunk
-from .lmdb_store import acquire_readonly, open_db, release_readonly
 from .records import DecodedDatabase, DecodedView, ImageFiles, RecordBatch, join
 from .roundrobin import RoundRobin, resume
 from .workers import DecodeOptions, DecodeWorkers
@@ -157,6 +156,7 @@ class _Stream:
 
     name: str
     decoder: ChunkDecoder
+    opener: Callable[[], Database]  # opens the stream's database (the source's path)
     queues: dict[int, RecordQueue] = field(default_factory=dict)  # replica -> queue
     origin: int = 0  # database index of stream position 0
     starts: tuple[int, ...] | None = None  # restored first positions (None: a fresh start)
@@ -164,6 +164,7 @@ class _Stream:
     slots: list[RecordQueue] = field(default_factory=list)  # the queues in round-robin order
     sliced: bool = False  # a slice of a larger round-robin (several pools)
     position: int = 0  # the next position the producer reads
+    database: Database | None = None  # open from start() until the producer ends
     cursor: Any = None
     cache: DecodedDatabase | None = None
 
@@ -188,7 +189,6 @@ class _Source:
         self.streams: dict[str, _Stream] = {}
         self.error: BaseException | None = None
         self.thread: threading.Thread | None = None
-        self.env: lmdb.Environment | None = None
         self.size = 0
         self.idle = 0  # times the producer found nothing to read (under the lock)
         self.settling = 0  # callers of settle() waiting
@@ -225,29 +225,50 @@ class _Source:
 
     # --- the producer -------------------------------------------------------------------------
     def start(self) -> None:
-        db = open_db(self.path)  # a missing or corrupt database fails here, in the caller
-        self.size = len(db)
-        db.close()
+        try:  # a missing, corrupt or empty database fails here, in the caller
+            sizes = set()
+            for stream in self.streams.values():
+                stream.database = database = stream.opener()
+                sizes.add(len(database))
+        except BaseException:
+            self.close_databases()
+            raise
+        self.size = sizes.pop()
+        if sizes:
+            self.close_databases()
+            raise DataError(f"{self.path}: its readers see different record counts; read one "
+                            "source with one kind of layer")
         if self.size == 0:
+            self.close_databases()
             raise DataError(f"{self.path}: the database is empty; convert the data again")
-        self.env = acquire_readonly(self.path)
         self.thread = threading.Thread(target=self._run, name=f"cpy-reader:{self.path}",
                                        daemon=True)
         self.thread.start()
 
+    def close_databases(self) -> None:
+        """Close every stream's cursor and database (idempotent)."""
+        for stream in self.streams.values():
+            if stream.cursor is not None:
+                stream.cursor.close()
+            if stream.database is not None:
+                stream.database.close()
+            stream.cursor = stream.cache = stream.database = None
+
     def _run(self) -> None:
-        txn = self.env.begin(buffers=False)
         try:
             for stream in self.streams.values():
-                decoder = stream.decoder
-                if self.size * decoder.record_bytes <= CACHE_BYTES:
+                decoder, database = stream.decoder, stream.database
+                assert database is not None  # opened by start()
+                # a decoded copy stands in for later passes only when every pass is the same
+                if database.fixed_order and self.size * decoder.record_bytes <= CACHE_BYTES:
                     stream.cache = DecodedDatabase(self.size, decoder.record_shape,
                                                    decoder.dtype)
                 # encoded records of a database not kept decoded go over as files
-                decoder.keep_encoded = decoder.encoded and stream.cache is None
-                stream.cursor = txn.cursor()
+                if getattr(decoder, "encoded", False):
+                    decoder.keep_encoded = stream.cache is None
+                stream.cursor = database.cursor()
                 stream.position = min(stream.plan.starts)
-                self._seek(stream, (stream.origin + stream.position) % self.size)
+                stream.cursor.seek(stream.origin + stream.position)
             self._produce()
         except BaseException as exc:  # noqa: BLE001 (handed to the consumers, never lost)
             with self.cond:
@@ -255,18 +276,7 @@ class _Source:
                     f"{self.path}: reading failed ({type(exc).__name__}: {exc})")
                 self.cond.notify_all()
         finally:
-            for stream in self.streams.values():
-                stream.cursor = stream.cache = None
-            txn.abort()
-            release_readonly(self.env)
-
-    def _seek(self, stream: _Stream, index: int) -> None:
-        """Put the stream's cursor on the database's ``index``-th record (keys only)."""
-        cursor = stream.cursor
-        cursor.first()
-        for _ in range(index):
-            if not cursor.next():
-                cursor.first()
+            self.close_databases()
 
     def _produce(self) -> None:
         streams = list(self.streams.values())
@@ -308,10 +318,7 @@ class _Source:
             keys = cache.keys[index:index + count]
             rows, labels = cache.pixels[index:index + count], cache.labels[index:index + count]
         else:
-            items = list(islice(stream.cursor.iternext(), count))  # leaves the cursor on the last
-            if not stream.cursor.next():
-                stream.cursor.first()  # the end of the database: wrap to the first record
-            keys, values = zip(*items, strict=True)
+            keys, values = stream.cursor.read(count)  # wraps after the last record
             # a slice of a larger round-robin decodes only its own records, unless it keeps
             # the whole database decoded (the cache): the other hosts decode theirs
             wanted = stream.plan.wanted(stream.position, len(values)) if (
@@ -380,11 +387,14 @@ class ReaderPool:
     def subscribe(self, source: str, stream: str, *, replica: int, batch_size: int,
                   prefetch: int, record_shape: Sequence[int], dtype: Any = np.uint8,
                   color: bool | None = None, rand_skip: int = 0, seed: int = 0,
-                  encoded: bool = False) -> RecordQueue:
+                  encoded: bool = False, opener: Callable[[], Database] | None = None,
+                  decoder: Callable[[], Any] | None = None) -> RecordQueue:
         """The record queue of ``replica`` for ``stream`` (a layer) over database ``source``,
         holding ``prefetch`` x ``batch_size`` records. The stream's first subscriber fixes its
         records' shape, dtype, color and whether they are ``encoded`` image files, and (seeded
-        by ``seed``) where rand_skip starts it."""
+        by ``seed``) where rand_skip starts it; also how its database opens (``opener``,
+        default: ``source`` as an LMDB of Datum records) and what decodes its records
+        (``decoder`` makes one; default: a :class:`~.decode.ChunkDecoder` of Datum records)."""
         if self._started:
             raise DataError(f"{source}: cannot attach a reader after the pool has started")
         if not 0 <= replica < self.replicas:
@@ -392,9 +402,11 @@ class ReaderPool:
         src = self._sources.setdefault(source, _Source(source, self._stop))
         st = src.streams.get(stream)
         if st is None:
-            decoder = ChunkDecoder(source, record_shape, np.dtype(dtype), color,
-                                   encoded=encoded, workers=self.workers if encoded else None)
-            st = src.streams[stream] = _Stream(stream, decoder, sliced=self._sliced)
+            made = decoder() if decoder is not None else ChunkDecoder(
+                source, record_shape, np.dtype(dtype), color, encoded=encoded,
+                workers=self.workers if encoded else None)
+            st = src.streams[stream] = _Stream(stream, made, opener or (lambda: open_db(source)),
+                                               sliced=self._sliced)
             if rand_skip:  # Caffe skips up to rand_skip records once at the start
                 st.origin = int(np.random.default_rng(seed).integers(0, rand_skip + 1))
         if replica in st.queues:
@@ -435,7 +447,7 @@ class ReaderPool:
         if self._started:
             raise DataError("load the data reader state before the readers start")
         for path, streams in state.items():
-            src = self._sources.get(path)
+            src = self._sources.get(path) or self._moved(path, streams)
             for name, saved in streams.items():
                 st = src.streams.get(name) if src else None
                 if st is None:
@@ -446,13 +458,23 @@ class ReaderPool:
                     total=self.total_replicas if st.sliced else len(st.queues),
                     where=f"{path}: the saved data state of {name}")
 
+    def _moved(self, path: str, streams: dict[str, Any]) -> _Source | None:
+        """The source a saved state's ``path`` stands for when no layer reads that path any
+        more (the run's folder moved, or was copied): the one source of the same file name
+        whose streams (layers) are the saved ones; None when there is not exactly one."""
+        name = os.path.basename(os.path.normpath(path))
+        found = [src for p, src in self._sources.items()
+                 if os.path.basename(os.path.normpath(p)) == name and set(streams) <= set(
+                     src.streams)]
+        return found[0] if len(found) == 1 else None
+
     # --- lifetime -----------------------------------------------------------------------------
     def start(self) -> None:
         if self._started:
             return
         self._started = True
         try:
-            if any(st.decoder.encoded for src in self._sources.values()
+            if any(getattr(st.decoder, "encoded", False) for src in self._sources.values()
                    for st in src.streams.values()):
                 self.workers.start()
             for src in self._sources.values():
@@ -496,6 +518,8 @@ class ReaderPool:
                 src.cond.notify_all()
             if src.thread is not None:
                 src.thread.join(JOIN_TIMEOUT_S)
+            else:
+                src.close_databases()  # opened by a start() that failed on another source
         self.workers.close()
         _open_pools.discard(self)
 

@@ -1,16 +1,18 @@
-"""Layer family: data (Input, DummyData, Data).
+"""Layer family: data (Input, DummyData, Data, MemoryData; the file sources ImageData,
+WindowData, HDF5Data and HDF5Output are in :mod:`.sources`).
 
 None of these layers has bottoms. ``Input`` returns the tensors the net is given,
-``DummyData`` makes tensors from fillers, and ``Data`` returns the next batch of the feed the
-data pipeline attached to it (``caffe_py.io.attach_feeds``); no layer reads a file in
-``forward``.
+``DummyData`` makes tensors from fillers, ``Data`` returns the next batch of the feed the
+data pipeline attached to it (``caffe_py.io.attach_feeds``; no layer reads a file in
+``forward``), and ``MemoryData`` the next rows of arrays handed over from Python.
 """
 from __future__ import annotations
 
 import dataclasses
+import logging
 from collections.abc import Mapping
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any, ClassVar
 
 import numpy as np
 import torch
@@ -18,13 +20,17 @@ import torch
 from ..errors import DataError
 from ..spec.layer_params.data import DataParameter, DummyDataParameter, TransformationParameter
 from ..spec.layer_params.shared import FillerParameter
-from ..spec.schema import is_set
+from ..spec.schema import is_set, location
 from . import fillers
 from .base import Layer, Shape
 from .registry import register
 
+log = logging.getLogger(__name__)
+
 if TYPE_CHECKING:
-    from ..io.feeds import Feed
+    from ..io.caffe_rng import GlobalDraws
+    from ..io.db import KeyValueDatabase
+    from ..io.feeds import Feed, FeedSpec
 
 
 # --- Input ----------------------------------------------------------------------------------
@@ -141,9 +147,106 @@ class DummyData(Layer):
 _LEGACY_TRANSFORM = ("mean_file", "scale", "crop_size", "mirror")
 
 
+def upgraded_transform(layer: Layer, block: Any, tp: TransformationParameter,
+                       keys: tuple[str, ...] = _LEGACY_TRANSFORM) -> TransformationParameter:
+    """transform_param with the deprecated fields of a data layer's own block (``keys``) moved
+    in, as Caffe's UpgradeNetDataTransformation does (the spec itself is left as written)."""
+    moved = {key: getattr(block, key) for key in keys if is_set(block, key)}
+    both = [key for key in moved if is_set(tp, key)]
+    if both:
+        name = next(iter(layer.params))
+        raise layer.fail(f"{both[0]} is set in both {name} and transform_param",
+                         f"keep transform_param.{both[0]} only")
+    return dataclasses.replace(tp, **moved) if moved else tp
+
+
+class FedLayer(Layer):
+    """A layer the data pipeline feeds: tops data (B, C, h, w) and, optionally, label (B,).
+
+    Subclasses set ``record_shape`` and ``transform`` in setup and say what to read in
+    ``feed_spec(seed, draws)``; :func:`caffe_py.io.attach_feeds` gives the layer its feed and
+    ``forward`` returns the feed's next batch (docs/data_pipeline.md).
+    """
+
+    bottoms: ClassVar[tuple[int, int | None]] = (0, 0)
+    tops: ClassVar[tuple[int, int | None]] = (1, 2)
+    fed = True
+    """Read through the data pipeline: Net.data_layers() lists it, attach_feeds feeds it."""
+    _feed: Feed | None = None
+
+    def attach(self, feed: Feed) -> None:
+        """Give the layer its feed (done by the data pipeline, never by user code)."""
+        self._feed = feed
+
+    @property
+    def feed(self) -> Feed | None:
+        """The feed ``forward`` reads (None until the data pipeline attaches one)."""
+        return self._feed
+
+    def next_batch(self) -> tuple[torch.Tensor, torch.Tensor]:
+        # The feed's thread made the batch, or (a small batch of a database kept decoded,
+        # after its first pass) the feed gathers it here: one numpy gather, a few torch calls.
+        if self._feed is None:
+            raise self.fail("has no data feed attached",
+                            "start the data pipeline: caffe_py.io.attach_feeds(net, pool, "
+                            "seed=...) and pool.start() before running the net")
+        return self._feed.next()
+
+    def forward(self) -> torch.Tensor | tuple[torch.Tensor, ...]:
+        batch = self.next_batch()
+        return batch if len(self.spec.top) == 2 else batch[0]
+
+    def given_record_shape(self, source: str) -> tuple[int, int, int] | None:
+        """The record shape (C, H, W) a net built without databases gives this layer (the
+        net option ``record_shapes``, by layer or top name); None: read ``source``.
+
+        Training builds without the option, so a missing database is an error there. With it,
+        a layer it does not name reads its source when there is one, and otherwise fails
+        saying what to give.
+        """
+        given = self.ctx.options.get("record_shapes")
+        if given is None:
+            return None
+        for key in (self.name, *self.spec.top):
+            if key in given:
+                if len(given[key]) != 3:
+                    raise self.fail(f"the record shape given for '{key}' has "
+                                    f"{len(given[key])} sizes; its records are C,H,W",
+                                    f"give e.g. --input-shape {key}=3,256,256")
+                c, h, w = (int(d) for d in given[key])
+                return c, h, w
+        if Path(source).exists():
+            return None
+        top = self.spec.top[0]
+        raise self.fail(f"database {source} does not exist, so its record shape is unknown",
+                        f"give it, e.g. cpy net --input-shape {top}=C,H,W (or create the "
+                        "database)")
+
+    def cropped(self, tp: TransformationParameter,
+                record_shape: tuple[int, int, int]) -> tuple[int, int, int]:
+        """The transformed shape of records of ``record_shape`` (a crop larger than the
+        records: one line)."""
+        c, h, w = record_shape
+        if tp.crop_size and tp.crop_size > min(h, w):
+            raise self.fail(f"transform_param.crop_size {tp.crop_size} is larger than the "
+                            f"records ({c} x {h} x {w})", "use a smaller crop_size")
+        return (c, tp.crop_size, tp.crop_size) if tp.crop_size else record_shape
+
+    def checked_transformer(self, tp: TransformationParameter,
+                            record_shape: tuple[int, int, int]) -> Any:
+        """A Transformer of ``tp`` for these records; a bad crop or mean names the layer."""
+        from ..io.transformer import Transformer
+
+        try:
+            return Transformer(tp, self.phase, record_shape, where="")
+        except DataError as exc:
+            raise self.fail(str(exc)) from None
+
+
 @register("Data")
-class Data(Layer):
-    """Batches from an LMDB of Datum records: tops data (B, C, h, w) and, optionally, label (B,).
+class Data(FedLayer):
+    """Batches from an LMDB or LevelDB of Datum records: tops data (B, C, h, w) and,
+    optionally, label (B,).
 
     Building opens the database and reads its first record for the shapes (C, H, W, then the
     crop). ``self.transform`` is the effective transform_param (deprecated data_param fields
@@ -151,41 +254,29 @@ class Data(Layer):
     :func:`caffe_py.io.attach_feeds` gave the layer (docs/data_pipeline.md).
     """
 
-    bottoms = (0, 0)
-    tops = (1, 2)
-
     def setup(self, bottom_shapes: list[Shape]) -> list[Shape]:
-        from ..io.transformer import Transformer, force_color
+        from ..io.transformer import force_color
 
         dp, tp = self.param("data_param"), self.param("transform_param")
-        tp = self.transform = self._upgraded_transform(dp, tp)
+        tp = self.transform = upgraded_transform(self, dp, tp)
         self.color = True if dp.force_encoded_color else force_color(tp)
-        self._feed: Feed | None = None
-        self._label_top = len(self.spec.top) == 2
-        given = self._given_record_shape(dp)
+        given = self.given_record_shape(dp.source)
         if given is None:
             self._read_first_record(dp)
-            try:
-                out_shape = Transformer(tp, self.phase, self.record_shape, where="").out_shape
-            except DataError as exc:
-                raise self.fail(str(exc)) from None
+            out_shape = self.checked_transformer(tp, self.record_shape).out_shape
         else:  # built without its database (`cpy net`): the crop alone decides H and W
             self.record_shape, self.record_dtype = given, np.dtype(np.uint8)
             self.record_encoded = False
-            c, h, w = given
-            if tp.crop_size and tp.crop_size > min(h, w):
-                raise self.fail(f"transform_param.crop_size {tp.crop_size} is larger than the "
-                                f"records ({c} x {h} x {w})", "use a smaller crop_size")
-            out_shape = (c, tp.crop_size, tp.crop_size) if tp.crop_size else given
+            out_shape = self.cropped(tp, given)
         shapes: list[Shape] = [(dp.batch_size, *out_shape)]
         return shapes + [(dp.batch_size,)] if len(self.spec.top) == 2 else shapes
 
     def _read_first_record(self, dp: DataParameter) -> None:
-        """The record shape and dtype, from the database's first record."""
+        """The record shape and dtype (and whether records are image files), from the
+        database's first record."""
         from ..io.datum import datum_to_array, decode_record, format_key
-        from ..io.lmdb_store import open_db
 
-        with open_db(dp.source) as db:  # missing: a DataError naming the path and the fix
+        with self.open_database() as db:  # missing: a DataError naming the path and the fix
             key, value = db.first()
         datum = decode_record(value, source=dp.source, key=key)
         try:
@@ -197,53 +288,88 @@ class Data(Layer):
         self.record_dtype = first.dtype
         self.record_encoded = bool(datum.encoded)  # image files: decoded in parallel
 
-    def _given_record_shape(self, dp: DataParameter) -> tuple[int, int, int] | None:
-        """The record shape (C, H, W) a net built without databases gives this layer (the
-        net option ``record_shapes``, by layer or top name); None: read the database.
+    def open_database(self) -> KeyValueDatabase:
+        """data_param.source opened as data_param.backend says (the other kind: one line)."""
+        from ..io.db import open_db
 
-        Training builds without the option, so a missing database is an error there. With it,
-        a layer it does not name reads its database when there is one, and otherwise fails
-        saying what to give.
-        """
-        given = self.ctx.options.get("record_shapes")
-        if given is None:
-            return None
-        for key in (self.name, *self.spec.top):
-            if key in given:
-                return tuple(int(d) for d in given[key])
-        if Path(dp.source).exists():
-            return None
-        top = self.spec.top[0]
-        raise self.fail(f"database {dp.source} does not exist, so its record shape is unknown",
-                        f"give it, e.g. cpy net --input-shape {top}=C,H,W (or create the "
-                        "database)")
+        dp = self.param("data_param")
+        return open_db(dp.source, dp.backend,
+                       switch=lambda found: f"set data_param.backend: {found.upper()}")
 
-    def _upgraded_transform(self, dp: DataParameter,
-                            tp: TransformationParameter) -> TransformationParameter:
-        """transform_param with the deprecated data_param fields moved in, as Caffe's
-        UpgradeNetDataTransformation does (the spec itself is left as written)."""
-        moved = {key: getattr(dp, key) for key in _LEGACY_TRANSFORM if is_set(dp, key)}
-        both = [key for key in moved if is_set(tp, key)]
-        if both:
-            raise self.fail(f"{both[0]} is set in both data_param and transform_param",
-                            f"keep transform_param.{both[0]} only")
-        return dataclasses.replace(tp, **moved) if moved else tp
+    def feed_spec(self, seed: int, draws: GlobalDraws) -> FeedSpec:
+        """What the data pipeline reads for this layer (see caffe_py.io.feeds); takes the
+        draws Caffe's setup of this layer takes (none it uses: its crops and mirrors are drawn
+        per record position, see caffe_py.io.transformer)."""
+        from ..io.caffe_rng import needs_rand
+        from ..io.feeds import FeedSpec
 
-    def attach(self, feed: Feed) -> None:
-        """Give the layer its feed (done by the data pipeline, never by user code)."""
-        self._feed = feed
+        dp = self.param("data_param")
+        draws.prefetching_layer(needs_rand(self.transform.mirror, self.transform.crop_size,
+                                           self.phase), 0)
+        return FeedSpec(dp.source, dp.batch_size, dp.prefetch, self.record_shape,
+                        self.record_dtype, self.transform, self.color, dp.rand_skip,
+                        opener=self.open_database, encoded=self.record_encoded)
 
-    @property
-    def feed(self) -> Feed | None:
-        """The feed ``forward`` reads (None until the data pipeline attaches one)."""
-        return self._feed
 
-    def forward(self) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
-        # The feed's thread made the batch, or (a small batch of a database kept decoded,
-        # after its first pass) the feed gathers it here: one numpy gather, a few torch calls.
-        if self._feed is None:
-            raise self.fail("has no data feed attached",
-                            "start the data pipeline: caffe_py.io.attach_feeds(net, pool, "
-                            "seed=...) and pool.start() before running the net")
-        batch = self._feed.next()
-        return batch if self._label_top else batch[0]
+# --- MemoryData -----------------------------------------------------------------------------
+@register("MemoryData")
+class MemoryData(Layer):
+    """Batches of arrays handed over from Python: tops data (B, C, H, W) and label (B,), both
+    float32, as Caffe's MemoryDataLayer.
+
+    :meth:`reset` (pycaffe's ``set_input_arrays``) takes N rows (N a multiple of batch_size);
+    each ``forward`` returns the next B of them, wrapping to the first after the last. As
+    Caffe's ``Reset``, the arrays are not transformed.
+    """
+
+    bottoms = (0, 0)
+    tops = (2, 2)
+    capturable = False  # which rows a forward returns changes on the host every time
+
+    def setup(self, bottom_shapes: list[Shape]) -> list[Shape]:
+        p = self.param()
+        if location(self.param("transform_param")) is not None:  # the block is written
+            log.warning(f"layer '{self.name}' (MemoryData) does not transform its arrays "
+                        "(as Caffe's Reset); transform_param is ignored")
+        self.row_shape = (p.channels, p.height, p.width)
+        self._data: torch.Tensor | None = None
+        self._labels: torch.Tensor | None = None
+        self.position = 0
+        """The first row the next forward returns."""
+        return [(p.batch_size, *self.row_shape), (p.batch_size,)]
+
+    def reset(self, data: np.ndarray | torch.Tensor, labels: np.ndarray | torch.Tensor) -> None:
+        """Feed N rows: data (N, C, H, W), labels (N,) or (N, 1, 1, 1); N a multiple of
+        batch_size. The next forward returns rows 0 .. B-1."""
+        batch = self.param().batch_size
+        data_t = torch.as_tensor(np.asarray(data) if not isinstance(data, torch.Tensor)
+                                 else data, dtype=torch.float32)
+        label_t = torch.as_tensor(np.asarray(labels) if not isinstance(labels, torch.Tensor)
+                                  else labels, dtype=torch.float32)
+        n = data_t.shape[0] if data_t.dim() else 0
+        if tuple(data_t.shape[1:]) != self.row_shape or data_t.dim() != 4:
+            raise self.fail(f"was given data of shape {list(data_t.shape)}; rows must be "
+                            f"{list(self.row_shape)} (memory_data_param channels, height, "
+                            "width)", "pass an (N, C, H, W) array")
+        if label_t.numel() != n or label_t.dim() not in (1, 4):
+            raise self.fail(f"was given {label_t.numel()} labels of shape "
+                            f"{list(label_t.shape)} for {n} rows",
+                            "pass one label per row, shape (N,) or (N, 1, 1, 1)")
+        if n == 0 or n % batch:
+            raise self.fail(f"was given {n} rows, not a multiple of batch_size {batch}",
+                            f"pass a multiple of {batch} rows")
+        device = self.ctx.device
+        self._data = data_t.to(device, copy=True)
+        self._labels = label_t.reshape(n).to(device, copy=True)
+        self.position = 0
+
+    set_input_arrays = reset  # pycaffe's name
+
+    def forward(self) -> tuple[torch.Tensor, torch.Tensor]:
+        if self._data is None or self._labels is None:
+            raise self.fail("has no arrays", "call reset(data, labels) (or the net's "
+                                             "set_input_arrays) before running the net")
+        batch = self.param().batch_size
+        rows = slice(self.position, self.position + batch)
+        self.position = (self.position + batch) % self._data.shape[0]
+        return self._data[rows], self._labels[rows]

@@ -8,6 +8,7 @@ from . import (  # noqa: F401  (importing registers every layer family)
     normalization,
     python,
     recurrent,
+    sources,
     spatial,
     utility,
     vision,

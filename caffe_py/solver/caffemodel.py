@@ -29,18 +29,8 @@ import numpy as np
 import torch
 
 from ..errors import DataError, SolverError
-from ..io.blobproto import blob_from_array, decode_blob, encode_blob
-from ..io.wire import (
-    LEN,
-    VARINT,
-    WireError,
-    as_int32,
-    len_field,
-    read_len,
-    read_varint,
-    skip,
-    varint,
-)
+from ..io.blobproto import blob_from_array, encode_blob
+from ..io.wire import LEN, VARINT, WireError, WireStream, as_int32, len_field, varint
 from ..io.wire import tag as wire_tag
 
 EXTRAS_FIELD = 1000
@@ -59,40 +49,51 @@ def encode_net(name: str, layers: Mapping[str, Sequence[torch.Tensor]],
     return b"".join(parts)
 
 
+def read_net(path: str | Path) -> dict[str, list[torch.Tensor]]:
+    """Layer name -> blobs of a .caffemodel file, read straight into the blobs' arrays."""
+    path = Path(path)
+    try:
+        with open(path, "rb", buffering=0) as f:
+            return _parse_net(WireStream(f, path.stat().st_size), str(path))
+    except FileNotFoundError:
+        raise SolverError(f"{path}: file not found; check the path") from None
+
+
 def decode_net(buf: bytes, source: str) -> dict[str, list[torch.Tensor]]:
-    """Layer name -> blobs from a .caffemodel (V2 ``layer`` or legacy V1 ``layers``)."""
+    """Layer name -> blobs from a .caffemodel's bytes (V2 ``layer`` or legacy V1 ``layers``)."""
+    return _parse_net(WireStream(io.BytesIO(buf), len(buf)), source)
+
+
+def _parse_net(stream: WireStream, source: str) -> dict[str, list[torch.Tensor]]:
     out: dict[str, list[torch.Tensor]] = {}
     try:
-        pos = 0
-        while pos < len(buf):
-            key, pos = read_varint(buf, pos)
-            number, wire = key >> 3, key & 7
+        while not stream.at(stream.size):
+            number, wire = stream.key()
             if number in (100, 2) and wire == LEN:
-                start, pos = read_len(buf, pos, number)
+                end = stream.length_end(number)
                 name_field, blob_field = (1, 7) if number == 100 else (4, 6)
-                name, blobs = _decode_layer(buf[start:pos], name_field, blob_field)
+                name, blobs = _read_layer(stream, end, name_field, blob_field)
                 if blobs:
                     out[name] = blobs
             else:
-                pos = skip(buf, pos, number, wire)
+                stream.skip_field(number, wire)
     except (WireError, DataError, ValueError) as exc:
         raise SolverError(f"{source}: not a Caffe NetParameter (.caffemodel) ({exc})") from None
     return out
 
 
-def _decode_layer(buf: bytes, name_field: int, blob_field: int) -> tuple[str, list]:
-    name, blobs, pos = "", [], 0
-    while pos < len(buf):
-        key, pos = read_varint(buf, pos)
-        number, wire = key >> 3, key & 7
-        if wire == LEN and number in (name_field, blob_field):
-            start, pos = read_len(buf, pos, number)
-            if number == name_field:
-                name = buf[start:pos].decode("utf-8", errors="replace")
-            else:
-                blobs.append(torch.from_numpy(decode_blob(buf[start:pos]).array().copy()))
+def _read_layer(stream: WireStream, end: int, name_field: int,
+                blob_field: int) -> tuple[str, list[torch.Tensor]]:
+    name, blobs = "", []
+    while not stream.at(end):
+        number, wire = stream.key()
+        if wire == LEN and number == name_field:
+            name = stream.read(stream.length_end(number) - stream.pos).decode(
+                "utf-8", errors="replace")
+        elif wire == LEN and number == blob_field:
+            blobs.append(torch.from_numpy(stream.blob(stream.length_end(number), _empty)))
         else:
-            pos = skip(buf, pos, number, wire)
+            stream.skip_field(number, wire)
     return name, blobs
 
 
@@ -110,34 +111,51 @@ def encode_state(state: Mapping[str, Any]) -> bytes:
     return b"".join(parts)
 
 
+def read_state(path: str | Path) -> dict[str, Any]:
+    """A .solverstate file (Caffe's or caffe-py's), read straight into the history arrays."""
+    path = Path(path)
+    try:
+        with open(path, "rb", buffering=0) as f:
+            return _parse_state(WireStream(f, path.stat().st_size), str(path))
+    except FileNotFoundError:
+        raise SolverError(f"{path}: file not found; check the path") from None
+
+
 def decode_state(buf: bytes, source: str) -> dict[str, Any]:
     """A SolverState written by Caffe or by caffe-py (then with its extras)."""
+    return _parse_state(WireStream(io.BytesIO(buf), len(buf)), source)
+
+
+def _parse_state(stream: WireStream, source: str) -> dict[str, Any]:
     state: dict[str, Any] = {"iter": 0, "current_step": 0, "learned_net": "", "history": []}
     try:
-        pos = 0
-        while pos < len(buf):
-            key, pos = read_varint(buf, pos)
-            number, wire = key >> 3, key & 7
+        while not stream.at(stream.size):
+            number, wire = stream.key()
             if number in (1, 4) and wire == VARINT:
-                value, pos = read_varint(buf, pos)
-                state["iter" if number == 1 else "current_step"] = as_int32(value)
-            elif number in (2, 3, EXTRAS_FIELD) and wire == LEN:
-                start, pos = read_len(buf, pos, number)
-                payload = buf[start:pos]
+                state["iter" if number == 1 else "current_step"] = as_int32(stream.varint())
+            elif number == 3 and wire == LEN:
+                state["history"].append(torch.from_numpy(stream.blob(stream.length_end(3),
+                                                                     _empty)))
+            elif number in (2, EXTRAS_FIELD) and wire == LEN:
+                payload = stream.read(stream.length_end(number) - stream.pos)
                 if number == 2:
                     state["learned_net"] = payload.decode("utf-8", errors="replace")
-                elif number == 3:
-                    state["history"].append(torch.from_numpy(decode_blob(payload).array()
-                                                             .copy()))
                 else:
                     state.update(_load_extras(payload))
             else:
-                pos = skip(buf, pos, number, wire)
+                stream.skip_field(number, wire)
     except (WireError, DataError, ValueError) as exc:
         raise SolverError(f"{source}: not a Caffe SolverState (.solverstate) ({exc})") from None
     # Caffe stores learned_net as the path it wrote; the file is looked up next to the state.
     state["learned_net"] = Path(state["learned_net"]).name
     return state
+
+
+def _empty(n: int, dtype: type) -> np.ndarray:
+    """An uninitialized array from torch's allocator: numpy asks the kernel for huge pages
+    (madvise), and the compaction that can take makes a big read's page faults slow and
+    erratic; torch's memory faults in steadily."""
+    return torch.empty(n, dtype=torch.float32 if dtype is np.float32 else torch.float64).numpy()
 
 
 def _load_extras(payload: bytes) -> dict[str, Any]:

@@ -24,7 +24,7 @@ import torch
 
 from ..errors import SolverError
 from ..fileio import atomic_write, atomic_write_bytes
-from . import caffemodel
+from . import caffemodel, hdf5_snapshot
 
 FORMAT_VERSION = 1
 WEIGHTS_KIND, STATE_KIND = "weights", "solverstate"
@@ -35,10 +35,12 @@ def snapshot_paths(prefix: str, iteration: int, fmt: str = "pt") -> tuple[Path, 
     """(weights, solver state) paths for ``iteration``: no zero padding, as Caffe.
 
     ``pt``: ``.pt`` and ``.solverstate.pt``; ``caffemodel``: Caffe's ``.caffemodel`` and
-    ``.solverstate``."""
+    ``.solverstate``; ``HDF5``: Caffe's ``.caffemodel.h5`` and ``.solverstate.h5``."""
     stem = f"{prefix}_iter_{iteration}"
     if fmt == "caffemodel":
         return Path(f"{stem}.caffemodel"), Path(f"{stem}{STATE_SUFFIX}")
+    if fmt == "HDF5":
+        return Path(f"{stem}.caffemodel.h5"), Path(f"{stem}{STATE_SUFFIX}.h5")
     return Path(f"{stem}.{fmt}"), Path(f"{stem}{STATE_SUFFIX}.{fmt}")
 
 
@@ -69,8 +71,12 @@ def atomic_save(obj: Any, path: Path) -> None:
 
 def save_weights(blobs_by_layer: Mapping[str, list[torch.Tensor]], path: Path,
                  types: Mapping[str, str] | None = None, net_name: str = "") -> None:
-    """Write layer name -> blobs: a Caffe NetParameter for ``.caffemodel``, else torch.save."""
+    """Write layer name -> blobs: a Caffe NetParameter for ``.caffemodel``, Caffe's HDF5 layout
+    for ``.h5``, else torch.save."""
     path = Path(path)
+    if path.suffix == ".h5":
+        hdf5_snapshot.save_weights(blobs_by_layer, path, list(types or {}))
+        return
     if path.suffix == ".caffemodel":
         payload = caffemodel.encode_net(net_name, blobs_by_layer, types)
         atomic_write_bytes(path, payload)
@@ -86,9 +92,10 @@ def load_weights(path: str | Path) -> dict[str, list[torch.Tensor]]:
     if is_state_path(path):
         raise SolverError(f"{path} is a solver state, not weights; pass it to --snapshot to "
                           "resume training, or give the matching weights file to --weights")
-    _refuse_hdf5(path)
+    if hdf5_snapshot.is_hdf5(path) or path.suffix == ".h5":  # by content, as H5Fis_hdf5
+        return hdf5_snapshot.load_weights(path)
     if path.suffix == ".caffemodel":
-        return caffemodel.decode_net(_read_bytes(path), str(path))
+        return caffemodel.read_net(path)
     data = _load(path, WEIGHTS_KIND)
     layers = data.get("layers")
     if not isinstance(layers, dict) or not all(
@@ -99,8 +106,12 @@ def load_weights(path: str | Path) -> dict[str, list[torch.Tensor]]:
 
 
 def save_state(state: dict[str, Any], path: Path) -> None:
-    """A Caffe SolverState (plus extras) for ``*.solverstate``, else torch.save."""
+    """A Caffe SolverState (plus extras) for ``*.solverstate``, Caffe's HDF5 layout for
+    ``*.solverstate.h5``, else torch.save."""
     path = Path(path)
+    if path.name.endswith(f"{STATE_SUFFIX}.h5"):
+        hdf5_snapshot.save_state(state, path)
+        return
     if path.name.endswith(STATE_SUFFIX):
         payload = caffemodel.encode_state(state)
         atomic_write_bytes(path, payload)
@@ -115,9 +126,11 @@ def load_state(path: str | Path) -> dict[str, Any]:
         raise SolverError(f"{path} is not a solver state (its name has no '.solverstate'); "
                           "pass weights to --weights, or give the <prefix>_iter_<N>.solverstate"
                           ".pt file to --snapshot")
-    _refuse_hdf5(path)
-    if path.name.endswith(STATE_SUFFIX):
-        state = caffemodel.decode_state(_read_bytes(path), str(path))
+    if hdf5_snapshot.is_hdf5(path) or path.suffix == ".h5":
+        state = hdf5_snapshot.load_state(path)
+        state.setdefault("type", None)
+    elif path.name.endswith(STATE_SUFFIX):
+        state = caffemodel.read_state(path)
         state.setdefault("type", None)
     else:
         state = _load(path, STATE_KIND)
@@ -130,18 +143,6 @@ def load_state(path: str | Path) -> dict[str, Any]:
 def weights_path_of(state: Mapping[str, Any], state_path: str | Path) -> Path:
     """The weights file a state goes with (saved by name, found next to the state file)."""
     return Path(state_path).parent / str(state.get("learned_net", ""))
-
-
-def _read_bytes(path: Path) -> bytes:
-    if not path.is_file():
-        raise SolverError(f"{path}: file not found; check the path")
-    return path.read_bytes()
-
-
-def _refuse_hdf5(path: Path) -> None:
-    if path.suffix == ".h5":
-        raise SolverError(f"{path}: HDF5 snapshots are not supported; convert it with Caffe to "
-                          "a binary .caffemodel / .solverstate (snapshot_format: BINARYPROTO)")
 
 
 def _load(path: Path, want: str) -> dict[str, Any]:

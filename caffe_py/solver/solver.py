@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import os
 import time
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import AbstractContextManager
@@ -143,6 +144,11 @@ class Solver:
         checks = [c for net in (self.net, *self.test_nets) for c in net.device_checks()]
         self.monitor = Monitor(self.device, param.average_loss, checks)
         self._last_display = (time.perf_counter(), 0)
+        if role.reports:
+            for note in param.inert_notes():
+                log.info(f"Note: {note}")
+        if param.weights:  # Caffe 1.0's SolverParameter.weights: loaded as the net is made
+            self.load_weights(param.weights)
 
     # --- building -----------------------------------------------------------------------------
     def _build(self, spec, phase: str, state) -> Net:
@@ -373,6 +379,8 @@ class Solver:
             if means is None:  # stopped by a signal
                 return self.last_test
             self.last_test.append(means)
+            if self.param.test_compute_loss:
+                log.info(f"Test loss: {float(means['__loss__'][0]):g}")
             for line in format_output_lines("Test net output", means, net.loss_weights):
                 log.info(f"    {line}")
         return self.last_test
@@ -409,7 +417,12 @@ class Solver:
         types = {layer.name: layer.spec.type for layer in self.net.layers}
         snap.save_weights(self.net.layer_blobs(), weights, types, self.net.name)
         log.info(f"Snapshotting solver state to {state}")
-        snap.save_state(self.state_dict(weights.name), state)
+        # Caffe's formats name the weights relative to the current directory, as Caffe writes
+        # them (Caffe opens that path on --snapshot); caffe-py looks for the name next to the
+        # state whatever the path says
+        learned = weights.name if self.param.snapshot_format == "pt" else \
+            os.path.relpath(weights)
+        snap.save_state(self.state_dict(learned), state)
         return weights, state
 
     def state_dict(self, learned_net: str = "") -> dict[str, Any]:

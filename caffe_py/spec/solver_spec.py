@@ -23,7 +23,10 @@ SOLVER_TYPES = ("SGD", "Nesterov", "AdaGrad", "RMSProp", "AdaDelta", "Adam")
 LR_POLICIES = ("fixed", "step", "exp", "inv", "multistep", "poly", "sigmoid")
 PRECISIONS = ("FLOAT32", "BF16")
 MEMORY_FORMATS = ("AUTO", "CONTIGUOUS", "CHANNELS_LAST")
-SNAPSHOT_FORMATS = ("pt", "caffemodel", "BINARYPROTO")
+SNAPSHOT_FORMATS = ("pt", "caffemodel", "BINARYPROTO", "HDF5")
+# caffe.proto's old SolverType enum (solver_type) -> the type string (UpgradeSolverType)
+SOLVER_TYPE_ENUM = {"SGD": "SGD", "NESTEROV": "Nesterov", "ADAGRAD": "AdaGrad",
+                    "RMSPROP": "RMSProp", "ADADELTA": "AdaDelta", "ADAM": "Adam"}
 
 # Which fields each lr policy reads (beyond base_lr); a policy missing one is an error.
 _POLICY_NEEDS = {
@@ -36,6 +39,12 @@ _POLICY_NEEDS = {
     "sigmoid": ("gamma", "stepsize"),
 }
 _INLINE_NETS = ("net_param", "train_net_param", "test_net_param")
+# SolverParameter fields caffe-py accepts but that change nothing, and why (a note when set).
+INERT_FIELDS = {
+    "debug_info": "Caffe's per-blob debug lines are not printed",
+    "layer_wise_reduce": "caffe-py's parallel sync chooses its own overlap (docs/parallel.md)",
+    "snapshot_diff": "no diffs are written into snapshots (nothing reads them back)",
+}
 
 
 @dataclass
@@ -56,6 +65,8 @@ class SolverParameter(Message):
     test_iter: list[int] = field([], "batches per test pass, one value per test net", min=1)
     test_interval: int = field(0, "test every this many iterations (0: never)", min=0)
     test_initialization: bool = field(True, "also test before the first iteration")
+    test_compute_loss: bool = field(False, "also print each test pass's mean loss "
+                                           "('Test loss: ...')")
     # --- schedule and display --------------------------------------------------------------
     base_lr: float = field(0.0, "the base learning rate", min=0)
     display: int = field(0, "print the loss every this many iterations (0: never)", min=0)
@@ -71,6 +82,9 @@ class SolverParameter(Message):
     stepvalue: list[int] = field([], "multistep: the iterations where the rate drops", min=0)
     # --- the update ------------------------------------------------------------------------
     type: str = field("SGD", "the update rule", choices=SOLVER_TYPES)
+    solver_type: str = field("SGD", "the old enum form of type (SGD, NESTEROV, ADAGRAD, "
+                                    "RMSPROP, ADADELTA, ADAM); sets type, as Caffe upgrades it",
+                             choices=tuple(SOLVER_TYPE_ENUM))
     momentum: float = field(0.0, "SGD/Nesterov momentum; AdaDelta decay; Adam beta1",
                             min=0, max=1)
     momentum2: float = field(0.999, "Adam beta2", min=0, max=1)
@@ -92,12 +106,26 @@ class SolverParameter(Message):
     snapshot_after_train: bool = field(True, "write a snapshot when training ends")
     snapshot_format: str = field("pt", "pt: torch.save (loaded with weights_only=True); "
                                        "caffemodel (or BINARYPROTO): Caffe's .caffemodel and "
-                                       ".solverstate", choices=SNAPSHOT_FORMATS)
+                                       ".solverstate; HDF5: Caffe's .caffemodel.h5 and "
+                                       ".solverstate.h5", choices=SNAPSHOT_FORMATS)
+    snapshot_diff: bool = field(False, "accepted, changes nothing: Caffe's debugging option to "
+                                       "write the last update into the weights file; no tool "
+                                       "reads it back")
+    weights: list[str] = field([], "weights files to start from, copied by layer name in "
+                                   "order (as cpy train --weights; those come after these)",
+                               path=True)
     # --- machine ---------------------------------------------------------------------------
     random_seed: int = field(-1, "seed for fillers, dropout and data order (-1: the clock)")
     solver_mode: str = field("GPU", "CPU or GPU (cpy train --gpus decides when given)",
                              choices=("CPU", "GPU"))
     device_id: int = field(0, "the GPU to use when --gpus is not given", min=0)
+    debug_info: bool = field(False, "accepted, changes nothing: Caffe's per-blob debug lines "
+                                    "(mean |data| and |diff| of every blob each iteration) are "
+                                    "not printed")
+    layer_wise_reduce: bool = field(True, "accepted, changes nothing: Caffe 1.0's NCCL option to "
+                                          "reduce each layer's gradients during backward; "
+                                          "caffe-py's parallel sync chooses its own overlap "
+                                          "(docs/parallel.md)")
     precision: str = field("FLOAT32", "FLOAT32, or BF16: forward/backward under bfloat16 "
                                       "autocast, weights and update in float32",
                            choices=PRECISIONS)
@@ -176,6 +204,11 @@ class SolverParameter(Message):
             v.fail("stepvalue", f"stepvalue must increase, got {self.stepvalue}",
                    "list the iterations in ascending order")
 
+    def inert_notes(self) -> list[str]:
+        """One line per field written in the spec that caffe-py accepts but does not act on."""
+        return [f"{key}: {why}; it changes nothing here" for key, why in INERT_FIELDS.items()
+                if is_set(self, key)]
+
     # --- what the solver reads --------------------------------------------------------------
     @property
     def file(self) -> str:
@@ -220,6 +253,12 @@ def parse_solver(node: Any, src: Source) -> SolverParameter:
     tests = tests if isinstance(tests, list) else [tests]
     spec.test_net_param = [parse_net(t, src, f"test_net_param[{i}]")
                            for i, t in enumerate(tests)]
+    if is_set(spec, "solver_type"):  # Caffe's UpgradeSolverType
+        if is_set(spec, "type"):
+            Check(node, src, "").fail("solver_type", "solver_type (the old enum) and type are "
+                                      "both set; Caffe refuses to upgrade that too",
+                                      "keep type only")
+        spec.type = SOLVER_TYPE_ENUM[spec.solver_type]
     spec.validate(Check(node, src, ""))
     if spec.snapshot_format == "BINARYPROTO":  # Caffe's enum name for the same files
         spec.snapshot_format = "caffemodel"

@@ -268,7 +268,7 @@ class _Converter:
         if cls is NetParameter:
             return self.fields(self.upgrade_net(msg), _schema(NetParameter), path)
         if cls is LayerParameter:
-            return self.fields(msg, self.layer_schema(msg), path)
+            return self.fields(self.default_backend(msg), self.layer_schema(msg), path)
         if cls is SolverParameter:
             return self.fields(self.upgrade_solver(msg), _schema(SolverParameter), path)
         return self.fields(msg, _schema(cls) if cls is not None else None, path)
@@ -473,6 +473,25 @@ class _Converter:
             else:
                 out.append(f)
         return out
+
+    def default_backend(self, layer: Message) -> Message:
+        """A Data layer whose data_param gives no backend reads LEVELDB in Caffe (caffe.proto's
+        default); caffe-py's YAML defaults to LMDB, so the import writes Caffe's default out."""
+        type_field, found = layer.first("type"), _block_field(layer.fields, "data_param")
+        if type_field is None or type_field.value not in ("Data", "DATA") or found is None:
+            return layer
+        data, data_msg = found
+        if data_msg.first("backend") is not None:
+            return layer
+        backend = Field("backend", Ident("LEVELDB"), data.line, data.column,
+                        trailing="Caffe's default: the prototxt gives no backend")
+        self.notes.append("a Data layer's data_param gives no backend, so Caffe reads LEVELDB "
+                          "(caffe.proto's default); the YAML says backend: LEVELDB (write "
+                          "LMDB there if the database is an LMDB)")
+        new_data = dataclasses.replace(data, value=dataclasses.replace(
+            data_msg, fields=[*data_msg.fields, backend], one_line=False))
+        return dataclasses.replace(layer, fields=[new_data if f is data else f
+                                                  for f in layer.fields])
 
     def upgrade_solver(self, msg: Message) -> Message:
         """Caffe's UpgradeSolverType: solver_type: NESTEROV -> type: Nesterov."""

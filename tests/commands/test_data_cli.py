@@ -38,7 +38,7 @@ def test_convert_idx_then_db_info_and_mean(idx, tmp_path):
     info = _run("db-info", db)
     assert info.exit_code == 0
     assert info.output.splitlines()[:-1] == [
-        f"database  {db}", "records   4", "shape     1 x 2 x 3 (C x H x W), uint8, raw",
+        f"database  {db} (LMDB)", "records   4", "shape     1 x 2 x 3 (C x H x W), uint8, raw",
         "keys      '00000000' .. '00000003'", "labels    2 distinct",
         "  0         1   25.0%", "  1         3   75.0%"]
 
@@ -167,3 +167,19 @@ class _Interrupt:
 
     def close(self) -> None:
         pass
+
+
+def test_leveldb_backend_for_convert_db_info_and_mean(idx, tmp_path):
+    pytest.importorskip("plyvel")
+    db = tmp_path / "db"
+    assert _run("convert", "idx", *idx, db, "--backend", "leveldb").exit_code == 0
+    assert (db / "CURRENT").is_file()
+    info = _run("db-info", db, "--backend", "leveldb")
+    assert info.exit_code == 0
+    assert info.output.splitlines()[:3] == [
+        f"database  {db} (LevelDB)", "records   4", "shape     1 x 2 x 3 (C x H x W), uint8, raw"]
+    mean = _run("compute-mean", db, tmp_path / "mean.binaryproto", "--backend", "leveldb")
+    assert mean.output.splitlines()[1:] == ["mean_value channel [0]: 11.5"]
+    wrong = _run("db-info", db)
+    assert wrong.exit_code == 1
+    assert wrong.stderr == f"Error: {db}: is a LevelDB database, not LMDB; pass --backend leveldb\n"

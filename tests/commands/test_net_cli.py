@@ -72,10 +72,16 @@ def test_an_existing_database_gives_the_record_shape(tmp_path):
 def test_a_bad_input_shape_is_a_usage_error(tmp_path):
     config = tmp_path / "crop.yaml"
     config.write_text(CIFAR_DATA)
-    result = run(str(config), "--input-shape", "cifar=3,32")
+    result = run(str(config), "--input-shape", "cifar=3,0,32")
     assert result.exit_code == 2
-    assert "Invalid value for --input-shape: 'cifar=3,32' is not NAME=C,H,W (three positive " \
-           "sizes, e.g. data=3,256,256)" in result.stderr
+    assert "Invalid value for --input-shape: 'cifar=3,0,32' is not NAME=C,H,W (positive sizes, " \
+           "e.g. data=3,256,256; an HDF5Data top: one row's shape, label= for a scalar)" \
+        in result.stderr
+    result = run(str(config), "--input-shape", "cifar=3,32")
+    assert result.exit_code == 1
+    assert result.stderr.endswith("layer 'cifar' (Data): the record shape given for 'cifar' has "
+                                  "2 sizes; its records are C,H,W; give e.g. --input-shape "
+                                  "cifar=3,256,256\n")
     result = run(str(config), "--input-shape", "cifar=3,16,16")
     assert result.exit_code == 1
     assert result.stderr.endswith("layer 'cifar' (Data): transform_param.crop_size 24 is larger "

@@ -35,6 +35,11 @@ NOT_COMPARED = {
     "Input": "copies the net's inputs: no computation (every case feeds its bottoms through "
              "one)",
     "Silence": "has no top, so nothing of it can be compared",
+    "ImageData": "a data source: test_data_golden.py compares its batches with Caffe's",
+    "HDF5Data": "a data source: test_data_golden.py compares its batches with Caffe's",
+    "WindowData": "a data source: test_data_golden.py compares its batches with Caffe's",
+    "HDF5Output": "writes a file: test_data_golden.py compares it with Caffe's",
+    "MemoryData": "copies the arrays it is given, as Input: no computation",
 }
 
 

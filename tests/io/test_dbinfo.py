@@ -24,7 +24,7 @@ def test_report_text(tmp_path):
     info = db_info(_db(tmp_path / "db", values))
     lines = info.lines()
     assert lines[:-1] == [
-        f"database  {tmp_path}/db",
+        f"database  {tmp_path}/db (LMDB)",
         "records   5",
         "shape     3 x 2 x 4 (C x H x W), uint8, raw",
         "keys      '00000' .. '00004'",
@@ -38,7 +38,7 @@ def test_report_text(tmp_path):
 
 def test_empty_database(tmp_path):
     assert db_info(_db(tmp_path / "db", [])).lines() == [
-        f"database  {tmp_path}/db", "records   0", "(empty)"]
+        f"database  {tmp_path}/db (LMDB)", "records   0", "(empty)"]
 
 
 def test_record_that_does_not_parse_names_the_key(tmp_path):

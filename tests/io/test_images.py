@@ -26,12 +26,19 @@ def test_downscale_matches_opencv_exactly():
                                    [179, 167, 160, 179]])
 
 
-def test_upscale_is_within_one_of_opencv():
-    # cv2 5.0 gives [[0, 50, 100], [100, 139, 178], [200, 227, 255]]; its SIMD path rounds
-    # the clamped edge rows differently, so a few edge pixels differ by 1.
+def test_upscale_matches_opencv_exactly():
+    # cv2 5.0 (and Caffe's OpenCV 4.6) give [[0, 50, 100], [100, 139, 178], [200, 227, 255]]:
+    # the vertical pass keeps its weights at the edge rows, reading the edge row twice.
     a = np.array([[[0, 100], [200, 255]]], np.uint8)
     np.testing.assert_array_equal(resize_linear(a, 3, 3),
-                                  [[[0, 50, 100], [100, 139, 178], [200, 228, 255]]])
+                                  [[[0, 50, 100], [100, 139, 178], [200, 227, 255]]])
+
+
+def test_odd_sizes_match_opencv_exactly():
+    # cv2.resize(a, (4, 3)) from cv2 5.0, a 2 x 3 image enlarged unevenly
+    a = np.array([[[10, 200, 37], [250, 3, 90]]], np.uint8)
+    np.testing.assert_array_equal(resize_linear(a, 3, 4)[0],
+                                  [[10, 129, 139, 37], [130, 112, 87, 64], [250, 95, 35, 90]])
 
 
 def test_resize_to_the_same_size_is_identity():
@@ -70,3 +77,20 @@ def test_encode_image_round_trips_bgr():
 def test_extension_type():
     assert [extension_type(p) for p in ("a/B.JPEG", "x.png", "y.jpg", "noext")] == [
         "jpg", "png", "jpg", ""]
+
+
+def test_resize_equals_cv2_on_random_images_and_sizes():
+    """Where OpenCV's Python package is installed: 300 random shapes, up and down, 1 or 3
+    channels, halving included (the genuine Caffe's resizes are held in tests/golden)."""
+    cv2 = pytest.importorskip("cv2")
+    rng = np.random.default_rng(1)
+    for case in range(300):
+        h, w = (int(v) for v in rng.integers(1, 40, 2))
+        th, tw = (max(1, h // 2), max(1, w // 2)) if case % 10 == 0 else \
+            (int(v) for v in rng.integers(1, 50, 2))
+        c = int(rng.choice([1, 3]))
+        a = rng.integers(0, 256, (c, h, w), dtype=np.uint8)
+        theirs = cv2.resize(np.ascontiguousarray(a.transpose(1, 2, 0)), (tw, th))
+        theirs = theirs.reshape(th, tw, c).transpose(2, 0, 1)
+        np.testing.assert_array_equal(resize_linear(a, th, tw), theirs,
+                                      err_msg=f"{(c, h, w)} -> {(th, tw)}")

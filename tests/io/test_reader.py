@@ -531,3 +531,24 @@ def test_a_slice_decodes_only_its_own_records_without_the_cache(tmp_path, monkey
         assert labels(queue, 1) == [1]
         with pytest.raises(DataError, match="00000003"):
             labels(queue, 2)
+
+
+def test_a_resume_follows_the_database_to_a_moved_folder(tmp_path):
+    """Saved positions name the database's path; when no layer reads that path any more,
+    the one database of the same name read by the saved layers takes them."""
+    old = make_db(tmp_path / "run1" / "db", 10)
+    with ReaderPool() as pool:
+        queue = subscribe(pool, old)
+        pool.start()
+        assert labels(queue, 3) == [0, 1, 2]
+        queue.mark_consumed(3)
+        state = pool.state_dict()
+    new = make_db(tmp_path / "run2" / "db", 10)
+    with ReaderPool() as pool:
+        queue = subscribe(pool, new)
+        pool.load_state_dict(state)
+        pool.start()
+        assert labels(queue, 2) == [3, 4]
+    with ReaderPool() as pool, pytest.raises(DataError, match="which no attached Data layer"):
+        subscribe(pool, make_db(tmp_path / "other", 10))
+        pool.load_state_dict(state)

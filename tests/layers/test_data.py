@@ -183,3 +183,48 @@ def test_data_returns_the_feed_batches(tmp_path):
     only = build(data_node(str(tmp_path / "db"), tops=("data",)))
     only.attach(Feed())
     assert only().shape == (5, 3, 10, 12)
+
+
+class OneLayerNet:
+    """A net of one data layer, as far as attach_feeds looks."""
+
+    def __init__(self, layer):
+        self.layer = layer
+
+    def data_layers(self):
+        return [self.layer]
+
+
+def make_leveldb(path, shape=(3, 10, 12), n=3) -> str:
+    from caffe_py.io.datum import datum_from_array, encode_datum
+    from caffe_py.io.db import open_writer
+
+    with open_writer(path, "leveldb") as writer:
+        for i in range(n):
+            writer.put(b"%08d" % i, encode_datum(datum_from_array(np.full(shape, i, np.uint8), i)))
+    return str(path)
+
+
+def test_data_reads_leveldb_as_lmdb_and_names_the_other_kind(tmp_path):
+    pytest.importorskip("plyvel")
+    from caffe_py.io import ReaderPool, attach_feeds
+
+    lev, lm = make_leveldb(tmp_path / "lev", n=4), make_db(tmp_path / "lm", n=4)
+    batches = {}
+    for db, backend in ((lev, "LEVELDB"), (lm, "LMDB")):
+        node = data_node(db, crop_size=4)
+        node["data_param"]["backend"] = backend
+        layer = build(node, phase="TEST")
+
+        with ReaderPool() as pool:
+            attach_feeds(OneLayerNet(layer), pool, seed=0)
+            pool.start()
+            batches[backend] = [layer() for _ in range(2)]
+    for (a, la), (b, lb) in zip(batches["LEVELDB"], batches["LMDB"], strict=True):
+        assert torch.equal(a, b) and torch.equal(la, lb)
+    assert batches["LMDB"][1][1].tolist() == [1, 2, 3, 0, 1]  # wrapped after record 3
+    node = data_node(lm)
+    node["data_param"]["backend"] = "LEVELDB"
+    with pytest.raises(DataError) as err:
+        build(node)
+    assert str(err.value) == f"{lm}: is an LMDB database, not LevelDB; set data_param.backend: LMDB"

@@ -45,6 +45,18 @@ MINIMAL: dict[str, list[dict]] = {
                                         "data_filler": {"type": "gaussian"}}}],
     "Data": [{"name": "under_test", "type": "Data", "top": ["out", "out_label"],
               "data_param": {"source": "set by the test", "batch_size": 2}}],
+    "ImageData": [{"name": "under_test", "type": "ImageData", "top": ["out", "out_label"],
+                   "image_data_param": {"source": "set by the test", "batch_size": 2}}],
+    "WindowData": [{"name": "under_test", "type": "WindowData", "top": ["out", "out_label"],
+                    "window_data_param": {"source": "set by the test", "batch_size": 2},
+                    "transform_param": {"crop_size": 3}}],
+    "HDF5Data": [{"name": "under_test", "type": "HDF5Data", "top": ["out", "out_label"],
+                  "hdf5_data_param": {"source": "set by the test", "batch_size": 2}}],
+    "HDF5Output": [{"name": "under_test", "type": "HDF5Output", "bottom": ["x", "label"],
+                    "hdf5_output_param": {"file_name": "set by the test"}}],
+    "MemoryData": [{"name": "under_test", "type": "MemoryData", "top": ["out", "out_label"],
+                    "memory_data_param": {"batch_size": 2, "channels": 1, "height": 4,
+                                          "width": 4}}],
     "Convolution": one("Convolution", convolution_param={
         "num_output": 2, "kernel_size": 3, "weight_filler": {"type": "xavier"}}),
     "Deconvolution": one("Deconvolution", convolution_param={
@@ -103,10 +115,13 @@ def library_types() -> list[str]:
 
 
 class FixedFeed:
-    """Stands in for the data pipeline's prefetcher."""
+    """Stands in for the data pipeline's prefetcher: batches of 2 records of ``shape``."""
+
+    def __init__(self, shape=(1, 4, 4)):
+        self.shape = shape
 
     def next(self) -> tuple[torch.Tensor, torch.Tensor]:
-        return torch.rand(2, 1, 4, 4), torch.tensor([0, 1])
+        return torch.rand(2, *self.shape), torch.tensor([0, 1])
 
 
 def make_inputs(gen: torch.Generator) -> dict[str, torch.Tensor]:
@@ -128,15 +143,38 @@ def write_db(path: Path) -> None:
             db.put(b"%08d" % i, encode_datum(Datum(1, 4, 4, data=bytes(range(16)), label=i)))
 
 
+def write_sources(type_name: str, layer: dict, tmp: Path) -> None:
+    """The file a data layer of ``type_name`` reads (or writes), named in its block."""
+    import numpy as np
+    from PIL import Image
+
+    block = next(key for key in layer if key.endswith("_param") and key != "transform_param")
+    path = tmp / "source"
+    if type_name == "Data":
+        write_db(path)
+    elif type_name in ("ImageData", "WindowData"):
+        Image.fromarray(np.zeros((4, 4), np.uint8)).save(tmp / "a.png")
+        path.write_text("a.png 1\n" if type_name == "ImageData" else
+                        f"# 0\n{tmp / 'a.png'}\n3 4 4\n2\n1 0.9 0 0 3 3\n0 0.1 1 1 2 2\n")
+    elif type_name == "HDF5Data":
+        import h5py
+
+        with h5py.File(tmp / "a.h5", "w") as f:
+            f["out"] = np.zeros((3, 1, 4, 4), np.float32)
+            f["out_label"] = np.arange(3, dtype=np.float32)
+        path.write_text("a.h5\n")
+    key = "file_name" if type_name == "HDF5Output" else "source"
+    layer[block] = {**layer[block], key: str(path)}
+
+
 @pytest.mark.parametrize("type_name", library_types())
 def test_type_builds_and_runs_in_a_minimal_net(type_name, tmp_path):
     if type_name not in MINIMAL:
         pytest.fail(f"layer type '{type_name}' has no minimal spec: add one to MINIMAL in "
                     "tests/layers/test_registry.py")
     layers = [dict(lp) for lp in MINIMAL[type_name]]
-    if type_name == "Data":
-        write_db(tmp_path / "db")
-        layers[0]["data_param"] = {**layers[0]["data_param"], "source": str(tmp_path / "db")}
+    if "source" in str(layers[0]):
+        write_sources(type_name, layers[0], tmp_path)
     spec = parse_net({"name": f"minimal_{type_name}", "input": list(INPUTS),
                       "input_shape": [{"dim": list(s)} for s in INPUTS.values()],
                       "layer": layers}, Source())
@@ -144,7 +182,9 @@ def test_type_builds_and_runs_in_a_minimal_net(type_name, tmp_path):
     layer = net.layer_by_name("under_test")
     assert type(layer) is registry.lookup(type_name)
     for data_layer in net.data_layers():
-        data_layer.attach(FixedFeed())
+        data_layer.attach(FixedFeed(data_layer.record_shape))
+    if type_name == "MemoryData":
+        layer.reset(torch.rand(4, 1, 4, 4), torch.arange(4.0))
     inputs = make_inputs(torch.Generator().manual_seed(0))
     if type_name == "Input":
         inputs["extra"] = torch.ones(2, 5)

@@ -88,3 +88,42 @@ def test_solverstate_both_ways_with_extras_kept_as_unknown_field():
     assert (back["iter"], back["current_step"], back["learned_net"]) == (
         7, 1, "net_iter_7.caffemodel")
     assert back["history"][0].tolist() == [3.0, 4.0]
+
+
+def test_read_net_streams_blobs_bigger_than_its_buffer_and_skips_the_rest(tmp_path):
+    big = torch.arange(100_002, dtype=torch.float32).reshape(6, -1)  # 400 kB > the 64 KiB buffer
+    net = NetParameter(name="n")
+    layer = net.layer.add(name="fc", type="InnerProduct", bottom=["x" * 70_000])  # skipped
+    blob = layer.blobs.add()
+    blob.shape.dim.extend(big.shape)
+    blob.data.extend(big.reshape(-1).tolist())
+    small = layer.blobs.add()
+    small.shape.dim.extend([2])
+    small.data.extend([1.5, -2.5])
+    path = tmp_path / "m.caffemodel"
+    path.write_bytes(net.SerializeToString())
+    layers = caffemodel.read_net(path)
+    assert torch.equal(layers["fc"][0], big) and layers["fc"][1].tolist() == [1.5, -2.5]
+    assert layers["fc"][0].is_contiguous() and layers["fc"][0].numpy().flags.writeable
+
+
+def test_read_net_takes_double_and_unpacked_data_and_refuses_truncation(tmp_path):
+    import struct
+
+    from caffe_py.errors import SolverError
+    from caffe_py.io.wire import len_field, tag, varint
+
+    unpacked = b"".join(tag(5, 5) + struct.pack("<f", v) for v in (1.0, 2.0))
+    doubles = len_field(8, struct.pack("<2d", 0.5, 0.25))
+    shape = len_field(7, len_field(1, varint(2)))
+    buf = len_field(100, len_field(1, b"a") + len_field(7, shape + unpacked)
+                    + len_field(7, shape + doubles))
+    path = tmp_path / "m.caffemodel"
+    path.write_bytes(buf)
+    layers = caffemodel.read_net(path)
+    assert [b.tolist() for b in layers["a"]] == [[1.0, 2.0], [0.5, 0.25]]
+    path.write_bytes(buf[:-5])
+    with pytest.raises(SolverError) as err:
+        caffemodel.read_net(path)
+    assert str(err.value) == (f"{path}: not a Caffe NetParameter (.caffemodel) (field 100 runs "
+                              f"past the end ({len(buf)} > {len(buf) - 5} bytes))")

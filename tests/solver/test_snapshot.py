@@ -153,5 +153,6 @@ def test_garbage_caffemodel_is_a_one_line_error(tmp_path):
         snap.load_weights(path)
     h5 = tmp_path / "w.caffemodel.h5"
     h5.write_bytes(b"")
-    with pytest.raises(SolverError, match="HDF5 snapshots are not supported"):
+    with pytest.raises(SolverError, match=r"w.caffemodel.h5: not an HDF5 file \(no HDF5 "
+                                          r"signature\); give a Caffe .caffemodel.h5"):
         snap.load_weights(h5)

@@ -80,12 +80,14 @@ def test_test_outputs_are_the_mean_over_test_iter(ws, run):
     {"type": "SGD", "lr_policy": "multistep", "gamma": 0.5, "stepvalue": "[2, 4]"},
     {"type": "Adam", "momentum2": 0.99, "lr_policy": "fixed"},
     {"type": "Nesterov", "snapshot_format": "caffemodel"},
+    {"type": "AdaDelta", "momentum": 0.9, "snapshot_format": "HDF5"},
 ])
 def test_resume_is_bitwise_identical_with_dummy_data(ws, rule, run):
     straight, _ = run(ws.load(max_iter=6, test_iter=1, test_interval=2, **rule))
     first, _ = run(ws.load(max_iter=3, test_iter=1, test_interval=2, snapshot_prefix="b/t",
                            **rule))
-    ext = ".solverstate" if rule.get("snapshot_format") else ".solverstate.pt"
+    ext = {"caffemodel": ".solverstate", "HDF5": ".solverstate.h5"}.get(
+        rule.get("snapshot_format"), ".solverstate.pt")
     state = ws.root / "b" / f"t_iter_3{ext}"
     resumed, lines = run(ws.load(max_iter=6, test_iter=1, test_interval=2, snapshot_prefix="c/t",
                                  **rule), resume=str(state))
@@ -106,6 +108,31 @@ def test_resume_is_bitwise_identical_with_an_lmdb(ws, run):
                      resume=str(ws.root / "b" / "t_iter_4.solverstate.pt"))
     assert_bitwise(weights_of(straight), weights_of(resumed))
     assert straight.last_test[0]["acc"].item() == resumed.last_test[0]["acc"].item()
+
+
+def test_hdf5_snapshots_resume_an_lmdb_run_exactly(ws, run):
+    pytest.importorskip("h5py")
+    ws.net(ws.LMDB_NET, batch=2)
+    common = {"max_iter": 7, "lr_policy": "fixed", "snapshot_format": "HDF5"}
+    straight, _ = run(ws.load(**common))
+    run(ws.load(**{**common, "max_iter": 3}, snapshot_prefix="b/t"))
+    state = ws.root / "b" / "t_iter_3.solverstate.h5"
+    assert (ws.root / "b" / "t_iter_3.caffemodel.h5").is_file()
+    resumed, _ = run(ws.load(**common, snapshot_prefix="c/t"), resume=str(state))
+    assert_bitwise(weights_of(straight), weights_of(resumed))
+
+
+def test_solver_weights_field_and_test_compute_loss(ws, run):
+    first, _ = run(ws.load(max_iter=2, snapshot_format="caffemodel", snapshot_prefix="w/t"))
+    solver, lines = run(ws.load(max_iter=0, weights="w/t_iter_2.caffemodel", test_iter=2,
+                                test_interval=1, test_compute_loss=True, debug_info=True,
+                                snapshot_after_train=False))
+    assert_bitwise(weights_of(first), weights_of(solver))
+    assert f"Finetuning from {ws.root / 'w' / 't_iter_2.caffemodel'}" in lines
+    assert "Note: debug_info: Caffe's per-blob debug lines are not printed; it changes " \
+           "nothing here" in lines
+    loss = solver.last_test[0]["__loss__"].item()
+    assert f"Test loss: {loss:g}" in lines
 
 
 def test_iter_size_k_with_batch_b_equals_batch_k_times_b(ws, run):

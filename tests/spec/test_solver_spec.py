@@ -183,3 +183,41 @@ def test_written_fields_survive_dataclasses_replace(tmp_path):
     assert is_set(p, "gamma")
     assert not is_set(SolverParameter(momentum=0.9), "momentum")
     assert not is_set(dataclasses.replace(SolverParameter(), momentum=0.9), "momentum")
+
+
+CAFFE_SOLVER_FIELDS = (  # caffe.proto's SolverParameter (Caffe 1.0), every field
+    "net net_param train_net test_net train_net_param test_net_param train_state test_state "
+    "test_iter test_interval test_compute_loss test_initialization base_lr display "
+    "average_loss max_iter iter_size lr_policy gamma power momentum weight_decay "
+    "regularization_type stepsize stepvalue clip_gradients snapshot snapshot_prefix "
+    "snapshot_diff snapshot_format solver_mode device_id random_seed type delta momentum2 "
+    "rms_decay debug_info snapshot_after_train solver_type layer_wise_reduce weights").split()
+
+
+def test_every_caffe_solver_field_is_known():
+    from caffe_py.spec.schema import field_names
+    from caffe_py.spec.solver_spec import SolverParameter
+
+    assert set(CAFFE_SOLVER_FIELDS) <= set(field_names(SolverParameter))
+
+
+def test_old_solver_type_enum_sets_type_and_inert_fields_say_so(tmp_path):
+    p = load_solver(write(tmp_path, """\
+        net: net.yaml
+        base_lr: 0.1
+        solver_type: NESTEROV
+        snapshot_format: HDF5
+        layer_wise_reduce: false
+        snapshot_diff: true
+        weights: [a.caffemodel, /abs/b.caffemodel]
+        """))
+    assert (p.type, p.snapshot_format) == ("Nesterov", "HDF5")
+    assert p.weights == [str(tmp_path / "a.caffemodel"), "/abs/b.caffemodel"]
+    assert p.inert_notes() == [
+        "layer_wise_reduce: caffe-py's parallel sync chooses its own overlap "
+        "(docs/parallel.md); it changes nothing here",
+        "snapshot_diff: no diffs are written into snapshots (nothing reads them back); it "
+        "changes nothing here"]
+    got = error_of(tmp_path, "net: net.yaml\nbase_lr: 0.1\ntype: Adam\nsolver_type: ADAM\n")
+    assert got == (f"{tmp_path / 'solver.yaml'}:4: solver_type: solver_type (the old enum) and "
+                   "type are both set; Caffe refuses to upgrade that too; keep type only")

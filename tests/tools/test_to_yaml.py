@@ -249,7 +249,8 @@ def test_repeated_scalars_become_lists_and_single_ones_stay_scalars():
 
 def test_paths_are_rewritten_from_caffes_directory_to_the_output(tmp_path):
     msg = parse('layer { name: "d" type: "Data" top: "x" data_param { source: "a/db" '
-                'batch_size: 1 } transform_param { mean_file: "/abs/mean.binaryproto" } }')
+                'batch_size: 1 backend: LMDB } transform_param { mean_file: '
+                '"/abs/mean.binaryproto" } }')
     moved = convert(msg, "net", source="s", root=tmp_path, out=tmp_path / "cfg" / "n.yaml")
     layer = yamlio.loads(moved.text)["layer"][0]
     assert layer["data_param"]["source"] == "../a/db"
@@ -409,3 +410,17 @@ def test_random_trees_load_back_as_written():
         expected = _expected(pairs)
         expected["layer"] = [expected["layer"]]
         assert loaded == expected, text
+
+
+def test_a_data_layer_without_backend_reads_leveldb_as_in_caffe():
+    msg = parse('layer { name: "d" type: "Data" top: "x" data_param { source: "db" '
+                'batch_size: 1 } }\n'
+                'layer { name: "e" type: "Data" top: "y" data_param { source: "db2" '
+                'batch_size: 1 backend: LMDB } }')
+    conv = convert(msg, "net", source="s")
+    layers = yamlio.loads(conv.text)["layer"]
+    assert [layer["data_param"]["backend"] for layer in layers] == ["LEVELDB", "LMDB"]
+    assert "backend: LEVELDB  # Caffe's default: the prototxt gives no backend" in conv.text
+    assert conv.notes == ["a Data layer's data_param gives no backend, so Caffe reads LEVELDB "
+                          "(caffe.proto's default); the YAML says backend: LEVELDB (write LMDB "
+                          "there if the database is an LMDB)"]

@@ -36,7 +36,10 @@ def test_padding_layers_fold_into_the_convolution_they_feed():
     assert conv.notes == [
         "upgraded a V0 net of 5 layers (the 2014 'layers { layer { ... } }' form) to V1 as "
         "Caffe's UpgradeV0Net, folding 1 padding layer(s) into the layers they feed",
-        "upgraded 5 V1 'layers' blocks to 'layer' (as Caffe's UpgradeV1Net)"]
+        "upgraded 5 V1 'layers' blocks to 'layer' (as Caffe's UpgradeV1Net)",
+        "a Data layer's data_param gives no backend, so Caffe reads LEVELDB (caffe.proto's "
+        "default); the YAML says backend: LEVELDB (write LMDB there if the database is an "
+        "LMDB)"]
 
 
 def test_the_imagenet_v0_net_imports_and_loads(tmp_path):

@@ -44,7 +44,17 @@ from .common import (
     SliceParameter,
     SoftmaxParameter,
 )
-from .data import DataParameter, DummyDataParameter, InputParameter, TransformationParameter
+from .data import (
+    DataParameter,
+    DummyDataParameter,
+    HDF5DataParameter,
+    HDF5OutputParameter,
+    ImageDataParameter,
+    InputParameter,
+    MemoryDataParameter,
+    TransformationParameter,
+    WindowDataParameter,
+)
 from .forks import PORT, fix_for, origin
 from .loss import AccuracyParameter, InfogainLossParameter, LossParameter
 from .margin_loss import ContrastiveLossParameter, HingeLossParameter
@@ -68,6 +78,14 @@ LAYER_PARAMS: dict[str, dict[str, type]] = {
     "Input": {"input_param": InputParameter},
     "DummyData": {"dummy_data_param": DummyDataParameter},
     "Data": {"data_param": DataParameter, "transform_param": TransformationParameter},
+    "ImageData": {"image_data_param": ImageDataParameter,
+                  "transform_param": TransformationParameter},
+    "WindowData": {"window_data_param": WindowDataParameter,
+                   "transform_param": TransformationParameter},
+    "HDF5Data": {"hdf5_data_param": HDF5DataParameter},
+    "HDF5Output": {"hdf5_output_param": HDF5OutputParameter},
+    "MemoryData": {"memory_data_param": MemoryDataParameter,
+                   "transform_param": TransformationParameter},
     # vision
     "Convolution": {"convolution_param": ConvolutionParameter},
     "Deconvolution": {"convolution_param": ConvolutionParameter},

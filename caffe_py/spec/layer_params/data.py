@@ -1,4 +1,5 @@
-"""The blocks of the data layers: Input, DummyData and Data (with its transform_param)."""
+"""The blocks of the data layers: Input, DummyData, Data (with its transform_param), ImageData,
+HDF5Data, HDF5Output, MemoryData and WindowData."""
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -58,7 +59,10 @@ class DataParameter(Message):
 
     source: str = field("", "the database directory", path=True)
     batch_size: int = field(0, "records per batch (per replica)", min=1)
-    backend: str = field("LMDB", "database kind", choices=("LMDB",))
+    backend: str = field("LMDB", "database kind: LMDB or LEVELDB (caffe-py's YAML defaults to "
+                                 "LMDB; cpy import-prototxt writes LEVELDB, Caffe's default, "
+                                 "where a prototxt leaves it out)",
+                         choices=("LEVELDB", "LMDB"))
     prefetch: int = field(4, "batches buffered ahead per replica", min=1)
     rand_skip: int = field(0, "skip up to this many records at the start (random)", min=0)
     mean_file: str = field("", "deprecated; use transform_param.mean_file", path=True)
@@ -69,4 +73,98 @@ class DataParameter(Message):
 
     def check(self, v: Check) -> None:
         if not self.source:
-            v.fail(None, "data_param.source is not set", "name the LMDB directory to read")
+            v.fail(None, "data_param.source is not set", "name the database directory to read")
+
+
+@dataclass
+class ImageDataParameter(Message):
+    """Images named by a list file of ``path label`` lines (Caffe's ImageDataParameter)."""
+
+    source: str = field("", "the list file: one 'path label' per line (split at the last space)",
+                        path=True)
+    batch_size: int = field(1, "images per batch (per replica)", min=1)
+    rand_skip: int = field(0, "skip up to this many images at the start (random)", min=0)
+    shuffle: bool = field(False, "shuffle the list at the start and after every pass, as "
+                                 "Caffe does (seeded by random_seed)")
+    new_height: int = field(0, "resize to this height (with new_width; OpenCV INTER_LINEAR)",
+                            min=0)
+    new_width: int = field(0, "resize to this width (with new_height)", min=0)
+    is_color: bool = field(True, "read 3 channels (BGR); false: 1 gray channel")
+    root_folder: str = field("", "the folder the list's paths are relative to (default: the "
+                                 "list file's folder, then the current directory)", path=True)
+    scale: float = field(1.0, "deprecated; use transform_param.scale")
+    mean_file: str = field("", "deprecated; use transform_param.mean_file", path=True)
+    crop_size: int = field(0, "deprecated; use transform_param.crop_size", min=0)
+    mirror: bool = field(False, "deprecated; use transform_param.mirror")
+
+    def check(self, v: Check) -> None:
+        if not self.source:
+            v.fail(None, "image_data_param.source is not set", "name the list file to read")
+        if (self.new_height > 0) != (self.new_width > 0):
+            v.fail("new_height" if self.new_height else "new_width",
+                   "new_height and new_width go together", "set both (or neither)")
+
+
+@dataclass
+class HDF5DataParameter(Message):
+    """Rows of HDF5 files named by a list file (Caffe's HDF5DataParameter); each top reads
+    the dataset of its own name."""
+
+    source: str = field("", "a text file listing .h5 files, one per line", path=True)
+    batch_size: int = field(0, "rows per batch (per replica)", min=1)
+    shuffle: bool = field(False, "shuffle the files, and the rows within each file, on every "
+                                 "pass, as Caffe does")
+
+    def check(self, v: Check) -> None:
+        if not self.source:
+            v.fail(None, "hdf5_data_param.source is not set", "name the list of .h5 files")
+
+
+@dataclass
+class HDF5OutputParameter(Message):
+    """Where an HDF5Output layer writes its bottoms (Caffe's HDF5OutputParameter)."""
+
+    file_name: str = field("", "the .h5 file to write (datasets 'data' and 'label')",
+                           path=True)
+
+    def check(self, v: Check) -> None:
+        if not self.file_name:
+            v.fail(None, "hdf5_output_param.file_name is not set", "name the .h5 file to write")
+
+
+@dataclass
+class MemoryDataParameter(Message):
+    """The shape of batches a MemoryData layer is given from Python (MemoryDataParameter)."""
+
+    batch_size: int = field(0, "rows per batch", min=1)
+    channels: int = field(0, "C of every row", min=1)
+    height: int = field(0, "H of every row", min=1)
+    width: int = field(0, "W of every row", min=1)
+
+
+@dataclass
+class WindowDataParameter(Message):
+    """R-CNN windows (Caffe's WindowDataParameter): crops of object and background windows of
+    images listed in a window file."""
+
+    source: str = field("", "the window file", path=True)
+    scale: float = field(1.0, "multiply after the mean is subtracted (WindowData reads this, "
+                              "not transform_param.scale)")
+    mean_file: str = field("", "deprecated; use transform_param.mean_file", path=True)
+    batch_size: int = field(0, "windows per batch (per replica)", min=1)
+    crop_size: int = field(0, "deprecated; use transform_param.crop_size", min=0)
+    mirror: bool = field(False, "deprecated; use transform_param.mirror")
+    fg_threshold: float = field(0.5, "a window with overlap >= this is foreground")
+    bg_threshold: float = field(0.5, "a window with overlap < this is background")
+    fg_fraction: float = field(0.25, "the fraction of each batch that is foreground", min=0,
+                               max=1)
+    context_pad: int = field(0, "pixels of context around each window after warping", min=0)
+    crop_mode: str = field("warp", "warp: the window to crop_size x crop_size; square: the "
+                                   "tightest square around it", choices=("warp", "square"))
+    cache_images: bool = field(False, "keep the image files in memory")
+    root_folder: str = field("", "prefixed to the window file's image paths (as a folder)",
+                             path=True)
+
+    def check(self, v: Check) -> None:
+        if not self.source:
+            v.fail(None, "window_data_param.source is not set", "name the window file to read")
