@@ -167,42 +167,48 @@ class SoftmaxWithLoss(Layer):
         if scores3.shape[2] == 1:   # (outer, C): the plain kernels
             scores3, target = scores3.squeeze(2), target.squeeze(1)
         norm = normalizer(self.mode, lab.shape[0], lab.shape[2], valid)
-        loss, logp3 = _CaffeSoftmaxLoss.apply(scores3, target, norm, valid is not None)
+        every = None if valid is not None else lab.shape[0] * lab.shape[2]
+        loss, logp = _CaffeSoftmaxLoss.apply(scores3, target, norm, every)
         if len(self.top_shapes) == 2:  # Caffe's backward reads only the loss top's diff
-            return loss, logp3.detach().exp().reshape(scores.shape)
+            return loss, logp.detach().exp().reshape(scores.shape)
         return loss
 
 
 class _CaffeSoftmaxLoss(torch.autograd.Function):
     """sum(min(-log p_target, -log FLT_MIN)) / norm over (outer, C[, inner]) scores, with
-    Caffe's gradient (p - onehot) / norm, also where the clamp holds; target -1 is ignored (no
-    loss, no gradient). In as few kernels as the formula allows: a launch-bound eager step pays
-    for each one."""
+    Caffe's gradient (p - onehot) * (top diff / norm), also where the floor holds, computed in
+    Caffe's order (its printed losses match digit for digit); target -1 is ignored (no loss,
+    no gradient). Three kernels forward and three or four backward where ``norm`` is 1 or
+    ``every`` (the count of every position when none is ignored): a launch-bound eager step
+    pays for each one."""
 
     @staticmethod
     def forward(ctx: Any, scores: torch.Tensor, target: torch.Tensor,
-                norm: torch.Tensor | float, ignores: bool) -> tuple[torch.Tensor, torch.Tensor]:
+                norm: torch.Tensor | float, every: int | None) -> tuple[torch.Tensor, torch.Tensor]:
         logp = F.log_softmax(scores, dim=1)
-        nll = F.nll_loss(logp, target, reduction="none", ignore_index=-1)
-        loss = nll.clamp_(max=_MAX_NLL).sum() / norm
+        nll = F.nll_loss(logp, target, reduction="none", ignore_index=-1).clamp_(max=_MAX_NLL)
+        loss = nll.mean() if isinstance(norm, float) and norm == every else nll.sum() / norm
         ctx.save_for_backward(logp, target)
-        ctx.norm, ctx.ignores = norm, ignores
+        ctx.norm, ctx.ignores = norm, every is None
         ctx.mark_non_differentiable(logp)
+        ctx.set_materialize_grads(False)   # no zeros for logp's unused gradient
         return loss, logp
 
     @staticmethod
-    def backward(ctx: Any, grad: torch.Tensor, _unused: Any) -> tuple[Any, None, None, None]:
+    def backward(ctx: Any, grad: torch.Tensor | None, _unused: Any) -> tuple[Any, None, None, None]:
+        if grad is None:
+            return None, None, None, None
         logp, target = ctx.saved_tensors
         dx = logp.exp()
         if not ctx.ignores:
-            index = target.unsqueeze(1)
-            dx.scatter_add_(1, index, torch.full_like(index, -1, dtype=dx.dtype))
+            dx.scatter_(1, target.unsqueeze(1), -1.0, reduce="add")
         else:
             index = target.clamp(min=0).unsqueeze(1)
             kept = (target >= 0).unsqueeze(1).to(dx.dtype)
             dx.scatter_add_(1, index, -kept)
             dx.mul_(kept)
-        return dx.mul_(grad / ctx.norm), None, None, None
+        scale = grad if isinstance(ctx.norm, float) and ctx.norm == 1.0 else grad / ctx.norm
+        return dx.mul_(scale), None, None, None
 
 
 @register("EuclideanLoss")
