@@ -1,4 +1,5 @@
-"""Shared fixtures: toy layer types (to test the Net apart from the layer library) and specs.
+"""Shared fixtures: toy layer types (to test the Net apart from the layer library), specs, and
+the check that a test leaves no thread behind.
 
 The toy types are declared in the spec's table and registered only while a test module that
 asks for ``toy_layers`` runs, and removed afterwards, so the registry test and other modules
@@ -6,6 +7,7 @@ see the real library alone.
 """
 from __future__ import annotations
 
+import threading
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -126,3 +128,13 @@ def _spec_of(text: str, file: str = "net.yaml", base_dir: Path = Path(".")) -> N
 def spec_of():
     """``spec_of(yaml_text, file="net.yaml")``: a NetParameter parsed as if read from ``file``."""
     return _spec_of
+
+
+@pytest.fixture
+def no_stray_threads():
+    """Fails a test that leaves a thread running (a feed, reader or replica it started); a
+    module opts in with ``pytestmark = pytest.mark.usefixtures("no_stray_threads")``."""
+    before = {t.ident for t in threading.enumerate()}
+    yield
+    left = [t.name for t in threading.enumerate() if t.ident not in before and t.is_alive()]
+    assert left == []

@@ -3,17 +3,15 @@ interfaces of the data pipeline (no module reaches into another's private names)
 from __future__ import annotations
 
 import ast
-import threading
 from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
+from support import write_records
 
 from caffe_py.errors import DataError
 from caffe_py.io import ReaderPool, attach_feeds, feed_of, swap_feed
-from caffe_py.io.datum import datum_from_array, encode_datum
-from caffe_py.io.lmdb_store import LmdbWriter
 from caffe_py.layers import BuildContext, lookup
 from caffe_py.spec.net_spec import parse_layer
 from caffe_py.spec.schema import Source
@@ -21,19 +19,11 @@ from caffe_py.spec.schema import Source
 ROOT = Path(__file__).resolve().parents[2]
 
 
-@pytest.fixture(autouse=True)
-def no_stray_threads():
-    before = threading.active_count()
-    yield
-    assert threading.active_count() == before
+pytestmark = pytest.mark.usefixtures("no_stray_threads")
 
 
 def make_db(path, n: int) -> str:
-    with LmdbWriter(path) as writer:
-        for i in range(n):
-            writer.put(b"%08d" % i, encode_datum(datum_from_array(np.full((1, 2, 2), i,
-                                                                           np.uint8), i)))
-    return str(path)
+    return write_records(path, ((np.full((1, 2, 2), i, np.uint8), i) for i in range(n)))
 
 
 class TwoDataLayers:

@@ -4,8 +4,6 @@ decoder's batches, in the same order, across replicas, passes and a resume; fail
 line naming the record; no thread outlives the pool."""
 from __future__ import annotations
 
-import threading
-
 import numpy as np
 import pytest
 import torch
@@ -29,11 +27,7 @@ H, W = 12, 10
 RECORDS = 30
 
 
-@pytest.fixture(autouse=True)
-def no_stray_threads():
-    before = threading.active_count()
-    yield
-    assert threading.active_count() == before
+pytestmark = pytest.mark.usefixtures("no_stray_threads")
 
 
 @pytest.fixture(scope="module")

@@ -2,11 +2,10 @@
 in the loop, the same batches from the threads and from the loop."""
 from __future__ import annotations
 
-import threading
-
 import numpy as np
 import pytest
 import torch
+from support import write_records
 
 from caffe_py.errors import DataError
 from caffe_py.io import ReaderPool, attach_feeds
@@ -20,21 +19,14 @@ from caffe_py.spec.schema import Source
 SHAPE = (3, 6, 6)
 
 
-@pytest.fixture(autouse=True)
-def no_stray_threads():
-    before = threading.active_count()
-    yield
-    assert threading.active_count() == before
+pytestmark = pytest.mark.usefixtures("no_stray_threads")
 
 
 def make_db(path, n: int, corrupt: int | None = None) -> tuple[str, list[np.ndarray]]:
     rng = np.random.default_rng(0)
     arrays = [rng.integers(0, 256, SHAPE, dtype=np.uint8) for _ in range(n)]
-    with LmdbWriter(path) as writer:
-        for i, array in enumerate(arrays):
-            value = encode_datum(datum_from_array(array, 100 + i))
-            writer.put(b"%08d" % i, b"\x0a\xff" if i == corrupt else value)
-    return str(path), arrays
+    replace = {corrupt: b"\x0a\xff"} if corrupt is not None else None
+    return write_records(path, ((a, 100 + i) for i, a in enumerate(arrays)), replace), arrays
 
 
 def data_layer(db, phase="TRAIN", batch_size=4, tops=("data", "label")):

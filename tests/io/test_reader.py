@@ -12,6 +12,7 @@ import threading
 import numpy as np
 import pytest
 import torch
+from support import write_records
 
 from caffe_py.errors import DataError
 from caffe_py.io import ReaderPool, attach_feeds
@@ -25,20 +26,13 @@ from caffe_py.spec.schema import Source
 SHAPE = (1, 4, 4)
 
 
-@pytest.fixture(autouse=True)
-def no_stray_threads():
-    before = threading.active_count()
-    yield
-    assert threading.active_count() == before
+pytestmark = pytest.mark.usefixtures("no_stray_threads")
 
 
 def make_db(path, n: int, corrupt: int | None = None) -> str:
     """Record i: every pixel i % 256, label i; key %08d. ``corrupt`` stores garbage there."""
-    with LmdbWriter(path) as writer:
-        for i in range(n):
-            value = encode_datum(datum_from_array(np.full(SHAPE, i % 256, np.uint8), i))
-            writer.put(b"%08d" % i, b"\xff\xff\xff" if i == corrupt else value)
-    return str(path)
+    return write_records(path, ((np.full(SHAPE, i % 256, np.uint8), i) for i in range(n)),
+                         {corrupt: b"\xff\xff\xff"} if corrupt is not None else None)
 
 
 def labels(queue, n: int) -> list[int]:

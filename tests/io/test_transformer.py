@@ -2,7 +2,6 @@
 from __future__ import annotations
 
 import struct
-import threading
 
 import numpy as np
 import pytest
@@ -12,12 +11,7 @@ from caffe_py.errors import DataError
 from caffe_py.io.transformer import _MASK64, Transformer, _splitmix64, read_mean_file
 from caffe_py.spec.net_spec import TransformationParameter
 
-
-@pytest.fixture(autouse=True)
-def no_stray_threads():
-    before = threading.active_count()
-    yield
-    assert threading.active_count() == before
+pytestmark = pytest.mark.usefixtures("no_stray_threads")
 
 
 def caffe_loop(array, tp, h_off, w_off, mirror, mean=None):

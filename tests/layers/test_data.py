@@ -1,23 +1,17 @@
 """Input, DummyData and Data layers."""
 from __future__ import annotations
 
-import threading
-
 import numpy as np
 import pytest
 import torch
+from support import write_records
 
 from caffe_py.errors import DataError, NetError
 from caffe_py.layers import BuildContext, lookup
 from caffe_py.spec.net_spec import parse_layer
 from caffe_py.spec.schema import Source
 
-
-@pytest.fixture(autouse=True)
-def no_stray_threads():
-    before = threading.active_count()
-    yield
-    assert threading.active_count() == before
+pytestmark = pytest.mark.usefixtures("no_stray_threads")
 
 
 def build(node: dict, bottom_shapes=(), phase="TRAIN", seed=0):
@@ -107,14 +101,8 @@ def test_dummy_data_count_errors():
 
 # --- Data -----------------------------------------------------------------------------------
 def make_db(path, shape=(3, 10, 12), n=3, floats=False) -> str:
-    from caffe_py.io.datum import datum_from_array, encode_datum
-    from caffe_py.io.lmdb_store import LmdbWriter
-
-    with LmdbWriter(path) as writer:
-        for i in range(n):
-            array = np.full(shape, i, np.float32 if floats else np.uint8)
-            writer.put(b"%08d" % i, encode_datum(datum_from_array(array, i)))
-    return str(path)
+    dtype = np.float32 if floats else np.uint8
+    return write_records(path, ((np.full(shape, i, dtype), i) for i in range(n)))
 
 
 def data_node(db, tops=("data", "label"), **transform):

@@ -5,7 +5,6 @@ at points, resume is exact, and layer waits change no bit."""
 from __future__ import annotations
 
 import dataclasses
-import threading
 
 import pytest
 import torch
@@ -52,12 +51,7 @@ snapshot_prefix: {prefix}
 SMALL_BUCKETS = 64   # bytes: every blob its own bucket, so weights arrive in several units
 
 
-@pytest.fixture(autouse=True)
-def no_stray_threads():
-    before = {t.ident for t in threading.enumerate()}
-    yield
-    left = [t.name for t in threading.enumerate() if t.ident not in before and t.is_alive()]
-    assert left == []
+pytestmark = pytest.mark.usefixtures("no_stray_threads")
 
 
 def _param(tmp_path, db, *, iters=6, momentum=0.9, type_="SGD", name="s", **fields):

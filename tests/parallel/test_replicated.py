@@ -4,7 +4,6 @@ lockstep driver gives the threaded run's weights bit for bit."""
 from __future__ import annotations
 
 import logging
-import threading
 
 import pytest
 import torch
@@ -51,12 +50,7 @@ snapshot_prefix: {prefix}
 """
 
 
-@pytest.fixture(autouse=True)
-def no_stray_threads():
-    before = {t.ident for t in threading.enumerate()}
-    yield
-    left = [t.name for t in threading.enumerate() if t.ident not in before and t.is_alive()]
-    assert left == []
+pytestmark = pytest.mark.usefixtures("no_stray_threads")
 
 
 PLAIN = "scale: 0.00390625"
