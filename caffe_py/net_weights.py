@@ -3,6 +3,7 @@ layer -> blobs table a weights file holds. Layers are matched by name, and of se
 of one name Caffe reaches only the first; so does caffe-py."""
 from __future__ import annotations
 
+import logging
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -17,6 +18,8 @@ from .spec.schema import location
 if TYPE_CHECKING:
     from .layers.base import Layer
     from .net import Net
+
+log = logging.getLogger(__name__)
 
 
 @dataclass
@@ -43,7 +46,10 @@ class WeightsMixin:
     def copy_from(self, blobs_by_layer: Mapping[str, list[torch.Tensor]],
                   source: str | Path = "<weights>") -> CopyResult:
         """Caffe's CopyTrainedLayersFrom: copy by layer name into the first layer of that name
-        (Caffe stops at the first match); layers the net lacks are skipped."""
+        (Caffe stops at the first match); layers the net lacks are skipped. Non-finite values
+        are an error; so is a file that fills none of the net's learnable layers, and the
+        learnable layers it leaves out (they keep their fillers' values) are named in a
+        warning."""
         result = CopyResult()
         by_name = self._first_by_name()
         for name, values in blobs_by_layer.items():
@@ -63,10 +69,32 @@ class WeightsMixin:
                                    f"{list(value.shape)} in the weights, {list(target.shape)} in "
                                    "the net; the weights are for another net (or rename the "
                                    "layer to start it afresh)")
+                if value.is_floating_point() and not bool(torch.isfinite(value).all()):
+                    raise NetError(f"{source}: layer {self._ref(layer)} blob {i} holds NaN or "
+                                   "infinite values; the file is damaged or was saved from a "
+                                   "diverged run: use an earlier snapshot")
                 with torch.no_grad():
                     target.copy_(value.reshape(target.shape))
             result.copied.append(name)
+        self._report_unfilled(result, by_name, len(blobs_by_layer), source)
         return result
+
+    def _report_unfilled(self, result: CopyResult, by_name: Mapping[str, Layer], held: int,
+                         source: str | Path) -> None:
+        """None of the learnable layers filled: an error; some: one warning naming them."""
+        learnable = [name for name, layer in by_name.items() if layer.blob_names]
+        unfilled = [name for name in learnable if name not in set(result.copied)]
+        if not unfilled:
+            return
+        if len(unfilled) == len(learnable):
+            what = "holds no layers (an empty or foreign file)" if held == 0 else \
+                f"holds {held} layer(s), none of them named as the net's " \
+                f"({', '.join(result.ignored[:5])}{', ...' if held > 5 else ''})"
+            raise NetError(f"{source}: {what}; none of the net's {len(learnable)} learnable "
+                           "layers got weights: give the weights of this net")
+        log.warning(f"{source}: {len(unfilled)} of the net's {len(learnable)} learnable layers "
+                    f"are not in the file and keep their fillers' values: "
+                    f"{', '.join(unfilled)}")
 
     def share_weights_with(self, other: Net) -> list[str]:
         """Caffe's ShareTrainedLayersWith: use ``other``'s blob tensors for same-named layers.

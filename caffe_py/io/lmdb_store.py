@@ -13,6 +13,7 @@ conversion fails with MDB_MAP_FULL and no database reserves a terabyte of addres
 from __future__ import annotations
 
 import os
+import struct
 import threading
 from collections.abc import Iterator, Sequence
 from itertools import islice
@@ -230,12 +231,48 @@ def _open_readonly(path: Path, fix: str) -> lmdb.Environment:
                         f"directories holding data.mdb); {fix}")
     if not (path / "data.mdb").is_file():
         raise DataError(f"{path}: no data.mdb in this directory, not an LMDB database; {fix}")
+    check_data_file(path / "data.mdb")
     try:
         return lmdb.open(str(path), readonly=True, lock=False, readahead=True, subdir=True,
                          max_readers=512)
     except lmdb.Error as exc:
         raise DataError(f"{path}: corrupt LMDB database ({_reason(exc)}); delete it and "
                         "convert the data again") from None
+
+
+# data.mdb begins with two meta pages (LMDB's MDB_meta after a 16-byte page header, 64-bit
+# layout): magic and version, the map address and size, two 48-byte database records (the
+# free-page one's first 4 bytes hold the page size), the last used page and the transaction id.
+_META = struct.Struct("<16xII8xQ I44x 48x QQ")
+_MAGIC, _VERSION = 0xBEEFC0DE, 1
+
+
+def check_data_file(data: Path) -> None:
+    """Refuse a data.mdb that is not LMDB's or is shorter than its own newest meta page says
+    (a truncated copy would be mapped and then fault: a bus error, not an exception)."""
+    size = data.stat().st_size
+    with data.open("rb") as f:
+        head = f.read(_META.size)
+        metas = [_META.unpack(head)] if len(head) == _META.size else []
+        if metas and metas[0][0] == _MAGIC and 512 <= metas[0][3] <= 1 << 16:
+            f.seek(metas[0][3])
+            second = f.read(_META.size)
+            if len(second) == _META.size:
+                metas.append(_META.unpack(second))
+    metas = [m for m in metas if m[0] == _MAGIC]
+    where = f"{data.parent}: corrupt LMDB database"
+    if not metas:
+        raise DataError(f"{where} (data.mdb has no LMDB meta page: not an LMDB file, or "
+                        "damaged); delete it and convert the data again")
+    magic, version, _mapsize, psize, last_page, _txn = max(metas, key=lambda m: m[5])
+    if version != _VERSION or not 512 <= psize <= 1 << 16:
+        raise DataError(f"{where} (data.mdb meta page: version {version}, page size {psize}); "
+                        "delete it and convert the data again")
+    need = (last_page + 1) * psize
+    if size < need:
+        raise DataError(f"{where} (data.mdb is {size} bytes but its pages reach {need}: the "
+                        "file is truncated, e.g. an interrupted copy); copy it again, or "
+                        "delete it and convert the data again")
 
 
 def _reason(exc: lmdb.Error) -> str:

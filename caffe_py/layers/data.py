@@ -284,6 +284,10 @@ class Data(FedLayer):
         except DataError as exc:
             raise DataError(f"{dp.source}: record {format_key(key)}: {exc}") from None
         channels, height, width = (int(d) for d in first.shape)
+        if channels * height * width == 0:
+            raise DataError(f"{dp.source}: record {format_key(key)} holds no data ({channels} x "
+                            f"{height} x {width}); convert the data again (the records must "
+                            "hold the images)")
         self.record_shape = (channels, height, width)
         self.record_dtype = first.dtype
         self.record_encoded = bool(datum.encoded)  # image files: decoded in parallel

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import tempfile
 import warnings
+import zipfile
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -145,16 +146,38 @@ def weights_path_of(state: Mapping[str, Any], state_path: str | Path) -> Path:
     return Path(state_path).parent / str(state.get("learned_net", ""))
 
 
+def verify_checksums(path: Path) -> None:
+    """Check every record of a ``torch.save`` file against the CRC-32 its zip directory
+    holds (``torch.load`` itself does not): a flipped byte or a torn file is a one-line error
+    instead of weights that load with wrong values."""
+    if not zipfile.is_zipfile(path):
+        return  # not torch.save's zip: the safe loader says what it is
+    fix = "the file is damaged; use an earlier snapshot, or copy it again"
+    try:
+        with zipfile.ZipFile(path) as archive:
+            bad = archive.testzip()
+    except (zipfile.BadZipFile, EOFError, OSError, RuntimeError) as exc:
+        raise SolverError(f"{path}: {one_line_reason(exc)}; {fix}") from None
+    if bad is not None:
+        raise SolverError(f"{path}: checksum mismatch in its record '{bad}'; {fix}")
+
+
+def one_line_reason(exc: BaseException) -> str:
+    text = " ".join(str(exc).split())
+    return text[:120] if text else type(exc).__name__
+
+
 def _load(path: Path, want: str) -> dict[str, Any]:
     if not path.is_file():
         raise SolverError(f"{path}: file not found; check the path")
+    verify_checksums(path)
     try:
         with warnings.catch_warnings():  # a foreign pickle's protocol warning is noise here
             warnings.simplefilter("ignore")
             data = torch.load(path, map_location="cpu", weights_only=True)
     except Exception as exc:  # noqa: BLE001 (any unpickling failure means "not ours")
-        reason = str(exc).strip().splitlines()[0][:120] if str(exc).strip() else type(exc).__name__
-        raise SolverError(f"{path}: not a caffe-py snapshot that loads safely ({reason}); give a "
+        raise SolverError(f"{path}: not a caffe-py snapshot that loads safely "
+                          f"({one_line_reason(exc)}); give a "
                           "file written by cpy train") from None
     kind = data.get("caffe_py") if isinstance(data, dict) else None
     if kind != want:
