@@ -2,32 +2,90 @@
 
 The payload goes to a temporary file in the target's directory, is flushed and fsynced, then
 renamed over the target (atomic on POSIX); the directory is fsynced so the rename itself
-survives a power loss.
+survives a power loss. The file gets the mode a plain ``open`` would give it (0666 less the
+umask). A write that fails (a full disk, a read-only or missing place, no permission) removes
+its temporary file and is a one-line :class:`~caffe_py.errors.WriteError`.
 """
 from __future__ import annotations
 
+import errno
 import os
+import shutil
 import tempfile
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any, BinaryIO
 
+from .errors import WriteError
+
+TEMP_SUFFIX = ".tmp"
+FULL = (errno.ENOSPC, errno.EDQUOT, errno.EFBIG)
+
+
+def _file_mode() -> int:
+    mask = os.umask(0)
+    os.umask(mask)
+    return 0o666 & ~mask
+
 
 def atomic_write(path: str | os.PathLike, write: Callable[[BinaryIO], Any]) -> None:
     """Run ``write`` on a temporary binary file beside ``path``, then move it onto ``path``."""
     path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=TEMP_SUFFIX)
+    except OSError as exc:
+        raise write_error(path, exc) from None
     try:
         with os.fdopen(fd, "wb") as file:
             write(file)
             file.flush()
             os.fsync(file.fileno())
+        os.chmod(tmp, _file_mode())
         os.replace(tmp, path)
-    except BaseException:
+    except BaseException as exc:
         Path(tmp).unlink(missing_ok=True)
+        if isinstance(exc, OSError) or (isinstance(exc, RuntimeError) and _full(path)):
+            raise write_error(path, exc) from None  # torch.save's writer: a RuntimeError
         raise
     fsync_dir(path.parent)
+
+
+def write_error(path: Path, exc: BaseException) -> WriteError:
+    """The one-line error of a failed write of ``path``."""
+    code = getattr(exc, "errno", None)
+    if code in FULL or (code is None and _full(path)):
+        return WriteError(str(path), "no space left on device", "free space or write "
+                          "elsewhere (nothing was replaced)", disk_full=True)
+    reason = getattr(exc, "strerror", None) or " ".join(str(exc).split())[:120]
+    return WriteError(str(path), f"cannot write ({reason.lower()})",
+                      "check the directory exists and is writable, or write elsewhere")
+
+
+def _full(path: Path) -> bool:
+    """Whether the filesystem of ``path`` has (next to) no space left."""
+    try:
+        return shutil.disk_usage(path.parent).free < (1 << 20)
+    except OSError:
+        return False
+
+
+def remove_stale_temporaries(path_stem: str | os.PathLike) -> list[Path]:
+    """Delete the temporaries that writes of files named ``<stem>*`` left behind when killed
+    (``.<name>.XXXX.tmp`` beside them); returns what was removed."""
+    stem = Path(path_stem)
+    removed = []
+    for tmp in stem.parent.glob(f".{glob_escape(stem.name)}*{TEMP_SUFFIX}"):
+        try:
+            tmp.unlink()
+            removed.append(tmp)
+        except OSError:
+            pass
+    return removed
+
+
+def glob_escape(name: str) -> str:
+    return "".join(f"[{c}]" if c in "*?[" else c for c in name)
 
 
 def atomic_write_bytes(path: str | os.PathLike, payload: bytes) -> None:

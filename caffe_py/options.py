@@ -6,7 +6,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from .errors import SolverError
-from .solver.signals import EFFECTS, SNAPSHOT, STOP
+from .solver.signals import EFFECTS, SNAPSHOT, SNAPSHOT_STOP, STOP
 
 if TYPE_CHECKING:
     from .solver.solver import ProgressFactory
@@ -28,6 +28,8 @@ class TrainOptions:
     """A .solverstate file to resume from (exclusive with ``weights``)."""
     sigint_effect: str = STOP
     sighup_effect: str = SNAPSHOT
+    sigterm_effect: str = SNAPSHOT_STOP
+    """What SIGTERM (a cluster's preemption) does: by default a snapshot, then the end."""
     precision: str | None = None
     """Overrides the solver's ``precision`` (FLOAT32 | BF16) when set."""
     reduction: str = "tree"
@@ -52,7 +54,8 @@ class TrainOptions:
         for name, value, allowed in (("reduction", self.reduction, REDUCTIONS),
                                      ("graphs", self.graphs, GRAPHS),
                                      ("sigint_effect", self.sigint_effect, EFFECTS),
-                                     ("sighup_effect", self.sighup_effect, EFFECTS)):
+                                     ("sighup_effect", self.sighup_effect, EFFECTS),
+                                     ("sigterm_effect", self.sigterm_effect, EFFECTS)):
             if value not in allowed:
                 raise SolverError(f"{name} '{value}' is not one of {', '.join(allowed)}")
         if self.dist_backend not in (None, *DIST_BACKENDS):

@@ -26,6 +26,7 @@ import torch
 
 from .devices import check_devices
 from .errors import SolverError
+from .fileio import remove_stale_temporaries
 from .options import TrainOptions
 from .solver import snapshot as snap
 from .solver.signals import SignalHandler
@@ -59,7 +60,10 @@ def train(param: SolverParameter, devices: Sequence[torch.device | str | int],
     strategy = choose_strategy(check_devices(devices), options)
     if strategy.leads:
         snap.check_writable(param.snapshot_prefix)
-    with SignalHandler(options.sigint_effect, options.sighup_effect) as signals:
+        for stale in remove_stale_temporaries(f"{param.snapshot_prefix}_iter_"):
+            log.info(f"Removed {stale.name}, left by an interrupted snapshot")
+    with SignalHandler(options.sigint_effect, options.sighup_effect,
+                       options.sigterm_effect) as signals:
         return strategy.run(param, signals.requested_action)
 
 

@@ -1,6 +1,10 @@
 """Helpers the suite's modules share (importable as ``support``: tests/ is on the path)."""
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
+import time
 from collections.abc import Iterable, Mapping
 from pathlib import Path
 
@@ -8,6 +12,8 @@ import numpy as np
 
 from caffe_py.io.datum import datum_from_array, encode_datum
 from caffe_py.io.lmdb_store import LmdbWriter
+
+ROOT = Path(__file__).resolve().parent.parent
 
 
 def write_records(path: str | Path, records: Iterable[tuple[np.ndarray, int]],
@@ -20,3 +26,25 @@ def write_records(path: str | Path, records: Iterable[tuple[np.ndarray, int]],
             value = encode_datum(datum_from_array(array, label))
             writer.put(b"%08d" % i, (replace or {}).get(i, value))
     return str(path)
+
+
+def cli_process(workdir: Path, *args: str) -> subprocess.Popen:
+    """``python cli.py ARGS`` in ``workdir``, unbuffered, its output on pipes (text)."""
+    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    return subprocess.Popen([sys.executable, str(ROOT / "cli.py"), *args], cwd=workdir,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+
+
+def wait_for(proc: subprocess.Popen, needle: str, seen: list[str], timeout: float = 60) -> str:
+    """Read ``proc``'s stdout lines into ``seen`` until one holds ``needle`` (returned); the
+    process is killed and the test fails when it ends or ``timeout`` passes first."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        line = proc.stdout.readline()
+        if not line:
+            break
+        seen.append(line.rstrip("\n"))
+        if needle in line:
+            return line
+    proc.kill()
+    raise AssertionError(f"never saw {needle!r}; got {seen[-5:]}")

@@ -88,7 +88,7 @@ def test_bad_options_are_refused_when_made():
     with pytest.raises(SolverError, match="^reduction 'ring' is not one of tree, nccl$"):
         TrainOptions(reduction="ring")
     with pytest.raises(SolverError, match="^sigint_effect 'kill' is not one of stop, snapshot, "
-                                          "none$"):
+                                          "snapshot-stop, none$"):
         TrainOptions(sigint_effect="kill")
     with pytest.raises(SolverError, match="^dist_backend 'mpi' is not one of nccl, gloo$"):
         TrainOptions(dist_backend="mpi")

@@ -40,6 +40,9 @@ GPUS_HELP = "devices: cpu, cpu:N (N CPU replicas), 0 or 0,1,2,3 (CUDA ids), or a
               help="what Ctrl-C does (after the current iteration)")
 @click.option("--sighup-effect", type=click.Choice(EFFECTS), default="snapshot",
               show_default=True, help="what SIGHUP does (after the current iteration)")
+@click.option("--sigterm-effect", type=click.Choice(EFFECTS), default="snapshot-stop",
+              show_default=True,
+              help="what SIGTERM (preemption) does (after the current iteration)")
 @click.option("--precision", type=click.Choice(PRECISIONS), default=None,
               help="override the solver's precision")
 @click.option("--reduction", type=click.Choice(REDUCTIONS), default="tree",
@@ -60,6 +63,7 @@ GPUS_HELP = "devices: cpu, cpu:N (N CPU replicas), 0 or 0,1,2,3 (CUDA ids), or a
               help="between hosts: seconds any wait for another host may take")
 def train_command(solver_file: str, gpus: str | None, weights: str | None,
                   snapshot: str | None, sigint_effect: str, sighup_effect: str,
+                  sigterm_effect: str,
                   precision: str | None, reduction: str, graphs: str | None,
                   cuda_graphs: bool | None, deterministic: bool, compile_net: bool,
                   dist_backend: str | None, dist_timeout: float) -> None:
@@ -82,7 +86,8 @@ def train_command(solver_file: str, gpus: str | None, weights: str | None,
     devices = parse_devices(gpus, solver_mode=param.solver_mode, device_id=param.device_id)
     options = TrainOptions(weights=[w for w in (weights or "").split(",") if w],
                            snapshot=snapshot, sigint_effect=sigint_effect,
-                           sighup_effect=sighup_effect, precision=precision,
+                           sighup_effect=sighup_effect, sigterm_effect=sigterm_effect,
+                           precision=precision,
                            reduction=reduction, graphs=graphs or "auto",
                            deterministic=deterministic, compile=compile_net,
                            dist_backend=dist_backend, dist_timeout=dist_timeout,

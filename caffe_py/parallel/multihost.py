@@ -46,7 +46,7 @@ import torch.distributed as dist
 
 from ..errors import CaffePyError, SolverError
 from ..options import DEFAULT_DIST_TIMEOUT_S, TrainOptions
-from ..solver.signals import NONE, SNAPSHOT, STOP
+from ..solver.signals import NONE, SNAPSHOT, STOP, collective
 from ..solver.solver import Solver
 from ..spec.solver_spec import SolverParameter
 from .averaging import Model
@@ -192,7 +192,7 @@ class HostSync:
         return NONE if agreed == SNAPSHOT and self.hosts.rank != 0 else agreed
 
     def _poll(self) -> str:
-        request = self.local_action()
+        request = collective(self.local_action())
         return request if request in _CODES else NONE
 
 

@@ -24,7 +24,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from ..solver.signals import NONE, SNAPSHOT, STOP
+from ..solver.signals import NONE, SNAPSHOT, STOP, collective
 
 CODES = {NONE: 0, SNAPSHOT: 1, STOP: 2}
 ACTIONS = {v: k for k, v in CODES.items()}
@@ -98,7 +98,7 @@ class Actions:
         """The code to act on after this iteration (None: no iteration has just ended)."""
 
     def poll(self) -> None:
-        request = self.local()
+        request = collective(self.local())
         self._pending = max(self._pending, CODES.get(request, 0))
 
     def take(self) -> int:

@@ -10,18 +10,26 @@ import signal
 import threading
 from types import FrameType
 
-EFFECTS = ("stop", "snapshot", "none")
-NONE, STOP, SNAPSHOT = "none", "stop", "snapshot"
+EFFECTS = ("stop", "snapshot", "snapshot-stop", "none")
+NONE, STOP, SNAPSHOT, SNAPSHOT_STOP = "none", "stop", "snapshot", "snapshot-stop"
+
+
+def collective(effect: str) -> str:
+    """The effect as the levels that agree on actions across replicas or hosts know it
+    (none, snapshot, stop): snapshot-stop is a stop there (the final snapshot then follows
+    snapshot_after_train)."""
+    return STOP if effect == SNAPSHOT_STOP else effect
 
 
 class SignalHandler:
     """Install with ``with SignalHandler(sigint, sighup) as h:``; old handlers come back after."""
 
-    def __init__(self, sigint_effect: str = STOP, sighup_effect: str = SNAPSHOT):
-        for effect in (sigint_effect, sighup_effect):
+    def __init__(self, sigint_effect: str = STOP, sighup_effect: str = SNAPSHOT,
+                 sigterm_effect: str = SNAPSHOT_STOP):
+        for effect in (sigint_effect, sighup_effect, sigterm_effect):
             if effect not in EFFECTS:
                 raise ValueError(f"signal effect {effect!r} is not one of {EFFECTS}")
-        self.effects = {signal.SIGINT: sigint_effect}
+        self.effects = {signal.SIGINT: sigint_effect, signal.SIGTERM: sigterm_effect}
         if hasattr(signal, "SIGHUP"):
             self.effects[signal.SIGHUP] = sighup_effect
         self._pending: dict[int, bool] = {s: False for s in self.effects}
@@ -42,7 +50,8 @@ class SignalHandler:
         self._pending[signum] = True
 
     def requested_action(self) -> str:
-        """The pending effect (SIGINT's before SIGHUP's), cleared once returned."""
+        """The pending effect (SIGINT's, then SIGTERM's, then SIGHUP's), cleared once
+        returned."""
         for sig, effect in self.effects.items():
             if self._pending[sig]:
                 self._pending[sig] = False

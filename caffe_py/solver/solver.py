@@ -36,7 +36,7 @@ from typing import Any, Protocol
 
 import torch
 
-from ..errors import SolverError
+from ..errors import SolverError, WriteError
 from ..net import Net, NetOutput
 from ..spec.solver_spec import SolverParameter
 from . import snapshot as snap
@@ -46,7 +46,7 @@ from .lr_policy import learning_rate
 from .monitor import Monitor
 from .roles import ROOT, Role, Seeds, StepFn, eager_step
 from .rules import Updater
-from .signals import NONE, SNAPSHOT, STOP, no_action
+from .signals import NONE, SNAPSHOT, SNAPSHOT_STOP, STOP, no_action
 
 log = logging.getLogger(__name__)
 
@@ -116,6 +116,8 @@ class Solver:
         self.iter = 0
         self.current_step = 0
         self.stop_requested = False
+        self.snapshot_on_stop = False  # a snapshot-stop signal: the end writes a snapshot
+        self.last_snapshot: Path | str | None = None  # the newest whole solver state
         self.last_test: list[dict[str, torch.Tensor]] = []
         self._pools: list[Any] = []
         self._started = False
@@ -211,7 +213,8 @@ class Solver:
         self.start()
         with self._progress_of(progress):
             self.step(p.max_iter - self.iter)
-        if p.snapshot_after_train and (not p.snapshot or self.iter % p.snapshot != 0):
+        if (p.snapshot_after_train or self.snapshot_on_stop) and \
+                (not p.snapshot or self.iter % p.snapshot != 0):
             self.snapshot()
         if self.stop_requested:
             log.info("Optimization stopped early.")
@@ -313,7 +316,7 @@ class Solver:
         if self._progress is not None:
             self._progress.update(count)
         self.monitor.poll(self.iter)
-        request = self.action()
+        request = self._stop_with_snapshot(self.action())
         if (p.snapshot and self.iter % p.snapshot == 0 and self.role.reports) or \
                 request == SNAPSHOT:
             self.snapshot()
@@ -387,14 +390,21 @@ class Solver:
 
     def _test_action(self) -> bool:
         """Caffe checks signals between test batches; True means stop testing."""
-        request = self.action()
+        request = self._stop_with_snapshot(self.action())
         while request != NONE:
             if request == SNAPSHOT:
                 self.snapshot()
             elif request == STOP:
                 self.stop_requested = True
-            request = self.action()
+            request = self._stop_with_snapshot(self.action())
         return self.stop_requested
+
+    def _stop_with_snapshot(self, request: str) -> str:
+        """snapshot-stop (SIGTERM's default): a stop whose end writes the final snapshot."""
+        if request == SNAPSHOT_STOP:
+            self.snapshot_on_stop = True
+            return STOP
+        return request
 
     # --- weights, snapshots, resume -----------------------------------------------------------
     def load_weights(self, paths: Sequence[str]) -> None:
@@ -413,6 +423,17 @@ class Solver:
                               "was written; lower base_lr or set clip_gradients")
         weights, state = snap.snapshot_paths(self.param.snapshot_prefix, self.iter,
                                              self.param.snapshot_format)
+        try:
+            self._write_snapshot(weights, state)
+        except WriteError as exc:  # a full disk or an unwritable place: the run stops
+            previous = self.last_snapshot
+            intact = f"the previous snapshot {previous} is intact (resume with --snapshot " \
+                     f"{previous})" if previous else "no earlier snapshot of this run exists"
+            raise SolverError(f"{exc}; {intact}") from None
+        self.last_snapshot = state
+        return weights, state
+
+    def _write_snapshot(self, weights: Path, state: Path) -> None:
         log.info(f"Snapshotting to {weights}")
         types = {layer.name: layer.spec.type for layer in self.net.layers}
         snap.save_weights(self.net.layer_blobs(), weights, types, self.net.name)
@@ -423,7 +444,6 @@ class Solver:
         learned = weights.name if self.param.snapshot_format == "pt" else \
             os.path.relpath(weights)
         snap.save_state(self.state_dict(learned), state)
-        return weights, state
 
     def state_dict(self, learned_net: str = "") -> dict[str, Any]:
         """Everything a resume needs, as tensors and plain values (see snapshot.py)."""
@@ -445,6 +465,7 @@ class Solver:
             raise SolverError(f"{path}: restore before the first iteration")
         log.info(f"Restoring previous solver status from {path}")
         state = snap.load_state(path)
+        self.last_snapshot = path
         weights = snap.weights_path_of(state, path)
         if not weights.is_file():
             raise SolverError(f"{path}: its weights file {weights} is missing; keep the "

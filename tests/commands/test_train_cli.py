@@ -2,16 +2,14 @@
 from __future__ import annotations
 
 import json
-import os
 import signal
 import subprocess
-import sys
-import time
 from pathlib import Path
 
 import pytest
 import torch
 from click.testing import CliRunner
+from support import cli_process, wait_for
 
 from caffe_py.cli import cli
 
@@ -159,23 +157,7 @@ def test_device_query(work):
 
 def _train_process(work: Path, *flags: str) -> subprocess.Popen:
     (work / "solver.yaml").write_text(SOLVER.format(max_iter=10**7, display=20))
-    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
-    return subprocess.Popen([sys.executable, str(ROOT / "cli.py"), "train", "--solver",
-                             "solver.yaml", *flags], cwd=work, stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True, env=env)
-
-
-def _wait_for(proc: subprocess.Popen, needle: str, seen: list[str], timeout: float = 60) -> str:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        line = proc.stdout.readline()
-        if not line:
-            break
-        seen.append(line.rstrip("\n"))
-        if needle in line:
-            return line
-    proc.kill()
-    raise AssertionError(f"never saw {needle!r}; got {seen[-5:]}")
+    return cli_process(work, "train", "--solver", "solver.yaml", *flags)
 
 
 @pytest.mark.slow
@@ -183,9 +165,9 @@ def test_sighup_snapshots_and_sigint_stops_with_a_final_snapshot(work):
     proc = _train_process(work)
     seen: list[str] = []
     try:
-        _wait_for(proc, "Train net output", seen)
+        wait_for(proc, "Train net output", seen)
         proc.send_signal(signal.SIGHUP)
-        hup = _wait_for(proc, "Snapshotting to", seen)
+        hup = wait_for(proc, "Snapshotting to", seen)
         proc.send_signal(signal.SIGINT)
         rest, err = proc.communicate(timeout=60)
     finally:
@@ -204,9 +186,9 @@ def test_sigint_with_effect_none_keeps_training(work):
     proc = _train_process(work, "--sigint-effect", "none", "--sighup-effect", "stop")
     seen: list[str] = []
     try:
-        _wait_for(proc, "Train net output", seen)
+        wait_for(proc, "Train net output", seen)
         proc.send_signal(signal.SIGINT)
-        _wait_for(proc, "Train net output", seen)  # still training
+        wait_for(proc, "Train net output", seen)  # still training
         proc.send_signal(signal.SIGHUP)
         rest, err = proc.communicate(timeout=60)
     finally:

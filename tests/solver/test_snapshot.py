@@ -1,13 +1,14 @@
 """Snapshot files: names, atomic writes, safe loads, and clear errors for the wrong file."""
 from __future__ import annotations
 
+import errno
 import os
 import pickle
 
 import pytest
 import torch
 
-from caffe_py.errors import SolverError
+from caffe_py.errors import SolverError, WriteError
 from caffe_py.solver import snapshot as snap
 
 
@@ -35,11 +36,13 @@ def test_a_failed_write_keeps_the_old_file_and_leaves_no_temp(tmp_path, monkeypa
 
     def broken_save(obj, f):
         f.write(b"PK\x03\x04 half a zip")
-        raise OSError("disk full")
+        raise OSError(errno.ENOSPC, "No space left on device")
 
     monkeypatch.setattr(snap.torch, "save", broken_save)
-    with pytest.raises(OSError, match="disk full"):
+    with pytest.raises(WriteError) as err:
         snap.save_weights({"ip": [torch.zeros(2)]}, path)
+    assert str(err.value) == (f"no space left on device writing {path}; free space or write "
+                              "elsewhere (nothing was replaced)")
     assert torch.equal(snap.load_weights(path)["ip"][0], torch.ones(2))
     assert [p.name for p in tmp_path.iterdir()] == ["w.pt"]
 
