@@ -10,6 +10,7 @@ from __future__ import annotations
 import importlib
 import os
 import sys
+from typing import Any
 
 import click
 
@@ -47,7 +48,32 @@ class _Group(click.Group):
             with logging_to_console():
                 return super().invoke(ctx)
         except CaffePyError as exc:
-            raise click.ClickException(str(exc)) from None
+            raise click.ClickException(printable(str(exc))) from None
+
+    def main(self, *args: Any, **kwargs: Any) -> Any:
+        """click's main, but every error (a usage error too) exits with status 1, printed as
+        one line: ``Error: ...``."""
+        kwargs["standalone_mode"] = False
+        try:
+            code = super().main(*args, **kwargs)
+        except click.ClickException as exc:
+            exc.message = printable(exc.message)
+            exc.show()
+            sys.exit(1)
+        except click.Abort:  # Ctrl-C or end of input at a prompt
+            click.echo("Interrupted.", err=True)
+            sys.exit(130)
+        if isinstance(code, int) and code != 0:
+            sys.exit(code)
+        return code
+
+
+def printable(message: str) -> str:
+    """``message`` on one line: newlines and other control characters (from a file name or
+    a value) written as escapes, so that every error stays one line."""
+    if message.isprintable():
+        return message
+    return "".join(c if c.isprintable() else c.encode("unicode_escape").decode() for c in message)
 
 
 def _print_configs_dir(ctx: click.Context, _param: click.Parameter, value: bool) -> None:

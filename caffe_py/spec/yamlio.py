@@ -50,6 +50,10 @@ class _MarkedLoader(yaml.SafeLoader):
         out.line = node.start_mark.line + 1
         out.key_lines = {}
         for key_node, value_node in node.value:
+            if not isinstance(key_node, yaml.ScalarNode):  # (also an alias bomb as a key)
+                raise SpecError("a key must be a plain name, not a list or a mapping",
+                                file=self.source, line=key_node.start_mark.line + 1,
+                                fix="write the key as a word")
             key = self.construct_object(key_node, deep=True)
             if not isinstance(key, str):
                 key = str(key)
@@ -73,14 +77,26 @@ _MarkedLoader.add_constructor("tag:yaml.org,2002:map", _MarkedLoader.construct_m
 _MarkedLoader.add_constructor("tag:yaml.org,2002:seq", _MarkedLoader.construct_sequence)
 
 
+MAX_SPEC_BYTES = 64 << 20
+"""The largest spec file read (the largest real nets' specs are a few hundred KB)."""
+
+
 def loads(text: str, source: str = "<string>") -> Any:
     """Parse YAML text; errors name ``source`` and the line."""
-    loader = _MarkedLoader(text)
+    try:
+        loader = _MarkedLoader(text)  # the reader refuses control characters here
+    except yaml.reader.ReaderError as exc:
+        raise _reader_error(exc, text, source) from None
     loader.source = source
     try:
         return loader.get_single_data()
     except SpecError:
         raise
+    except yaml.reader.ReaderError as exc:
+        raise _reader_error(exc, text, source) from None
+    except RecursionError:
+        raise SpecError("nested too deeply to be a spec", file=source,
+                        fix="a spec nests a few levels; check the brackets") from None
     except yaml.constructor.ConstructorError as exc:
         mark = exc.problem_mark or exc.context_mark
         line = mark.line + 1 if mark else None
@@ -103,13 +119,36 @@ def load(path: str | Path) -> Any:
     """Load a YAML file; a missing or unreadable file is a one-line :class:`SpecError`."""
     path = Path(path)
     try:
-        text = path.read_text(encoding="utf-8")
+        if path.exists() and not path.is_file():
+            kind = "a directory" if path.is_dir() else "not a regular file (a device or a pipe)"
+            raise SpecError(f"{kind}, not a spec", file=str(path), fix="give a YAML file")
+        with path.open("rb") as file:
+            data = file.read(MAX_SPEC_BYTES + 1)
+        if len(data) > MAX_SPEC_BYTES:
+            raise SpecError(f"larger than {MAX_SPEC_BYTES >> 20} MiB, not a spec",
+                            file=str(path), fix="give a YAML file")
+        text = data.decode("utf-8")
     except FileNotFoundError:
         raise SpecError("file not found", file=str(path),
                         fix="check the path (relative to the current directory)") from None
-    except (OSError, UnicodeDecodeError) as exc:
-        raise SpecError(f"cannot read: {exc.__class__.__name__}", file=str(path)) from None
+    except UnicodeDecodeError as exc:
+        raise SpecError(f"not UTF-8 text (byte {exc.start})", file=str(path),
+                        fix="save the spec as UTF-8") from None
+    except OSError as exc:
+        raise SpecError(f"cannot read ({(exc.strerror or type(exc).__name__).lower()})",
+                        file=str(path), fix="check the path") from None
     return loads(text, source=str(path))
+
+
+def _reader_error(exc: yaml.reader.ReaderError, text: str, source: str) -> SpecError:
+    """A character YAML does not allow (a control character), with its line and column."""
+    at = max(0, min(exc.position, len(text)))
+    line = text.count("\n", 0, at) + 1
+    column = at - (text.rfind("\n", 0, at) + 1) + 1
+    char = exc.character if isinstance(exc.character, str) else chr(exc.character)
+    return SpecError(f"control character U+{ord(char):04X} is not allowed in YAML",
+                     file=source, line=line, column=column,
+                     fix="remove it (e.g. a form feed or a NUL pasted in)")
 
 
 def _tag_of(exc: yaml.constructor.ConstructorError) -> str | None:

@@ -86,7 +86,7 @@ def test_imageset_errors(tmp_path):
         1, f"Error: {listfile}:2: {tmp_path}/b.png: image not found\n")
     result = _run("convert", "imageset", tmp_path, listfile, tmp_path / "x", "--encode-type",
                   "png")
-    assert result.exit_code == 2 and "--encode-type needs --encoded" in result.stderr
+    assert result.exit_code == 1 and "--encode-type needs --encoded" in result.stderr
 
 
 def test_imageset_flags(tmp_path):

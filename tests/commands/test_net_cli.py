@@ -73,7 +73,7 @@ def test_a_bad_input_shape_is_a_usage_error(tmp_path):
     config = tmp_path / "crop.yaml"
     config.write_text(CIFAR_DATA)
     result = run(str(config), "--input-shape", "cifar=3,0,32")
-    assert result.exit_code == 2
+    assert result.exit_code == 1
     assert "Invalid value for --input-shape: 'cifar=3,0,32' is not NAME=C,H,W (positive sizes, " \
            "e.g. data=3,256,256; an HDF5Data top: one row's shape, label= for a scalar)" \
         in result.stderr

@@ -98,7 +98,7 @@ def test_cpy_train_graphs_on_is_ignored_on_cpu_with_a_note(tmp_path):
         assert "graphs" not in result.output
     result = CliRunner().invoke(cli, ["train", "--solver", solver, "--graphs", "off",
                                       "--cuda-graphs"])
-    assert result.exit_code == 2
+    assert result.exit_code == 1
     assert "--graphs off and --cuda-graphs disagree; give --graphs alone" in result.output
 
 

@@ -48,4 +48,37 @@ def test_missing_and_unreadable_files(tmp_path):
     binary.write_bytes(b"\xff\xfe\x00name")
     with pytest.raises(SpecError) as err:
         yamlio.load(binary)
-    assert str(err.value) == f"{binary}: cannot read: UnicodeDecodeError"
+    assert str(err.value) == f"{binary}: not UTF-8 text (byte 0); save the spec as UTF-8"
+
+
+def test_hostile_yaml_is_one_line(tmp_path):
+    """Control characters, deep nesting, an alias bomb used as a key, devices, directories."""
+    cases = {
+        "\fbase_lr: 0.1\n": "ctrl.yaml:1:1: control character U+000C is not allowed in YAML; "
+                            "remove it (e.g. a form feed or a NUL pasted in)",
+        "name: x\nbad: \x00\n": "ctrl.yaml:2:6: control character U+0000 is not allowed in "
+                                "YAML; remove it (e.g. a form feed or a NUL pasted in)",
+        "name: " + "[" * 1000 + "]" * 1000 + "\n": "ctrl.yaml: nested too deeply to be a spec; "
+                                                  "a spec nests a few levels; check the brackets",
+        "a: &a [x, x, x, x, x, x, x, x, x]\nb: &b [*a, *a, *a, *a, *a, *a, *a, *a, *a]\n"
+        "c: &c [*b, *b, *b, *b, *b, *b, *b, *b, *b]\n? *c\n: 1\n":
+            "ctrl.yaml:3: a key must be a plain name, not a list or a mapping; write the key "
+            "as a word",
+    }
+    for text, message in cases.items():
+        path = tmp_path / "ctrl.yaml"
+        path.write_text(text)
+        with pytest.raises(SpecError) as err:
+            yamlio.load(path)
+        assert str(err.value) == f"{tmp_path}/{message}"
+    for device in ("/dev/zero", "/dev/urandom"):
+        with pytest.raises(SpecError) as err:
+            yamlio.load(device)
+        assert str(err.value) == (f"{device}: not a regular file (a device or a pipe), not a "
+                                  "spec; give a YAML file")
+    with pytest.raises(SpecError) as err:
+        yamlio.load(tmp_path)
+    assert str(err.value) == f"{tmp_path}: a directory, not a spec; give a YAML file"
+    with pytest.raises(SpecError) as err:
+        yamlio.load(tmp_path / ("a" * 300 + ".yaml"))
+    assert str(err.value).endswith(": cannot read (file name too long); check the path")
