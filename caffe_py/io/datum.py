@@ -220,6 +220,10 @@ def decode_image(data: bytes, *, color: bool | None = None) -> np.ndarray:
         with Image.open(io.BytesIO(data)) as image:
             image.load()
             return pil_to_chw(image, color=color)
+    except Image.DecompressionBombError as exc:
+        from .images import bomb_reason
+
+        raise DataError(bomb_reason(exc)) from None
     except (UnidentifiedImageError, OSError, ValueError) as exc:
         raise DataError(f"encoded image does not decode ({exc})") from None
 

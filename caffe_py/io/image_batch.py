@@ -98,6 +98,11 @@ class BatchImages:
                     out[...] = (window[:, ::-1] if flip else window).transpose(2, 0, 1)
                     return
                 chw = pil_to_chw(image, color=self.color)
+        except Image.DecompressionBombError as exc:
+            from .images import bomb_reason
+
+            raise DataError(f"{self.path}: record {format_key(key)}: {bomb_reason(exc)}") \
+                from None
         except (UnidentifiedImageError, OSError, ValueError) as exc:
             raise DataError(f"{self.path}: record {format_key(key)}: encoded image does not "
                             f"decode ({exc})") from None

@@ -31,8 +31,19 @@ def load_image(path: Path, *, color: bool) -> np.ndarray:
             return pil_to_chw(image, color=True) if color else _gray(image)
     except FileNotFoundError:
         raise DataError(f"{path}: image not found") from None
+    except Image.DecompressionBombError as exc:
+        raise DataError(f"{path}: {bomb_reason(exc)}") from None
     except (UnidentifiedImageError, OSError, ValueError) as exc:
         raise DataError(f"{path}: not a readable image ({exc})") from None
+
+
+def bomb_reason(exc: Exception) -> str:
+    """Pillow's decompression-bomb refusal in caffe-py's words."""
+    from PIL import Image
+
+    limit = (Image.MAX_IMAGE_PIXELS or 0) * 2 / 1e6
+    return (f"the image is too large to decode safely ({exc}); over {limit:,.0f} megapixels "
+            "Pillow refuses an image as a possible decompression bomb: resize it first")
 
 
 def _gray(image) -> np.ndarray:

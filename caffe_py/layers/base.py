@@ -12,6 +12,7 @@ Caffe stores but never trains (BatchNorm's statistics) are buffers.
 from __future__ import annotations
 
 import math
+import os
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, ClassVar
@@ -88,6 +89,19 @@ class Layer(nn.Module):
                                         for s in self.setup(self.bottom_shapes)]
         if len(self.top_shapes) != len(spec.top):
             raise self.fail(f"produces {len(self.top_shapes)} tops but {len(spec.top)} are named")
+        for top, shape in zip(spec.top, self.top_shapes, strict=True):
+            self.check_fits(f"top '{top}'", shape)
+
+    def check_fits(self, what: str, shape: Sequence[int], copies: int = 1) -> None:
+        """Refuse, before anything is allocated, a blob or top whose float32 values (``copies``
+        times) would not fit in the build device's memory."""
+        size = math.prod(int(d) for d in shape) * 4 * copies
+        limit = memory_of(self.ctx.device)
+        if limit and size > limit:
+            kept = " (values, gradient and solver history)" if copies == 3 else ""
+            raise self.fail(f"{what} of shape {list(shape)} needs {size / 2**30:,.1f} GiB{kept}, "
+                            f"more than the {self.ctx.device.type} memory "
+                            f"({limit / 2**30:,.1f} GiB)", "make the layer or the batch smaller")
 
     # --- what subclasses define -------------------------------------------------------------
     def setup(self, bottom_shapes: list[Shape]) -> list[Shape]:
@@ -102,6 +116,8 @@ class Layer(nn.Module):
     def add_blob(self, name: str, shape: Sequence[int], filler: FillerParameter | None = None,
                  learnable: bool = True) -> torch.Tensor:
         """Create the next blob in Caffe order, initialised by ``filler`` (None: zeros)."""
+        # training keeps a learnable blob three times: its values, gradient and solver history
+        self.check_fits(f"blob '{name}'", shape, copies=3 if learnable else 1)
         value = fillers.fill(filler, tuple(shape), self.ctx.generator)
         value = value.to(self.ctx.device)
         if learnable:
@@ -161,3 +177,18 @@ def canonical_axis(layer: Layer, axis: int, num_axes: int, what: str = "axis") -
 def count(shape: Sequence[int], start: int = 0, end: int | None = None) -> int:
     """The product of ``shape[start:end]`` (Caffe's Blob::count)."""
     return math.prod(shape[start:end])
+
+
+def memory_of(device: torch.device) -> int:
+    """Bytes of memory of ``device`` (the machine's for the CPU; 0 when unknown)."""
+    if device.type == "cuda":
+        try:
+            return int(torch.cuda.get_device_properties(device).total_memory)
+        except (RuntimeError, AssertionError):  # no CUDA here: the copy to it will say so
+            return 0
+    if device.type != "cpu":
+        return 0
+    try:
+        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (ValueError, OSError, AttributeError):
+        return 0

@@ -159,9 +159,14 @@ def _empty(n: int, dtype: type) -> np.ndarray:
 
 
 def _load_extras(payload: bytes) -> dict[str, Any]:
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        extras = torch.load(io.BytesIO(payload), map_location="cpu", weights_only=True)
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            extras = torch.load(io.BytesIO(payload), map_location="cpu", weights_only=True)
+    except Exception as exc:  # noqa: BLE001 (an unpickling refusal: nothing in it ran)
+        reason = " ".join(str(exc).split())[:100] or type(exc).__name__
+        raise ValueError(f"field 1000, caffe-py's extras, does not load safely: {reason}") \
+            from None
     if not isinstance(extras, dict):
         raise ValueError("field 1000 is not caffe-py's extras table")
     return extras

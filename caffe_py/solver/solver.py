@@ -36,7 +36,7 @@ from typing import Any, Protocol
 
 import torch
 
-from ..errors import SolverError, WriteError
+from ..errors import CaffePyError, SolverError, WriteError
 from ..net import Net, NetOutput
 from ..spec.solver_spec import SolverParameter
 from . import snapshot as snap
@@ -476,9 +476,11 @@ class Solver:
         self.net.copy_from(snap.load_weights(weights), source=weights)
         self.updater.load_history(state["history"], str(path))
         self.iter, self.current_step = state["iter"], state["current_step"]
-        self._load_rng_state(state.get("rng") or {})
+        with _damaged_entry(path, "rng"):
+            self._load_rng_state(state.get("rng") or {})
         if self.pool is not None and state.get("data"):
-            self.pool.load_state_dict(state["data"])
+            with _damaged_entry(path, "data"):
+                self.pool.load_state_dict(state["data"])
         if self._test_pool not in (None, self.pool) and state.get("test_data"):
             self._test_pool.load_state_dict(state["test_data"])
         self._last_display = (time.perf_counter(), self.iter)
@@ -515,3 +517,17 @@ class Solver:
             if not layer.spec.bottom and layer.top_shapes and layer.top_shapes[0]:
                 return int(layer.top_shapes[0][0])
         return 0
+
+
+@contextlib.contextmanager
+def _damaged_entry(path: str, key: str) -> Iterator[None]:
+    """A solver state entry of the wrong shape or type: one line naming it (what a damaged or
+    hand-edited file gets; nothing in it ran: the safe loader builds plain values only)."""
+    try:
+        yield
+    except (TypeError, AttributeError, KeyError, ValueError, IndexError, RuntimeError) as exc:
+        if isinstance(exc, CaffePyError):
+            raise
+        reason = " ".join(str(exc).split())[:120] or type(exc).__name__
+        raise SolverError(f"{path}: the solver state's '{key}' entry is damaged ({reason}); "
+                          "use an earlier snapshot") from None

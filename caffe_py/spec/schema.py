@@ -195,6 +195,7 @@ def parse_message(cls: type, node: Any, src: Source, path: str = "",
         f = fields[key]
         values[key] = convert(raw, hints[key], f.metadata, src, _join(path, key),
                               node.line_of(key))
+    _require_unset_minimums(fields, values, src, node, path, cls.__name__)
     obj = cls(**values)
     read = {name: _copied(getattr(obj, name)) for name in fields}
     object.__setattr__(obj, "_origin", Origin(Location(src.file, node.line, path),
@@ -204,6 +205,22 @@ def parse_message(cls: type, node: Any, src: Source, path: str = "",
     if hook is not None:
         hook(Check(node, src, path))
     return obj
+
+
+def _require_unset_minimums(fields: typing.Mapping[str, dataclasses.Field], given: typing.Mapping,
+                            src: Source, node: MarkedDict, path: str, what: str) -> None:
+    """A field whose default lies below its own minimum (a batch_size) must be given."""
+    for name, f in fields.items():
+        lo, default = f.metadata.get("min"), f.default
+        if name in given or lo is None or isinstance(default, bool) or \
+                not isinstance(default, (int, float)) or default >= lo:
+            continue
+        raise SpecError(f"'{name}' is missing from {what} ({f.metadata.get('doc') or name})",
+                        file=src.file, line=node.line or None, path=_join(path, name),
+                        fix=f"give {name}: a value >= {lo}")
+
+
+INT64_MIN, INT64_MAX = -(1 << 63), (1 << 63) - 1
 
 
 def convert(raw: Any, tp: Any, meta: typing.Mapping, src: Source, path: str, line: int) -> Any:
@@ -235,6 +252,8 @@ def convert(raw: Any, tp: Any, meta: typing.Mapping, src: Source, path: str, lin
                 raw = int(raw)
             else:
                 fail(f"expected an integer, got {_show(raw)}")
+        if not INT64_MIN <= raw <= INT64_MAX:  # Caffe's widest integer fields are 64-bit
+            fail(f"{raw} does not fit in 64 bits", "use a value between -2^63 and 2^63 - 1")
         _bounds(raw, meta, fail)
         return raw
     if tp is float:

@@ -32,3 +32,8 @@ class FillerParameter(Message):
     sparse: int = field(-1, "gaussian: expected non-zeros per output (-1: dense)")
     variance_norm: str = field("FAN_IN", "xavier/msra: the n in the variance",
                                choices=("FAN_IN", "FAN_OUT", "AVERAGE"))
+
+    def check(self, v: Check) -> None:
+        if self.type == "uniform" and self.min > self.max:
+            v.fail("max", f"uniform filler with min {self.min:g} > max {self.max:g}",
+                   "give min <= max")

@@ -1,0 +1,152 @@
+"""Specs and states that once crashed: each class from the fuzzing that found it, now a
+one-line error naming the file, line and key."""
+from __future__ import annotations
+
+import os
+import pickle
+import struct
+import zlib
+from pathlib import Path
+
+import pytest
+import torch
+import yaml
+from click.testing import CliRunner
+
+from caffe_py.cli import cli
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+LENET = Path(ROOT, "configs", "lenet.yaml").read_text()
+
+
+def cpy(*args: str) -> tuple[int, str]:
+    result = CliRunner().invoke(cli, list(args))
+    return result.exit_code, result.stderr.strip()
+
+
+def lenet(tmp_path, change) -> str:
+    net = yaml.safe_load(LENET)
+    change(net["layer"])
+    path = tmp_path / "net.yaml"
+    path.write_text(yaml.safe_dump(net, sort_keys=False))
+    return str(path)
+
+
+CASES = {
+    "no batch_size": (lambda layers: layers[0]["data_param"].pop("batch_size"),
+                      ":13: layer[0].data_param.batch_size: 'batch_size' is missing from "
+                      "DataParameter (records per batch (per replica)); give batch_size: a "
+                      "value >= 1"),
+    "uniform min > max": (lambda layers: layers[2]["convolution_param"].update(
+        weight_filler={"type": "uniform", "min": 1, "max": 0}),
+        "layer[2].convolution_param.weight_filler.max: uniform filler with min 1 > max 0; "
+        "give min <= max"),
+    "past int64": (lambda layers: layers[2]["convolution_param"].update(
+        num_output=18446744073709551616),
+        "layer[2].convolution_param.num_output: 18446744073709551616 does not fit in 64 bits; "
+        "use a value between -2^63 and 2^63 - 1"),
+    "kernel over the input": (lambda layers: layers[2]["convolution_param"].update(
+        kernel_size=500),
+        "layer 'conv1' (Convolution): bottom 'data' (index 0) of spatial size [28, 28] padded "
+        "to [28, 28] is smaller than the (dilated) kernel [500, 500]; use a smaller "
+        "kernel_size or dilation, or more pad"),
+    "weights past memory": (lambda layers: layers[2]["convolution_param"].update(
+        num_output=10**12),
+        "layer 'conv1' (Convolution): blob 'weight' of shape [1000000000000, 1, 5, 5] needs "),
+    "activations past memory": (lambda layers: layers[0]["data_param"].update(
+        batch_size=10**9),
+        "layer 'mnist' (Data): top 'data' of shape [1000000000, 1, 28, 28] needs "),
+}
+
+
+@pytest.mark.parametrize("case", list(CASES))
+def test_a_hostile_net_is_one_line(tmp_path, case):
+    change, message = CASES[case]
+    code, err = cpy("net", lenet(tmp_path, change), "--input-shape", "data=1,28,28")
+    assert code == 1
+    assert len(err.splitlines()) == 1 and err.startswith(f"Error: {tmp_path / 'net.yaml'}:")
+    assert message in err
+
+
+def test_values_with_newlines_stay_one_line(tmp_path):
+    (tmp_path / "s.yaml").write_text('net: n.yaml\nbase_lr: 0.1\nlr_policy: "fi\\nxed"\n')
+    code, err = cpy("train", "--solver", str(tmp_path / "s.yaml"))
+    assert (code, err) == (1, f"Error: {tmp_path / 's.yaml'}:3: lr_policy: 'fi\\nxed' is not "
+                              "one of fixed, step, exp, inv, multistep, poly, sigmoid; did you "
+                              "mean 'fixed'?")
+    code, err = cpy("net", str(tmp_path / "a\nb.yaml"))
+    assert code == 1 and err == (f"Error: {tmp_path}/a\\nb.yaml: file not found; check the path "
+                                 "(relative to the current directory)")
+
+
+def test_a_usage_error_exits_1():
+    code, err = cpy("frobnicate")
+    assert code == 1 and err.endswith("Error: No such command 'frobnicate'.")
+
+
+class Exploit:
+    def __reduce__(self):
+        return (os.system, ("touch PWNED",))
+
+
+def _varint(n: int) -> bytes:
+    out = b""
+    while True:
+        low, n = n & 0x7F, n >> 7
+        out += bytes([low | (0x80 if n else 0)])
+        if not n:
+            return out
+
+
+def test_a_pickle_in_a_caffe_solverstate_never_runs(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    payload = pickle.dumps(Exploit())
+    (tmp_path / "evil.solverstate").write_bytes(
+        _varint(8) + _varint(5) + _varint(1000 << 3 | 2) + _varint(len(payload)) + payload)
+    from caffe_py.solver.caffemodel import read_state
+
+    with pytest.raises(Exception) as err:
+        read_state("evil.solverstate")
+    assert str(err.value).startswith("evil.solverstate: not a Caffe SolverState (.solverstate) "
+                                     "(field 1000, caffe-py's extras, does not load safely: ")
+    assert not (tmp_path / "PWNED").exists()
+
+
+def test_wrong_typed_solver_state_entries_are_one_line(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "net.yaml").write_text(
+        "name: t\nlayer:\n  - {name: d, type: DummyData, top: [x, y], dummy_data_param: "
+        "{shape: [{dim: [2, 3]}, {dim: [2]}]}}\n  - {name: ip, type: InnerProduct, bottom: x, "
+        "top: z, inner_product_param: {num_output: 2}}\n  - {name: l, type: SoftmaxWithLoss, "
+        "bottom: [z, y], top: l}\n")
+    (tmp_path / "s.yaml").write_text("net: net.yaml\nbase_lr: 0.1\nmax_iter: 2\n"
+                                     "snapshot_prefix: s/t\n")
+    assert cpy("train", "--solver", "s.yaml")[0] == 0
+    state = torch.load("s/t_iter_2.solverstate.pt", weights_only=True)
+    state["rng"] = "hello"
+    torch.save(state, "s/t_iter_2.solverstate.pt")
+    code, err = cpy("train", "--solver", "s.yaml", "--snapshot", "s/t_iter_2.solverstate.pt")
+    assert (code, err) == (1, "Error: s/t_iter_2.solverstate.pt: the solver state's 'rng' "
+                              "entry is damaged ('str' object has no attribute 'get'); use an "
+                              "earlier snapshot")
+
+
+def _png_header(width: int, height: int) -> bytes:
+    def chunk(kind: bytes, data: bytes) -> bytes:
+        return struct.pack(">I", len(data)) + kind + data + \
+            struct.pack(">I", zlib.crc32(kind + data) & 0xFFFFFFFF)
+    return (b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", struct.pack(">IIBBBBB", width, height, 8, 0,
+                                                             0, 0, 0))
+            + chunk(b"IDAT", zlib.compress(b"\0" * 64)) + chunk(b"IEND", b""))
+
+
+def test_a_decompression_bomb_is_refused(tmp_path):
+    (tmp_path / "bomb.png").write_bytes(_png_header(30000, 30000))  # 900 megapixels
+    (tmp_path / "list.txt").write_text("bomb.png 1\n")
+    code, err = cpy("convert", "imageset", str(tmp_path), str(tmp_path / "list.txt"),
+                    str(tmp_path / "db"))
+    assert code == 1
+    assert err.startswith(f"Error: {tmp_path / 'list.txt'}:1: {tmp_path / 'bomb.png'}: the "
+                          "image is too large to decode safely (Image size (900000000 pixels) "
+                          "exceeds limit of ")
+    assert not (tmp_path / "db").exists()
