@@ -56,6 +56,6 @@ class WriteError(CaffePyError):
     """A file that cannot be written: no space left, a read-only or missing place, no
     permission. Nothing was replaced: the target keeps its previous contents, if any."""
 
-    def __init__(self, path: str, reason: str, fix: str, *, disk_full: bool = False):
-        self.path, self.reason, self.disk_full = path, reason, disk_full
-        super().__init__(f"{reason} writing {path}; {fix}")
+    def __init__(self, path: str, message: str, *, disk_full: bool = False):
+        self.path, self.disk_full = path, disk_full
+        super().__init__(message)

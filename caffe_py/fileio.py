@@ -55,11 +55,14 @@ def write_error(path: Path, exc: BaseException) -> WriteError:
     """The one-line error of a failed write of ``path``."""
     code = getattr(exc, "errno", None)
     if code in FULL or (code is None and _full(path)):
-        return WriteError(str(path), "no space left on device", "free space or write "
-                          "elsewhere (nothing was replaced)", disk_full=True)
-    reason = getattr(exc, "strerror", None) or " ".join(str(exc).split())[:120]
-    return WriteError(str(path), f"cannot write ({reason.lower()})",
-                      "check the directory exists and is writable, or write elsewhere")
+        return WriteError(str(path), f"no space left on device writing {path}; free space or "
+                          "write elsewhere (nothing was replaced)", disk_full=True)
+    reason = (getattr(exc, "strerror", None) or " ".join(str(exc).split())[:120]).lower()
+    blocking = next((p for p in path.parents if p.exists() and not p.is_dir()), None)
+    if blocking is not None:
+        reason = f"{blocking} is a file, not a directory"
+    return WriteError(str(path), f"cannot write {path} ({reason}); check the directory "
+                      "exists and is writable, or write elsewhere")
 
 
 def _full(path: Path) -> bool:

@@ -183,3 +183,16 @@ def test_a_full_disk_stops_with_the_previous_snapshot_intact(work, monkeypatch):
     assert sorted(p.name for p in (work / "snaps").iterdir()) == [
         "t_iter_2.pt", "t_iter_2.solverstate.pt"]
     assert snap.load_state(work / "snaps" / "t_iter_2.solverstate.pt")["iter"] == 2
+
+
+def test_writing_into_an_impossible_place_is_one_line(work):
+    (work / "file.txt").write_text("x")
+    target = work / "file.txt" / "mean.binaryproto"
+    line = one_line_error(cpy(work, "compute-mean", "db", str(target)))
+    assert line == (f"Error: cannot write {target} ({work / 'file.txt'} is a file, not a "
+                    "directory); check the directory exists and is writable, or write elsewhere")
+    prototxt = ROOT / "tests/fixtures/prototxts/bvlc/examples/mnist/lenet.prototxt"
+    target = work / "file.txt" / "lenet.yaml"
+    line = one_line_error(cpy(work, "import-prototxt", str(prototxt), str(target)))
+    assert line == (f"Error: cannot write {target} ({work / 'file.txt'} is a file, not a "
+                    "directory); check the directory exists and is writable, or write elsewhere")
