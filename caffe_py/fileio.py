@@ -107,3 +107,27 @@ def fsync_dir(directory: str | os.PathLike) -> None:
         pass
     finally:
         os.close(fd)
+
+
+def exists(path: str | os.PathLike) -> bool:
+    """Path.exists, where a name the system refuses (too long, say) does not exist."""
+    try:
+        return Path(path).exists()
+    except OSError:
+        return False
+
+
+def is_file(path: str | os.PathLike) -> bool:
+    """Path.is_file, where a name the system refuses is not a file."""
+    try:
+        return Path(path).is_file()
+    except OSError:
+        return False
+
+
+def is_dir(path: str | os.PathLike) -> bool:
+    """Path.is_dir, where a name the system refuses is not a directory."""
+    try:
+        return Path(path).is_dir()
+    except OSError:
+        return False

@@ -19,14 +19,13 @@ import dataclasses
 import logging
 import os
 from collections.abc import Callable, Sequence
-from pathlib import Path
 from typing import Protocol
 
 import torch
 
 from .devices import check_devices
 from .errors import SolverError
-from .fileio import remove_stale_temporaries
+from .fileio import is_file, remove_stale_temporaries
 from .options import TrainOptions
 from .solver import snapshot as snap
 from .solver.signals import SignalHandler
@@ -82,7 +81,7 @@ def check_start_files(options: TrainOptions) -> None:
                           "'.solverstate'); pass weights to --weights, or give the "
                           "<prefix>_iter_<N>.solverstate.pt file to --snapshot")
     for path in [*options.weights, *([options.snapshot] if options.snapshot else [])]:
-        if not Path(path).is_file():
+        if not is_file(path):
             raise SolverError(f"{path}: file not found; check the path")
 
 

@@ -24,7 +24,7 @@ from typing import Any
 import torch
 
 from ..errors import SolverError
-from ..fileio import atomic_write, atomic_write_bytes
+from ..fileio import atomic_write, atomic_write_bytes, exists, is_file
 from . import caffemodel, hdf5_snapshot
 
 FORMAT_VERSION = 1
@@ -123,7 +123,7 @@ def save_state(state: dict[str, Any], path: Path) -> None:
 def load_state(path: str | Path) -> dict[str, Any]:
     """A solver state; a weights file or a foreign file is an error."""
     path = Path(path)
-    if not is_state_path(path) and path.exists():
+    if not is_state_path(path) and exists(path):
         raise SolverError(f"{path} is not a solver state (its name has no '.solverstate'); "
                           "pass weights to --weights, or give the <prefix>_iter_<N>.solverstate"
                           ".pt file to --snapshot")
@@ -168,7 +168,7 @@ def one_line_reason(exc: BaseException) -> str:
 
 
 def _load(path: Path, want: str) -> dict[str, Any]:
-    if not path.is_file():
+    if not is_file(path):
         raise SolverError(f"{path}: file not found; check the path")
     verify_checksums(path)
     try:

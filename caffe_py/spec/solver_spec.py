@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import SpecError
+from ..fileio import exists, is_dir
 from . import yamlio
 from .net_spec import NetParameter, NetState, merge_states, parse_net
 from .schema import Check, Message, Source, field, is_set, location, parse_message
@@ -278,7 +279,7 @@ def _inline(node: dict, key: str, src: Source) -> NetParameter | None:
 def _load_net(path: str, spec: SolverParameter, key: str) -> NetParameter:
     from .net_spec import load_net
 
-    if not Path(path).exists():
+    if not exists(path):
         loc = location(spec, key)
         raise SpecError(f"net file not found: {path}", file=spec.file,
                         line=loc.line if loc is not None else None, path=key,
@@ -292,10 +293,11 @@ def _default_prefix(spec: SolverParameter, src: Source, written: str) -> None:
     stem = Path(src.file).stem if src.file != "<string>" else "caffe_py"
     if not spec.snapshot_prefix:
         spec.snapshot_prefix = str(src.base_dir / stem)
-    elif written.endswith(("/", "\\")) or Path(spec.snapshot_prefix).is_dir():
+    elif written.endswith(("/", "\\")) or is_dir(spec.snapshot_prefix):
         spec.snapshot_prefix = str(Path(spec.snapshot_prefix) / stem)
 
 
 __all__ = ["SolverParameter", "NetState", "parse_solver", "load_solver", "SOLVER_TYPES",
            "LR_POLICIES", "PRECISIONS",
            "MEMORY_FORMATS"]
+
