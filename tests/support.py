@@ -10,6 +10,7 @@ from pathlib import Path
 
 import numpy as np
 
+from caffe_py.commands.output import GLOG_PREFIX
 from caffe_py.io.datum import datum_from_array, encode_datum
 from caffe_py.io.lmdb_store import LmdbWriter
 
@@ -36,15 +37,26 @@ def cli_process(workdir: Path, *args: str) -> subprocess.Popen:
 
 
 def wait_for(proc: subprocess.Popen, needle: str, seen: list[str], timeout: float = 60) -> str:
-    """Read ``proc``'s stdout lines into ``seen`` until one holds ``needle`` (returned); the
-    process is killed and the test fails when it ends or ``timeout`` passes first."""
+    """Read ``proc``'s stdout lines (without glog's prefix) into ``seen`` until one holds
+    ``needle`` (returned); the process is killed and the test fails when it ends or
+    ``timeout`` passes first."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         line = proc.stdout.readline()
         if not line:
             break
-        seen.append(line.rstrip("\n"))
+        line = bare(line.rstrip("\n"))
+        seen.append(line)
         if needle in line:
             return line
     proc.kill()
     raise AssertionError(f"never saw {needle!r}; got {seen[-5:]}")
+
+
+def bare(line: str) -> str:
+    """A log line without glog's prefix (a pipe's lines carry it)."""
+    return GLOG_PREFIX.sub("", line)
+
+
+def bare_lines(text: str) -> list[str]:
+    return [bare(line) for line in text.splitlines()]

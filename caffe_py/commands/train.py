@@ -16,7 +16,7 @@ import click
 from ..options import DEFAULT_DIST_TIMEOUT_S, DIST_BACKENDS, GRAPHS, REDUCTIONS
 from ..solver.signals import EFFECTS
 from ..spec.solver_spec import PRECISIONS
-from .output import console_handler, terminal_progress
+from .output import console_handler, log_options, terminal_progress
 
 if TYPE_CHECKING:
     import torch
@@ -29,6 +29,7 @@ GPUS_HELP = "devices: cpu, cpu:N (N CPU replicas), 0 or 0,1,2,3 (CUDA ids), or a
 
 
 @click.command("train")
+@log_options
 @click.option("--solver", "solver_file", required=True, metavar="S.yaml",
               help="the solver spec (SolverParameter fields)")
 @click.option("--gpus", default=None, metavar="LIST", help=GPUS_HELP)
@@ -97,6 +98,7 @@ def train_command(solver_file: str, gpus: str | None, weights: str | None,
 
 
 @click.command("test")
+@log_options
 @click.option("--model", required=True, metavar="NET.yaml", help="the net spec (TEST phase)")
 @click.option("--weights", required=True, metavar="W", help="the trained weights")
 @click.option("--iterations", type=click.IntRange(min=1), default=50, show_default=True,
@@ -142,6 +144,7 @@ def test_command(model: str, weights: str, iterations: int, gpus: str | None,
 
 
 @click.command("time")
+@log_options
 @click.option("--model", required=True, metavar="NET.yaml", help="the net spec (TRAIN phase)")
 @click.option("--iterations", type=click.IntRange(min=1), default=50, show_default=True,
               help="forward-backward passes to time")

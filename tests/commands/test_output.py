@@ -30,6 +30,7 @@ def test_lines_go_above_a_bar_while_one_is_shown():
             written.append(message)
 
     with output.logging_to_console() as handler:
+        handler.set_format("plain")  # a bar is shown on a terminal, where lines are bare
         handler.bar = Bar()
         logging.getLogger("caffe_py").info("Snapshotting to s_iter_2.pt")
     assert written == ["Snapshotting to s_iter_2.pt"]

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 import torch
 from click.testing import CliRunner
-from support import cli_process, wait_for
+from support import bare_lines, cli_process, wait_for
 
 from caffe_py.cli import cli
 
@@ -172,7 +172,7 @@ def test_sighup_snapshots_and_sigint_stops_with_a_final_snapshot(work):
         rest, err = proc.communicate(timeout=60)
     finally:
         proc.kill()
-    seen += rest.splitlines()
+    seen += bare_lines(rest)
     assert proc.returncode == 0, err
     assert seen[-1] == "Optimization stopped early."
     snaps = sorted(p.name for p in (work / "snaps").glob("*.solverstate.pt"))
@@ -194,7 +194,7 @@ def test_sigint_with_effect_none_keeps_training(work):
     finally:
         proc.kill()
     assert proc.returncode == 0, err
-    assert rest.splitlines()[-1] == "Optimization stopped early."
+    assert bare_lines(rest)[-1] == "Optimization stopped early."
 
 
 def test_weights_for_another_net_name_the_layer(work):

@@ -9,7 +9,7 @@ import time
 from pathlib import Path
 
 import pytest
-from support import cli_process, wait_for
+from support import bare_lines, cli_process, wait_for
 
 from caffe_py.solver import snapshot as snap
 
@@ -72,7 +72,7 @@ def test_sigterm_snapshots_then_stops_even_without_snapshot_after_train(work):
         rest, err = proc.communicate(timeout=60)
     finally:
         proc.kill()
-    lines = seen + rest.splitlines()
+    lines = seen + bare_lines(rest)
     assert proc.returncode == 0, err
     assert lines[-1] == "Optimization stopped early."
     state = newest_state(work)
@@ -130,7 +130,7 @@ def test_kills_mid_snapshot_leave_a_snapshot_that_resumes(work):
     done = cli_process(work, "train", "--solver", "solver.yaml", "--snapshot", str(state))
     out, err = done.communicate(timeout=120)
     assert done.returncode == 0, err
-    assert out.splitlines()[-1] == "Optimization Done."
+    assert bare_lines(out)[-1] == "Optimization Done."
     assert not list((work / "snaps").glob(".*.tmp"))
 
 
