@@ -41,8 +41,9 @@ from ..net import Net, NetOutput
 from ..spec.solver_spec import SolverParameter
 from . import snapshot as snap
 from .callbacks import Callback
-from .evaluate import format_output_lines, run_batches
+from .evaluate import format_output_lines, output_means, run_batches
 from .lr_policy import learning_rate
+from .metrics import FIXED, MetricsFile, metrics_path, output_columns
 from .monitor import Monitor
 from .roles import ROOT, Role, Seeds, StepFn, eager_step
 from .rules import Updater
@@ -118,6 +119,7 @@ class Solver:
         self.stop_requested = False
         self.snapshot_on_stop = False  # a snapshot-stop signal: the end writes a snapshot
         self.last_snapshot: Path | str | None = None  # the newest whole solver state
+        self.metrics: MetricsFile | None = None  # the run's CSV table (the reporting solver's)
         self.last_test: list[dict[str, torch.Tensor]] = []
         self._pools: list[Any] = []
         self._started = False
@@ -192,6 +194,20 @@ class Solver:
     def close(self) -> None:
         for pool in self._pools:
             pool.close()
+        if self.metrics is not None:
+            self.metrics.close()
+            self.metrics = None
+
+    def _open_metrics(self, resume: bool) -> MetricsFile:
+        """``<snapshot_prefix>_metrics.csv``, with a column per output value of every net."""
+        columns = FIXED + output_columns(self.net, "train")
+        for k, net in enumerate(self.test_nets):
+            columns += output_columns(net, f"test{k}")
+        return MetricsFile(metrics_path(self.param.snapshot_prefix), columns, resume=resume)
+
+    def current_rate(self) -> float:
+        """The learning rate this iteration's update uses."""
+        return learning_rate(self.param, self.iter, self.current_step)[0]
 
     def __enter__(self) -> Solver:
         return self
@@ -211,6 +227,8 @@ class Solver:
         if resume_file:
             self.restore(resume_file)
         self.start()
+        if self.role.reports:
+            self.metrics = self._open_metrics(resume=bool(resume_file))
         with self._progress_of(progress):
             self.step(p.max_iter - self.iter)
         if (p.snapshot_after_train or self.snapshot_on_stop) and \
@@ -348,6 +366,9 @@ class Solver:
         values = {name: t.detach().float().reshape(-1) for name, t in out.outputs.items()}
         for line in format_output_lines("Train net output", values, self.net.loss_weights):
             log.info(f"    {line}")
+        if self.metrics is not None:
+            self.metrics.row(self.iter, "train", self.current_rate(), self.smoothed_loss(),
+                             output_means(values))
 
     def show_rate(self, rate: float) -> None:
         """Caffe's display line of the learning rate used by this iteration's update."""
@@ -386,6 +407,9 @@ class Solver:
                 log.info(f"Test loss: {float(means['__loss__'][0]):g}")
             for line in format_output_lines("Test net output", means, net.loss_weights):
                 log.info(f"    {line}")
+            if self.metrics is not None:
+                self.metrics.row(self.iter, f"test{k}", self.current_rate(), None,
+                                 output_means(means))
         return self.last_test
 
     def _test_action(self) -> bool:

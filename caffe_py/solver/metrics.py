@@ -1,0 +1,95 @@
+"""The run's numbers as a table: ``<snapshot_prefix>_metrics.csv`` beside the snapshots.
+
+One row per display (phase ``train``: the smoothed loss and every TRAIN net output) and one per
+test pass of each TEST net (phase ``test0``, ``test1``...: its mean outputs); every row has the
+iteration, the seconds since the run started and the learning rate. The columns are fixed when
+the run starts, from the nets' output blobs: ``train/<name>`` and ``test<k>/<name>``, one per
+value (``<name>[i]`` for an output of several values, e.g. per-class accuracies); a row leaves
+the other phases' columns empty. A resumed run appends to the file when its columns are the
+same, and starts it afresh otherwise.
+"""
+from __future__ import annotations
+
+import csv
+import math
+import time
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from ..fileio import write_error
+
+FIXED = ["iteration", "seconds", "phase", "lr", "loss"]
+
+
+def output_columns(net: Any, phase: str) -> list[str]:
+    """``phase/<name>`` (or ``phase/<name>[i]``) per value of each of ``net``'s outputs."""
+    shapes: dict[str, tuple[int, ...]] = {}
+    for layer in net.layers:
+        for top, shape in zip(layer.spec.top, layer.top_shapes, strict=True):
+            shapes[top] = tuple(shape)
+    columns = []
+    for name in sorted(net.output_names):  # Caffe numbers outputs by name
+        count = math.prod(shapes.get(name, ()))
+        columns += [f"{phase}/{name}"] if count == 1 else \
+            [f"{phase}/{name}[{i}]" for i in range(count)]
+    return columns
+
+
+class MetricsFile:
+    """Rows into the CSV file (flushed each, so a killed run keeps what it wrote)."""
+
+    def __init__(self, path: str | Path, columns: Sequence[str], *, resume: bool):
+        self.path, self.columns = Path(path), list(columns)
+        self.start = time.perf_counter()
+        try:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            append = resume and self._same_columns()
+            self.file = self.path.open("a" if append else "w", newline="", encoding="utf-8")
+        except OSError as exc:
+            raise write_error(self.path, exc) from None
+        self.writer = csv.writer(self.file)
+        if not append:
+            self._write(self.columns)
+
+    def _same_columns(self) -> bool:
+        try:
+            with self.path.open(newline="", encoding="utf-8") as f:
+                return next(csv.reader(f), None) == self.columns
+        except OSError:
+            return False
+
+    def row(self, iteration: int, phase: str, lr: float, loss: float | None,
+            values: Mapping[str, torch.Tensor]) -> None:
+        """One row: ``values`` maps output names to their values (flattened in order)."""
+        cells: dict[str, Any] = {"iteration": iteration,
+                                 "seconds": f"{time.perf_counter() - self.start:.3f}",
+                                 "phase": phase, "lr": f"{lr:g}",
+                                 "loss": "" if loss is None else f"{loss:g}"}
+        for name, value in values.items():
+            flat = value.detach().float().reshape(-1).tolist()
+            if len(flat) == 1:
+                cells[f"{phase}/{name}"] = f"{flat[0]:g}"
+            else:
+                cells.update({f"{phase}/{name}[{i}]": f"{v:g}" for i, v in enumerate(flat)})
+        self._write([cells.get(c, "") for c in self.columns])
+
+    def _write(self, cells: Sequence[Any]) -> None:
+        try:
+            self.writer.writerow(cells)
+            self.file.flush()
+        except OSError as exc:
+            raise write_error(self.path, exc) from None
+
+    def close(self) -> None:
+        try:
+            self.file.close()
+        except OSError:
+            pass
+
+
+def metrics_path(snapshot_prefix: str) -> Path:
+    return Path(f"{snapshot_prefix}_metrics.csv")
+

@@ -1,0 +1,51 @@
+"""<snapshot_prefix>_metrics.csv: one row per display and per test pass, the numbers the log
+prints, columns fixed by the nets' outputs; a resume appends."""
+from __future__ import annotations
+
+import csv
+
+from click.testing import CliRunner
+from test_log_format import NET, SOLVER
+
+from caffe_py.cli import cli
+
+
+def rows(path):
+    with path.open(newline="") as f:
+        return list(csv.reader(f))
+
+
+def test_the_metrics_file_holds_what_the_log_prints(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "net.yaml").write_text(NET)
+    (tmp_path / "solver.yaml").write_text(SOLVER.replace("snapshot_after_train: false",
+                                                         "snapshot: 10"))
+    result = CliRunner().invoke(cli, ["train", "--solver", "solver.yaml"])
+    assert result.exit_code == 0, result.output
+    table = rows(tmp_path / "snaps" / "tiny_metrics.csv")
+    assert table[0] == ["iteration", "seconds", "phase", "lr", "loss", "train/loss",
+                        "test0/acc", "test0/loss"]
+    assert [(r[0], r[2]) for r in table[1:]] == [
+        ("0", "test0"), ("0", "train"), ("5", "train"), ("10", "test0"), ("10", "train"),
+        ("15", "train"), ("20", "test0")]
+    lines = result.stdout.splitlines()
+    printed = [line.split(" = ")[1].split()[0] for line in lines if "Train net output #0" in line]
+    assert [r[5] for r in table[1:] if r[2] == "train"] == printed
+    smoothed = [line.rsplit(" = ", 1)[1] for line in lines
+                if line.startswith("Iteration ") and "iter/s" in line]
+    assert [r[4] for r in table[1:] if r[2] == "train"] == smoothed
+    accuracy = [line.split(" = ")[1].split()[0] for line in lines if "Test net output #0" in line]
+    assert [r[6] for r in table[1:] if r[2] == "test0"] == accuracy
+    assert all(r[3] == "0.05" for r in table[1:])
+    seconds = [float(r[1]) for r in table[1:]]
+    assert seconds == sorted(seconds)
+    # resuming from iteration 10 appends the rows after it
+    (tmp_path / "solver.yaml").write_text(SOLVER.replace("max_iter: 20", "max_iter: 30"))
+    result = CliRunner().invoke(cli, ["train", "--solver", "solver.yaml", "--snapshot",
+                                      "snaps/tiny_iter_10.solverstate.pt"])
+    assert result.exit_code == 0, result.output
+    again = rows(tmp_path / "snaps" / "tiny_metrics.csv")
+    assert again[:len(table)] == table
+    assert [(r[0], r[2]) for r in again[len(table):]] == [
+        ("10", "test0"), ("10", "train"), ("15", "train"), ("20", "test0"), ("20", "train"),
+        ("25", "train"), ("30", "test0")]
