@@ -60,3 +60,13 @@ def bare(line: str) -> str:
 
 def bare_lines(text: str) -> list[str]:
     return [bare(line) for line in text.splitlines()]
+
+
+RUN_FILES = ("_metrics.csv", "_solver.yaml", "_net.yaml")
+
+
+def snapshot_names(directory: Path, start: str = "") -> list[str]:
+    """The snapshot files in ``directory`` (names starting with ``start``), sorted; the
+    metrics table and the resolved specs a run also writes there are left out."""
+    return sorted(p.name for p in Path(directory).iterdir()
+                  if p.name.startswith(start) and not p.name.endswith(RUN_FILES))

@@ -9,7 +9,8 @@ from __future__ import annotations
 import json
 import logging
 import os
-from typing import TYPE_CHECKING
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
 
 import click
 
@@ -28,8 +29,17 @@ log = logging.getLogger("caffe_py.commands")
 GPUS_HELP = "devices: cpu, cpu:N (N CPU replicas), 0 or 0,1,2,3 (CUDA ids), or all"
 
 
+def set_option(command: Any) -> Any:
+    """--set KEY=VALUE, repeatable: solver fields by name, net fields as net.LAYER.FIELD."""
+    return click.option(
+        "--set", "sets", multiple=True, metavar="KEY=VALUE",
+        help="override a solver field (base_lr=0.05) or a net field by layer name "
+             "(net.conv1.convolution_param.num_output=32); repeatable")(command)
+
+
 @click.command("train")
 @log_options
+@set_option
 @click.option("--solver", "solver_file", required=True, metavar="S.yaml",
               help="the solver spec (SolverParameter fields)")
 @click.option("--gpus", default=None, metavar="LIST", help=GPUS_HELP)
@@ -67,6 +77,7 @@ def train_command(solver_file: str, gpus: str | None, weights: str | None,
                   sigterm_effect: str,
                   precision: str | None, reduction: str, graphs: str | None,
                   cuda_graphs: bool | None, deterministic: bool, compile_net: bool,
+                  sets: tuple[str, ...],
                   dist_backend: str | None, dist_timeout: float) -> None:
     """Train the net of a solver spec (Caffe's `caffe train`)."""
     if weights and snapshot:
@@ -80,10 +91,9 @@ def train_command(solver_file: str, gpus: str | None, weights: str | None,
         graphs = older
     from ..devices import describe, parse_devices
     from ..options import TrainOptions
-    from ..spec.solver_spec import load_solver
     from ..train import train
 
-    param = load_solver(solver_file)
+    param, announce = resolved_run(solver_file, sets)
     devices = parse_devices(gpus, solver_mode=param.solver_mode, device_id=param.device_id)
     options = TrainOptions(weights=[w for w in (weights or "").split(",") if w],
                            snapshot=snapshot, sigint_effect=sigint_effect,
@@ -94,11 +104,13 @@ def train_command(solver_file: str, gpus: str | None, weights: str | None,
                            dist_backend=dist_backend, dist_timeout=dist_timeout,
                            progress=terminal_progress())
     log.info(f"Using {describe(devices)}")
+    announce()
     train(param, devices, options)
 
 
 @click.command("test")
 @log_options
+@set_option
 @click.option("--model", required=True, metavar="NET.yaml", help="the net spec (TEST phase)")
 @click.option("--weights", required=True, metavar="W", help="the trained weights")
 @click.option("--iterations", type=click.IntRange(min=1), default=50, show_default=True,
@@ -107,7 +119,7 @@ def train_command(solver_file: str, gpus: str | None, weights: str | None,
 @click.option("--json", "as_json", is_flag=True,
               help="print one JSON object {output: mean} on stdout (logs go to stderr)")
 def test_command(model: str, weights: str, iterations: int, gpus: str | None,
-                 as_json: bool) -> None:
+                 as_json: bool, sets: tuple[str, ...]) -> None:
     """Score a trained net: each batch's outputs, then their means (Caffe's `caffe test`)."""
     from ..devices import parse_devices
     from ..solver import evaluate
@@ -119,7 +131,7 @@ def test_command(model: str, weights: str, iterations: int, gpus: str | None,
             handler.err = True
     device = parse_devices(gpus, solver_mode="CPU")[0]
     log.info(f"Using {device}")
-    net = _net(model, "TEST", device)
+    net = _net(model, "TEST", device, sets)
     blobs = load_weights(weights)
     net.copy_from(blobs, source=weights)
 
@@ -145,20 +157,22 @@ def test_command(model: str, weights: str, iterations: int, gpus: str | None,
 
 @click.command("time")
 @log_options
+@set_option
 @click.option("--model", required=True, metavar="NET.yaml", help="the net spec (TRAIN phase)")
 @click.option("--iterations", type=click.IntRange(min=1), default=50, show_default=True,
               help="forward-backward passes to time")
 @click.option("--gpus", default=None, metavar="LIST", help=f"{GPUS_HELP} (the first is used)")
-def time_command(model: str, iterations: int, gpus: str | None) -> None:
+def time_command(model: str, iterations: int, gpus: str | None,
+                 sets: tuple[str, ...]) -> None:
     """Time each layer's forward and backward (Caffe's `caffe time`)."""
     from ..devices import parse_devices
     from ..net import Net
     from ..solver import evaluate
-    from ..spec.net_spec import load_net
+    from ..spec.overrides import load_net_with_overrides
 
     device = parse_devices(gpus, solver_mode="CPU")[0]
     log.info(f"Using {device}")
-    net = Net(load_net(model), "TRAIN", device=device)
+    net = Net(load_net_with_overrides(model, sets), "TRAIN", device=device)
     inputs = evaluate.random_inputs(net)
     with evaluate.fed(net):
         log.info("Performing Forward")
@@ -204,17 +218,49 @@ def device_query_command() -> None:
             click.echo(f"{i:>4}  " + " ".join(row))
 
 
-def _net(model: str, phase: str, device: torch.device) -> Net:
+def _net(model: str, phase: str, device: torch.device, sets: Sequence[str] = ()) -> Net:
     from ..errors import SolverError
     from ..net import Net
-    from ..spec.net_spec import load_net
+    from ..spec.overrides import load_net_with_overrides
 
-    net = Net(load_net(model), phase, device=device)
+    net = Net(load_net_with_overrides(model, sets), phase, device=device)
     inputs = [layer.name for layer in net.layers if layer.spec.type == "Input"]
     if inputs:
         raise SolverError(f"{model}: the {phase} net has Input layer '{inputs[0]}', which "
                           "cpy test cannot feed; score a net that reads its data (Data layer)")
     return net
+
+
+def resolved_run(solver_file: str, sets: Sequence[str]) -> tuple[Any, Any]:
+    """The solver with its overrides and the seed it will use, and the call that prints it
+    (as Caffe prints the parameters it starts from) and writes it as
+    <snapshot_prefix>_solver.yaml and _net.yaml (on the first host)."""
+    import dataclasses
+
+    from ..fileio import atomic_write_bytes
+    from ..solver.snapshot import check_writable
+    from ..solver.solver import resolve_seed
+    from ..spec.overrides import load_with_overrides, resolved_specs
+
+    resolved = load_with_overrides(solver_file, sets)
+    param = dataclasses.replace(resolved.param,
+                                random_seed=resolve_seed(resolved.param.random_seed))
+    resolved.param = param
+    solver_text, net_text = resolved_specs(resolved, param.random_seed, param.snapshot_prefix)
+
+    def announce() -> None:
+        log.info(f"Random seed: {param.random_seed}")
+        log.info("Initializing solver from parameters:\n" + solver_text.rstrip())
+        if net_text is not None:
+            log.info("Initializing net from parameters:\n" + net_text.rstrip())
+        if int(os.environ.get("RANK", "0")) == 0:
+            prefix = param.snapshot_prefix
+            check_writable(prefix)
+            atomic_write_bytes(f"{prefix}_solver.yaml", solver_text.encode())
+            if net_text is not None:
+                atomic_write_bytes(f"{prefix}_net.yaml", net_text.encode())
+
+    return param, announce
 
 
 COMMANDS = [train_command, test_command, time_command, device_query_command]

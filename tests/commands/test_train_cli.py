@@ -65,9 +65,9 @@ def test_train_then_test_json(work):
     result = invoke("train", "--solver", "solver.yaml", "--gpus", "cpu")
     assert result.exit_code == 0, result.output
     out = result.stdout.splitlines()
-    assert out[0] == "Using cpu"
-    assert out[1] == ("Batch: 4 per replica x 1 replica x iter_size 1 = 4 per update "
-                      "(device cpu, precision FLOAT32)")
+    assert out[:3] == ["Using cpu", "Random seed: 3", "Initializing solver from parameters:"]
+    assert ("Batch: 4 per replica x 1 replica x iter_size 1 = 4 per update (device cpu, "
+            "precision FLOAT32)") in out
     assert "Iteration 2, lr = 0.05" in out and out[-1] == "Optimization Done."
     assert (work / "snaps" / "tiny_iter_4.pt").is_file()
     result = invoke("test", "--model", "net.yaml", "--weights", "snaps/tiny_iter_4.pt",

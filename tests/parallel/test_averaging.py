@@ -8,6 +8,7 @@ import dataclasses
 
 import pytest
 import torch
+from support import snapshot_names
 
 from caffe_py.errors import SolverError
 from caffe_py.options import TrainOptions
@@ -227,7 +228,7 @@ def test_signals_act_at_the_next_averaging_point(tmp_path, db):
         run.run()
         assert run.root.iter == 8 and run.root.stop_requested
         root = _weights(run.root)
-    names = sorted(p.name for p in tmp_path.iterdir() if p.name.startswith("s_snap"))
+    names = snapshot_names(tmp_path, "s_snap")
     assert names == ["s_snap_iter_4.pt", "s_snap_iter_4.solverstate.pt",
                      "s_snap_iter_8.pt", "s_snap_iter_8.solverstate.pt"]
     saved = load_weights(tmp_path / "s_snap_iter_8.pt")

@@ -7,6 +7,7 @@ import threading
 
 import pytest
 import torch
+from support import snapshot_names
 from test_multihost import DRIVER, _rel, _solver_file, _two_hosts, _weights
 
 from caffe_py.parallel import ReplicatedRun
@@ -232,7 +233,7 @@ def test_a_signal_on_rank_1_with_async_hosts_stops_both_at_a_point(tmp_path, db)
     assert (rc0, rc1) == (0, 0), out0 + out1
     assert "rank 0 ended at iteration 6" in out0 and "rank 1 ended at iteration 6" in out1
     assert "Optimization stopped early." in out0
-    assert sorted(p.name for p in (tmp_path / "s").iterdir()) == [
+    assert snapshot_names(tmp_path / "s") == [
         "snap_iter_6.pt", "snap_iter_6.solverstate.pt"]
     rank0, rank1 = (torch.load(tmp_path / f"rank{r}.pt", map_location="cpu") for r in (0, 1))
     assert all(torch.equal(a, b) for a, b in zip(rank0, rank1, strict=True))

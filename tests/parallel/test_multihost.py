@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from support import snapshot_names
 
 from caffe_py.io import feed_of
 from caffe_py.parallel import HostSlice, ReplicatedRun
@@ -171,7 +172,7 @@ def test_cpy_train_on_two_hosts_rank_0_alone_snapshots_and_resumes(tmp_path, db)
     assert out0.count("Snapshotting to") == 2 and "Snapshotting" not in out1
     assert "Iteration" not in out1 and "Testing" not in out1
     snaps = tmp_path / "s"
-    assert sorted(p.name for p in snaps.iterdir()) == [
+    assert snapshot_names(snaps) == [
         "snap_iter_3.pt", "snap_iter_3.solverstate.pt",
         "snap_iter_6.pt", "snap_iter_6.solverstate.pt"]
     straight = load_weights(snaps / "snap_iter_6.pt")
@@ -196,7 +197,7 @@ def test_a_signal_on_rank_1_acts_on_every_host_after_the_same_iteration(tmp_path
     assert (rc0, rc1) == (0, 0), out0 + out1
     assert "rank 0 ended at iteration 4" in out0 and "rank 1 ended at iteration 4" in out1
     assert "Optimization stopped early." in out0
-    assert sorted(p.name for p in (tmp_path / "s").iterdir()) == [
+    assert snapshot_names(tmp_path / "s") == [
         "snap_iter_2.pt", "snap_iter_2.solverstate.pt",
         "snap_iter_4.pt", "snap_iter_4.solverstate.pt"]
     rank0, rank1 = (torch.load(tmp_path / f"rank{r}.pt", map_location="cpu") for r in (0, 1))

@@ -12,7 +12,7 @@ import zipfile
 import numpy as np
 import pytest
 import torch
-from support import ROOT, write_records
+from support import ROOT, snapshot_names, write_records
 
 from caffe_py.io.datum import Datum, encode_datum
 from caffe_py.io.lmdb_store import LmdbWriter
@@ -180,7 +180,7 @@ def test_a_full_disk_stops_with_the_previous_snapshot_intact(work, monkeypatch):
         f"or write elsewhere (nothing was replaced); the previous snapshot {state} is intact "
         f"(resume with --snapshot {state})")
     monkeypatch.setattr(snap.torch, "save", real_save)
-    assert sorted(p.name for p in (work / "snaps").iterdir()) == [
+    assert snapshot_names(work / "snaps") == [
         "t_iter_2.pt", "t_iter_2.solverstate.pt"]
     assert snap.load_state(work / "snaps" / "t_iter_2.solverstate.pt")["iter"] == 2
 
