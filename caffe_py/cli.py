@@ -17,6 +17,7 @@ import click
 from . import configs_dir
 from .commands.output import logging_to_console
 from .errors import CaffePyError
+from .spec import yamlio
 
 # Idle OpenMP threads of torch's CPU kernels otherwise spin between ops and starve the data
 # reader's threads on small machines; this must be set before torch is first imported.
@@ -44,6 +45,7 @@ class _Group(click.Group):
         return next(c for c in module.COMMANDS if c.name == name)
 
     def invoke(self, ctx: click.Context):
+        yamlio.FOREIGN.setdefault(".prototxt", _prototxt_as_yaml)
         try:
             with logging_to_console():
                 return super().invoke(ctx)
@@ -54,8 +56,10 @@ class _Group(click.Group):
         """click's main, but every error (a usage error too) exits with status 1, printed as
         one line: ``Error: ...``."""
         kwargs["standalone_mode"] = False
+        given = args[0] if args else kwargs.get("args")  # main(args, ...) or main(args=...)
+        kwargs["args"] = caffe_spellings(list(sys.argv[1:] if given is None else given))
         try:
-            code = super().main(*args, **kwargs)
+            code = super().main(*args[1:], **kwargs)
         except click.ClickException as exc:
             exc.message = printable(exc.message)
             exc.show()
@@ -66,6 +70,31 @@ class _Group(click.Group):
         if isinstance(code, int) and code != 0:
             sys.exit(code)
         return code
+
+
+def _prototxt_as_yaml(path: Any) -> str:
+    from .tools.to_yaml import prototxt_as_yaml
+
+    return prototxt_as_yaml(path)
+
+
+# Caffe's tools/caffe.cpp flags (gflags: one dash) -> cpy's options
+CAFFE_FLAGS = {"-solver": "--solver", "-gpu": "--gpus", "-weights": "--weights",
+               "-snapshot": "--snapshot", "-model": "--model", "-iterations": "--iterations",
+               "-sigint_effect": "--sigint-effect", "-sighup_effect": "--sighup-effect"}
+COMMAND_ALIASES = {"device_query": "device-query"}  # Caffe's action names
+
+
+def caffe_spellings(args: list[str]) -> list[str]:
+    """Caffe's single-dash flags (``-solver x``, ``-gpu=0``) and action names as cpy's."""
+    out = []
+    for arg in args:
+        flag, eq, value = arg.partition("=")
+        if flag in CAFFE_FLAGS:
+            out.append(CAFFE_FLAGS[flag] + (f"={value}" if eq else ""))
+        else:
+            out.append(COMMAND_ALIASES.get(arg, arg) if not out else arg)
+    return out
 
 
 def printable(message: str) -> str:

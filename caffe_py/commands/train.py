@@ -46,7 +46,10 @@ def set_option(command: Any) -> Any:
 @click.option("--weights", default=None, metavar="W[,W2]",
               help="weights files to fine-tune from, copied by layer name in order")
 @click.option("--snapshot", default=None, metavar="STATE",
-              help="a <prefix>_iter_<N>.solverstate.pt file to resume from")
+              help="a <prefix>_iter_<N>.solverstate.pt file to resume from, or 'latest': the "
+                   "newest state of the solver's snapshot_prefix that loads")
+@click.option("--overwrite", is_flag=True,
+              help="start a new run over a snapshot_prefix that already has snapshots")
 @click.option("--sigint-effect", type=click.Choice(EFFECTS), default="stop", show_default=True,
               help="what Ctrl-C does (after the current iteration)")
 @click.option("--sighup-effect", type=click.Choice(EFFECTS), default="snapshot",
@@ -77,7 +80,7 @@ def train_command(solver_file: str, gpus: str | None, weights: str | None,
                   sigterm_effect: str,
                   precision: str | None, reduction: str, graphs: str | None,
                   cuda_graphs: bool | None, deterministic: bool, compile_net: bool,
-                  sets: tuple[str, ...],
+                  sets: tuple[str, ...], overwrite: bool,
                   dist_backend: str | None, dist_timeout: float) -> None:
     """Train the net of a solver spec (Caffe's `caffe train`)."""
     if weights and snapshot:
@@ -104,6 +107,7 @@ def train_command(solver_file: str, gpus: str | None, weights: str | None,
                            dist_backend=dist_backend, dist_timeout=dist_timeout,
                            progress=terminal_progress())
     log.info(f"Using {describe(devices)}")
+    options = _run_over_prefix(param.snapshot_prefix, options, overwrite)
     announce()
     train(param, devices, options)
 
@@ -229,6 +233,28 @@ def _net(model: str, phase: str, device: torch.device, sets: Sequence[str] = ())
         raise SolverError(f"{model}: the {phase} net has Input layer '{inputs[0]}', which "
                           "cpy test cannot feed; score a net that reads its data (Data layer)")
     return net
+
+
+def _run_over_prefix(prefix: str, options: Any, overwrite: bool) -> Any:
+    """``--snapshot latest`` resolved to the newest state that loads; a new run over a
+    prefix that has states refused unless ``--overwrite``."""
+    import dataclasses
+
+    from ..errors import SolverError
+    from ..solver import snapshot as snap
+
+    if options.snapshot == "latest":
+        path, skipped = snap.latest_state(prefix)
+        for line in skipped:
+            log.warning(line)
+        log.info(f"--snapshot latest: {path}")
+        return dataclasses.replace(options, snapshot=str(path))
+    states = snap.states_of(prefix)
+    if states and not options.snapshot and not overwrite:
+        raise SolverError(f"snapshot_prefix {prefix} already has snapshots (the newest: "
+                          f"{states[0][1].name}); resume with --snapshot latest, start over "
+                          "with --overwrite, or change snapshot_prefix")
+    return options
 
 
 def resolved_run(solver_file: str, sets: Sequence[str]) -> tuple[Any, Any]:

@@ -189,3 +189,35 @@ def _load(path: Path, want: str) -> dict[str, Any]:
         raise SolverError(f"{path}: snapshot format version {data.get('version')} is not "
                           f"{FORMAT_VERSION}; write it again with this caffe-py")
     return data
+
+
+def states_of(prefix: str) -> list[tuple[int, Path]]:
+    """The solver states written for ``prefix`` (any format), newest first: (iteration, path)."""
+    found = []
+    directory, stem = Path(prefix).parent, Path(prefix).name
+    if not directory.is_dir():
+        return []
+    for path in directory.glob(f"{stem}_iter_*{STATE_SUFFIX}*"):
+        digits = path.name[len(stem) + len("_iter_"):].split(".")[0]
+        if digits.isdigit() and not path.name.endswith(".tmp"):
+            found.append((int(digits), path))
+    return sorted(found, reverse=True)
+
+
+def latest_state(prefix: str) -> tuple[Path, list[str]]:
+    """The newest solver state of ``prefix`` that loads whole (its checksums and its weights
+    file included), and one line per newer state skipped and why."""
+    skipped = []
+    for _, path in states_of(prefix):
+        try:
+            state = load_state(path)
+            weights = weights_path_of(state, path)
+            if not weights.is_file():
+                raise SolverError(f"{path}: its weights file {weights.name} is missing")
+            load_weights(weights)
+        except SolverError as exc:
+            skipped.append(f"Skipping {path}: {exc}")
+            continue
+        return path, skipped
+    raise SolverError(f"--snapshot latest: no solver state of snapshot_prefix {prefix} loads "
+                      f"({len(skipped)} found); start without --snapshot")

@@ -153,7 +153,7 @@ def resolved_specs(resolved: Resolved, seed: int, prefix: str) -> tuple[str, str
         net = _absolute(copy.deepcopy(resolved.net), resolved.param.net_param)
         net_text = yaml.safe_dump(net, sort_keys=False, allow_unicode=True, default_flow_style=None)
     _absolute_solver(solver, resolved.param)
-    return (yaml.safe_dump(solver, sort_keys=False, allow_unicode=True, default_flow_style=None),
+    return (yaml.safe_dump(solver, sort_keys=False, allow_unicode=True, default_flow_style=False),
             net_text)
 
 

@@ -8,6 +8,7 @@ the loader is a ``yaml.SafeLoader``, which has no constructor for those tags.
 """
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -115,9 +116,18 @@ def loads(text: str, source: str = "<string>") -> Any:
         loader.dispose()
 
 
+FOREIGN: dict[str, Callable[[Path], str]] = {}
+"""Readers of other spec formats by file suffix, each giving the YAML text of a file (the
+command line registers Caffe's ``.prototxt``: read as `cpy import-prototxt` converts it)."""
+
+
 def load(path: str | Path) -> Any:
-    """Load a YAML file; a missing or unreadable file is a one-line :class:`SpecError`."""
+    """Load a YAML file (or a file of a :data:`FOREIGN` format); a missing or unreadable file
+    is a one-line :class:`SpecError`."""
     path = Path(path)
+    reader = FOREIGN.get(path.suffix.lower())
+    if reader is not None and path.is_file():
+        return loads(reader(path), source=str(path))
     try:
         if path.exists() and not path.is_file():
             kind = "a directory" if path.is_dir() else "not a regular file (a device or a pipe)"

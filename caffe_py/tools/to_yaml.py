@@ -33,6 +33,8 @@ from dataclasses import dataclass
 from pathlib import Path, PurePath
 from typing import Any
 
+import yaml
+
 from ..errors import SpecError
 from ..fileio import atomic_write_bytes
 from ..spec import layer_params, yamlio
@@ -518,3 +520,39 @@ def _block_field(fields: list[Field], name: str) -> tuple[Field, Message] | None
 
 __all__ = ["Conversion", "ImportReport", "V1_LAYER_TYPES", "SOLVER_TYPES_V1", "convert",
            "detect_kind", "import_file"]
+
+
+def prototxt_as_yaml(path: Path) -> str:
+    """A Caffe prototxt (net or solver) as the YAML text `cpy import-prototxt` writes, its
+    relative paths (Caffe's, from the directory Caffe runs in: here, the current one)
+    rewritten for the prototxt's own directory, as a YAML file there would hold them."""
+    msg = parse_file(path)
+    kind = detect_kind(msg, str(path))
+    conv = convert(msg, kind, source=str(path), root=Path.cwd().resolve(),
+                   out=Path(path).resolve().with_suffix(".yaml"))
+    logging.getLogger(__name__).info(
+        f"Note: {path} is a Caffe prototxt, read in memory as its YAML spec "
+        f"(cpy import-prototxt {path} OUT.yaml writes it)")
+    if kind != "solver":
+        return conv.text
+    # the converter names the nets' YAML files to be; here the nets stay prototxts until
+    # those exist
+    data = yaml.safe_load(conv.text) or {}
+    base = Path(path).resolve().parent
+    for key in ("net", "train_net", "test_net"):
+        names = data.get(key)
+        listed = names if isinstance(names, list) else [names]
+        fixed = [_existing_net(base, n) if isinstance(n, str) else n for n in listed]
+        if names is not None:
+            data[key] = fixed if isinstance(names, list) else fixed[0]
+    return yaml.safe_dump(data, sort_keys=False)
+
+
+def _existing_net(base: Path, name: str) -> str:
+    """``name`` (a .yaml the converter named) or, while that file does not exist, the
+    prototxt it would be made from."""
+    if name.endswith(".yaml") and not (base / name).exists():
+        prototxt = name[:-len(".yaml")] + ".prototxt"
+        if (base / prototxt).exists():
+            return prototxt
+    return name

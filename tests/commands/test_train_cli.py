@@ -201,8 +201,36 @@ def test_weights_for_another_net_name_the_layer(work):
     invoke("train", "--solver", "solver.yaml")
     (work / "net.yaml").write_text(NET.replace("num_output: 3", "num_output: 5"))
     result = CliRunner().invoke(cli, ["train", "--solver", "solver.yaml", "--weights",
-                                      "snaps/tiny_iter_4.pt"])
+                                      "snaps/tiny_iter_4.pt", "--overwrite"])
     assert result.exit_code == 1
     assert result.stderr == ("Error: snaps/tiny_iter_4.pt: layer 'ip' blob 0: shape [3, 6] in "
                              "the weights, [5, 6] in the net; the weights are for another net (or "
                              "rename the layer to start it afresh)\n")
+
+
+def test_a_new_run_over_snapshots_is_refused_and_latest_resumes_the_newest_whole_state(work):
+    (work / "solver.yaml").write_text(SOLVER.format(max_iter=4, display=2) + "snapshot: 2\n")
+    assert invoke("train", "--solver", "solver.yaml").exit_code == 0
+    result = CliRunner().invoke(cli, ["train", "--solver", "solver.yaml"])
+    prefix = work / "snaps" / "tiny"
+    assert (result.exit_code, result.stderr.strip()) == (1, (
+        f"Error: snapshot_prefix {prefix} already has snapshots (the newest: "
+        "tiny_iter_4.solverstate.pt); resume with --snapshot latest, start over with "
+        "--overwrite, or change snapshot_prefix"))
+    # the newest state is damaged: latest takes the one before it, and says why
+    newest = work / "snaps" / "tiny_iter_4.solverstate.pt"
+    newest.write_bytes(newest.read_bytes()[:100])
+    (work / "solver.yaml").write_text(SOLVER.format(max_iter=6, display=2) + "snapshot: 2\n")
+    result = CliRunner().invoke(cli, ["train", "--solver", "solver.yaml", "--snapshot", "latest"])
+    assert result.exit_code == 0, result.output
+    lines = result.stdout.splitlines()
+    assert lines[1].startswith(f"Skipping {newest}: {newest}: ")
+    assert lines[2] == f"--snapshot latest: {work / 'snaps' / 'tiny_iter_2.solverstate.pt'}"
+    assert "Iteration 4, lr = 0.05" in lines and lines[-1] == "Optimization Done."
+    assert invoke("train", "--solver", "solver.yaml", "--overwrite").exit_code == 0
+    for path in (work / "snaps").glob("*.solverstate.pt"):
+        path.unlink()
+    result = CliRunner().invoke(cli, ["train", "--solver", "solver.yaml", "--snapshot", "latest"])
+    assert (result.exit_code, result.stderr.strip()) == (1, (
+        f"Error: --snapshot latest: no solver state of snapshot_prefix {prefix} loads (0 "
+        "found); start without --snapshot"))
