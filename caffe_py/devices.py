@@ -7,11 +7,16 @@ everything else runs on the CPU.
 """
 from __future__ import annotations
 
+import logging
+import os
 from collections.abc import Sequence
 
 import torch
 
 from .errors import CaffePyError
+
+
+log = logging.getLogger(__name__)
 
 
 class DeviceError(CaffePyError):
@@ -34,6 +39,11 @@ def parse_devices(text: str | None, *, solver_mode: str = "GPU",
         if not count.isdigit() or int(count) < 1:
             raise DeviceError(f"--gpus {text}: expected cpu:N with N >= 1 CPU replicas, "
                               "e.g. cpu:2")
+        cores = os.cpu_count() or 1
+        if int(count) > cores:
+            log.warning(f"Warning: --gpus {text}: {count} CPU replicas on {cores} cores; they "
+                        f"take turns, so the run is slower than with cpu:{cores} (the numbers "
+                        "are the same)")
         return [torch.device("cpu")] * int(count)
     if spec == "all":
         if not n_cuda:

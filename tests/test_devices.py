@@ -48,3 +48,17 @@ def test_cuda_ids_are_checked():
     assert parse_devices("all") == [torch.device("cuda", i) for i in range(n)]
     with pytest.raises(DeviceError, match=f"GPU {n} does not exist"):
         parse_devices(str(n))
+
+
+def test_more_cpu_replicas_than_cores_is_a_warning(caplog, monkeypatch):
+    import logging
+
+    monkeypatch.setattr("os.cpu_count", lambda: 2)
+    caplog.set_level(logging.INFO, logger="caffe_py")
+    assert len(parse_devices("cpu:3")) == 3
+    assert caplog.messages == ["Warning: --gpus cpu:3: 3 CPU replicas on 2 cores; they take "
+                               "turns, so the run is slower than with cpu:2 (the numbers are "
+                               "the same)"]
+    caplog.clear()
+    parse_devices("cpu:2")
+    assert caplog.messages == []
