@@ -15,7 +15,6 @@ import torch
 
 from .errors import CaffePyError
 
-
 log = logging.getLogger(__name__)
 
 
