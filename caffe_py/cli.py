@@ -29,6 +29,7 @@ COMMANDS = {
     "net": "net",
     "convert": "data", "compute-mean": "data", "db-info": "data",
     "import-prototxt": "tools",
+    "plot": "plot",
     "build-ext": "ext",
 }
 

@@ -70,3 +70,41 @@ def snapshot_names(directory: Path, start: str = "") -> list[str]:
     metrics table and the resolved specs a run also writes there are left out."""
     return sorted(p.name for p in Path(directory).iterdir()
                   if p.name.startswith(start) and not p.name.endswith(RUN_FILES))
+
+
+# a tiny net on DummyData with a TEST accuracy, and its solver (display 5, a test every 10)
+TINY_NET = """\
+name: tiny
+layer:
+  - name: data
+    type: DummyData
+    top: [data, label]
+    dummy_data_param:
+      shape: [{dim: [4, 6]}, {dim: [4]}]
+      data_filler: [{type: gaussian}, {type: uniform, min: 0, max: 2.99}]
+  - name: ip
+    type: InnerProduct
+    bottom: data
+    top: ip
+    inner_product_param: {num_output: 3, weight_filler: {type: xavier}}
+  - name: loss
+    type: SoftmaxWithLoss
+    bottom: [ip, label]
+    top: loss
+  - name: acc
+    type: Accuracy
+    bottom: [ip, label]
+    top: acc
+    include: {phase: TEST}
+"""
+TINY_SOLVER = """\
+net: net.yaml
+base_lr: 0.05
+max_iter: 20
+display: 5
+test_iter: 2
+test_interval: 10
+snapshot_after_train: false
+snapshot_prefix: snaps/tiny
+random_seed: 3
+"""

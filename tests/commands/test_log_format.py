@@ -7,45 +7,12 @@ import datetime
 import re
 
 import pytest
+from support import TINY_NET as NET
+from support import TINY_SOLVER as SOLVER
 from support import cli_process
 
 from caffe_py.commands.output import GLOG_PREFIX
 
-NET = """\
-name: tiny
-layer:
-  - name: data
-    type: DummyData
-    top: [data, label]
-    dummy_data_param:
-      shape: [{dim: [4, 6]}, {dim: [4]}]
-      data_filler: [{type: gaussian}, {type: uniform, min: 0, max: 2.99}]
-  - name: ip
-    type: InnerProduct
-    bottom: data
-    top: ip
-    inner_product_param: {num_output: 3, weight_filler: {type: xavier}}
-  - name: loss
-    type: SoftmaxWithLoss
-    bottom: [ip, label]
-    top: loss
-  - name: acc
-    type: Accuracy
-    bottom: [ip, label]
-    top: acc
-    include: {phase: TEST}
-"""
-SOLVER = """\
-net: net.yaml
-base_lr: 0.05
-max_iter: 20
-display: 5
-test_iter: 2
-test_interval: 10
-snapshot_after_train: false
-snapshot_prefix: snaps/tiny
-random_seed: 3
-"""
 # parse_log.py's
 ITERATION = re.compile(r"Iteration (\d+)")
 TRAIN_OUTPUT = re.compile(r"Train net output #(\d+): (\S+) = ([\.\deE+-]+)")

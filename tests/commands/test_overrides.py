@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import yaml
 from click.testing import CliRunner
-from test_log_format import NET, SOLVER
+from support import TINY_NET as NET
+from support import TINY_SOLVER as SOLVER
 
 from caffe_py.cli import cli
 

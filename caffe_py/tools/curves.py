@@ -1,0 +1,145 @@
+"""Training curves of several runs, as Caffe's plot_training_log.py draws them from logs.
+
+A run is a metrics table (``<snapshot_prefix>_metrics.csv``), a snapshot prefix (its table), or
+a training log, caffe-py's or Caffe's (glog-prefixed lines give the seconds; bare ones the
+iterations alone). :func:`read_run` gives its series: name -> points (iteration, seconds or
+None, value), named as the table's columns (``loss``: the smoothed training loss, ``lr``,
+``train/<output>``, ``test0/<output>``...). :func:`plot` draws the series a list of names asks
+for (a name matches every column ending in it: ``accuracy`` is ``test0/accuracy``) against
+iterations or seconds, one panel per name, one line per run.
+"""
+from __future__ import annotations
+
+import csv
+import datetime
+import re
+from collections.abc import Sequence
+from pathlib import Path
+
+from ..errors import CaffePyError
+
+Point = tuple[int, float | None, float]
+Series = dict[str, list[Point]]
+
+_ITERATION = re.compile(r"Iteration (\d+)")
+_LOSS = re.compile(r"Iteration (\d+).*, loss = ([-+.\deEinfa]+)")
+_RATE = re.compile(r"Iteration (\d+), lr = ([-+.\deE]+)")
+_TESTING = re.compile(r"Iteration (\d+), Testing net \(#(\d+)\)")
+_OUTPUT = re.compile(r"(Train|Test) net output #\d+: (\S+) = ([-+.\deEinfa]+)")
+_STAMP = re.compile(r"^[IWEF](\d\d)(\d\d) (\d\d):(\d\d):(\d\d)\.(\d{6}) ")
+
+
+class PlotError(CaffePyError):
+    """A run that cannot be read, or nothing to draw."""
+
+
+def read_run(path: str | Path) -> Series:
+    """The series of one run (a metrics CSV, a snapshot prefix or a log file)."""
+    path = Path(path)
+    table = path if path.suffix == ".csv" else Path(f"{path}_metrics.csv")
+    if table.is_file():
+        return _read_table(table)
+    if path.is_file():
+        return _read_log(path)
+    raise PlotError(f"{path}: no such metrics table, snapshot prefix or log; give "
+                    "<snapshot_prefix>_metrics.csv, the prefix, or a training log")
+
+
+def _read_table(path: Path) -> Series:
+    series: Series = {}
+    with path.open(newline="", encoding="utf-8") as f:
+        rows = csv.DictReader(f)
+        if rows.fieldnames is None or "iteration" not in rows.fieldnames:
+            raise PlotError(f"{path}: not a metrics table (no 'iteration' column)")
+        for row in rows:
+            it, sec = int(row["iteration"]), float(row["seconds"])
+            for name, cell in row.items():
+                if name in ("iteration", "seconds", "phase") or not cell:
+                    continue
+                if name == "lr" and row["phase"] != "train":
+                    continue
+                series.setdefault(name, []).append((it, sec, float(cell)))
+    return series
+
+
+def _read_log(path: Path) -> Series:
+    """Caffe's (or caffe-py's) training log, read as parse_log.py reads it."""
+    series: Series = {}
+    start = None
+    phase, iteration = "train", 0
+    for line in path.read_text(encoding="utf-8", errors="replace").splitlines():
+        when = _seconds(line)
+        if start is None and "] Solving " in line:
+            start = when
+        sec = when - start if when is not None and start is not None else None
+        if m := _TESTING.search(line):
+            phase, iteration = f"test{m.group(2)}", int(m.group(1))
+        elif m := _RATE.search(line):
+            series.setdefault("lr", []).append((int(m.group(1)), sec, float(m.group(2))))
+        elif m := _LOSS.search(line):
+            phase, iteration = "train", int(m.group(1))
+            series.setdefault("loss", []).append((iteration, sec, float(m.group(2))))
+        elif m := _OUTPUT.search(line):
+            where = "train" if m.group(1) == "Train" else phase
+            series.setdefault(f"{where}/{m.group(2)}", []).append(
+                (iteration, sec, float(m.group(3))))
+    if not series:
+        raise PlotError(f"{path}: no training lines found (not a Caffe or caffe-py log)")
+    return series
+
+
+def _seconds(line: str) -> float | None:
+    m = _STAMP.match(line)
+    if m is None:
+        return None
+    month, day, hour, minute, second, micro = (int(g) for g in m.groups())
+    stamp = datetime.datetime(2000, month, day, hour, minute, second, micro)
+    return stamp.timestamp()
+
+
+def pick(series: Series, names: Sequence[str]) -> dict[str, list[Point]]:
+    """The series ``names`` ask for: each name matches columns equal to or ending in it."""
+    out = {}
+    for name in names:
+        for column in series:
+            if column == name or column.endswith(f"/{name}"):
+                out[column] = series[column]
+    return out
+
+
+def plot(runs: Sequence[str | Path], out: str | Path, *, x: str = "iterations",
+         names: Sequence[str] = ("loss", "accuracy", "lr")) -> dict[str, dict[str, list]]:
+    """Draw ``names`` of every run into the image ``out`` (png, svg or pdf); returns what was
+    drawn: column -> run -> [(x, value)]."""
+    try:
+        import matplotlib
+    except ImportError:
+        raise PlotError("cpy plot needs matplotlib: pip install 'caffe-py[plot]'") from None
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    drawn: dict[str, dict[str, list]] = {}
+    for run in runs:
+        for column, points in pick(read_run(run), names).items():
+            xs = [(p[0] if x == "iterations" else p[1], p[2]) for p in points]
+            if x == "seconds" and any(v[0] is None for v in xs):
+                raise PlotError(f"{run}: its lines carry no time; plot it with --x iterations")
+            drawn.setdefault(column, {})[str(run)] = xs
+    if not drawn:
+        raise PlotError(f"none of {', '.join(names)} is in the runs; give --y with their "
+                        "columns (e.g. loss,test0/accuracy,lr)")
+    fig, axes = plt.subplots(len(drawn), 1, figsize=(8, 3 * len(drawn)), squeeze=False)
+    for ax, (column, by_run) in zip(axes[:, 0], sorted(drawn.items()), strict=True):
+        for run, xy in by_run.items():
+            ax.plot([p[0] for p in xy], [p[1] for p in xy], label=Path(run).name)
+        ax.set_ylabel(column)
+        ax.legend(fontsize="small")
+    axes[-1, 0].set_xlabel(x)
+    fig.tight_layout()
+    try:
+        fig.savefig(out)
+    except OSError as exc:
+        raise PlotError(f"cannot write {out} ({(exc.strerror or str(exc)).lower()})") from None
+    finally:
+        plt.close(fig)
+    return drawn
