@@ -20,3 +20,16 @@ def configs_dir() -> Path:
             return candidate
     raise CaffePyError(f"no shipped configs in {package / 'configs'}: reinstall caffe-py")
 
+
+
+_API = ("load_net", "deploy_spec", "predict", "train_solver")
+
+
+def __getattr__(name: str) -> object:
+    """The Python API (caffe_py.api), imported on first use: `import caffe_py` stays free of
+    torch, as the command line's --help is."""
+    if name in _API:
+        from . import api
+
+        return getattr(api, name)
+    raise AttributeError(f"module 'caffe_py' has no attribute '{name}'")

@@ -133,6 +133,8 @@ class Net(WeightsMixin, nn.Module):
         """The net's outputs (tops no later layer consumes), sorted by name: Caffe keeps its
         available blobs in a std::set, so ``Train net output #0`` is the first by name."""
         self._automatic: set[str] = set()
+        self.register_state_dict_post_hook(_keys_by_layer_name)
+        self.register_load_state_dict_pre_hook(_keys_by_position)
         self._build(self._kept_layers())
         self.fused: list[tuple[str, str]] = fuse_bias_activation(self)
         """(producer, activation) pairs whose bias add runs inside the activation kernel."""
@@ -498,3 +500,33 @@ def _param_spec(ref: _Blob) -> ParamSpec | None:
 
 
 __all__ = ["Net", "NetOutput", "LearnableParam", "SummaryRow", "CopyResult"]
+
+
+# --- state_dict keys by layer name -----------------------------------------------------------
+# nn.Module would key a blob by its place in the layer list (layers.3.weight); a Net keys it by
+# its layer's name (conv1.weight), as a Caffe user names it, and loads either form. A name that
+# several layers share keeps the positional key.
+def _name_prefixes(net: Net, prefix: str) -> dict[str, str]:
+    """'<prefix>layers.<i>.' -> '<prefix><name>.' for each layer whose name is unique."""
+    counts: dict[str, int] = {}
+    for layer in net.layers:
+        counts[layer.name] = counts.get(layer.name, 0) + 1
+    return {f"{prefix}layers.{i}.": f"{prefix}{layer.name}."
+            for i, layer in enumerate(net.layers) if counts[layer.name] == 1}
+
+
+def _renamed(state: dict, table: Mapping[str, str]) -> None:
+    """Rename ``state``'s keys in place by their prefix in ``table``, keeping their order."""
+    items = list(state.items())
+    state.clear()
+    for key, value in items:
+        head = key[:key.rfind(".") + 1]
+        state[table.get(head, head) + key[len(head):]] = value
+
+
+def _keys_by_layer_name(net: Net, state: dict, prefix: str, _meta: Any) -> None:
+    _renamed(state, _name_prefixes(net, prefix))
+
+
+def _keys_by_position(net: Net, state: dict, prefix: str, *_args: Any) -> None:
+    _renamed(state, {v: k for k, v in _name_prefixes(net, prefix).items()})

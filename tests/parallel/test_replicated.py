@@ -138,7 +138,7 @@ def test_two_runs_are_bit_identical(tmp_path, db):
 def test_train_replicated_logs_batches_and_tree_and_snapshots(tmp_path, db, caplog):
     caplog.set_level(logging.INFO, logger="caffe_py")
     param = _param(tmp_path, db, batch=B, snap="true", name="cli")
-    root = train(param, parse_devices("cpu:3"), TrainOptions())
+    root = train(param, [torch.device("cpu")] * 3, TrainOptions())
     lines = caplog.messages
     assert lines[:4] == [
         "Batch: 4 per replica x 3 replicas x iter_size 1 = 12 per update (effective batch 12; "
