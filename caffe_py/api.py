@@ -29,7 +29,8 @@ DATA_TYPES = frozenset({"Data", "ImageData", "HDF5Data", "WindowData", "MemoryDa
 """Layer types that bring data into a net (a deploy net replaces them by one Input)."""
 
 
-def _spec(spec: str | Path | NetParameter) -> NetParameter:
+def net_spec(spec: str | Path | NetParameter) -> NetParameter:
+    """A net spec from a YAML file, a Caffe prototxt, or as given (parsed already)."""
     if isinstance(spec, NetParameter):
         return spec
     if Path(spec).suffix.lower() == ".prototxt" and ".prototxt" not in yamlio.FOREIGN:
@@ -46,7 +47,7 @@ def load_net(spec: str | Path | NetParameter, weights: str | Path | None = None,
     copied in by layer name, in eval mode."""
     from .solver.snapshot import load_weights
 
-    net = Net(_spec(spec), phase, device=device, stages=stages)
+    net = Net(net_spec(spec), phase, device=device, stages=stages)
     if weights is not None:
         net.copy_from(load_weights(weights), source=weights)
     return net.eval()
@@ -58,7 +59,7 @@ def deploy_spec(spec: str | Path | NetParameter,
     layers, the data layers replaced by one Input layer with ``input_shapes`` (blob ->
     shape, e.g. ``{"data": (1, 3, 224, 224)}``), the layers that need what is gone (labels)
     dropped, and a SoftmaxWithLoss that lost its labels made a Softmax with top ``prob``."""
-    net = _spec(spec)
+    net = net_spec(spec)
     kept = [layer for layer in net.layer if layer.kept_for("TEST") and layer.type not in
             DATA_TYPES]
     data_tops = {top for layer in net.layer if layer.type in DATA_TYPES for top in layer.top}

@@ -30,6 +30,7 @@ COMMANDS = {
     "convert": "data", "compute-mean": "data", "db-info": "data",
     "import-prototxt": "tools",
     "plot": "plot",
+    "export": "export", "draw": "export",
     "build-ext": "ext",
 }
 
