@@ -10,6 +10,7 @@ import json
 import logging
 import os
 from collections.abc import Sequence
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import click
@@ -93,8 +94,9 @@ def train_command(solver_file: str, gpus: str | None, weights: str | None,
                                    "cuda-graphs disagree; give --graphs alone")
         graphs = older
     from ..devices import describe, parse_devices
+    from ..errors import CaffePyError
     from ..options import TrainOptions
-    from ..train import train
+    from ..train import check_start_files, train
 
     param, announce = resolved_run(solver_file, sets)
     devices = parse_devices(gpus, solver_mode=param.solver_mode, device_id=param.device_id)
@@ -108,8 +110,15 @@ def train_command(solver_file: str, gpus: str | None, weights: str | None,
                            progress=terminal_progress())
     log.info(f"Using {describe(devices)}")
     options = _run_over_prefix(param.snapshot_prefix, options, overwrite)
-    announce()
-    train(param, devices, options)
+    check_start_files(options)
+    # the directories the run will create (innermost first)
+    made = [d for d in Path(param.snapshot_prefix).parents if not d.exists()]
+    written = announce()
+    try:
+        train(param, devices, options)
+    except CaffePyError:
+        _tidy_failed_start(param.snapshot_prefix, written, made)
+        raise
 
 
 @click.command("test")
@@ -274,19 +283,36 @@ def resolved_run(solver_file: str, sets: Sequence[str]) -> tuple[Any, Any]:
     resolved.param = param
     solver_text, net_text = resolved_specs(resolved, param.random_seed, param.snapshot_prefix)
 
-    def announce() -> None:
+    def announce() -> list[str]:
         log.info(f"Random seed: {param.random_seed}")
         log.info("Initializing solver from parameters:\n" + solver_text.rstrip())
         if net_text is not None:
             log.info("Initializing net from parameters:\n" + net_text.rstrip())
-        if int(os.environ.get("RANK", "0")) == 0:
-            prefix = param.snapshot_prefix
-            check_writable(prefix)
-            atomic_write_bytes(f"{prefix}_solver.yaml", solver_text.encode())
-            if net_text is not None:
-                atomic_write_bytes(f"{prefix}_net.yaml", net_text.encode())
+        if int(os.environ.get("RANK", "0")) != 0:
+            return []
+        prefix = param.snapshot_prefix
+        check_writable(prefix)
+        files = {f"{prefix}_solver.yaml": solver_text, f"{prefix}_net.yaml": net_text}
+        for path, text in files.items():
+            if text is not None:
+                atomic_write_bytes(path, text.encode())
+        return [path for path, text in files.items() if text is not None]
 
     return param, announce
+
+
+def _tidy_failed_start(prefix: str, written: list[str], made: list[Path]) -> None:
+    """A run that failed before its first snapshot leaves nothing behind: the files it wrote
+    at start (resolved specs, metrics table) go, and the directory too if it made it."""
+    from ..solver import snapshot as snap
+
+    if snap.states_of(prefix):
+        return
+    for path in [*written, f"{prefix}_metrics.csv"]:
+        Path(path).unlink(missing_ok=True)
+    for directory in made:  # innermost first
+        if directory.is_dir() and not any(directory.iterdir()):
+            directory.rmdir()
 
 
 COMMANDS = [train_command, test_command, time_command, device_query_command]

@@ -234,3 +234,15 @@ def test_a_new_run_over_snapshots_is_refused_and_latest_resumes_the_newest_whole
     assert (result.exit_code, result.stderr.strip()) == (1, (
         f"Error: --snapshot latest: no solver state of snapshot_prefix {prefix} loads (0 "
         "found); start without --snapshot"))
+
+
+def test_a_run_that_fails_at_start_leaves_nothing_behind(work):
+    (work / "net.yaml").write_text(NET.replace("type: DummyData", "type: Data").replace(
+        "    dummy_data_param:\n      shape: [{dim: [4, 6]}, {dim: [4]}]\n      data_filler: "
+        "[{type: gaussian}, {type: uniform, min: 0, max: 2.99}]\n",
+        "    data_param: {source: nodb, batch_size: 2}\n"))
+    (work / "solver.yaml").write_text(SOLVER.format(max_iter=4, display=2).replace(
+        "snapshot_prefix: snaps/tiny", "snapshot_prefix: out/run/tiny"))
+    result = CliRunner().invoke(cli, ["train", "--solver", "solver.yaml"])
+    assert result.exit_code == 1 and "nodb: database not found" in result.stderr
+    assert not (work / "out").exists()
