@@ -27,6 +27,7 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("caffe_py.commands")
 
+FILE = click.Path(dir_okay=False)  # a file name (the shell completes it); checked on use
 GPUS_HELP = "devices: cpu, cpu:N (N CPU replicas), 0 or 0,1,2,3 (CUDA ids), or all"
 
 
@@ -41,12 +42,12 @@ def set_option(command: Any) -> Any:
 @click.command("train")
 @log_options
 @set_option
-@click.option("--solver", "solver_file", required=True, metavar="S.yaml",
+@click.option("--solver", "solver_file", required=True, type=FILE, metavar="S.yaml",
               help="the solver spec (SolverParameter fields)")
 @click.option("--gpus", default=None, metavar="LIST", help=GPUS_HELP)
-@click.option("--weights", default=None, metavar="W[,W2]",
+@click.option("--weights", default=None, type=FILE, metavar="W[,W2]",
               help="weights files to fine-tune from, copied by layer name in order")
-@click.option("--snapshot", default=None, metavar="STATE",
+@click.option("--snapshot", default=None, type=FILE, metavar="STATE",
               help="a <prefix>_iter_<N>.solverstate.pt file to resume from, or 'latest': the "
                    "newest state of the solver's snapshot_prefix that loads")
 @click.option("--overwrite", is_flag=True,
@@ -124,8 +125,9 @@ def train_command(solver_file: str, gpus: str | None, weights: str | None,
 @click.command("test")
 @log_options
 @set_option
-@click.option("--model", required=True, metavar="NET.yaml", help="the net spec (TEST phase)")
-@click.option("--weights", required=True, metavar="W", help="the trained weights")
+@click.option("--model", required=True, type=FILE, metavar="NET.yaml",
+              help="the net spec (TEST phase)")
+@click.option("--weights", required=True, type=FILE, metavar="W", help="the trained weights")
 @click.option("--iterations", type=click.IntRange(min=1), default=50, show_default=True,
               help="batches to run")
 @click.option("--gpus", default=None, metavar="LIST", help=f"{GPUS_HELP} (the first is used)")
@@ -171,7 +173,8 @@ def test_command(model: str, weights: str, iterations: int, gpus: str | None,
 @click.command("time")
 @log_options
 @set_option
-@click.option("--model", required=True, metavar="NET.yaml", help="the net spec (TRAIN phase)")
+@click.option("--model", required=True, type=FILE, metavar="NET.yaml",
+              help="the net spec (TRAIN phase)")
 @click.option("--iterations", type=click.IntRange(min=1), default=50, show_default=True,
               help="forward-backward passes to time")
 @click.option("--gpus", default=None, metavar="LIST", help=f"{GPUS_HELP} (the first is used)")

@@ -10,6 +10,7 @@ index ``start`` on. :func:`write_source` puts them through the backend's writer
 from __future__ import annotations
 
 import gzip
+import logging
 import struct
 import sys
 import time
@@ -26,6 +27,8 @@ from .datum import Datum, encode_datum, format_key
 from .db import open_writer
 from .images import ENCODE_TYPES, encode_image, extension_type, load_image, resize_linear
 from .partial import PartialWriter, partial_path, remove_partial
+
+log = logging.getLogger(__name__)
 
 MAX_KEY_BYTES = 511  # LMDB's default key size limit
 
@@ -303,9 +306,14 @@ class ImagesetSource:
         reference = None
         if start and self.options.check_size:  # resuming: the first image sets the size
             reference = self._pixels(self.entries[0])[1].shape
+        shapes: dict[tuple[int, ...], ListEntry] = {}
         for index in range(start, self.count):
             entry = self.entries[index]
             datum, array = self._pixels(entry)
+            if len(shapes) < 2:
+                shapes.setdefault(array.shape, entry)
+                if len(shapes) == 2:
+                    self._several_shapes(shapes)
             if self.options.check_size:
                 if reference is None:
                     reference = array.shape
@@ -316,6 +324,16 @@ class ImagesetSource:
                         f"{_shape_text(reference)}; resize with --resize-width/--resize-height "
                         "or drop --check-size")
             yield self.key(index), datum
+
+    def _several_shapes(self, shapes: dict[tuple[int, ...], ListEntry]) -> None:
+        """Caffe writes such a database; a Data layer then fails on the first odd record."""
+        if self.options.check_size:
+            return  # the check stops the conversion instead
+        (a, first), (b, other) = shapes.items()
+        log.warning(f"Warning: {self.listfile}:{other.line}: {other.path} is {_shape_text(b)} "
+                    f"but {first.path} is {_shape_text(a)}; the records have several shapes, "
+                    "which a Data layer cannot batch: resize with --resize-width/"
+                    "--resize-height (or crop every record with transform_param.crop_size)")
 
     def _pixels(self, entry: ListEntry) -> tuple[Datum, np.ndarray]:
         """The record for one list entry, and its pixels (C, H, W) for the size check."""

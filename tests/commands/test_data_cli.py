@@ -183,3 +183,18 @@ def test_leveldb_backend_for_convert_db_info_and_mean(idx, tmp_path):
     wrong = _run("db-info", db)
     assert wrong.exit_code == 1
     assert wrong.stderr == f"Error: {db}: is a LevelDB database, not LMDB; pass --backend leveldb\n"
+
+
+def test_imageset_of_several_shapes_is_written_with_a_warning(tmp_path):
+    from PIL import Image
+
+    for name, size in (("a.png", (10, 8)), ("b.png", (12, 8)), ("c.png", (10, 8))):
+        Image.new("RGB", size).save(tmp_path / name)
+    (tmp_path / "list.txt").write_text("a.png 0\nb.png 1\nc.png 0\n")
+    result = CliRunner().invoke(cli, ["convert", "imageset", str(tmp_path),
+                                      str(tmp_path / "list.txt"), str(tmp_path / "db")])
+    assert result.exit_code == 0, result.output
+    assert (f"Warning: {tmp_path / 'list.txt'}:2: b.png is 3x8x12 but a.png is 3x8x10; the "
+            "records have several shapes, which a Data layer cannot batch: resize with "
+            "--resize-width/--resize-height (or crop every record with "
+            "transform_param.crop_size)") in result.output.splitlines()
