@@ -47,6 +47,8 @@ class TrainOptions:
     """Between hosts (WORLD_SIZE > 1): nccl or gloo (default: nccl on GPUs, gloo on CPUs)."""
     dist_timeout: float = DEFAULT_DIST_TIMEOUT_S
     """Between hosts: seconds any wait for another host may take."""
+    tensorboard: str | None = None
+    """A directory for TensorBoard event files (the metrics table's values as scalars)."""
     progress: ProgressFactory | None = None
     """The command's progress display (a terminal bar), advanced once per iteration."""
 

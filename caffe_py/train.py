@@ -149,5 +149,5 @@ class SingleDevice:
                      f"{param.precision})")
             if opts.weights:
                 solver.load_weights(opts.weights)
-            solver.solve(opts.snapshot, opts.progress)
+            solver.solve(opts.snapshot, opts.progress, opts.tensorboard)
             return solver

@@ -50,6 +50,8 @@ def set_option(command: Any) -> Any:
 @click.option("--snapshot", default=None, type=FILE, metavar="STATE",
               help="a <prefix>_iter_<N>.solverstate.pt file to resume from, or 'latest': the "
                    "newest state of the solver's snapshot_prefix that loads")
+@click.option("--tensorboard", type=click.Path(file_okay=False), default=None, metavar="DIR",
+              help="also write the metrics as TensorBoard scalars into DIR")
 @click.option("--overwrite", is_flag=True,
               help="start a new run over a snapshot_prefix that already has snapshots")
 @click.option("--sigint-effect", type=click.Choice(EFFECTS), default="stop", show_default=True,
@@ -82,7 +84,7 @@ def train_command(solver_file: str, gpus: str | None, weights: str | None,
                   sigterm_effect: str,
                   precision: str | None, reduction: str, graphs: str | None,
                   cuda_graphs: bool | None, deterministic: bool, compile_net: bool,
-                  sets: tuple[str, ...], overwrite: bool,
+                  sets: tuple[str, ...], overwrite: bool, tensorboard: str | None,
                   dist_backend: str | None, dist_timeout: float) -> None:
     """Train the net of a solver spec (Caffe's `caffe train`)."""
     if weights and snapshot:
@@ -108,7 +110,7 @@ def train_command(solver_file: str, gpus: str | None, weights: str | None,
                            reduction=reduction, graphs=graphs or "auto",
                            deterministic=deterministic, compile=compile_net,
                            dist_backend=dist_backend, dist_timeout=dist_timeout,
-                           progress=terminal_progress())
+                           tensorboard=tensorboard, progress=terminal_progress())
     log.info(f"Using {describe(devices)}")
     options = _run_over_prefix(param.snapshot_prefix, options, overwrite)
     check_start_files(options)

@@ -253,7 +253,8 @@ class ReplicatedRun:
             return lambda: s.step(self.param.max_iter - s.iter)
 
         def solve() -> None:
-            self.root.solve(progress=self.options.progress)
+            self.root.solve(progress=self.options.progress,
+                            tensorboard=self.options.tensorboard)
 
         targets = ([solve] if self.hosts.lead else [steps(self.root)]) + [
             steps(s) for s in self.solvers[1:]]

@@ -19,6 +19,7 @@ from typing import Any
 
 import torch
 
+from ..errors import CaffePyError
 from ..fileio import write_error
 
 FIXED = ["iteration", "seconds", "phase", "lr", "loss"]
@@ -41,9 +42,11 @@ def output_columns(net: Any, phase: str) -> list[str]:
 class MetricsFile:
     """Rows into the CSV file (flushed each, so a killed run keeps what it wrote)."""
 
-    def __init__(self, path: str | Path, columns: Sequence[str], *, resume: bool):
+    def __init__(self, path: str | Path, columns: Sequence[str], *, resume: bool,
+                 tensorboard: str | Path | None = None):
         self.path, self.columns = Path(path), list(columns)
         self.start = time.perf_counter()
+        self.board = _board(tensorboard) if tensorboard else None
         try:
             self.path.parent.mkdir(parents=True, exist_ok=True)
             append = resume and self._same_columns()
@@ -75,6 +78,11 @@ class MetricsFile:
             else:
                 cells.update({f"{phase}/{name}[{i}]": f"{v:g}" for i, v in enumerate(flat)})
         self._write([cells.get(c, "") for c in self.columns])
+        if self.board is not None:
+            for column, cell in cells.items():
+                if column not in ("iteration", "seconds", "phase") and cell != "":
+                    self.board.add_scalar(column, float(cell), iteration)
+            self.board.flush()
 
     def _write(self, cells: Sequence[Any]) -> None:
         try:
@@ -88,6 +96,21 @@ class MetricsFile:
             self.file.close()
         except OSError:
             pass
+        if self.board is not None:
+            self.board.close()
+
+
+def _board(directory: str | Path) -> Any:
+    """A TensorBoard event writer into ``directory``."""
+    try:
+        from torch.utils.tensorboard import SummaryWriter
+    except ImportError:
+        raise CaffePyError("--tensorboard needs the tensorboard package: pip install "
+                           "'caffe-py[tensorboard]'") from None
+    try:
+        return SummaryWriter(str(directory))
+    except OSError as exc:
+        raise write_error(Path(directory), exc) from None
 
 
 def metrics_path(snapshot_prefix: str) -> Path:

@@ -198,12 +198,13 @@ class Solver:
             self.metrics.close()
             self.metrics = None
 
-    def _open_metrics(self, resume: bool) -> MetricsFile:
+    def _open_metrics(self, resume: bool, tensorboard: str | None = None) -> MetricsFile:
         """``<snapshot_prefix>_metrics.csv``, with a column per output value of every net."""
         columns = FIXED + output_columns(self.net, "train")
         for k, net in enumerate(self.test_nets):
             columns += output_columns(net, f"test{k}")
-        return MetricsFile(metrics_path(self.param.snapshot_prefix), columns, resume=resume)
+        return MetricsFile(metrics_path(self.param.snapshot_prefix), columns, resume=resume,
+                           tensorboard=tensorboard)
 
     def current_rate(self) -> float:
         """The learning rate this iteration's update uses."""
@@ -217,7 +218,7 @@ class Solver:
 
     # --- the loop -----------------------------------------------------------------------------
     def solve(self, resume_file: str | None = None,
-              progress: ProgressFactory | None = None) -> None:
+              progress: ProgressFactory | None = None, tensorboard: str | None = None) -> None:
         """Caffe's Solver::Solve: train to max_iter, snapshot, and show the final numbers.
 
         ``progress`` (the command's, e.g. a terminal bar) is advanced once per iteration."""
@@ -228,7 +229,7 @@ class Solver:
             self.restore(resume_file)
         self.start()
         if self.role.reports:
-            self.metrics = self._open_metrics(resume=bool(resume_file))
+            self.metrics = self._open_metrics(resume=bool(resume_file), tensorboard=tensorboard)
         with self._progress_of(progress):
             self.step(p.max_iter - self.iter)
         if (p.snapshot_after_train or self.snapshot_on_stop) and \

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import csv
 
+import pytest
 from click.testing import CliRunner
 from support import TINY_NET as NET
 from support import TINY_SOLVER as SOLVER
@@ -50,3 +51,21 @@ def test_the_metrics_file_holds_what_the_log_prints(tmp_path, monkeypatch):
     assert [(r[0], r[2]) for r in again[len(table):]] == [
         ("10", "test0"), ("10", "train"), ("15", "train"), ("20", "test0"), ("20", "train"),
         ("25", "train"), ("30", "test0")]
+
+
+def test_tensorboard_gets_the_tables_values(tmp_path, monkeypatch):
+    pytest.importorskip("tensorboard")
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "net.yaml").write_text(NET)
+    (tmp_path / "solver.yaml").write_text(SOLVER)
+    result = CliRunner().invoke(cli, ["train", "--solver", "solver.yaml", "--tensorboard", "tb"])
+    assert result.exit_code == 0, result.output
+    events = EventAccumulator(str(tmp_path / "tb"))
+    events.Reload()
+    table = rows(tmp_path / "snaps" / "tiny_metrics.csv")
+    accuracy = [(int(r[0]), float(r[6])) for r in table[1:] if r[2] == "test0"]
+    assert [(e.step, pytest.approx(e.value)) for e in events.Scalars("test0/acc")] == accuracy
+    assert {"loss", "lr", "train/loss", "test0/acc", "test0/loss"} <= set(
+        events.Tags()["scalars"])
