@@ -50,15 +50,16 @@ def write_cifar_batch(path: Path, images_rgb_chw: np.ndarray, labels: np.ndarray
 def image_file(seed: int, mode: str = "RGB", fmt: str = "JPEG", size=(12, 10)) -> bytes:
     """A small photo-like image file (gradients and a little noise), JPEG at quality 90.
 
-    The gradients' slopes shrink with the size so that larger images stay smooth (no uint8
-    wrap-around stripes: on those, JPEG decoders differ by tens of levels, nvJPEG from PIL
-    by 10 on average, against 0.7 on a smooth image of the same size)."""
+    The gradients' slopes and the grain shrink with the size so that larger images stay
+    smooth, like photos (on uint8 wrap-around stripes JPEG decoders differ by tens of levels,
+    nvJPEG from PIL by 10 on average, against 0.7 on a smooth image of the same size)."""
     rng = np.random.default_rng(seed)
     h, w = size
     y, x = np.mgrid[0:h, 0:w]
     slopes = min(20, 200 // w), min(15, 180 // h), min(8, 200 // (h + w))
+    grain = min(40, 400 // w)  # 40 levels at the default size, less on larger images
     rgb = np.stack([x * slopes[0] + seed, y * slopes[1], (x + y) * slopes[2]], -1) \
-        + rng.integers(0, 40, (*size, 3))
+        + rng.integers(0, grain, (*size, 3))
     image = Image.fromarray(rgb.astype(np.uint8)).convert(mode)
     out = io.BytesIO()
     image.save(out, fmt, **({"quality": 90} if fmt == "JPEG" else {}))
