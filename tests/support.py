@@ -72,16 +72,17 @@ def snapshot_names(directory: Path, start: str = "") -> list[str]:
                   if p.name.startswith(start) and not p.name.endswith(RUN_FILES))
 
 
-# a tiny net on DummyData with a TEST accuracy, and its solver (display 5, a test every 10)
-TINY_NET = """\
-name: tiny
-layer:
+# the tiny nets of the command-line tests: a data layer, an InnerProduct of 3 outputs and a
+# SoftmaxWithLoss, with extra layers after them
+DUMMY_DATA = """\
   - name: data
     type: DummyData
     top: [data, label]
     dummy_data_param:
       shape: [{dim: [4, 6]}, {dim: [4]}]
       data_filler: [{type: gaussian}, {type: uniform, min: 0, max: 2.99}]
+"""
+IP_AND_LOSS = """\
   - name: ip
     type: InnerProduct
     bottom: data
@@ -91,12 +92,22 @@ layer:
     type: SoftmaxWithLoss
     bottom: [ip, label]
     top: loss
+"""
+
+
+def tiny_net(data: str = DUMMY_DATA, extra: str = "") -> str:
+    """The YAML of a tiny net: ``data`` (a layer list entry), then IP_AND_LOSS, then ``extra``."""
+    return "name: tiny\nlayer:\n" + data + IP_AND_LOSS + extra
+
+
+# ... with a TEST accuracy, and its solver (display 5, a test every 10)
+TINY_NET = tiny_net(extra="""\
   - name: acc
     type: Accuracy
     bottom: [ip, label]
     top: acc
     include: {phase: TEST}
-"""
+""")
 TINY_SOLVER = """\
 net: net.yaml
 base_lr: 0.05

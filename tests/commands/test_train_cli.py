@@ -9,35 +9,18 @@ from pathlib import Path
 import pytest
 import torch
 from click.testing import CliRunner
-from support import bare_lines, cli_process, wait_for
+from support import bare_lines, cli_process, tiny_net, wait_for
 
 from caffe_py.cli import cli
 
 ROOT = Path(__file__).resolve().parents[2]
-NET = """\
-name: tiny
-layer:
-  - name: data
-    type: DummyData
-    top: [data, label]
-    dummy_data_param:
-      shape: [{dim: [4, 6]}, {dim: [4]}]
-      data_filler: [{type: gaussian}, {type: uniform, min: 0, max: 2.99}]
-  - name: ip
-    type: InnerProduct
-    bottom: data
-    top: ip
-    inner_product_param: {num_output: 3, weight_filler: {type: xavier}}
-  - name: loss
-    type: SoftmaxWithLoss
-    bottom: [ip, label]
-    top: loss
+NET = tiny_net(extra="""\
   - name: prob
     type: Softmax
     bottom: ip
     top: prob
     include: {phase: TEST}
-"""
+""")
 SOLVER = """\
 net: net.yaml
 base_lr: 0.05

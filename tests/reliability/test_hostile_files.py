@@ -12,30 +12,19 @@ import zipfile
 import numpy as np
 import pytest
 import torch
-from support import ROOT, snapshot_names, write_records
+from support import ROOT, snapshot_names, tiny_net, write_records
 
 from caffe_py.io.datum import Datum, encode_datum
 from caffe_py.io.lmdb_store import LmdbWriter
 from caffe_py.solver import snapshot as snap
 
-NET = """\
-name: tiny
-layer:
+NET = tiny_net(data="""\
   - name: data
     type: Data
     top: [data, label]
     transform_param: {scale: 0.00390625}
     data_param: {source: db, batch_size: 4}
-  - name: ip
-    type: InnerProduct
-    bottom: data
-    top: ip
-    inner_product_param: {num_output: 3, weight_filler: {type: xavier}}
-  - name: loss
-    type: SoftmaxWithLoss
-    bottom: [ip, label]
-    top: loss
-"""
+""")
 SOLVER = """\
 net: net.yaml
 base_lr: 0.05
