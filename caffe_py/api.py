@@ -73,10 +73,10 @@ def deploy_spec(spec: str | Path | NetParameter,
                           Source(), "layer")]
     available = set(input_shapes)
     for layer in kept:
-        layer = _deployed(layer, available)
-        if layer is not None:
-            layers.append(layer)
-            available.update(layer.top)
+        deployed = _deployed(layer, available)
+        if deployed is not None:
+            layers.append(deployed)
+            available.update(deployed.top)
     return dataclasses.replace(net, layer=layers, state=None)
 
 

@@ -40,8 +40,10 @@ Action = Callable[[], str]
 class Strategy(Protocol):
     """How a run uses its devices; built by :func:`choose_strategy`."""
 
-    leads: bool
-    """Whether this process tests, displays and snapshots (checks the snapshot prefix)."""
+    @property
+    def leads(self) -> bool:
+        """Whether this process tests, displays and snapshots (checks the snapshot prefix)."""
+        ...
 
     def run(self, param: SolverParameter, action: Action) -> Solver:
         """Train to max_iter; ``action`` reports signals. Returns the root's Solver."""
@@ -97,10 +99,9 @@ def make_deterministic() -> None:
 def prepared(param: SolverParameter, options: TrainOptions) -> SolverParameter:
     """The solver as the run uses it: the precision override applied, and a seed drawn from
     the clock (random_seed -1) fixed once for every replica."""
-    changes: dict[str, object] = {"random_seed": resolve_seed(param.random_seed)}
-    if options.precision:
-        changes["precision"] = options.precision
-    return dataclasses.replace(param, **changes)
+    precision = options.precision or param.precision
+    return dataclasses.replace(param, random_seed=resolve_seed(param.random_seed),
+                               precision=precision)
 
 
 def choose_strategy(devices: list[torch.device], options: TrainOptions) -> Strategy:

@@ -139,6 +139,7 @@ def test_command(model: str, weights: str, iterations: int, gpus: str | None,
                  as_json: bool, sets: tuple[str, ...]) -> None:
     """Score a trained net: each batch's outputs, then their means (Caffe's `caffe test`)."""
     from ..devices import parse_devices
+    from ..errors import SolverError
     from ..solver import evaluate
     from ..solver.snapshot import load_weights
 
@@ -159,6 +160,8 @@ def test_command(model: str, weights: str, iterations: int, gpus: str | None,
 
     with evaluate.fed(net):
         means = evaluate.run_batches(net, iterations, on_batch=on_batch)
+    if means is None:  # only a stop between batches ends it early; none is asked for here
+        raise SolverError(f"{model}: testing stopped before its first batch")
     log.info(f"Loss: {float(means['__loss__']):g}")
     outputs = evaluate.output_means(means)
     for name, value in outputs.items():

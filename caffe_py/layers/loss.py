@@ -398,8 +398,11 @@ class InfogainLoss(Layer):
 
     def forward(self, scores: torch.Tensor, labels: torch.Tensor,
                 matrix: torch.Tensor | None = None):
-        h = (matrix.detach() if matrix is not None else self.infogain).reshape(
-            self.classes, self.classes).to(scores.dtype)
+        source = matrix.detach() if matrix is not None else self.infogain
+        if source is None:  # setup loads the file when there is no third bottom
+            raise self.fail("has no infogain matrix", "give infogain_loss_param.source or a "
+                            "third bottom")
+        h = source.reshape(self.classes, self.classes).to(scores.dtype)
         logp = F.log_softmax(scores, dim=self.axis)
         logp3, lab = as_positions(logp, labels.detach(), self.axis)  # (outer, C, inner)
         valid = None if self.ignore_label is None else lab != self.ignore_label

@@ -9,6 +9,7 @@ from __future__ import annotations
 import signal
 import threading
 from types import FrameType
+from typing import Any
 
 EFFECTS = ("stop", "snapshot", "snapshot-stop", "none")
 NONE, STOP, SNAPSHOT, SNAPSHOT_STOP = "none", "stop", "snapshot", "snapshot-stop"
@@ -33,7 +34,7 @@ class SignalHandler:
         if hasattr(signal, "SIGHUP"):
             self.effects[signal.SIGHUP] = sighup_effect
         self._pending: dict[int, bool] = {s: False for s in self.effects}
-        self._previous: dict[int, object] = {}
+        self._previous: dict[int, Any] = {}
 
     def __enter__(self) -> SignalHandler:
         if threading.current_thread() is threading.main_thread():

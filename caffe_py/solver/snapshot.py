@@ -181,7 +181,8 @@ def _load(path: Path, want: str) -> dict[str, Any]:
                           "file written by cpy train") from None
     kind = data.get("caffe_py") if isinstance(data, dict) else None
     if kind != want:
-        what = {WEIGHTS_KIND: "weights", STATE_KIND: "a solver state"}.get(kind, "not caffe-py's")
+        what = {WEIGHTS_KIND: "weights", STATE_KIND: "a solver state"}.get(str(kind),
+                                                                           "not caffe-py's")
         flag = "--weights" if want == WEIGHTS_KIND else "--snapshot"
         raise SolverError(f"{path}: holds {what}, which {flag} does not take; pass weights to "
                           "--weights and <prefix>_iter_<N>.solverstate.pt to --snapshot")

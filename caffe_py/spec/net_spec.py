@@ -9,6 +9,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 from collections.abc import Mapping
+from collections.abc import Set as AbstractSet
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -57,7 +58,7 @@ class NetStateRule(Message):
     stage: list[str] = field([], "every one of these stages must be set")
     not_stage: list[str] = field([], "none of these stages may be set")
 
-    def matches(self, phase: str, level: int, stages: set[str]) -> bool:
+    def matches(self, phase: str, level: int, stages: AbstractSet[str]) -> bool:
         if self.phase is not None and self.phase != phase:
             return False
         if self.min_level is not None and level < self.min_level:
@@ -127,7 +128,8 @@ class LayerParameter(Message):
             v.fail("exclude", "a layer takes include rules or exclude rules, not both (as in "
                    "Caffe)", "keep one of them")
 
-    def kept_for(self, phase: str, level: int = 0, stages: set[str] | None = None) -> bool:
+    def kept_for(self, phase: str, level: int = 0,
+                 stages: AbstractSet[str] | None = None) -> bool:
         """Caffe's StateMeetsRule: include rules if given, else no exclude rule matching."""
         stages = stages or set()
         if self.phase is not None and self.phase != phase and not self.include:
@@ -256,7 +258,7 @@ def unknown_types(node: Any) -> list[tuple[str, str, int]]:
     if not isinstance(layers, list):
         return []
     lines = layers.item_lines if isinstance(layers, yamlio.MarkedList) else [0] * len(layers)
-    return [(_type_of(item), str(item.get("name", "")), getattr(item, "line", 0) or line)
+    return [(str(_type_of(item)), str(item.get("name", "")), getattr(item, "line", 0) or line)
             for item, line in zip(layers, lines, strict=True)
             if _type_of(item) not in (None, *layer_params.LAYER_PARAMS)]
 

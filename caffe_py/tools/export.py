@@ -105,7 +105,8 @@ def _onnx(module: nn.Module, example: tuple, net: Net,
     except ImportError:
         raise ExportError("--format onnx needs onnx and onnxruntime: pip install "
                           "'caffe-py[export]'") from None
-    torch.onnx.export(module, example, buffer, input_names=list(net.input_names),
+    torch.onnx.export(module, example, buffer,  # type: ignore[arg-type]  # (takes a file)
+                      input_names=list(net.input_names),
                       output_names=list(net.output_names), dynamo=False)
     session = onnxruntime.InferenceSession(buffer.getvalue())
     outputs = session.run(None, {n: t.numpy() for n, t in zip(net.input_names, example,
