@@ -38,9 +38,8 @@ inside the fused kernel. A pair is fused only when all of these hold:
 """
 from __future__ import annotations
 
-from typing import Any
-
-from torch import nn
+from collections.abc import Sequence
+from typing import Any  # the layers a pass reads are duck-typed by their spec's type
 
 BATCHNORM_SCALE = "fuse_batchnorm_scale"
 BIAS_ACTIVATION = "fuse_bias_activation"
@@ -52,7 +51,7 @@ def fuse_batchnorm_scale(net: Any) -> list[tuple[str, str]]:
     """Fold every eligible (BatchNorm, Scale) pair of ``net``; returns their names."""
     if not net.ctx.options.get(BATCHNORM_SCALE, True):
         return []
-    layers: list[nn.Module] = list(net.layers)
+    layers: list[Any] = list(net.layers)
     fused = []
     for i, bn in enumerate(layers):
         j = _fusable_scale(layers, i)
@@ -69,7 +68,7 @@ def fuse_bias_activation(net: Any) -> list[tuple[str, str]]:
     """Fuse every eligible (producer, activation) pair of ``net``; returns their names."""
     if not net.ctx.options.get(BIAS_ACTIVATION, True):
         return []
-    layers: list[nn.Module] = list(net.layers)
+    layers: list[Any] = list(net.layers)
     fused = []
     for i, producer in enumerate(layers):
         j = _fusable_activation(layers, i)
@@ -82,7 +81,7 @@ def fuse_bias_activation(net: Any) -> list[tuple[str, str]]:
     return fused
 
 
-def first_user(layers: list[nn.Module], i: int, blob: str) -> int | None:
+def first_user(layers: Sequence[Any], i: int, blob: str) -> int | None:
     """The index of the first layer after layer i that reads or writes ``blob``, or None.
 
     A pass may only fold layer i's work into that layer: anything between them would see the
@@ -95,7 +94,7 @@ def first_user(layers: list[nn.Module], i: int, blob: str) -> int | None:
     return None
 
 
-def _fusable_scale(layers: list[nn.Module], i: int) -> int | None:
+def _fusable_scale(layers: Sequence[Any], i: int) -> int | None:
     """The index of the Scale whose blobs layer i (a BatchNorm) can apply, or None."""
     bn = layers[i]
     spec = bn.spec
@@ -108,7 +107,7 @@ def _fusable_scale(layers: list[nn.Module], i: int) -> int | None:
     return j if j is not None and _is_plain_affine(layers[j], top, bn.channels) else None
 
 
-def _is_plain_affine(layer: nn.Module, top: str, channels: int) -> bool:
+def _is_plain_affine(layer: Any, top: str, channels: int) -> bool:
     """A Scale in place on ``top`` with a learned (C,) scale and bias along axis 1."""
     spec = layer.spec
     return (spec.type == "Scale" and spec.bottom == [top] and spec.top == [top]
@@ -118,7 +117,7 @@ def _is_plain_affine(layer: nn.Module, top: str, channels: int) -> bool:
             and getattr(layer, "folded_into", None) is None)
 
 
-def _fusable_activation(layers: list[nn.Module], i: int) -> int | None:
+def _fusable_activation(layers: Sequence[Any], i: int) -> int | None:
     """The index of the activation that can take layer i's bias, or None."""
     producer = layers[i]
     spec = producer.spec
