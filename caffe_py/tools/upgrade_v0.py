@@ -80,10 +80,18 @@ _NET_KEPT = ("name", "input", "input_dim", "force_backward")
 Fail = Callable[[Field | Message, str, str | None], PrototxtError]
 
 
+def _block(f: Field | None) -> Message:
+    """A field's ``{ ... }`` block; a scalar (or no field) where a block belongs reads as an
+    empty block, so that the checks that follow name what is missing."""
+    if f is not None and isinstance(f.value, Message):
+        return f.value
+    return Message(line=f.line if f else 1, column=f.column if f else 1)
+
+
 def is_v0(msg: Message) -> bool:
     """Caffe's NetNeedsV0ToV1Upgrade: some ``layers`` block holds a ``layer`` block."""
     return any(f.name == "layers" and isinstance(f.value, Message)
-               and f.value.first("layer") is not None for f in msg.fields)
+               and _block(f).first("layer") is not None for f in msg.fields)
 
 
 def upgrade_v0_net(msg: Message, fail: Fail, notes: list[str]) -> Message:
@@ -112,11 +120,11 @@ def upgrade_v0_net(msg: Message, fail: Fail, notes: list[str]) -> Message:
 
 
 def _v0_type(layer: Field, fail: Fail) -> str:
-    inner = layer.value.first("layer")
+    inner = _block(layer).first("layer")
     if inner is None or not isinstance(inner.value, Message):
         raise fail(layer, "a 'layers' block without a 'layer' block in a V0 net",
                    "write every layer of a V0 net as 'layers { layer { ... } bottom top }'")
-    kind = inner.value.first("type")
+    kind = _block(inner).first("type")
     if kind is None:
         return ""
     if kind.value == "padding":
@@ -135,8 +143,8 @@ def _fold_padding(msg: Message, layers: list[Field], fail: Fail) -> dict[int, Fi
     out: dict[int, Field] = {}
     for layer in layers:
         kind = _v0_type(layer, fail)
-        bottoms = layer.value.all("bottom")
-        fields = list(layer.value.fields)
+        bottoms = _block(layer).all("bottom")
+        fields = list(_block(layer).fields)
         for j, bottom in enumerate(bottoms):
             if bottom.value not in last_top:
                 raise fail(bottom, f"Unknown bottom blob '{bottom.value}' (bottom index {j}): "
@@ -149,17 +157,17 @@ def _fold_padding(msg: Message, layers: list[Field], fail: Fail) -> dict[int, Fi
                 raise fail(bottom, f"a padding layer feeds a {kind or 'typeless'} layer with "
                                    f"{len(bottoms)} bottom(s); Caffe folds padding only into a "
                                    "conv or pool layer with one bottom", None)
-            src_bottoms, pad = source.value.all("bottom"), source.value.first("layer")
-            if len(src_bottoms) != 1 or len(source.value.all("top")) != 1:
+            src_bottoms, pad = _block(source).all("bottom"), _block(source).first("layer")
+            if len(src_bottoms) != 1 or len(_block(source).all("top")) != 1:
                 raise fail(source, "a padding layer takes one bottom and makes one top", None)
-            pad_field = pad.value.first("pad")
+            pad_field = _block(pad).first("pad")
             fields = [dataclasses.replace(f, value=src_bottoms[0].value) if f is bottom else f
                       for f in fields]
             fields = [_with_pad(f, pad_field) if f.name == "layer" else f for f in fields]
-        for top in layer.value.all("top"):
+        for top in _block(layer).all("top"):
             last_top[str(top.value)] = layer
         if kind != "padding":
-            out[id(layer)] = dataclasses.replace(layer, value=dataclasses.replace(layer.value,
+            out[id(layer)] = dataclasses.replace(layer, value=dataclasses.replace(_block(layer),
                                                                                   fields=fields))
     return out
 
@@ -167,15 +175,16 @@ def _fold_padding(msg: Message, layers: list[Field], fail: Fail) -> dict[int, Fi
 def _with_pad(inner: Field, pad: Field | None) -> Field:
     """The inner V0 block with ``pad`` set to the padding layer's (0 when it has none)."""
     value = pad.value if pad is not None else 0
-    kept = [f for f in inner.value.fields if f.name != "pad"]
+    kept = [f for f in _block(inner).fields if f.name != "pad"]
     line = pad.line if pad is not None else inner.line
     new = Field("pad", value, line, pad.column if pad is not None else inner.column)
-    return dataclasses.replace(inner, value=dataclasses.replace(inner.value, fields=kept + [new]))
+    return dataclasses.replace(inner, value=dataclasses.replace(_block(inner),
+                                                                fields=kept + [new]))
 
 
 def _upgrade_layer(layer: Field, fail: Fail, notes: list[str]) -> Message:
     """UpgradeV0LayerParameter: one V0 connection -> a V1 ``layers`` block."""
-    inner = layer.value.first("layer").value
+    inner = _block(_block(layer).first("layer"))
     kind = _v0_type(layer, fail)
     head: list[Field] = []
     blocks: dict[str, list[Field]] = {}
@@ -202,13 +211,13 @@ def _upgrade_layer(layer: Field, fail: Fail, notes: list[str]) -> Message:
                          "as Caffe's upgrade drops it")
         else:
             raise fail(f, f"unknown V0 layer field '{f.name}'", None)
-    wiring = [f for f in layer.value.fields if f.name in ("bottom", "top")]
+    wiring = [f for f in _block(layer).fields if f.name in ("bottom", "top")]
     out = [f for f in head if f.name in ("name", "type")] + wiring
     out += [f for f in head if f.name not in ("name", "type")]
     out += [Field(block, Message(fields, line=where[block].line, column=where[block].column),
                   where[block].line, where[block].column) for block, fields in blocks.items()]
-    return Message(out, line=layer.value.line, column=layer.value.column,
-                   tail=list(layer.value.tail))
+    outer = _block(layer)
+    return Message(out, line=outer.line, column=outer.column, tail=list(outer.tail))
 
 
 __all__ = ["V0_LAYER_TYPES", "is_v0", "upgrade_v0_net"]
