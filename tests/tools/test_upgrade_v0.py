@@ -78,6 +78,9 @@ def test_fields_that_do_not_apply_are_dropped_with_a_note():
      "of a V0 net as 'layers { layer { ... } bottom top }'"),
     ('layers { layer { name: "a" type: "conv" kernel: 3 } }',
      "n.prototxt:1:41: unknown V0 layer field 'kernel'"),
+    ('layers: 3\nlayers { layer { name: "a" type: "conv" } }',
+     "n.prototxt:1:1: a 'layers' block without a 'layer' block in a V0 net; write every layer "
+     "of a V0 net as 'layers { layer { ... } bottom top }'"),
 ])
 def test_v0_errors_point_into_the_prototxt(text, message):
     with pytest.raises(PrototxtError) as info:
