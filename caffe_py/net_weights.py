@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import logging
 import math
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -33,6 +33,13 @@ class CopyResult:
 class WeightsMixin:
     """Net's weights methods (the net's ``layers``, ``name``, ``phase``, ``_rebinds`` and
     ``_bind_shared`` come from :class:`~caffe_py.net.Net`)."""
+
+    if TYPE_CHECKING:  # what Net provides
+        layers: Sequence[Layer]
+        _rebinds: list[tuple[Layer, str, Layer, str]]
+
+        def _bind_shared(self) -> None: ...
+
 
     def layer_blobs(self) -> dict[str, list[torch.Tensor]]:
         """Layer name -> its blobs in Caffe order (what a weights file holds); none skipped.

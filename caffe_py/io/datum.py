@@ -63,7 +63,7 @@ class Datum:
     def shape(self) -> tuple[int, int, int]:
         """(C, H, W) as stored; for an encoded record, of the decoded image."""
         if self.encoded:
-            return decode_image(self.data).shape  # type: ignore[return-value]
+            return decode_image(self.data).shape
         return (self.channels, self.height, self.width)
 
 

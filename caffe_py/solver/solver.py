@@ -132,7 +132,8 @@ class Solver:
         self.memory_format = memory_format_for(param.memory_format, self.device)
         # Before the Updater exists, so its history takes the weights' layout; the TEST nets
         # share these Parameters.
-        self.net.to(memory_format=self.memory_format)
+        # Module.to takes memory_format; its stubs do not say so
+        self.net.to(memory_format=self.memory_format)  # type: ignore[call-overload]
         learnable = self.net.learnable_params()
         self.updater = Updater(param, [lp.param for lp in learnable],
                                [(lp.lr_mult, lp.decay_mult) for lp in learnable])
