@@ -4,6 +4,7 @@ clean run; never a crash, a traceback or a silent wrong load."""
 from __future__ import annotations
 
 import errno
+import os
 import shutil
 import subprocess
 import sys
@@ -185,3 +186,32 @@ def test_writing_into_an_impossible_place_is_one_line(work):
     line = one_line_error(cpy(work, "import-prototxt", str(prototxt), str(target)))
     assert line == (f"Error: cannot write {target} ({work / 'file.txt'} is a file, not a "
                     "directory); check the directory exists and is writable, or write elsewhere")
+
+
+@pytest.fixture
+def tiny_disk(tmp_path):
+    """A 256 KiB tmpfs (root only; skipped where it cannot be mounted)."""
+    disk = tmp_path / "disk"
+    disk.mkdir()
+    if os.geteuid() != 0 or subprocess.run(
+            ["mount", "-t", "tmpfs", "-o", "size=256k", "tmpfs", str(disk)],
+            capture_output=True).returncode != 0:
+        pytest.skip("mounting a tmpfs needs root")
+    yield disk
+    subprocess.run(["umount", str(disk)], capture_output=True)
+
+
+def test_a_real_full_disk_stops_with_the_previous_snapshot_intact(tmp_path, tiny_disk):
+    """The same on a real full filesystem: snapshots of about 150 KB into 256 KiB."""
+    (tmp_path / "net.yaml").write_text(tiny_net(extra="").replace(
+        "num_output: 3", "num_output: 3000"))
+    (tmp_path / "solver.yaml").write_text(
+        SOLVER.format(max_iter=8, snapshot=2, prefix=str(tiny_disk / "t"))
+        .replace("net: net.yaml", "net: net.yaml\nmomentum: 0.9"))
+    line = one_line_error(cpy(tmp_path, "train", "--solver", "solver.yaml"))
+    state = tiny_disk / "t_iter_2.solverstate.pt"
+    assert line.startswith("Error: no space left on device writing ")
+    assert line.endswith(f"(nothing was replaced); the previous snapshot {state} is intact "
+                         f"(resume with --snapshot {state})")
+    assert snap.load_state(state)["iter"] == 2
+    assert not [p.name for p in tiny_disk.iterdir() if p.name.endswith(".tmp")]
