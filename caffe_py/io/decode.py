@@ -56,6 +56,10 @@ class ChunkDecoder:
         self.raw_prefix = raw_prefix(self.record_shape) if self.dtype == np.uint8 else None
         """What every raw record of record_shape starts with (None: no fast path)."""
 
+    takes_views = True
+    """:meth:`decode` accepts values that are views of the database's map (it copies what it
+    keeps); the reader hands other decoders bytes."""
+
     @property
     def record_bytes(self) -> int:
         c, h, w = self.record_shape
@@ -67,12 +71,13 @@ class ChunkDecoder:
         image files (k,) instead of pixels); only the records ``wanted`` (when given; the rows
         of the others are left undefined). A record that fails raises :class:`PartialChunk`
         carrying the records before it."""
-        if self.keep_encoded:
-            return self._files(keys, values, wanted)
+        if self.keep_encoded:  # the files outlive the chunk: copies, not views of the map
+            return self._files(keys, _owned(values), wanted)
         fast = None if self.raw_prefix is None else raw_chunk(values, self.raw_prefix,
                                                                self.record_shape)
         if fast is not None and fast[2] is None:
             return fast[0], fast[1]
+        values = _owned(values)
         pixels = np.empty((len(values), *self.record_shape), self.dtype)
         labels = np.empty(len(values), np.int64)
         ok = np.zeros(len(values), bool)
@@ -129,6 +134,13 @@ class ChunkDecoder:
             raise DataError(f"{self.path}: record {format_key(key)}: {exc}") from None
         check_record(self.path, key, array, self.record_shape, self.dtype)
         return array, int(datum.label)
+
+
+def _owned(values: Sequence[bytes | memoryview]) -> Sequence[bytes]:
+    """``values`` as bytes objects (a copy of each view of the database's map)."""
+    if all(isinstance(v, bytes) for v in values):
+        return values  # type: ignore[return-value]
+    return [v if isinstance(v, bytes) else bytes(v) for v in values]
 
 
 def check_record(path: str, key: bytes, array: np.ndarray, shape: tuple[int, int, int],

@@ -94,11 +94,15 @@ class LmdbWriter(PartialWriter):
 class LmdbCursor:
     """One reader's position in an LMDB (key order, in its own read transaction):
     ``seek(index)``, then ``read(count)`` runs of records, wrapping to the first record after
-    the last."""
+    the last.
+
+    Values come back as memoryviews of the database's map (no copy per record): they are
+    valid while the cursor is open, so the reader decodes (copies) them before it hands
+    anything on."""
 
     def __init__(self, env: lmdb.Environment, size: int):
         self.size = size
-        self._txn = env.begin(buffers=False)
+        self._txn = env.begin(buffers=True)
         self._cursor = self._txn.cursor()
         self._cursor.first()
 
@@ -110,13 +114,16 @@ class LmdbCursor:
             if not cursor.next():
                 cursor.first()
 
-    def read(self, count: int) -> tuple[Sequence[bytes], Sequence[bytes]]:
-        """The next ``count`` records (fewer at the end of the database), keys and values."""
+    def read(self, count: int) -> tuple[Sequence[bytes], Sequence[memoryview]]:
+        """The next ``count`` records (fewer at the end of the database): keys (bytes) and
+        values (views of the map, valid while the cursor is open)."""
         items = list(islice(self._cursor.iternext(), count))  # leaves the cursor on the last
         if not self._cursor.next():
             self._cursor.first()  # the end of the database: wrap to the first record
-        keys, values = zip(*items, strict=True) if items else ((), ())
-        return keys, values
+        if not items:
+            return (), ()
+        keys, values = zip(*items, strict=True)
+        return tuple(map(bytes, keys)), values
 
     def close(self) -> None:
         self._txn.abort()

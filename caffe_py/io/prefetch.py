@@ -25,8 +25,13 @@ stops this feed's thread, takes its queue off the producer, and from then on gat
 in the training thread from the decoded database (:mod:`.gather`). The batches are the ones the
 threads would have made, bit for bit.
 
+Records with random crops that are not much bigger than their crops (ImageNet's 256 x 256
+records, 224 crops) cross to the device whole: the thread copies each run of records the
+reader delivered into the slot in one call and the device crops and flips them in one gather
+(:meth:`~.transformer.Transformer.device_crop`), the same pixels the host crop picks.
+
 The feed reads its queue through the reader's consumer calls only: ``get_batch``,
-``mark_consumed``, ``detach`` and ``decoded``.
+``get_runs``, ``mark_consumed``, ``detach`` and ``decoded``.
 """
 from __future__ import annotations
 
@@ -45,6 +50,11 @@ from .reader import JOIN_TIMEOUT_S, STALL_TIMEOUT_S, WAIT_SLICE_S, Detached, Rec
 from .records import DecodedView, RecordBatch
 from .transformer import Choices, Transformer
 
+WHOLE_RATIO = 2.0
+"""On CUDA, records with random crops cross to the device whole and are cropped there (one
+gather) when a record is at most this many times its crop's bytes (ImageNet's 256 -> 224:
+1.31x): the host then copies each run of records in one call, instead of one window copy per
+record, each a GIL hand-over beside the training loop."""
 SLOTS = 4
 """Batches a feed assembles ahead of the training loop (its ring of host buffers on CUDA).
 While two or more are ready the thread waits for two free slots and fills both in one wake:
@@ -122,6 +132,11 @@ class Prefetcher:
         self._side: torch.cuda.Stream | None = None
         record_bytes = int(np.prod(records.record_shape)) * np.dtype(records.dtype).itemsize
         self._may_gather = batch_size * record_bytes <= DIRECT_BYTES
+        crop_bytes = int(np.prod(transformer.out_shape)) * np.dtype(records.dtype).itemsize
+        self._whole = (self._cuda and images is None and transformer.random
+                       and bool(transformer.tp.crop_size)
+                       and record_bytes <= WHOLE_RATIO * crop_bytes)
+        """Decoded records cross whole and are cropped on the device (see WHOLE_RATIO)."""
         self._loop: HostGather | None = None  # set once the loop gathers its own batches
         self._halt = False  # tells the thread to stop (the loop gathers from now on)
 
@@ -140,7 +155,8 @@ class Prefetcher:
         self.thread.start()
 
     def _host_shape(self) -> tuple[int, ...]:
-        return (self.batch_size, *self.transformer.out_shape)
+        shape = self.transformer.record_shape if self._whole else self.transformer.out_shape
+        return (self.batch_size, *shape)
 
     def _host_dtype(self) -> np.dtype:
         """The records' own dtype: uint8 pixels cross to the device as bytes."""
@@ -182,6 +198,8 @@ class Prefetcher:
         return None
 
     def _assemble(self, index: int) -> _Batch:
+        if self._whole:
+            return self._assemble_whole(self.records.get_runs(self.batch_size), index)
         batch = self.records.get_batch(self.batch_size)
         transformer = self.transformer
         choices = transformer.choices_for(batch.first, batch.step, len(batch))
@@ -209,6 +227,27 @@ class Prefetcher:
         slot.done.record(self._side)
         slot.used = True
         return _Batch(data, label, slot.done, len(batch), index)
+
+    def _assemble_whole(self, runs: list[RecordBatch], index: int) -> _Batch:
+        """A batch of whole records: each run copied into the slot in one call, one copy to
+        the device, crops and flips there in one gather, then the transform's values."""
+        transformer, first = self.transformer, runs[0]
+        n = sum(len(run) for run in runs)
+        choices = transformer.choices_for(first.first, first.step, n)
+        slot = self._slots[index]
+        slot.wait_free()
+        at = 0
+        for run in runs:
+            np.copyto(slot.data[at:at + len(run)], run.pixels)
+            slot.label[at:at + len(run)] = run.labels
+            at += len(run)
+        slot.device.copy_(slot.host, non_blocking=True)
+        crops = transformer.device_crop(slot.device_data, choices)
+        data = transformer.device(crops, choices, self.mean, mirror=False)
+        label = slot.device_label.clone()
+        slot.done.record(self._side)
+        slot.used = True
+        return _Batch(data, label, slot.done, n, index)
 
     def _assemble_files(self, batch: RecordBatch, choices: Choices, index: int) -> _Batch:
         """A batch of image files: decoded and cropped (and mirrored) by the decode workers,

@@ -99,6 +99,11 @@ class RecordQueue:
 
     def get_batch(self, n: int, timeout: float = STALL_TIMEOUT_S) -> RecordBatch:
         """The next ``n`` records, waiting for the producer (at most ``timeout`` s idle)."""
+        return join(self.get_runs(n, timeout))
+
+    def get_runs(self, n: int, timeout: float = STALL_TIMEOUT_S) -> list[RecordBatch]:
+        """The next ``n`` records as the runs the producer delivered them in (consecutive,
+        together ``n``; no copy), waiting as :meth:`get_batch` does."""
         parts: list[RecordBatch] = []
         need = n
         cond = self._source.cond
@@ -126,7 +131,7 @@ class RecordQueue:
                                     f"(stream {self.name}); another replica may have "
                                     "stopped reading")
                 cond.wait(WAIT_SLICE_S)
-        return join(parts)
+        return parts
 
     def mark_consumed(self, n: int) -> None:
         """``n`` more records reached the training loop (what the saved state counts)."""
@@ -319,6 +324,8 @@ class _Source:
             rows, labels = cache.pixels[index:index + count], cache.labels[index:index + count]
         else:
             keys, values = stream.cursor.read(count)  # wraps after the last record
+            if not getattr(stream.decoder, "takes_views", False):
+                values = [v if isinstance(v, bytes) else bytes(v) for v in values]
             # a slice of a larger round-robin decodes only its own records, unless it keeps
             # the whole database decoded (the cache): the other hosts decode theirs
             wanted = stream.plan.wanted(stream.position, len(values)) if (

@@ -104,6 +104,37 @@ def test_cuda_ring_gives_the_cpu_feeds_batches(tmp_path, transform):
         assert torch.equal(data.cpu(), want) and torch.equal(label.cpu(), want_label)
 
 
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_whole_records_cropped_on_the_device_give_the_cpu_feeds_batches(tmp_path,
+                                                                        monkeypatch):
+    """Random crops of records at most WHOLE_RATIO times the crop (6 x 6 -> 5 x 5) cross
+    whole and are cropped on the device: every batch equals the CPU feed's, over several
+    passes of a database read again each pass (runs of records split across batches)."""
+    from caffe_py.io import reader
+
+    monkeypatch.setattr(reader, "CACHE_BYTES", 0)
+    monkeypatch.setattr(reader, "CHUNK", 3)  # runs of 3 records: batches of 4 span two
+    db, _ = make_db(tmp_path / "db", 10)
+    transform = {"crop_size": 5, "mirror": True, "scale": 0.5, "mean_value": [10, 20, 30]}
+    out, whole = {}, {}
+    for device in ("cpu", "cuda"):
+        spec = parse_layer({"name": "data", "type": "Data", "top": ["data", "label"],
+                            "data_param": {"source": db, "batch_size": 4},
+                            "transform_param": transform}, Source(), "layer")
+        layer = lookup("Data")(spec, [], BuildContext(phase="TRAIN"))
+        with ReaderPool() as pool:
+            (feed,) = attach_feeds(_net(layer), pool, device=device, seed=5)
+            pool.start()
+            out[device] = [layer() for _ in range(9)]
+            whole[device] = feed._whole
+        torch.cuda.synchronize()
+    assert whole == {"cpu": False, "cuda": True}
+    for (data, label), (want, want_label) in zip(out["cuda"], out["cpu"], strict=True):
+        assert data.shape == (4, 3, 5, 5)
+        assert torch.equal(data.cpu(), want) and torch.equal(label.cpu(), want_label)
+
+
 def test_a_corrupt_record_is_raised_by_forward_naming_the_key(tmp_path):
     db, _ = make_db(tmp_path / "db", 10, corrupt=5)
     layer = data_layer(db)
