@@ -13,6 +13,7 @@ if TYPE_CHECKING:
 
 REDUCTIONS = ("tree", "nccl")
 GRAPHS = ("auto", "on", "off")
+COMPILES = ("auto", "on", "off")
 DIST_BACKENDS = ("nccl", "gloo")
 DEFAULT_DIST_TIMEOUT_S = 900.0
 """Long enough for rank 0's test phase, during which the other hosts' roots wait."""
@@ -40,9 +41,12 @@ class TrainOptions:
     deterministic: bool = False
     """Bit-identical runs on GPUs too: deterministic cuDNN algorithms and PyTorch kernels
     (slower on some nets; docs/performance.md says which step breaks it otherwise)."""
-    compile: bool = False
-    """Compile the TRAIN net's forward and backward with torch.compile (inductor) before the
-    first iteration; on GPUs the compiled step is captured as a CUDA graph as usual."""
+    compile: str = "auto"
+    """torch.compile (inductor) for the TRAIN net's forward and backward: 'on' (before the
+    first iteration), 'off', or 'auto': on one GPU with graphs, once the step time is
+    measured, when the iterations left would take more than half an hour
+    (:class:`~caffe_py.solver.roles.AutoCompile`). The compiled step is captured as a CUDA
+    graph as usual. ``True``/``False`` are read as 'on'/'off'."""
     dist_backend: str | None = None
     """Between hosts (WORLD_SIZE > 1): nccl or gloo (default: nccl on GPUs, gloo on CPUs)."""
     dist_timeout: float = DEFAULT_DIST_TIMEOUT_S
@@ -53,8 +57,11 @@ class TrainOptions:
     """The command's progress display (a terminal bar), advanced once per iteration."""
 
     def __post_init__(self) -> None:
+        if isinstance(self.compile, bool):
+            self.compile = "on" if self.compile else "off"
         for name, value, allowed in (("reduction", self.reduction, REDUCTIONS),
                                      ("graphs", self.graphs, GRAPHS),
+                                     ("compile", self.compile, COMPILES),
                                      ("sigint_effect", self.sigint_effect, EFFECTS),
                                      ("sighup_effect", self.sighup_effect, EFFECTS),
                                      ("sigterm_effect", self.sigterm_effect, EFFECTS)):

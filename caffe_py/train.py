@@ -138,12 +138,14 @@ class SingleDevice:
 
         opts = self.options
         with Solver(param, device=self.device, action=action) as solver:
-            if opts.compile:
-                from .solver.roles import CompiledStep
+            from .solver.roles import AutoCompile, CompiledStep
 
+            if opts.compile == "on":
                 solver.step_fn = CompiledStep(solver.net)
             if opts.graphs != "off":
-                solver.runner = GraphedLoop(required=opts.graphs == "on")
+                auto = opts.compile == "auto" and not opts.deterministic
+                solver.runner = GraphedLoop(required=opts.graphs == "on",
+                                            auto_compile=AutoCompile() if auto else None)
             batch = solver.batch_size()
             log.info(f"Batch: {batch} per replica x 1 replica x iter_size {param.iter_size} = "
                      f"{batch * param.iter_size} per update (device {self.device}, precision "

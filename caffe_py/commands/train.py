@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any
 
 import click
 
-from ..options import DEFAULT_DIST_TIMEOUT_S, DIST_BACKENDS, GRAPHS, REDUCTIONS
+from ..options import COMPILES, DEFAULT_DIST_TIMEOUT_S, DIST_BACKENDS, GRAPHS, REDUCTIONS
 from ..solver.signals import EFFECTS
 from ..spec.solver_spec import PRECISIONS
 from .output import console_handler, log_options, terminal_progress
@@ -72,8 +72,11 @@ def set_option(command: Any) -> Any:
               help="the older spelling of --graphs on / --graphs off")
 @click.option("--deterministic", is_flag=True,
               help="bit-identical runs on GPUs too (deterministic cuDNN and kernels; slower)")
-@click.option("--compile", "compile_net", is_flag=True,
-              help="compile the net with torch.compile (inductor) before training")
+@click.option("--compile", "compile_net", type=click.Choice(COMPILES), default="auto",
+              is_flag=False, flag_value="on", show_default=True,
+              help="torch.compile the net: on (--compile alone: before the first iteration), "
+                   "off, or auto (on one GPU, when the measured step says the run has more "
+                   "than half an hour left)")
 @click.option("--dist-backend", type=click.Choice(DIST_BACKENDS), default=None,
               help="between hosts, when WORLD_SIZE > 1 (default: nccl on GPUs, gloo on CPU)")
 @click.option("--dist-timeout", type=click.FloatRange(min=1), default=DEFAULT_DIST_TIMEOUT_S,
@@ -83,7 +86,7 @@ def train_command(solver_file: str, gpus: str | None, weights: str | None,
                   snapshot: str | None, sigint_effect: str, sighup_effect: str,
                   sigterm_effect: str,
                   precision: str | None, reduction: str, graphs: str | None,
-                  cuda_graphs: bool | None, deterministic: bool, compile_net: bool,
+                  cuda_graphs: bool | None, deterministic: bool, compile_net: str,
                   sets: tuple[str, ...], overwrite: bool, tensorboard: str | None,
                   dist_backend: str | None, dist_timeout: float) -> None:
     """Train the net of a solver spec (Caffe's `caffe train`)."""

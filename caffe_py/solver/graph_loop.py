@@ -29,6 +29,7 @@ from ..errors import SolverError
 from ..io.feeds import feed_of, swap_feed
 from .graphs import register_generators
 from .lr_policy import learning_rate
+from .roles import AutoCompile
 
 log = logging.getLogger(__name__)
 
@@ -115,8 +116,11 @@ class GraphedLoop:
     """
 
     def __init__(self, chunk: int | None = None, emulate: bool = False,
-                 required: bool = False):
+                 required: bool = False, auto_compile: AutoCompile | None = None):
         self.chunk_cap = chunk
+        self.auto_compile = auto_compile
+        """Compile the net once the timed replays show a long run ahead (``--compile auto``):
+        the graphs are dropped, the compiled step warms up and is captured again."""
         self.emulate = emulate
         self.required = required
         """A net that cannot be captured is an error (``--graphs on``), not a note."""
@@ -152,6 +156,8 @@ class GraphedLoop:
                 return
         if len(self._replay_ms) < TIMED_REPLAYS and self.chunk_cap is None:
             self._timed_replay(s)
+            if len(self._replay_ms) == TIMED_REPLAYS and self.auto_compile is not None:
+                self._consider_compiling(s, stop_iter)
             return
         if not self.chunk:
             self._add_chunk(s)
@@ -203,6 +209,25 @@ class GraphedLoop:
         end.record()
         end.synchronize()
         self._replay_ms.append(start.elapsed_time(end))
+
+    def _consider_compiling(self, s: Any, stop_iter: int) -> None:
+        """Once: compile the net when the measured step says the run is long (AutoCompile);
+        then drop the graphs and go back to the warm-up, which runs (and compiles) the
+        compiled step before it is captured."""
+        policy, self.auto_compile = self.auto_compile, None
+        assert policy is not None
+        step_ms, left = min(self._replay_ms), max(0, stop_iter - s.iter)
+        if not policy.worth(left, step_ms):
+            return
+        log.info(f"Compiling the net with torch.compile: {left} iterations left at "
+                 f"{step_ms:.1f} ms make about {left * step_ms / 60000:.0f} min "
+                 "(--compile off skips this)")
+        if not self.emulate:
+            torch.cuda.synchronize(s.device)
+        self._restore_feeds(s)
+        self.graphs.clear()
+        self.scales, self.chunk, self._warm, self._replay_ms = None, 0, 0, []
+        s.step_fn = policy.step(s.net)
 
     def _add_chunk(self, s: Any) -> None:
         """Choose the chunk length and capture its graph (once)."""

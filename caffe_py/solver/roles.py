@@ -11,15 +11,19 @@ between the averaging points.
 """
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol
 
 import torch
 
+from ..errors import CaffePyError
+
 if TYPE_CHECKING:
     from ..net import NetOutput
     from .solver import Solver
 
+log = logging.getLogger(__name__)
 
 @dataclass(frozen=True)
 class Role:
@@ -87,10 +91,50 @@ def eager_step(solver: Solver, net: Any = None) -> tuple[torch.Tensor, NetOutput
 class CompiledStep:
     """A :class:`StepFn` running the net compiled by ``torch.compile`` (inductor): the first
     call compiles (minutes for a large net), later ones run the generated kernels; the
-    parameters are the net's own, so the update, snapshots and sharing see the same tensors."""
+    parameters are the net's own, so the update, snapshots and sharing see the same tensors.
 
-    def __init__(self, net: Any):
-        self.net = torch.compile(net)
+    With ``fallback`` (the automatic choice, not ``--compile on``) a compiler failure is one
+    log line and the step runs the plain net from then on; the batch the failed call read is
+    not trained on (the data positions count it, so nothing is read twice)."""
+
+    def __init__(self, net: Any, *, fallback: bool = False,
+                 compiler: Any = torch.compile):
+        self.net = compiler(net)
+        self.fallback = fallback
+        self.failed: str | None = None
+        """Why compiling failed (the step then runs the plain net)."""
 
     def __call__(self, solver: Solver) -> tuple[torch.Tensor, NetOutput]:
-        return eager_step(solver, self.net)
+        if self.failed is not None:
+            return eager_step(solver)
+        if not self.fallback:
+            return eager_step(solver, self.net)
+        try:
+            return eager_step(solver, self.net)
+        except CaffePyError:
+            raise  # the net's own errors (data, labels) are the run's, compiled or not
+        except Exception as exc:  # noqa: BLE001 (the compiler's many error types: one line)
+            first = (str(exc).strip().splitlines() or [type(exc).__name__])[0][:200]
+            self.failed = f"{type(exc).__name__}: {first}"
+            log.info(f"torch.compile failed ({self.failed}); training the plain net "
+                     "(one batch skipped); --compile off skips the attempt")
+            solver.zero_grads()  # what the failed pass left behind
+            return eager_step(solver)
+
+
+@dataclass(frozen=True)
+class AutoCompile:
+    """When ``--compile auto`` (the default) compiles: once the step time is measured, if
+    the iterations left would take longer than ``min_seconds`` at that rate. A compile costs
+    tens of seconds to minutes and makes a large net's step faster (ResNet-50 on an H100:
+    1.46x torchvision compiled, 1.04x not; docs/performance.md), so only a long run earns it
+    back; short runs and small nets never pay for it."""
+
+    min_seconds: float = 1800.0
+    compiler: Any = torch.compile
+
+    def worth(self, iterations_left: int, step_ms: float) -> bool:
+        return iterations_left * step_ms / 1000.0 > self.min_seconds
+
+    def step(self, net: Any) -> CompiledStep:
+        return CompiledStep(net, fallback=True, compiler=self.compiler)

@@ -139,3 +139,84 @@ def test_without_a_given_chunk_three_timed_single_replays_size_it(ws):
     assert runs[:6] == [(2, 1), (3, 1), (4, 1), (5, 1), (6, 1), (7, 1)]
     assert (10, 10) in runs and (20, 10) in runs
     assert close(got, want)
+
+
+class _Compiler:
+    """A stand-in for torch.compile: the net itself, counting calls (or failing)."""
+
+    def __init__(self, error: Exception | None = None):
+        self.error, self.calls, self.compiled = error, 0, 0
+
+    def __call__(self, net):
+        self.compiled += 1
+
+        def run(*args, **kwargs):
+            self.calls += 1
+            if self.error is not None:
+                raise self.error
+            return net(*args, **kwargs)
+        return run
+
+
+def test_auto_compile_switches_after_the_timed_replays_of_a_long_run(ws, caplog):
+    """Once the timed replays show a long run ahead, the net is compiled, the graphs are
+    dropped, and the compiled step warms up and is captured again; training goes on to the
+    same weights (the stand-in compiler computes what the net does)."""
+    from caffe_py.solver.roles import AutoCompile, CompiledStep
+
+    caplog.set_level(logging.INFO, logger="caffe_py")
+    ws.net(ws.LMDB_NET, batch=2)
+    common = {"max_iter": 40, "display": 10, "lr_policy": "fixed"}
+    _, want = trained(ws.load(**common))
+    compiler = _Compiler()
+    loop = GraphedLoop(emulate=True, auto_compile=AutoCompile(min_seconds=-1.0,
+                                                              compiler=compiler))
+    runs = []
+    real = loop._replay
+    loop._replay = lambda s, length: (runs.append((s.iter, length)), real(s, length))
+    solver, got = trained(ws.load(**common, snapshot_prefix="g/t"), loop)
+    assert isinstance(solver.step_fn, CompiledStep) and solver.step_fn.failed is None
+    assert compiler.compiled == 1 and compiler.calls >= 2 + 1 + 3 + 1
+    assert loop.auto_compile is None and loop.chunk == 10 and sorted(loop.graphs) == [1, 10]
+    # warm-up 0-1, timed 2-4, then warm-up 5-6 (compiled, eager), timed 7-9, chunks from 10
+    assert runs[:6] == [(2, 1), (3, 1), (4, 1), (7, 1), (8, 1), (9, 1)]
+    assert (10, 10) in runs and (30, 10) in runs
+    assert solver.iter == 40 and close(got, want)
+    assert ("Compiling the net with torch.compile: 35 iterations left at 0.0 ms make about 0 "
+            "min (--compile off skips this)") in caplog.messages
+
+
+def test_auto_compile_leaves_a_short_run_alone(ws, caplog):
+    from caffe_py.solver.roles import AutoCompile
+
+    caplog.set_level(logging.INFO, logger="caffe_py")
+    compiler = _Compiler()
+    policy = AutoCompile(compiler=compiler)
+    assert policy.worth(30_000, 62.0) and not policy.worth(10_000, 0.4)
+    loop = GraphedLoop(emulate=True, auto_compile=policy)
+    solver, _ = trained(ws.load(max_iter=12), loop)
+    assert compiler.compiled == 0 and loop.auto_compile is None
+    assert not any(m.startswith("Compiling") for m in caplog.messages)
+    assert solver.iter == 12
+
+
+def test_a_failing_automatic_compile_trains_the_plain_net(ws, caplog):
+    """The compiler's failure is one line; the step runs the plain net from then on and the
+    run ends where it should, its loss finite. With --compile on the failure is the run's."""
+    from caffe_py.solver.roles import AutoCompile, CompiledStep
+
+    caplog.set_level(logging.INFO, logger="caffe_py")
+    ws.net(ws.LMDB_NET, batch=2)
+    compiler = _Compiler(RuntimeError("inductor: no C++ compiler\nmore detail"))
+    loop = GraphedLoop(emulate=True, auto_compile=AutoCompile(min_seconds=-1.0,
+                                                              compiler=compiler))
+    solver, got = trained(ws.load(max_iter=20, display=10, lr_policy="fixed"), loop)
+    assert compiler.calls == 1 and solver.step_fn.failed == (
+        "RuntimeError: inductor: no C++ compiler")
+    assert solver.iter == 20 and all(torch.isfinite(w).all() for w in got)
+    assert ("torch.compile failed (RuntimeError: inductor: no C++ compiler); training the "
+            "plain net (one batch skipped); --compile off skips the attempt") in caplog.messages
+    with Solver(ws.load(max_iter=2)) as solver:
+        solver.step_fn = CompiledStep(solver.net, compiler=_Compiler(RuntimeError("boom")))
+        with pytest.raises(RuntimeError, match="^boom$"):
+            solver.solve()
