@@ -26,6 +26,7 @@ import torch.nn.functional as F
 
 from ..errors import DataError
 from ..io.blobproto import read_blob_file
+from ..kernels import build, functions
 from ..spec.layer_params.loss import AccuracyParameter, LossParameter
 from ..spec.schema import is_set, message_at
 from .base import DeviceCheck, Layer, Shape, canonical_axis, count
@@ -155,9 +156,25 @@ class SoftmaxWithLoss(Layer):
         self.ignore_label = p.ignore_label
         self.mode = normalization_mode(p, "VALID")
         self.labels = LabelRange(self, self.classes, "loss_param")
+        self._fused: bool | None = None  # decided at the first forward (kernels built?)
+        self._held: dict[tuple[int, torch.device], tuple[torch.Tensor, torch.Tensor]] = {}
         return [()] + [bottom_shapes[0]] * (len(self.spec.top) - 1)
 
+    def fused(self, scores: torch.Tensor) -> bool:
+        """Whether this forward takes the fused CUDA kernels (:meth:`_fused_forward`): a CUDA
+        net whose kernels build, one position per item (scores N x C), and not turned off
+        by the net option ``fused_loss: false``. Under torch.compile the PyTorch path is
+        traced instead (the compiler fuses it; an extension call would break its graph)."""
+        use = self._fused
+        if use is None:
+            use = self._fused = (scores.is_cuda and self.ctx.options.get("fused_loss", True)
+                                 and build.available())
+        return (use and scores.dim() == self.axis + 1 == 2
+                and not torch.compiler.is_compiling())
+
     def forward(self, scores: torch.Tensor, labels: torch.Tensor):
+        if self.fused(scores):
+            return self._fused_forward(scores, labels)
         scores3, lab = as_positions(scores, labels.detach(), self.axis)
         valid = None if self.ignore_label is None else lab != self.ignore_label
         self.labels.observe(lab, valid)
@@ -172,6 +189,36 @@ class SoftmaxWithLoss(Layer):
         if len(self.top_shapes) == 2:  # Caffe's backward reads only the loss top's diff
             return loss, logp.detach().exp().reshape(scores.shape)
         return loss
+
+    def _fused_forward(self, scores: torch.Tensor, labels: torch.Tensor):
+        """Scores (N, C) on CUDA: the loss, the label check and the probabilities in one
+        kernel, the gradient in one (kernels.functions.SoftmaxLoss); the same numbers as
+        :class:`_CaffeSoftmaxLoss` (tests/kernels/test_softmax_loss_gpu.py)."""
+        x = scores if scores.dtype == torch.float32 else scores.float()
+        label = labels.detach().reshape(-1)
+        if label.dtype != torch.int64:
+            label = label.long()
+        n = x.shape[0]
+        work, done = self._workspace(n, x.device)
+        count_valid = self.mode == "VALID" and self.ignore_label is not None
+        divisor = 1.0 if count_valid else float(normalizer(self.mode, n, 1, None))
+        seen = self.labels.seen if self.labels.enabled else None
+        loss, prob = functions.SoftmaxLoss.apply(x.contiguous(), label.contiguous(), seen,
+                                                 work, done, self.ignore_label, divisor,
+                                                 count_valid)
+        if len(self.top_shapes) == 2:
+            return loss, prob.reshape(scores.shape)
+        return loss
+
+    def _workspace(self, n: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+        """The fused forward's per-row sums (2n floats) and its block counter (kept at zero
+        by the kernel), made once per batch size and device."""
+        key = (n, device)
+        held = self._held.get(key)
+        if held is None:
+            held = self._held[key] = (torch.empty(2 * n, device=device),
+                                      torch.zeros(1, dtype=torch.int32, device=device))
+        return held
 
 
 class _CaffeSoftmaxLoss(torch.autograd.Function):
@@ -379,6 +426,8 @@ class InfogainLoss(Layer):
             matrix = self._read_matrix(p.source, c2).to(self.ctx.device)
             self.register_buffer("infogain", matrix, persistent=False)
         self.labels = LabelRange(self, self.classes, "loss_param")
+        self._fused: bool | None = None  # decided at the first forward (kernels built?)
+        self._held: dict[tuple[int, torch.device], tuple[torch.Tensor, torch.Tensor]] = {}
         return [()] + [bottom_shapes[0]] * (len(self.spec.top) - 1)
 
     def _read_matrix(self, source: str, c2: int) -> torch.Tensor:
