@@ -17,6 +17,7 @@ from typing import Any, cast, overload
 
 import torch
 from torch import nn
+from torch.nn.modules import module as _nn_module
 
 from .errors import DataError, NetError, one_line
 from .layers import registry
@@ -369,6 +370,7 @@ class Net(WeightsMixin, nn.Module):
                            f"(its inputs: {', '.join(self.input_names) or 'none'})")
         self._bind_shared()
         blobs: dict[str, torch.Tensor] = {}
+        hooked = _global_hooks()
         for layer in self.layers:
             lp = layer.spec
             if isinstance(layer, Input):
@@ -377,8 +379,8 @@ class Net(WeightsMixin, nn.Module):
             for k, down in enumerate(lp.propagate_down):
                 if not down:
                     bottoms[k] = bottoms[k].detach()
-            try:
-                tops = layer(*bottoms)
+            try:  # a layer without hooks is called without nn.Module's two wrapper frames
+                tops = layer(*bottoms) if hooked or _hooked(layer) else layer.forward(*bottoms)
             except RuntimeError as exc:
                 reshaped = _reshaped_bottom(layer, bottoms)
                 if reshaped is None:
@@ -530,3 +532,19 @@ def _keys_by_layer_name(net: Net, state: dict, prefix: str, _meta: Any) -> None:
 
 def _keys_by_position(net: Net, state: dict, prefix: str, *_args: Any) -> None:
     _renamed(state, {v: k for k, v in _name_prefixes(net, prefix).items()})
+
+
+_GLOBAL_HOOKS = ("_global_forward_hooks", "_global_forward_pre_hooks",
+                 "_global_backward_hooks", "_global_backward_pre_hooks")
+
+
+def _global_hooks() -> bool:
+    """Whether any module hook is registered globally (then every layer goes through
+    nn.Module's call; an attribute this PyTorch lacks counts as a hook)."""
+    return any(getattr(_nn_module, name, True) for name in _GLOBAL_HOOKS)
+
+
+def _hooked(layer: nn.Module) -> bool:
+    """Whether ``layer`` has hooks of its own (nn.Module's call then runs them)."""
+    return bool(layer._forward_hooks or layer._forward_pre_hooks or layer._backward_hooks
+                or layer._backward_pre_hooks)

@@ -322,3 +322,23 @@ def test_inputs_of_another_shape_name_the_layer(spec_of):
     assert str(err.value) == ("layer 's1' (ToyScale): bottom 'data' has shape [2, 4] but the net "
                               "was built for [2, 3]; only the batch size (axis 0) may differ: "
                               "give inputs of the declared shape")
+
+
+def test_layer_and_global_hooks_run_though_plain_layers_skip_the_module_call(spec_of):
+    """Layers without hooks are called directly; a layer's own hook, and a global module hook,
+    still run (then the layers go through nn.Module's call)."""
+    net = Net(spec_of(PHASED), "TRAIN")
+    seen = []
+    handle = net.layer_by_name("notx").register_forward_hook(
+        lambda layer, args, out: seen.append((layer.name, tuple(out.shape))))
+    plain = net({"data": torch.ones(2, 3)}).outputs
+    assert seen == [("notx", (2, 3))]
+    handle.remove()
+    every = torch.nn.modules.module.register_module_forward_hook(
+        lambda layer, args, out: seen.append(getattr(layer, "name", None)))
+    try:
+        hooked = net({"data": torch.ones(2, 3)}).outputs
+    finally:
+        every.remove()
+    assert seen[1:] == ["input", "a", "notx", "nottest", "phased"]  # the layers, then the net
+    assert all(torch.equal(plain[k], hooked[k]) for k in plain)

@@ -138,9 +138,9 @@ class ChunkDecoder:
 
 def _owned(values: Sequence[bytes | memoryview]) -> Sequence[bytes]:
     """``values`` as bytes objects (a copy of each view of the database's map)."""
-    if all(isinstance(v, bytes) for v in values):
+    if not any(isinstance(v, memoryview) for v in values):
         return values  # type: ignore[return-value]
-    return [v if isinstance(v, bytes) else bytes(v) for v in values]
+    return [bytes(v) if isinstance(v, memoryview) else v for v in values]
 
 
 def check_record(path: str, key: bytes, array: np.ndarray, shape: tuple[int, int, int],

@@ -324,8 +324,8 @@ class _Source:
             rows, labels = cache.pixels[index:index + count], cache.labels[index:index + count]
         else:
             keys, values = stream.cursor.read(count)  # wraps after the last record
-            if not getattr(stream.decoder, "takes_views", False):
-                values = [v if isinstance(v, bytes) else bytes(v) for v in values]
+            if not getattr(stream.decoder, "takes_views", False):  # copies of map views
+                values = [bytes(v) if isinstance(v, memoryview) else v for v in values]
             # a slice of a larger round-robin decodes only its own records, unless it keeps
             # the whole database decoded (the cache): the other hosts decode theirs
             wanted = stream.plan.wanted(stream.position, len(values)) if (

@@ -191,43 +191,21 @@ def bias_activation(x: torch.Tensor, bias: torch.Tensor, kind: int, p: float = 0
     return _BiasActivation.apply(x, bias, kind, float(p), axis, inplace)
 
 
-class SoftmaxLoss(torch.autograd.Function):
+def softmax_loss(x: torch.Tensor, label: torch.Tensor, seen: torch.Tensor | None,
+                 work: torch.Tensor, done: torch.Tensor, ignore: int | None, divisor: float,
+                 count_valid: bool) -> tuple[torch.Tensor, torch.Tensor]:
     """Caffe's SoftmaxWithLoss on (N, C) float32 scores, one kernel each way
-    (csrc/softmax_loss.cu): the loss -log(max(p_label, FLT_MIN)) summed over the rows whose
-    label is not ``ignore`` and divided by ``divisor`` (or, with ``count_valid``, by the
-    number of those rows, at least 1); the gradient (p - onehot) * top diff / divisor. Labels
-    outside [0, C) are clamped for the read and folded into ``seen`` = [min, max] (int64, on
-    the device) when it is given. ``work`` holds 2N floats and ``done`` one int32 zero (the
-    kernel leaves it zero): a layer keeps them between calls.
+    (csrc/softmax_loss.cu) inside a C++ autograd Function (no Python in the backward): the
+    loss -log(max(p_label, FLT_MIN)) summed over the rows whose label is not ``ignore`` and
+    divided by ``divisor`` (or, with ``count_valid``, by the number of those rows, at least
+    1); the gradient (p - onehot) * top diff / divisor. Labels (int64) outside [0, C) are
+    clamped for the read and folded into ``seen`` = [min, max] (int64, on the device) when it
+    is given. ``work`` holds 2N floats and ``done`` one int32 zero (the kernel leaves it
+    zero): a layer keeps them between calls.
 
     Returns (loss, prob): the scalar loss and the probabilities (no gradient flows back
     through them, as in Caffe, whose backward reads the loss top alone)."""
-
-    @staticmethod
-    def forward(ctx, x: torch.Tensor, label: torch.Tensor, seen: torch.Tensor | None,
-                work: torch.Tensor, done: torch.Tensor, ignore: int | None, divisor: float,
-                count_valid: bool) -> tuple[torch.Tensor, torch.Tensor]:
-        prob = torch.empty_like(x)
-        loss = torch.empty((), dtype=torch.float32, device=x.device)
-        div = torch.empty(1, dtype=torch.float32, device=x.device)
-        _ext().softmax_loss_forward(x, label, prob, work, done, loss, div, seen,
-                                    0 if ignore is None else ignore, ignore is not None,
-                                    divisor, count_valid)
-        ctx.save_for_backward(prob, label, div)
-        ctx.ignore = ignore
-        ctx.mark_non_differentiable(prob)
-        ctx.set_materialize_grads(False)
-        return loss, prob
-
-    @staticmethod
-    @once_differentiable
-    def backward(ctx, grad: torch.Tensor | None, _prob_grad: torch.Tensor | None):
-        if grad is None:
-            return (None,) * 8
-        prob, label, div = ctx.saved_tensors
-        dx = torch.empty_like(prob)
-        g = grad if grad.dtype == torch.float32 else grad.float()
-        ignore = ctx.ignore
-        _ext().softmax_loss_backward(prob, label, g.reshape(1), div, dx,
-                                     0 if ignore is None else ignore, ignore is not None)
-        return (dx,) + (None,) * 7
+    loss, prob = _ext().softmax_loss(x, label, seen, work, done,
+                                     0 if ignore is None else ignore, ignore is not None,
+                                     divisor, count_valid)
+    return loss, prob

@@ -192,7 +192,7 @@ class SoftmaxWithLoss(Layer):
 
     def _fused_forward(self, scores: torch.Tensor, labels: torch.Tensor):
         """Scores (N, C) on CUDA: the loss, the label check and the probabilities in one
-        kernel, the gradient in one (kernels.functions.SoftmaxLoss); the same numbers as
+        kernel, the gradient in one (kernels.functions.softmax_loss); the same numbers as
         :class:`_CaffeSoftmaxLoss` (tests/kernels/test_softmax_loss_gpu.py)."""
         x = scores if scores.dtype == torch.float32 else scores.float()
         label = labels.detach().reshape(-1)
@@ -203,9 +203,8 @@ class SoftmaxWithLoss(Layer):
         count_valid = self.mode == "VALID" and self.ignore_label is not None
         divisor = 1.0 if count_valid else float(normalizer(self.mode, n, 1, None))
         seen = self.labels.seen if self.labels.enabled else None
-        loss, prob = functions.SoftmaxLoss.apply(x.contiguous(), label.contiguous(), seen,
-                                                 work, done, self.ignore_label, divisor,
-                                                 count_valid)
+        loss, prob = functions.softmax_loss(x.contiguous(), label.contiguous(), seen, work,
+                                            done, self.ignore_label, divisor, count_valid)
         if len(self.top_shapes) == 2:
             return loss, prob.reshape(scores.shape)
         return loss

@@ -23,6 +23,49 @@ void softmax_loss_forward(const at::Tensor& x, const at::Tensor& label, at::Tens
 void softmax_loss_backward(const at::Tensor& prob, const at::Tensor& label,
                            const at::Tensor& grad, const at::Tensor& div, at::Tensor& dx,
                            int64_t ignore, bool has_ignore);
+
+// Caffe's SoftmaxWithLoss as a C++ autograd Function over the two kernels (softmax_loss.cu):
+// forward returns (loss, prob), prob without a gradient; backward runs without Python.
+struct SoftmaxLossFunction : public torch::autograd::Function<SoftmaxLossFunction> {
+  static torch::autograd::variable_list forward(
+      torch::autograd::AutogradContext* ctx, const at::Tensor& x, const at::Tensor& label,
+      const c10::optional<at::Tensor>& seen, at::Tensor work, at::Tensor done, int64_t ignore,
+      bool has_ignore, double divisor, bool count_valid) {
+    at::Tensor prob = at::empty_like(x);
+    at::Tensor loss = at::empty({}, x.options());
+    at::Tensor div = at::empty({1}, x.options());
+    softmax_loss_forward(x, label, prob, work, done, loss, div, seen, ignore, has_ignore, divisor,
+                         count_valid);
+    ctx->save_for_backward({prob, label, div});
+    ctx->saved_data["ignore"] = ignore;
+    ctx->saved_data["has_ignore"] = has_ignore;
+    ctx->mark_non_differentiable({prob});
+    ctx->set_materialize_grads(false);
+    return {loss, prob};
+  }
+
+  static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
+                                                 torch::autograd::variable_list grads) {
+    torch::autograd::variable_list out(9);  // one per forward argument; only x's is defined
+    const at::Tensor& g = grads[0];
+    if (!g.defined()) return out;
+    auto saved = ctx->get_saved_variables();
+    at::Tensor dx = at::empty_like(saved[0]);
+    softmax_loss_backward(saved[0], saved[1], g.to(at::kFloat).reshape({1}), saved[2], dx,
+                          ctx->saved_data["ignore"].toInt(),
+                          ctx->saved_data["has_ignore"].toBool());
+    out[0] = dx;
+    return out;
+  }
+};
+
+std::vector<at::Tensor> softmax_loss(const at::Tensor& x, const at::Tensor& label,
+                                     const c10::optional<at::Tensor>& seen, at::Tensor work,
+                                     at::Tensor done, int64_t ignore, bool has_ignore,
+                                     double divisor, bool count_valid) {
+  return SoftmaxLossFunction::apply(x, label, seen, work, done, ignore, has_ignore, divisor,
+                                    count_valid);
+}
 }  // namespace caffe_py
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
@@ -47,6 +90,10 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         "Caffe's SoftmaxWithLoss on (N, C): prob, loss, div (the divisor); seen = [min, max] "
         "label", py::arg("x"), py::arg("label"), py::arg("prob"), py::arg("work"),
         py::arg("done"), py::arg("loss"), py::arg("div"), py::arg("seen"), py::arg("ignore"),
+        py::arg("has_ignore"), py::arg("divisor"), py::arg("count_valid"));
+  m.def("softmax_loss", &caffe_py::softmax_loss,
+        "Caffe's SoftmaxWithLoss with autograd: [loss, prob]", py::arg("x"), py::arg("label"),
+        py::arg("seen"), py::arg("work"), py::arg("done"), py::arg("ignore"),
         py::arg("has_ignore"), py::arg("divisor"), py::arg("count_valid"));
   m.def("softmax_loss_backward", &caffe_py::softmax_loss_backward,
         "dx = (prob - onehot) * grad / divisor", py::arg("prob"), py::arg("label"),
