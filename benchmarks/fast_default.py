@@ -441,9 +441,10 @@ def resnet_rows(work: Path, device: torch.device, smoke: bool) -> list[tuple[str
             ("no flag, constant DummyData", "constant", "auto", "auto", None),
             ("--graphs off, constant DummyData", "constant", "off", "auto", None),
             ("no flag, the shipped config (gaussian)", None, "auto", "auto", None),
-            ("--compile, constant DummyData", "constant", "auto", "on", None),
             (f"no flag, a {long_run:,}-iteration run (compiles by itself), constant "
-             "DummyData", "constant", "auto", "auto", long_run)):
+             "DummyData", "constant", "auto", "auto", long_run),
+            ("--compile, constant DummyData", "constant", "auto", "on", None)):
+        torch._dynamo.reset()  # no row reuses another's compiled code (each pays its compile)
         # the long run: timed from the 30th iteration after the automatic compile's
         # re-capture (warm-up, timed replays, compile, warm-up, timed replays: ~10)
         at = [m + 30 for m in marks] if planned else marks

@@ -156,7 +156,9 @@ class SoftmaxWithLoss(Layer):
         self.ignore_label = p.ignore_label
         self.mode = normalization_mode(p, "VALID")
         self.labels = LabelRange(self, self.classes, "loss_param")
-        self._fused: bool | None = None  # decided at the first forward (kernels built?)
+        # decided here, not in a forward: torch.compile would break its graph on the build
+        self._fused = bool(self.ctx.device.type == "cuda"
+                           and self.ctx.options.get("fused_loss", True) and build.available())
         self._held: dict[tuple[int, torch.device], tuple[torch.Tensor, torch.Tensor]] = {}
         return [()] + [bottom_shapes[0]] * (len(self.spec.top) - 1)
 
@@ -165,11 +167,7 @@ class SoftmaxWithLoss(Layer):
         net whose kernels build, one position per item (scores N x C), and not turned off
         by the net option ``fused_loss: false``. Under torch.compile the PyTorch path is
         traced instead (the compiler fuses it; an extension call would break its graph)."""
-        use = self._fused
-        if use is None:
-            use = self._fused = (scores.is_cuda and self.ctx.options.get("fused_loss", True)
-                                 and build.available())
-        return (use and scores.dim() == self.axis + 1 == 2
+        return (self._fused and scores.dim() == self.axis + 1 == 2 and scores.is_cuda
                 and not torch.compiler.is_compiling())
 
     def forward(self, scores: torch.Tensor, labels: torch.Tensor):
@@ -425,7 +423,9 @@ class InfogainLoss(Layer):
             matrix = self._read_matrix(p.source, c2).to(self.ctx.device)
             self.register_buffer("infogain", matrix, persistent=False)
         self.labels = LabelRange(self, self.classes, "loss_param")
-        self._fused: bool | None = None  # decided at the first forward (kernels built?)
+        # decided here, not in a forward: torch.compile would break its graph on the build
+        self._fused = bool(self.ctx.device.type == "cuda"
+                           and self.ctx.options.get("fused_loss", True) and build.available())
         self._held: dict[tuple[int, torch.device], tuple[torch.Tensor, torch.Tensor]] = {}
         return [()] + [bottom_shapes[0]] * (len(self.spec.top) - 1)
 

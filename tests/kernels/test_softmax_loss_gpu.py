@@ -129,3 +129,31 @@ def test_a_cuda_graph_replays_the_fused_loss():
         want.backward()
         torch.testing.assert_close(loss, want.detach(), rtol=2e-6, atol=1e-6)
         torch.testing.assert_close(x.grad, want_x.grad, rtol=1e-5, atol=1e-7)
+
+
+def test_compiling_a_net_with_the_loss_breaks_no_graph():
+    """torch.compile traces the PyTorch path in one graph (the layer decides at build time,
+    so no kernel build or lock is traced); the compiled loss is the eager one's."""
+    import torch._dynamo as dynamo
+
+    from caffe_py.net import Net
+    from caffe_py.spec.net_spec import parse_net
+
+    text = """
+name: small
+input: [data, label]
+input_shape: [{dim: [8, 6]}, {dim: [8]}]
+layer:
+  - {name: ip, type: InnerProduct, bottom: data, top: ip,
+     inner_product_param: {num_output: 5, weight_filler: {type: gaussian, std: 0.1}}}
+  - {name: loss, type: SoftmaxWithLoss, bottom: [ip, label], top: loss}
+"""
+    net = Net(parse_net(loads(text), Source()), "TRAIN", device="cuda")
+    inputs = {"data": torch.randn(8, 6, device="cuda"),
+              "label": torch.randint(0, 5, (8,), device="cuda").float()}
+    assert net.layer_by_name("loss").fused(torch.zeros(8, 5, device="cuda"))
+    dynamo.reset()
+    explained = dynamo.explain(net)(inputs)
+    assert (explained.graph_count, explained.graph_break_count) == (1, 0)
+    compiled = torch.compile(net)(inputs).loss
+    torch.testing.assert_close(compiled, net(inputs).loss, rtol=2e-6, atol=1e-6)
