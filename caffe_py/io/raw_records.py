@@ -36,7 +36,7 @@ def raw_chunk(values: Sequence[bytes], prefix: np.ndarray, shape: tuple[int, int
     k = len(values)
     lengths = np.fromiter(map(len, values), np.int64, k)
     if lengths.min() == lengths.max():  # the usual case: one group, views of one buffer
-        joined = b"".join(values)
+        joined = _joined(values)
         rows, labels = _raw_rows(joined, int(lengths[0]), k, prefix, shape)
         if rows.all():
             return _pixels(joined, int(lengths[0]), k, prefix, shape), labels, None
@@ -45,7 +45,7 @@ def raw_chunk(values: Sequence[bytes], prefix: np.ndarray, shape: tuple[int, int
     ok = np.zeros(k, bool)
     for length in np.unique(lengths).tolist():
         idx = np.flatnonzero(lengths == length)
-        joined = b"".join([values[i] for i in idx.tolist()])
+        joined = _joined([values[i] for i in idx.tolist()])
         good, got = _raw_rows(joined, length, len(idx), prefix, shape)
         if good.any():
             pixels[idx[good]] = _pixels(joined, length, len(idx), prefix, shape)[good]
@@ -54,15 +54,30 @@ def raw_chunk(values: Sequence[bytes], prefix: np.ndarray, shape: tuple[int, int
     return (pixels, labels, ok) if ok.any() else None
 
 
-def _pixels(joined: bytes, length: int, k: int, prefix: np.ndarray,
+SEPARATE_COPY_BYTES = 1 << 16
+"""Records of at least this size are copied one by one by numpy, which releases the GIL for
+each copy; smaller ones are joined in one copy that holds it. A join of a chunk of
+ImageNet-sized records (8 MB) holds the GIL for a millisecond or more, stalling the training
+thread; a release per small record would instead make the reader wait for the GIL (up to the
+switch interval) once per record."""
+
+
+def _joined(values: Sequence[bytes | memoryview]) -> np.ndarray:
+    """The records one after another in one new uint8 array."""
+    if values and len(values[0]) >= SEPARATE_COPY_BYTES:
+        return np.concatenate([np.frombuffer(v, np.uint8) for v in values])
+    return np.frombuffer(b"".join(values), np.uint8)
+
+
+def _pixels(joined: np.ndarray, length: int, k: int, prefix: np.ndarray,
             shape: tuple[int, int, int]) -> np.ndarray:
     """The (k, C, H, W) pixel view of k joined records of ``length`` bytes."""
     start = len(prefix)
-    rows = np.frombuffer(joined, np.uint8).reshape(k, length)
+    rows = joined.reshape(k, length)
     return rows[:, start:start + int(np.prod(shape))].reshape(k, *shape)
 
 
-def _raw_rows(joined: bytes, length: int, k: int, prefix: np.ndarray,
+def _raw_rows(joined: np.ndarray, length: int, k: int, prefix: np.ndarray,
               shape: tuple[int, int, int]) -> tuple[np.ndarray, np.ndarray]:
     """Which of k joined records of ``length`` bytes are raw records of ``shape``
     (the prefix, then the pixels, then field 5, the label, as a varint below 2^31, then
@@ -71,7 +86,7 @@ def _raw_rows(joined: bytes, length: int, k: int, prefix: np.ndarray,
     tail = length - end - 1  # the label's varint, and maybe encoded=false (2 bytes)
     if tail < 1:
         return np.zeros(k, bool), np.zeros(k, np.int64)
-    rows = np.frombuffer(joined, np.uint8).reshape(k, length)
+    rows = joined.reshape(k, length)
     ok = (rows[:, :len(prefix)] == prefix).all(1) & (rows[:, end] == 0x28)
     labels = np.zeros(k, np.int64)
     if tail == 1:  # a label below 128, the common case

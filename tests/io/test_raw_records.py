@@ -35,3 +35,20 @@ def test_mixed_lengths_are_grouped_and_other_records_are_left_out():
 
 def test_nothing_raw_gives_none():
     assert raw_chunk([b"\x0a\x02\xff\xff", b""], raw_prefix(SHAPE), SHAPE) is None
+
+
+def test_big_records_from_views_are_copied_one_by_one_and_equal_the_decoder():
+    """Records of SEPARATE_COPY_BYTES or more (ImageNet's) are copied record by record (numpy
+    releases the GIL for each); views of the database's map work as bytes do."""
+    from caffe_py.io import raw_records
+
+    shape = (3, 150, 150)
+    assert np.prod(shape) >= raw_records.SEPARATE_COPY_BYTES
+    rng = np.random.default_rng(0)
+    arrays = [rng.integers(0, 256, shape, dtype=np.uint8) for _ in range(3)]
+    values = [memoryview(encode_datum(datum_from_array(a, 10 + i)))
+              for i, a in enumerate(arrays)]
+    pixels, labels, ok = raw_chunk(values, raw_prefix(shape), shape)
+    assert ok is None and labels.tolist() == [10, 11, 12]
+    for got, want in zip(pixels, arrays, strict=True):
+        np.testing.assert_array_equal(got, want)
