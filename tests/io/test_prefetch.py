@@ -80,6 +80,23 @@ def test_batches_in_order_transformed_on_cuda():
     check_batches("cuda")
 
 
+def _cpu_and_cuda_batches(db: str, transform: dict, n: int) -> tuple[dict, dict]:
+    """``n`` batches of 4 of a Data layer over ``db`` fed on the CPU and on CUDA (seed 5),
+    and each device's feed."""
+    out, feeds = {}, {}
+    for device in ("cpu", "cuda"):
+        spec = parse_layer({"name": "data", "type": "Data", "top": ["data", "label"],
+                            "data_param": {"source": db, "batch_size": 4},
+                            "transform_param": transform}, Source(), "layer")
+        layer = lookup("Data")(spec, [], BuildContext(phase="TRAIN"))
+        with ReaderPool() as pool:
+            (feeds[device],) = attach_feeds(_net(layer), pool, device=device, seed=5)
+            pool.start()
+            out[device] = [layer() for _ in range(n)]
+        torch.cuda.synchronize()
+    return out, feeds
+
+
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 @pytest.mark.parametrize("transform", [{"scale": 0.5}, {}, {"mirror": True,
@@ -88,17 +105,7 @@ def test_cuda_ring_gives_the_cpu_feeds_batches(tmp_path, transform):
     """More batches than the ring has slots, all kept: every one equals the CPU feed's (the
     one-op float path, the plain conversion, and flips with a mean)."""
     db, _ = make_db(tmp_path / "db", 10)
-    out = {}
-    for device in ("cpu", "cuda"):
-        spec = parse_layer({"name": "data", "type": "Data", "top": ["data", "label"],
-                            "data_param": {"source": db, "batch_size": 4},
-                            "transform_param": transform}, Source(), "layer")
-        layer = lookup("Data")(spec, [], BuildContext(phase="TRAIN"))
-        with ReaderPool() as pool:
-            attach_feeds(_net(layer), pool, device=device, seed=5)
-            pool.start()
-            out[device] = [layer() for _ in range(11)]
-        torch.cuda.synchronize()
+    out, _ = _cpu_and_cuda_batches(db, transform, 11)
     for (data, label), (want, want_label) in zip(out["cuda"], out["cpu"], strict=True):
         assert data.device.type == "cuda" and data.dtype == torch.float32
         assert torch.equal(data.cpu(), want) and torch.equal(label.cpu(), want_label)
@@ -117,19 +124,9 @@ def test_whole_records_cropped_on_the_device_give_the_cpu_feeds_batches(tmp_path
     monkeypatch.setattr(reader, "CHUNK", 3)  # runs of 3 records: batches of 4 span two
     db, _ = make_db(tmp_path / "db", 10)
     transform = {"crop_size": 5, "mirror": True, "scale": 0.5, "mean_value": [10, 20, 30]}
-    out, whole = {}, {}
-    for device in ("cpu", "cuda"):
-        spec = parse_layer({"name": "data", "type": "Data", "top": ["data", "label"],
-                            "data_param": {"source": db, "batch_size": 4},
-                            "transform_param": transform}, Source(), "layer")
-        layer = lookup("Data")(spec, [], BuildContext(phase="TRAIN"))
-        with ReaderPool() as pool:
-            (feed,) = attach_feeds(_net(layer), pool, device=device, seed=5)
-            pool.start()
-            out[device] = [layer() for _ in range(9)]
-            whole[device] = feed._whole
-        torch.cuda.synchronize()
-    assert whole == {"cpu": False, "cuda": True}
+    out, feeds = _cpu_and_cuda_batches(db, transform, 9)
+    assert {device: feed._whole for device, feed in feeds.items()} == {"cpu": False,
+                                                                       "cuda": True}
     for (data, label), (want, want_label) in zip(out["cuda"], out["cpu"], strict=True):
         assert data.shape == (4, 3, 5, 5)
         assert torch.equal(data.cpu(), want) and torch.equal(label.cpu(), want_label)
