@@ -369,13 +369,25 @@ def test_no_hang_at_exit_or_on_ctrl_c(tmp_path, how):
     import subprocess
 
     db = make_db(tmp_path / "db", 10)
-    child = subprocess.Popen([sys.executable, "-c", CHILD, db, how], stdout=subprocess.PIPE,
-                             stderr=subprocess.PIPE, text=True)
+    child = subprocess.Popen([sys.executable, "-X", "faulthandler", "-c", CHILD, db, how],
+                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     # "blocked": the main thread is in the consumer's wait when Ctrl-C arrives
     assert child.stdout.readline() == ("waiting\n" if how == "exit" else "blocked\n")
     if how == "sigint":
-        child.send_signal(signal.SIGINT)
-    _, err = child.communicate(timeout=20)
+        # "blocked" is printed by a profile hook at the wait's call; a SIGINT landing inside
+        # that hook can be lost with it, so a child still waiting 2 s later gets another
+        for _ in range(5):
+            child.send_signal(signal.SIGINT)
+            try:
+                child.wait(2)
+                break
+            except subprocess.TimeoutExpired:
+                pass
+    try:
+        _, err = child.communicate(timeout=20)
+    except subprocess.TimeoutExpired:
+        child.send_signal(signal.SIGABRT)  # faulthandler prints every thread's stack
+        pytest.fail(f"the child hung; its threads:\n{child.communicate()[1][-6000:]}")
     if how == "exit":
         assert child.returncode == 3
     else:

@@ -1,5 +1,5 @@
-"""The solver's memory_format field: AUTO is channels_last on CUDA only; the layout changes
-no number."""
+"""The solver's memory_format field: AUTO is channels_last (on CUDA and on CPUs); the layout
+changes no number."""
 from __future__ import annotations
 
 import torch
@@ -32,12 +32,18 @@ layer:
 """
 
 
-def test_auto_means_channels_last_on_cuda_and_contiguous_on_cpu():
-    cuda, cpu = torch.device("cuda", 0), torch.device("cpu")
-    assert memory_format_for("AUTO", cuda) == torch.channels_last
-    assert memory_format_for("AUTO", cpu) == torch.contiguous_format
-    assert memory_format_for("CHANNELS_LAST", cpu) == torch.channels_last
-    assert memory_format_for("CONTIGUOUS", cuda) == torch.contiguous_format
+def test_auto_means_channels_last():
+    assert memory_format_for("AUTO") == torch.channels_last
+    assert memory_format_for("CHANNELS_LAST") == torch.channels_last
+    assert memory_format_for("CONTIGUOUS") == torch.contiguous_format
+
+
+def test_a_cpu_solver_lays_out_its_net_channels_last_by_default(ws):
+    ws.net(CONV_NET)
+    solver = Solver(ws.load(max_iter=1))
+    assert solver.memory_format == torch.channels_last
+    conv = solver.net.layer_by_name("conv").blobs()[0]
+    assert conv.is_contiguous(memory_format=torch.channels_last) and not conv.is_contiguous()
 
 
 def _train(ws, fmt: str) -> tuple[Solver, list[torch.Tensor]]:
