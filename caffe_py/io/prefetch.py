@@ -164,6 +164,7 @@ class Prefetcher:
 
     def close(self) -> None:
         self.stop.set()
+        self._free.put(-1)  # wakes a thread waiting for a slot now, not a wait slice later
         if self.thread is not None:
             self.thread.join(JOIN_TIMEOUT_S)
 

@@ -161,6 +161,27 @@ def test_forward_before_start_and_after_close(tmp_path):
             layer()
 
 
+def test_close_wakes_a_feed_waiting_for_a_free_slot(tmp_path, monkeypatch):
+    """The ring is full and the thread waits for a slot: closing wakes it at once (with the
+    wait slice made a minute long, only the wake-up can end the thread within the join)."""
+    from caffe_py.io import prefetch
+
+    monkeypatch.setattr(prefetch, "WAIT_SLICE_S", 60.0)
+    monkeypatch.setattr(prefetch, "JOIN_TIMEOUT_S", 5.0)
+    monkeypatch.setattr(prefetch, "DIRECT_BYTES", 0)  # the feed keeps its thread
+    db, _ = make_db(tmp_path / "db", 10)
+    layer = data_layer(db)
+    with ReaderPool() as pool:
+        (feed,) = attach_feeds(_net(layer), pool, seed=0)
+        pool.start()
+        layer()
+        pool.settle()
+        assert not feed.gathers_in_loop
+        import faulthandler, sys, time; time.sleep(0.5); faulthandler.dump_traceback(sys.stderr)
+        threads = list(pool.threads())
+    assert [t.name for t in threads if t.is_alive()] == []
+
+
 def _pipeline_batch(db, transform, batch_size=2):
     spec = parse_layer({"name": "data", "type": "Data", "top": ["data", "label"],
                         "data_param": {"source": db, "batch_size": batch_size},
