@@ -59,7 +59,8 @@ def test_the_fast_exit_runs_atexit_handlers_flushes_and_keeps_the_status(tmp_pat
 
 
 def test_cpy_exits_with_each_commands_status(tmp_path):
-    runs = {("--version",): 0, (): 1, ("bogus",): 1, ("train", "--solver", str(tmp_path / "none.yaml")): 1}
+    runs = {("--version",): 0, (): 1, ("bogus",): 1,
+            ("train", "--solver", str(tmp_path / "none.yaml")): 1}
     for args, status in runs.items():
         done = subprocess.run([sys.executable, str(ROOT / "cli.py"), *args],
                               capture_output=True, text=True, timeout=120)

@@ -177,7 +177,6 @@ def test_close_wakes_a_feed_waiting_for_a_free_slot(tmp_path, monkeypatch):
         layer()
         pool.settle()
         assert not feed.gathers_in_loop
-        import faulthandler, sys, time; time.sleep(0.5); faulthandler.dump_traceback(sys.stderr)
         threads = list(pool.threads())
     assert [t.name for t in threads if t.is_alive()] == []
 
