@@ -6,11 +6,17 @@
     torchrun --nproc_per_node 4 benchmarks/ddp_baseline.py --solver configs/resnet50_dummy.yaml
     # torchvision's resnet50 on one GPU, same batch/precision/format (a reference row)
     python benchmarks/ddp_baseline.py --solver configs/resnet50_dummy.yaml --plain --torchvision
+    # DDP fed by the usual DataLoader (16 worker processes per GPU) from the Data layer's LMDB
+    torchrun --nproc_per_node 4 benchmarks/ddp_baseline.py --solver S.yaml --peer-workers 16
 
 The model is the TRAIN net of the solver spec, built by caffe_py.net.Net on each GPU (same
 layers, same per-GPU batch), under the solver's precision (BF16: bfloat16 autocast, float32
 weights and update) and, with --channels-last, in channels_last memory format. Rank 0 prints one
 JSON line: {"kind", "model", "run", "gpus", "batch", "images_per_s", "step_ms"}.
+
+With --peer-workers K the net's Data layer reads from benchmarks/imagenet_peer.py's DataLoader
+instead of caffe-py's feed: K worker processes per GPU over the layer's own LMDB, its crop,
+mirror and mean_file's channel means (what benchmarks/imagenet_data.py calls the peer).
 """
 from __future__ import annotations
 
@@ -18,7 +24,8 @@ import argparse
 import json
 import os
 import time
-from contextlib import nullcontext
+from collections.abc import Iterator
+from contextlib import contextmanager, nullcontext
 from pathlib import Path
 
 import torch
@@ -79,6 +86,28 @@ def batch_size(net: Net) -> int:
     return int(first.top_shapes[0][0])
 
 
+@contextmanager
+def peer_fed(net: Net, workers: int, device: torch.device) -> Iterator[None]:
+    """The net's Data layer fed by the DataLoader peer over its own source and transform."""
+    import sys
+
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    from imagenet_peer import peer_feed
+
+    from caffe_py.io import swap_feed
+    from caffe_py.io.blobproto import read_mean_file
+
+    layer = net.data_layers()[0]
+    source = layer.param("data_param").source
+    transform = layer.param("transform_param")
+    mean = read_mean_file(transform.mean_file)
+    means = [float(v) for v in mean.reshape(len(mean), -1).mean(1)]
+    with peer_feed(Path(source), transform.crop_size, batch_size(net), means, device,
+                   workers) as feed:
+        swap_feed(layer, feed)
+        yield
+
+
 def autocast(param: SolverParameter, device: torch.device):
     if param.precision == "BF16":
         return torch.autocast(device.type, dtype=torch.bfloat16)
@@ -126,6 +155,9 @@ def main() -> None:
                     help="with --plain: torchvision's resnet50 at the solver net's batch")
     ap.add_argument("--json", type=Path, help="also append the result line to this file")
     ap.add_argument("--cpu", action="store_true", help="smoke test on CPU (gloo for DDP)")
+    ap.add_argument("--peer-workers", type=int, default=0,
+                    help="feed the net's Data layer by a DataLoader with this many worker "
+                         "processes per GPU (the usual PyTorch way) instead of caffe-py's feed")
     args = ap.parse_args()
     torch.backends.cudnn.benchmark = True
     param = load_solver(args.solver)
@@ -138,7 +170,10 @@ def main() -> None:
         if args.torchvision:
             model = TorchvisionLoss(batch_size(net), device, channels_last=args.channels_last)
             name = "torchvision resnet50, pytorch 1-GPU loop (reference, not the caffe-py net)"
-        seconds = timed_loop(model, sgd(param, model), param, device, args.warmup, args.iters)
+        fed = peer_fed(net, args.peer_workers, device) if args.peer_workers else nullcontext()
+        with fed:
+            seconds = timed_loop(model, sgd(param, model), param, device, args.warmup,
+                                 args.iters)
     else:
         import torch.distributed as dist
         from torch.nn.parallel import DistributedDataParallel as DDP
@@ -153,9 +188,13 @@ def main() -> None:
         module = LossOf(build_net(param, device, channels_last=args.channels_last))
         model = DDP(module, device_ids=[device.index] if device.type == "cuda" else None,
                     gradient_as_bucket_view=True)
-        seconds = timed_loop(model, sgd(param, model), param, device, args.warmup, args.iters,
-                             sync=dist.barrier)
-        name = f"torchrun DDP x{world}"
+        fed = (peer_fed(module.net, args.peer_workers, device) if args.peer_workers
+               else nullcontext())
+        with fed:
+            seconds = timed_loop(model, sgd(param, model), param, device, args.warmup,
+                                 args.iters, sync=dist.barrier)
+        name = f"torchrun DDP x{world}" + (f", DataLoader ({args.peer_workers} workers per "
+                                           "GPU)" if args.peer_workers else "")
     if not args.plain:
         net = model.module.net
     batch = batch_size(net)

@@ -3,7 +3,7 @@ constant DummyData and against the usual PyTorch DataLoader, in one run.
 
     python benchmarks/imagenet_data.py --save docs/data_pipeline.md         # one GPU, ~6 min
     python benchmarks/imagenet_data.py --smoke                              # toy size, CPU
-    python benchmarks/imagenet_data.py --replicas 4 --skip-train            # 4 GPUs' feeds
+    python benchmarks/imagenet_data.py --replicas 4 --save docs/data_pipeline.md   # 4 GPUs
 
 1. Data: benchmarks/make_imagenet_lmdb.py makes (or reuses, in --data) N synthetic photo-like
    images as convert_imageset writes them, raw and JPEG (quality 90), and their mean file.
@@ -15,7 +15,10 @@ constant DummyData and against the usual PyTorch DataLoader, in one run.
    bf16 autocast, channels_last, SGD) fed by DummyData (a constant; measured first and last),
    by the Data layer on each database, and by the DataLoader peer on each: steps/s after a
    warm-up, with same-run ratios against DummyData (goals: raw >= 0.97, JPEG >= 0.95) and
-   against the peer on the same database (goal >= 1.2).
+   against the peer on the same database (goal >= 1.2). With --replicas N (N > 1) the rows
+   run on N GPUs, each in its own process: caffe-py's replicated run (benchmarks/multigpu.py
+   caffe, what `cpy train --gpus` runs) fed by DummyData and by each LMDB, and torchrun DDP fed
+   by the peer (benchmarks/ddp_baseline.py --peer-workers, cores / N workers per GPU).
 
 The peer is the usual PyTorch way: a torch.utils.data.Dataset over the same LMDB (each worker
 process opens its own read-only environment), PIL for JPEG, torchvision's RandomCrop,
@@ -44,6 +47,7 @@ os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")  # as the CLI: idle OpenMP t
 
 import numpy as np  # noqa: E402
 import torch  # noqa: E402
+import yaml  # noqa: E402
 
 HERE = Path(__file__).resolve().parent
 sys.path[:0] = [str(HERE.parent), str(HERE)]
@@ -335,6 +339,65 @@ def train_rows(root: Path, s: Setup, device: torch.device, peer_workers: int) ->
     return rows
 
 
+# --- training on several GPUs -----------------------------------------------------------------
+def multi_train_rows(root: Path, s: Setup, gpus: int, peer_workers: int, out: Path,
+                     device: torch.device) -> list:
+    """(fed by, database, images/s) of ResNet-50 on ``gpus`` GPUs: caffe-py's replicated run
+    (what `cpy train --gpus 0,...` runs: one reader, a feed and a thread per GPU, the tree
+    reduction, CUDA graphs) fed by constant DummyData and by each LMDB, and torchrun DDP fed
+    by the DataLoader peer (``peer_workers`` processes per GPU). Each row is its own process:
+    benchmarks/multigpu.py and ddp_baseline.py, with their JSON result read back."""
+    import json
+
+    specs, results = out / "imagenet_specs", out / "imagenet_multigpu.jsonl"
+    specs.mkdir(parents=True, exist_ok=True)
+    raw, jpeg = root / "raw_lmdb", root / "jpeg_lmdb"
+    env = {**os.environ, "NCCL_NVLS_ENABLE": "0",
+           "PYTHONPATH": os.pathsep.join(filter(None, [str(HERE.parent),
+                                                       os.environ.get("PYTHONPATH")]))}
+    steps = ["--warmup", str(s.warmup), "--iters", str(s.steps), "--json", str(results)]
+
+    def solver(name: str, db: Path | None) -> str:
+        net = specs / f"{name}_net.yaml"
+        net.write_text(yaml.safe_dump(net_spec(s, None if db is None else
+                                                data_spec(db, root, s)), sort_keys=False))
+        done = subprocess.run([sys.executable, str(HERE / "multigpu.py"), "solver", "--net",
+                               str(net), "--out", str(specs), "--name", name, "--precision",
+                               "BF16"], check=True, capture_output=True, text=True, env=env)
+        return done.stdout.strip().splitlines()[-1]
+
+    cuda = device.type == "cuda"  # else a check of the script: CPU replicas, gloo
+    ids = ",".join(str(i) for i in range(gpus)) if cuda else f"cpu:{gpus}"
+    ours = [sys.executable, str(HERE / "multigpu.py"), "caffe", "--gpus", ids,
+            "--channels-last", *(["--graphs"] if cuda else [])]
+    peer = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node",
+            str(gpus), str(HERE / "ddp_baseline.py"), "--channels-last", "--peer-workers",
+            str(max(1, peer_workers // gpus)), *([] if cuda else ["--cpu"])]
+    runs = [("DummyData (constant), first", None, ours)]
+    runs += [(f"Data, {name} LMDB", db, ours) for name, db in (("raw", raw), ("JPEG", jpeg))]
+    if peer_missing() is None:
+        runs += [(f"DataLoader peer, {name} LMDB (DDP)", db, peer)
+                 for name, db in (("raw", raw), ("JPEG", jpeg))]
+    runs += [("DummyData (constant), last", None, ours)]
+    rows = []
+    for name, db, cmd in runs:
+        path = solver("dummy" if db is None else db.name, db)
+        warm = (["--warmup", str(s.warmup + 2 * peer_workers // gpus + 8)]
+                if cmd is peer else [])
+        done = subprocess.run([*cmd, "--solver", path, *steps, *warm], env=env,
+                              capture_output=True, text=True)
+        (out / "imagenet_multigpu.log").open("a").write(
+            f"== {name}\n{done.stdout}\n{done.stderr}\n")
+        if done.returncode != 0:
+            print(f"train x{gpus}: {name}: failed (exit {done.returncode}); its last lines:\n"
+                  + "\n".join(done.stderr.strip().splitlines()[-5:]), flush=True)
+            continue
+        result = json.loads(results.read_text().strip().splitlines()[-1])
+        rows.append((name, db, result["images_per_s"]))
+        print(f"train x{gpus}: {name}: {result['images_per_s']:,.1f} images/s", flush=True)
+    return rows
+
+
 # --- the table --------------------------------------------------------------------------------
 def header(args: argparse.Namespace, s: Setup, device: torch.device, info: dict) -> list[str]:
     gpu = torch.cuda.get_device_name(device) if device.type == "cuda" else "no GPU"
@@ -380,13 +443,18 @@ def decode_table(rows: list, replicas: int, device: str) -> list[str]:
     return lines
 
 
-def train_table(rows: list, s: Setup) -> list[str]:
+def train_table(rows: list, s: Setup, gpus: int = 1) -> list[str]:
     dummy = [r[2] for r in rows if r[1] is None]
+    if not dummy:
+        return ["", "ResNet-50 training: no DummyData row ran (see the log)."]
     base = sum(dummy) / len(dummy)
     peers = {r[1]: r[2] for r in rows if r[0].startswith("DataLoader")}
-    lines = ["", f"ResNet-50 training steps (bf16 autocast, channels_last, SGD; {s.warmup} "
-             f"warm-up + {s.steps} timed steps per row; ratios against the mean of the two "
-             "DummyData rows):", "",
+    where = (f" on {gpus} GPUs (batch {s.batch} per GPU; caffe-py's replicated run as "
+             "`cpy train --gpus` runs it, CUDA graphs; the peer under torchrun DDP)"
+             if gpus > 1 else "")
+    lines = ["", f"ResNet-50 training steps{where} (bf16 autocast, channels_last, SGD; "
+             f"{s.warmup} warm-up + {s.steps} timed steps per row; ratios against the mean of "
+             "the DummyData rows):", "",
              "| fed by | images/s | ms/step | vs DummyData | vs DataLoader peer | goal |",
              "|---|---:|---:|---:|---:|---|"]
     for name, db, images in rows:
@@ -398,7 +466,7 @@ def train_table(rows: list, s: Setup) -> list[str]:
             need = 0.97 if db.name.startswith("raw") else 0.95
             met = images / base >= need and (peer is None or images / peer >= 1.2)
             goal = f">= {need} and >= 1.2x peer: {'met' if met else 'not met'}"
-        lines.append(f"| {name} | {images:,.1f} | {1000 * s.batch / images:.1f} | "
+        lines.append(f"| {name} | {images:,.1f} | {1000 * s.batch * gpus / images:.1f} | "
                      f"{images / base:.3f} | {vs_peer} | {goal} |")
     return lines
 
@@ -449,7 +517,10 @@ def run(args: argparse.Namespace, root: Path) -> str:
         lines += decode_only_table(decode_only_rows(root, s))
         if device.type == "cuda":
             lines += ["", pixel_agreement(root)]
-    if not args.skip_train:
+    if not args.skip_train and args.replicas > 1:
+        lines += train_table(multi_train_rows(root, s, args.replicas, args.peer_workers,
+                                              args.out, device), s, args.replicas)
+    elif not args.skip_train:
         lines += train_table(train_rows(root, s, device, args.peer_workers), s)
     if peer_missing() is not None:
         lines += ["", f"The DataLoader peer was not run: {peer_missing()}."]
@@ -466,8 +537,8 @@ def main() -> None:
     (args.out / "imagenet_data.md").write_text(table + "\n")
     print("\n" + table, flush=True)
     if args.save:
-        save(args.save, "imagenet-smoke" if args.smoke else f"imagenet-{args.device_type}",
-             table)
+        tag = "imagenet-smoke" if args.smoke else f"imagenet-{args.device_type}"
+        save(args.save, tag + (f"-x{args.replicas}" if args.replicas > 1 else ""), table)
     assert threading.active_count() == threads_before, "a pipeline thread outlived its pool"
 
 

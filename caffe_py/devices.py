@@ -7,6 +7,9 @@ everything else runs on the CPU.
 """
 from __future__ import annotations
 
+import ctypes
+import ctypes.util
+import functools
 import logging
 import os
 from collections.abc import Sequence
@@ -98,3 +101,36 @@ def describe(devices: list[torch.device]) -> str:
     if all(d.type == "cpu" for d in devices):
         return "cpu" if len(devices) == 1 else f"cpu x {len(devices)}"
     return ", ".join(str(d) for d in devices)
+
+
+# glibc's mallopt parameters (malloc.h)
+M_TRIM_THRESHOLD, M_MMAP_THRESHOLD = -1, -3
+MMAP_THRESHOLD_MAX = 32 << 20  # glibc's ceiling on 64-bit machines
+TRIM_THRESHOLD = 1 << 30
+
+
+def prepare_host(devices: Sequence[torch.device]) -> None:
+    """Host settings for a run on ``devices``: where one is the CPU, keep freed memory."""
+    if any(d.type == "cpu" for d in devices):
+        keep_freed_host_memory()
+
+
+@functools.cache
+def keep_freed_host_memory() -> bool:
+    """Have glibc's malloc keep freed memory for the next allocation: blocks up to 32 MiB come
+    from the heap instead of fresh mappings, and the heap's top is not handed back to the
+    kernel below 1 GiB. A net on the CPU allocates the same activations and gradients every
+    iteration, and each fresh mapping pays its page faults again (LeNet, batch 64, 2 cores:
+    13.1-14.0 -> 10.9-11.6 ms per iteration); the process keeps its peak footprint instead,
+    as CUDA's caching allocator does on a GPU. False (nothing changed) without glibc."""
+    name = ctypes.util.find_library("c")
+    if name is None:
+        return False
+    try:
+        libc = ctypes.CDLL(name)
+        mallopt = libc.mallopt
+    except (OSError, AttributeError):  # another C library (musl, macOS): nothing to tune
+        return False
+    mallopt.argtypes, mallopt.restype = [ctypes.c_int, ctypes.c_int], ctypes.c_int
+    return bool(mallopt(M_MMAP_THRESHOLD, MMAP_THRESHOLD_MAX)
+                and mallopt(M_TRIM_THRESHOLD, TRIM_THRESHOLD))

@@ -23,7 +23,7 @@ from typing import Protocol
 
 import torch
 
-from .devices import check_devices
+from .devices import check_devices, prepare_host
 from .errors import SolverError
 from .fileio import is_file, remove_stale_temporaries
 from .options import TrainOptions
@@ -58,7 +58,9 @@ def train(param: SolverParameter, devices: Sequence[torch.device | str | int],
     param = prepared(param, options)
     if options.deterministic:
         make_deterministic()
-    strategy = choose_strategy(check_devices(devices), options)
+    devices = check_devices(devices)
+    prepare_host(devices)
+    strategy = choose_strategy(devices, options)
     if strategy.leads:
         snap.check_writable(param.snapshot_prefix)
         for stale in remove_stale_temporaries(f"{param.snapshot_prefix}_iter_"):

@@ -1,4 +1,7 @@
-"""--gpus parsing: cpu, cpu:N, CUDA ids checked against the machine."""
+"""--gpus parsing: cpu, cpu:N, CUDA ids checked against the machine; the host's preparation."""
+import subprocess
+import sys
+
 import pytest
 import torch
 
@@ -62,3 +65,31 @@ def test_more_cpu_replicas_than_cores_is_a_warning(caplog, monkeypatch):
     caplog.clear()
     parse_devices("cpu:2")
     assert caplog.messages == []
+
+
+MAPPED = """
+import ctypes, ctypes.util, sys
+import torch
+from caffe_py.devices import prepare_host
+class MallInfo2(ctypes.Structure):
+    _fields_ = [(n, ctypes.c_size_t) for n in ("arena", "ordblks", "smblks", "hblks", "hblkhd",
+                                              "usmblks", "fsmblks", "uordblks", "fordblks",
+                                              "keepcost")]
+libc = ctypes.CDLL(ctypes.util.find_library("c"))
+libc.mallinfo2.restype = MallInfo2
+prepare_host([torch.device(sys.argv[1])])
+before = libc.mallinfo2().hblkhd
+x = torch.empty(24 << 20, dtype=torch.uint8)
+print(libc.mallinfo2().hblkhd - before)
+"""
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="glibc's malloc")
+def test_a_cpu_run_keeps_freed_host_memory_instead_of_mapping_each_block():
+    """24 MiB is mapped on its own by default (it is over the 128 KiB threshold); once a run
+    on the CPU has prepared the host it comes from the heap, to be reused after it is freed."""
+    mapped = {device: int(subprocess.run([sys.executable, "-c", MAPPED, device],
+                                         capture_output=True, text=True, check=True,
+                                         timeout=120).stdout)
+              for device in ("meta", "cpu")}
+    assert mapped["meta"] >= 24 << 20 and mapped["cpu"] == 0

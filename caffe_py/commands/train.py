@@ -141,7 +141,7 @@ def train_command(solver_file: str, gpus: str | None, weights: str | None,
 def test_command(model: str, weights: str, iterations: int, gpus: str | None,
                  as_json: bool, sets: tuple[str, ...]) -> None:
     """Score a trained net: each batch's outputs, then their means (Caffe's `caffe test`)."""
-    from ..devices import parse_devices
+    from ..devices import parse_devices, prepare_host
     from ..errors import SolverError
     from ..solver import evaluate
     from ..solver.snapshot import load_weights
@@ -151,6 +151,7 @@ def test_command(model: str, weights: str, iterations: int, gpus: str | None,
         if handler is not None:
             handler.err = True
     device = parse_devices(gpus, solver_mode="CPU")[0]
+    prepare_host([device])
     log.info(f"Using {device}")
     net = _net(model, "TEST", device, sets)
     blobs = load_weights(weights)
@@ -189,12 +190,13 @@ def test_command(model: str, weights: str, iterations: int, gpus: str | None,
 def time_command(model: str, iterations: int, gpus: str | None,
                  sets: tuple[str, ...]) -> None:
     """Time each layer's forward and backward (Caffe's `caffe time`)."""
-    from ..devices import parse_devices
+    from ..devices import parse_devices, prepare_host
     from ..net import Net
     from ..solver import evaluate
     from ..spec.overrides import load_net_with_overrides
 
     device = parse_devices(gpus, solver_mode="CPU")[0]
+    prepare_host([device])
     log.info(f"Using {device}")
     net = Net(load_net_with_overrides(model, sets), "TRAIN", device=device)
     inputs = evaluate.random_inputs(net)
