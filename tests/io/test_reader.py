@@ -342,7 +342,12 @@ def test_a_record_of_another_size_names_its_key(tmp_path):
 
 
 CHILD = """
-import sys, threading
+import signal, sys, threading
+# what a terminal's Ctrl-C meets, whatever this child inherited from the test process
+sys.stderr.write(f"SIGINT inherited: {signal.getsignal(signal.SIGINT)!r}, blocked: "
+                 f"{signal.SIGINT in signal.pthread_sigmask(signal.SIG_BLOCK, [])}\\n")
+signal.signal(signal.SIGINT, signal.default_int_handler)
+signal.pthread_sigmask(signal.SIG_UNBLOCK, [signal.SIGINT])
 from caffe_py.io.reader import ReaderPool
 pool = ReaderPool(replicas=2)
 q = pool.subscribe(sys.argv[1], "s", replica=0, batch_size=1, prefetch=1, record_shape=(1, 4, 4))

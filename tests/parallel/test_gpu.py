@@ -142,9 +142,10 @@ def test_layer_waits_change_no_bit_on_gpus(tmp_path, db, deterministic, period):
     """Every blob its own bucket (64-byte buckets): the copies run on each replica's copy
     stream and each layer's forward waits on its own units' events only."""
     devices = [torch.device("cuda", i) for i in range(min(torch.cuda.device_count(), 4))]
-    fields = {"model_average_period": period}
-    on, _ = _train(tmp_path, db, devices, B, fields=fields, bucket_bytes=64)
-    off, _ = _train(tmp_path, db, devices, B, fields=fields, bucket_bytes=64, layer_waits=False)
+    fields, eager = {"model_average_period": period}, TrainOptions(graphs="off")
+    on, _ = _train(tmp_path, db, devices, B, eager, fields=fields, bucket_bytes=64)
+    off, _ = _train(tmp_path, db, devices, B, eager, fields=fields, bucket_bytes=64,
+                    layer_waits=False)
     assert all(torch.equal(x, y) for x, y in zip(on, off, strict=True))
 
 
@@ -156,7 +157,9 @@ def test_a_gpu_forward_waits_only_for_its_layers_units(tmp_path, db):
     path.write_text(SOLVER.format(db=db, batch=B, iters=1, prefix=tmp_path / "snap"))
     devices = [torch.device("cuda", 0), torch.device("cuda", 1)]
     seen = {}
-    with ReplicatedRun(load_solver(path), devices, tuning=Tuning(bucket_bytes=64)) as run:
+    # layer waits belong to the eager step (a captured step replays its waits as recorded)
+    with ReplicatedRun(load_solver(path), devices, TrainOptions(graphs="off"),
+                       tuning=Tuning(bucket_bytes=64)) as run:
         rep = run.sync.replica(1)
         layers = {layer.name: (layer, units) for layer, units in
                   zip(run.solvers[1].net.layers, rep.layer_waits.first_needs, strict=True)}
