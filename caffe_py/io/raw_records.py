@@ -23,11 +23,16 @@ def raw_prefix(shape: Sequence[int]) -> np.ndarray:
     return np.frombuffer(prefix, np.uint8)
 
 
-def raw_chunk(values: Sequence[bytes], prefix: np.ndarray, shape: tuple[int, int, int]
+def raw_chunk(values: Sequence[bytes | memoryview], prefix: np.ndarray,
+              shape: tuple[int, int, int]
               ) -> tuple[np.ndarray, np.ndarray, np.ndarray | None] | None:
     """The fast path for the common record (channels, height, width, data, label, and an
-    optional encoded=false, in Caffe's field order), a whole chunk at once: records of one
-    length are joined into one (k, L) byte matrix and checked and sliced by numpy.
+    optional encoded=false, in Caffe's field order), a whole chunk at once.
+
+    Records of one length (the usual case) are joined into one (k, L) byte matrix, checked and
+    sliced by numpy. Records of several lengths (labels of several varint widths: 0-127 and
+    128-999 in an ImageNet database) are checked on their first and last bytes, and each
+    one's pixels copied once into the result. Either way every byte is copied once.
 
     Returns (pixels (k, C, H, W), labels (k,), ok) where ok is None when every record took
     the fast path, else a (k,) mask of those that did (the rest are the full decoder's job:
@@ -35,23 +40,31 @@ def raw_chunk(values: Sequence[bytes], prefix: np.ndarray, shape: tuple[int, int
     """
     k = len(values)
     lengths = np.fromiter(map(len, values), np.int64, k)
-    if lengths.min() == lengths.max():  # the usual case: one group, views of one buffer
+    if lengths.min() == lengths.max():
         joined = _joined(values)
         rows, labels = _raw_rows(joined, int(lengths[0]), k, prefix, shape)
         if rows.all():
             return _pixels(joined, int(lengths[0]), k, prefix, shape), labels, None
-    pixels = np.empty((k, *shape), np.uint8)
+    start, size = len(prefix), int(np.prod(shape))
+    end = start + size  # the label's tag
+    ok = lengths > end + 1  # room for the label's tag and a varint
+    fit = np.flatnonzero(ok)
+    heads = np.frombuffer(b"".join(values[i][:start] for i in fit.tolist()), np.uint8)
+    ok[fit] = (heads.reshape(len(fit), start) == prefix).all(1)
     labels = np.zeros(k, np.int64)
-    ok = np.zeros(k, bool)
-    for length in np.unique(lengths).tolist():
-        idx = np.flatnonzero(lengths == length)
-        joined = _joined([values[i] for i in idx.tolist()])
-        good, got = _raw_rows(joined, length, len(idx), prefix, shape)
-        if good.any():
-            pixels[idx[good]] = _pixels(joined, length, len(idx), prefix, shape)[good]
-            labels[idx[good]] = got[good]
-            ok[idx[good]] = True
-    return (pixels, labels, ok) if ok.any() else None
+    for length in np.unique(lengths[ok]).tolist():
+        idx = np.flatnonzero(ok & (lengths == length))
+        tails = np.frombuffer(b"".join(values[i][end:] for i in idx.tolist()), np.uint8)
+        good, got = _label_tails(tails.reshape(len(idx), length - end))
+        ok[idx[~good]] = False
+        labels[idx[good]] = got[good]
+    if not ok.any():
+        return None
+    pixels = np.empty((k, *shape), np.uint8)
+    rows = pixels.reshape(k, size)
+    for i in np.flatnonzero(ok).tolist():  # one copy each (numpy releases the GIL for it)
+        rows[i] = np.frombuffer(values[i], np.uint8, size, start)
+    return pixels, labels, None if ok.all() else ok
 
 
 SEPARATE_COPY_BYTES = 1 << 16
@@ -80,19 +93,25 @@ def _pixels(joined: np.ndarray, length: int, k: int, prefix: np.ndarray,
 def _raw_rows(joined: np.ndarray, length: int, k: int, prefix: np.ndarray,
               shape: tuple[int, int, int]) -> tuple[np.ndarray, np.ndarray]:
     """Which of k joined records of ``length`` bytes are raw records of ``shape``
-    (the prefix, then the pixels, then field 5, the label, as a varint below 2^31, then
-    nothing or encoded=false), and their labels: ((k,) bool, (k,) int64)."""
+    (the prefix, then the pixels, then the label's field as :func:`_label_tails` reads it),
+    and their labels: ((k,) bool, (k,) int64)."""
     end = len(prefix) + int(np.prod(shape))  # the label's tag
-    tail = length - end - 1  # the label's varint, and maybe encoded=false (2 bytes)
-    if tail < 1:
+    if length - end < 2:
         return np.zeros(k, bool), np.zeros(k, np.int64)
     rows = joined.reshape(k, length)
-    ok = (rows[:, :len(prefix)] == prefix).all(1) & (rows[:, end] == 0x28)
+    ok, labels = _label_tails(rows[:, end:])
+    return ok & (rows[:, :len(prefix)] == prefix).all(1), labels
+
+
+def _label_tails(tails: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Which rows of ``tails`` (k, T), each the bytes after a record's pixels, are field 5,
+    the label, as a varint below 2^31, then nothing or encoded=false; and the labels."""
+    k, tail = tails.shape[0], tails.shape[1] - 1  # the varint, and maybe encoded=false
+    ok = tails[:, 0] == 0x28
     labels = np.zeros(k, np.int64)
     if tail == 1:  # a label below 128, the common case
-        ok &= rows[:, end + 1] < 0x80
-        return ok, rows[:, end + 1].astype(np.int64)
-    varint = rows[:, end + 1:]
+        return ok & (tails[:, 1] < 0x80), tails[:, 1].astype(np.int64)
+    varint = tails[:, 1:]
     any_form = np.zeros(k, bool)
     for width, trailer in ((tail, False), (tail - 2, True)):
         if not 1 <= width <= 5:
