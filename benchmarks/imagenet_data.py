@@ -186,6 +186,8 @@ def decode_rows(root: Path, s: Setup, devices: list[torch.device], peer_workers:
     else:
         rows.append(("JPEG", f"nvJPEG (GPU): not run ({missing})", "-", None))
     report(rows[-1])
+    if len(devices) > 1:  # several GPUs: the peer is measured training, under DDP
+        return rows
     for name, db in (("raw", raw), ("JPEG", jpeg)):
         rows.append((name, "DataLoader peer", f"{peer_workers} processes",
                      peer_rate(db, root, s, devices, peer_workers)))
@@ -195,7 +197,7 @@ def decode_rows(root: Path, s: Setup, devices: list[torch.device], peer_workers:
 
 def peer_rate(db: Path, root: Path, s: Setup, devices: list[torch.device],
               workers: int) -> float | None:
-    if peer_missing() or len(devices) > 1:
+    if peer_missing():
         return None
     with peer_feed(db, s.crop, s.batch, channel_means(root), devices[0], workers) as feed:
         # the DataLoader holds 2 batches per worker ahead: drain them before timing

@@ -19,10 +19,6 @@ from .commands.output import logging_to_console
 from .errors import CaffePyError
 from .spec import yamlio
 
-# Idle OpenMP threads of torch's CPU kernels otherwise spin between ops and starve the data
-# reader's threads on small machines; this must be set before torch is first imported.
-os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
-
 # command name -> the module under caffe_py/commands/ that defines it (in its COMMANDS list)
 COMMANDS = {
     "train": "train", "test": "train", "time": "train", "device-query": "train",
