@@ -445,7 +445,7 @@ def decode_table(rows: list, replicas: int, device: str) -> list[str]:
     return lines
 
 
-def train_table(rows: list, s: Setup, gpus: int = 1) -> list[str]:
+def train_table(rows: list, s: Setup, gpus: int = 1, device_type: str = "cuda") -> list[str]:
     dummy = [r[2] for r in rows if r[1] is None]
     if not dummy:
         return ["", "ResNet-50 training: no DummyData row ran (see the log)."]
@@ -453,7 +453,9 @@ def train_table(rows: list, s: Setup, gpus: int = 1) -> list[str]:
     peers = {r[1]: r[2] for r in rows if r[0].startswith("DataLoader")}
     where = (f" on {gpus} GPUs (batch {s.batch} per GPU; caffe-py's replicated run as "
              "`cpy train --gpus` runs it, CUDA graphs; the peer under torchrun DDP)"
-             if gpus > 1 else "")
+             if gpus > 1 and device_type == "cuda" else
+             f" on {gpus} CPU replicas (batch {s.batch} each; the replicated run, eager; the "
+             "peer under torchrun DDP over gloo)" if gpus > 1 else "")
     lines = ["", f"ResNet-50 training steps{where} (bf16 autocast, channels_last, SGD; "
              f"{s.warmup} warm-up + {s.steps} timed steps per row; ratios against the mean of "
              "the DummyData rows):", "",
@@ -521,7 +523,8 @@ def run(args: argparse.Namespace, root: Path) -> str:
             lines += ["", pixel_agreement(root)]
     if not args.skip_train and args.replicas > 1:
         lines += train_table(multi_train_rows(root, s, args.replicas, args.peer_workers,
-                                              args.out, device), s, args.replicas)
+                                              args.out, device), s, args.replicas,
+                             device.type)
     elif not args.skip_train:
         lines += train_table(train_rows(root, s, device, args.peer_workers), s)
     if peer_missing() is not None:

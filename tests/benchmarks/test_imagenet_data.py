@@ -72,3 +72,21 @@ def test_the_benchmark_runs_at_toy_size(tmp_path):
     table = (tmp_path / "imagenet_data.md").read_text()
     assert "| JPEG | PIL, CPU threads | 2 |" in table
     assert re.search(r"\| Data, JPEG LMDB \(\d+ CPU threads\) \| [\d,.]+ \|", table)
+
+
+@pytest.mark.slow
+def test_the_several_replica_rows_run_at_toy_size(tmp_path):
+    """--replicas 2 on the CPU: every training row is its own process (the replicated run on
+    cpu:2), and the table gives each a rate and a ratio to DummyData."""
+    done = subprocess.run([sys.executable, str(BENCHMARKS / "imagenet_data.py"), "--smoke",
+                           "--replicas", "2", "--skip-decode", "--out", str(tmp_path)],
+                          capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]
+    table = (tmp_path / "imagenet_data.md").read_text()
+    assert "ResNet-50 training steps on 2 CPU replicas (batch 8 each;" in table
+    for row in ("DummyData (constant), first", "Data, raw LMDB", "Data, JPEG LMDB",
+                "DummyData (constant), last"):
+        assert re.search(rf"\| {re.escape(row)} \| [\d,]+\.\d \| [\d.]+ \| \d\.\d{{3}} \|",
+                         table), row
+    results = (tmp_path / "imagenet_multigpu.jsonl").read_text().splitlines()
+    assert len(results) == 4 and all('"gpus": 2' in line for line in results)
