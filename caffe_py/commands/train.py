@@ -145,6 +145,7 @@ def test_command(model: str, weights: str, iterations: int, gpus: str | None,
     from ..errors import SolverError
     from ..solver import evaluate
     from ..solver.snapshot import load_weights
+    from ..solver.solver import memory_format_for
 
     if as_json:  # stdout carries the JSON object alone
         handler = console_handler()
@@ -154,6 +155,7 @@ def test_command(model: str, weights: str, iterations: int, gpus: str | None,
     prepare_host([device])
     log.info(f"Using {device}")
     net = _net(model, "TEST", device, sets)
+    net.to(memory_format=memory_format_for("AUTO"))  # laid out as training lays it out
     blobs = load_weights(weights)
     net.copy_from(blobs, source=weights)
 
@@ -193,12 +195,14 @@ def time_command(model: str, iterations: int, gpus: str | None,
     from ..devices import parse_devices, prepare_host
     from ..net import Net
     from ..solver import evaluate
+    from ..solver.solver import memory_format_for
     from ..spec.overrides import load_net_with_overrides
 
     device = parse_devices(gpus, solver_mode="CPU")[0]
     prepare_host([device])
     log.info(f"Using {device}")
     net = Net(load_net_with_overrides(model, sets), "TRAIN", device=device)
+    net.to(memory_format=memory_format_for("AUTO"))  # what training times
     inputs = evaluate.random_inputs(net)
     with evaluate.fed(net):
         log.info("Performing Forward")
