@@ -24,9 +24,12 @@ from ..errors import DataError
 WAIT_SLICE_S = 0.2
 """A caller waiting for its parts looks for close() this often."""
 JOIN_TIMEOUT_S = 10.0
-MAX_AUTO_WORKERS = 16
+MAX_AUTO_WORKERS = 4
 """The automatic worker count is the usable cores less two (the training loop and the reader
-threads), at least 1 and at most this."""
+threads), at least 1 and at most this. PIL's decode releases the GIL but each image's Python
+around it does not: on a 16-core and a 64-core machine the threads peaked at 4 (decode and
+crop alone: 2,085 and 5,462 images/s) and fell with more (16 threads: 1,379 and 2,762;
+docs/data_pipeline.md)."""
 PARTS_PER_WORKER = 2
 """A run is cut into up to this many parts per worker: images differ in size, and a worker
 that finishes early takes another part."""
@@ -50,7 +53,7 @@ class DecodeOptions:
 
     workers: int | None = None
     """Decode threads shared by the reader and the feeds (None: the usable cores less two, 1
-    to 16). 1 decodes in the reader's or feed's own thread."""
+    to 4). 1 decodes in the reader's or feed's own thread."""
     gpu: str = "auto"
     """JPEG records on a CUDA feed: "auto" decodes them on the GPU (nvJPEG through
     torchvision.io.decode_jpeg) when torchvision is installed, "on" requires it, "off" decodes

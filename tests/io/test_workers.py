@@ -98,9 +98,9 @@ def test_a_run_waiting_when_the_pool_closes_raises(pool):
 
 def test_options_resolve_the_automatic_count(monkeypatch):
     monkeypatch.setattr(workers_module, "usable_cores", lambda: 16)
-    assert DecodeOptions().threads == 14
-    monkeypatch.setattr(workers_module, "usable_cores", lambda: 64)
-    assert DecodeOptions().threads == 16
+    assert DecodeOptions().threads == 4
+    monkeypatch.setattr(workers_module, "usable_cores", lambda: 5)
+    assert DecodeOptions().threads == 3
     monkeypatch.setattr(workers_module, "usable_cores", lambda: 2)
     assert DecodeOptions().threads == 1
     assert DecodeOptions(workers=5).threads == 5
