@@ -26,10 +26,10 @@ WAIT_SLICE_S = 0.2
 JOIN_TIMEOUT_S = 10.0
 MAX_AUTO_WORKERS = 4
 """The automatic worker count is the usable cores less two (the training loop and the reader
-threads), at least 1 and at most this. PIL's decode releases the GIL but each image's Python
-around it does not: on a 16-core and a 64-core machine the threads peaked at 4 (decode and
-crop alone: 2,085 and 5,462 images/s) and fell with more (16 threads: 1,379 and 2,762;
-docs/data_pipeline.md)."""
+threads), at least 1 and at most this: on a 16-core and a 64-core machine the threads
+peaked at 4 (decode and crop alone: 2,085 and 5,462 images/s) and fell with more (16 threads:
+1,379 and 2,762; docs/data_pipeline.md). PIL's decode releases the GIL; the Python around
+each image holds it, and more threads contend for it."""
 PARTS_PER_WORKER = 2
 """A run is cut into up to this many parts per worker: images differ in size, and a worker
 that finishes early takes another part."""

@@ -77,8 +77,8 @@ def resolve_seed(random_seed: int) -> int:
 
 def memory_format_for(name: str) -> torch.memory_format:
     """The solver's ``memory_format`` field. AUTO is channels_last on every device: cuDNN's
-    fastest convolutions want it, and on CPUs oneDNN's convolutions and the poolings run
-    1.1-1.7x faster in it (docs/solver.md has the table)."""
+    fastest convolutions want it, and on CPUs oneDNN's convolutions and the poolings run up to
+    1.7x faster in it (AlexNet at parity; docs/solver.md has the table)."""
     if name == "CONTIGUOUS":
         return torch.contiguous_format
     return torch.channels_last
