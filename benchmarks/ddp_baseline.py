@@ -92,18 +92,15 @@ def peer_fed(net: Net, workers: int, device: torch.device) -> Iterator[None]:
     import sys
 
     sys.path.insert(0, str(Path(__file__).resolve().parent))
-    from imagenet_peer import peer_feed
+    from imagenet_peer import channel_means, peer_feed
 
     from caffe_py.io import swap_feed
-    from caffe_py.io.blobproto import read_mean_file
 
     layer = net.data_layers()[0]
     source = layer.param("data_param").source
     transform = layer.param("transform_param")
-    mean = read_mean_file(transform.mean_file)
-    means = [float(v) for v in mean.reshape(len(mean), -1).mean(1)]
-    with peer_feed(Path(source), transform.crop_size, batch_size(net), means, device,
-                   workers) as feed:
+    with peer_feed(Path(source), transform.crop_size, batch_size(net),
+                   channel_means(transform.mean_file), device, workers) as feed:
         swap_feed(layer, feed)
         yield
 

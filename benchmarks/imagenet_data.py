@@ -54,10 +54,9 @@ sys.path[:0] = [str(HERE.parent), str(HERE)]
 
 import resnet50_step  # noqa: E402
 from data_pipeline import save  # noqa: E402
-from imagenet_peer import peer_feed, peer_missing  # noqa: E402
+from imagenet_peer import channel_means, peer_feed, peer_missing  # noqa: E402
 
 from caffe_py.io import ReaderPool, attach_feeds, nvjpeg, reader, swap_feed  # noqa: E402
-from caffe_py.io.blobproto import read_mean_file  # noqa: E402
 from caffe_py.io.workers import DecodeOptions, usable_cores  # noqa: E402
 from caffe_py.layers import BuildContext, lookup  # noqa: E402
 from caffe_py.spec.net_spec import parse_layer  # noqa: E402
@@ -115,12 +114,6 @@ class _Net:
 def data_layer(db: Path, root: Path, s: Setup):
     spec = parse_layer(data_spec(db, root, s), Source(), "layer")
     return lookup("Data")(spec, [], BuildContext(phase="TRAIN"))
-
-
-def channel_means(root: Path) -> list[float]:
-    """The mean file's per-channel means (B, G, R): what the peer's Normalize subtracts."""
-    mean = read_mean_file(root / "mean.binaryproto")
-    return [float(v) for v in mean.reshape(len(mean), -1).mean(1)]
 
 
 # --- decode throughput ------------------------------------------------------------------------
@@ -199,7 +192,8 @@ def peer_rate(db: Path, root: Path, s: Setup, devices: list[torch.device],
               workers: int) -> float | None:
     if peer_missing():
         return None
-    with peer_feed(db, s.crop, s.batch, channel_means(root), devices[0], workers) as feed:
+    means = channel_means(root / "mean.binaryproto")
+    with peer_feed(db, s.crop, s.batch, means, devices[0], workers) as feed:
         # the DataLoader holds 2 batches per worker ahead: drain them before timing
         return rate([feed.next], devices, s.seconds, s.batch, warmup=2 * workers + 8)
 
@@ -294,7 +288,8 @@ def our_feed(net, device: torch.device, decode: DecodeOptions, seen: dict):
 
 @contextlib.contextmanager
 def the_peer(net, db: Path, root: Path, s: Setup, device: torch.device, workers: int):
-    with peer_feed(db, s.crop, s.batch, channel_means(root), device, workers) as feed:
+    means = channel_means(root / "mean.binaryproto")
+    with peer_feed(db, s.crop, s.batch, means, device, workers) as feed:
         swap_feed(net.data_layers()[0], feed)
         yield
 
@@ -357,7 +352,9 @@ def multi_train_rows(root: Path, s: Setup, gpus: int, peer_workers: int, out: Pa
     env = {**os.environ, "NCCL_NVLS_ENABLE": "0",
            "PYTHONPATH": os.pathsep.join(filter(None, [str(HERE.parent),
                                                        os.environ.get("PYTHONPATH")]))}
-    steps = ["--warmup", str(s.warmup), "--iters", str(s.steps), "--json", str(results)]
+    steps = ["--iters", str(s.steps), "--json", str(results)]
+    # the peer's rows warm up past what its DataLoaders hold ahead (2 batches a worker)
+    peer_warmup = s.warmup + 2 * peer_workers // gpus + 8
 
     def solver(name: str, db: Path | None) -> str:
         net = specs / f"{name}_net.yaml"
@@ -384,12 +381,11 @@ def multi_train_rows(root: Path, s: Setup, gpus: int, peer_workers: int, out: Pa
     rows = []
     for name, db, cmd in runs:
         path = solver("dummy" if db is None else db.name, db)
-        warm = (["--warmup", str(s.warmup + 2 * peer_workers // gpus + 8)]
-                if cmd is peer else [])
-        done = subprocess.run([*cmd, "--solver", path, *steps, *warm], env=env,
-                              capture_output=True, text=True)
-        (out / "imagenet_multigpu.log").open("a").write(
-            f"== {name}\n{done.stdout}\n{done.stderr}\n")
+        warmup = peer_warmup if cmd is peer else s.warmup
+        done = subprocess.run([*cmd, "--solver", path, "--warmup", str(warmup), *steps],
+                              env=env, capture_output=True, text=True)
+        with (out / "imagenet_multigpu.log").open("a") as log:
+            log.write(f"== {name}\n{done.stdout}\n{done.stderr}\n")
         if done.returncode != 0:
             print(f"train x{gpus}: {name}: failed (exit {done.returncode}); its last lines:\n"
                   + "\n".join(done.stderr.strip().splitlines()[-5:]), flush=True)

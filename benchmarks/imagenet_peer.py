@@ -20,6 +20,14 @@ import numpy as np
 import torch
 
 
+def channel_means(mean_file: str | Path) -> list[float]:
+    """The mean file's per-channel means (B, G, R): what the peer's Normalize subtracts."""
+    from caffe_py.io.blobproto import read_mean_file
+
+    mean = read_mean_file(mean_file)
+    return [float(v) for v in mean.reshape(len(mean), -1).mean(1)]
+
+
 def peer_missing() -> str | None:
     """Why the peer cannot run here (None: it can)."""
     try:
