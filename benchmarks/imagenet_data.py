@@ -12,7 +12,9 @@ constant DummyData and against the usual PyTorch DataLoader, in one run.
    by 1, 2, 4, 8, 16 CPU threads (PIL) and by nvJPEG on the GPU; and the DataLoader peer's
    images/s on both databases. With --replicas N, N feeds on N GPUs share the reader.
 3. Training: ResNet-50 (configs/resnet50_dummy.yaml, as benchmarks/resnet50_step.py builds it:
-   bf16 autocast, channels_last, SGD) fed by DummyData (a constant; measured first and last),
+   bf16 autocast, channels_last, Caffe's SGD; on one GPU the Solver's iterations as `cpy train`
+   runs them, whole iterations as CUDA graph replays) fed by DummyData (a constant; measured
+   first and last),
    by the Data layer on each database, and by the DataLoader peer on each: steps/s after a
    warm-up, with same-run ratios against DummyData (goals: raw >= 0.97, JPEG >= 0.95) and
    against the peer on the same database (goal >= 1.2). With --replicas N (N > 1) the rows
@@ -39,6 +41,7 @@ import sys
 import tempfile
 import threading
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass
 from fractions import Fraction
 from pathlib import Path
@@ -57,10 +60,14 @@ from data_pipeline import save  # noqa: E402
 from imagenet_peer import channel_means, peer_feed, peer_missing  # noqa: E402
 
 from caffe_py.io import ReaderPool, attach_feeds, nvjpeg, reader, swap_feed  # noqa: E402
+from caffe_py.io.feeds import feed_of  # noqa: E402
 from caffe_py.io.workers import DecodeOptions, usable_cores  # noqa: E402
 from caffe_py.layers import BuildContext, lookup  # noqa: E402
+from caffe_py.solver.graph_loop import GraphedLoop  # noqa: E402
+from caffe_py.solver.solver import Solver  # noqa: E402
 from caffe_py.spec.net_spec import parse_layer  # noqa: E402
 from caffe_py.spec.schema import Source  # noqa: E402
+from caffe_py.spec.solver_spec import SolverParameter, load_solver  # noqa: E402
 
 
 @dataclass
@@ -276,42 +283,71 @@ def net_spec(s: Setup, data: dict | None) -> dict:
     return spec
 
 
+def solver_param(spec: dict, s: Setup, work: Path, name: str) -> SolverParameter:
+    """The net and an SGD solver (bf16; channels_last, AUTO's choice on CUDA) as `cpy train`
+    reads them, planned for the row's warm-up and timed steps."""
+    work.mkdir(parents=True, exist_ok=True)
+    net = work / f"{name}_net.yaml"
+    net.write_text(yaml.safe_dump(spec, sort_keys=False))
+    solver = {"net": str(net), "base_lr": 0.01, "momentum": 0.9, "weight_decay": 1e-4,
+              "lr_policy": "fixed", "max_iter": 1, "display": 0, "random_seed": 1,
+              "precision": "BF16", "snapshot_after_train": False,
+              "snapshot_prefix": str(work / f"{name}_snap")}
+    path = work / f"{name}_solver.yaml"
+    path.write_text(yaml.safe_dump(solver, sort_keys=False))
+    return load_solver(path)
+
+
 @contextlib.contextmanager
-def our_feed(net, device: torch.device, decode: DecodeOptions, seen: dict):
-    """The Data layer's own feed; ``seen["who"]``: who decoded, at the end."""
-    with ReaderPool(decode=decode) as pool:
-        (feed,) = attach_feeds(net, pool, device=device, seed=0)
+def our_feed(param: SolverParameter, device: torch.device, decode: DecodeOptions,
+             seen: dict) -> Iterator[Solver]:
+    """A Solver whose Data layer reads through its own feed (a pool with ``decode``);
+    ``seen["who"]``: who decoded, at the end."""
+    with ReaderPool(decode=decode) as pool, Solver(param, device=device, pool=pool) as solver:
+        feed = feed_of(solver.net.data_layers()[0])
         pool.start()
-        yield
+        yield solver
         seen["who"] = decoder_of(feed, pool)
 
 
 @contextlib.contextmanager
-def the_peer(net, db: Path, root: Path, s: Setup, device: torch.device, workers: int):
+def the_peer(param: SolverParameter, db: Path, root: Path, s: Setup, device: torch.device,
+             workers: int) -> Iterator[Solver]:
+    """A Solver whose Data layer reads from the DataLoader peer (its own pool never starts)."""
     means = channel_means(root / "mean.binaryproto")
-    with peer_feed(db, s.crop, s.batch, means, device, workers) as feed:
-        swap_feed(net.data_layers()[0], feed)
-        yield
+    with ReaderPool() as idle, Solver(param, device=device, pool=idle) as solver, \
+            peer_feed(db, s.crop, s.batch, means, device, workers) as feed:
+        swap_feed(solver.net.data_layers()[0], feed)
+        yield solver
 
 
-def train_rate(spec: dict, device: torch.device, s: Setup, feed=None, warmup: int = 0) -> float:
-    """Images/s of ResNet-50 steps after a warm-up (at least ``warmup`` steps); ``feed(net)``:
-    the Data layer's feed (a context), None for DummyData."""
-    torch.manual_seed(0)
-    net = resnet50_step.build_net(spec, device, {})
-    opt = resnet50_step.sgd([p.param for p in net.learnable_params()])
-    step = resnet50_step.caffe_step(net)
-    with feed(net) if feed is not None else contextlib.nullcontext():
-        resnet50_step.run_steps(step, opt, device, max(s.warmup, warmup))
-        seconds = resnet50_step.run_steps(step, opt, device, s.steps)
-    del net, opt, step
+def train_rate(param: SolverParameter, device: torch.device, s: Setup, solver_of=None,
+               warmup: int = 0) -> float:
+    """Images/s of ResNet-50 iterations as `cpy train` runs them on one device (on CUDA whole
+    iterations as CUDA graph replays, its default; no compile), after a warm-up of at least
+    ``warmup`` iterations; ``solver_of(param)``: a context giving the Solver with its Data
+    layer fed (None: the net's DummyData, a Solver of its own)."""
+    warm = max(s.warmup, warmup)
+    param = dataclasses.replace(param, max_iter=warm + s.steps)
+    with (solver_of(param) if solver_of is not None else Solver(param, device=device)) \
+            as solver:
+        if device.type == "cuda":
+            solver.runner = GraphedLoop(required=True)
+        solver.start()
+        solver.step(warm)
+        sync([device])
+        start = time.perf_counter()
+        solver.step(s.steps)
+        sync([device])
+        seconds = time.perf_counter() - start
     if device.type == "cuda":
         torch.cuda.empty_cache()
     return s.batch * s.steps / seconds
 
 
-def train_rows(root: Path, s: Setup, device: torch.device, peer_workers: int) -> list:
-    """(fed by, database, images/s) for every feed of the same ResNet-50 step."""
+def train_rows(root: Path, s: Setup, device: torch.device, peer_workers: int,
+               out: Path) -> list:
+    """(fed by, database, images/s) for every feed of the same ResNet-50 iteration."""
     raw, jpeg = root / "raw_lmdb", root / "jpeg_lmdb"
     seen: dict = {}
     gpu_decode = device.type == "cuda" and nvjpeg.unavailable() is None
@@ -319,18 +355,21 @@ def train_rows(root: Path, s: Setup, device: torch.device, peer_workers: int) ->
     if gpu_decode:
         ours.append(("JPEG", jpeg, DecodeOptions(gpu="off")))
     runs: list = [("DummyData (constant), first", None, None, 0)]
-    runs += [(f"Data, {name} LMDB", db, lambda net, d=decode: our_feed(net, device, d, seen),
-              0) for name, db, decode in ours]
+    runs += [(f"Data, {name} LMDB", db,
+              lambda param, d=decode: our_feed(param, device, d, seen), 0)
+             for name, db, decode in ours]
     if peer_missing() is None:  # warm up past what the DataLoader holds ahead
         runs += [(f"DataLoader peer, {name} LMDB", db,
-                  lambda net, db=db: the_peer(net, db, root, s, device, peer_workers),
+                  lambda param, db=db: the_peer(param, db, root, s, device, peer_workers),
                   2 * peer_workers + 8) for name, db in (("raw", raw), ("JPEG", jpeg))]
     runs += [("DummyData (constant), last", None, None, 0)]
     rows = []
-    for name, db, feed, warmup in runs:
+    for name, db, solver_of, warmup in runs:
         spec = net_spec(s, None if db is None else data_spec(db, root, s))
+        param = solver_param(spec, s, out / "imagenet_specs", "dummy" if db is None
+                             else db.name)
         seen.clear()
-        images = train_rate(spec, device, s, feed, warmup)
+        images = train_rate(param, device, s, solver_of, warmup)
         rows.append((f"{name} ({seen['who']})" if "who" in seen else name, db, images))
         print(f"train: {rows[-1][0]}: {images:,.1f} images/s", flush=True)
     return rows
@@ -451,8 +490,11 @@ def train_table(rows: list, s: Setup, gpus: int = 1, device_type: str = "cuda") 
              "`cpy train --gpus` runs it, CUDA graphs; the peer under torchrun DDP)"
              if gpus > 1 and device_type == "cuda" else
              f" on {gpus} CPU replicas (batch {s.batch} each; the replicated run, eager; the "
-             "peer under torchrun DDP over gloo)" if gpus > 1 else "")
-    lines = ["", f"ResNet-50 training steps{where} (bf16 autocast, channels_last, SGD; "
+             "peer under torchrun DDP over gloo)" if gpus > 1 else
+             " on one GPU (the Solver's iterations as `cpy train` runs them: whole iterations "
+             "as CUDA graph replays; the peer's batches go into the same iterations)"
+             if device_type == "cuda" else " (the Solver's iterations, eager)")
+    lines = ["", f"ResNet-50 training steps{where} (bf16 autocast, channels_last, Caffe's SGD; "
              f"{s.warmup} warm-up + {s.steps} timed steps per row; ratios against the mean of "
              "the DummyData rows):", "",
              "| fed by | images/s | ms/step | vs DummyData | vs DataLoader peer | goal |",
@@ -522,7 +564,8 @@ def run(args: argparse.Namespace, root: Path) -> str:
                                               args.out, device), s, args.replicas,
                              device.type)
     elif not args.skip_train:
-        lines += train_table(train_rows(root, s, device, args.peer_workers), s)
+        lines += train_table(train_rows(root, s, device, args.peer_workers, args.out),
+                             s, device_type=device.type)
     if peer_missing() is not None:
         lines += ["", f"The DataLoader peer was not run: {peer_missing()}."]
     return "\n".join(lines)

@@ -6,8 +6,9 @@ where the transform flips it and in Caffe's BGR order, straight into the batch b
 pinned slot on CUDA): the decoded image is read once. The pixels are those of the reader's
 own decoder (:func:`~.datum.decode_image`), bit for bit.
 
-GPU: the batch's files go to nvJPEG in one call; the images are stacked, and one gather on the
-device crops, mirrors and turns RGB into BGR (:meth:`~.transformer.Transformer.device_crop`).
+GPU: the batch's files go to nvJPEG in one call and the images are stacked; the feed then crops,
+mirrors and turns RGB into BGR with the rest of the transform in one pass on the device
+(:meth:`~.transformer.Transformer.device_transform`).
 A batch holding anything but JPEG files, or one nvJPEG refuses, is decoded by the CPU workers
 instead (a file that no decoder reads is then reported by its key).
 """
@@ -111,10 +112,16 @@ class BatchImages:
         out[...] = window[:, :, ::-1] if flip else window
 
     # --- the GPU ------------------------------------------------------------------------------
-    def on_device(self, batch: RecordBatch, choices: Choices) -> torch.Tensor | None:
-        """The batch's crops (B, C, h, w) uint8 on the feed's device (its current stream),
-        mirrored where ``choices`` flip them, decoded by nvJPEG; None when this batch is the
-        CPU workers' (no GPU decoder, files other than JPEG, or nvJPEG refused them)."""
+    @property
+    def rgb(self) -> bool:
+        """Whether :meth:`on_device`'s images are RGB (their channels reversed give Caffe's
+        BGR records)."""
+        return self.record_shape[0] == 3
+
+    def on_device(self, batch: RecordBatch) -> torch.Tensor | None:
+        """The batch's whole images (B, C, H, W) uint8 on the feed's device (its current
+        stream), decoded by nvJPEG: RGB (:attr:`rgb`) or gray; None when this batch is the CPU
+        workers' (no GPU decoder, files other than JPEG, or nvJPEG refused them)."""
         files = batch.rows
         if self.gpu is None or not all(is_jpeg(f) for f in files):
             return None
@@ -129,11 +136,11 @@ class BatchImages:
                 check_record(self.path, key, np.empty(tuple(image.shape), np.uint8), shape,
                              np.dtype(np.uint8))
         if self.gpu.stream is None:
-            stacked = torch.stack(images)
-        else:  # decoded on another device: stack there and copy over, both on its stream
-            with torch.cuda.stream(self.gpu.stream):  # (the copy orders this device's after)
-                stacked = torch.stack(images).to(self.device, non_blocking=True)
-        return self.transformer.device_crop(stacked, choices, reverse_channels=shape[0] == 3)
+            return torch.stack(images)
+        # decoded on another device: stack there and copy over, both on its stream (the copy
+        # orders this device's after)
+        with torch.cuda.stream(self.gpu.stream):
+            return torch.stack(images).to(self.device, non_blocking=True)
 
     def _gpu_refused(self) -> None:
         """nvJPEG refused files the CPU decoded: stop using it (auto), or say so (on)."""

@@ -27,8 +27,9 @@ threads would have made, bit for bit.
 
 Records with random crops that are not much bigger than their crops (ImageNet's 256 x 256
 records, 224 crops) cross to the device whole: the thread copies each run of records the
-reader delivered into the slot in one call and the device crops and flips them in one gather
-(:meth:`~.transformer.Transformer.device_crop`), the same pixels the host crop picks.
+reader delivered into the slot in one call, and the device crops and flips them, subtracts the
+mean and scales in one pass (:meth:`~.transformer.Transformer.device_transform`: on CUDA one
+kernel), the same values the host path makes.
 
 The feed reads its queue through the reader's consumer calls only: ``get_batch``,
 ``get_runs``, ``mark_consumed``, ``detach`` and ``decoded``.
@@ -243,8 +244,7 @@ class Prefetcher:
             slot.label[at:at + len(run)] = run.labels
             at += len(run)
         slot.device.copy_(slot.host, non_blocking=True)
-        crops = transformer.device_crop(slot.device_data, choices)
-        data = transformer.device(crops, choices, self.mean, mirror=False)
+        data = transformer.device_transform(slot.device_data, choices, self.mean)
         label = slot.device_label.clone()
         slot.done.record(self._side)
         slot.used = True
@@ -266,15 +266,16 @@ class Prefetcher:
         slot = self._slots[index]
         slot.wait_free()
         slot.label[:] = batch.labels
-        crops = images.on_device(batch, choices)  # on the side stream (this thread's)
-        if crops is None:  # the CPU workers: crops into the slot, one copy with the labels
+        decoded = images.on_device(batch)  # on the side stream (this thread's)
+        if decoded is None:  # the CPU workers: crops into the slot, one copy with the labels
             images.host(batch, choices, slot.data)
             slot.device.copy_(slot.host, non_blocking=True)
-            crops = slot.device_data
-        else:
+            data = transformer.device(slot.device_data, choices, self.mean, mirror=False)
+        else:  # whole RGB images: crop, mirror, BGR, mean and scale in one pass
             at = slot.label_at
             slot.device[at:].copy_(slot.host[at:], non_blocking=True)
-        data = transformer.device(crops, choices, self.mean, mirror=False)
+            data = transformer.device_transform(decoded, choices, self.mean,
+                                                reverse_channels=images.rgb)
         label = slot.device_label.clone()
         slot.done.record(self._side)
         slot.used = True

@@ -9,6 +9,9 @@ one value per channel (``mean_value``).
   own dtype (uint8 for pixel records), so the host-to-device copy moves bytes, not floats.
 - :meth:`Transformer.device` turns that batch into float32 on the device and subtracts the
   mean and scales there.
+- :meth:`Transformer.device_transform` does both halves on the device for whole records (crop,
+  mirror, mean, scale): on CUDA in one kernel (``caffe_py/kernels/csrc/transform.cu``), whose
+  reference, bit for bit, is :meth:`Transformer.device_crop` followed by ``device``.
 
 Random choices are a pure function of (seed, record position in the stream): a batch gets the
 same crops whichever thread assembles it and however far ahead, a resumed run repeats them, and
@@ -285,6 +288,26 @@ class Transformer:
         return images[batch[:, None, None, None], channels[None, :, None, None],
                       rows_t[:, None, :, None], cols_t[:, None, None, :]]
 
+    def device_transform(self, records: torch.Tensor, choices: Choices,
+                         mean: torch.Tensor | None, *,
+                         reverse_channels: bool = False) -> torch.Tensor:
+        """Whole records (B, C, H, W) on a device -> the transformed batch (B, C, h, w)
+        float32: :meth:`device_crop`, then :meth:`device`. On CUDA one kernel does it all (a
+        read of each crop window and one write), where the two calls take four passes over
+        the batch; the results are the same bits. ``mean`` is :meth:`device_mean`'s."""
+        if _fusable(records, mean, self.out_shape):
+            from ..kernels import functions
+
+            where = np.empty((len(records), 3), np.int32)  # per record: h0, w0, flip
+            where[:, :2] = choices.offsets
+            where[:, 2] = choices.flips
+            out = torch.empty((len(records), *self.out_shape), dtype=torch.float32,
+                              device=records.device)
+            return functions.crop_transform(records, _to_device(where, records.device),
+                                            mean, self.tp.scale, reverse_channels, out)
+        crops = self.device_crop(records, choices, reverse_channels=reverse_channels)
+        return self.device(crops, choices, mean)
+
     def _mean_for(self, mean: torch.Tensor, choices: Choices,
                   device: torch.device) -> torch.Tensor:
         """The mean each record subtracts: (C, 1, 1), (C, h, w), or (B, C, h, w) when the
@@ -313,6 +336,26 @@ class Transformer:
         out = np.empty((len(arrays), *self.out_shape), dtype=arrays[0].dtype)
         self.host(arrays, choices, out)
         return self.device(torch.from_numpy(out), choices, self.device_mean(torch.device("cpu")))
+
+
+def _fusable(records: torch.Tensor, mean: torch.Tensor | None,
+             out_shape: tuple[int, int, int]) -> bool:
+    """Whether :meth:`Transformer.device_transform` can take the CUDA kernel: dense uint8 or
+    float32 records on CUDA, a float32 mean of one value per channel or per pixel beside them,
+    and the kernels built."""
+    if not (records.is_cuda and records.dim() == 4 and records.is_contiguous()
+            and records.dtype in (torch.uint8, torch.float32)
+            and tuple(records.shape[1:2]) == out_shape[:1]
+            and out_shape[1] <= records.shape[2] and out_shape[2] <= records.shape[3]):
+        return False
+    if mean is not None and not (mean.device == records.device and mean.dtype == torch.float32
+                                 and mean.is_contiguous()
+                                 and mean.numel() in (records.shape[1],
+                                                      records[0].numel())):
+        return False
+    from ..kernels import build
+
+    return build.available()
 
 
 def _to_device(array: np.ndarray, device: torch.device) -> torch.Tensor:

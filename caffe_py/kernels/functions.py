@@ -191,6 +191,17 @@ def bias_activation(x: torch.Tensor, bias: torch.Tensor, kind: int, p: float = 0
     return _BiasActivation.apply(x, bias, kind, float(p), axis, inplace)
 
 
+def crop_transform(records: torch.Tensor, where: torch.Tensor, mean: torch.Tensor | None,
+                   scale: float, reverse: bool, out: torch.Tensor) -> torch.Tensor:
+    """Caffe's transform of whole records in one kernel (csrc/transform.cu): ``out`` (B, C, h,
+    w) float32 = (the (h, w) window of each record (B, C, H, W; uint8 or float32) at its row
+    (h0, w0, flip) of ``where`` ((B, 3) int32), mirrored where flip is set, its channels
+    reversed with ``reverse``, minus ``mean`` (C values, or C x H x W read at the source
+    pixel)) times ``scale``. Returns ``out``."""
+    _ext().crop_transform(records, where, mean, scale, reverse, out)
+    return out
+
+
 def softmax_loss(x: torch.Tensor, label: torch.Tensor, seen: torch.Tensor | None,
                  work: torch.Tensor, done: torch.Tensor, ignore: int | None, divisor: float,
                  count_valid: bool) -> tuple[torch.Tensor, torch.Tensor]:

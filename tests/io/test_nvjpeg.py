@@ -72,13 +72,18 @@ def test_the_device_path_crops_mirrors_and_reorders_as_the_cpu_workers():
     assert choices.flips.any() and not choices.flips.all()
     want = np.empty((6, 3, 7, 7), np.uint8)
     images.host(batch, choices, want)
-    assert torch.equal(images.on_device(batch, choices), torch.from_numpy(want))
+    whole = images.on_device(batch)  # RGB, uncropped: the feed's transform takes it from here
+    assert images.rgb and tuple(whole.shape) == (6, 3, H, W)
+    assert torch.equal(t.device_crop(whole, choices, reverse_channels=True),
+                       torch.from_numpy(want))
+    assert torch.equal(t.device_transform(whole, choices, None, reverse_channels=True),
+                       t.device(torch.from_numpy(want), choices, None))
 
 
 def test_a_batch_with_other_files_goes_to_the_cpu_workers():
     images, t = batch_images(DecodeOptions(1, "auto"), StandIn())
     batch = files_batch((jpeg(0), jpeg(1, fmt="PNG")))
-    assert images.on_device(batch, t.choices_for(0, 1, 2)) is None
+    assert images.on_device(batch) is None
 
 
 def test_a_file_of_another_size_from_the_gpu_names_its_key():
@@ -86,7 +91,7 @@ def test_a_file_of_another_size_from_the_gpu_names_its_key():
     batch = files_batch((jpeg(0), jpeg(1, size=(H, W + 1))))
     with pytest.raises(DataError, match=r"^db: record 'k1' is uint8 \[3, 12, 11\] but the first "
                                         r"record is uint8 \[3, 12, 10\]"):
-        images.on_device(batch, t.choices_for(0, 1, 2))
+        images.on_device(batch)
 
 
 def test_a_refused_batch_is_decoded_on_the_cpu_then_auto_stops_using_the_gpu(caplog):
@@ -94,7 +99,7 @@ def test_a_refused_batch_is_decoded_on_the_cpu_then_auto_stops_using_the_gpu(cap
     images, t = batch_images(DecodeOptions(1, "auto"), StandIn(refuse=True))
     batch = files_batch(tuple(jpeg(i) for i in range(3)))
     choices = t.choices_for(0, 1, 3)
-    assert images.on_device(batch, choices) is None
+    assert images.on_device(batch) is None
     out = np.empty((3, 3, 7, 7), np.uint8)
     images.host(batch, choices, out)
     assert images.gpu is None
@@ -106,7 +111,7 @@ def test_a_refused_batch_with_gpu_decode_on_is_an_error():
     images, t = batch_images(DecodeOptions(1, "on"), StandIn(refuse=True))
     batch = files_batch(tuple(jpeg(i) for i in range(3)))
     choices = t.choices_for(0, 1, 3)
-    assert images.on_device(batch, choices) is None
+    assert images.on_device(batch) is None
     with pytest.raises(DataError, match=r"^db: nvJPEG could not decode a batch of JPEG records "
                                         r"that PIL decodes \(nvjpeg: Failed to get image info: "
                                         r"6\); set CPY_GPU_DECODE=off or auto$"):
@@ -117,7 +122,7 @@ def test_a_file_no_decoder_reads_is_reported_by_its_key_not_as_a_refusal():
     images, t = batch_images(DecodeOptions(1, "on"), StandIn(refuse=True))
     batch = files_batch((jpeg(0), b"\xff\xd8 broken"))
     choices = t.choices_for(0, 1, 2)
-    assert images.on_device(batch, choices) is None
+    assert images.on_device(batch) is None
     with pytest.raises(DataError, match="^db: record 'k1': encoded image does not decode"):
         images.host(batch, choices, np.empty((2, 3, 7, 7), np.uint8))
     assert images.gpu_error is None

@@ -274,6 +274,11 @@ def _device_crop_matches_the_cpu_path(tmp_path, device: str) -> None:
         assert torch.equal(got.cpu(), torch.from_numpy(t.numpy(batch, choices))), (phase, tp)
         rgb = torch.from_numpy(np.ascontiguousarray(batch[:, ::-1])).to(device)
         assert torch.equal(t.device_crop(rgb, choices, reverse_channels=True).cpu(), crops.cpu())
+        # the whole transform at once (on CUDA one kernel), from BGR and from RGB records
+        mean = t.device_mean(torch.device(device))
+        assert torch.equal(t.device_transform(full, choices, mean).cpu(), got.cpu()), (phase, tp)
+        assert torch.equal(t.device_transform(rgb, choices, mean, reverse_channels=True).cpu(),
+                           got.cpu()), (phase, tp)
 
 
 def test_device_crop_gives_the_cpu_paths_batch(tmp_path):

@@ -23,6 +23,9 @@ void softmax_loss_forward(const at::Tensor& x, const at::Tensor& label, at::Tens
 void softmax_loss_backward(const at::Tensor& prob, const at::Tensor& label,
                            const at::Tensor& grad, const at::Tensor& div, at::Tensor& dx,
                            int64_t ignore, bool has_ignore);
+void crop_transform(const at::Tensor& in, const at::Tensor& where,
+                    const c10::optional<at::Tensor>& mean, double scale, bool reverse,
+                    at::Tensor& out);
 
 // Caffe's SoftmaxWithLoss as a C++ autograd Function over the two kernels (softmax_loss.cu):
 // forward returns (loss, prob), prob without a gradient; backward runs without Python.
@@ -95,6 +98,10 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         "Caffe's SoftmaxWithLoss with autograd: [loss, prob]", py::arg("x"), py::arg("label"),
         py::arg("seen"), py::arg("work"), py::arg("done"), py::arg("ignore"),
         py::arg("has_ignore"), py::arg("divisor"), py::arg("count_valid"));
+  m.def("crop_transform", &caffe_py::crop_transform,
+        "out = (in[crop window, mirrored, channels reversed] - mean) * scale, per record",
+        py::arg("records"), py::arg("where"), py::arg("mean"), py::arg("scale"),
+        py::arg("reverse"), py::arg("out"));
   m.def("softmax_loss_backward", &caffe_py::softmax_loss_backward,
         "dx = (prob - onehot) * grad / divisor", py::arg("prob"), py::arg("label"),
         py::arg("grad"), py::arg("div"), py::arg("dx"), py::arg("ignore"),

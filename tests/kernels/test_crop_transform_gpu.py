@@ -1,0 +1,93 @@
+"""The fused data transform kernel (csrc/transform.cu) against the same transform written
+record by record in PyTorch ops: crop windows at per-record offsets, mirroring, reversed
+channels, no mean, a per-channel mean and a per-pixel mean read at the source pixel, scale or
+none, uint8 and float32 records, crops wider than a block's threads, and dispatch through
+Transformer.device_transform. Equality is exact: the kernel rounds as the two ops do. Skipped
+without CUDA; run with `pytest -m gpu`."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from caffe_py.io.transformer import Transformer
+from caffe_py.kernels import functions
+from caffe_py.spec.net_spec import TransformationParameter
+
+pytestmark = [pytest.mark.gpu,
+              pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")]
+
+
+def one_by_one(records, where, mean, scale, reverse, h, w):
+    """The transform record by record: window, flip, channel order, mean at the source pixel."""
+    out = []
+    for b, (h0, w0, flip) in enumerate(where.tolist()):
+        pix = records[b, :, h0:h0 + h, w0:w0 + w].float()
+        if mean is not None:
+            m = mean.reshape(-1, 1, 1) if mean.numel() == records.shape[1] else \
+                mean[:, h0:h0 + h, w0:w0 + w]
+        if reverse:
+            pix = pix.flip(0)
+        value = pix - m if mean is not None else pix
+        if scale != 1.0:
+            value = value * scale
+        out.append(value.flip(-1) if flip else value)
+    return torch.stack(out)
+
+
+@pytest.mark.parametrize("dtype", [torch.uint8, torch.float32])
+@pytest.mark.parametrize("mean_kind", ["none", "channel", "pixel"])
+@pytest.mark.parametrize("reverse", [False, True])
+@pytest.mark.parametrize("shape,crop", [((3, 40, 300), (33, 290)), ((1, 9, 7), (9, 7)),
+                                        ((3, 256, 256), (224, 224))])
+def test_the_kernel_is_the_transform_record_by_record(dtype, mean_kind, reverse, shape, crop):
+    g = torch.Generator(device="cuda").manual_seed(7)
+    b, (c, hh, ww), (h, w) = 5, shape, crop
+    if dtype == torch.uint8:
+        records = torch.randint(0, 256, (b, c, hh, ww), generator=g, device="cuda",
+                                dtype=torch.uint8)
+    else:
+        records = torch.rand((b, c, hh, ww), generator=g, device="cuda") * 300 - 20
+    rng = np.random.default_rng(3)
+    where = np.stack([rng.integers(0, hh - h + 1, b), rng.integers(0, ww - w + 1, b),
+                      np.array([1, 0, 1, 1, 0])], 1).astype(np.int32)
+    mean = {"none": None, "channel": torch.tensor([104.0, 117.0, 123.5][:c], device="cuda"),
+            "pixel": torch.rand((c, hh, ww), generator=g, device="cuda") * 255}[mean_kind]
+    for scale in (1.0, 0.017):
+        out = torch.full((b, c, h, w), float("nan"), device="cuda")
+        got = functions.crop_transform(records, torch.from_numpy(where).cuda(), mean, scale,
+                                       reverse, out)
+        want = one_by_one(records, where, mean, scale, reverse, h, w)
+        assert got is out
+        assert torch.equal(got, want), (scale, float((got - want).abs().max()))
+
+
+def test_an_empty_batch_writes_nothing():
+    out = torch.empty((0, 3, 4, 4), device="cuda")
+    functions.crop_transform(torch.empty((0, 3, 6, 6), dtype=torch.uint8, device="cuda"),
+                             torch.empty((0, 3), dtype=torch.int32, device="cuda"), None, 1.0,
+                             False, out)
+    assert out.shape == (0, 3, 4, 4)
+
+
+def test_device_transform_takes_the_kernel_for_dense_records_and_the_ops_otherwise(monkeypatch):
+    """Contiguous uint8 records on CUDA go to the kernel; a strided view goes the two-call
+    way (the kernel's oracle); both give the CPU path's batch."""
+    t = Transformer(TransformationParameter(crop_size=5, mirror=True, scale=0.5,
+                                            mean_value=[10, 20, 30]), "TRAIN", (3, 8, 9), seed=1)
+    batch = np.random.default_rng(0).integers(0, 256, (6, 3, 8, 9), dtype=np.uint8)
+    choices = t.choices_for(0, 1, 6)
+    want = torch.from_numpy(t.numpy(batch, choices))
+    mean = t.device_mean(torch.device("cuda"))
+    calls = []
+    kernel = functions.crop_transform
+    monkeypatch.setattr(functions, "crop_transform",
+                        lambda *a: calls.append(1) or kernel(*a))
+    dense = torch.from_numpy(batch).cuda()
+    assert torch.equal(t.device_transform(dense, choices, mean).cpu(), want)
+    assert calls == [1]
+    wide = torch.zeros((6, 3, 8, 18), dtype=torch.uint8, device="cuda")
+    wide[..., ::2] = dense
+    strided = wide[..., ::2]
+    assert torch.equal(t.device_transform(strided, choices, mean).cpu(), want)
+    assert calls == [1]
