@@ -155,7 +155,7 @@ def test_command(model: str, weights: str, iterations: int, gpus: str | None,
     prepare_host([device])
     log.info(f"Using {device}")
     net = _net(model, "TEST", device, sets)
-    net.to(memory_format=memory_format_for("AUTO"))  # laid out as training lays it out
+    net.to(memory_format=memory_format_for("AUTO", device, net))  # as training lays it out
     blobs = load_weights(weights)
     net.copy_from(blobs, source=weights)
 
@@ -202,7 +202,7 @@ def time_command(model: str, iterations: int, gpus: str | None,
     prepare_host([device])
     log.info(f"Using {device}")
     net = Net(load_net_with_overrides(model, sets), "TRAIN", device=device)
-    net.to(memory_format=memory_format_for("AUTO"))  # what training times
+    net.to(memory_format=memory_format_for("AUTO", device, net))  # what training times
     inputs = evaluate.random_inputs(net)
     with evaluate.fed(net):
         log.info("Performing Forward")

@@ -75,13 +75,31 @@ def resolve_seed(random_seed: int) -> int:
     return random_seed if random_seed >= 0 else time.time_ns() % (2**31)
 
 
-def memory_format_for(name: str) -> torch.memory_format:
-    """The solver's ``memory_format`` field. AUTO is channels_last on every device: cuDNN's
-    fastest convolutions want it, and on CPUs oneDNN's convolutions and the poolings run up to
-    1.7x faster in it (AlexNet at parity; docs/solver.md has the table)."""
+CHANNELS_LAST_MIN_CHANNELS = 64
+"""On CUDA, AUTO lays a net out channels_last when one of its convolutions reads at least this
+many channels (see :func:`memory_format_for`)."""
+
+
+def memory_format_for(name: str, device: torch.device | str = "cpu",
+                      net: Any = None) -> torch.memory_format:
+    """The solver's ``memory_format`` field for ``net`` on ``device``.
+
+    AUTO is channels_last on CPUs (oneDNN's convolutions and the poolings run up to 1.7x
+    faster in it, AlexNet at parity; docs/solver.md has the table). On CUDA it is
+    channels_last where cuDNN's fastest convolutions want it, nets with a convolution at
+    least CHANNELS_LAST_MIN_CHANNELS wide (ResNet-50 runs far faster in it), and NCHW for
+    narrow nets: LeNet's CUDA graphs run at the same rate in both, and its eager steps 4-10%
+    faster in NCHW (an H200, 2026-11-26: the flatten before an InnerProduct copies a
+    channels_last blob, and cuDNN's NHWC calls cost more host time)."""
     if name == "CONTIGUOUS":
         return torch.contiguous_format
-    return torch.channels_last
+    if name == "CHANNELS_LAST" or torch.device(device).type != "cuda" or net is None:
+        return torch.channels_last
+    wide = any(getattr(layer, "axis", 1) < len(layer.bottom_shapes[0]) and
+               layer.bottom_shapes[0][getattr(layer, "axis", 1)] >= CHANNELS_LAST_MIN_CHANNELS
+               for layer in net.layers
+               if layer.spec.type in ("Convolution", "Deconvolution") and layer.bottom_shapes)
+    return torch.channels_last if wide else torch.contiguous_format
 
 
 class Solver:
@@ -131,7 +149,7 @@ class Solver:
         if self.device.type == "cuda" and not torch.backends.cudnn.deterministic:
             torch.backends.cudnn.benchmark = True  # the shapes are fixed: let cuDNN pick
         self.net = self._build(spec, state.phase, state)
-        self.memory_format = memory_format_for(param.memory_format)
+        self.memory_format = memory_format_for(param.memory_format, self.device, self.net)
         # Before the Updater exists, so its history takes the weights' layout; the TEST nets
         # share these Parameters.
         # Module.to takes memory_format; its stubs do not say so

@@ -132,8 +132,9 @@ class SolverParameter(Message):
                            choices=PRECISIONS)
     memory_format: str = field("AUTO", "layout of 4-D weights and activations: CHANNELS_LAST "
                                        "(what cuDNN's fastest convolutions want), CONTIGUOUS "
-                                       "(NCHW, Caffe's), or AUTO: CHANNELS_LAST, faster on "
-                                       "CUDA and on CPUs; the numbers are the same",
+                                       "(NCHW, Caffe's), or AUTO: CHANNELS_LAST on CPUs and, "
+                                       "on CUDA, for nets with a convolution 64 channels "
+                                       "wide or more; the numbers are the same",
                                choices=MEMORY_FORMATS)
     # --- data-parallel consistency (docs/parallel.md, "Two levels, two consistency models") --
     model_average_period: int = field(

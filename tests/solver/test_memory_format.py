@@ -1,5 +1,6 @@
-"""The solver's memory_format field: AUTO is channels_last (on CUDA and on CPUs); the layout
-changes no number."""
+"""The solver's memory_format field: AUTO is channels_last on CPUs, and on CUDA for nets with a
+convolution at least 64 channels wide (NCHW for narrower ones); the layout changes no
+number."""
 from __future__ import annotations
 
 import torch
@@ -32,10 +33,26 @@ layer:
 """
 
 
-def test_auto_means_channels_last():
+def test_auto_means_channels_last_on_cpus():
     assert memory_format_for("AUTO") == torch.channels_last
     assert memory_format_for("CHANNELS_LAST") == torch.channels_last
     assert memory_format_for("CONTIGUOUS") == torch.contiguous_format
+
+
+def test_auto_on_cuda_follows_the_widest_convolution(ws):
+    """The net is built on the CPU; the choice for CUDA reads its convolutions' widths."""
+    narrow_channels, wide_channels = 63, 64
+    nets = {}
+    for channels in (narrow_channels, wide_channels):
+        ws.net(CONV_NET.replace("dim: [4, 2, 5, 5]", f"dim: [4, {channels}, 5, 5]"))
+        nets[channels] = Solver(ws.load(max_iter=1)).net
+    assert memory_format_for("AUTO", "cuda", nets[narrow_channels]) == torch.contiguous_format
+    assert memory_format_for("AUTO", "cuda", nets[wide_channels]) == torch.channels_last
+    assert memory_format_for("AUTO", "cpu", nets[narrow_channels]) == torch.channels_last
+    assert memory_format_for("CHANNELS_LAST", "cuda", nets[narrow_channels]) == \
+        torch.channels_last
+    assert memory_format_for("CONTIGUOUS", "cuda", nets[wide_channels]) == \
+        torch.contiguous_format
 
 
 def test_a_cpu_solver_lays_out_its_net_channels_last_by_default(ws):
