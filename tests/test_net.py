@@ -342,3 +342,28 @@ def test_layer_and_global_hooks_run_though_plain_layers_skip_the_module_call(spe
         every.remove()
     assert seen[1:] == ["input", "a", "notx", "nottest", "phased"]  # the layers, then the net
     assert all(torch.equal(plain[k], hooked[k]) for k in plain)
+
+
+def test_run_skips_the_module_call_unless_a_hook_needs_it(spec_of):
+    """Net.run (what the eager step calls) is forward itself; a hook on the net, or a global
+    one, still runs through it."""
+    net = Net(spec_of(PHASED), "TRAIN")
+    inputs = {"data": torch.ones(2, 3)}
+    seen = []
+    plain = net.run(inputs).outputs
+    handle = net.register_forward_hook(lambda module, args, out: seen.append("net"))
+    try:
+        hooked = net.run(inputs).outputs
+    finally:
+        handle.remove()
+    assert seen == ["net"]
+    every = torch.nn.modules.module.register_module_forward_hook(
+        lambda module, args, out: seen.append(type(module).__name__))
+    try:
+        net.run(inputs)
+    finally:
+        every.remove()
+    assert seen == ["net", "Input", "ToyScale", "ToyScale", "ToyScale", "Net"]
+    net.run(inputs)
+    assert len(seen) == 6  # nothing more once the hooks are gone
+    assert all(torch.equal(plain[k], hooked[k]) for k in plain)

@@ -69,10 +69,10 @@ class StepFn(Protocol):
 def eager_step(solver: Solver, net: Any = None) -> tuple[torch.Tensor, NetOutput]:
     """The plain step: iter_size forward and backward passes, op by op (through ``net``, a
     compiled form of the solver's net, when given)."""
-    net = net if net is not None else solver.net
+    forward = net if net is not None else solver.net.run
     if solver.param.iter_size == 1:
         with solver.autocast():
-            out = net()
+            out = forward()
         if out.loss.requires_grad:
             out.loss.backward()
         return out.loss.detach().float(), out
@@ -80,7 +80,7 @@ def eager_step(solver: Solver, net: Any = None) -> tuple[torch.Tensor, NetOutput
     out = None
     for _ in range(solver.param.iter_size):
         with solver.autocast():
-            out = net()
+            out = forward()
         if out.loss.requires_grad:
             out.loss.backward()
         total += out.loss.detach().float()

@@ -192,6 +192,8 @@ class Updater:
                                  for _ in range(self.rule.histories) for w in self.params]
         self._hist = [[[self.history[j * n + i] for i in g.indices]
                        for j in range(self.rule.histories)] for g in self.groups]
+        self._weights = [[self.params[i] for i in g.indices] for g in self.groups]
+        self._order = [i for g in self.groups for i in g.indices]
 
     @torch.no_grad()
     def apply(self, rate: float, it: int) -> None:
@@ -205,15 +207,15 @@ class Updater:
     @torch.no_grad()
     def apply_scales(self, scales: Sequence[Scale]) -> None:
         """One update with each group's multiplier given (see :meth:`scales`)."""
-        grads = [self._grad(i) for g in self.groups for i in g.indices]
+        grads = [self._grad(i) for i in self._order]
         if not grads:
             return
         self._clip(grads)
         start = 0
-        for group, hist, scale in zip(self.groups, self._hist, scales, strict=True):
-            g = grads[start:start + len(group.indices)]
-            start += len(group.indices)
-            w = [self.params[i] for i in group.indices]
+        for group, w, hist, scale in zip(self.groups, self._weights, self._hist, scales,
+                                         strict=True):
+            g = grads[start:start + len(w)]
+            start += len(w)
             if self.p.iter_size > 1:
                 torch._foreach_mul_(g, 1.0 / self.p.iter_size)
             self._regularize(w, g, group.decay_mult)
