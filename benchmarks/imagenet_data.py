@@ -162,15 +162,9 @@ def feed_rate(db: Path, root: Path, s: Setup, devices: list[torch.device],
 
 def decoder_of(feed, pool: ReaderPool) -> str:
     """Who decoded a feed's records in the end."""
-    images = feed.images
-    if images is None:
+    if feed.images is None:
         return "reader"
-    if images.gpu is None:
-        return f"{pool.workers.count} CPU threads"
-    if images.options.gpu == "on" or not pool.workers.threads:
-        return "nvJPEG"
-    return (f"nvJPEG + {pool.workers.count} CPU threads, nvJPEG's share "
-            f"{images.gpu_share:.2f}")
+    return "nvJPEG" if feed.images.gpu is not None else f"{pool.workers.count} CPU threads"
 
 
 def decode_rows(root: Path, s: Setup, devices: list[torch.device], peer_workers: int) -> list:
@@ -358,8 +352,8 @@ def train_rows(root: Path, s: Setup, device: torch.device, peer_workers: int,
     seen: dict = {}
     gpu_decode = device.type == "cuda" and nvjpeg.unavailable() is None
     ours = [("raw", raw, DecodeOptions()), ("JPEG", jpeg, DecodeOptions())]  # the defaults
-    if gpu_decode:  # the two decoders alone: the default shares each batch between them
-        ours += [("JPEG", jpeg, DecodeOptions(gpu="on")), ("JPEG", jpeg, DecodeOptions(gpu="off"))]
+    if gpu_decode:
+        ours.append(("JPEG", jpeg, DecodeOptions(gpu="off")))
     runs: list = [("DummyData (constant), first", None, None, 0)]
     runs += [(f"Data, {name} LMDB", db,
               lambda param, d=decode: our_feed(param, device, d, seen), 0)

@@ -9,16 +9,6 @@ own decoder (:func:`~.datum.decode_image`), bit for bit.
 GPU: the batch's files go to nvJPEG in one call and the images are stacked; the feed then crops,
 mirrors and turns RGB into BGR with the rest of the transform in one pass on the device
 (:meth:`~.transformer.Transformer.device_transform`).
-
-Both (:meth:`BatchImages.shared`, GPU decode "auto" with decode threads): nvJPEG decodes the
-first part of each batch in the feed's thread while the CPU workers decode the rest, so a
-batch takes the slower of the two, not the sum. The split follows the two decoders' measured
-time per image (each batch's, smoothed), so that both finish together: beside a training
-step that keeps the GPU busy, nvJPEG's per-image waits on its copies and kernels make it no
-faster than four PIL threads (ResNet-50 on an H100: 3,246 against 3,307 images/s), and the
-two together reach what neither does alone. Which decoder takes a record then depends on
-timing, and the two decoders' pixels differ by a level or two: set CPY_GPU_DECODE=on (all on
-the GPU) or off (all on the CPU) for pixels that do not depend on it.
 A batch holding anything but JPEG files, or one nvJPEG refuses, is decoded by the CPU workers
 instead (a file that no decoder reads is then reported by its key).
 """
@@ -26,7 +16,6 @@ from __future__ import annotations
 
 import io
 import logging
-import time
 
 import numpy as np
 import torch
@@ -37,14 +26,9 @@ from .decode import check_record
 from .envelope import is_jpeg
 from .records import RecordBatch
 from .transformer import Choices, Transformer
-from .workers import DecodeOptions, DecodeWorkers, Pending
+from .workers import DecodeOptions, DecodeWorkers
 
 log = logging.getLogger(__name__)
-
-FIRST_GPU_SHARE = 0.5
-"""nvJPEG's part of the first shared batch; later ones follow the measured rates."""
-SHARE_SMOOTHING = 0.25
-"""Each batch's time per image moves the smoothed one this far."""
 
 
 class BatchImages:
@@ -62,10 +46,6 @@ class BatchImages:
         self.options, self.device = options, device
         self.gpu_error: str | None = None  # nvJPEG refused a batch: see host()
         self.gpu = None
-        self.gpu_share = FIRST_GPU_SHARE
-        """The part of a batch nvJPEG decodes when it shares batches with the CPU workers."""
-        self._gpu_spi: float | None = None  # smoothed seconds per image: nvJPEG's part
-        self._cpu_spi: float | None = None  # the CPU workers' part
         if device.type == "cuda" and options.gpu != "off" and record_shape[0] in (1, 3):
             self.gpu = self._gpu_decoder()
 
@@ -86,30 +66,20 @@ class BatchImages:
     def host(self, batch: RecordBatch, choices: Choices, out: np.ndarray) -> None:
         """Decode the batch's files into ``out`` (B, C, h, w) uint8: each record's crop,
         mirrored where ``choices`` flip it."""
-        self._finish(self._submit(batch, choices, out, 0, len(batch)))
-
-    def _submit(self, batch: RecordBatch, choices: Choices, out: np.ndarray, start: int,
-                stop: int) -> Pending:
-        """Records ``start .. stop-1`` into their rows of ``out``, on the workers."""
         files, keys = batch.rows, batch.keys
         offsets, flips = choices.offsets.tolist(), choices.flips.tolist()
 
-        def part(a: int, b: int) -> None:
-            for i in range(start + a, start + b):
+        def part(start: int, stop: int) -> None:
+            for i in range(start, stop):
                 self._decode_into(files[i], keys[i], out[i], offsets[i], flips[i])
 
-        return self.workers.submit(part, stop - start, where=self.path)
-
-    def _finish(self, pending: Pending) -> float:
-        """Wait for the workers' part (returns when it finished); then act on a refusal."""
         try:
-            finished = pending.wait()
+            self.workers.run(part, len(files), where=self.path)
         except BaseException:
             self.gpu_error = None  # a file no decoder reads: its error is the one to raise
             raise
         if self.gpu_error is not None:
             self._gpu_refused()
-        return finished
 
     def _decode_into(self, file, key: bytes, out: np.ndarray, offset: list[int],
                      flip: bool) -> None:
@@ -140,47 +110,6 @@ class BatchImages:
         check_record(self.path, key, chw, self.record_shape, np.dtype(np.uint8))
         window = chw[:, h0:h0 + ch, w0:w0 + cw]
         out[...] = window[:, :, ::-1] if flip else window
-
-    # --- both ---------------------------------------------------------------------------------
-    def shared(self, batch: RecordBatch, choices: Choices,
-               out: np.ndarray) -> tuple[torch.Tensor | None, int]:
-        """Decode a CUDA feed's batch: (whole images of records 0 .. k-1 decoded by nvJPEG
-        on the device, as :meth:`on_device` gives them, k); the crops of records k .. n-1
-        are written into ``out`` by the CPU workers meanwhile, as :meth:`host` writes them.
-        k is 0 (images None) when the batch is the CPU workers' alone."""
-        n = len(batch)
-        k = self._gpu_records(batch)
-        if k == 0:
-            self.host(batch, choices, out)
-            return None, 0
-        started = time.perf_counter()
-        pending = self._submit(batch, choices, out, k, n) if k < n else None
-        images = self.on_device(batch if k == n else batch.head(k))
-        gpu_done = time.perf_counter()
-        cpu_done = self._finish(pending) if pending is not None else gpu_done
-        if images is None:  # nvJPEG refused its part: the CPU takes it too (or raises)
-            self.host(batch.head(k), choices, out)
-            return None, 0
-        self._measured(k, gpu_done - started, n - k, cpu_done - started)
-        return images, k
-
-    def _gpu_records(self, batch: RecordBatch) -> int:
-        """How many of the batch's first records nvJPEG decodes (0: none, the CPU's batch)."""
-        n = len(batch)
-        if self.gpu is None or not all(is_jpeg(f) for f in batch.rows):
-            return 0
-        if self.options.gpu == "on" or not self.workers.threads or n < 2:
-            return n
-        return min(n - 1, max(1, round(n * self.gpu_share)))
-
-    def _measured(self, k: int, gpu_s: float, cpu_records: int, cpu_s: float) -> None:
-        """Smooth each decoder's seconds per image and move :attr:`gpu_share` to where both
-        would finish together."""
-        self._gpu_spi = _smoothed(self._gpu_spi, gpu_s / k)
-        if cpu_records:
-            self._cpu_spi = _smoothed(self._cpu_spi, cpu_s / cpu_records)
-        if self._cpu_spi is not None:
-            self.gpu_share = self._cpu_spi / (self._gpu_spi + self._cpu_spi)
 
     # --- the GPU ------------------------------------------------------------------------------
     @property
@@ -222,7 +151,3 @@ class BatchImages:
         log.info("%s: nvJPEG could not decode a batch (%s); JPEG records are decoded on %d "
                  "CPU threads from now on", self.path, reason, self.workers.count)
         self.gpu = None
-
-
-def _smoothed(old: float | None, new: float) -> float:
-    return new if old is None else old + SHARE_SMOOTHING * (new - old)

@@ -94,7 +94,6 @@ class _HostSlot:
         self.data = raw[:count * dtype.itemsize].view(dtype).reshape(shape)
         self.label = raw[data_bytes:].view(np.int64)
         self.label_at = data_bytes
-        self.row_bytes = count // shape[0] * dtype.itemsize  # one record's
         self.device = torch.empty_like(self.host, device=device)
         tdtype = torch.from_numpy(np.zeros(0, dtype=dtype)).dtype
         self.device_data = self.device[:count * dtype.itemsize].view(tdtype).view(shape)
@@ -267,23 +266,16 @@ class Prefetcher:
         slot = self._slots[index]
         slot.wait_free()
         slot.label[:] = batch.labels
-        # records 0 .. k-1 by nvJPEG (whole images, on the side stream: this thread's), the
-        # rest cropped into the slot by the CPU workers meanwhile
-        decoded, k = images.shared(batch, choices, slot.data)
-        n = len(batch)
-        if decoded is None:  # the CPU workers': one copy of crops and labels
+        decoded = images.on_device(batch)  # on the side stream (this thread's)
+        if decoded is None:  # the CPU workers: crops into the slot, one copy with the labels
+            images.host(batch, choices, slot.data)
             slot.device.copy_(slot.host, non_blocking=True)
             data = transformer.device(slot.device_data, choices, self.mean, mirror=False)
         else:  # whole RGB images: crop, mirror, BGR, mean and scale in one pass
-            at = slot.row_bytes * k  # the CPU's crops (if any) and the labels: one copy
+            at = slot.label_at
             slot.device[at:].copy_(slot.host[at:], non_blocking=True)
-            data = torch.empty((n, *transformer.out_shape), dtype=torch.float32,
-                               device=self.device)
-            transformer.device_transform(decoded, choices.rows(0, k), self.mean,
-                                         reverse_channels=images.rgb, out=data[:k])
-            if k < n:
-                data[k:] = transformer.device(slot.device_data[k:], choices.rows(k, n),
-                                              self.mean, mirror=False)
+            data = transformer.device_transform(decoded, choices, self.mean,
+                                                reverse_channels=images.rgb)
         label = slot.device_label.clone()
         slot.done.record(self._side)
         slot.used = True

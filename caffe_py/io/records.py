@@ -40,12 +40,6 @@ class RecordBatch:
     def __len__(self) -> int:
         return len(self.labels)
 
-    def head(self, k: int) -> RecordBatch:
-        """The first ``k`` records (views)."""
-        return RecordBatch(self.first, self.step,
-                           None if self.pixels is None else self.pixels[:k], self.labels[:k],
-                           self.keys[:k], None if self.files is None else self.files[:k])
-
     @property
     def rows(self) -> np.ndarray | ImageFiles:
         """The pixels, or the image files."""

@@ -57,10 +57,6 @@ class Choices:
     offsets: np.ndarray
     flips: np.ndarray
 
-    def rows(self, start: int, stop: int) -> Choices:
-        """The choices of records ``start .. stop-1`` of the batch."""
-        return Choices(self.offsets[start:stop], self.flips[start:stop])
-
 
 class Transformer:
     """Applies one layer's ``transform_param`` to records of shape ``record_shape`` (C, H, W).
@@ -293,27 +289,24 @@ class Transformer:
                       rows_t[:, None, :, None], cols_t[:, None, None, :]]
 
     def device_transform(self, records: torch.Tensor, choices: Choices,
-                         mean: torch.Tensor | None, *, reverse_channels: bool = False,
-                         out: torch.Tensor | None = None) -> torch.Tensor:
+                         mean: torch.Tensor | None, *,
+                         reverse_channels: bool = False) -> torch.Tensor:
         """Whole records (B, C, H, W) on a device -> the transformed batch (B, C, h, w)
         float32: :meth:`device_crop`, then :meth:`device`. On CUDA one kernel does it all (a
         read of each crop window and one write), where the two calls take four passes over
-        the batch; the results are the same bits. ``mean`` is :meth:`device_mean`'s; ``out``
-        (a contiguous float32 tensor of the batch's shape) receives the result."""
-        if _fusable(records, mean, self.out_shape) and (out is None or out.is_contiguous()):
+        the batch; the results are the same bits. ``mean`` is :meth:`device_mean`'s."""
+        if _fusable(records, mean, self.out_shape):
             from ..kernels import functions
 
             where = np.empty((len(records), 3), np.int32)  # per record: h0, w0, flip
             where[:, :2] = choices.offsets
             where[:, 2] = choices.flips
-            if out is None:
-                out = torch.empty((len(records), *self.out_shape), dtype=torch.float32,
-                                  device=records.device)
+            out = torch.empty((len(records), *self.out_shape), dtype=torch.float32,
+                              device=records.device)
             return functions.crop_transform(records, _to_device(where, records.device),
                                             mean, self.tp.scale, reverse_channels, out)
         crops = self.device_crop(records, choices, reverse_channels=reverse_channels)
-        data = self.device(crops, choices, mean)
-        return data if out is None else out.copy_(data)
+        return self.device(crops, choices, mean)
 
     def _mean_for(self, mean: torch.Tensor, choices: Choices,
                   device: torch.device) -> torch.Tensor:

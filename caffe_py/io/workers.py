@@ -16,7 +16,6 @@ from __future__ import annotations
 import os
 import queue
 import threading
-import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
@@ -57,10 +56,8 @@ class DecodeOptions:
     to 4). 1 decodes in the reader's or feed's own thread."""
     gpu: str = "auto"
     """JPEG records on a CUDA feed: "auto" decodes them on the GPU (nvJPEG through
-    torchvision.io.decode_jpeg) when torchvision is installed, sharing each batch with the CPU
-    workers when there are decode threads (the split follows the two decoders' speed; see
-    image_batch.py); "on" decodes every one on the GPU and requires it; "off" decodes with the
-    CPU workers."""
+    torchvision.io.decode_jpeg) when torchvision is installed, "on" requires it, "off" decodes
+    with the CPU workers."""
 
     def __post_init__(self) -> None:
         if self.workers is not None and self.workers < 1:
@@ -135,34 +132,33 @@ class DecodeWorkers:
             part, start, stop, index, done = task
             try:
                 part(start, stop)
-                done.put((index, None, time.perf_counter()))
+                done.put((index, None))
             except BaseException as exc:  # noqa: BLE001 (handed to the caller, never lost)
-                done.put((index, exc, time.perf_counter()))
+                done.put((index, exc))
 
     def run(self, part: Part, n: int, *, where: str) -> None:
         """``part(start, stop)`` over records 0 .. n-1, cut into parts run by the threads;
         returns when every part is done. A failing part's error is raised (the first by
         record order when several fail: a :class:`DataError` as it is, anything else as one
         line naming ``where``) after the others have finished."""
-        self.submit(part, n, where=where).wait()
-
-    def submit(self, part: Part, n: int, *, where: str) -> Pending:
-        """:meth:`run` without the wait: the parts are queued for the threads and the caller
-        goes on (say, decoding other records on the GPU) until :meth:`Pending.wait`. With no
-        threads the records are decoded in the calling thread when it waits."""
         if self._stop.is_set():
             raise DataError(f"{where}: the decode workers were closed")
         if not self.threads or n <= 1:
-            return Pending(self, part, n, where, None, 0)
+            _call(part, 0, n, where)
+            return
         bounds = _cuts(n, min(n, PARTS_PER_WORKER * self.count))
         done: queue.SimpleQueue = queue.SimpleQueue()
         for index, (start, stop) in enumerate(zip(bounds, bounds[1:], strict=False)):
             self._tasks.put((part, start, stop, index, done))
-        return Pending(self, part, n, where, done, len(bounds) - 1)
+        errors = {}
+        for _ in range(len(bounds) - 1):
+            index, error = self._next_result(done, where)
+            if error is not None:
+                errors[index] = error
+        if errors:
+            raise _as_data_error(errors[min(errors)], where)
 
-    def next_result(self, done: queue.SimpleQueue, where: str):
-        """The next (part index, error or None, finish time) of a run, watching for close()
-        and for threads that died."""
+    def _next_result(self, done: queue.SimpleQueue, where: str):
         while True:
             try:
                 return done.get(timeout=WAIT_SLICE_S)
@@ -172,31 +168,6 @@ class DecodeWorkers:
                 raise DataError(f"{where}: the decode workers were closed")
             if not any(thread.is_alive() for thread in self.threads):
                 raise DataError(f"{where}: the decode workers stopped")
-
-
-class Pending:
-    """A submitted decode run (:meth:`DecodeWorkers.submit`)."""
-
-    def __init__(self, workers: DecodeWorkers, part: Part, n: int, where: str,
-                 done: queue.SimpleQueue | None, parts: int):
-        self._workers, self._part, self._n, self._where = workers, part, n, where
-        self._done, self._parts = done, parts
-
-    def wait(self) -> float:
-        """Block until every part is done; returns when the last one finished
-        (``time.perf_counter``). Errors are raised as :meth:`DecodeWorkers.run` raises them."""
-        if self._done is None:  # no threads: decode here and now
-            _call(self._part, 0, self._n, self._where)
-            return time.perf_counter()
-        errors, finished = {}, 0.0
-        for _ in range(self._parts):
-            index, error, at = self._workers.next_result(self._done, self._where)
-            finished = max(finished, at)
-            if error is not None:
-                errors[index] = error
-        if errors:
-            raise _as_data_error(errors[min(errors)], self._where)
-        return finished
 
 
 def _cuts(n: int, parts: int) -> list[int]:

@@ -51,11 +51,10 @@ class StandIn:
         return [torch.from_numpy(np.ascontiguousarray(decode_image(f)[::-1])) for f in files]
 
 
-def batch_images(options: DecodeOptions, gpu=None,
-                 workers: DecodeWorkers | None = None) -> tuple[BatchImages, Transformer]:
+def batch_images(options: DecodeOptions, gpu=None) -> tuple[BatchImages, Transformer]:
     t = Transformer(TransformationParameter(crop_size=7, mirror=True), "TRAIN", (3, H, W),
                     seed=2)
-    images = BatchImages("db", (3, H, W), None, t, workers or DecodeWorkers(1), options,
+    images = BatchImages("db", (3, H, W), None, t, DecodeWorkers(1), options,
                          torch.device("cpu"))
     images.gpu = gpu
     return images, t
@@ -79,63 +78,6 @@ def test_the_device_path_crops_mirrors_and_reorders_as_the_cpu_workers():
                        torch.from_numpy(want))
     assert torch.equal(t.device_transform(whole, choices, None, reverse_channels=True),
                        t.device(torch.from_numpy(want), choices, None))
-
-
-def test_a_shared_batch_is_split_between_the_gpu_and_the_cpu_workers():
-    """auto with decode threads: nvJPEG's whole images for the first records, the workers'
-    crops for the rest in their rows of the buffer; together the CPU path's batch."""
-    workers = DecodeWorkers(2)
-    workers.start()
-    try:
-        images, t = batch_images(DecodeOptions(2, "auto"), StandIn(), workers)
-        batch = files_batch(tuple(jpeg(i) for i in range(6)))
-        choices = t.choices_for(0, 1, 6)
-        want = np.empty((6, 3, 7, 7), np.uint8)
-        images.host(batch, choices, want)
-        out = np.zeros_like(want)
-        whole, k = images.shared(batch, choices, out)
-        assert k == 3 and tuple(whole.shape) == (3, 3, H, W)  # the first split: half
-        assert torch.equal(t.device_crop(whole, choices.rows(0, k), reverse_channels=True),
-                           torch.from_numpy(want[:k]))
-        np.testing.assert_array_equal(out[k:], want[k:])
-        assert images._gpu_spi is not None and images._cpu_spi is not None
-    finally:
-        workers.close()
-
-
-def test_the_split_follows_the_measured_time_per_image():
-    images, _ = batch_images(DecodeOptions(2, "auto"), StandIn())
-    images._measured(10, 0.2, 10, 0.1)  # the GPU takes 20 ms an image, the CPU 10 ms
-    assert images.gpu_share == pytest.approx(1 / 3)
-    images._measured(10, 0.1, 10, 0.1)  # then both 10 ms: each moves a quarter of the way
-    assert images._gpu_spi == pytest.approx(0.0175)
-    assert images.gpu_share == pytest.approx(0.01 / 0.0275)
-
-
-def test_gpu_decode_on_or_no_threads_leaves_the_whole_batch_to_the_gpu():
-    batch = files_batch(tuple(jpeg(i) for i in range(4)))
-    for options in (DecodeOptions(2, "on"), DecodeOptions(1, "auto")):
-        images, t = batch_images(options, StandIn())  # workers not started: no threads
-        whole, k = images.shared(batch, t.choices_for(0, 1, 4), np.empty((4, 3, 7, 7),
-                                                                            np.uint8))
-        assert k == 4 and tuple(whole.shape) == (4, 3, H, W)
-
-
-def test_a_refused_shared_batch_is_decoded_by_the_cpu_workers_whole():
-    workers = DecodeWorkers(2)
-    workers.start()
-    try:
-        images, t = batch_images(DecodeOptions(2, "auto"), StandIn(refuse=True), workers)
-        batch = files_batch(tuple(jpeg(i) for i in range(6)))
-        choices = t.choices_for(0, 1, 6)
-        out = np.zeros((6, 3, 7, 7), np.uint8)
-        assert images.shared(batch, choices, out) == (None, 0)
-        want = np.empty_like(out)
-        images.host(batch, choices, want)
-        np.testing.assert_array_equal(out, want)
-        assert images.gpu is None
-    finally:
-        workers.close()
 
 
 def test_a_batch_with_other_files_goes_to_the_cpu_workers():
@@ -232,23 +174,3 @@ def test_nvjpeg_feed_gives_the_cpu_records_in_order_within_tolerance(tmp_path, m
         assert g_data.shape == c_data.shape == (4, 3, 8, 8)
         diff = (g_data - c_data).abs() / 0.5  # in pixel levels (scale 0.5)
         assert diff.mean(dim=(1, 2, 3)).max() < 2  # torchvision's own tolerance, per image
-
-
-@pytest.mark.gpu
-@needs_nvjpeg
-def test_a_shared_feed_gives_each_record_from_one_decoder_or_the_other(tmp_path, monkeypatch):
-    """auto with two threads: every batch split between nvJPEG and PIL; each image is the
-    CPU path's exactly (decoded by PIL) or within nvJPEG's tolerance, and both happen."""
-    monkeypatch.setattr(reader, "CACHE_BYTES", 0)
-    db = write_db(tmp_path / "db", [jpeg(i, size=(48, 40)) for i in range(20)])
-    cpu, _ = _feed_batches(db, "off", 8)
-    shared, used_gpu = _feed_batches(db, "auto", 8)
-    assert used_gpu
-    exact = inexact = 0
-    for (c_data, c_label), (s_data, s_label) in zip(cpu, shared, strict=True):
-        assert torch.equal(c_label, s_label)
-        for c_image, s_image in zip(c_data, s_data, strict=True):
-            same = torch.equal(c_image, s_image)
-            exact, inexact = exact + same, inexact + (not same)
-            assert ((s_image - c_image).abs() / 0.5).mean() < 2
-    assert exact and inexact, (exact, inexact)

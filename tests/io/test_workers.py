@@ -35,32 +35,6 @@ def test_parts_cover_every_record_once_and_run_on_the_threads(pool):
     assert names <= {"cpy-test:0", "cpy-test:1", "cpy-test:2"} and len(names) >= 2
 
 
-def test_a_submitted_run_goes_on_while_the_caller_works_and_wait_gives_its_end(pool):
-    """submit() returns before the parts finish (they wait for the caller here: run() would
-    block forever), and wait() returns when the last part finished."""
-    gate, seen = threading.Event(), []
-
-    def part(start, stop):
-        assert gate.wait(5)
-        seen.extend(range(start, stop))
-
-    pending = pool.submit(part, 9, where="db")
-    assert seen == []
-    gate.set()
-    finished = pending.wait()
-    assert sorted(seen) == list(range(9))
-    assert finished <= time.perf_counter()
-
-
-def test_a_submitted_run_without_threads_decodes_when_waited_for():
-    pool = DecodeWorkers(1)
-    seen = []
-    pending = pool.submit(lambda a, b: seen.append((a, b)), 5, where="db")
-    assert seen == []
-    pending.wait()
-    assert seen == [(0, 5)]
-
-
 def test_one_worker_decodes_in_the_calling_thread():
     pool = DecodeWorkers(1)
     pool.start()
