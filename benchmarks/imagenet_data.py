@@ -232,7 +232,7 @@ def decode_only_rows(root: Path, s: Setup) -> list:
     for n in (n for n in s.workers if n <= usable_cores()):
         workers = DecodeWorkers(n)
         workers.start()
-        images = BatchImages("bench", shape, None, t, workers, DecodeOptions(n, "off"),
+        images = BatchImages("bench", shape, None, workers, DecodeOptions(n, "off"),
                              torch.device("cpu"))
         try:
             rows.append((n, rate([lambda i=images: i.host(batch, t.choices_for(0, 1, len(files)),

@@ -90,8 +90,8 @@ def attach_feeds(net: NetWithData, pool: ReaderPool, *, replica: int = 0,
         transformer = Transformer(spec.transform, layer.phase, spec.record_shape, seed=seed,
                                   where=f"layer '{layer.name}' ({spec.source}): ")
         on = torch.device(device)
-        images = (BatchImages(spec.source, spec.record_shape, spec.color, transformer,
-                              pool.workers, pool.decode, on) if spec.encoded else None)
+        images = (BatchImages(spec.source, spec.record_shape, spec.color, pool.workers,
+                              pool.decode, on) if spec.encoded else None)
         feed = Prefetcher(queue, transformer, spec.batch_size, device=on,
                           name=f"{stream}#{replica}", images=images)
         pool.manage(feed)

@@ -25,7 +25,7 @@ from .datum import format_key, pil_to_chw
 from .decode import check_record
 from .envelope import is_jpeg
 from .records import RecordBatch
-from .transformer import Choices, Transformer
+from .transformer import Choices
 from .workers import DecodeOptions, DecodeWorkers
 
 log = logging.getLogger(__name__)
@@ -33,14 +33,13 @@ log = logging.getLogger(__name__)
 
 class BatchImages:
     """Decodes the image files of one feed's batches of records of ``record_shape`` (C, H, W)
-    from database ``path`` (``color`` as the reader's decoder), for ``transformer``'s crops.
-    ``device`` is the feed's; JPEG files are decoded there when ``options`` allow it."""
+    from database ``path`` (``color`` as the reader's decoder). ``device`` is the feed's; JPEG
+    files are decoded there when ``options`` allow it."""
 
     def __init__(self, path: str, record_shape: tuple[int, int, int], color: bool | None,
-                 transformer: Transformer, workers: DecodeWorkers, options: DecodeOptions,
-                 device: torch.device):
+                 workers: DecodeWorkers, options: DecodeOptions, device: torch.device):
         self.path, self.record_shape, self.color = path, record_shape, color
-        self.transformer, self.workers = transformer, workers
+        self.workers = workers
         if device.type == "cuda" and device.index is None and torch.cuda.is_available():
             device = torch.device("cuda", torch.cuda.current_device())  # as the feed's
         self.options, self.device = options, device

@@ -271,7 +271,7 @@ class Prefetcher:
             images.host(batch, choices, slot.data)
             slot.device.copy_(slot.host, non_blocking=True)
             data = transformer.device(slot.device_data, choices, self.mean, mirror=False)
-        else:  # whole RGB images: crop, mirror, BGR, mean and scale in one pass
+        else:  # whole images (RGB or gray): crop, mirror, BGR, mean and scale in one pass
             at = slot.label_at
             slot.device[at:].copy_(slot.host[at:], non_blocking=True)
             data = transformer.device_transform(decoded, choices, self.mean,

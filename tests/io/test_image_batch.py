@@ -204,7 +204,7 @@ def test_host_crops_are_the_reader_decoders_pixels(mode, fmt, color, channels):
     workers = DecodeWorkers(2)
     workers.start()
     try:
-        images = BatchImages("db", (channels, H, W), color, t, workers, DecodeOptions(2, "off"),
+        images = BatchImages("db", (channels, H, W), color, workers, DecodeOptions(2, "off"),
                              torch.device("cpu"))
         out = np.empty((6, channels, 7, 7), np.uint8)
         images.host(RecordBatch(4, 3, None, np.arange(6), (b"k",) * 6, files), choices, out)

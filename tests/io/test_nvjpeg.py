@@ -54,7 +54,7 @@ class StandIn:
 def batch_images(options: DecodeOptions, gpu=None) -> tuple[BatchImages, Transformer]:
     t = Transformer(TransformationParameter(crop_size=7, mirror=True), "TRAIN", (3, H, W),
                     seed=2)
-    images = BatchImages("db", (3, H, W), None, t, DecodeWorkers(1), options,
+    images = BatchImages("db", (3, H, W), None, DecodeWorkers(1), options,
                          torch.device("cpu"))
     images.gpu = gpu
     return images, t
@@ -130,14 +130,13 @@ def test_a_file_no_decoder_reads_is_reported_by_its_key_not_as_a_refusal():
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the message without CUDA")
 def test_gpu_decode_on_without_cuda_is_an_error_at_attach_and_auto_falls_back(caplog):
-    t = Transformer(TransformationParameter(), "TRAIN", (3, H, W))
     with pytest.raises(DataError, match=r"^db: cannot decode JPEG records on the GPU: CUDA is "
                                         r"not available; install torchvision, or set "
                                         r"CPY_GPU_DECODE=auto or off$"):
-        BatchImages("db", (3, H, W), None, t, DecodeWorkers(2), DecodeOptions(2, "on"),
+        BatchImages("db", (3, H, W), None, DecodeWorkers(2), DecodeOptions(2, "on"),
                     torch.device("cuda"))
     caplog.set_level(logging.INFO, logger="caffe_py")
-    images = BatchImages("db", (3, H, W), None, t, DecodeWorkers(2), DecodeOptions(2, "auto"),
+    images = BatchImages("db", (3, H, W), None, DecodeWorkers(2), DecodeOptions(2, "auto"),
                          torch.device("cuda"))
     assert images.gpu is None
     assert "db: JPEG records are decoded on 2 CPU threads (CUDA is not available)" in caplog.text
