@@ -346,7 +346,8 @@ def _fusable(records: torch.Tensor, mean: torch.Tensor | None,
     if not (records.is_cuda and records.dim() == 4 and records.is_contiguous()
             and records.dtype in (torch.uint8, torch.float32)
             and tuple(records.shape[1:2]) == out_shape[:1]
-            and out_shape[1] <= records.shape[2] and out_shape[2] <= records.shape[3]):
+            and out_shape[1] <= min(records.shape[2], 65535)
+            and out_shape[2] <= records.shape[3]):
         return False
     if mean is not None and not (mean.device == records.device and mean.dtype == torch.float32
                                  and mean.is_contiguous()
