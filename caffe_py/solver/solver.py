@@ -95,11 +95,19 @@ def memory_format_for(name: str, device: torch.device | str = "cpu",
         return torch.contiguous_format
     if name == "CHANNELS_LAST" or torch.device(device).type != "cuda" or net is None:
         return torch.channels_last
-    wide = any(getattr(layer, "axis", 1) < len(layer.bottom_shapes[0]) and
-               layer.bottom_shapes[0][getattr(layer, "axis", 1)] >= CHANNELS_LAST_MIN_CHANNELS
-               for layer in net.layers
-               if layer.spec.type in ("Convolution", "Deconvolution") and layer.bottom_shapes)
-    return torch.channels_last if wide else torch.contiguous_format
+    return torch.channels_last if _widest_convolution(net) >= CHANNELS_LAST_MIN_CHANNELS \
+        else torch.contiguous_format
+
+
+def _widest_convolution(net: Any) -> int:
+    """The most channels a (de)convolution of ``net`` reads (0: it has none)."""
+    widths = [0]
+    for layer in net.layers:
+        if layer.spec.type in ("Convolution", "Deconvolution") and layer.bottom_shapes:
+            shape, axis = layer.bottom_shapes[0], getattr(layer, "axis", 1)
+            if axis < len(shape):
+                widths.append(shape[axis])
+    return max(widths)
 
 
 class Solver:
