@@ -50,7 +50,6 @@ os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")  # as the CLI: idle OpenMP t
 
 import numpy as np  # noqa: E402
 import torch  # noqa: E402
-import yaml  # noqa: E402
 
 HERE = Path(__file__).resolve().parent
 sys.path[:0] = [str(HERE.parent), str(HERE)]
@@ -58,6 +57,7 @@ sys.path[:0] = [str(HERE.parent), str(HERE)]
 import resnet50_step  # noqa: E402
 from data_pipeline import save  # noqa: E402
 from imagenet_peer import channel_means, peer_feed, peer_missing  # noqa: E402
+from multigpu import constant_dummy_data, write_solver  # noqa: E402
 
 from caffe_py.io import ReaderPool, attach_feeds, nvjpeg, reader, swap_feed  # noqa: E402
 from caffe_py.io.feeds import feed_of  # noqa: E402
@@ -283,19 +283,10 @@ def net_spec(s: Setup, data: dict | None) -> dict:
     return spec
 
 
-def solver_param(spec: dict, s: Setup, work: Path, name: str) -> SolverParameter:
-    """The net and an SGD solver (bf16; channels_last, AUTO's choice on CUDA) as `cpy train`
-    reads them, planned for the row's warm-up and timed steps."""
-    work.mkdir(parents=True, exist_ok=True)
-    net = work / f"{name}_net.yaml"
-    net.write_text(yaml.safe_dump(spec, sort_keys=False))
-    solver = {"net": str(net), "base_lr": 0.01, "momentum": 0.9, "weight_decay": 1e-4,
-              "lr_policy": "fixed", "max_iter": 1, "display": 0, "random_seed": 1,
-              "precision": "BF16", "snapshot_after_train": False,
-              "snapshot_prefix": str(work / f"{name}_snap")}
-    path = work / f"{name}_solver.yaml"
-    path.write_text(yaml.safe_dump(solver, sort_keys=False))
-    return load_solver(path)
+def solver_param(spec: dict, work: Path, name: str) -> SolverParameter:
+    """The net and the benchmarks' SGD solver over it (bf16; channels_last, AUTO's choice on
+    CUDA) as `cpy train` reads them (train_rate sets max_iter)."""
+    return load_solver(write_solver(spec, work, name))
 
 
 @contextlib.contextmanager
@@ -366,7 +357,7 @@ def train_rows(root: Path, s: Setup, device: torch.device, peer_workers: int,
     rows = []
     for name, db, solver_of, warmup in runs:
         spec = net_spec(s, None if db is None else data_spec(db, root, s))
-        param = solver_param(spec, s, out / "imagenet_specs", "dummy" if db is None
+        param = solver_param(spec, out / "imagenet_specs", "dummy" if db is None
                              else db.name)
         seen.clear()
         images = train_rate(param, device, s, solver_of, warmup)
@@ -386,7 +377,6 @@ def multi_train_rows(root: Path, s: Setup, gpus: int, peer_workers: int, out: Pa
     import json
 
     specs, results = out / "imagenet_specs", out / "imagenet_multigpu.jsonl"
-    specs.mkdir(parents=True, exist_ok=True)
     raw, jpeg = root / "raw_lmdb", root / "jpeg_lmdb"
     env = {**os.environ, "NCCL_NVLS_ENABLE": "0",
            "PYTHONPATH": os.pathsep.join(filter(None, [str(HERE.parent),
@@ -396,13 +386,8 @@ def multi_train_rows(root: Path, s: Setup, gpus: int, peer_workers: int, out: Pa
     peer_warmup = s.warmup + 2 * peer_workers // gpus + 8
 
     def solver(name: str, db: Path | None) -> str:
-        net = specs / f"{name}_net.yaml"
-        net.write_text(yaml.safe_dump(net_spec(s, None if db is None else
-                                                data_spec(db, root, s)), sort_keys=False))
-        done = subprocess.run([sys.executable, str(HERE / "multigpu.py"), "solver", "--net",
-                               str(net), "--out", str(specs), "--name", name, "--precision",
-                               "BF16"], check=True, capture_output=True, text=True, env=env)
-        return done.stdout.strip().splitlines()[-1]
+        net = net_spec(s, None if db is None else data_spec(db, root, s))
+        return str(write_solver(constant_dummy_data(net), specs, name))
 
     cuda = device.type == "cuda"  # else a check of the script: CPU replicas, gloo
     ids = ",".join(str(i) for i in range(gpus)) if cuda else f"cpu:{gpus}"

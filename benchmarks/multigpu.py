@@ -63,20 +63,27 @@ def _test_only(layer: dict) -> bool:
     return bool(rules) and all(r.get("phase") == "TEST" for r in rules)
 
 
-def cmd_solver(args: argparse.Namespace) -> None:
-    out = args.out.resolve()
+def write_solver(net: dict, out: Path, name: str, precision: str = "BF16",
+                 lr: float = 0.01) -> Path:
+    """``net`` as out/<name>_net.yaml and the benchmarks' SGD solver over it (fixed rate,
+    momentum 0.9, weight decay 1e-4, no display, no snapshot) as out/<name>_solver.yaml;
+    returns the solver file's path (max_iter is the caller's to set)."""
     out.mkdir(parents=True, exist_ok=True)
+    net_path = out / f"{name}_net.yaml"
+    net_path.write_text(yaml.safe_dump(net, sort_keys=False))
+    solver = {"net": str(net_path), "base_lr": lr, "momentum": 0.9,
+              "weight_decay": 1e-4, "lr_policy": "fixed", "max_iter": 1, "display": 0,
+              "random_seed": 1, "precision": precision, "snapshot_after_train": False,
+              "snapshot_prefix": str(out / f"{name}_snap")}
+    path = out / f"{name}_solver.yaml"
+    path.write_text(yaml.safe_dump(solver, sort_keys=False))
+    return path
+
+
+def cmd_solver(args: argparse.Namespace) -> None:
     net = yaml.safe_load(args.net.read_text())
     net = lenet_dummy(net, args.batch or 64) if args.lenet else constant_dummy_data(net)
-    net_path = out / f"{args.name}_net.yaml"
-    net_path.write_text(yaml.safe_dump(net, sort_keys=False))
-    solver = {"net": str(net_path), "base_lr": args.lr, "momentum": 0.9,
-              "weight_decay": 1e-4, "lr_policy": "fixed", "max_iter": 1, "display": 0,
-              "random_seed": 1, "precision": args.precision, "snapshot_after_train": False,
-              "snapshot_prefix": str(out / f"{args.name}_snap")}
-    path = out / f"{args.name}_solver.yaml"
-    path.write_text(yaml.safe_dump(solver, sort_keys=False))
-    print(path)
+    print(write_solver(net, args.out.resolve(), args.name, args.precision, args.lr))
 
 
 # --- caffe-py throughput ------------------------------------------------------------------------
