@@ -59,7 +59,7 @@ from data_pipeline import save  # noqa: E402
 from imagenet_peer import channel_means, peer_feed, peer_missing  # noqa: E402
 from multigpu import constant_dummy_data, write_solver  # noqa: E402
 
-from caffe_py.io import ReaderPool, attach_feeds, nvjpeg, reader, swap_feed  # noqa: E402
+from caffe_py.io import ReaderPool, attach_feeds, libjpeg, nvjpeg, reader, swap_feed  # noqa: E402
 from caffe_py.io.feeds import feed_of  # noqa: E402
 from caffe_py.io.workers import DecodeOptions, usable_cores  # noqa: E402
 from caffe_py.layers import BuildContext, lookup  # noqa: E402
@@ -85,7 +85,7 @@ class Setup:
     workers: list[int]
 
 
-REAL = Setup(32000, 256, 224, 256, Fraction(1), 5.0, 25, 150, [1, 2, 4, 8, 16])
+REAL = Setup(32000, 256, 224, 256, Fraction(1), 5.0, 25, 150, [1, 2, 4, 8, 16, 32, 48])
 SMOKE = Setup(48, 40, 32, 8, Fraction(1, 16), 0.5, 1, 3, [1, 2])
 
 
@@ -164,7 +164,23 @@ def decoder_of(feed, pool: ReaderPool) -> str:
     """Who decoded a feed's records in the end."""
     if feed.images is None:
         return "reader"
-    return "nvJPEG" if feed.images.gpu is not None else f"{pool.workers.count} CPU threads"
+    if feed.images.gpu is not None:
+        return "nvJPEG"
+    n = pool.workers.count
+    return f"{n} CPU thread{'s' * (n != 1)}, {CPU_DECODERS[cpu_decoder(feed.images)]}"
+
+
+CPU_DECODERS = {"pil": "PIL", "torchvision": "torchvision"}
+
+
+def cpu_decoder(images) -> str:
+    """The CPU workers' JPEG decoder of a BatchImages."""
+    return "torchvision" if images.libjpeg else "pil"
+
+
+def cpu_decoders() -> list[str]:
+    """The CPU JPEG decoders this machine has: PIL, and torchvision's where installed."""
+    return ["pil"] + (["torchvision"] if libjpeg.unavailable() is None else [])
 
 
 def decode_rows(root: Path, s: Setup, devices: list[torch.device], peer_workers: int) -> list:
@@ -174,10 +190,10 @@ def decode_rows(root: Path, s: Setup, devices: list[torch.device], peer_workers:
     images, _ = feed_rate(raw, root, s, devices, DecodeOptions())
     rows.append(("raw", "reader (numpy fast path)", "-", images))
     report(rows[-1])
-    for n in s.workers:
-        if n <= usable_cores():
-            images, _ = feed_rate(jpeg, root, s, devices, DecodeOptions(n, "off"))
-            rows.append(("JPEG", "PIL, CPU threads", str(n), images))
+    for decoder in cpu_decoders():
+        for n in (n for n in s.workers if n <= usable_cores()):
+            images, _ = feed_rate(jpeg, root, s, devices, DecodeOptions(n, "off", decoder))
+            rows.append(("JPEG", f"{CPU_DECODERS[decoder]}, CPU threads", str(n), images))
             report(rows[-1])
     missing = nvjpeg.unavailable() if devices[0].type == "cuda" else "a CPU run"
     if missing is None:
@@ -211,8 +227,8 @@ def report(row: tuple) -> None:
 
 
 def decode_only_rows(root: Path, s: Setup) -> list:
-    """(threads, images/s) of the CPU workers alone: decode and crop a batch of files into a
-    host buffer (no reader, no transform), over the first records, again and again."""
+    """(decoder, threads, images/s) of the CPU workers alone: decode and crop a batch of files
+    into a host buffer (no reader, no transform), over the first records, again and again."""
     from caffe_py.io.datum import decode_datum
     from caffe_py.io.image_batch import BatchImages
     from caffe_py.io.lmdb_store import LmdbReader
@@ -229,18 +245,20 @@ def decode_only_rows(root: Path, s: Setup) -> list:
     batch = RecordBatch(0, 1, None, np.zeros(len(files), np.int64), (b"",) * len(files), files)
     out = np.empty((len(files), 3, s.crop, s.crop), np.uint8)
     rows = []
-    for n in (n for n in s.workers if n <= usable_cores()):
+    for decoder, n in ((d, n) for d in cpu_decoders() for n in s.workers
+                       if n <= usable_cores()):
         workers = DecodeWorkers(n)
         workers.start()
-        images = BatchImages("bench", shape, None, workers, DecodeOptions(n, "off"),
+        images = BatchImages("bench", shape, None, workers, DecodeOptions(n, "off", decoder),
                              torch.device("cpu"))
         try:
-            rows.append((n, rate([lambda i=images: i.host(batch, t.choices_for(0, 1, len(files)),
-                                                          out)],
-                                 [], s.seconds / 2, len(files))))
+            rows.append((CPU_DECODERS[decoder], n, rate(
+                [lambda i=images: i.host(batch, t.choices_for(0, 1, len(files)), out)],
+                [], s.seconds / 2, len(files))))
         finally:
             workers.close()
-        print(f"decode + crop only: {n} CPU threads: {rows[-1][1]:,.0f} images/s", flush=True)
+        print(f"decode + crop only: {rows[-1][0]}, {n} CPU threads: {rows[-1][2]:,.0f} "
+              "images/s", flush=True)
     return rows
 
 
@@ -343,8 +361,9 @@ def train_rows(root: Path, s: Setup, device: torch.device, peer_workers: int,
     seen: dict = {}
     gpu_decode = device.type == "cuda" and nvjpeg.unavailable() is None
     ours = [("raw", raw, DecodeOptions()), ("JPEG", jpeg, DecodeOptions())]  # the defaults
-    if gpu_decode:
-        ours.append(("JPEG", jpeg, DecodeOptions(gpu="off")))
+    if gpu_decode:  # the other decoders: nvJPEG, and PIL's threads
+        ours += [("JPEG", jpeg, DecodeOptions(gpu="on")),
+                 ("JPEG", jpeg, DecodeOptions(gpu="off", cpu="pil"))]
     runs: list = [("DummyData (constant), first", None, None, 0)]
     runs += [(f"Data, {name} LMDB", db,
               lambda param, d=decode: our_feed(param, device, d, seen), 0)
@@ -396,18 +415,20 @@ def multi_train_rows(root: Path, s: Setup, gpus: int, peer_workers: int, out: Pa
     peer = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node",
             str(gpus), str(HERE / "ddp_baseline.py"), "--channels-last", "--peer-workers",
             str(max(1, peer_workers // gpus)), *([] if cuda else ["--cpu"])]
-    runs = [("DummyData (constant), first", None, ours)]
-    runs += [(f"Data, {name} LMDB", db, ours) for name, db in (("raw", raw), ("JPEG", jpeg))]
+    runs: list = [("DummyData (constant), first", None, ours, {})]
+    runs += [(f"Data, {name} LMDB", db, ours, {}) for name, db in (("raw", raw), ("JPEG", jpeg))]
+    if cuda and nvjpeg.unavailable() is None:
+        runs += [("Data, JPEG LMDB (nvJPEG)", jpeg, ours, {"CPY_GPU_DECODE": "on"})]
     if peer_missing() is None:
-        runs += [(f"DataLoader peer, {name} LMDB (DDP)", db, peer)
+        runs += [(f"DataLoader peer, {name} LMDB (DDP)", db, peer, {})
                  for name, db in (("raw", raw), ("JPEG", jpeg))]
-    runs += [("DummyData (constant), last", None, ours)]
+    runs += [("DummyData (constant), last", None, ours, {})]
     rows = []
-    for name, db, cmd in runs:
+    for name, db, cmd, decode in runs:
         path = solver("dummy" if db is None else db.name, db)
         warmup = peer_warmup if cmd is peer else s.warmup
         done = subprocess.run([*cmd, "--solver", path, "--warmup", str(warmup), *steps],
-                              env=env, capture_output=True, text=True)
+                              env={**env, **decode}, capture_output=True, text=True)
         with (out / "imagenet_multigpu.log").open("a") as log:
             log.write(f"== {name}\n{done.stdout}\n{done.stderr}\n")
         if done.returncode != 0:
@@ -445,9 +466,10 @@ def header(args: argparse.Namespace, s: Setup, device: torch.device, info: dict)
 
 
 def decode_only_table(rows: list) -> list[str]:
-    return ["", "The CPU workers alone (PIL decode and crop of JPEG records into a host buffer; "
-            "no reader, no transform):", "", "| threads | images/s |", "|---:|---:|",
-            *(f"| {n} | {images:,.0f} |" for n, images in rows)]
+    return ["", "The CPU workers alone (decode and crop of JPEG records into a host buffer; "
+            "no reader, no transform):", "", "| decoder | threads | images/s |",
+            "|---|---:|---:|",
+            *(f"| {decoder} | {n} | {images:,.0f} |" for decoder, n, images in rows)]
 
 
 def decode_table(rows: list, replicas: int, device: str) -> list[str]:

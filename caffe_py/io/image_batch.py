@@ -1,5 +1,6 @@
 """A feed's batches of image files (encoded records the reader hands over undecoded), decoded
-and cropped: by the CPU decode workers (PIL), or on the GPU (nvJPEG, :mod:`.nvjpeg`).
+and cropped: by the CPU decode workers (torchvision's libjpeg-turbo binding, :mod:`.libjpeg`,
+or PIL), or on the GPU (nvJPEG, :mod:`.nvjpeg`).
 
 CPU: each worker decodes its part of the batch and writes each record's crop window, mirrored
 where the transform flips it and in Caffe's BGR order, straight into the batch buffer (the
@@ -21,12 +22,13 @@ import numpy as np
 import torch
 
 from ..errors import DataError
+from . import libjpeg
 from .datum import format_key, pil_to_chw
 from .decode import check_record
 from .envelope import is_jpeg
 from .records import RecordBatch
 from .transformer import Choices
-from .workers import DecodeOptions, DecodeWorkers
+from .workers import THREADS_OVER_NVJPEG, DecodeOptions, DecodeWorkers
 
 log = logging.getLogger(__name__)
 
@@ -44,9 +46,29 @@ class BatchImages:
             device = torch.device("cuda", torch.cuda.current_device())  # as the feed's
         self.options, self.device = options, device
         self.gpu_error: str | None = None  # nvJPEG refused a batch: see host()
+        self.libjpeg = (record_shape[0] == 3 and color is not False
+                        and self._cpu_decoder() == "torchvision")
+        """Whether the CPU workers decode colour JPEGs with torchvision (:mod:`.libjpeg`)."""
         self.gpu = None
         if device.type == "cuda" and options.gpu != "off" and record_shape[0] in (1, 3):
-            self.gpu = self._gpu_decoder()
+            if options.gpu == "auto" and self.libjpeg and workers.count >= THREADS_OVER_NVJPEG:
+                log.info("%s: JPEG records are decoded by torchvision on %d CPU threads (faster "
+                         "than nvJPEG beside training; CPY_GPU_DECODE=on for nvJPEG)", path,
+                         workers.count)
+            else:
+                self.gpu = self._gpu_decoder()
+
+    def _cpu_decoder(self) -> str:
+        """The CPU workers' JPEG decoder: "torchvision" or "pil" (see DecodeOptions.cpu)."""
+        if self.options.cpu == "pil":
+            return "pil"
+        reason = libjpeg.unavailable()
+        if reason is None:
+            return "torchvision"
+        if self.options.cpu == "torchvision":
+            raise DataError(f"{self.path}: cannot decode JPEG records with torchvision: "
+                            f"{reason}; install torchvision, or set CPY_CPU_DECODE=auto or pil")
+        return "pil"
 
     def _gpu_decoder(self):
         from . import nvjpeg
@@ -87,6 +109,13 @@ class BatchImages:
 
         h0, w0 = offset
         _, ch, cw = out.shape
+        if self.libjpeg and is_jpeg(file):
+            rgb = libjpeg.decode_rgb(file)
+            if rgb is not None:  # (3, H, W) RGB
+                check_record(self.path, key, rgb, self.record_shape, np.dtype(np.uint8))
+                window = rgb[::-1, h0:h0 + ch, w0:w0 + cw]  # BGR
+                out[...] = window[:, :, ::-1] if flip else window
+                return
         try:
             with Image.open(io.BytesIO(file)) as image:
                 image.load()

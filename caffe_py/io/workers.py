@@ -25,17 +25,28 @@ WAIT_SLICE_S = 0.2
 """A caller waiting for its parts looks for close() this often."""
 JOIN_TIMEOUT_S = 10.0
 MAX_AUTO_WORKERS = 4
-"""The automatic worker count is the usable cores less two (the training loop and the reader
-threads), at least 1 and at most this: on a 16-core and a 64-core machine the threads
-peaked at 4 (decode and crop alone: 2,085 and 5,462 images/s) and fell with more (16 threads:
-1,379 and 2,762; docs/data_pipeline.md). PIL's decode releases the GIL; the Python around
-each image holds it, and more threads contend for it."""
+"""The automatic worker count with PIL as the JPEG decoder is the usable cores less two (the
+training loop and the reader threads), at least 1 and at most this: on a 16-core and a 64-core
+machine PIL's threads peaked at 4 (decode and crop alone: 2,085 and 5,462 images/s) and fell
+with more (16 threads: 1,379 and 2,762; docs/data_pipeline.md). PIL's decode releases the GIL;
+the Python around each image holds it, and more threads contend for it."""
+MAX_AUTO_LIBJPEG_WORKERS = 48
+"""The same with torchvision's decoder (:mod:`.libjpeg`), which releases the GIL for the whole
+decode: its threads scale with the cores (16-core H100 machine, decode and crop alone: 1 thread
+1,486 images/s, 8 7,648, 12 8,420, 16 8,313)."""
 PARTS_PER_WORKER = 2
 """A run is cut into up to this many parts per worker: images differ in size, and a worker
 that finishes early takes another part."""
 WORKERS_ENV = "CPY_DECODE_WORKERS"
 GPU_ENV = "CPY_GPU_DECODE"
 GPU_CHOICES = ("auto", "on", "off")
+THREADS_OVER_NVJPEG = 8
+"""With torchvision's CPU decoder on this many threads or more, "auto" leaves nvJPEG out: on a
+16-core H100 machine training ResNet-50 (4,170 images/s with DummyData) 8, 11 and 14 threads fed
+4,081-4,084 images/s, nvJPEG 3,432 (its per-image waits queue behind the training kernels);
+4 threads decode 3,981 images/s with nothing training, below the step's rate."""
+CPU_ENV = "CPY_CPU_DECODE"
+CPU_CHOICES = ("auto", "torchvision", "pil")
 
 
 def usable_cores() -> int:
@@ -52,12 +63,18 @@ class DecodeOptions:
     command line reads them from the environment (:meth:`from_env`)."""
 
     workers: int | None = None
-    """Decode threads shared by the reader and the feeds (None: the usable cores less two, 1
-    to 4). 1 decodes in the reader's or feed's own thread."""
+    """Decode threads shared by the reader and the feeds (None: the usable cores less two, at
+    least 1 and at most 48 with torchvision's JPEG decoder, 4 with PIL's). 1 decodes in the
+    reader's or feed's own thread."""
     gpu: str = "auto"
     """JPEG records on a CUDA feed: "auto" decodes them on the GPU (nvJPEG through
-    torchvision.io.decode_jpeg) when torchvision is installed, "on" requires it, "off" decodes
-    with the CPU workers."""
+    torchvision.io.decode_jpeg) when torchvision is installed, unless the CPU workers decode
+    with torchvision on at least :data:`THREADS_OVER_NVJPEG` threads (they are faster then
+    beside a training GPU); "on" requires nvJPEG, "off" decodes with the CPU workers."""
+    cpu: str = "auto"
+    """The CPU workers' JPEG decoder: "auto" is torchvision's (libjpeg-turbo, the GIL released
+    for the whole decode) when torchvision is installed, else PIL's; "torchvision" requires
+    it; "pil" always uses PIL. Other files (PNG) and unusual JPEGs (gray, CMYK) are PIL's."""
 
     def __post_init__(self) -> None:
         if self.workers is not None and self.workers < 1:
@@ -66,18 +83,25 @@ class DecodeOptions:
         if self.gpu not in GPU_CHOICES:
             raise DataError(f"GPU decode must be one of {', '.join(GPU_CHOICES)}, got "
                             f"{self.gpu!r}")
+        if self.cpu not in CPU_CHOICES:
+            raise DataError(f"CPU decode must be one of {', '.join(CPU_CHOICES)}, got "
+                            f"{self.cpu!r}")
 
     @property
     def threads(self) -> int:
         """The worker count, resolved."""
         if self.workers is not None:
             return self.workers
-        return max(1, min(MAX_AUTO_WORKERS, usable_cores() - 2))
+        from . import libjpeg
+
+        most = (MAX_AUTO_LIBJPEG_WORKERS if self.cpu != "pil" and libjpeg.installed()
+                else MAX_AUTO_WORKERS)
+        return max(1, min(most, usable_cores() - 2))
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str] = os.environ) -> DecodeOptions:
-        """``CPY_DECODE_WORKERS`` (a count, or "auto") and ``CPY_GPU_DECODE`` (auto, on,
-        off); unset or empty: automatic."""
+        """``CPY_DECODE_WORKERS`` (a count, or "auto"), ``CPY_GPU_DECODE`` (auto, on, off) and
+        ``CPY_CPU_DECODE`` (auto, torchvision, pil); unset or empty: automatic."""
         text = environ.get(WORKERS_ENV, "").strip()
         workers = None
         if text and text != "auto":
@@ -88,11 +112,13 @@ class DecodeOptions:
             if workers < 1:
                 raise DataError(f"{WORKERS_ENV}={text!r} is not a worker count; set a whole "
                                 "number >= 1, or auto")
-        gpu = environ.get(GPU_ENV, "").strip().lower() or "auto"
-        if gpu not in GPU_CHOICES:
-            raise DataError(f"{GPU_ENV}={gpu!r} is not one of {', '.join(GPU_CHOICES)}; "
-                            "unset it for auto")
-        return cls(workers, gpu)
+        choices = {name: environ.get(name, "").strip().lower() or "auto"
+                   for name in (GPU_ENV, CPU_ENV)}
+        for name, allowed in ((GPU_ENV, GPU_CHOICES), (CPU_ENV, CPU_CHOICES)):
+            if choices[name] not in allowed:
+                raise DataError(f"{name}={choices[name]!r} is not one of {', '.join(allowed)}; "
+                                "unset it for auto")
+        return cls(workers, choices[GPU_ENV], choices[CPU_ENV])
 
 
 Part = Callable[[int, int], None]
