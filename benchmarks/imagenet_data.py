@@ -85,7 +85,7 @@ class Setup:
     workers: list[int]
 
 
-REAL = Setup(32000, 256, 224, 256, Fraction(1), 5.0, 25, 150, [1, 2, 4, 8, 16, 32, 48])
+REAL = Setup(32000, 256, 224, 256, Fraction(1), 5.0, 25, 150, [1, 4, 8, 16, 32, 48])
 SMOKE = Setup(48, 40, 32, 8, Fraction(1, 16), 0.5, 1, 3, [1, 2])
 
 
@@ -166,6 +166,8 @@ def decoder_of(feed, pool: ReaderPool) -> str:
         return "reader"
     if feed.images.gpu is not None:
         return "nvJPEG"
+    if feed.images.crops is not None:
+        return f"{pool.processes.count} CPU processes, PIL"
     n = pool.workers.count
     return f"{n} CPU thread{'s' * (n != 1)}, {CPU_DECODERS[cpu_decoder(feed.images)]}"
 
@@ -183,6 +185,15 @@ def cpu_decoders() -> list[str]:
     return ["pil"] + (["torchvision"] if libjpeg.unavailable() is None else [])
 
 
+def cpu_ways() -> list[tuple[str, DecodeOptions]]:
+    """(name, options for n workers) of every CPU decode: the threads with each decoder, and
+    the processes."""
+    ways = [(f"{CPU_DECODERS[d]}, CPU threads",
+             lambda n, d=d: DecodeOptions(n, "off", d, processes="off"))
+            for d in cpu_decoders()]
+    return ways + [("PIL, CPU processes", lambda n: DecodeOptions(n, "off", processes="on"))]
+
+
 def decode_rows(root: Path, s: Setup, devices: list[torch.device], peer_workers: int) -> list:
     """(records, decoder, workers, images/s) for every decode configuration."""
     rows = []
@@ -190,10 +201,10 @@ def decode_rows(root: Path, s: Setup, devices: list[torch.device], peer_workers:
     images, _ = feed_rate(raw, root, s, devices, DecodeOptions())
     rows.append(("raw", "reader (numpy fast path)", "-", images))
     report(rows[-1])
-    for decoder in cpu_decoders():
+    for way, options in cpu_ways():
         for n in (n for n in s.workers if n <= usable_cores()):
-            images, _ = feed_rate(jpeg, root, s, devices, DecodeOptions(n, "off", decoder))
-            rows.append(("JPEG", f"{CPU_DECODERS[decoder]}, CPU threads", str(n), images))
+            images, _ = feed_rate(jpeg, root, s, devices, options(n))
+            rows.append(("JPEG", way, str(n), images))
             report(rows[-1])
     missing = nvjpeg.unavailable() if devices[0].type == "cuda" else "a CPU run"
     if missing is None:
@@ -230,6 +241,7 @@ def decode_only_rows(root: Path, s: Setup) -> list:
     """(decoder, threads, images/s) of the CPU workers alone: decode and crop a batch of files
     into a host buffer (no reader, no transform), over the first records, again and again."""
     from caffe_py.io.datum import decode_datum
+    from caffe_py.io.decode_processes import DecodeProcesses
     from caffe_py.io.image_batch import BatchImages
     from caffe_py.io.lmdb_store import LmdbReader
     from caffe_py.io.records import RecordBatch
@@ -245,20 +257,23 @@ def decode_only_rows(root: Path, s: Setup) -> list:
     batch = RecordBatch(0, 1, None, np.zeros(len(files), np.int64), (b"",) * len(files), files)
     out = np.empty((len(files), 3, s.crop, s.crop), np.uint8)
     rows = []
-    for decoder, n in ((d, n) for d in cpu_decoders() for n in s.workers
-                       if n <= usable_cores()):
-        workers = DecodeWorkers(n)
+    for (way, options), n in ((w, n) for w in cpu_ways() for n in s.workers
+                              if n <= usable_cores()):
+        workers, decode = DecodeWorkers(n), options(n)
+        processes = DecodeProcesses(n) if decode.use_processes else None
         workers.start()
-        images = BatchImages("bench", shape, None, workers, DecodeOptions(n, "off", decoder),
-                             torch.device("cpu"))
+        images = BatchImages("bench", shape, None, workers, decode, torch.device("cpu"),
+                             processes)
         try:
-            rows.append((CPU_DECODERS[decoder], n, rate(
+            rows.append((way, n, rate(
                 [lambda i=images: i.host(batch, t.choices_for(0, 1, len(files)), out)],
                 [], s.seconds / 2, len(files))))
         finally:
+            images.close()
+            if processes is not None:
+                processes.close()
             workers.close()
-        print(f"decode + crop only: {rows[-1][0]}, {n} CPU threads: {rows[-1][2]:,.0f} "
-              "images/s", flush=True)
+        print(f"decode + crop only: {way}, {n}: {rows[-1][2]:,.0f} images/s", flush=True)
     return rows
 
 
@@ -361,9 +376,9 @@ def train_rows(root: Path, s: Setup, device: torch.device, peer_workers: int,
     seen: dict = {}
     gpu_decode = device.type == "cuda" and nvjpeg.unavailable() is None
     ours = [("raw", raw, DecodeOptions()), ("JPEG", jpeg, DecodeOptions())]  # the defaults
-    if gpu_decode:  # the other decoders: nvJPEG, and PIL's threads
-        ours += [("JPEG", jpeg, DecodeOptions(gpu="on")),
-                 ("JPEG", jpeg, DecodeOptions(gpu="off", cpu="pil"))]
+    if gpu_decode:  # the other decoders: nvJPEG, and the threads (torchvision's decoder)
+        ours += [("JPEG", jpeg, DecodeOptions(gpu="on", processes="off")),
+                 ("JPEG", jpeg, DecodeOptions(gpu="off", processes="off"))]
     runs: list = [("DummyData (constant), first", None, None, 0)]
     runs += [(f"Data, {name} LMDB", db,
               lambda param, d=decode: our_feed(param, device, d, seen), 0)
@@ -467,7 +482,7 @@ def header(args: argparse.Namespace, s: Setup, device: torch.device, info: dict)
 
 def decode_only_table(rows: list) -> list[str]:
     return ["", "The CPU workers alone (decode and crop of JPEG records into a host buffer; "
-            "no reader, no transform):", "", "| decoder | threads | images/s |",
+            "no reader, no transform):", "", "| decoder | workers | images/s |",
             "|---|---:|---:|",
             *(f"| {decoder} | {n} | {images:,.0f} |" for decoder, n, images in rows)]
 

@@ -21,6 +21,7 @@ from ..errors import DataError
 from ..spec.net_spec import TransformationParameter
 from .datum import decode_record, format_key
 from .envelope import image_file
+from .file_crops import check_record
 from .raw_records import raw_chunk, raw_prefix
 from .records import ImageFiles
 from .transformer import record_array
@@ -141,19 +142,6 @@ def _owned(values: Sequence[bytes | memoryview]) -> Sequence[bytes]:
     if not any(isinstance(v, memoryview) for v in values):
         return values  # type: ignore[return-value]
     return [bytes(v) if isinstance(v, memoryview) else v for v in values]
-
-
-def check_record(path: str, key: bytes, array: np.ndarray, shape: tuple[int, int, int],
-                 dtype: np.dtype) -> None:
-    """A decoded record must have the first record's shape and dtype."""
-    if tuple(array.shape) != shape or array.dtype != dtype:
-        raise DataError(f"{path}: record {format_key(key)} is {_describe(array)} but the first "
-                        f"record is {dtype} {list(shape)}; a Data layer needs records of one "
-                        "size and kind (resize when converting)")
-
-
-def _describe(array: np.ndarray) -> str:
-    return f"{array.dtype} {list(array.shape)}"
 
 
 def _color_param(color: bool | None) -> TransformationParameter:

@@ -1,6 +1,7 @@
 """A feed's batches of image files (encoded records the reader hands over undecoded), decoded
-and cropped: by the CPU decode workers (torchvision's libjpeg-turbo binding, :mod:`.libjpeg`,
-or PIL), or on the GPU (nvJPEG, :mod:`.nvjpeg`).
+and cropped: by the CPU decode processes (:mod:`.decode_processes`), by the decode threads
+(torchvision's libjpeg-turbo binding, :mod:`.libjpeg`, or PIL), or on the GPU (nvJPEG,
+:mod:`.nvjpeg`).
 
 CPU: each worker decodes its part of the batch and writes each record's crop window, mirrored
 where the transform flips it and in Caffe's BGR order, straight into the batch buffer (the
@@ -15,7 +16,6 @@ instead (a file that no decoder reads is then reported by its key).
 """
 from __future__ import annotations
 
-import io
 import logging
 
 import numpy as np
@@ -23,9 +23,9 @@ import torch
 
 from ..errors import DataError
 from . import libjpeg
-from .datum import format_key, pil_to_chw
-from .decode import check_record
+from .decode_processes import DecodeProcesses, ProcessCrops
 from .envelope import is_jpeg
+from .file_crops import check_record, decode_crop
 from .records import RecordBatch
 from .transformer import Choices
 from .workers import THREADS_OVER_NVJPEG, DecodeOptions, DecodeWorkers
@@ -39,7 +39,8 @@ class BatchImages:
     files are decoded there when ``options`` allow it."""
 
     def __init__(self, path: str, record_shape: tuple[int, int, int], color: bool | None,
-                 workers: DecodeWorkers, options: DecodeOptions, device: torch.device):
+                 workers: DecodeWorkers, options: DecodeOptions, device: torch.device,
+                 processes: DecodeProcesses | None = None):
         self.path, self.record_shape, self.color = path, record_shape, color
         self.workers = workers
         if device.type == "cuda" and device.index is None and torch.cuda.is_available():
@@ -49,9 +50,17 @@ class BatchImages:
         self.libjpeg = (record_shape[0] == 3 and color is not False
                         and self._cpu_decoder() == "torchvision")
         """Whether the CPU workers decode colour JPEGs with torchvision (:mod:`.libjpeg`)."""
+        self.crops = (ProcessCrops(processes, path, record_shape, color)
+                      if processes is not None else None)
+        """The decode processes' side of this feed (None: the decode threads decode)."""
         self.gpu = None
         if device.type == "cuda" and options.gpu != "off" and record_shape[0] in (1, 3):
-            if options.gpu == "auto" and self.libjpeg and workers.count >= THREADS_OVER_NVJPEG:
+            if options.gpu == "auto" and self.crops is not None:
+                log.info("%s: JPEG records are decoded in %d CPU processes (faster than nvJPEG "
+                         "beside training; CPY_GPU_DECODE=on for nvJPEG)", path,
+                         processes.count)
+            elif options.gpu == "auto" and self.libjpeg \
+                    and workers.count >= THREADS_OVER_NVJPEG:
                 log.info("%s: JPEG records are decoded by torchvision on %d CPU threads (faster "
                          "than nvJPEG beside training; CPY_GPU_DECODE=on for nvJPEG)", path,
                          workers.count)
@@ -95,7 +104,10 @@ class BatchImages:
                 self._decode_into(files[i], keys[i], out[i], offsets[i], flips[i])
 
         try:
-            self.workers.run(part, len(files), where=self.path)
+            if self.crops is not None:
+                self.crops.host(files, keys, offsets, flips, out)
+            else:
+                self.workers.run(part, len(files), where=self.path)
         except BaseException:
             self.gpu_error = None  # a file no decoder reads: its error is the one to raise
             raise
@@ -105,39 +117,13 @@ class BatchImages:
     def _decode_into(self, file, key: bytes, out: np.ndarray, offset: list[int],
                      flip: bool) -> None:
         """One record: decode, check its size, write the crop window into ``out``."""
-        from PIL import Image, UnidentifiedImageError
+        rgb = libjpeg.decode_rgb(file) if self.libjpeg and is_jpeg(file) else None
+        decode_crop(self.path, self.record_shape, self.color, file, key, out, offset, flip, rgb)
 
-        h0, w0 = offset
-        _, ch, cw = out.shape
-        if self.libjpeg and is_jpeg(file):
-            rgb = libjpeg.decode_rgb(file)
-            if rgb is not None:  # (3, H, W) RGB
-                check_record(self.path, key, rgb, self.record_shape, np.dtype(np.uint8))
-                window = rgb[::-1, h0:h0 + ch, w0:w0 + cw]  # BGR
-                out[...] = window[:, :, ::-1] if flip else window
-                return
-        try:
-            with Image.open(io.BytesIO(file)) as image:
-                image.load()
-                if image.mode == "RGB" and self.record_shape[0] == 3 and self.color is not False:
-                    hwc = np.asarray(image)  # (H, W, 3) RGB: the usual JPEG, read once
-                    check_record(self.path, key, hwc.transpose(2, 0, 1), self.record_shape,
-                                 np.dtype(np.uint8))
-                    window = hwc[h0:h0 + ch, w0:w0 + cw, ::-1]  # BGR
-                    out[...] = (window[:, ::-1] if flip else window).transpose(2, 0, 1)
-                    return
-                chw = pil_to_chw(image, color=self.color)
-        except Image.DecompressionBombError as exc:
-            from .images import bomb_reason
-
-            raise DataError(f"{self.path}: record {format_key(key)}: {bomb_reason(exc)}") \
-                from None
-        except (UnidentifiedImageError, OSError, ValueError) as exc:
-            raise DataError(f"{self.path}: record {format_key(key)}: encoded image does not "
-                            f"decode ({exc})") from None
-        check_record(self.path, key, chw, self.record_shape, np.dtype(np.uint8))
-        window = chw[:, h0:h0 + ch, w0:w0 + cw]
-        out[...] = window[:, :, ::-1] if flip else window
+    def close(self) -> None:
+        """Let go of the shared buffers of the decode processes (the feed has stopped)."""
+        if self.crops is not None:
+            self.crops.close()
 
     # --- the GPU ------------------------------------------------------------------------------
     @property

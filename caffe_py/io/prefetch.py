@@ -168,6 +168,8 @@ class Prefetcher:
         self._free.put(-1)  # wakes a thread waiting for a slot now, not a wait slice later
         if self.thread is not None:
             self.thread.join(JOIN_TIMEOUT_S)
+        if self.images is not None and (self.thread is None or not self.thread.is_alive()):
+            self.images.close()
 
     # --- the thread ---------------------------------------------------------------------------
     def _run(self) -> None:

@@ -41,6 +41,7 @@ import numpy as np
 from ..errors import DataError
 from .db import Database, open_db
 from .decode import ChunkDecoder, PartialChunk
+from .decode_processes import DecodeProcesses
 from .records import DecodedDatabase, DecodedView, ImageFiles, RecordBatch, join
 from .roundrobin import RoundRobin, resume
 from .workers import DecodeOptions, DecodeWorkers
@@ -384,6 +385,10 @@ class ReaderPool:
         self.workers = DecodeWorkers(self.decode.threads)
         """The decode threads every encoded stream's reader and feeds share (started only
         when a stream reads encoded records)."""
+        self.processes = (DecodeProcesses(self.decode.process_count)
+                          if self.decode.use_processes else None)
+        """The decode processes the feeds share for image files (started at the first batch
+        of image files; None: the threads decode them)."""
         self._sources: dict[str, _Source] = {}
         self._clients: list[Managed] = []
         self._started = False
@@ -528,6 +533,8 @@ class ReaderPool:
             else:
                 src.close_databases()  # opened by a start() that failed on another source
         self.workers.close()
+        if self.processes is not None:
+            self.processes.close()
         _open_pools.discard(self)
 
     def __enter__(self) -> ReaderPool:

@@ -30,10 +30,11 @@ training loop and the reader threads), at least 1 and at most this: on a 16-core
 machine PIL's threads peaked at 4 (decode and crop alone: 2,085 and 5,462 images/s) and fell
 with more (16 threads: 1,379 and 2,762; docs/data_pipeline.md). PIL's decode releases the GIL;
 the Python around each image holds it, and more threads contend for it."""
-MAX_AUTO_LIBJPEG_WORKERS = 48
+MAX_AUTO_LIBJPEG_WORKERS = 16
 """The same with torchvision's decoder (:mod:`.libjpeg`), which releases the GIL for the whole
-decode: its threads scale with the cores (16-core H100 machine, decode and crop alone: 1 thread
-1,486 images/s, 8 7,648, 12 8,420, 16 8,313)."""
+decode: its threads scale further but stop near 8,000 images/s and fall with more (decode and
+crop alone, 16-core H100 machine: 1 thread 1,486 images/s, 8 7,648, 12 8,420, 16 8,313; 64-core
+machine: 16 threads 8,007, 32 6,553, 62 6,504)."""
 PARTS_PER_WORKER = 2
 """A run is cut into up to this many parts per worker: images differ in size, and a worker
 that finishes early takes another part."""
@@ -45,6 +46,12 @@ THREADS_OVER_NVJPEG = 8
 16-core H100 machine training ResNet-50 (4,170 images/s with DummyData) 8, 11 and 14 threads fed
 4,081-4,084 images/s, nvJPEG 3,432 (its per-image waits queue behind the training kernels);
 4 threads decode 3,981 images/s with nothing training, below the step's rate."""
+PROCESSES_ENV = "CPY_DECODE_PROCESSES"
+PROCESS_CHOICES = ("auto", "on", "off")
+PROCESSES_MIN_CORES = 10
+"""With this many usable cores or more, "auto" decodes the feeds' image files in processes
+(:mod:`.decode_processes`): threads stop near 3,000 (PIL) or 8,000 (torchvision) images/s
+however many cores there are (docs/data_pipeline.md)."""
 CPU_ENV = "CPY_CPU_DECODE"
 CPU_CHOICES = ("auto", "torchvision", "pil")
 
@@ -76,6 +83,12 @@ class DecodeOptions:
     for the whole decode) when torchvision is installed, else PIL's; "torchvision" requires
     it; "pil" always uses PIL. Other files (PNG) and unusual JPEGs (gray, CMYK) are PIL's."""
 
+    processes: str = "auto"
+    """Where the feeds' image files (a database too large to keep decoded) are decoded on the
+    CPU: "on" in worker processes (:mod:`.decode_processes`: PIL, no GIL shared), "off" in the
+    decode threads, "auto" in processes on machines of at least :data:`PROCESSES_MIN_CORES`
+    usable cores. A database kept decoded is decoded by the threads either way (once)."""
+
     def __post_init__(self) -> None:
         if self.workers is not None and self.workers < 1:
             raise DataError(f"decode workers must be >= 1, got {self.workers}; leave it unset "
@@ -83,6 +96,9 @@ class DecodeOptions:
         if self.gpu not in GPU_CHOICES:
             raise DataError(f"GPU decode must be one of {', '.join(GPU_CHOICES)}, got "
                             f"{self.gpu!r}")
+        if self.processes not in PROCESS_CHOICES:
+            raise DataError(f"decode processes must be one of {', '.join(PROCESS_CHOICES)}, "
+                            f"got {self.processes!r}")
         if self.cpu not in CPU_CHOICES:
             raise DataError(f"CPU decode must be one of {', '.join(CPU_CHOICES)}, got "
                             f"{self.cpu!r}")
@@ -98,10 +114,24 @@ class DecodeOptions:
                 else MAX_AUTO_WORKERS)
         return max(1, min(most, usable_cores() - 2))
 
+    @property
+    def use_processes(self) -> bool:
+        """Whether the feeds decode in processes, resolved."""
+        if self.processes == "auto":
+            return usable_cores() >= PROCESSES_MIN_CORES
+        return self.processes == "on"
+
+    @property
+    def process_count(self) -> int:
+        """The decode processes: ``workers``, else the usable cores less two (the training
+        loop and the feed and reader threads), at least 1."""
+        return self.workers if self.workers is not None else max(1, usable_cores() - 2)
+
     @classmethod
     def from_env(cls, environ: Mapping[str, str] = os.environ) -> DecodeOptions:
-        """``CPY_DECODE_WORKERS`` (a count, or "auto"), ``CPY_GPU_DECODE`` (auto, on, off) and
-        ``CPY_CPU_DECODE`` (auto, torchvision, pil); unset or empty: automatic."""
+        """``CPY_DECODE_WORKERS`` (a count, or "auto"), ``CPY_GPU_DECODE`` (auto, on, off),
+        ``CPY_CPU_DECODE`` (auto, torchvision, pil) and ``CPY_DECODE_PROCESSES`` (auto, on,
+        off); unset or empty: automatic."""
         text = environ.get(WORKERS_ENV, "").strip()
         workers = None
         if text and text != "auto":
@@ -112,13 +142,14 @@ class DecodeOptions:
             if workers < 1:
                 raise DataError(f"{WORKERS_ENV}={text!r} is not a worker count; set a whole "
                                 "number >= 1, or auto")
-        choices = {name: environ.get(name, "").strip().lower() or "auto"
-                   for name in (GPU_ENV, CPU_ENV)}
-        for name, allowed in ((GPU_ENV, GPU_CHOICES), (CPU_ENV, CPU_CHOICES)):
+        allowed_of = {GPU_ENV: GPU_CHOICES, CPU_ENV: CPU_CHOICES,
+                      PROCESSES_ENV: PROCESS_CHOICES}
+        choices = {name: environ.get(name, "").strip().lower() or "auto" for name in allowed_of}
+        for name, allowed in allowed_of.items():
             if choices[name] not in allowed:
                 raise DataError(f"{name}={choices[name]!r} is not one of {', '.join(allowed)}; "
                                 "unset it for auto")
-        return cls(workers, choices[GPU_ENV], choices[CPU_ENV])
+        return cls(workers, choices[GPU_ENV], choices[CPU_ENV], choices[PROCESSES_ENV])
 
 
 Part = Callable[[int, int], None]

@@ -51,10 +51,11 @@ def _net(layer):
     return type("Net", (), {"data_layers": lambda self: [layer]})()
 
 
-def run(db, transform, workers, steps, *, replicas=2, state=None, device="cpu"):
+def run(db, transform, workers, steps, *, replicas=2, state=None, device="cpu", processes="off"):
     """``steps`` lockstep batches of ``replicas`` feeds: their batches and the pool state."""
     layers = [data_layer(db, transform) for _ in range(replicas)]
-    with ReaderPool(replicas=replicas, decode=DecodeOptions(workers, "off")) as pool:
+    options = DecodeOptions(workers, "off", processes=processes)
+    with ReaderPool(replicas=replicas, decode=options) as pool:
         for i, layer in enumerate(layers):
             attach_feeds(_net(layer), pool, replica=i, device=device, seed=3)
         if state is not None:
@@ -86,8 +87,8 @@ def test_feeds_decode_their_own_files_as_the_single_thread_decoder(jpeg_db, monk
     steps = 9  # 2 replicas x 4 records x 9 = 72 records: 2.4 passes over 30
     kept, kept_state = run(db, transform, 3, steps)  # kept decoded: the reader decodes
     monkeypatch.setattr(reader, "CACHE_BYTES", 0)  # not kept: files go to the feeds
-    for workers in (1, 3):
-        got, state = run(db, transform, workers, steps)
+    for workers, processes in ((1, "off"), (3, "off"), (2, "on")):
+        got, state = run(db, transform, workers, steps, processes=processes)
         assert state == kept_state
         for step in range(steps):
             for replica in range(2):
@@ -104,23 +105,24 @@ def test_a_resumed_run_goes_on_with_the_same_decoded_batches(jpeg_db, monkeypatc
     monkeypatch.setattr(reader, "CACHE_BYTES", 0)
     transform = TRANSFORMS[0]
     whole, _ = run(db, transform, 3, 8)
-    first, state = run(db, transform, 2, 5)
+    first, state = run(db, transform, 2, 5, processes="on")
     rest, _ = run(db, transform, 3, 3, state=state)
     for want, got in zip(whole, first + rest, strict=True):
         assert all(torch.equal(a, b) for w, g in zip(want, got, strict=True)
                    for a, b in zip(w, g, strict=True))
 
 
-@pytest.mark.parametrize("workers", [1, 3])
+@pytest.mark.parametrize(("workers", "processes"), [(1, "off"), (3, "off"), (2, "on")])
 @pytest.mark.parametrize("kept", [True, False])
 def test_a_file_that_does_not_decode_is_raised_by_forward_naming_the_key(tmp_path, monkeypatch,
-                                                                         workers, kept):
+                                                                         workers, processes,
+                                                                         kept):
     if not kept:  # the feeds decode (else the reader, in the chunk)
         monkeypatch.setattr(reader, "CACHE_BYTES", 0)
     broken = encode_datum(Datum(data=b"\xff\xd8 not a jpeg", label=1, encoded=True))
     db = write_db(tmp_path / "db", [jpeg(i) for i in range(12)], bad={6: broken})
     layer = data_layer(db, {}, rand_skip=0)
-    with ReaderPool(decode=DecodeOptions(workers)) as pool:
+    with ReaderPool(decode=DecodeOptions(workers, processes=processes)) as pool:
         attach_feeds(_net(layer), pool, seed=0)
         pool.start()
         layer()

@@ -140,7 +140,7 @@ def test_the_automatic_thread_count_follows_the_decoder(monkeypatch):
     assert DecodeOptions(cpu="pil").threads == 4
     assert DecodeOptions(5, cpu="torchvision").threads == 5
     monkeypatch.setattr(workers_module, "usable_cores", lambda: 64)
-    assert DecodeOptions().threads == 48
+    assert DecodeOptions().threads == 16
     monkeypatch.setattr(libjpeg, "installed", lambda: False)
     assert DecodeOptions().threads == 4
 

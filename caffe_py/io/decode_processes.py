@@ -1,0 +1,255 @@
+"""Decode processes: the feeds' image files decoded and cropped in worker processes.
+
+Threads share one GIL. However little of an image's decode holds it (PIL: opening the file
+and the array interface; torchvision's decoder: the call and the crop's copy), every image
+hands it over a few times, and the threads together stop near a rate set by those hand-overs,
+not by the cores: measured on a 16- and a 64-core machine, PIL's threads reach about 3,000
+256 x 256 JPEGs/s and torchvision's about 8,000, and both fall with more threads. One GPU
+trains ResNet-50 at about 4,000-5,000 images/s; four need about 19,000. Processes do not share
+a GIL, so they scale with the cores.
+
+How a batch goes (:meth:`ProcessCrops.host`, called by a feed thread): the feed writes the
+batch's files end to end into its shared input buffer (:mod:`multiprocessing.shared_memory`),
+cuts the batch into one part per process and submits the parts; each process decodes its
+records with PIL (the reader's decoder: the same pixels, bit for bit) and writes each crop
+window, mirrored where the transform flips it and in Caffe's BGR order, into the feed's shared
+output buffer; the feed waits for every part and copies the crops into its batch slot. Only a
+few numbers and names cross the pipes. A part that fails raises its record's error in the feed
+(the first by record order), as the threads do.
+
+The processes are forked at the first batch (see :func:`_context`) and use only numpy, PIL
+and this package's decode modules. They ignore SIGINT (the training process handles Ctrl-C
+and closes the pool), and each one ends itself when the process that started it is gone. A
+process that dies (out of memory, killed) stops the run with one line naming the database.
+"""
+from __future__ import annotations
+
+import mmap
+import multiprocessing
+import os
+import signal
+import threading
+from collections import OrderedDict
+from concurrent.futures import Future, ProcessPoolExecutor
+from concurrent.futures import TimeoutError as FutureTimeout
+from concurrent.futures.process import BrokenProcessPool
+from dataclasses import dataclass
+from multiprocessing import shared_memory
+
+import numpy as np
+
+from ..errors import DataError
+from .file_crops import decode_crop
+
+WAIT_SLICE_S = 0.2
+"""A feed waiting for its parts looks for close() this often."""
+JOIN_TIMEOUT_S = 10.0
+PARENT_POLL_S = 1.0
+"""How often a decode process checks that the process which started it is alive."""
+SHM_DIR = "/dev/shm"
+"""Where POSIX shared memory (multiprocessing.shared_memory) lives on Linux."""
+ATTACHED_BUFFERS = 16
+"""Shared buffers a decode process keeps mapped (two per feed; the oldest are let go)."""
+
+
+@dataclass(frozen=True)
+class Part:
+    """Records ``start .. stop-1`` of a feed's batch, for one decode process."""
+
+    files: str  # the feed's input buffer (files end to end)
+    crops: str  # the feed's output buffer: (batch, C, h, w) uint8
+    batch_shape: tuple[int, int, int, int]
+    start: int
+    stop: int
+    bounds: tuple[int, ...]  # the part's files: bytes bounds[k] .. bounds[k+1] of the input
+    keys: tuple[bytes, ...]
+    offsets: tuple[tuple[int, int], ...]
+    flips: tuple[bool, ...]
+    path: str
+    record_shape: tuple[int, int, int]
+    color: bool | None
+
+
+class DecodeProcesses:
+    """``count`` worker processes shared by a pool's feeds (started at the first batch)."""
+
+    def __init__(self, count: int):
+        self.count = count
+        self._executor: ProcessPoolExecutor | None = None
+        self._lock = threading.Lock()
+        self._closed = threading.Event()
+
+    def submit(self, part: Part, where: str) -> Future:
+        with self._lock:
+            if self._closed.is_set():
+                raise DataError(f"{where}: the decode processes were closed")
+            if self._executor is None:
+                self._executor = ProcessPoolExecutor(
+                    self.count, mp_context=_context(), initializer=_process_start,
+                    initargs=(os.getpid(),))
+            try:
+                return self._executor.submit(_decode_part, part)
+            except BrokenProcessPool as exc:
+                raise _died(where, exc) from None
+
+    def wait(self, futures: list[Future], where: str) -> None:
+        """Every part's end; the first failing part's error (by record order) is raised after
+        the others have finished."""
+        errors: dict[int, BaseException] = {}
+        for index, future in enumerate(futures):
+            while True:
+                if self._closed.is_set():
+                    raise DataError(f"{where}: the decode processes were closed")
+                try:
+                    future.result(timeout=WAIT_SLICE_S)
+                except FutureTimeout:
+                    continue
+                except BrokenProcessPool as exc:
+                    errors[index] = _died(where, exc)
+                except BaseException as exc:  # noqa: BLE001 (the part's own error)
+                    errors[index] = exc
+                break
+        if errors:
+            first = errors[min(errors)]
+            if isinstance(first, DataError):
+                raise first
+            text = " ".join(str(first).split())
+            raise DataError(f"{where}: decoding failed ({type(first).__name__}: {text})")
+
+    def close(self) -> None:
+        """Stop the processes (idempotent); a waiting feed raises."""
+        with self._lock:
+            self._closed.set()
+            executor, self._executor = self._executor, None
+        if executor is None:
+            return
+        # A process stuck in a decode would hold shutdown(); after a while it is terminated
+        # (the executor keeps its processes in a private map; there is no public one).
+        processes = list((getattr(executor, "_processes", None) or {}).values())
+        stuck = threading.Timer(JOIN_TIMEOUT_S, _terminate, (processes,))
+        stuck.start()
+        executor.shutdown(wait=True, cancel_futures=True)
+        stuck.cancel()
+        stuck.join()
+
+
+def _terminate(processes: list) -> None:
+    for process in processes:
+        if process.is_alive():
+            process.terminate()
+
+
+def _context():
+    """fork, as torch's DataLoader starts its workers: a decode process runs only the loop
+    that decodes parts (never CUDA, never the training process's threads, which fork does not
+    copy), and fork imports nothing again (spawn and forkserver import the program's main
+    module in each process, which runs a script without a ``__main__`` guard again)."""
+    return multiprocessing.get_context("fork")
+
+
+def _died(where: str, exc: BaseException) -> DataError:
+    return DataError(f"{where}: a decode process died ({' '.join(str(exc).split())}); see the "
+                     "log for what killed it (memory?), or set CPY_DECODE_PROCESSES=off")
+
+
+class ProcessCrops:
+    """One feed's side of the decode processes: its shared buffers and its batches' parts."""
+
+    def __init__(self, processes: DecodeProcesses, path: str,
+                 record_shape: tuple[int, int, int], color: bool | None):
+        self.processes, self.path = processes, path
+        self.record_shape, self.color = record_shape, color
+        self._files: shared_memory.SharedMemory | None = None
+        self._crops: shared_memory.SharedMemory | None = None
+
+    def host(self, files, keys, offsets: list, flips: list, out: np.ndarray) -> None:
+        """Decode ``files`` and write their crop windows into ``out`` (B, C, h, w) uint8."""
+        n = len(files)
+        if n == 0:
+            return
+        bounds = np.zeros(n + 1, np.int64)
+        np.cumsum([len(f) for f in files], out=bounds[1:])
+        self._files = _grown(self._files, int(bounds[-1]))
+        self._crops = _grown(self._crops, out.nbytes)
+        into = self._files.buf
+        for file, at, end in zip(files, bounds[:-1].tolist(), bounds[1:].tolist(),
+                                 strict=True):
+            into[at:end] = file
+        count = min(n, self.processes.count)
+        cuts = [n * i // count for i in range(count + 1)]
+        shape = tuple(out.shape)
+        marks = bounds.tolist()
+        futures = [self.processes.submit(Part(
+            self._files.name, self._crops.name, shape, a, b, tuple(marks[a:b + 1]),
+            tuple(keys[a:b]), tuple(tuple(o) for o in offsets[a:b]), tuple(flips[a:b]),
+            self.path, self.record_shape, self.color), self.path)
+            for a, b in zip(cuts, cuts[1:], strict=False)]
+        self.processes.wait(futures, self.path)
+        crops = np.ndarray(shape, np.uint8, buffer=self._crops.buf)
+        out[...] = crops
+        del crops
+
+    def close(self) -> None:
+        for buffer in (self._files, self._crops):
+            if buffer is not None:
+                buffer.close()
+                buffer.unlink()
+        self._files = self._crops = None
+
+
+def _grown(buffer: shared_memory.SharedMemory | None, size: int) -> shared_memory.SharedMemory:
+    """``buffer``, or a new one half as large again as ``size`` where it is too small."""
+    if buffer is not None and buffer.size >= size:
+        return buffer
+    if buffer is not None:
+        buffer.close()
+        buffer.unlink()
+    return shared_memory.SharedMemory(create=True, size=max(1, size + size // 2))
+
+
+# --- in a decode process ----------------------------------------------------------------------
+_attached: OrderedDict[str, mmap.mmap] = OrderedDict()
+
+
+def _process_start(parent: int) -> None:
+    """A decode process: Ctrl-C is the parent's to handle; exit when the parent is gone."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+
+    def watch() -> None:
+        while os.getppid() == parent:
+            threading.Event().wait(PARENT_POLL_S)
+        os.kill(os.getpid(), signal.SIGKILL)  # an orphan: nothing of its own to save
+
+    threading.Thread(target=watch, name="cpy-decode-parent", daemon=True).start()
+
+
+def _buffer(name: str) -> mmap.mmap:
+    """A feed's shared buffer, mapped. Opened as a file of /dev/shm, not through
+    SharedMemory: that registers each buffer with multiprocessing's resource tracker under a
+    lock, which another thread of the training process may have held when this process was
+    forked (a copy of a held lock never opens)."""
+    buffer = _attached.get(name)
+    if buffer is None:
+        while len(_attached) >= ATTACHED_BUFFERS:
+            _, oldest = _attached.popitem(last=False)
+            try:
+                oldest.close()
+            except BufferError:  # an array of it lives on in a traceback: unmapped with it
+                pass
+        fd = os.open(os.path.join(SHM_DIR, name.lstrip("/")), os.O_RDWR)
+        try:
+            buffer = _attached[name] = mmap.mmap(fd, 0)
+        finally:
+            os.close(fd)
+    else:
+        _attached.move_to_end(name)
+    return buffer
+
+
+def _decode_part(part: Part) -> None:
+    files = _buffer(part.files)
+    crops = np.ndarray(part.batch_shape, np.uint8, buffer=_buffer(part.crops))
+    for k, i in enumerate(range(part.start, part.stop)):
+        decode_crop(part.path, part.record_shape, part.color,
+                    files[part.bounds[k]:part.bounds[k + 1]], part.keys[k], crops[i],
+                    part.offsets[k], part.flips[k])

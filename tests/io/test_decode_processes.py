@@ -1,0 +1,162 @@
+"""The decode processes: the crops equal the reader decoder's; a process that dies, a closed
+pool and a parent that dies each end cleanly (one line, no hang, no process or shared buffer
+left behind); Ctrl-C is the training process's."""
+from __future__ import annotations
+
+import multiprocessing
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+from synthetic import image_file
+
+from caffe_py.errors import DataError
+from caffe_py.io import ReaderPool, attach_feeds, reader
+from caffe_py.io.datum import decode_image
+from caffe_py.io.decode_processes import SHM_DIR, DecodeProcesses, ProcessCrops
+from caffe_py.io.workers import DecodeOptions
+from caffe_py.layers import BuildContext, lookup
+from caffe_py.spec.net_spec import parse_layer
+from caffe_py.spec.schema import Source
+
+pytestmark = [pytest.mark.usefixtures("no_stray_threads"),
+              pytest.mark.skipif(not Path(SHM_DIR).is_dir(), reason="needs /dev/shm")]
+H, W = 12, 10
+
+
+def shared_buffers() -> set[str]:
+    return {p.name for p in Path(SHM_DIR).iterdir() if p.name.startswith("psm_")}
+
+
+def children() -> list:
+    return [p for p in multiprocessing.active_children() if p.is_alive()]
+
+
+def decode(crops: ProcessCrops, files, flips=None) -> np.ndarray:
+    out = np.zeros((len(files), 3, 7, 7), np.uint8)
+    crops.host(files, [b"k%d" % i for i in range(len(files))], [[i % 3, i % 4] for i in
+                                                                 range(len(files))],
+               flips or [i % 2 == 1 for i in range(len(files))], out)
+    return out
+
+
+def test_the_crops_are_the_reader_decoders_pixels():
+    files = [image_file(i) for i in range(11)]
+    before = shared_buffers()
+    processes = DecodeProcesses(3)
+    crops = ProcessCrops(processes, "db", (3, H, W), None)
+    try:
+        got = decode(crops, files)
+        again = decode(crops, files[:4])  # a smaller batch in the same buffers
+    finally:
+        crops.close()
+        processes.close()
+    for i, file in enumerate(files):
+        window = decode_image(file)[:, i % 3:i % 3 + 7, i % 4:i % 4 + 7]
+        assert np.array_equal(got[i], window[:, :, ::-1] if i % 2 else window)
+    assert np.array_equal(again, got[:4])
+    assert children() == [] and shared_buffers() == before
+
+
+def test_a_process_that_dies_stops_the_feed_with_one_line():
+    processes = DecodeProcesses(2)
+    crops = ProcessCrops(processes, "db", (3, H, W), None)
+    try:
+        decode(crops, [image_file(i) for i in range(4)])
+        os.kill(children()[0].pid, signal.SIGKILL)
+        with pytest.raises(DataError, match=r"^db: a decode process died \(.*\); see the log for "
+                                            r"what killed it \(memory\?\), or set "
+                                            r"CPY_DECODE_PROCESSES=off$"):
+            for _ in range(50):  # until the pool has seen the death
+                decode(crops, [image_file(i) for i in range(4)])
+                time.sleep(0.05)
+    finally:
+        crops.close()
+        processes.close()
+    assert children() == []
+
+
+def test_a_closed_pool_refuses_work_with_one_line():
+    processes = DecodeProcesses(2)
+    crops = ProcessCrops(processes, "db", (3, H, W), None)
+    decode(crops, [image_file(0), image_file(1)])
+    processes.close()
+    processes.close()  # idempotent
+    with pytest.raises(DataError, match=r"^db: the decode processes were closed$"):
+        decode(crops, [image_file(0), image_file(1)])
+    crops.close()
+    assert children() == []
+
+
+def test_ctrl_c_is_the_training_processes_to_handle():
+    processes = DecodeProcesses(2)
+    crops = ProcessCrops(processes, "db", (3, H, W), None)
+    try:
+        want = decode(crops, [image_file(i) for i in range(4)])
+        for child in children():
+            os.kill(child.pid, signal.SIGINT)
+        time.sleep(0.3)
+        assert len(children()) == 2
+        assert np.array_equal(decode(crops, [image_file(i) for i in range(4)]), want)
+    finally:
+        crops.close()
+        processes.close()
+
+
+@pytest.mark.slow
+def test_the_processes_end_when_the_training_process_is_killed(tmp_path):
+    script = textwrap.dedent(f"""
+        import os, signal, sys
+        sys.path.insert(0, {str(Path(__file__).parent)!r})
+        import multiprocessing
+        import numpy as np
+        from synthetic import image_file
+        from caffe_py.io.decode_processes import DecodeProcesses, ProcessCrops
+        crops = ProcessCrops(DecodeProcesses(2), "db", (3, 12, 10), None)
+        crops.host([image_file(0)] * 2, [b"a", b"b"], [[0, 0]] * 2, [False] * 2,
+                   np.zeros((2, 3, 7, 7), np.uint8))
+        print(" ".join(str(p.pid) for p in multiprocessing.active_children()), flush=True)
+        os.kill(os.getpid(), signal.SIGKILL)
+    """)
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
+                          timeout=60)
+    pids = [int(p) for p in done.stdout.split()]
+    assert len(pids) == 2, done.stderr
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline and any(_alive(p) for p in pids):
+        time.sleep(0.1)
+    assert not any(_alive(p) for p in pids)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as stat:
+            return stat.read().split(")")[-1].split()[0] != "Z"
+    except FileNotFoundError:
+        return False
+
+
+def test_a_pool_with_processes_leaves_no_process_or_buffer(tmp_path, monkeypatch):
+    from synthetic import write_encoded_db
+
+    monkeypatch.setattr(reader, "CACHE_BYTES", 0)
+    db = write_encoded_db(tmp_path / "db", [image_file(i) for i in range(10)])
+    spec = parse_layer({"name": "data", "type": "Data", "top": ["data", "label"],
+                        "data_param": {"source": db, "batch_size": 4},
+                        "transform_param": {"crop_size": 6}}, Source(), "layer")
+    layer = lookup("Data")(spec, [], BuildContext(phase="TRAIN"))
+    net = type("Net", (), {"data_layers": lambda self: [layer]})()
+    before = shared_buffers()
+    with ReaderPool(decode=DecodeOptions(2, "off", processes="on")) as pool:
+        attach_feeds(net, pool, seed=1)
+        pool.start()
+        data, label = layer()
+        assert tuple(data.shape) == (4, 3, 6, 6) and label.tolist() == [0, 7, 14, 21]
+        assert len(children()) == 2
+    assert children() == [] and shared_buffers() == before
