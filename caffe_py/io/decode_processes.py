@@ -10,7 +10,7 @@ a GIL, so they scale with the cores.
 
 How a batch goes (:meth:`ProcessCrops.host`, called by a feed thread): the feed writes the
 batch's files end to end into its shared input buffer (:mod:`multiprocessing.shared_memory`),
-cuts the batch into one part per process and submits the parts; each process decodes its
+cuts the batch into parts (the processes over the feeds) and submits them; each process decodes its
 records with PIL (the reader's decoder: the same pixels, bit for bit) and writes each crop
 window, mirrored where the transform flips it and in Caffe's BGR order, into the feed's shared
 output buffer; the feed waits for every part and copies the crops into its batch slot. Only a
@@ -75,6 +75,10 @@ class DecodeProcesses:
 
     def __init__(self, count: int):
         self.count = count
+        self.feeds = 0
+        """The feeds sharing the processes (each cuts its batches into count / feeds parts:
+        every process busy, and as few parts as that takes, since each costs the training
+        process a few pickles and thread wake-ups)."""
         self._executor: ProcessPoolExecutor | None = None
         self._lock = threading.Lock()
         self._closed = threading.Event()
@@ -159,6 +163,8 @@ class ProcessCrops:
                  record_shape: tuple[int, int, int], color: bool | None):
         self.processes, self.path = processes, path
         self.record_shape, self.color = record_shape, color
+        processes.feeds += 1
+        self._attached = True
         self._files: shared_memory.SharedMemory | None = None
         self._crops: shared_memory.SharedMemory | None = None
 
@@ -175,7 +181,7 @@ class ProcessCrops:
         for file, at, end in zip(files, bounds[:-1].tolist(), bounds[1:].tolist(),
                                  strict=True):
             into[at:end] = file
-        count = min(n, self.processes.count)
+        count = min(n, -(-self.processes.count // max(1, self.processes.feeds)))
         cuts = [n * i // count for i in range(count + 1)]
         shape = tuple(out.shape)
         marks = bounds.tolist()
@@ -190,6 +196,9 @@ class ProcessCrops:
         del crops
 
     def close(self) -> None:
+        if self._attached:
+            self._attached = False
+            self.processes.feeds -= 1
         for buffer in (self._files, self._crops):
             if buffer is not None:
                 buffer.close()
