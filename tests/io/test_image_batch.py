@@ -140,7 +140,7 @@ def test_a_file_of_another_size_is_raised_naming_the_key(tmp_path, monkeypatch):
     files = [jpeg(i) for i in range(8)]
     files[5] = jpeg(5, size=(H + 2, W))
     layer = data_layer(write_db(tmp_path / "db", files), {}, rand_skip=0)
-    with ReaderPool(decode=DecodeOptions(2)) as pool:
+    with ReaderPool(decode=DecodeOptions(2, processes="off")) as pool:
         attach_feeds(_net(layer), pool, seed=0)
         pool.start()
         layer()
@@ -158,7 +158,7 @@ def test_a_failing_worker_is_one_line_from_forward(jpeg_db, monkeypatch):
 
     monkeypatch.setattr(BatchImages, "_decode_into", broken)
     layer = data_layer(db, {})
-    with ReaderPool(decode=DecodeOptions(3)) as pool:
+    with ReaderPool(decode=DecodeOptions(3, processes="off")) as pool:
         attach_feeds(_net(layer), pool, seed=0)
         pool.start()
         with pytest.raises(DataError) as err:
@@ -170,7 +170,7 @@ def test_the_decode_threads_run_with_the_pool_and_stop_with_it(jpeg_db, monkeypa
     db, _, _ = jpeg_db
     monkeypatch.setattr(reader, "CACHE_BYTES", 0)
     layer = data_layer(db, {})
-    with ReaderPool(decode=DecodeOptions(3)) as pool:
+    with ReaderPool(decode=DecodeOptions(3, processes="off")) as pool:
         attach_feeds(_net(layer), pool, seed=0)
         pool.start()
         layer()
@@ -186,7 +186,7 @@ def test_raw_databases_start_no_decode_threads(tmp_path):
         for i in range(4):
             writer.put(b"%d" % i, encode_datum(datum_from_array(np.zeros((3, 4, 4), np.uint8), i)))
     layer = data_layer(str(tmp_path / "db"), {}, rand_skip=0)
-    with ReaderPool(decode=DecodeOptions(4)) as pool:
+    with ReaderPool(decode=DecodeOptions(4, processes="off")) as pool:
         attach_feeds(_net(layer), pool, seed=0)
         pool.start()
         layer()

@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 
 from caffe_py.errors import DataError
+from caffe_py.io import libjpeg
 from caffe_py.io import workers as workers_module
 from caffe_py.io.workers import DecodeOptions, DecodeWorkers
 
@@ -97,6 +98,7 @@ def test_a_run_waiting_when_the_pool_closes_raises(pool):
 
 
 def test_options_resolve_the_automatic_count(monkeypatch):
+    monkeypatch.setattr(libjpeg, "installed", lambda: False)  # PIL's threads
     monkeypatch.setattr(workers_module, "usable_cores", lambda: 16)
     assert DecodeOptions().threads == 4
     monkeypatch.setattr(workers_module, "usable_cores", lambda: 5)
@@ -104,6 +106,20 @@ def test_options_resolve_the_automatic_count(monkeypatch):
     monkeypatch.setattr(workers_module, "usable_cores", lambda: 2)
     assert DecodeOptions().threads == 1
     assert DecodeOptions(workers=5).threads == 5
+
+
+def test_options_resolve_the_decode_processes(monkeypatch):
+    monkeypatch.setattr(workers_module, "usable_cores", lambda: 10)
+    assert DecodeOptions().use_processes and DecodeOptions().process_count == 8
+    assert DecodeOptions(3).process_count == 3
+    assert not DecodeOptions(processes="off").use_processes
+    monkeypatch.setattr(workers_module, "usable_cores", lambda: 9)
+    assert not DecodeOptions().use_processes
+    assert DecodeOptions(processes="on").use_processes
+    assert DecodeOptions.from_env({"CPY_DECODE_PROCESSES": "On"}).processes == "on"
+    with pytest.raises(DataError, match=r"^CPY_DECODE_PROCESSES='2' is not one of auto, on, "
+                                        r"off; unset it for auto$"):
+        DecodeOptions.from_env({"CPY_DECODE_PROCESSES": "2"})
 
 
 def test_options_from_the_environment():
