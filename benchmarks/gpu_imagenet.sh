@@ -5,7 +5,7 @@
 #
 # Runs the data pipeline's tests (the GPU ones included: nvJPEG, the device crop), then
 # benchmarks/imagenet_data.py: makes 32,000 synthetic 256x256 images as raw and JPEG LMDBs in
-# /tmp/cpy_imagenet (reused by later runs), measures decode throughput (CPU threads 1-16,
+# /tmp/cpy_imagenet (reused by later runs), measures decode throughput (CPU threads and processes,
 # nvJPEG, the DataLoader peer) and ResNet-50 steps fed by DummyData, the raw and JPEG LMDBs and
 # the peer. Needs lmdb (carried as a wheel in .whl/) and torchvision (for nvJPEG and the peer).
 # Logs and tables land in $OUT (default /tmp/cpy_gpu): imagenet_data.md, and data_pipeline.md
