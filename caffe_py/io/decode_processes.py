@@ -178,6 +178,7 @@ class ProcessCrops:
         self._files = _grown(self._files, int(bounds[-1]))
         self._crops = _grown(self._crops, out.nbytes)
         into = self._files.buf
+        assert into is not None  # a created SharedMemory has its buffer
         for file, at, end in zip(files, bounds[:-1].tolist(), bounds[1:].tolist(),
                                  strict=True):
             into[at:end] = file
@@ -221,8 +222,10 @@ _attached: OrderedDict[str, mmap.mmap] = OrderedDict()
 
 
 def _process_start(parent: int) -> None:
-    """A decode process: Ctrl-C is the parent's to handle; exit when the parent is gone."""
+    """A decode process: Ctrl-C is the parent's to handle, SIGTERM ends it (not the training
+    process's handler, which fork copied); exit when the parent is gone."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
 
     def watch() -> None:
         while os.getppid() == parent:

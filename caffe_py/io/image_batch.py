@@ -58,7 +58,7 @@ class BatchImages:
             if options.gpu == "auto" and self.crops is not None:
                 log.info("%s: JPEG records are decoded in %d CPU processes (faster than nvJPEG "
                          "beside training; CPY_GPU_DECODE=on for nvJPEG)", path,
-                         processes.count)
+                         self.crops.processes.count)
             elif options.gpu == "auto" and self.libjpeg \
                     and workers.count >= THREADS_OVER_NVJPEG:
                 log.info("%s: JPEG records are decoded by torchvision on %d CPU threads (faster "

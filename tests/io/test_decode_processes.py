@@ -160,3 +160,26 @@ def test_a_pool_with_processes_leaves_no_process_or_buffer(tmp_path, monkeypatch
         assert tuple(data.shape) == (4, 3, 6, 6) and label.tolist() == [0, 7, 14, 21]
         assert len(children()) == 2
     assert children() == [] and shared_buffers() == before
+
+
+def test_auto_leaves_nvjpeg_out_where_processes_decode(monkeypatch, caplog):
+    import logging
+
+    import torch
+
+    from caffe_py.io.image_batch import BatchImages
+    from caffe_py.io.workers import DecodeWorkers
+
+    monkeypatch.setattr(BatchImages, "_gpu_decoder", lambda self: "nvJPEG")
+    caplog.set_level(logging.INFO, logger="caffe_py")
+    processes = DecodeProcesses(6)
+    for gpu, nvjpeg in (("auto", False), ("on", True)):
+        images = BatchImages("db", (3, H, W), None, DecodeWorkers(1),
+                             DecodeOptions(1, gpu, processes="on"), torch.device("cuda", 0),
+                             processes)
+        assert images.crops is not None and (images.gpu == "nvJPEG") is nvjpeg
+        images.close()
+    assert processes.feeds == 0
+    assert caplog.text.count("db: JPEG records are decoded in 6 CPU processes (faster than "
+                             "nvJPEG beside training; CPY_GPU_DECODE=on for nvJPEG)") == 1
+    processes.close()
