@@ -137,6 +137,10 @@ class DecodeProcesses:
         stuck.join()
 
 
+class NoSharedMemory(DataError):
+    """The shared-memory file system cannot hold a feed's buffers."""
+
+
 def _terminate(processes: list) -> None:
     for process in processes:
         if process.is_alive():
@@ -175,8 +179,8 @@ class ProcessCrops:
             return
         bounds = np.zeros(n + 1, np.int64)
         np.cumsum([len(f) for f in files], out=bounds[1:])
-        self._files = _grown(self._files, int(bounds[-1]))
-        self._crops = _grown(self._crops, out.nbytes)
+        self._files = self._grown(self._files, int(bounds[-1]))
+        self._crops = self._grown(self._crops, out.nbytes)
         into = self._files.buf
         assert into is not None  # a created SharedMemory has its buffer
         for file, at, end in zip(files, bounds[:-1].tolist(), bounds[1:].tolist(),
@@ -196,6 +200,36 @@ class ProcessCrops:
         out[...] = crops
         del crops
 
+    def _grown(self, buffer: shared_memory.SharedMemory | None,
+               size: int) -> shared_memory.SharedMemory:
+        """``buffer``, or a new one half as large again as ``size`` where it is too small,
+        its pages reserved: a shared-memory file system too small for it (a container's 64 MB
+        /dev/shm) is a :class:`NoSharedMemory` error here, not a SIGBUS at the first write."""
+        if buffer is not None and buffer.size >= size:
+            return buffer
+        if buffer is not None:
+            self._files = None if buffer is self._files else self._files
+            self._crops = None if buffer is self._crops else self._crops
+            buffer.close()
+            buffer.unlink()
+        want = max(1, size + size // 2)
+        created = shared_memory.SharedMemory(create=True, size=want)
+        path = os.path.join(SHM_DIR, created.name.lstrip("/"))
+        try:
+            fd = os.open(path, os.O_RDWR)
+            try:
+                os.posix_fallocate(fd, 0, want)
+            finally:
+                os.close(fd)
+        except OSError as exc:
+            created.close()
+            created.unlink()
+            raise NoSharedMemory(
+                f"{self.path}: the decode processes need {_mb(want)} of shared memory for a "
+                f"batch and {SHM_DIR} cannot hold it ({exc.strerror}; {_mb(_free(SHM_DIR))} "
+                "free)") from None
+        return created
+
     def close(self) -> None:
         if self._attached:
             self._attached = False
@@ -207,14 +241,16 @@ class ProcessCrops:
         self._files = self._crops = None
 
 
-def _grown(buffer: shared_memory.SharedMemory | None, size: int) -> shared_memory.SharedMemory:
-    """``buffer``, or a new one half as large again as ``size`` where it is too small."""
-    if buffer is not None and buffer.size >= size:
-        return buffer
-    if buffer is not None:
-        buffer.close()
-        buffer.unlink()
-    return shared_memory.SharedMemory(create=True, size=max(1, size + size // 2))
+def _free(path: str) -> int:
+    try:
+        stat = os.statvfs(path)
+    except OSError:
+        return 0
+    return stat.f_bavail * stat.f_frsize
+
+
+def _mb(size: int) -> str:
+    return f"{size / 2**20:,.0f} MB"
 
 
 # --- in a decode process ----------------------------------------------------------------------

@@ -23,7 +23,7 @@ import torch
 
 from ..errors import DataError
 from . import libjpeg
-from .decode_processes import DecodeProcesses, ProcessCrops
+from .decode_processes import DecodeProcesses, NoSharedMemory, ProcessCrops
 from .envelope import is_jpeg
 from .file_crops import check_record, decode_crop
 from .records import RecordBatch
@@ -104,15 +104,30 @@ class BatchImages:
                 self._decode_into(files[i], keys[i], out[i], offsets[i], flips[i])
 
         try:
-            if self.crops is not None:
-                self.crops.host(files, keys, offsets, flips, out)
-            else:
+            if self.crops is None or not self._in_processes(files, keys, offsets, flips, out):
                 self.workers.run(part, len(files), where=self.path)
         except BaseException:
             self.gpu_error = None  # a file no decoder reads: its error is the one to raise
             raise
         if self.gpu_error is not None:
             self._gpu_refused()
+
+    def _in_processes(self, files, keys, offsets: list, flips: list, out: np.ndarray) -> bool:
+        """Decode the batch in the processes; False where there is too little shared memory
+        for them and the threads are to decode it (``auto``; ``on`` raises)."""
+        assert self.crops is not None
+        try:
+            self.crops.host(files, keys, offsets, flips, out)
+            return True
+        except NoSharedMemory as exc:
+            if self.options.processes == "on":
+                raise DataError(f"{exc}; give it more room (docker run --shm-size=1g) or set "
+                                "CPY_DECODE_PROCESSES=off") from None
+            log.warning("%s; this feed decodes on %d CPU threads instead (give it more room, "
+                        "e.g. docker run --shm-size=1g)", exc, self.workers.count)
+            self.crops.close()
+            self.crops = None
+            return False
 
     def _decode_into(self, file, key: bytes, out: np.ndarray, offset: list[int],
                      flip: bool) -> None:

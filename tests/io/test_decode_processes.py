@@ -183,3 +183,62 @@ def test_auto_leaves_nvjpeg_out_where_processes_decode(monkeypatch, caplog):
     assert caplog.text.count("db: JPEG records are decoded in 6 CPU processes (faster than "
                              "nvJPEG beside training; CPY_GPU_DECODE=on for nvJPEG)") == 1
     processes.close()
+
+
+def _no_room(monkeypatch):
+    import errno
+
+    from caffe_py.io import decode_processes
+
+    def full(fd, offset, length):
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(decode_processes.os, "posix_fallocate", full)
+
+
+def test_too_little_shared_memory_is_one_line_not_a_crash(monkeypatch):
+    _no_room(monkeypatch)
+    before = shared_buffers()
+    processes = DecodeProcesses(2)
+    crops = ProcessCrops(processes, "db", (3, H, W), None)
+    with pytest.raises(DataError, match=r"^db: the decode processes need 0 MB of shared memory "
+                                        r"for a batch and /dev/shm cannot hold it \(No space "
+                                        r"left on device; [\d,]+ MB free\)$"):
+        decode(crops, [image_file(0), image_file(1)])
+    crops.close()
+    processes.close()
+    assert shared_buffers() == before and children() == []
+
+
+@pytest.mark.parametrize("processes", ["auto", "on"])
+def test_a_feed_without_room_decodes_on_threads_or_says_so(tmp_path, monkeypatch, caplog,
+                                                           processes):
+    import logging
+
+    from synthetic import write_encoded_db
+
+    from caffe_py.io import workers as workers_module
+
+    _no_room(monkeypatch)
+    monkeypatch.setattr(reader, "CACHE_BYTES", 0)
+    monkeypatch.setattr(workers_module, "usable_cores", lambda: 12)  # auto: processes
+    caplog.set_level(logging.WARNING, logger="caffe_py")
+    files = [image_file(i) for i in range(8)]
+    db = write_encoded_db(tmp_path / "db", files)
+    spec = parse_layer({"name": "data", "type": "Data", "top": ["data", "label"],
+                        "data_param": {"source": db, "batch_size": 4}}, Source(), "layer")
+    layer = lookup("Data")(spec, [], BuildContext(phase="TRAIN"))
+    net = type("Net", (), {"data_layers": lambda self: [layer]})()
+    with ReaderPool(decode=DecodeOptions(2, "off", processes=processes)) as pool:
+        attach_feeds(net, pool, seed=1)
+        pool.start()
+        if processes == "on":
+            with pytest.raises(DataError, match=r"cannot hold it .*; give it more room \(docker "
+                                                r"run --shm-size=1g\) or set "
+                                                r"CPY_DECODE_PROCESSES=off$"):
+                layer()
+            return
+        first, second = layer(), layer()
+    assert np.array_equal(first[0].numpy(), np.stack([decode_image(f) for f in files[:4]]))
+    assert np.array_equal(second[0].numpy(), np.stack([decode_image(f) for f in files[4:]]))
+    assert caplog.text.count("this feed decodes on 2 CPU threads instead") == 1
