@@ -95,6 +95,10 @@ class DecodeProcesses:
                 return self._executor.submit(_decode_part, part)
             except BrokenProcessPool as exc:
                 raise _died(where, exc) from None
+            except OSError as exc:  # the fork failed (memory, process limits)
+                raise DataError(f"{where}: cannot start {self.count} decode processes "
+                                f"({exc.strerror or exc}); set CPY_DECODE_WORKERS lower, or "
+                                "CPY_DECODE_PROCESSES=off") from None
 
     def wait(self, futures: list[Future], where: str) -> None:
         """Every part's end; the first failing part's error (by record order) is raised after

@@ -242,3 +242,21 @@ def test_a_feed_without_room_decodes_on_threads_or_says_so(tmp_path, monkeypatch
     assert np.array_equal(first[0].numpy(), np.stack([decode_image(f) for f in files[:4]]))
     assert np.array_equal(second[0].numpy(), np.stack([decode_image(f) for f in files[4:]]))
     assert caplog.text.count("this feed decodes on 2 CPU threads instead") == 1
+
+
+def test_processes_that_cannot_start_are_one_line(monkeypatch):
+    import errno
+
+    def no_fork():
+        raise OSError(errno.EAGAIN, "Resource temporarily unavailable")
+
+    monkeypatch.setattr(os, "fork", no_fork)
+    processes = DecodeProcesses(3)
+    crops = ProcessCrops(processes, "db", (3, H, W), None)
+    with pytest.raises(DataError, match=r"^db: cannot start 3 decode processes \(Resource "
+                                        r"temporarily unavailable\); set CPY_DECODE_WORKERS "
+                                        r"lower, or CPY_DECODE_PROCESSES=off$"):
+        decode(crops, [image_file(0), image_file(1)])
+    crops.close()
+    processes.close()
+    assert children() == []
