@@ -40,6 +40,7 @@ import numpy as np
 
 from ..errors import DataError
 from .file_crops import decode_crop
+from .workers import as_data_error
 
 WAIT_SLICE_S = 0.2
 """A feed waiting for its parts looks for close() this often."""
@@ -118,11 +119,7 @@ class DecodeProcesses:
                     errors[index] = exc
                 break
         if errors:
-            first = errors[min(errors)]
-            if isinstance(first, DataError):
-                raise first
-            text = " ".join(str(first).split())
-            raise DataError(f"{where}: decoding failed ({type(first).__name__}: {text})")
+            raise as_data_error(errors[min(errors)], where)
 
     def close(self) -> None:
         """Stop the processes (idempotent); a waiting feed raises."""

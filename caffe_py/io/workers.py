@@ -213,7 +213,7 @@ class DecodeWorkers:
             if error is not None:
                 errors[index] = error
         if errors:
-            raise _as_data_error(errors[min(errors)], where)
+            raise as_data_error(errors[min(errors)], where)
 
     def _next_result(self, done: queue.SimpleQueue, where: str):
         while True:
@@ -236,11 +236,12 @@ def _call(part: Part, start: int, stop: int, where: str) -> None:
     try:
         part(start, stop)
     except BaseException as exc:  # noqa: BLE001 (re-raised as one line)
-        raise _as_data_error(exc, where) from None
+        raise as_data_error(exc, where) from None
 
 
-def _as_data_error(exc: BaseException, where: str) -> BaseException:
-    """A decoder's error as the one-line error the training loop raises."""
+def as_data_error(exc: BaseException, where: str) -> BaseException:
+    """A decoder's error as the one-line error the training loop raises (the decode threads'
+    and the decode processes')."""
     if isinstance(exc, DataError | KeyboardInterrupt | SystemExit):
         return exc
     text = " ".join(str(exc).split())

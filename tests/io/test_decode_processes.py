@@ -260,3 +260,19 @@ def test_processes_that_cannot_start_are_one_line(monkeypatch):
     crops.close()
     processes.close()
     assert children() == []
+
+
+def test_a_failing_process_part_is_one_line(monkeypatch):
+    from caffe_py.io import decode_processes
+
+    def broken(*args):
+        raise MemoryError("no room\nat all")
+
+    monkeypatch.setattr(decode_processes, "decode_crop", broken)  # forked with the processes
+    processes = DecodeProcesses(2)
+    crops = ProcessCrops(processes, "db", (3, H, W), None)
+    with pytest.raises(DataError, match=r"^db: decoding failed \(MemoryError: no room at "
+                                        r"all\)$"):
+        decode(crops, [image_file(0), image_file(1)])
+    crops.close()
+    processes.close()
