@@ -77,9 +77,9 @@ class DecodeProcesses:
     def __init__(self, count: int):
         self.count = count
         self.feeds = 0
-        """The feeds sharing the processes (each cuts its batches into count / feeds parts:
-        every process busy, and as few parts as that takes, since each costs the training
-        process a few pickles and thread wake-ups)."""
+        """The feeds sharing the processes (each cuts its batches into count // feeds parts:
+        every process busy, no part waiting for one, and as few parts as that takes, since
+        each costs the training process a few pickles and thread wake-ups)."""
         self._executor: ProcessPoolExecutor | None = None
         self._lock = threading.Lock()
         self._closed = threading.Event()
@@ -187,7 +187,9 @@ class ProcessCrops:
         for file, at, end in zip(files, bounds[:-1].tolist(), bounds[1:].tolist(),
                                  strict=True):
             into[at:end] = file
-        count = min(n, -(-self.processes.count // max(1, self.processes.feeds)))
+        # every feed's parts at once find a process each: with more parts than processes
+        # (ceil), the parts left over run after a whole part's time, doubling their batch's
+        count = max(1, min(n, self.processes.count // max(1, self.processes.feeds)))
         cuts = [n * i // count for i in range(count + 1)]
         shape = tuple(out.shape)
         marks = bounds.tolist()
