@@ -276,3 +276,33 @@ def test_a_failing_process_part_is_one_line(monkeypatch):
         decode(crops, [image_file(0), image_file(1)])
     crops.close()
     processes.close()
+
+
+class Counting(DecodeProcesses):
+    """Records the parts it is given instead of starting processes."""
+
+    def __init__(self, count):
+        super().__init__(count)
+        self.parts = []
+
+    def submit(self, part, where):
+        self.parts.append((part.start, part.stop))
+
+    def wait(self, futures, where):
+        pass
+
+
+@pytest.mark.parametrize(("count", "feeds", "batch", "parts"), [
+    (14, 1, 256, 14), (62, 4, 256, 15), (62, 5, 256, 12), (3, 4, 8, 1), (16, 1, 5, 5)])
+def test_a_batch_is_cut_so_every_feeds_parts_find_a_process(count, feeds, batch, parts):
+    processes = Counting(count)
+    feeds_crops = [ProcessCrops(processes, "db", (3, H, W), None) for _ in range(feeds)]
+    files = [image_file(0)] * batch
+    out = np.zeros((batch, 3, 7, 7), np.uint8)
+    feeds_crops[0].host(files, [b"k"] * batch, [[0, 0]] * batch, [False] * batch, out)
+    sizes = [stop - start for start, stop in processes.parts]
+    assert len(sizes) == parts and sum(sizes) == batch and max(sizes) - min(sizes) <= 1
+    assert processes.parts[0][0] == 0 and processes.parts[-1][1] == batch
+    for crops in feeds_crops:
+        crops.close()
+    assert processes.feeds == 0
