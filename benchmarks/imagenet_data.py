@@ -157,7 +157,20 @@ def feed_rate(db: Path, root: Path, s: Setup, devices: list[torch.device],
                  for i, (layer, device) in enumerate(zip(layers, devices, strict=True))]
         pool.start()
         images = rate(layers, devices, s.seconds, s.batch)
+        for feed in feeds:
+            report_phases(feed)
         return images, decoder_of(feeds[0], pool)
+
+
+def report_phases(feed) -> None:
+    """Where a feed thread's time went per batch with the decode processes (the log only)."""
+    crops = feed.images.crops if feed.images is not None else None
+    if crops is None or crops.batches == 0:
+        return
+    each = {k: 1e3 * v / crops.batches for k, v in crops.seconds.items()}
+    print(f"feed {feed.name}: {crops.batches} batches; per batch: write files and submit "
+          f"{each['send']:.1f} ms, wait for the processes {each['wait']:.1f} ms, copy the crops "
+          f"out {each['copy']:.1f} ms", flush=True)
 
 
 def decoder_of(feed, pool: ReaderPool) -> str:
@@ -332,6 +345,7 @@ def our_feed(param: SolverParameter, device: torch.device, decode: DecodeOptions
         pool.start()
         yield solver
         seen["who"] = decoder_of(feed, pool)
+        report_phases(feed)
 
 
 @contextlib.contextmanager

@@ -62,6 +62,8 @@ def test_the_crops_are_the_reader_decoders_pixels():
         assert np.array_equal(got[i], window[:, :, ::-1] if i % 2 else window)
     assert np.array_equal(again, got[:4])
     assert children() == [] and shared_buffers() == before
+    assert crops.batches == 2 and sorted(crops.seconds) == ["copy", "send", "wait"]
+    assert all(v > 0 for v in crops.seconds.values())
 
 
 def test_a_process_that_dies_stops_the_feed_with_one_line():
