@@ -91,7 +91,8 @@ def attach_feeds(net: NetWithData, pool: ReaderPool, *, replica: int = 0,
                                   where=f"layer '{layer.name}' ({spec.source}): ")
         on = torch.device(device)
         images = (BatchImages(spec.source, spec.record_shape, spec.color, pool.workers,
-                              pool.decode, on, pool.processes) if spec.encoded else None)
+                              pool.decode, on, pool.processes, pool.replicas)
+                  if spec.encoded else None)
         feed = Prefetcher(queue, transformer, spec.batch_size, device=on,
                           name=f"{stream}#{replica}", images=images)
         pool.manage(feed)

@@ -36,11 +36,12 @@ log = logging.getLogger(__name__)
 class BatchImages:
     """Decodes the image files of one feed's batches of records of ``record_shape`` (C, H, W)
     from database ``path`` (``color`` as the reader's decoder). ``device`` is the feed's; JPEG
-    files are decoded there when ``options`` allow it."""
+    files are decoded there when ``options`` allow it. ``processes``: the pool's decode
+    processes (None: the threads decode); ``feeds``: how many feeds share the threads."""
 
     def __init__(self, path: str, record_shape: tuple[int, int, int], color: bool | None,
                  workers: DecodeWorkers, options: DecodeOptions, device: torch.device,
-                 processes: DecodeProcesses | None = None):
+                 processes: DecodeProcesses | None = None, feeds: int = 1):
         self.path, self.record_shape, self.color = path, record_shape, color
         self.workers = workers
         if device.type == "cuda" and device.index is None and torch.cuda.is_available():
@@ -60,7 +61,7 @@ class BatchImages:
                          "beside training; CPY_GPU_DECODE=on for nvJPEG)", path,
                          self.crops.processes.count)
             elif options.gpu == "auto" and self.libjpeg \
-                    and workers.count >= THREADS_OVER_NVJPEG:
+                    and workers.count // max(1, feeds) >= THREADS_OVER_NVJPEG:
                 log.info("%s: JPEG records are decoded by torchvision on %d CPU threads (faster "
                          "than nvJPEG beside training; CPY_GPU_DECODE=on for nvJPEG)", path,
                          workers.count)

@@ -118,18 +118,19 @@ def test_torchvision_asked_for_without_it_is_a_one_line_error():
     assert not images.libjpeg
 
 
-@pytest.mark.parametrize(("workers", "gpu", "nvjpeg"), [
-    (8, "auto", False), (7, "auto", True), (8, "on", True), (8, "off", False)])
+@pytest.mark.parametrize(("workers", "feeds", "gpu", "nvjpeg"), [
+    (8, 1, "auto", False), (7, 1, "auto", True), (8, 1, "on", True), (8, 1, "off", False),
+    (16, 2, "auto", False), (16, 3, "auto", True)])
 def test_auto_leaves_nvjpeg_out_for_enough_torchvision_threads(stand_in, monkeypatch, caplog,
-                                                                workers, gpu, nvjpeg):
+                                                                workers, feeds, gpu, nvjpeg):
     monkeypatch.setattr(BatchImages, "_gpu_decoder", lambda self: "nvJPEG")
     caplog.set_level(logging.INFO, logger="caffe_py")
     images = BatchImages("db", (3, H, W), None, DecodeWorkers(workers),
-                         DecodeOptions(workers, gpu), torch.device("cuda", 0))
+                         DecodeOptions(workers, gpu), torch.device("cuda", 0), feeds=feeds)
     assert images.libjpeg
     assert (images.gpu == "nvJPEG") is nvjpeg
-    said = ("db: JPEG records are decoded by torchvision on 8 CPU threads (faster than nvJPEG "
-            "beside training; CPY_GPU_DECODE=on for nvJPEG)")
+    said = (f"db: JPEG records are decoded by torchvision on {workers} CPU threads (faster than "
+            "nvJPEG beside training; CPY_GPU_DECODE=on for nvJPEG)")
     assert (said in caplog.text) is (gpu == "auto" and not nvjpeg)
 
 
