@@ -46,6 +46,21 @@ def decode(crops: ProcessCrops, files, flips=None) -> np.ndarray:
     return out
 
 
+def refused(count: int, message: str) -> None:
+    """A batch for ``count`` processes fails with exactly ``message`` (a regex), and nothing
+    is left behind."""
+    before = shared_buffers()
+    processes = DecodeProcesses(count)
+    crops = ProcessCrops(processes, "db", (3, H, W), None)
+    try:
+        with pytest.raises(DataError, match=message):
+            decode(crops, [image_file(0), image_file(1)])
+    finally:
+        crops.close()
+        processes.close()
+    assert children() == [] and shared_buffers() == before
+
+
 def test_the_crops_are_the_reader_decoders_pixels():
     files = [image_file(i) for i in range(11)]
     before = shared_buffers()
@@ -200,16 +215,8 @@ def _no_room(monkeypatch):
 
 def test_too_little_shared_memory_is_one_line_not_a_crash(monkeypatch):
     _no_room(monkeypatch)
-    before = shared_buffers()
-    processes = DecodeProcesses(2)
-    crops = ProcessCrops(processes, "db", (3, H, W), None)
-    with pytest.raises(DataError, match=r"^db: the decode processes need 0 MB of shared memory "
-                                        r"for a batch and /dev/shm cannot hold it \(No space "
-                                        r"left on device; [\d,]+ MB free\)$"):
-        decode(crops, [image_file(0), image_file(1)])
-    crops.close()
-    processes.close()
-    assert shared_buffers() == before and children() == []
+    refused(2, r"^db: the decode processes need 0 MB of shared memory for a batch and /dev/shm "
+               r"cannot hold it \(No space left on device; [\d,]+ MB free\)$")
 
 
 @pytest.mark.parametrize("processes", ["auto", "on"])
@@ -253,15 +260,8 @@ def test_processes_that_cannot_start_are_one_line(monkeypatch):
         raise OSError(errno.EAGAIN, "Resource temporarily unavailable")
 
     monkeypatch.setattr(os, "fork", no_fork)
-    processes = DecodeProcesses(3)
-    crops = ProcessCrops(processes, "db", (3, H, W), None)
-    with pytest.raises(DataError, match=r"^db: cannot start 3 decode processes \(Resource "
-                                        r"temporarily unavailable\); set CPY_DECODE_WORKERS "
-                                        r"lower, or CPY_DECODE_PROCESSES=off$"):
-        decode(crops, [image_file(0), image_file(1)])
-    crops.close()
-    processes.close()
-    assert children() == []
+    refused(3, r"^db: cannot start 3 decode processes \(Resource temporarily unavailable\); "
+               r"set CPY_DECODE_WORKERS lower, or CPY_DECODE_PROCESSES=off$")
 
 
 def test_a_failing_process_part_is_one_line(monkeypatch):
@@ -271,13 +271,7 @@ def test_a_failing_process_part_is_one_line(monkeypatch):
         raise MemoryError("no room\nat all")
 
     monkeypatch.setattr(decode_processes, "decode_crop", broken)  # forked with the processes
-    processes = DecodeProcesses(2)
-    crops = ProcessCrops(processes, "db", (3, H, W), None)
-    with pytest.raises(DataError, match=r"^db: decoding failed \(MemoryError: no room at "
-                                        r"all\)$"):
-        decode(crops, [image_file(0), image_file(1)])
-    crops.close()
-    processes.close()
+    refused(2, r"^db: decoding failed \(MemoryError: no room at all\)$")
 
 
 class Counting(DecodeProcesses):
