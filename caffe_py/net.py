@@ -123,6 +123,8 @@ class Net(WeightsMixin, nn.Module):
                                 generator=torch.Generator().manual_seed(seed),
                                 options=dict(options or {}))
         self.layers = LayerList()
+        self._plan: list = []
+        self._plan_key: tuple[int, ...] | None = None
         self.blobs: dict[str, Shape] = {}
         """Every blob name -> its shape at build time (an in-place blob: its last shape)."""
         self._loss_weights: list[tuple[str, float]] = []
@@ -371,14 +373,12 @@ class Net(WeightsMixin, nn.Module):
         self._bind_shared()
         blobs: dict[str, torch.Tensor] = {}
         hooked = _global_hooks()
-        for layer in self.layers:
-            lp = layer.spec
+        for layer, bottom, detached, top in self._forward_plan():
             if isinstance(layer, Input):
                 layer.provide_named(inputs)
-            bottoms = [blobs[b] for b in lp.bottom]
-            for k, down in enumerate(lp.propagate_down):
-                if not down:
-                    bottoms[k] = bottoms[k].detach()
+            bottoms = [blobs[b] for b in bottom]
+            for k in detached:  # propagate_down: false
+                bottoms[k] = bottoms[k].detach()
             try:  # a layer without hooks is called without nn.Module's two wrapper frames
                 tops = layer(*bottoms) if hooked or _hooked(layer) else layer.forward(*bottoms)
             except RuntimeError as exc:
@@ -387,12 +387,29 @@ class Net(WeightsMixin, nn.Module):
                     raise
                 raise NetError(reshaped) from exc
             if isinstance(tops, torch.Tensor):
+                if len(top) == 1:
+                    blobs[top[0]] = tops
+                    continue
                 tops = (tops,)
             elif tops is None:  # a layer without tops (Silence)
                 tops = ()
-            for name, value in zip(lp.top, tops, strict=True):
+            for name, value in zip(top, tops, strict=True):
                 blobs[name] = value
         return NetOutput(self._loss(blobs), {name: blobs[name] for name in self.output_names})
+
+    def _forward_plan(self) -> list[tuple[Layer, tuple[str, ...], tuple[int, ...],
+                                          tuple[str, ...]]]:
+        """Per layer, what :meth:`forward` needs of its spec: (layer, bottoms, the indices of
+        the bottoms not propagated down, tops), worked out once (and again if the layer list
+        changes), not per layer per iteration."""
+        key = tuple(map(id, self.layers))
+        if self._plan_key != key:
+            self._plan = [(layer, tuple(layer.spec.bottom),
+                           tuple(k for k, down in enumerate(layer.spec.propagate_down)
+                                 if not down),
+                           tuple(layer.spec.top)) for layer in self.layers]
+            self._plan_key = key
+        return self._plan
 
     def run(self, inputs: Mapping[str, torch.Tensor] | None = None) -> NetOutput:
         """``self(inputs)``: :meth:`forward` called directly unless a module hook (the net's

@@ -367,3 +367,20 @@ def test_run_skips_the_module_call_unless_a_hook_needs_it(spec_of):
     net.run(inputs)
     assert len(seen) == 6  # nothing more once the hooks are gone
     assert all(torch.equal(plain[k], hooked[k]) for k in plain)
+
+
+def test_forward_follows_a_layer_put_in_place_of_another(spec_of):
+    """forward works out each layer's bottoms and tops once; a layer replaced in the list
+    afterwards is the one that runs."""
+    import copy
+
+    net = Net(spec_of(PHASED), "TRAIN")
+    inputs = {"data": torch.ones(2, 3)}
+    assert net(inputs).outputs["notx"].tolist() == [[1.0] * 3] * 2
+    index = next(i for i, layer in enumerate(net.layers) if layer.name == "notx")
+    tripled = copy.deepcopy(net.layers[index])
+    with torch.no_grad():
+        tripled.weight.fill_(3.0)
+    net.layers[index] = tripled
+    assert net(inputs).outputs["notx"].tolist() == [[3.0] * 3] * 2
+    assert net(inputs).outputs["nottest"].tolist() == [[1.0] * 3] * 2
