@@ -84,7 +84,32 @@ class _Blob:
 
 
 class LayerList(nn.ModuleList):
-    """The net's layers in build order: an ``nn.ModuleList`` whose items are Layers."""
+    """The net's layers in build order: an ``nn.ModuleList`` whose items are Layers.
+    :attr:`version` counts its changes (the net's forward plan follows it)."""
+
+    version = 0
+
+    def __setitem__(self, idx: int, module: nn.Module) -> None:
+        super().__setitem__(idx, module)
+        self.version += 1
+
+    def __delitem__(self, idx: int | slice) -> None:
+        super().__delitem__(idx)
+        self.version += 1
+
+    def insert(self, index: int, module: nn.Module) -> None:
+        super().insert(index, module)
+        self.version += 1
+
+    def append(self, module: nn.Module) -> LayerList:
+        super().append(module)
+        self.version += 1
+        return self
+
+    def extend(self, modules) -> LayerList:
+        super().extend(modules)
+        self.version += 1
+        return self
 
     def __iter__(self) -> Iterator[Layer]:
         return cast("Iterator[Layer]", super().__iter__())
@@ -101,6 +126,8 @@ class LayerList(nn.ModuleList):
 
 class Net(WeightsMixin, nn.Module):
     """A Caffe net built for one phase; call it with the net's inputs to run forward."""
+
+    layers: LayerList  # type: ignore[assignment]  # the mixin's Sequence[Layer], made here
 
     def __init__(self, spec: NetParameter, phase: str | None = None, *,
                  stages: Iterable[str] = (), level: int | None = None,
@@ -124,7 +151,7 @@ class Net(WeightsMixin, nn.Module):
                                 options=dict(options or {}))
         self.layers = LayerList()
         self._plan: list = []
-        self._plan_key: tuple[int, ...] | None = None
+        self._plan_key = -1
         self.blobs: dict[str, Shape] = {}
         """Every blob name -> its shape at build time (an in-place blob: its last shape)."""
         self._loss_weights: list[tuple[str, float]] = []
@@ -402,7 +429,7 @@ class Net(WeightsMixin, nn.Module):
         """Per layer, what :meth:`forward` needs of its spec: (layer, bottoms, the indices of
         the bottoms not propagated down, tops), worked out once (and again if the layer list
         changes), not per layer per iteration."""
-        key = tuple(map(id, self.layers))
+        key = self.layers.version
         if self._plan_key != key:
             self._plan = [(layer, tuple(layer.spec.bottom),
                            tuple(k for k, down in enumerate(layer.spec.propagate_down)
