@@ -228,17 +228,18 @@ class ProcessCrops:
             buffer.close()
             buffer.unlink()
         want = max(1, size + size // 2)
-        created = shared_memory.SharedMemory(create=True, size=want)
-        path = os.path.join(SHM_DIR, created.name.lstrip("/"))
+        created = None
         try:
-            fd = os.open(path, os.O_RDWR)
+            created = shared_memory.SharedMemory(create=True, size=want)
+            fd = os.open(os.path.join(SHM_DIR, created.name.lstrip("/")), os.O_RDWR)
             try:
                 os.posix_fallocate(fd, 0, want)
             finally:
                 os.close(fd)
         except OSError as exc:
-            created.close()
-            created.unlink()
+            if created is not None:
+                created.close()
+                created.unlink()
             raise NoSharedMemory(
                 f"{self.path}: the decode processes need {_mb(want)} of shared memory for a "
                 f"batch and {SHM_DIR} cannot hold it ({exc.strerror}; {_mb(_free(SHM_DIR))} "

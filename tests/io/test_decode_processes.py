@@ -302,3 +302,16 @@ def test_a_batch_is_cut_so_every_feeds_parts_find_a_process(count, feeds, batch,
     for crops in feeds_crops:
         crops.close()
     assert processes.feeds == 0
+
+
+def test_shared_memory_that_cannot_be_made_is_one_line(monkeypatch):
+    import errno
+
+    from caffe_py.io import decode_processes
+
+    def refuse(*args, **kwargs):
+        raise OSError(errno.EMFILE, "Too many open files")
+
+    monkeypatch.setattr(decode_processes.shared_memory, "SharedMemory", refuse)
+    refused(2, r"^db: the decode processes need 0 MB of shared memory for a batch and /dev/shm "
+               r"cannot hold it \(Too many open files; [\d,]+ MB free\)$")
