@@ -170,9 +170,9 @@ class ProcessCrops:
         self.processes, self.path = processes, path
         self.record_shape, self.color = record_shape, color
         processes.feeds += 1
-        self._attached = True
-        self._files: shared_memory.SharedMemory | None = None
-        self._crops: shared_memory.SharedMemory | None = None
+        self._counted = True  # in processes.feeds, until close()
+        self._buffers: dict[str, shared_memory.SharedMemory] = {}
+        """"files" (the batch's files end to end) and "crops" ((B, C, h, w) uint8)."""
         self.seconds = {"send": 0.0, "wait": 0.0, "copy": 0.0}
         """Where the feed thread's time went, summed over :attr:`batches`: writing the files
         and submitting the parts, waiting for them, copying the crops out (for benchmarks)."""
@@ -184,30 +184,29 @@ class ProcessCrops:
         if n == 0:
             return
         started = time.perf_counter()
-        bounds = np.zeros(n + 1, np.int64)
-        np.cumsum([len(f) for f in files], out=bounds[1:])
-        self._files = self._grown(self._files, int(bounds[-1]))
-        self._crops = self._grown(self._crops, out.nbytes)
-        into = self._files.buf
+        sums = np.zeros(n + 1, np.int64)
+        np.cumsum([len(f) for f in files], out=sums[1:])
+        marks = sums.tolist()
+        inputs = self._grown("files", marks[-1])
+        crops_buffer = self._grown("crops", out.nbytes)
+        into = inputs.buf
         assert into is not None  # a created SharedMemory has its buffer
-        for file, at, end in zip(files, bounds[:-1].tolist(), bounds[1:].tolist(),
-                                 strict=True):
+        for file, at, end in zip(files, marks, marks[1:], strict=False):
             into[at:end] = file
         # every feed's parts at once find a process each: with more parts than processes
         # (ceil), the parts left over run after a whole part's time, doubling their batch's
         count = max(1, min(n, self.processes.count // max(1, self.processes.feeds)))
         cuts = [n * i // count for i in range(count + 1)]
         shape = tuple(out.shape)
-        marks = bounds.tolist()
         futures = [self.processes.submit(Part(
-            self._files.name, self._crops.name, shape, a, b, tuple(marks[a:b + 1]),
+            inputs.name, crops_buffer.name, shape, a, b, tuple(marks[a:b + 1]),
             tuple(keys[a:b]), tuple(tuple(o) for o in offsets[a:b]), tuple(flips[a:b]),
             self.path, self.record_shape, self.color), self.path)
             for a, b in zip(cuts, cuts[1:], strict=False)]
         sent = time.perf_counter()
         self.processes.wait(futures, self.path)
         waited = time.perf_counter()
-        crops = np.ndarray(shape, np.uint8, buffer=self._crops.buf)
+        crops = np.ndarray(shape, np.uint8, buffer=crops_buffer.buf)
         out[...] = crops
         del crops
         self.seconds["send"] += sent - started
@@ -215,18 +214,15 @@ class ProcessCrops:
         self.seconds["copy"] += time.perf_counter() - waited
         self.batches += 1
 
-    def _grown(self, buffer: shared_memory.SharedMemory | None,
-               size: int) -> shared_memory.SharedMemory:
-        """``buffer``, or a new one half as large again as ``size`` where it is too small,
+    def _grown(self, kind: str, size: int) -> shared_memory.SharedMemory:
+        """The ``kind`` buffer, made anew half as large again as ``size`` where it is too small,
         its pages reserved: a shared-memory file system too small for it (a container's 64 MB
         /dev/shm) is a :class:`NoSharedMemory` error here, not a SIGBUS at the first write."""
+        buffer = self._buffers.get(kind)
         if buffer is not None and buffer.size >= size:
             return buffer
         if buffer is not None:
-            self._files = None if buffer is self._files else self._files
-            self._crops = None if buffer is self._crops else self._crops
-            buffer.close()
-            buffer.unlink()
+            _release(self._buffers.pop(kind))
         want = max(1, size + size // 2)
         created = None
         try:
@@ -238,23 +234,25 @@ class ProcessCrops:
                 os.close(fd)
         except OSError as exc:
             if created is not None:
-                created.close()
-                created.unlink()
+                _release(created)
             raise NoSharedMemory(
                 f"{self.path}: the decode processes need {_mb(want)} of shared memory for a "
                 f"batch and {SHM_DIR} cannot hold it ({exc.strerror}; {_mb(_free(SHM_DIR))} "
                 "free)") from None
+        self._buffers[kind] = created
         return created
 
     def close(self) -> None:
-        if self._attached:
-            self._attached = False
+        if self._counted:
+            self._counted = False
             self.processes.feeds -= 1
-        for buffer in (self._files, self._crops):
-            if buffer is not None:
-                buffer.close()
-                buffer.unlink()
-        self._files = self._crops = None
+        while self._buffers:
+            _release(self._buffers.popitem()[1])
+
+
+def _release(buffer: shared_memory.SharedMemory) -> None:
+    buffer.close()
+    buffer.unlink()
 
 
 def _free(path: str) -> int:
