@@ -3,8 +3,9 @@
 PIL decodes a JPEG with the same library but holds the GIL around it for about a fifth of a
 256 x 256 image's decode (opening the file, the array interface), so its threads peak at 4-8;
 ``torchvision.io.decode_jpeg`` is one operator call that releases the GIL for the whole decode,
-so threads can use the cores. torchvision is optional: without it (or where this module's check
-finds its pixels differ from PIL's) the workers use PIL.
+so threads can use the cores. Its pixels are PIL's (the same library; 4,096 of 4,096 benchmark
+images identical, and tests/io/test_libjpeg.py compares them where torchvision is installed).
+torchvision is optional: without it the workers use PIL.
 
 Only the common case takes this path: a colour JPEG that libjpeg decodes to three channels
 (YCbCr or RGB), wanted as three channels. Everything else (gray, CMYK, a file libjpeg refuses)

@@ -72,13 +72,15 @@ class DecodeOptions:
 
     workers: int | None = None
     """Decode threads shared by the reader and the feeds (None: the usable cores less two, at
-    least 1 and at most 48 with torchvision's JPEG decoder, 4 with PIL's). 1 decodes in the
-    reader's or feed's own thread."""
+    least 1 and at most 16 with torchvision's JPEG decoder, 4 with PIL's; 1 decodes in the
+    reader's or feed's own thread), and the count of decode processes where they are used
+    (:attr:`process_count`)."""
     gpu: str = "auto"
     """JPEG records on a CUDA feed: "auto" decodes them on the GPU (nvJPEG through
-    torchvision.io.decode_jpeg) when torchvision is installed, unless the CPU workers decode
-    with torchvision on at least :data:`THREADS_OVER_NVJPEG` threads (they are faster then
-    beside a training GPU); "on" requires nvJPEG, "off" decodes with the CPU workers."""
+    torchvision.io.decode_jpeg) when torchvision is installed, unless the decode processes
+    decode them, or torchvision's decoder on at least :data:`THREADS_OVER_NVJPEG` threads a
+    feed (either is faster beside a training GPU); "on" requires nvJPEG, "off" decodes with
+    the CPU workers."""
     cpu: str = "auto"
     """The CPU workers' JPEG decoder: "auto" is torchvision's (libjpeg-turbo, the GIL released
     for the whole decode) when torchvision is installed, else PIL's; "torchvision" requires
