@@ -182,15 +182,10 @@ def decoder_of(feed, pool: ReaderPool) -> str:
     if feed.images.crops is not None:
         return f"{pool.processes.count} CPU processes, PIL"
     n = pool.workers.count
-    return f"{n} CPU thread{'s' * (n != 1)}, {CPU_DECODERS[cpu_decoder(feed.images)]}"
+    return f"{n} CPU thread{'s' * (n != 1)}, {'torchvision' if feed.images.libjpeg else 'PIL'}"
 
 
 CPU_DECODERS = {"pil": "PIL", "torchvision": "torchvision"}
-
-
-def cpu_decoder(images) -> str:
-    """The CPU workers' JPEG decoder of a BatchImages."""
-    return "torchvision" if images.libjpeg else "pil"
 
 
 def cpu_decoders() -> list[str]:
