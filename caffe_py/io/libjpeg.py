@@ -42,6 +42,9 @@ def _decoder():
             except Exception as exc:  # noqa: BLE001 (any import failure: PIL decodes)
                 log.info("JPEG records are decoded by PIL (torchvision: %s)", exc)
                 _state["decode"] = None
+                _state["why"] = ("torchvision is not installed"
+                                 if isinstance(exc, ModuleNotFoundError)
+                                 else f"torchvision does not import ({' '.join(str(exc).split())})")
         return _state["decode"]
 
 
@@ -53,7 +56,7 @@ def installed() -> bool:
 def unavailable() -> str | None:
     """Why torchvision cannot decode JPEGs on the CPU here (None: it can)."""
     if _decoder() is None:
-        return "torchvision is not installed"
+        return str(_state["why"])
     return None
 
 

@@ -198,3 +198,15 @@ def test_torchvision_workers_give_the_pil_workers_crops():
     images, out, want = crops(files, DecodeOptions(3, "off", "torchvision"), count=3)
     assert images.libjpeg
     assert np.array_equal(out, want)
+
+
+def test_a_torchvision_that_does_not_import_says_why(monkeypatch):
+    import sys
+    import types
+
+    monkeypatch.setattr(libjpeg, "_state", {})
+    monkeypatch.setitem(sys.modules, "torchvision", types.ModuleType("torchvision"))
+    monkeypatch.setitem(sys.modules, "torchvision.io", types.ModuleType("torchvision.io"))
+    assert libjpeg.unavailable() == ("torchvision does not import (cannot import name "
+                                     "'ImageReadMode' from 'torchvision.io' (unknown location))")
+    assert libjpeg.decode_rgb(b"\xff\xd8") is None
