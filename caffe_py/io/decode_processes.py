@@ -8,13 +8,15 @@ not by the cores: measured on a 16- and a 64-core machine, PIL's threads reach a
 trains ResNet-50 at about 4,000-5,000 images/s; four need about 19,000. Processes do not share
 a GIL, so they scale with the cores.
 
-How a batch goes (:meth:`ProcessCrops.host`, called by a feed thread): the feed writes the
+How a batch goes (:meth:`ProcessCrops.submit`, called by a feed thread): the feed writes the
 batch's files end to end into its shared input buffer (:mod:`multiprocessing.shared_memory`),
 cuts the batch into parts (the processes over the feeds) and submits them; each process decodes its
 records with PIL (the reader's decoder: the same pixels, bit for bit) and writes each crop
 window, mirrored where the transform flips it and in Caffe's BGR order, into the feed's shared
-output buffer; the feed waits for every part and copies the crops into its batch slot. Only a
-few numbers and names cross the pipes. A part that fails raises its record's error in the feed
+output buffer; the feed waits for every part and copies the crops into its batch slot. A feed
+keeps two batches in the processes (:data:`IN_FLIGHT`, each with its own buffers): it submits
+the next batch before it waits for the last, so the processes decode while it writes files and
+copies crops. Only a few numbers and names cross the pipes. A part that fails raises its record's error in the feed
 (the first by record order), as the threads do.
 
 The processes are forked at the first batch (see :func:`_context`) and use only numpy, PIL
@@ -50,8 +52,11 @@ PARENT_POLL_S = 1.0
 """How often a decode process checks that the process which started it is alive."""
 SHM_DIR = "/dev/shm"
 """Where POSIX shared memory (multiprocessing.shared_memory) lives on Linux."""
-ATTACHED_BUFFERS = 16
-"""Shared buffers a decode process keeps mapped (two per feed; the oldest are let go)."""
+IN_FLIGHT = 2
+"""Batches a feed keeps in the decode processes at once (see :class:`ProcessCrops`)."""
+ATTACHED_BUFFERS = 32
+"""Shared buffers a decode process keeps mapped (two per batch in flight per feed; the oldest
+are let go)."""
 
 
 @dataclass(frozen=True)
@@ -163,7 +168,11 @@ def _died(where: str, exc: BaseException) -> DataError:
 
 
 class ProcessCrops:
-    """One feed's side of the decode processes: its shared buffers and its batches' parts."""
+    """One feed's side of the decode processes: its shared buffers and its batches' parts.
+
+    A feed keeps up to :data:`IN_FLIGHT` batches in the processes (:meth:`submit`, then
+    :meth:`InFlight.wait` in submission order), each with its own pair of buffers: while the
+    feed writes the next batch's files and copies the last one's crops, the processes decode."""
 
     def __init__(self, processes: DecodeProcesses, path: str,
                  record_shape: tuple[int, int, int], color: bool | None):
@@ -171,8 +180,12 @@ class ProcessCrops:
         self.record_shape, self.color = record_shape, color
         processes.feeds += 1
         self._counted = True  # in processes.feeds, until close()
-        self._buffers: dict[str, shared_memory.SharedMemory] = {}
-        """"files" (the batch's files end to end) and "crops" ((B, C, h, w) uint8)."""
+        self._buffers: list[dict[str, shared_memory.SharedMemory]] = [
+            {} for _ in range(IN_FLIGHT)]
+        """Per batch in flight: "files" (the batch's files end to end) and "crops"
+        ((B, C, h, w) uint8)."""
+        self._turn = 0  # the buffer pair the next batch takes
+        self._flying: list[InFlight] = []  # submitted, not yet waited for (oldest first)
         self.seconds = {"send": 0.0, "wait": 0.0, "copy": 0.0}
         """Where the feed thread's time went, summed over :attr:`batches`: writing the files
         and submitting the parts, waiting for them, copying the crops out (for benchmarks)."""
@@ -180,15 +193,24 @@ class ProcessCrops:
 
     def host(self, files, keys, offsets: list, flips: list, out: np.ndarray) -> None:
         """Decode ``files`` and write their crop windows into ``out`` (B, C, h, w) uint8."""
-        n = len(files)
-        if n == 0:
-            return
+        self.submit(files, keys, offsets, flips, out).wait()
+
+    def submit(self, files, keys, offsets: list, flips: list, out: np.ndarray) -> InFlight:
+        """Start decoding ``files`` into ``out`` (B, C, h, w) uint8, each record's crop window at
+        ``offsets`` (y, x), mirrored where ``flips``; the batch is in ``out`` after
+        :meth:`InFlight.wait`. Raises :class:`NoSharedMemory` (nothing submitted) where the
+        buffers cannot be made."""
+        if len(self._flying) >= IN_FLIGHT:
+            raise RuntimeError(f"{self.path}: more than {IN_FLIGHT} batches submitted to the "
+                               "decode processes without waiting for the first")
         started = time.perf_counter()
+        turn = self._turn
+        n = len(files)
         sums = np.zeros(n + 1, np.int64)
         np.cumsum([len(f) for f in files], out=sums[1:])
         marks = sums.tolist()
-        inputs = self._grown("files", marks[-1])
-        crops_buffer = self._grown("crops", out.nbytes)
+        inputs = self._grown(turn, "files", marks[-1])
+        crops_buffer = self._grown(turn, "crops", out.nbytes)
         into = inputs.buf
         assert into is not None  # a created SharedMemory has its buffer
         for file, at, end in zip(files, marks, marks[1:], strict=False):
@@ -196,33 +218,60 @@ class ProcessCrops:
         # every feed's parts at once find a process each: with more parts than processes
         # (ceil), the parts left over run after a whole part's time, doubling their batch's
         count = max(1, min(n, self.processes.count // max(1, self.processes.feeds)))
-        cuts = [n * i // count for i in range(count + 1)]
+        cuts = [n * i // count for i in range(count + 1)] if n else [0]
         shape = tuple(out.shape)
         futures = [self.processes.submit(Part(
             inputs.name, crops_buffer.name, shape, a, b, tuple(marks[a:b + 1]),
             tuple(keys[a:b]), tuple(tuple(o) for o in offsets[a:b]), tuple(flips[a:b]),
             self.path, self.record_shape, self.color), self.path)
             for a, b in zip(cuts, cuts[1:], strict=False)]
-        sent = time.perf_counter()
-        self.processes.wait(futures, self.path)
+        self._turn = (turn + 1) % IN_FLIGHT
+        flight = InFlight(self, futures, crops_buffer, out)
+        self._flying.append(flight)
+        self.seconds["send"] += time.perf_counter() - started
+        return flight
+
+    @property
+    def in_flight(self) -> int:
+        """Batches submitted and not yet waited for (or cancelled)."""
+        return len(self._flying)
+
+    def collect(self, flight: InFlight) -> None:
+        """Wait for every part of ``flight`` and copy its crops into its ``out``; the first
+        failing part's error (by record order) is raised after the others have finished."""
+        futures = flight.take()
+        started = time.perf_counter()
+        self._flying.remove(flight)
+        try:
+            self.processes.wait(futures, self.path)
+        finally:
+            self.seconds["wait"] += time.perf_counter() - started
         waited = time.perf_counter()
-        crops = np.ndarray(shape, np.uint8, buffer=crops_buffer.buf)
-        out[...] = crops
+        crops = np.ndarray(flight.out.shape, np.uint8, buffer=flight.crops.buf)
+        flight.out[...] = crops
         del crops
-        self.seconds["send"] += sent - started
-        self.seconds["wait"] += waited - sent
         self.seconds["copy"] += time.perf_counter() - waited
         self.batches += 1
 
-    def _grown(self, kind: str, size: int) -> shared_memory.SharedMemory:
-        """The ``kind`` buffer, made anew half as large again as ``size`` where it is too small,
-        its pages reserved: a shared-memory file system too small for it (a container's 64 MB
-        /dev/shm) is a :class:`NoSharedMemory` error here, not a SIGBUS at the first write."""
-        buffer = self._buffers.get(kind)
+    def drop(self, flight: InFlight) -> None:
+        """Forget ``flight``: its parts not yet started are cancelled (the running ones finish
+        into buffers no one reads)."""
+        if flight in self._flying:
+            self._flying.remove(flight)
+            for future in flight.take():
+                future.cancel()
+
+    def _grown(self, turn: int, kind: str, size: int) -> shared_memory.SharedMemory:
+        """The ``kind`` buffer of pair ``turn``, made anew half as large again as ``size``
+        where it is too small, its pages reserved: a shared-memory file system too small for it
+        (a container's 64 MB /dev/shm) is a :class:`NoSharedMemory` error here, not a SIGBUS
+        at the first write."""
+        buffers = self._buffers[turn]
+        buffer = buffers.get(kind)
         if buffer is not None and buffer.size >= size:
             return buffer
         if buffer is not None:
-            _release(self._buffers.pop(kind))
+            _release(buffers.pop(kind))
         want = max(1, size + size // 2)
         created = None
         try:
@@ -239,15 +288,43 @@ class ProcessCrops:
                 f"{self.path}: the decode processes need {_mb(want)} of shared memory for a "
                 f"batch and {SHM_DIR} cannot hold it ({exc.strerror}; {_mb(_free(SHM_DIR))} "
                 "free)") from None
-        self._buffers[kind] = created
+        buffers[kind] = created
         return created
 
     def close(self) -> None:
+        """Let go of the buffers: batches still in flight are cancelled (their parts that
+        are running finish into buffers no one reads)."""
+        for flight in list(self._flying):
+            self.drop(flight)
         if self._counted:
             self._counted = False
             self.processes.feeds -= 1
-        while self._buffers:
-            _release(self._buffers.popitem()[1])
+        for buffers in self._buffers:
+            while buffers:
+                _release(buffers.popitem()[1])
+
+
+class InFlight:
+    """A batch submitted to the decode processes (:meth:`ProcessCrops.submit`): ``wait()``
+    puts its crops in ``out``, ``cancel()`` drops it."""
+
+    def __init__(self, owner: ProcessCrops, futures: list[Future],
+                 crops: shared_memory.SharedMemory, out: np.ndarray):
+        self.owner, self.crops, self.out = owner, crops, out
+        self._futures: list[Future] | None = futures
+
+    def take(self) -> list[Future]:
+        """The parts' futures, once."""
+        if self._futures is None:
+            raise RuntimeError(f"{self.owner.path}: a decode batch waited for twice")
+        futures, self._futures = self._futures, None
+        return futures
+
+    def wait(self) -> None:
+        self.owner.collect(self)
+
+    def cancel(self) -> None:
+        self.owner.drop(self)
 
 
 def _release(buffer: shared_memory.SharedMemory) -> None:

@@ -23,7 +23,7 @@ import torch
 
 from ..errors import DataError
 from . import libjpeg
-from .decode_processes import DecodeProcesses, NoSharedMemory, ProcessCrops
+from .decode_processes import DecodeProcesses, InFlight, NoSharedMemory, ProcessCrops
 from .envelope import is_jpeg
 from .file_crops import check_record, decode_crop
 from .records import RecordBatch
@@ -97,29 +97,45 @@ class BatchImages:
     def host(self, batch: RecordBatch, choices: Choices, out: np.ndarray) -> None:
         """Decode the batch's files into ``out`` (B, C, h, w) uint8: each record's crop,
         mirrored where ``choices`` flip it."""
+        flight = self.start_host(batch, choices, out)
+        if flight is not None:
+            flight.wait()
+
+    def start_host(self, batch: RecordBatch, choices: Choices,
+                   out: np.ndarray) -> InFlight | None:
+        """As :meth:`host`; with the decode processes it returns as soon as the batch is
+        theirs, and ``out`` holds it after the returned batch's ``wait()`` (None: decoded
+        already, by the threads)."""
         files, keys = batch.rows, batch.keys
         offsets, flips = choices.offsets.tolist(), choices.flips.tolist()
+        flight = (self._submitted(files, keys, offsets, flips, out)
+                  if self.crops is not None else None)
+        if flight is not None and self.gpu_error is None:
+            return flight
 
         def part(start: int, stop: int) -> None:
             for i in range(start, stop):
                 self._decode_into(files[i], keys[i], out[i], offsets[i], flips[i])
 
         try:
-            if self.crops is None or not self._in_processes(files, keys, offsets, flips, out):
+            if flight is not None:  # nvJPEG refused the batch: say so once it is decoded
+                flight.wait()
+            else:
                 self.workers.run(part, len(files), where=self.path)
         except BaseException:
             self.gpu_error = None  # a file no decoder reads: its error is the one to raise
             raise
         if self.gpu_error is not None:
             self._gpu_refused()
+        return None
 
-    def _in_processes(self, files, keys, offsets: list, flips: list, out: np.ndarray) -> bool:
-        """Decode the batch in the processes; False where there is too little shared memory
+    def _submitted(self, files, keys, offsets: list, flips: list,
+                   out: np.ndarray) -> InFlight | None:
+        """The batch submitted to the processes; None where there is too little shared memory
         for them and the threads are to decode it (``auto``; ``on`` raises)."""
         assert self.crops is not None
         try:
-            self.crops.host(files, keys, offsets, flips, out)
-            return True
+            return self.crops.submit(files, keys, offsets, flips, out)
         except NoSharedMemory as exc:
             if self.options.processes == "on":
                 raise DataError(f"{exc}; give it more room (docker run --shm-size=1g) or set "
@@ -128,7 +144,7 @@ class BatchImages:
                         "e.g. docker run --shm-size=1g)", exc, self.workers.count)
             self.crops.close()
             self.crops = None
-            return False
+            return None
 
     def _decode_into(self, file, key: bytes, out: np.ndarray, offset: list[int],
                      flip: bool) -> None:

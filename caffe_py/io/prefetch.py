@@ -39,12 +39,15 @@ from __future__ import annotations
 import queue
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
+from functools import partial
 
 import numpy as np
 import torch
 
 from ..errors import DataError
+from .decode_processes import InFlight
 from .gather import HostGather, loop_gather
 from .image_batch import BatchImages
 from .reader import JOIN_TIMEOUT_S, STALL_TIMEOUT_S, WAIT_SLICE_S, Detached, RecordQueue
@@ -78,6 +81,19 @@ class _Batch:
 @dataclass
 class _Failure:
     error: BaseException
+
+
+@dataclass
+class _Pending:
+    """A batch of image files the decode processes are decoding (the feed submits the next
+    batch before it waits for this one: see :meth:`Prefetcher._run`)."""
+
+    flight: InFlight
+    make: Callable[[], _Batch]  # the batch, from the decoded crops
+
+    def finish(self) -> _Batch:
+        self.flight.wait()
+        return self.make()
 
 
 class _HostSlot:
@@ -140,6 +156,7 @@ class Prefetcher:
         """Decoded records cross whole and are cropped on the device (see WHOLE_RATIO)."""
         self._loop: HostGather | None = None  # set once the loop gathers its own batches
         self._halt = False  # tells the thread to stop (the loop gathers from now on)
+        self._pending: _Pending | None = None  # the thread's batch in the decode processes
 
     # --- lifetime -----------------------------------------------------------------------------
     def start(self) -> None:
@@ -185,14 +202,37 @@ class Prefetcher:
                 if None in slots:
                     return
                 for slot in slots:
-                    self._ready.put(self._assemble(slot))
+                    # A batch of the decode processes is finished only after the next one is
+                    # theirs: they decode while this thread writes files and copies crops.
+                    item = self._assemble(slot)
+                    self._finish_pending()
+                    if isinstance(item, _Pending):
+                        self._pending = item
+                    else:
+                        self._ready.put(item)
         except Detached:
             return  # the training loop gathers its own batches now
         except BaseException as exc:  # noqa: BLE001 (re-raised in the training loop)
             self._ready.put(_Failure(exc))
+        finally:
+            if self._pending is not None:  # stopped: the loop never takes it
+                self._pending.flight.cancel()
+                self._pending = None
+
+    def _finish_pending(self) -> None:
+        if self._pending is not None:
+            pending, self._pending = self._pending, None
+            self._ready.put(pending.finish())
 
     def _take_free(self) -> int | None:
         """A ring slot the training loop has taken the batch of (None once stopped)."""
+        if self._pending is not None:
+            try:
+                slot = self._free.get_nowait()
+            except queue.Empty:  # the loop has every other slot: it waits for this batch
+                self._finish_pending()
+            else:
+                return None if slot < 0 else slot
         while not (self.stop.is_set() or self._halt):
             try:
                 slot = self._free.get(timeout=WAIT_SLICE_S)
@@ -201,7 +241,7 @@ class Prefetcher:
             return None if slot < 0 else slot
         return None
 
-    def _assemble(self, index: int) -> _Batch:
+    def _assemble(self, index: int) -> _Batch | _Pending:
         if self._whole:
             return self._assemble_whole(self.records.get_runs(self.batch_size), index)
         batch = self.records.get_batch(self.batch_size)
@@ -227,10 +267,7 @@ class Prefetcher:
         # for the loop (it may keep them), and the event.
         slot.device.copy_(slot.host, non_blocking=True)
         data = transformer.device(slot.device_data, choices, self.mean, mirror=True)
-        label = slot.device_label.clone()
-        slot.done.record(self._side)
-        slot.used = True
-        return _Batch(data, label, slot.done, len(batch), index)
+        return self._sent(slot, data, len(batch), index)
 
     def _assemble_whole(self, runs: list[RecordBatch], index: int) -> _Batch:
         """A batch of whole records: each run copied into the slot in one call, one copy to
@@ -247,41 +284,58 @@ class Prefetcher:
             at += len(run)
         slot.device.copy_(slot.host, non_blocking=True)
         data = transformer.device_transform(slot.device_data, choices, self.mean)
-        label = slot.device_label.clone()
-        slot.done.record(self._side)
-        slot.used = True
-        return _Batch(data, label, slot.done, n, index)
+        return self._sent(slot, data, n, index)
 
-    def _assemble_files(self, batch: RecordBatch, choices: Choices, index: int) -> _Batch:
+    def _assemble_files(self, batch: RecordBatch, choices: Choices,
+                        index: int) -> _Batch | _Pending:
         """A batch of image files: decoded and cropped (and mirrored) by the decode workers,
-        into the slot on CUDA, or by nvJPEG on the device; then the transform's values."""
+        into the slot on CUDA, or by nvJPEG on the device; then the transform's values. With
+        the decode processes, the batch is :class:`_Pending` until they are done."""
         transformer, images = self.transformer, self.images
         if images is None:
             raise DataError(f"{self.records.path}: the data feed {self.name} got image files "
                             "but its records are not encoded")
         if not self._cuda:
             host = np.empty((len(batch), *transformer.out_shape), np.uint8)
-            images.host(batch, choices, host)
-            values = transformer.numpy_values(host, choices)
-            return _Batch(torch.from_numpy(values), torch.from_numpy(batch.labels.copy()),
-                          None, len(batch), index)
+            finish = partial(self._host_values, host, batch, choices, index)
+            flight = images.start_host(batch, choices, host)
+            return finish() if flight is None else _Pending(flight, finish)
         slot = self._slots[index]
         slot.wait_free()
         slot.label[:] = batch.labels
         decoded = images.on_device(batch)  # on the side stream (this thread's)
         if decoded is None:  # the CPU workers: crops into the slot, one copy with the labels
-            images.host(batch, choices, slot.data)
-            slot.device.copy_(slot.host, non_blocking=True)
-            data = transformer.device(slot.device_data, choices, self.mean, mirror=False)
-        else:  # whole images (RGB or gray): crop, mirror, BGR, mean and scale in one pass
-            at = slot.label_at
-            slot.device[at:].copy_(slot.host[at:], non_blocking=True)
-            data = transformer.device_transform(decoded, choices, self.mean,
-                                                reverse_channels=images.rgb)
+            finish = partial(self._slot_values, slot, len(batch), choices, index)
+            flight = images.start_host(batch, choices, slot.data)
+            return finish() if flight is None else _Pending(flight, finish)
+        # whole images (RGB or gray): crop, mirror, BGR, mean and scale in one pass
+        at = slot.label_at
+        slot.device[at:].copy_(slot.host[at:], non_blocking=True)
+        data = transformer.device_transform(decoded, choices, self.mean,
+                                            reverse_channels=images.rgb)
+        return self._sent(slot, data, len(batch), index)
+
+    def _host_values(self, host: np.ndarray, batch: RecordBatch, choices: Choices,
+                     index: int) -> _Batch:
+        """CPU: the transform's values of a batch of crops."""
+        values = self.transformer.numpy_values(host, choices)
+        return _Batch(torch.from_numpy(values), torch.from_numpy(batch.labels.copy()),
+                      None, len(batch), index)
+
+    def _slot_values(self, slot: _HostSlot, records: int, choices: Choices,
+                     index: int) -> _Batch:
+        """CUDA: the slot's crops and labels to the device in one copy, then the values."""
+        slot.device.copy_(slot.host, non_blocking=True)
+        data = self.transformer.device(slot.device_data, choices, self.mean, mirror=False)
+        return self._sent(slot, data, records, index)
+
+    def _sent(self, slot: _HostSlot, data: torch.Tensor, records: int, index: int) -> _Batch:
+        """The batch whose values ``data`` the side stream is making: its labels' copy and
+        the slot's event (the slot is refilled after it)."""
         label = slot.device_label.clone()
         slot.done.record(self._side)
         slot.used = True
-        return _Batch(data, label, slot.done, len(batch), index)
+        return _Batch(data, label, slot.done, records, index)
 
     # --- the consumer -------------------------------------------------------------------------
     def next(self) -> tuple[torch.Tensor, torch.Tensor]:

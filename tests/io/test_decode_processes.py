@@ -81,6 +81,62 @@ def test_the_crops_are_the_reader_decoders_pixels():
     assert all(v > 0 for v in crops.seconds.values())
 
 
+def test_two_batches_in_flight_each_get_their_own_crops():
+    files = [image_file(i) for i in range(12)]
+    want = [decode_image(f)[:, :7, :7] for f in files]
+    before = shared_buffers()
+    processes = DecodeProcesses(2)
+    crops = ProcessCrops(processes, "db", (3, H, W), None)
+    first, second = (np.zeros((6, 3, 7, 7), np.uint8) for _ in range(2))
+    try:
+        def submit(part, out):
+            return crops.submit(part, [b"k"] * 6, [[0, 0]] * 6, [False] * 6, out)
+
+        a, b = submit(files[:6], first), submit(files[6:], second)
+        with pytest.raises(RuntimeError, match=r"^db: more than 2 batches submitted to the "
+                                               r"decode processes without waiting for the "
+                                               r"first$"):
+            submit(files[:6], first)
+        a.wait()
+        with pytest.raises(RuntimeError, match=r"^db: a decode batch waited for twice$"):
+            a.wait()
+        c = submit(files[:6], np.zeros_like(first))  # a's buffers again, b's still busy
+        b.wait()
+        c.cancel()  # dropped (a stopped feed): its buffers are let go with the others
+    finally:
+        crops.close()
+        processes.close()
+    assert np.array_equal(first, np.stack(want[:6]))
+    assert np.array_equal(second, np.stack(want[6:]))
+    assert crops.batches == 2 and children() == [] and shared_buffers() == before
+
+
+def test_a_feed_submits_its_next_batch_before_it_waits(tmp_path, monkeypatch):
+    from synthetic import write_encoded_db
+
+    from caffe_py.io.decode_processes import InFlight
+
+    monkeypatch.setattr(reader, "CACHE_BYTES", 0)
+    db = write_encoded_db(tmp_path / "db", [image_file(i) for i in range(10)])
+    spec = parse_layer({"name": "data", "type": "Data", "top": ["data", "label"],
+                        "data_param": {"source": db, "batch_size": 2}}, Source(), "layer")
+    layer = lookup("Data")(spec, [], BuildContext(phase="TRAIN"))
+    net = type("Net", (), {"data_layers": lambda self: [layer]})()
+    flying, wait = [], InFlight.wait
+
+    def counted(self):
+        flying.append(self.owner.in_flight)
+        wait(self)
+
+    monkeypatch.setattr(InFlight, "wait", counted)
+    with ReaderPool(decode=DecodeOptions(2, "off", processes="on")) as pool:
+        attach_feeds(net, pool, seed=1)
+        pool.start()
+        labels = [layer()[1].tolist() for _ in range(7)]
+    assert labels == [[7 * (2 * i % 10), 7 * ((2 * i + 1) % 10)] for i in range(7)]
+    assert max(flying) == 2 and flying.count(2) >= 6
+
+
 def test_a_process_that_dies_stops_the_feed_with_one_line():
     processes = DecodeProcesses(2)
     crops = ProcessCrops(processes, "db", (3, H, W), None)
