@@ -165,12 +165,8 @@ def feed_rate(db: Path, root: Path, s: Setup, devices: list[torch.device],
 def report_phases(feed) -> None:
     """Where a feed thread's time went per batch with the decode processes (the log only)."""
     crops = feed.images.crops if feed.images is not None else None
-    if crops is None or crops.batches == 0:
-        return
-    each = {k: 1e3 * v / crops.batches for k, v in crops.seconds.items()}
-    print(f"feed {feed.name}: {crops.batches} batches; per batch: write files and submit "
-          f"{each['send']:.1f} ms, wait for the processes {each['wait']:.1f} ms, copy the crops "
-          f"out {each['copy']:.1f} ms", flush=True)
+    if crops is not None and crops.batches:
+        print(f"feed {feed.name}: {crops.summary()}", flush=True)
 
 
 def decoder_of(feed, pool: ReaderPool) -> str:

@@ -29,6 +29,7 @@ import torch
 import yaml
 
 from caffe_py.devices import parse_devices
+from caffe_py.io import feed_of
 from caffe_py.options import TrainOptions
 from caffe_py.parallel import ReplicatedRun, Tuning
 from caffe_py.parallel.nccl import NcclSync
@@ -177,6 +178,12 @@ def cmd_caffe(args: argparse.Namespace) -> None:
         run.run()
         sync_devices(devices)
         seconds = time.perf_counter() - clocks[0].start
+        for solver in run.solvers:  # where the feeds' time went, with the decode processes
+            for layer in solver.net.data_layers():
+                feed = feed_of(layer)
+                crops = feed.images.crops if feed is not None and feed.images else None
+                if crops is not None and crops.batches:
+                    print(f"feed {feed.name}: {crops.summary()}", flush=True)
         wait_ms = [1000 * (rep.wait_s - w) / args.iters for rep, w in
                    zip(run.sync.replicas, waits, strict=True)]
         early = [rep.early / max(1, param.max_iter * len(rep.flat.buckets))

@@ -16,8 +16,8 @@ window, mirrored where the transform flips it and in Caffe's BGR order, into the
 output buffer; the feed waits for every part and copies the crops into its batch slot. A feed
 keeps two batches in the processes (:data:`IN_FLIGHT`, each with its own buffers): it submits
 the next batch before it waits for the last, so the processes decode while it writes files and
-copies crops. Only a few numbers and names cross the pipes. A part that fails raises its record's error in the feed
-(the first by record order), as the threads do.
+copies crops. Only a few numbers and names cross the pipes. A part that fails raises its
+record's error in the feed (the first by record order), as the threads do.
 
 The processes are forked at the first batch (see :func:`_context`) and use only numpy, PIL
 and this package's decode modules. They ignore SIGINT (the training process handles Ctrl-C
@@ -230,6 +230,13 @@ class ProcessCrops:
         self._flying.append(flight)
         self.seconds["send"] += time.perf_counter() - started
         return flight
+
+    def summary(self) -> str:
+        """Where the feed thread's time went per batch (:attr:`seconds`), in one line."""
+        each = {k: 1e3 * v / max(1, self.batches) for k, v in self.seconds.items()}
+        return (f"{self.batches} batches; per batch: write files and submit "
+                f"{each['send']:.1f} ms, wait for the processes {each['wait']:.1f} ms, copy "
+                f"the crops out {each['copy']:.1f} ms")
 
     @property
     def in_flight(self) -> int:
