@@ -180,8 +180,9 @@ def cmd_caffe(args: argparse.Namespace) -> None:
         seconds = time.perf_counter() - clocks[0].start
         for solver in run.solvers:  # where the feeds' time went, with the decode processes
             for layer in solver.net.data_layers():
-                feed = feed_of(layer)
-                crops = feed.images.crops if feed is not None and feed.images else None
+                feed = getattr(feed_of(layer), "real", feed_of(layer))  # graphs wrap it
+                images = getattr(feed, "images", None)
+                crops = images.crops if images is not None else None
                 if crops is not None and crops.batches:
                     print(f"feed {feed.name}: {crops.summary()}", flush=True)
         wait_ms = [1000 * (rep.wait_s - w) / args.iters for rep, w in
