@@ -464,6 +464,8 @@ def multi_train_rows(root: Path, s: Setup, gpus: int, peer_workers: int, out: Pa
 # --- the table --------------------------------------------------------------------------------
 def header(args: argparse.Namespace, s: Setup, device: torch.device, info: dict) -> list[str]:
     gpu = torch.cuda.get_device_name(device) if device.type == "cuda" else "no GPU"
+    if device.type == "cuda" and args.replicas > 1:
+        gpu = f"{args.replicas} x {gpu}"
     try:
         import torchvision
         vision = f"torchvision {torchvision.__version__}"
