@@ -17,7 +17,9 @@ per wake (docs/data_pipeline.md, "The training thread's GIL").
 
 Encoded records of a database too big to keep decoded reach the feed as image files: the
 thread has them decoded and cropped (:mod:`.image_batch`) by the decode workers into the slot,
-or on CUDA by nvJPEG on the device, and goes on as for decoded records.
+or on CUDA by nvJPEG on the device, and goes on as for decoded records. A batch of the decode
+processes is finished (waited for, copied, sent to the device) only after the thread has
+handed them the next one, so they are never idle while it works.
 
 Once the stream's database is kept decoded (the reader's cache, complete after the first pass)
 and a batch of records is small (``DIRECT_BYTES``), no thread is needed at all: :meth:`next`
