@@ -42,6 +42,8 @@ from torch import nn
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from multigpu import constant_dummy_data, write_solver  # noqa: E402
+
 from caffe_py.io.convert import convert_idx  # noqa: E402
 from caffe_py.options import TrainOptions  # noqa: E402
 from caffe_py.spec.solver_spec import load_solver  # noqa: E402
@@ -230,22 +232,16 @@ def lenet_files(fmnist: Path, work: Path) -> Path:
 
 
 def resnet_solver(work: Path, filler: str | None, batch: int) -> Path:
+    """configs/resnet50_dummy.yaml at ``batch`` (its shipped fillers, or with ``filler``
+    "constant" every top filled once) under the benchmarks' solver (multigpu.write_solver)."""
     net = yaml.safe_load((ROOT / "configs" / "resnet50_dummy.yaml").read_text())
     for layer in net["layer"]:
         if layer["type"] == "DummyData":
-            p = layer["dummy_data_param"]
-            for shape in p["shape"]:
+            for shape in layer["dummy_data_param"]["shape"]:
                 shape["dim"][0] = batch
-            if filler == "constant":
-                p["data_filler"] = [{"type": "constant", "value": 0.5}, {"type": "constant"}]
-    name = f"resnet_{filler or 'shipped'}"
-    (work / f"{name}.yaml").write_text(yaml.safe_dump(net, sort_keys=False))
-    solver = {"net": f"{name}.yaml", "base_lr": 0.01, "momentum": 0.9, "weight_decay": 1e-4,
-              "lr_policy": "fixed", "max_iter": 10, "display": 0, "precision": "BF16",
-              "snapshot_after_train": False, "snapshot_prefix": str(work / "snap" / name),
-              "random_seed": 1}
-    (work / f"{name}_solver.yaml").write_text(yaml.safe_dump(solver, sort_keys=False))
-    return work / f"{name}_solver.yaml"
+    if filler == "constant":
+        net = constant_dummy_data(net)
+    return write_solver(net, work, f"resnet_{filler or 'shipped'}")
 
 
 def torchvision_rate(device: torch.device, batch: int, steps: int, warmup: int) -> float:
