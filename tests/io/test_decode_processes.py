@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import multiprocessing
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -67,18 +68,24 @@ def test_the_crops_are_the_reader_decoders_pixels():
     processes = DecodeProcesses(3)
     crops = ProcessCrops(processes, "db", (3, H, W), None)
     try:
-        got = decode(crops, files)
-        again = decode(crops, files[:4])  # a smaller batch in the same buffers
+        got = decode(crops, files)  # the first pair of buffers
+        again = decode(crops, files[:4])  # the second pair
+        same = decode(crops, files[:4])  # the first again: a smaller batch in its buffers
+        grown = decode(crops, files + files)  # the second, made anew for a bigger batch
     finally:
         crops.close()
         processes.close()
     for i, file in enumerate(files):
         window = decode_image(file)[:, i % 3:i % 3 + 7, i % 4:i % 4 + 7]
         assert np.array_equal(got[i], window[:, :, ::-1] if i % 2 else window)
-    assert np.array_equal(again, got[:4])
+    assert np.array_equal(again, got[:4]) and np.array_equal(same, got[:4])
+    assert np.array_equal(grown[:11], got)
     assert children() == [] and shared_buffers() == before
-    assert crops.batches == 2 and sorted(crops.seconds) == ["copy", "send", "wait"]
+    assert crops.batches == 4 and sorted(crops.seconds) == ["copy", "send", "wait"]
     assert all(v > 0 for v in crops.seconds.values())
+    assert re.fullmatch(r"4 batches; per batch: write files and submit \d+\.\d ms, wait for "
+                        r"the processes \d+\.\d ms, copy the crops out \d+\.\d ms",
+                        crops.summary())
 
 
 def test_two_batches_in_flight_each_get_their_own_crops():
