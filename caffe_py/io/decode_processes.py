@@ -245,12 +245,22 @@ class ProcessCrops:
 
     def collect(self, flight: InFlight) -> None:
         """Wait for every part of ``flight`` and copy its crops into its ``out``; the first
-        failing part's error (by record order) is raised after the others have finished."""
-        futures = flight.take()
-        started = time.perf_counter()
+        failing part's error (by record order) is raised after the others have finished.
+        Once: a later call returns at once, or raises the same error."""
+        if flight.error is not None:
+            raise flight.error
+        if flight.done:
+            return
+        if flight not in self._flying:
+            raise RuntimeError(f"{self.path}: a decode batch was waited for after it was "
+                               "cancelled")
         self._flying.remove(flight)
+        started = time.perf_counter()
         try:
-            self.processes.wait(futures, self.path)
+            self.processes.wait(flight.futures, self.path)
+        except BaseException as exc:
+            flight.error = exc
+            raise
         finally:
             self.seconds["wait"] += time.perf_counter() - started
         waited = time.perf_counter()
@@ -259,13 +269,19 @@ class ProcessCrops:
         del crops
         self.seconds["copy"] += time.perf_counter() - waited
         self.batches += 1
+        flight.done = True
+
+    def collect_all(self) -> None:
+        """:meth:`collect` every batch in flight, oldest first."""
+        while self._flying:
+            self.collect(self._flying[0])
 
     def drop(self, flight: InFlight) -> None:
         """Forget ``flight``: its parts not yet started are cancelled (the running ones finish
         into buffers no one reads)."""
         if flight in self._flying:
             self._flying.remove(flight)
-            for future in flight.take():
+            for future in flight.futures:
                 future.cancel()
 
     def _grown(self, turn: int, kind: str, size: int) -> shared_memory.SharedMemory:
@@ -313,19 +329,15 @@ class ProcessCrops:
 
 class InFlight:
     """A batch submitted to the decode processes (:meth:`ProcessCrops.submit`): ``wait()``
-    puts its crops in ``out``, ``cancel()`` drops it."""
+    puts its crops in ``out`` (once), ``cancel()`` drops it."""
 
     def __init__(self, owner: ProcessCrops, futures: list[Future],
                  crops: shared_memory.SharedMemory, out: np.ndarray):
-        self.owner, self.crops, self.out = owner, crops, out
-        self._futures: list[Future] | None = futures
-
-    def take(self) -> list[Future]:
-        """The parts' futures, once."""
-        if self._futures is None:
-            raise RuntimeError(f"{self.owner.path}: a decode batch waited for twice")
-        futures, self._futures = self._futures, None
-        return futures
+        self.owner, self.futures, self.crops, self.out = owner, futures, crops, out
+        self.done = False
+        """Whether the crops are in ``out``."""
+        self.error: BaseException | None = None
+        """The error waiting for the batch raised (raised again by a later wait)."""
 
     def wait(self) -> None:
         self.owner.collect(self)

@@ -142,8 +142,11 @@ class BatchImages:
                                 "CPY_DECODE_PROCESSES=off") from None
             log.warning("%s; this feed decodes on %d CPU threads instead (give it more room, "
                         "e.g. docker run --shm-size=1g)", exc, self.workers.count)
-            self.crops.close()
-            self.crops = None
+            crops, self.crops = self.crops, None
+            try:  # a batch already in the processes (the buffers of its turn fitted) is theirs
+                crops.collect_all()
+            finally:
+                crops.close()
             return None
 
     def _decode_into(self, file, key: bytes, out: np.ndarray, offset: list[int],

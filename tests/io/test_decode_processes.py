@@ -105,11 +105,13 @@ def test_two_batches_in_flight_each_get_their_own_crops():
                                                r"first$"):
             submit(files[:6], first)
         a.wait()
-        with pytest.raises(RuntimeError, match=r"^db: a decode batch waited for twice$"):
-            a.wait()
+        a.wait()  # once in out, a batch stays there
         c = submit(files[:6], np.zeros_like(first))  # a's buffers again, b's still busy
         b.wait()
         c.cancel()  # dropped (a stopped feed): its buffers are let go with the others
+        with pytest.raises(RuntimeError, match=r"^db: a decode batch was waited for after it "
+                                               r"was cancelled$"):
+            c.wait()
     finally:
         crops.close()
         processes.close()
@@ -314,6 +316,57 @@ def test_a_feed_without_room_decodes_on_threads_or_says_so(tmp_path, monkeypatch
     assert np.array_equal(first[0].numpy(), np.stack([decode_image(f) for f in files[:4]]))
     assert np.array_equal(second[0].numpy(), np.stack([decode_image(f) for f in files[4:]]))
     assert caplog.text.count("this feed decodes on 2 CPU threads instead") == 1
+
+
+@pytest.mark.parametrize("processes", ["auto", "on"])
+def test_room_for_one_batch_in_flight_but_not_two(tmp_path, monkeypatch, caplog, processes):
+    """The second batch's buffers do not fit while the first is in the processes: with auto
+    the first is still theirs and every batch is right, with on the run stops in one line."""
+    import errno
+    import logging
+
+    from synthetic import write_encoded_db
+
+    from caffe_py.io import decode_processes
+    from caffe_py.io import workers as workers_module
+
+    reserved = []
+
+    def first_pair_only(fd, offset, length):
+        reserved.append(length)
+        if len(reserved) > 2:  # the first pair's files and crops fit, nothing after them
+            raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(decode_processes.os, "posix_fallocate", first_pair_only)
+    monkeypatch.setattr(reader, "CACHE_BYTES", 0)
+    monkeypatch.setattr(workers_module, "usable_cores", lambda: 12)  # auto: processes
+    caplog.set_level(logging.WARNING, logger="caffe_py")
+    files = [image_file(i) for i in range(12)]
+    db = write_encoded_db(tmp_path / "db", files)
+    spec = parse_layer({"name": "data", "type": "Data", "top": ["data", "label"],
+                        "data_param": {"source": db, "batch_size": 3}}, Source(), "layer")
+    layer = lookup("Data")(spec, [], BuildContext(phase="TRAIN"))
+    net = type("Net", (), {"data_layers": lambda self: [layer]})()
+    before = shared_buffers()
+    with ReaderPool(decode=DecodeOptions(2, "off", processes=processes)) as pool:
+        attach_feeds(net, pool, seed=1)
+        pool.start()
+        if processes == "on":
+            with pytest.raises(DataError, match=r"^.*db: the decode processes need 0 MB of "
+                                                r"shared memory for a batch and /dev/shm cannot "
+                                                r"hold it \(No space left on device; .*\); give "
+                                                r"it more room \(docker run --shm-size=1g\) or "
+                                                r"set CPY_DECODE_PROCESSES=off$"):
+                layer()
+        else:
+            batches = [layer()[0].numpy() for _ in range(6)]
+    assert children() == [] and shared_buffers() == before
+    if processes == "auto":
+        for k, batch in enumerate(batches):
+            want = np.stack([decode_image(files[(3 * k + i) % 12]) for i in range(3)])
+            assert np.array_equal(batch, want), k
+        assert caplog.text.count("this feed decodes on 2 CPU threads instead") == 1
+        assert len(reserved) == 3  # the second batch found no room: the threads took over
 
 
 def test_processes_that_cannot_start_are_one_line(monkeypatch):
