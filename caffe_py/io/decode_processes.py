@@ -299,7 +299,7 @@ class ProcessCrops:
         created = None
         try:
             created = shared_memory.SharedMemory(create=True, size=want)
-            fd = os.open(os.path.join(SHM_DIR, created.name.lstrip("/")), os.O_RDWR)
+            fd = os.open(_path(created.name), os.O_RDWR)
             try:
                 os.posix_fallocate(fd, 0, want)
             finally:
@@ -388,13 +388,16 @@ def _buffer(name: str) -> mmap.mmap:
     forked (a copy of a held lock never opens)."""
     buffer = _attached.get(name)
     if buffer is None:
-        while len(_attached) >= ATTACHED_BUFFERS:
-            _, oldest = _attached.popitem(last=False)
+        # a feed makes a buffer anew when a batch outgrows it and unlinks the old one: its
+        # pages stay in use while mapped here, so those are let go first
+        gone = [old for old in _attached if not os.path.exists(_path(old))]
+        while gone or len(_attached) >= ATTACHED_BUFFERS:
+            unmapped = _attached.pop(gone.pop()) if gone else _attached.popitem(last=False)[1]
             try:
-                oldest.close()
+                unmapped.close()
             except BufferError:  # an array of it lives on in a traceback: unmapped with it
                 pass
-        fd = os.open(os.path.join(SHM_DIR, name.lstrip("/")), os.O_RDWR)
+        fd = os.open(_path(name), os.O_RDWR)
         try:
             buffer = _attached[name] = mmap.mmap(fd, 0)
         finally:
@@ -402,6 +405,10 @@ def _buffer(name: str) -> mmap.mmap:
     else:
         _attached.move_to_end(name)
     return buffer
+
+
+def _path(name: str) -> str:
+    return os.path.join(SHM_DIR, name.lstrip("/"))
 
 
 def _decode_part(part: Part) -> None:

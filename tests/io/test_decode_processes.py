@@ -146,6 +146,29 @@ def test_a_feed_submits_its_next_batch_before_it_waits(tmp_path, monkeypatch):
     assert max(flying) == 2 and flying.count(2) >= 6
 
 
+def test_a_process_lets_go_of_buffers_their_feed_has_unlinked():
+    """A buffer made anew for a bigger batch leaves the old one unlinked: a process that
+    mapped it unmaps it at its next new buffer (its pages are freed), keeping the others."""
+    from multiprocessing import shared_memory
+
+    from caffe_py.io import decode_processes
+
+    made = [shared_memory.SharedMemory(create=True, size=4096) for _ in range(3)]
+    try:
+        for buffer in made[:2]:
+            decode_processes._buffer(buffer.name)
+        made[0].close()
+        made[0].unlink()  # outgrown by the feed
+        decode_processes._buffer(made[2].name)
+        assert list(decode_processes._attached) == [made[1].name, made[2].name]
+    finally:
+        while decode_processes._attached:
+            decode_processes._attached.popitem()[1].close()
+        for buffer in made[1:]:
+            buffer.close()
+            buffer.unlink()
+
+
 def test_a_process_that_dies_stops_the_feed_with_one_line():
     processes = DecodeProcesses(2)
     crops = ProcessCrops(processes, "db", (3, H, W), None)
