@@ -26,6 +26,7 @@ process that dies (out of memory, killed) stops the run with one line naming the
 """
 from __future__ import annotations
 
+import logging
 import mmap
 import multiprocessing
 import os
@@ -44,6 +45,8 @@ import numpy as np
 from ..errors import DataError
 from .file_crops import decode_crop
 from .workers import as_data_error
+
+log = logging.getLogger(__name__)
 
 WAIT_SLICE_S = 0.2
 """A feed waiting for its parts looks for close() this often."""
@@ -172,7 +175,8 @@ class ProcessCrops:
 
     A feed keeps up to :data:`IN_FLIGHT` batches in the processes (:meth:`submit`, then
     :meth:`InFlight.wait` in submission order), each with its own pair of buffers: while the
-    feed writes the next batch's files and copies the last one's crops, the processes decode."""
+    feed writes the next batch's files and copies the last one's crops, the processes decode.
+    A submit while every pair is busy first collects the oldest batch into its ``out``."""
 
     def __init__(self, processes: DecodeProcesses, path: str,
                  record_shape: tuple[int, int, int], color: bool | None):
@@ -185,6 +189,8 @@ class ProcessCrops:
         """Per batch in flight: "files" (the batch's files end to end) and "crops"
         ((B, C, h, w) uint8)."""
         self._turn = 0  # the buffer pair the next batch takes
+        self.depth = IN_FLIGHT
+        """Batches kept in flight (1 where shared memory holds only one pair of buffers)."""
         self._flying: list[InFlight] = []  # submitted, not yet waited for (oldest first)
         self.seconds = {"send": 0.0, "wait": 0.0, "copy": 0.0}
         """Where the feed thread's time went, summed over :attr:`batches`: writing the files
@@ -200,17 +206,14 @@ class ProcessCrops:
         ``offsets`` (y, x), mirrored where ``flips``; the batch is in ``out`` after
         :meth:`InFlight.wait`. Raises :class:`NoSharedMemory` (nothing submitted) where the
         buffers cannot be made."""
-        if len(self._flying) >= IN_FLIGHT:
-            raise RuntimeError(f"{self.path}: more than {IN_FLIGHT} batches submitted to the "
-                               "decode processes without waiting for the first")
+        if len(self._flying) >= self.depth:  # every pair of buffers is busy: the oldest first
+            self.collect(self._flying[0])
         started = time.perf_counter()
-        turn = self._turn
         n = len(files)
         sums = np.zeros(n + 1, np.int64)
         np.cumsum([len(f) for f in files], out=sums[1:])
         marks = sums.tolist()
-        inputs = self._grown(turn, "files", marks[-1])
-        crops_buffer = self._grown(turn, "crops", out.nbytes)
+        inputs, crops_buffer = self._pair(marks[-1], out.nbytes)
         into = inputs.buf
         assert into is not None  # a created SharedMemory has its buffer
         for file, at, end in zip(files, marks, marks[1:], strict=False):
@@ -225,11 +228,30 @@ class ProcessCrops:
             tuple(keys[a:b]), tuple(tuple(o) for o in offsets[a:b]), tuple(flips[a:b]),
             self.path, self.record_shape, self.color), self.path)
             for a, b in zip(cuts, cuts[1:], strict=False)]
-        self._turn = (turn + 1) % IN_FLIGHT
+        self._turn = (self._turn + 1) % self.depth
         flight = InFlight(self, futures, crops_buffer, out)
         self._flying.append(flight)
         self.seconds["send"] += time.perf_counter() - started
         return flight
+
+    def _pair(self, files_size: int, crops_size: int) -> tuple[shared_memory.SharedMemory,
+                                                                shared_memory.SharedMemory]:
+        """The next batch's buffers (pair :attr:`_turn`), grown where too small. Where shared
+        memory holds the first pair but not the second, the feed goes on with one batch in
+        flight (one log line); where it cannot hold the first, :class:`NoSharedMemory`."""
+        turn = self._turn
+        try:
+            return (self._grown(turn, "files", files_size),
+                    self._grown(turn, "crops", crops_size))
+        except NoSharedMemory as exc:
+            if turn == 0:
+                raise
+            self._release_pair(turn)
+            self.depth, self._turn = 1, 0
+            log.warning("%s; this feed keeps one batch in the decode processes instead of %d "
+                        "(give it more room, e.g. docker run --shm-size=1g)", exc, IN_FLIGHT)
+            self.collect_all()  # their buffers are the ones the next batch takes
+            return self._grown(0, "files", files_size), self._grown(0, "crops", crops_size)
 
     def summary(self) -> str:
         """Where the feed thread's time went per batch (:attr:`seconds`), in one line."""
@@ -322,9 +344,13 @@ class ProcessCrops:
         if self._counted:
             self._counted = False
             self.processes.feeds -= 1
-        for buffers in self._buffers:
-            while buffers:
-                _release(buffers.popitem()[1])
+        for turn in range(IN_FLIGHT):
+            self._release_pair(turn)
+
+    def _release_pair(self, turn: int) -> None:
+        buffers = self._buffers[turn]
+        while buffers:
+            _release(buffers.popitem()[1])
 
 
 class InFlight:
