@@ -15,7 +15,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from synthetic import image_file
+from synthetic import image_file, write_encoded_db
 
 from caffe_py.errors import DataError
 from caffe_py.io import ReaderPool, attach_feeds, reader
@@ -45,6 +45,17 @@ def decode(crops: ProcessCrops, files, flips=None) -> np.ndarray:
                                                                  range(len(files))],
                flips or [i % 2 == 1 for i in range(len(files))], out)
     return out
+
+
+def data_layer_over(tmp_path: Path, files: list[bytes], batch: int, **transform):
+    """A TRAIN Data layer over an encoded LMDB of ``files`` in ``tmp_path``, and a net of it
+    for attach_feeds."""
+    db = write_encoded_db(tmp_path / "db", files)
+    spec = parse_layer({"name": "data", "type": "Data", "top": ["data", "label"],
+                        "data_param": {"source": db, "batch_size": batch},
+                        "transform_param": transform}, Source(), "layer")
+    layer = lookup("Data")(spec, [], BuildContext(phase="TRAIN"))
+    return layer, type("Net", (), {"data_layers": lambda self: [layer]})()
 
 
 def refused(count: int, message: str) -> None:
@@ -120,16 +131,10 @@ def test_two_batches_in_flight_each_get_their_own_crops():
 
 
 def test_a_feed_submits_its_next_batch_before_it_waits(tmp_path, monkeypatch):
-    from synthetic import write_encoded_db
-
     from caffe_py.io.decode_processes import InFlight
 
     monkeypatch.setattr(reader, "CACHE_BYTES", 0)
-    db = write_encoded_db(tmp_path / "db", [image_file(i) for i in range(10)])
-    spec = parse_layer({"name": "data", "type": "Data", "top": ["data", "label"],
-                        "data_param": {"source": db, "batch_size": 2}}, Source(), "layer")
-    layer = lookup("Data")(spec, [], BuildContext(phase="TRAIN"))
-    net = type("Net", (), {"data_layers": lambda self: [layer]})()
+    layer, net = data_layer_over(tmp_path, [image_file(i) for i in range(10)], 2)
     flying, wait = [], InFlight.wait
 
     def counted(self):
@@ -247,15 +252,8 @@ def _alive(pid: int) -> bool:
 
 
 def test_a_pool_with_processes_leaves_no_process_or_buffer(tmp_path, monkeypatch):
-    from synthetic import write_encoded_db
-
     monkeypatch.setattr(reader, "CACHE_BYTES", 0)
-    db = write_encoded_db(tmp_path / "db", [image_file(i) for i in range(10)])
-    spec = parse_layer({"name": "data", "type": "Data", "top": ["data", "label"],
-                        "data_param": {"source": db, "batch_size": 4},
-                        "transform_param": {"crop_size": 6}}, Source(), "layer")
-    layer = lookup("Data")(spec, [], BuildContext(phase="TRAIN"))
-    net = type("Net", (), {"data_layers": lambda self: [layer]})()
+    layer, net = data_layer_over(tmp_path, [image_file(i) for i in range(10)], 4, crop_size=6)
     before = shared_buffers()
     with ReaderPool(decode=DecodeOptions(2, "off", processes="on")) as pool:
         attach_feeds(net, pool, seed=1)
@@ -311,8 +309,6 @@ def test_a_feed_without_room_decodes_on_threads_or_says_so(tmp_path, monkeypatch
                                                            processes):
     import logging
 
-    from synthetic import write_encoded_db
-
     from caffe_py.io import workers as workers_module
 
     _no_room(monkeypatch)
@@ -320,11 +316,7 @@ def test_a_feed_without_room_decodes_on_threads_or_says_so(tmp_path, monkeypatch
     monkeypatch.setattr(workers_module, "usable_cores", lambda: 12)  # auto: processes
     caplog.set_level(logging.WARNING, logger="caffe_py")
     files = [image_file(i) for i in range(8)]
-    db = write_encoded_db(tmp_path / "db", files)
-    spec = parse_layer({"name": "data", "type": "Data", "top": ["data", "label"],
-                        "data_param": {"source": db, "batch_size": 4}}, Source(), "layer")
-    layer = lookup("Data")(spec, [], BuildContext(phase="TRAIN"))
-    net = type("Net", (), {"data_layers": lambda self: [layer]})()
+    layer, net = data_layer_over(tmp_path, files, 4)
     with ReaderPool(decode=DecodeOptions(2, "off", processes=processes)) as pool:
         attach_feeds(net, pool, seed=1)
         pool.start()
@@ -347,8 +339,6 @@ def test_room_for_one_batch_in_flight_but_not_two(tmp_path, monkeypatch, caplog,
     import errno
     import logging
 
-    from synthetic import write_encoded_db
-
     from caffe_py.io import decode_processes
     from caffe_py.io import workers as workers_module
 
@@ -364,11 +354,7 @@ def test_room_for_one_batch_in_flight_but_not_two(tmp_path, monkeypatch, caplog,
     monkeypatch.setattr(workers_module, "usable_cores", lambda: 12)  # auto: processes
     caplog.set_level(logging.WARNING, logger="caffe_py")
     files = [image_file(i) for i in range(12)]
-    db = write_encoded_db(tmp_path / "db", files)
-    spec = parse_layer({"name": "data", "type": "Data", "top": ["data", "label"],
-                        "data_param": {"source": db, "batch_size": 3}}, Source(), "layer")
-    layer = lookup("Data")(spec, [], BuildContext(phase="TRAIN"))
-    net = type("Net", (), {"data_layers": lambda self: [layer]})()
+    layer, net = data_layer_over(tmp_path, files, 3)
     before = shared_buffers()
     with ReaderPool(decode=DecodeOptions(2, "off", processes=processes)) as pool:
         attach_feeds(net, pool, seed=1)
@@ -394,8 +380,6 @@ def test_a_batch_in_flight_finishes_when_the_next_leaves_for_the_threads(tmp_pat
     import errno
     import logging
 
-    from synthetic import write_encoded_db
-
     from caffe_py.io import decode_processes
     from caffe_py.io import workers as workers_module
 
@@ -412,11 +396,7 @@ def test_a_batch_in_flight_finishes_when_the_next_leaves_for_the_threads(tmp_pat
     caplog.set_level(logging.WARNING, logger="caffe_py")
     # bytes after a JPEG's end are ignored by decoders: the last files are 20 KB longer
     files = [image_file(i) + (b"\0" * 20000 if i >= 6 else b"") for i in range(12)]
-    db = write_encoded_db(tmp_path / "db", files)
-    spec = parse_layer({"name": "data", "type": "Data", "top": ["data", "label"],
-                        "data_param": {"source": db, "batch_size": 3}}, Source(), "layer")
-    layer = lookup("Data")(spec, [], BuildContext(phase="TRAIN"))
-    net = type("Net", (), {"data_layers": lambda self: [layer]})()
+    layer, net = data_layer_over(tmp_path, files, 3)
     before = shared_buffers()
     with ReaderPool(decode=DecodeOptions(2, "off", processes="auto")) as pool:
         attach_feeds(net, pool, seed=1)
