@@ -219,7 +219,7 @@ class ProcessCrops:
         for file, at, end in zip(files, marks, marks[1:], strict=False):
             into[at:end] = file
         # every feed's parts at once find a process each: with more parts than processes
-        # (ceil), the parts left over run after a whole part's time, doubling their batch's
+        # (ceil), the parts left over run after a whole part's time, doubling their batch's wait
         count = max(1, min(n, self.processes.count // max(1, self.processes.feeds)))
         cuts = [n * i // count for i in range(count + 1)] if n else [0]
         shape = tuple(out.shape)
