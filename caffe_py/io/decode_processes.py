@@ -44,13 +44,10 @@ import numpy as np
 
 from ..errors import DataError
 from .file_crops import decode_crop
-from .workers import as_data_error
+from .workers import JOIN_TIMEOUT_S, WAIT_SLICE_S, as_data_error
 
 log = logging.getLogger(__name__)
 
-WAIT_SLICE_S = 0.2
-"""A feed waiting for its parts looks for close() this often."""
-JOIN_TIMEOUT_S = 10.0
 PARENT_POLL_S = 1.0
 """How often a decode process checks that the process which started it is alive."""
 SHM_DIR = "/dev/shm"
