@@ -57,7 +57,7 @@ sys.path[:0] = [str(HERE.parent), str(HERE)]
 import resnet50_step  # noqa: E402
 from data_pipeline import save  # noqa: E402
 from imagenet_peer import channel_means, peer_feed, peer_missing  # noqa: E402
-from multigpu import constant_dummy_data, write_solver  # noqa: E402
+from multigpu import constant_dummy_data, report_phases, write_solver  # noqa: E402
 
 from caffe_py.io import ReaderPool, attach_feeds, libjpeg, nvjpeg, reader, swap_feed  # noqa: E402
 from caffe_py.io.feeds import feed_of  # noqa: E402
@@ -160,13 +160,6 @@ def feed_rate(db: Path, root: Path, s: Setup, devices: list[torch.device],
         for feed in feeds:
             report_phases(feed)
         return images, decoder_of(feeds[0], pool)
-
-
-def report_phases(feed) -> None:
-    """Where a feed thread's time went per batch with the decode processes (the log only)."""
-    crops = feed.images.crops if feed.images is not None else None
-    if crops is not None and crops.batches:
-        print(f"feed {feed.name}: {crops.summary()}", flush=True)
 
 
 def decoder_of(feed, pool: ReaderPool) -> str:

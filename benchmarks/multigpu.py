@@ -81,6 +81,15 @@ def write_solver(net: dict, out: Path, name: str, precision: str = "BF16",
     return path
 
 
+def report_phases(feed: Any) -> None:
+    """Where a feed thread's time went per batch with the decode processes (the log only;
+    nothing for a feed without them)."""
+    images = getattr(feed, "images", None)
+    crops = images.crops if images is not None else None
+    if crops is not None and crops.batches:
+        print(f"feed {feed.name}: {crops.summary()}", flush=True)
+
+
 def cmd_solver(args: argparse.Namespace) -> None:
     net = yaml.safe_load(args.net.read_text())
     net = lenet_dummy(net, args.batch or 64) if args.lenet else constant_dummy_data(net)
@@ -178,13 +187,9 @@ def cmd_caffe(args: argparse.Namespace) -> None:
         run.run()
         sync_devices(devices)
         seconds = time.perf_counter() - clocks[0].start
-        for solver in run.solvers:  # where the feeds' time went, with the decode processes
+        for solver in run.solvers:
             for layer in solver.net.data_layers():
-                feed = getattr(feed_of(layer), "real", feed_of(layer))  # graphs wrap it
-                images = getattr(feed, "images", None)
-                crops = images.crops if images is not None else None
-                if crops is not None and crops.batches:
-                    print(f"feed {feed.name}: {crops.summary()}", flush=True)
+                report_phases(getattr(feed_of(layer), "real", feed_of(layer)))  # graphs wrap it
         wait_ms = [1000 * (rep.wait_s - w) / args.iters for rep, w in
                    zip(run.sync.replicas, waits, strict=True)]
         early = [rep.early / max(1, param.max_iter * len(rep.flat.buckets))
