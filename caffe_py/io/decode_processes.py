@@ -194,10 +194,6 @@ class ProcessCrops:
         and submitting the parts, waiting for them, copying the crops out (for benchmarks)."""
         self.batches = 0
 
-    def host(self, files, keys, offsets: list, flips: list, out: np.ndarray) -> None:
-        """Decode ``files`` and write their crop windows into ``out`` (B, C, h, w) uint8."""
-        self.submit(files, keys, offsets, flips, out).wait()
-
     def submit(self, files, keys, offsets: list, flips: list, out: np.ndarray) -> InFlight:
         """Start decoding ``files`` into ``out`` (B, C, h, w) uint8, each record's crop window at
         ``offsets`` (y, x), mirrored where ``flips``; the batch is in ``out`` after

@@ -41,9 +41,9 @@ def children() -> list:
 
 def decode(crops: ProcessCrops, files, flips=None) -> np.ndarray:
     out = np.zeros((len(files), 3, 7, 7), np.uint8)
-    crops.host(files, [b"k%d" % i for i in range(len(files))], [[i % 3, i % 4] for i in
-                                                                 range(len(files))],
-               flips or [i % 2 == 1 for i in range(len(files))], out)
+    crops.submit(files, [b"k%d" % i for i in range(len(files))],
+                 [[i % 3, i % 4] for i in range(len(files))],
+                 flips or [i % 2 == 1 for i in range(len(files))], out).wait()
     return out
 
 
@@ -228,8 +228,8 @@ def test_the_processes_end_when_the_training_process_is_killed(tmp_path):
         from synthetic import image_file
         from caffe_py.io.decode_processes import DecodeProcesses, ProcessCrops
         crops = ProcessCrops(DecodeProcesses(2), "db", (3, 12, 10), None)
-        crops.host([image_file(0)] * 2, [b"a", b"b"], [[0, 0]] * 2, [False] * 2,
-                   np.zeros((2, 3, 7, 7), np.uint8))
+        crops.submit([image_file(0)] * 2, [b"a", b"b"], [[0, 0]] * 2, [False] * 2,
+                     np.zeros((2, 3, 7, 7), np.uint8)).wait()
         print(" ".join(str(p.pid) for p in multiprocessing.active_children()), flush=True)
         os.kill(os.getpid(), signal.SIGKILL)
     """)
@@ -451,7 +451,7 @@ def test_a_batch_is_cut_so_every_feeds_parts_find_a_process(count, feeds, batch,
     feeds_crops = [ProcessCrops(processes, "db", (3, H, W), None) for _ in range(feeds)]
     files = [image_file(0)] * batch
     out = np.zeros((batch, 3, 7, 7), np.uint8)
-    feeds_crops[0].host(files, [b"k"] * batch, [[0, 0]] * batch, [False] * batch, out)
+    feeds_crops[0].submit(files, [b"k"] * batch, [[0, 0]] * batch, [False] * batch, out).wait()
     sizes = [stop - start for start, stop in processes.parts]
     assert len(sizes) == parts and sum(sizes) == batch and max(sizes) - min(sizes) <= 1
     assert processes.parts[0][0] == 0 and processes.parts[-1][1] == batch
