@@ -220,3 +220,21 @@ def softmax_loss(x: torch.Tensor, label: torch.Tensor, seen: torch.Tensor | None
                                      0 if ignore is None else ignore, ignore is not None,
                                      divisor, count_valid)
     return loss, prob
+
+
+def sgd_update(weights: list[torch.Tensor], grads: list[torch.Tensor],
+               history: list[torch.Tensor], group: list[int], rates: list[float] | torch.Tensor,
+               decays: list[float], momentum: float, grad_scale: float, l1: bool) -> bool:
+    """Caffe's SGD update of every parameter in place, in one launch (a few for a large net;
+    csrc/sgd_update.cu): per element g = g * grad_scale (unless 1), g += decay * w (or
+    * sign(w) with ``l1``), h = momentum * h + rate * g, w -= h, with parameter i's rate and
+    decay those of its ``group[i]``. ``rates`` are host floats, or a float32 CUDA tensor of
+    one rate per group (read when the kernel runs: what a CUDA graph replays). The numbers
+    are the op-by-op pipeline's (caffe_py/solver/rules.py), bit for bit.
+
+    Returns False, having written nothing, when a tensor is not float32 on the weights' GPU or
+    a gradient or history does not share its weight's dense layout (the caller then takes the
+    op-by-op path)."""
+    on_device = isinstance(rates, torch.Tensor)
+    return _ext().sgd_update(weights, grads, history, group, [] if on_device else rates,
+                             rates if on_device else None, decays, momentum, grad_scale, l1)

@@ -299,7 +299,7 @@ class GraphedLoop:
     def _record(self, s: Any, length: int) -> _Graph:
         losses = torch.zeros(length, device=s.device)
         assert self.scales is not None
-        scales = [list(self.scales.device[j].unbind()) for j in range(length)]
+        scales = [self.scales.device[j] for j in range(length)]  # one row: a rate per group
         outs: list[Any] = []
 
         def iterations() -> None:

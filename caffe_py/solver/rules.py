@@ -10,6 +10,11 @@ instead of hundreds. Gradients are modified in place, as Caffe modifies the diff
 views into a flat buffer owned by the parallel package, so they are never replaced.
 The history blobs follow Caffe's layout: ``history[j * N + i]`` is history j of parameter i.
 
+SGD with float32 parameters on a GPU (the common case) runs the whole pipeline after the clip
+as one kernel instead (:func:`~caffe_py.kernels.functions.sgd_update`, a few launches for a
+large net), with the same numbers bit for bit: the foreach pipeline stays the path of the
+other rules and of the CPU, and the kernel's test oracle (``Updater(..., fused=False)``).
+
 A rule's per-iteration multiplier (the local rate, and Adam's bias correction) is computed on
 the host by :meth:`UpdateRule.scale`; :meth:`Updater.apply_scales` takes it as a Python float
 (op by op) or as a 0-d device tensor (what a CUDA graph replays: a new rate every iteration
@@ -22,6 +27,7 @@ from dataclasses import dataclass
 
 import torch
 
+from ..kernels import build, functions
 from ..spec.solver_spec import SolverParameter
 
 Tensors = list[torch.Tensor]
@@ -182,7 +188,7 @@ class Updater:
     """
 
     def __init__(self, p: SolverParameter, params: Sequence[torch.Tensor],
-                 mults: Sequence[tuple[float, float]]):
+                 mults: Sequence[tuple[float, float]], *, fused: bool | None = None):
         self.p = p
         self.params = list(params)
         self.rule = RULES[p.type](p)
@@ -194,6 +200,11 @@ class Updater:
                        for j in range(self.rule.histories)] for g in self.groups]
         self._weights = [[self.params[i] for i in g.indices] for g in self.groups]
         self._order = [i for g in self.groups for i in g.indices]
+        self._flat: tuple[Tensors, Tensors, list[int], list[float]] | None = None
+        self.fused = fused
+        """Whether SGD runs as one CUDA kernel (:func:`~caffe_py.kernels.functions.sgd_update`)
+        instead of op by op: None decides at the first update (SGD on float32 CUDA parameters
+        whose kernels build); False keeps the op-by-op pipeline, the kernel's test oracle."""
 
     @torch.no_grad()
     def apply(self, rate: float, it: int) -> None:
@@ -205,12 +216,19 @@ class Updater:
         return [self.rule.scale(rate * g.lr_mult, it) for g in self.groups]
 
     @torch.no_grad()
-    def apply_scales(self, scales: Sequence[Scale]) -> None:
-        """One update with each group's multiplier given (see :meth:`scales`)."""
+    def apply_scales(self, scales: Sequence[Scale] | torch.Tensor) -> None:
+        """One update with each group's multiplier given (see :meth:`scales`): host floats, or
+        a 1-D device tensor of one multiplier per group (read when the update runs)."""
         grads = [self._grad(i) for i in self._order]
         if not grads:
             return
         self._clip(grads)
+        if self.fused is None:
+            self.fused = self._fusable()
+        if self.fused and self._fused_sgd(grads, scales):
+            return
+        if isinstance(scales, torch.Tensor):
+            scales = scales.unbind()
         start = 0
         for group, w, hist, scale in zip(self.groups, self._weights, self._hist, scales,
                                          strict=True):
@@ -221,6 +239,30 @@ class Updater:
             self._regularize(w, g, group.decay_mult)
             update = self.rule.compute(g, hist, scale)
             torch._foreach_sub_(w, update)
+
+    def _fusable(self) -> bool:
+        """SGD (Caffe's momentum rule, L2 or L1) on float32 CUDA parameters, kernels built."""
+        if type(self.rule) is not UpdateRule or not self.groups:
+            return False
+        if not all(w.is_cuda and w.dtype == torch.float32 for w in self.params):
+            return False
+        return build.available()
+
+    def _fused_sgd(self, grads: Tensors, scales: Sequence[Scale] | torch.Tensor) -> bool:
+        """The SGD update in one kernel; False (nothing changed) where it does not apply."""
+        if not isinstance(scales, torch.Tensor) and \
+                any(isinstance(v, torch.Tensor) for v in scales):
+            return False
+        if self._flat is None:
+            self._flat = ([w for ws in self._weights for w in ws],
+                          [h for hs in self._hist for h in hs[0]],
+                          [k for k, g in enumerate(self.groups) for _ in g.indices],
+                          [self.p.weight_decay * g.decay_mult for g in self.groups])
+        weights, history, group, decays = self._flat
+        grad_scale = 1.0 / self.p.iter_size if self.p.iter_size > 1 else 1.0
+        return functions.sgd_update(weights, grads, history, group, scales, decays,
+                                    self.p.momentum, grad_scale,
+                                    self.p.regularization_type == "L1")
 
     def _grad(self, i: int) -> torch.Tensor:
         w = self.params[i]

@@ -174,3 +174,24 @@ def test_history_layout_is_caffe_order():
     params = [torch.nn.Parameter(torch.zeros(2)), torch.nn.Parameter(torch.zeros(3))]
     up = Updater(p, params, [(1, 1), (1, 1)])
     assert [tuple(h.shape) for h in up.history] == [(2,), (3,), (2,), (3,)]
+
+
+def test_cpu_parameters_keep_the_op_by_op_pipeline():
+    """The one-kernel SGD (tests/kernels/test_sgd_update_gpu.py) is for CUDA parameters only;
+    on the CPU the first update settles on the pipeline, and a rate row as a tensor (what the
+    graph loop passes) gives the numbers of the same rates as floats."""
+    p = solver(type="SGD", momentum=0.9, weight_decay=0.01)
+    a = [torch.nn.Parameter(torch.arange(6.0).reshape(2, 3)), torch.nn.Parameter(torch.ones(3))]
+    b = [torch.nn.Parameter(w.detach().clone()) for w in a]
+    ups = [Updater(p, ws, [(1, 1), (2, 0)]) for ws in (a, b)]
+    for it in range(3):
+        for ws in (a, b):
+            for w in ws:
+                w.grad = torch.full_like(w, 0.5 + it)
+        scales = ups[0].scales(0.1, it)
+        ups[0].apply_scales(scales)
+        ups[1].apply_scales(torch.tensor(scales))
+    assert ups[0].fused is False and ups[1].fused is False
+    assert torch.equal(a[0], b[0]) and torch.equal(a[1], b[1])
+    # the bias (lr_mult 2, no decay): h = 0.1, 0.39, 0.851 after g = 0.5, 1.5, 2.5
+    assert a[1].tolist() == pytest.approx([1 - (0.1 + 0.39 + 0.851)] * 3)

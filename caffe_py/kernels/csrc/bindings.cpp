@@ -1,6 +1,7 @@
-// Python bindings of the activation kernels and the fused SoftmaxWithLoss. Every function writes into tensors the caller
-// allocated (so tests can poison them with NaN and see any element a kernel leaves unwritten);
-// the backward of a per-channel op returns the parameter's gradient as a new [C] tensor.
+// Python bindings of the activation kernels, the fused SoftmaxWithLoss and the SGD update. Every
+// function writes into tensors the caller allocated (so tests can poison them with NaN and see
+// any element a kernel leaves unwritten); the backward of a per-channel op returns the
+// parameter's gradient as a new [C] tensor.
 #include <torch/extension.h>
 
 namespace caffe_py {
@@ -26,6 +27,10 @@ void softmax_loss_backward(const at::Tensor& prob, const at::Tensor& label,
 void crop_transform(const at::Tensor& in, const at::Tensor& where,
                     const c10::optional<at::Tensor>& mean, double scale, bool reverse,
                     at::Tensor& out);
+bool sgd_update(const std::vector<at::Tensor>& w, const std::vector<at::Tensor>& g,
+                const std::vector<at::Tensor>& h, const std::vector<int64_t>& group,
+                const std::vector<double>& rates, const c10::optional<at::Tensor>& device_rates,
+                const std::vector<double>& decays, double momentum, double grad_scale, bool l1);
 
 // Caffe's SoftmaxWithLoss as a C++ autograd Function over the two kernels (softmax_loss.cu):
 // forward returns (loss, prob), prob without a gradient; backward runs without Python.
@@ -102,6 +107,11 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         "out = (in[crop window, mirrored, channels reversed] - mean) * scale, per record",
         py::arg("records"), py::arg("where"), py::arg("mean"), py::arg("scale"),
         py::arg("reverse"), py::arg("out"));
+  m.def("sgd_update", &caffe_py::sgd_update,
+        "Caffe's SGD update of every parameter in place (w, g, h); False: a layout it does not "
+        "stream, nothing written", py::arg("w"), py::arg("g"), py::arg("h"), py::arg("group"),
+        py::arg("rates"), py::arg("device_rates"), py::arg("decays"), py::arg("momentum"),
+        py::arg("grad_scale"), py::arg("l1"));
   m.def("softmax_loss_backward", &caffe_py::softmax_loss_backward,
         "dx = (prob - onehot) * grad / divisor", py::arg("prob"), py::arg("label"),
         py::arg("grad"), py::arg("div"), py::arg("dx"), py::arg("ignore"),
