@@ -4,9 +4,11 @@ Once the reader keeps a stream's database decoded (a small database, after its f
 feed with a small batch stops its thread and makes each batch here, from the reader's
 :class:`~.records.DecodedView`: which records by position arithmetic (the consumer's record c
 is database record ``(origin + start + step c) mod N``, exactly where the reader would have
-read it), then one numpy gather with the crop. On CUDA several batches are staged at once
-(:class:`StagedGather`): a few microseconds of the loop's own time per batch instead of two
-threads waking and taking the GIL. The batches are the threaded path's, bit for bit.
+read it), then one numpy gather with the crop. On CUDA a database small enough is kept on the
+device when the transform has no random choices (:class:`DeviceGather`: a batch is a slice),
+and otherwise several batches are staged at once (:class:`StagedGather`): a few microseconds of
+the loop's own time per batch instead of two threads waking and taking the GIL. The batches
+are the threaded path's, bit for bit.
 """
 from __future__ import annotations
 
@@ -19,8 +21,8 @@ from .transformer import Choices, Transformer
 STAGE_BATCHES = 8
 STAGE_BYTES = 8 << 20
 """On CUDA the loop stages up to STAGE_BATCHES batches (at most STAGE_BYTES of records) at
-once: one gather, two copies and an event per stage; per batch only a stream lookup, two views
-and the transform (each a Python call into torch, the cost that counts in a launch-bound
+once: one gather, two copies, the batches' views and an event per stage; per batch only a raw
+stream id read and the transform (a Python call into torch is what counts in a launch-bound
 loop)."""
 
 
@@ -86,40 +88,45 @@ class _Stage:
 
 class StagedGather(HostGather):
     """CUDA: ``k`` batches (up to STAGE_BATCHES, STAGE_BYTES of records) gathered at once into
-    one of two pinned stages and copied to fresh device tensors (records, labels: two copies);
-    each batch is then a view of them and the transform, so the per-batch host work is a
-    stream lookup, two views and one op. The device tensors are never written again, so the
-    labels handed out (views) need no clone and stay valid however long they are kept."""
+    one of two pinned stages and copied to fresh device tensors (records, labels: two copies),
+    split there into each batch's views; a batch is then its views and the transform, so the
+    per-batch host work is a raw stream id read and one op. The device tensors are never
+    written again, so the labels handed out (views) need no clone and stay valid however long
+    they are kept."""
 
     def __init__(self, view: DecodedView, batch_size: int, transformer: Transformer,
                  device: torch.device, mean: torch.Tensor | None):
         batch_bytes = batch_size * view.pixels[0].nbytes
         self.k = max(1, min(STAGE_BATCHES, STAGE_BYTES // max(1, batch_bytes)))
         super().__init__(view, batch_size, transformer)
-        self.device, self.mean = device.index, mean
+        self.device = device.index if device.index is not None else torch.cuda.current_device()
+        self.mean = mean
         self.stages = [_Stage(self.k, batch_size, transformer.out_shape, view.pixels.dtype)
                        for _ in range(2)]
         self.turn = 0
         self.taken = self.k  # batches of the staged ones handed out (k: stage more)
         self.stream: torch.cuda.Stream | None = None  # where the staged copies ran
+        self.stream_id = 0  # its raw id: what each batch compares (no Stream object made)
+        self.raw_stream = torch._C._cuda_getCurrentRawStream
         self.pixels: torch.Tensor | None = None  # (k, B, C, h, w) on the device
         self.labels: torch.Tensor | None = None  # (k, B) int64 on the device
+        self.batches: list[tuple[torch.Tensor, torch.Tensor]] = []  # their k batches' views
         self.choices_k: Choices | None = None  # the staged batches' choices (k B)
 
     def next(self, consumed: int) -> tuple[torch.Tensor, torch.Tensor]:
         """The batch after ``consumed`` records: (B, C, h, w) float32, (B,) int64."""
-        stream = torch.cuda.current_stream(self.device)  # the one lookup of the batch
         if self.taken == self.k:
-            self.stage(consumed, stream)
-        elif stream != self.stream:
-            self._follow(stream)
+            self.stage(consumed, torch.cuda.current_stream(self.device))
+        elif self.raw_stream(self.device) != self.stream_id:
+            self._follow(torch.cuda.current_stream(self.device))
         k = self.taken
         self.taken = k + 1
         choices = self.fixed
         if choices is None:
             picked = slice(k * self.batch_size, (k + 1) * self.batch_size)
             choices = Choices(self.choices_k.offsets[picked], self.choices_k.flips[picked])
-        return self.transformer.device(self.pixels[k], choices, self.mean), self.labels[k]
+        pixels, labels = self.batches[k]
+        return self.transformer.device(pixels, choices, self.mean), labels
 
     def stage(self, consumed: int, stream: torch.cuda.Stream) -> None:
         """Gather the next ``k`` batches (crops and flips included) into a pinned stage and
@@ -135,8 +142,10 @@ class StagedGather(HostGather):
         np.take(self.view.labels, index, out=stage.host_labels, mode="clip")
         self.pixels = stage.pixels.to(self.device, non_blocking=True)
         self.labels = stage.labels.to(self.device, non_blocking=True)
+        self.batches = list(zip(self.pixels.unbind(0), self.labels.unbind(0), strict=True))
         stage.done.record(stream)
-        self.stream, self.choices_k, self.taken = stream, choices, 0
+        self.stream, self.stream_id = stream, stream.cuda_stream
+        self.choices_k, self.taken = choices, 0
 
     def _follow(self, stream: torch.cuda.Stream) -> None:
         """The loop's current stream changed since the stage was copied: order it after the
@@ -144,12 +153,65 @@ class StagedGather(HostGather):
         stream.wait_stream(self.stream)
         self.pixels.record_stream(stream)
         self.labels.record_stream(stream)
-        self.stream = stream
+        self.stream, self.stream_id = stream, stream.cuda_stream
+
+
+class DeviceGather(HostGather):
+    """CUDA, a database small enough to keep on the device (:func:`resident_bytes`) and a
+    transform without random choices: the decoded records and labels are copied to the device
+    once; a batch is then a slice of them (a view: two slices joined on the device where it
+    wraps past the end), its crop window a view too, and the transform one op. That is less
+    host work per batch than a plain loop's slice, float conversion and scale. The copies are
+    never written, so the batches' views stay valid however long they are kept."""
+
+    def __init__(self, view: DecodedView, batch_size: int, transformer: Transformer,
+                 device: torch.device, mean: torch.Tensor | None):
+        super().__init__(view, batch_size, transformer)
+        assert self.fixed is not None, "a random transform gathers on the host (StagedGather)"
+        self.mean = mean
+        self.pixels = torch.from_numpy(view.pixels).to(device)
+        self.labels = torch.from_numpy(view.labels).to(device)
+        torch.cuda.current_stream(device).synchronize()  # once: any stream may read them now
+        _, h, w = view.pixels.shape[1:]
+        _, ch, cw = transformer.out_shape
+        h0, w0 = (int(v) for v in self.fixed.offsets[0]) if batch_size else (0, 0)
+        self.window = None if (ch, cw) == (h, w) else \
+            (slice(None), slice(None), slice(h0, h0 + ch), slice(w0, w0 + cw))
+
+    def next(self, consumed: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """The batch after ``consumed`` records: (B, C, h, w) float32, (B,) int64."""
+        low = (self.origin + self.start + self.step * consumed) % self.size
+        if low + self.span < self.size:
+            rows = slice(low, low + self.span + 1, self.step)
+            pixels, labels = self.pixels[rows], self.labels[rows]
+        else:  # wraps: once a pass
+            _, index = self.positions(consumed)
+            where = torch.from_numpy(index).to(self.pixels.device)
+            pixels, labels = self.pixels[where], self.labels[where]
+        if self.window is not None:
+            pixels = pixels[self.window]
+        return self.transformer.device(pixels, self.fixed, self.mean), labels
+
+
+RESIDENT_BYTES = 1 << 30
+RESIDENT_SHARE = 20
+"""A decoded database stays on the device when it takes at most RESIDENT_BYTES and at most
+1/RESIDENT_SHARE of the device's memory (each replica keeps its own copy)."""
+
+
+def resident_bytes(device: torch.device) -> int:
+    """How large a decoded database :class:`DeviceGather` keeps on ``device``."""
+    total = torch.cuda.get_device_properties(device).total_memory
+    return min(RESIDENT_BYTES, total // RESIDENT_SHARE)
 
 
 def loop_gather(view: DecodedView, batch_size: int, transformer: Transformer,
                 device: torch.device, mean: torch.Tensor | None) -> HostGather:
-    """The in-loop gather for ``device``: staged on CUDA, by numpy on the CPU."""
+    """The in-loop gather for ``device``: on CUDA the database on the device where it is small
+    and the transform fixed, else staged; by numpy on the CPU."""
     if device.type == "cuda":
+        size = view.pixels.nbytes + view.labels.nbytes
+        if not transformer.random and size <= resident_bytes(device):
+            return DeviceGather(view, batch_size, transformer, device, mean)
         return StagedGather(view, batch_size, transformer, device, mean)
     return HostGather(view, batch_size, transformer)

@@ -232,11 +232,13 @@ def test_float_records_flow_through_as_floats(tmp_path):
 
 # --- gathering in the training thread once the database is kept decoded -----------------------
 def _run_replicas(db, transform, device, steps, *, direct, monkeypatch, state=None,
-                  direct_bytes=1 << 20, local=2, offset=0, total=None):
+                  direct_bytes=1 << 20, local=2, offset=0, total=None, phase="TRAIN",
+                  gatherers=None):
     """``steps`` lockstep iterations of ``local`` replicas (global ``offset`` .. of ``total``;
     batch 3 of a 10-record database, rand_skip so the stream starts mid-database): their
     batches, the pool state, whether the feeds went direct, and whether any pool thread was
-    alive at the end."""
+    alive at the end. ``gatherers`` (a list) receives the class name of each feed's in-loop
+    gather."""
     from caffe_py.io import prefetch
 
     monkeypatch.setattr(prefetch, "DIRECT_BYTES", direct_bytes if direct else 0)
@@ -245,7 +247,7 @@ def _run_replicas(db, transform, device, steps, *, direct, monkeypatch, state=No
         spec = parse_layer({"name": "data", "type": "Data", "top": ["data", "label"],
                             "data_param": {"source": db, "batch_size": 3, "rand_skip": 7},
                             "transform_param": transform}, Source(), "layer")
-        layers.append(lookup("Data")(spec, [], BuildContext(phase="TRAIN")))
+        layers.append(lookup("Data")(spec, [], BuildContext(phase=phase)))
     with ReaderPool(replicas=local, replica_offset=offset, total_replicas=total) as pool:
         feeds = [attach_feeds(_net(layer), pool, replica=i, device=device, seed=3)[0]
                  for i, layer in enumerate(layers)]
@@ -254,6 +256,8 @@ def _run_replicas(db, transform, device, steps, *, direct, monkeypatch, state=No
         pool.start()
         batches = [[tuple(t.cpu() for t in layer()) for layer in layers] for _ in range(steps)]
         went = [f.gathers_in_loop for f in feeds]
+        if gatherers is not None:
+            gatherers += [type(f.gatherer).__name__ for f in feeds]
         for thread in pool.threads() if all(went) else ():
             thread.join(2.0)  # the producer stops on its next look at the queues
         alive = any(t.is_alive() for t in pool.threads())
@@ -266,15 +270,24 @@ def check_direct_matches_threaded(tmp_path, monkeypatch, device):
     db, _ = make_db(tmp_path / "db", 10)
     mean = np.random.default_rng(1).uniform(0, 255, SHAPE).astype(np.float32)
     write_blob_file(tmp_path / "mean.binaryproto", blob_from_array(mean[None]))
-    for transform in ({"crop_size": 4, "mirror": True, "scale": 0.25,
-                       "mean_file": str(tmp_path / "mean.binaryproto")},
-                      {"mirror": True, "mean_value": [10, 20, 30]}, {"scale": 0.5}):
-        def run(direct, steps, state=None, transform=transform):
+    mean_file = str(tmp_path / "mean.binaryproto")
+    # on CUDA the random transforms are staged from the host, the fixed ones (no mirror, no
+    # crop or TEST's centre crop) slice the database kept on the device
+    for transform, phase, kind in (
+            ({"crop_size": 4, "mirror": True, "scale": 0.25, "mean_file": mean_file}, "TRAIN",
+             "StagedGather"),
+            ({"mirror": True, "mean_value": [10, 20, 30]}, "TRAIN", "StagedGather"),
+            ({"scale": 0.5}, "TRAIN", "DeviceGather"),
+            ({"crop_size": 4, "scale": 0.25, "mean_file": mean_file}, "TEST", "DeviceGather")):
+        def run(direct, steps, state=None, transform=transform, phase=phase, kinds=None):
             return _run_replicas(db, transform, device, steps, direct=direct,
-                                 monkeypatch=monkeypatch, state=state)
+                                 monkeypatch=monkeypatch, state=state, phase=phase,
+                                 gatherers=kinds)
 
+        kinds: list[str] = []
         threaded, t_state, t_direct, _ = run(False, 12)
-        gathered, g_state, g_direct, alive = run(True, 12)
+        gathered, g_state, g_direct, alive = run(True, 12, kinds=kinds)
+        assert kinds == [kind if device == "cuda" else "HostGather"] * 2
         assert t_direct == [False, False] and g_direct == [True, True]
         assert not alive  # the feed threads stopped, and the producer with them
         assert g_state == t_state  # 12 x 3 records per replica: 7 passes over 10 records
@@ -299,6 +312,26 @@ def test_direct_gathering_gives_the_threads_batches_on_cpu(tmp_path, monkeypatch
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 def test_direct_gathering_gives_the_threads_batches_on_cuda(tmp_path, monkeypatch):
     check_direct_matches_threaded(tmp_path, monkeypatch, "cuda")
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_a_database_over_the_device_share_is_staged_with_the_same_batches(tmp_path,
+                                                                          monkeypatch):
+    from caffe_py.io import gather
+
+    db, _ = make_db(tmp_path / "db", 10)
+    runs = {}
+    for limit in (1 << 20, 10 * (3 * 6 * 6 + 8) - 1):  # the database's bytes, and a byte short
+        monkeypatch.setattr(gather, "RESIDENT_BYTES", limit)
+        kinds: list[str] = []
+        runs[limit] = _run_replicas(db, {"scale": 0.5}, "cuda", 9, direct=True,
+                                    monkeypatch=monkeypatch, gatherers=kinds)[0]
+        assert kinds == ["DeviceGather" if limit == 1 << 20 else "StagedGather"] * 2
+    resident, staged = runs.values()
+    for want, got in zip(staged, resident, strict=True):
+        assert all(torch.equal(a, b) for g, w in zip(got, want, strict=True)
+                   for a, b in zip(g, w, strict=True))
 
 
 def test_big_batches_or_uncached_databases_stay_on_the_threads(tmp_path, monkeypatch):
