@@ -75,7 +75,8 @@ def eager_step(solver: Solver, net: Any = None) -> tuple[torch.Tensor, NetOutput
             out = forward()
         if out.loss.requires_grad:
             out.loss.backward()
-        return out.loss.detach().float(), out
+        loss = out.loss.detach()
+        return (loss if loss.dtype == torch.float32 else loss.float()), out
     total = torch.zeros((), device=solver.device)
     out = None
     for _ in range(solver.param.iter_size):
