@@ -9,6 +9,8 @@ Rows (docs/performance.md keeps the table):
   * plain PyTorch, eager: an nn.Module LeNet with Caffe's update rule written with foreach ops,
     batches sliced from the training images kept on the device (no data loading at all);
   * the same plain step captured in one CUDA graph (the batch copied into a static input);
+  * the plain eager loop and cpy's eager iteration (``Solver.iteration``, past the LMDB's first
+    pass) in alternating rounds in one process: the eager comparison least moved by the host;
   * ``cpy train`` as the CLI runs it with no flag (``caffe_py.train.train`` with the default
     TrainOptions: CUDA graphs auto), and with ``--graphs off`` (eager), on the LMDB, test
     phases off; the rate over iterations 100-1,000 and 1,000-end (no warm-up period);
@@ -26,6 +28,7 @@ import argparse
 import contextlib
 import dataclasses
 import datetime
+import itertools
 import math
 import platform
 import sys
@@ -93,6 +96,20 @@ class CaffeSGD:
 def plain_lenet(images: torch.Tensor, labels: torch.Tensor, device: torch.device, steps: int,
                 warmup: int, graph: bool) -> float:
     """Iterations/s of the plain loop (eager, or each step one CUDA graph replay)."""
+    step = plain_lenet_step(images, labels, device, graph)
+    for it in range(warmup):
+        step(it)
+    sync(device)
+    start = time.perf_counter()
+    for it in range(warmup, warmup + steps):
+        step(it)
+    sync(device)
+    return steps / (time.perf_counter() - start)
+
+
+def plain_lenet_step(images: torch.Tensor, labels: torch.Tensor, device: torch.device,
+                     graph: bool) -> Callable[[int], None]:
+    """The plain loop's iteration ``step(it)``: eager, or one replay of the captured step."""
     torch.manual_seed(1701)
     model = LeNet().to(device)
     opt = CaffeSGD(model, device)
@@ -132,14 +149,40 @@ def plain_lenet(images: torch.Tensor, labels: torch.Tensor, device: torch.device
             static_y.copy_(y)
             opt.rate.fill_(inv_rate(it))
             g.replay()
-    for it in range(warmup):
-        step(it)
-    sync(device)
-    start = time.perf_counter()
-    for it in range(warmup, warmup + steps):
-        step(it)
-    sync(device)
-    return steps / (time.perf_counter() - start)
+    return step
+
+
+def eager_rounds(solver_file: Path, images: torch.Tensor, labels: torch.Tensor,
+                 device: torch.device, rounds: int, n: int) -> tuple[float, float]:
+    """Median microseconds an iteration over ``rounds`` alternating timings of ``n``
+    iterations each: the plain eager loop's, and cpy's eager iteration (``Solver.iteration``,
+    what ``cpy train --graphs off`` runs) past the LMDB's first pass. Alternating in one
+    process takes out most of the host's drift, which moves single eager timings by up to
+    35% on the GPU machines."""
+    import statistics
+
+    from caffe_py.solver.solver import Solver
+
+    step = plain_lenet_step(images, labels, device, graph=False)
+    param = dataclasses.replace(load_solver(solver_file), max_iter=10**7, test_interval=0,
+                                display=0)
+    plain: list[float] = []
+    cpy: list[float] = []
+    with Solver(param, device=device) as s:
+        s.start()
+        for it in range(1000):  # 938 batches make the first pass; then the loop gathers
+            s.iteration()
+            step(it)
+        count = itertools.count(1000)
+        for _ in range(rounds):
+            for times, run in ((plain, lambda: step(next(count))), (cpy, s.iteration)):
+                sync(device)
+                start = time.perf_counter()
+                for _ in range(n):
+                    run()
+                sync(device)
+                times.append(1e6 * (time.perf_counter() - start) / n)
+    return statistics.median(plain), statistics.median(cpy)
 
 
 # --- cpy train, timed through its progress display ------------------------------------------
@@ -326,6 +369,11 @@ def lenet_rows(solver: Path, work: Path, device: torch.device, steps: int, end: 
     if device.type == "cuda":
         graphed = plain_lenet(images, labels, device, steps, 200, graph=True)
         rows.append(("LeNet, the plain step as one CUDA graph (it/s)", f"{graphed:,.0f}"))
+    rounds, n = (3, 10) if smoke else (9, 500)
+    plain_us, cpy_us = eager_rounds(solver, images, labels, device, rounds, n)
+    rows.append((f"LeNet eager, alternating rounds ({rounds} x {n} iterations each): the plain "
+                 "loop / cpy's iteration, median us", f"{plain_us:,.0f} / {cpy_us:,.0f} "
+                 f"({plain_us / cpy_us:.2f}x the plain eager loop)"))
     marks = [100, 1000, end] if not smoke else [5, 20, end]
     fields = {"test_interval": 0, "display": 0}
     auto = cpy_rates(solver, device, "auto", marks, **fields)
