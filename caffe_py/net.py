@@ -392,22 +392,33 @@ class Net(WeightsMixin, nn.Module):
     # --- forward ----------------------------------------------------------------------------
     def forward(self, inputs: Mapping[str, torch.Tensor] | None = None) -> NetOutput:
         """Run every layer in order; ``inputs`` maps each net input name to its tensor."""
-        inputs = dict(inputs or {})
-        unknown = [k for k in inputs if k not in self.input_names]
-        if unknown:
-            raise NetError(f"net '{self.name}': '{unknown[0]}' is not an input of the net "
-                           f"(its inputs: {', '.join(self.input_names) or 'none'})")
-        self._bind_shared()
+        return self._forward(inputs, _global_hooks())
+
+    def _forward(self, inputs: Mapping[str, torch.Tensor] | None, hooked: bool) -> NetOutput:
+        """:meth:`forward`, ``hooked`` saying whether a global module hook is registered (then
+        every layer goes through nn.Module's call)."""
+        if inputs:
+            inputs = dict(inputs)
+            unknown = [k for k in inputs if k not in self.input_names]
+            if unknown:
+                raise NetError(f"net '{self.name}': '{unknown[0]}' is not an input of the net "
+                               f"(its inputs: {', '.join(self.input_names) or 'none'})")
+        else:
+            inputs = {}
+        if self._rebinds or self._views:
+            self._bind_shared()
         blobs: dict[str, torch.Tensor] = {}
-        hooked = _global_hooks()
-        for layer, bottom, detached, top in self._forward_plan():
-            if isinstance(layer, Input):
+        for layer, bottom, detached, top, hooks, is_input in self._forward_plan():
+            if is_input:
                 layer.provide_named(inputs)
             bottoms = [blobs[b] for b in bottom]
             for k in detached:  # propagate_down: false
                 bottoms[k] = bottoms[k].detach()
             try:  # a layer without hooks is called without nn.Module's two wrapper frames
-                tops = layer(*bottoms) if hooked or _hooked(layer) else layer.forward(*bottoms)
+                if hooked or hooks[0] or hooks[1] or hooks[2] or hooks[3]:
+                    tops = layer(*bottoms)
+                else:
+                    tops = layer.forward(*bottoms)
             except RuntimeError as exc:
                 reshaped = _reshaped_bottom(layer, bottoms)
                 if reshaped is None:
@@ -425,16 +436,20 @@ class Net(WeightsMixin, nn.Module):
         return NetOutput(self._loss(blobs), {name: blobs[name] for name in self.output_names})
 
     def _forward_plan(self) -> list[tuple[Layer, tuple[str, ...], tuple[int, ...],
-                                          tuple[str, ...]]]:
-        """Per layer, what :meth:`forward` needs of its spec: (layer, bottoms, the indices of
-        the bottoms not propagated down, tops), worked out once (and again if the layer list
-        changes), not per layer per iteration."""
+                                          tuple[str, ...], tuple[dict, ...], bool]]:
+        """Per layer, what :meth:`forward` needs of its spec and module: (layer, bottoms, the
+        indices of the bottoms not propagated down, tops, its four hook dicts (nn.Module
+        mutates them in place: empty, no hook), whether it is an Input), worked out once
+        (and again if the layer list changes), not per layer per iteration."""
         key = self.layers.version
         if self._plan_key != key:
             self._plan = [(layer, tuple(layer.spec.bottom),
                            tuple(k for k, down in enumerate(layer.spec.propagate_down)
                                  if not down),
-                           tuple(layer.spec.top)) for layer in self.layers]
+                           tuple(layer.spec.top),
+                           (layer._forward_hooks, layer._forward_pre_hooks,
+                            layer._backward_hooks, layer._backward_pre_hooks),
+                           isinstance(layer, Input)) for layer in self.layers]
             self._plan_key = key
         return self._plan
 
@@ -442,9 +457,10 @@ class Net(WeightsMixin, nn.Module):
         """``self(inputs)``: :meth:`forward` called directly unless a module hook (the net's
         own or a global one) needs nn.Module's call, which costs a launch-bound eager step
         about 3% (two wrapper frames and their hook checks)."""
-        if _global_hooks() or _hooked(self):
+        hooked = _global_hooks()
+        if hooked or _hooked(self):
             return self(inputs)
-        return self.forward(inputs)
+        return self._forward(inputs, False)
 
     def _loss(self, blobs: Mapping[str, torch.Tensor]) -> torch.Tensor:
         """The sum of loss_weight * top.sum() over the weighted tops, in as few ops as the
@@ -586,14 +602,15 @@ def _keys_by_position(net: Net, state: dict, prefix: str, *_args: Any) -> None:
     _renamed(state, {v: k for k, v in _name_prefixes(net, prefix).items()})
 
 
-_GLOBAL_HOOKS = ("_global_forward_hooks", "_global_forward_pre_hooks",
-                 "_global_backward_hooks", "_global_backward_pre_hooks")
-
 
 def _global_hooks() -> bool:
     """Whether any module hook is registered globally (then every layer goes through
     nn.Module's call; an attribute this PyTorch lacks counts as a hook)."""
-    return any(getattr(_nn_module, name, True) for name in _GLOBAL_HOOKS)
+    m = _nn_module
+    return bool(getattr(m, "_global_forward_hooks", True)
+                or getattr(m, "_global_forward_pre_hooks", True)
+                or getattr(m, "_global_backward_hooks", True)
+                or getattr(m, "_global_backward_pre_hooks", True))
 
 
 def _hooked(layer: nn.Module) -> bool:

@@ -329,6 +329,7 @@ def test_layer_and_global_hooks_run_though_plain_layers_skip_the_module_call(spe
     still run (then the layers go through nn.Module's call)."""
     net = Net(spec_of(PHASED), "TRAIN")
     seen = []
+    net({"data": torch.ones(2, 3)})  # the forward plan is made before the hook comes
     handle = net.layer_by_name("notx").register_forward_hook(
         lambda layer, args, out: seen.append((layer.name, tuple(out.shape))))
     plain = net({"data": torch.ones(2, 3)}).outputs
@@ -342,6 +343,8 @@ def test_layer_and_global_hooks_run_though_plain_layers_skip_the_module_call(spe
         every.remove()
     assert seen[1:] == ["input", "a", "notx", "nottest", "phased"]  # the layers, then the net
     assert all(torch.equal(plain[k], hooked[k]) for k in plain)
+    net({"data": torch.ones(2, 3)})
+    assert len(seen) == 6  # both hooks removed: nothing more
 
 
 def test_run_skips_the_module_call_unless_a_hook_needs_it(spec_of):

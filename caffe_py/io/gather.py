@@ -21,8 +21,8 @@ from .transformer import Choices, Transformer
 STAGE_BATCHES = 8
 STAGE_BYTES = 8 << 20
 """On CUDA the loop stages up to STAGE_BATCHES batches (at most STAGE_BYTES of records) at
-once: one gather, two copies, the batches' views and an event per stage; per batch only a raw
-stream id read and the transform (a Python call into torch is what counts in a launch-bound
+once: one gather, two copies, the batches' views and an event per stage; per batch only a
+stream lookup and the transform (a Python call into torch is what counts in a launch-bound
 loop)."""
 
 
@@ -90,7 +90,7 @@ class StagedGather(HostGather):
     """CUDA: ``k`` batches (up to STAGE_BATCHES, STAGE_BYTES of records) gathered at once into
     one of two pinned stages and copied to fresh device tensors (records, labels: two copies),
     split there into each batch's views; a batch is then its views and the transform, so the
-    per-batch host work is a raw stream id read and one op. The device tensors are never
+    per-batch host work is a stream lookup and one op. The device tensors are never
     written again, so the labels handed out (views) need no clone and stay valid however long
     they are kept."""
 
@@ -106,8 +106,6 @@ class StagedGather(HostGather):
         self.turn = 0
         self.taken = self.k  # batches of the staged ones handed out (k: stage more)
         self.stream: torch.cuda.Stream | None = None  # where the staged copies ran
-        self.stream_id = 0  # its raw id: what each batch compares (no Stream object made)
-        self.raw_stream = torch._C._cuda_getCurrentRawStream
         self.pixels: torch.Tensor | None = None  # (k, B, C, h, w) on the device
         self.labels: torch.Tensor | None = None  # (k, B) int64 on the device
         self.batches: list[tuple[torch.Tensor, torch.Tensor]] = []  # their k batches' views
@@ -115,10 +113,11 @@ class StagedGather(HostGather):
 
     def next(self, consumed: int) -> tuple[torch.Tensor, torch.Tensor]:
         """The batch after ``consumed`` records: (B, C, h, w) float32, (B,) int64."""
+        stream = torch.cuda.current_stream(self.device)  # the one lookup of the batch
         if self.taken == self.k:
-            self.stage(consumed, torch.cuda.current_stream(self.device))
-        elif self.raw_stream(self.device) != self.stream_id:
-            self._follow(torch.cuda.current_stream(self.device))
+            self.stage(consumed, stream)
+        elif stream != self.stream:
+            self._follow(stream)
         k = self.taken
         self.taken = k + 1
         choices = self.fixed
@@ -144,8 +143,7 @@ class StagedGather(HostGather):
         self.labels = stage.labels.to(self.device, non_blocking=True)
         self.batches = list(zip(self.pixels.unbind(0), self.labels.unbind(0), strict=True))
         stage.done.record(stream)
-        self.stream, self.stream_id = stream, stream.cuda_stream
-        self.choices_k, self.taken = choices, 0
+        self.stream, self.choices_k, self.taken = stream, choices, 0
 
     def _follow(self, stream: torch.cuda.Stream) -> None:
         """The loop's current stream changed since the stage was copied: order it after the
@@ -153,7 +151,7 @@ class StagedGather(HostGather):
         stream.wait_stream(self.stream)
         self.pixels.record_stream(stream)
         self.labels.record_stream(stream)
-        self.stream, self.stream_id = stream, stream.cuda_stream
+        self.stream = stream
 
 
 class DeviceGather(HostGather):

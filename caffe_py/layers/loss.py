@@ -159,7 +159,8 @@ class SoftmaxWithLoss(Layer):
         # decided here, not in a forward: torch.compile would break its graph on the build
         self._fused = bool(self.ctx.device.type == "cuda"
                            and self.ctx.options.get("fused_loss", True) and build.available())
-        self._held: dict[tuple[int, torch.device], tuple[torch.Tensor, torch.Tensor]] = {}
+        self._count_valid = self.mode == "VALID" and self.ignore_label is not None
+        self._held: dict[tuple[int, int], tuple[torch.Tensor, torch.Tensor, float]] = {}
         return [()] + [bottom_shapes[0]] * (len(self.spec.top) - 1)
 
     def fused(self, scores: torch.Tensor) -> bool:
@@ -193,28 +194,32 @@ class SoftmaxWithLoss(Layer):
         kernel, the gradient in one (kernels.functions.softmax_loss); the same numbers as
         :class:`_CaffeSoftmaxLoss` (tests/kernels/test_softmax_loss_gpu.py)."""
         x = scores if scores.dtype == torch.float32 else scores.float()
-        label = labels.detach().reshape(-1)
+        label = labels if labels.dim() == 1 else labels.reshape(-1)
         if label.dtype != torch.int64:
             label = label.long()
-        n = x.shape[0]
-        work, done = self._workspace(n, x.device)
-        count_valid = self.mode == "VALID" and self.ignore_label is not None
-        divisor = 1.0 if count_valid else float(normalizer(self.mode, n, 1, None))
-        seen = self.labels.seen if self.labels.enabled else None
-        loss, prob = functions.softmax_loss(x.contiguous(), label.contiguous(), seen, work,
-                                            done, self.ignore_label, divisor, count_valid)
+        if label.requires_grad:  # labels pass no gradient (Caffe's backward skips them)
+            label = label.detach()
+        work, done, divisor = self._workspace(x)
+        # labels.seen: the device check's [min, max] (None when the check is off)
+        loss, prob = functions.softmax_loss(x.contiguous(), label.contiguous(),
+                                            self.labels.seen, work, done, self.ignore_label,
+                                            divisor, self._count_valid)
         if len(self.top_shapes) == 2:
             return loss, prob.reshape(scores.shape)
         return loss
 
-    def _workspace(self, n: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
-        """The fused forward's per-row sums (2n floats) and its block counter (kept at zero
-        by the kernel), made once per batch size and device."""
-        key = (n, device)
+    def _workspace(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, float]:
+        """For scores ``x`` (N, C) on a GPU: the fused forward's per-row sums (2N floats), its
+        block counter (kept at zero by the kernel) and the host divisor, made once per batch
+        size and device (a launch-bound step pays for every call made per forward)."""
+        key = (x.shape[0], x.get_device())
         held = self._held.get(key)
         if held is None:
+            n, device = x.shape[0], x.device
+            divisor = 1.0 if self._count_valid else float(normalizer(self.mode, n, 1, None))
             held = self._held[key] = (torch.empty(2 * n, device=device),
-                                      torch.zeros(1, dtype=torch.int32, device=device))
+                                      torch.zeros(1, dtype=torch.int32, device=device),
+                                      divisor)
         return held
 
 
@@ -426,7 +431,8 @@ class InfogainLoss(Layer):
         # decided here, not in a forward: torch.compile would break its graph on the build
         self._fused = bool(self.ctx.device.type == "cuda"
                            and self.ctx.options.get("fused_loss", True) and build.available())
-        self._held: dict[tuple[int, torch.device], tuple[torch.Tensor, torch.Tensor]] = {}
+        self._count_valid = self.mode == "VALID" and self.ignore_label is not None
+        self._held: dict[tuple[int, int], tuple[torch.Tensor, torch.Tensor, float]] = {}
         return [()] + [bottom_shapes[0]] * (len(self.spec.top) - 1)
 
     def _read_matrix(self, source: str, c2: int) -> torch.Tensor:

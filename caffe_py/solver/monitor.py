@@ -16,6 +16,7 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 
 from ..errors import DataError, SolverError
@@ -144,8 +145,10 @@ class Monitor:
     def _judge(self, copy: _Copy) -> None:
         if copy.event is not None:
             copy.event.synchronize()   # long finished unless the device is far behind
-        bad = [it for it, value in zip(copy.iterations, copy.losses.tolist(), strict=True)
-               if it >= self.checked and not math.isfinite(value)]
+        bad = []
+        if not bool(np.isfinite(copy.losses.numpy()).all()):  # the usual case: one look
+            bad = [it for it, value in zip(copy.iterations, copy.losses.tolist(), strict=True)
+                   if it >= self.checked and not math.isfinite(value)]
         if bad:
             raise SolverError(f"iteration {min(bad)}: the loss is not finite (NaN or inf); "
                               "training stopped and no snapshot was written after it; lower "

@@ -101,7 +101,7 @@ def test_many_blocks_are_deterministic_and_the_counter_is_reused():
     first = lay(x, labels)
     for _ in range(5):
         assert torch.equal(lay(x, labels), first)
-    assert lay._held[(4099, x.device)][1].item() == 0
+    assert lay._held[(4099, x.get_device())][1].item() == 0
 
 
 def test_a_cuda_graph_replays_the_fused_loss():
