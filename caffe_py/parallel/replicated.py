@@ -169,6 +169,7 @@ class ReplicatedRun:
             self.sync.setup(i, [lp.param for lp in solver.net.learnable_params()],
                             state_blobs(solver.net))
             solver.grads_in_place = True   # views into the flat gradient buffer
+            solver.backward_in_caller = False  # its sync's gradient hooks keep the engine's threads
             if isinstance(self.sync, TreeSync) and self.tuning.layer_waits and not self.graphs:
                 self.sync.watch_layers(i, solver.net)
             if self.averaging is not None and (self.schedule.averages_replicas or i == 0):

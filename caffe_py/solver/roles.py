@@ -12,6 +12,7 @@ between the averaging points.
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol
 
@@ -68,8 +69,13 @@ class StepFn(Protocol):
 
 def eager_step(solver: Solver, net: Any = None) -> tuple[torch.Tensor, NetOutput]:
     """The plain step: iter_size forward and backward passes, op by op (through ``net``, a
-    compiled form of the solver's net, when given)."""
-    forward = net if net is not None else solver.net.run
+    compiled form of the solver's net, when given); the backward passes run on this thread
+    when the solver's :attr:`~caffe_py.solver.solver.Solver.backward_in_caller` says so."""
+    with torch.autograd.set_multithreading_enabled(not solver.backward_in_caller):
+        return _passes(solver, net if net is not None else solver.net.run)
+
+
+def _passes(solver: Solver, forward: Callable[[], NetOutput]) -> tuple[torch.Tensor, NetOutput]:
     if solver.param.iter_size == 1:
         with solver.autocast():
             out = forward()

@@ -136,6 +136,12 @@ class Solver:
         self.grads_in_place = False
         """Gradients keep their tensors between iterations (set by whoever binds them: a
         parallel sync's flat buffers, a CUDA graph's capture)."""
+        self.backward_in_caller = True
+        """The eager step's backward passes run on the calling thread
+        (``torch.autograd.set_multithreading_enabled(False)``, thread-local), not on the
+        autograd engine's thread for the device: in a launch-bound step the hand-off to that
+        thread and back cost more than the backward's own host work saved (docs/performance.md).
+        A parallel run's replicas keep the engine's threads, where their gradient hooks run."""
         if seeds is None:
             base = resolve_seed(param.random_seed)
             seeds = Seeds(model=base + replica, data=base)

@@ -53,3 +53,23 @@ def test_bf16_on_cuda_runs_layers_in_bfloat16_and_trains_float32_weights(ws):
         assert all(torch.isfinite(w).all() for w in solver.updater.params)
         assert not torch.equal(before[0], solver.updater.params[0])
         assert 0.5 < solver.smoothed_loss() < 3.0  # random labels over 3 classes: ~log(3)
+
+
+def test_backward_runs_on_the_calling_thread_unless_told_not_to(ws):
+    """The eager step hands its backward to the autograd engine's device thread only when the
+    solver's backward_in_caller is off (a parallel run's replicas); the numbers agree."""
+    import threading
+
+    weights = {}
+    for in_caller in (True, False):
+        with Solver(ws.load(max_iter=4), device="cuda:0") as solver:
+            solver.backward_in_caller = in_caller
+            where: list[int] = []
+            solver.updater.params[0].register_hook(
+                lambda grad: where.append(threading.get_ident()) or grad)
+            solver.step(4)
+            assert len(where) == 4
+            assert (set(where) == {threading.get_ident()}) is in_caller
+            weights[in_caller] = [w.detach().clone() for w in solver.updater.params]
+    for a, b in zip(weights[True], weights[False], strict=True):
+        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-7)
