@@ -409,7 +409,7 @@ class Net(WeightsMixin, nn.Module):
             self._bind_shared()
         blobs: dict[str, torch.Tensor] = {}
         for layer, bottom, detached, top, hooks, is_input in self._forward_plan():
-            if is_input:
+            if is_input and isinstance(layer, Input):  # the flag spares the others the test
                 layer.provide_named(inputs)
             bottoms = [blobs[b] for b in bottom]
             for k in detached:  # propagate_down: false

@@ -166,13 +166,14 @@ class DeviceGather(HostGather):
                  device: torch.device, mean: torch.Tensor | None):
         super().__init__(view, batch_size, transformer)
         assert self.fixed is not None, "a random transform gathers on the host (StagedGather)"
+        self.choices_all: Choices = self.fixed  # every batch's
         self.mean = mean
         self.pixels = torch.from_numpy(view.pixels).to(device)
         self.labels = torch.from_numpy(view.labels).to(device)
         torch.cuda.current_stream(device).synchronize()  # once: any stream may read them now
         _, h, w = view.pixels.shape[1:]
         _, ch, cw = transformer.out_shape
-        h0, w0 = (int(v) for v in self.fixed.offsets[0]) if batch_size else (0, 0)
+        h0, w0 = (int(v) for v in self.choices_all.offsets[0]) if batch_size else (0, 0)
         self.window = None if (ch, cw) == (h, w) else \
             (slice(None), slice(None), slice(h0, h0 + ch), slice(w0, w0 + cw))
 
@@ -188,7 +189,7 @@ class DeviceGather(HostGather):
             pixels, labels = self.pixels[where], self.labels[where]
         if self.window is not None:
             pixels = pixels[self.window]
-        return self.transformer.device(pixels, self.fixed, self.mean), labels
+        return self.transformer.device(pixels, self.choices_all, self.mean), labels
 
 
 RESIDENT_BYTES = 1 << 30

@@ -84,15 +84,15 @@ def _passes(solver: Solver, forward: Callable[[], NetOutput]) -> tuple[torch.Ten
         loss = out.loss.detach()
         return (loss if loss.dtype == torch.float32 else loss.float()), out
     total = torch.zeros((), device=solver.device)
-    out = None
+    last: NetOutput | None = None
     for _ in range(solver.param.iter_size):
         with solver.autocast():
-            out = forward()
-        if out.loss.requires_grad:
-            out.loss.backward()
-        total += out.loss.detach().float()
-    assert out is not None  # iter_size >= 1 (the schema's minimum)
-    return total / solver.param.iter_size, out
+            last = forward()
+        if last.loss.requires_grad:
+            last.loss.backward()
+        total += last.loss.detach().float()
+    assert last is not None  # iter_size >= 1 (the schema's minimum)
+    return total / solver.param.iter_size, last
 
 
 class CompiledStep:

@@ -228,7 +228,7 @@ class Updater:
         if self.fused and self._fused_sgd(grads, scales):
             return
         if isinstance(scales, torch.Tensor):
-            scales = scales.unbind()
+            scales = list(scales.unbind())
         start = 0
         for group, w, hist, scale in zip(self.groups, self._weights, self._hist, scales,
                                          strict=True):
@@ -250,9 +250,13 @@ class Updater:
 
     def _fused_sgd(self, grads: Tensors, scales: Sequence[Scale] | torch.Tensor) -> bool:
         """The SGD update in one kernel; False (nothing changed) where it does not apply."""
-        if not isinstance(scales, torch.Tensor) and \
-                any(isinstance(v, torch.Tensor) for v in scales):
+        rates: list[float] | torch.Tensor
+        if isinstance(scales, torch.Tensor):
+            rates = scales
+        elif any(isinstance(v, torch.Tensor) for v in scales):
             return False
+        else:
+            rates = [float(v) for v in scales]
         if self._flat is None:
             self._flat = ([w for ws in self._weights for w in ws],
                           [h for hs in self._hist for h in hs[0]],
@@ -260,7 +264,7 @@ class Updater:
                           [self.p.weight_decay * g.decay_mult for g in self.groups])
         weights, history, group, decays = self._flat
         grad_scale = 1.0 / self.p.iter_size if self.p.iter_size > 1 else 1.0
-        return functions.sgd_update(weights, grads, history, group, scales, decays,
+        return functions.sgd_update(weights, grads, history, group, rates, decays,
                                     self.p.momentum, grad_scale,
                                     self.p.regularization_type == "L1")
 

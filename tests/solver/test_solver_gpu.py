@@ -65,8 +65,12 @@ def test_backward_runs_on_the_calling_thread_unless_told_not_to(ws):
         with Solver(ws.load(max_iter=4), device="cuda:0") as solver:
             solver.backward_in_caller = in_caller
             where: list[int] = []
-            solver.updater.params[0].register_hook(
-                lambda grad: where.append(threading.get_ident()) or grad)
+
+            def note(grad, where=where):
+                where.append(threading.get_ident())
+                return grad
+
+            solver.updater.params[0].register_hook(note)
             solver.step(4)
             assert len(where) == 4
             assert (set(where) == {threading.get_ident()}) is in_caller
