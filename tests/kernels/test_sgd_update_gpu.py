@@ -1,9 +1,9 @@
 """The one-kernel SGD update (csrc/sgd_update.cu, Updater with ``fused`` left to decide) against
 the op-by-op pipeline (``fused=False``, itself held to Caffe's formulas by
-tests/solver/test_rules.py), bit for bit: host and device rates, L2 and L1, iter_size, groups
-with other multipliers, a decay of zero, momentum zero, channels_last weights, empty tensors and
-enough tensors and elements for several launches. Skipped without CUDA; run with
-`pytest -m gpu`."""
+tests/solver/test_rules.py), bit for bit: host and device rates, L2 and L1, iter_size, the
+gradient clip before it, groups with other multipliers, a decay of zero, momentum zero,
+channels_last weights, empty tensors and enough tensors and elements for several launches.
+Skipped without CUDA; run with `pytest -m gpu`."""
 from __future__ import annotations
 
 import pytest
@@ -69,8 +69,9 @@ def test_lenet_update_is_the_pipelines_bit_for_bit(device_rates):
 
 @pytest.mark.parametrize("fields", [{"regularization_type": "L1"}, {"iter_size": 3},
                                     {"momentum": 0.0}, {"weight_decay": 0.0},
-                                    {"lr_policy": "fixed", "base_lr": 0.1}],
-                         ids=["L1", "iter_size", "no momentum", "no decay", "fixed"])
+                                    {"lr_policy": "fixed", "base_lr": 0.1},
+                                    {"clip_gradients": 5.0}],
+                         ids=["L1", "iter_size", "no momentum", "no decay", "fixed", "clip"])
 @pytest.mark.parametrize("device_rates", [False, True], ids=["host rate", "device rate"])
 def test_solver_fields_are_the_pipelines_bit_for_bit(fields, device_rates):
     assert_same(solver(**fields), LENET, [(1, 1), (2, 0), (1, 3), (0.5, 1)] * 2,
