@@ -76,6 +76,7 @@ def eager_step(solver: Solver, net: Any = None) -> tuple[torch.Tensor, NetOutput
 
 
 def _passes(solver: Solver, forward: Callable[[], NetOutput]) -> tuple[torch.Tensor, NetOutput]:
+    """The iter_size forward and backward passes of :func:`eager_step`."""
     if solver.param.iter_size == 1:
         with solver.autocast():
             out = forward()
