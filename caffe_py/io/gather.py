@@ -46,13 +46,19 @@ class HostGather:
         self.index = np.empty(n, dtype=np.int64)  # filled in place: no array per batch
         self.span = (n - 1) * self.step
 
+    def located(self, consumed: int) -> tuple[int, int, bool]:
+        """The first stream position of the ``k`` batches after ``consumed`` records, its
+        database record, and whether their records wrap past the end of the database."""
+        first = self.start + self.step * consumed
+        low = (self.origin + first) % self.size
+        return first, low, low + self.span >= self.size
+
     def positions(self, consumed: int) -> tuple[int, np.ndarray]:
         """The first position of the ``k`` batches after ``consumed`` records, and their
         (k B,) database records (``self.index``, rewritten by the next call)."""
-        first = self.start + self.step * consumed
-        low = (self.origin + first) % self.size
+        first, low, wraps = self.located(consumed)
         index = np.add(self.offsets, low, out=self.index)
-        if low + self.span >= self.size:  # wraps past the end of the database
+        if wraps:
             np.remainder(index, self.size, out=index)
         return first, index
 
@@ -171,24 +177,21 @@ class DeviceGather(HostGather):
         self.pixels = torch.from_numpy(view.pixels).to(device)
         self.labels = torch.from_numpy(view.labels).to(device)
         torch.cuda.current_stream(device).synchronize()  # once: any stream may read them now
-        _, h, w = view.pixels.shape[1:]
-        _, ch, cw = transformer.out_shape
-        h0, w0 = (int(v) for v in self.choices_all.offsets[0]) if batch_size else (0, 0)
-        self.window = None if (ch, cw) == (h, w) else \
-            (slice(None), slice(None), slice(h0, h0 + ch), slice(w0, w0 + cw))
+        self.crops = tuple(transformer.out_shape) != tuple(view.pixels.shape[1:])
+        """Whether a batch is cut to its (centre) crop window: a view, by the transformer."""
 
     def next(self, consumed: int) -> tuple[torch.Tensor, torch.Tensor]:
         """The batch after ``consumed`` records: (B, C, h, w) float32, (B,) int64."""
-        low = (self.origin + self.start + self.step * consumed) % self.size
-        if low + self.span < self.size:
+        _, low, wraps = self.located(consumed)
+        if not wraps:
             rows = slice(low, low + self.span + 1, self.step)
             pixels, labels = self.pixels[rows], self.labels[rows]
-        else:  # wraps: once a pass
+        else:  # once a pass
             _, index = self.positions(consumed)
             where = torch.from_numpy(index).to(self.pixels.device)
             pixels, labels = self.pixels[where], self.labels[where]
-        if self.window is not None:
-            pixels = pixels[self.window]
+        if self.crops:
+            pixels = self.transformer.device_crop(pixels, self.choices_all)
         return self.transformer.device(pixels, self.choices_all, self.mean), labels
 
 
