@@ -200,7 +200,12 @@ class Updater:
                        for j in range(self.rule.histories)] for g in self.groups]
         self._weights = [[self.params[i] for i in g.indices] for g in self.groups]
         self._order = [i for g in self.groups for i in g.indices]
-        self._flat: tuple[Tensors, Tensors, list[int], list[float]] | None = None
+        # the kernel's view of the same lists: every weight and its first history in group
+        # order, each one's group, each group's decay
+        self._flat = ([w for ws in self._weights for w in ws],
+                      [h for hs in self._hist for h in hs[0]],
+                      [k for k, g in enumerate(self.groups) for _ in g.indices],
+                      [self.p.weight_decay * g.decay_mult for g in self.groups])
         self.fused = fused
         """Whether SGD runs as one CUDA kernel (:func:`~caffe_py.kernels.functions.sgd_update`)
         instead of op by op: None decides at the first update (SGD on float32 CUDA parameters
@@ -257,11 +262,6 @@ class Updater:
             return False
         else:
             rates = [float(v) for v in scales]
-        if self._flat is None:
-            self._flat = ([w for ws in self._weights for w in ws],
-                          [h for hs in self._hist for h in hs[0]],
-                          [k for k, g in enumerate(self.groups) for _ in g.indices],
-                          [self.p.weight_decay * g.decay_mult for g in self.groups])
         weights, history, group, decays = self._flat
         grad_scale = 1.0 / self.p.iter_size if self.p.iter_size > 1 else 1.0
         return functions.sgd_update(weights, grads, history, group, rates, decays,
