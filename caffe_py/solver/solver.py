@@ -96,7 +96,7 @@ many channels (see :func:`memory_format_for`)."""
 
 
 def memory_format_for(name: str, device: torch.device | str = "cpu",
-                      net: Any = None) -> torch.memory_format:
+                      net: Net | None = None) -> torch.memory_format:
     """The solver's ``memory_format`` field for ``net`` on ``device``.
 
     AUTO is channels_last on CPUs (oneDNN's convolutions and the poolings run up to 1.7x
@@ -114,7 +114,7 @@ def memory_format_for(name: str, device: torch.device | str = "cpu",
         else torch.contiguous_format
 
 
-def _widest_convolution(net: Any) -> int:
+def _widest_convolution(net: Net) -> int:
     """The most channels a (de)convolution of ``net`` reads (0: it has none)."""
     widths = [0]
     for layer in net.layers:
@@ -563,6 +563,7 @@ class Solver:
         return {
             "iter": self.iter,
             "current_step": self.current_step,
+            "random_seed": self.seeds.data,
             "learned_net": learned_net,
             "type": self.param.type,
             "history": [h.detach().cpu() for h in self.updater.history],
