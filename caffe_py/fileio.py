@@ -46,17 +46,32 @@ def atomic_write(path: str | os.PathLike, write: Callable[[BinaryIO], Any]) -> N
         os.chmod(tmp, _file_mode())
         os.replace(tmp, path)
     except BaseException as exc:
+        # whether the disk is full is judged before the temporary goes: removing it frees
+        # the space the write had filled
+        failed = isinstance(exc, OSError) or _short_write(exc)
+        full = failed and getattr(exc, "errno", None) is None and _full(path)
         Path(tmp).unlink(missing_ok=True)
-        if isinstance(exc, OSError) or (isinstance(exc, RuntimeError) and _full(path)):
-            raise write_error(path, exc) from None  # torch.save's writer: a RuntimeError
+        if failed:
+            raise write_error(path, exc, full=full) from None
         raise
     fsync_dir(path.parent)
 
 
-def write_error(path: Path, exc: BaseException) -> WriteError:
-    """The one-line error of a failed write of ``path``."""
+def _short_write(exc: BaseException) -> bool:
+    """torch.save's zip writer reports a failed write of its file (ENOSPC included) as a
+    RuntimeError about the position it expected (``unexpected pos 960 vs 854``)."""
+    return isinstance(exc, RuntimeError) and (
+        "unexpected pos" in str(exc) or "inline_container" in str(exc)
+        or "file write failed" in str(exc))
+
+
+def write_error(path: Path, exc: BaseException, *, full: bool | None = None) -> WriteError:
+    """The one-line error of a failed write of ``path`` (``full``: whether the disk was found
+    full while the failed write still held its space; judged now when not given)."""
     code = getattr(exc, "errno", None)
-    if code in FULL or (code is None and _full(path)):
+    if full is None:
+        full = code is None and _full(path)
+    if code in FULL or full:
         return WriteError(str(path), f"no space left on device writing {path}; free space or "
                           "write elsewhere (nothing was replaced)", disk_full=True)
     reason = (getattr(exc, "strerror", None) or " ".join(str(exc).split())[:120]).lower()

@@ -174,7 +174,7 @@ def _log_to_file(ctx: click.Context, _param: click.Parameter, value: str | None)
     from ..errors import WriteError
 
     try:
-        handler = logging.FileHandler(value, mode="a", encoding="utf-8")
+        handler = LogFile(value)
     except OSError as exc:
         reason = (exc.strerror or type(exc).__name__).lower()
         raise click.ClickException(str(WriteError(value, f"cannot write the log file {value} "
@@ -189,3 +189,46 @@ def _log_to_file(ctx: click.Context, _param: click.Parameter, value: str | None)
         handler.close()
 
     ctx.call_on_close(close)
+
+
+class LogFile(logging.FileHandler):
+    """``--log-file``: a write that fails (a full disk, an I/O error) stops the command with
+    one line, as a full snapshot disk does, instead of logging's report of every record that
+    no longer fits. The error is raised into the main thread's next log call (the solver's
+    lines come from there); the file takes nothing more."""
+
+    def __init__(self, path: str):
+        super().__init__(path, mode="a", encoding="utf-8")
+        self.failed: BaseException | None = None
+        self.raised = False
+
+    def emit(self, record: logging.LogRecord) -> None:
+        if self.failed is None:
+            try:
+                stream = self.stream
+                stream.write(self.format(record) + self.terminator)
+                stream.flush()
+            except OSError as exc:
+                self.failed = _log_write_error(self.baseFilename, exc)
+        if self.failed is not None and not self.raised and \
+                threading.current_thread() is threading.main_thread():
+            self.raised = True
+            raise self.failed
+
+    def close(self) -> None:
+        try:
+            super().close()
+        except OSError:  # the buffered rest of a failed file: the error was said already
+            pass
+
+
+def _log_write_error(path: str, exc: OSError) -> BaseException:
+    from ..errors import WriteError
+    from ..fileio import FULL
+
+    if exc.errno in FULL:
+        return WriteError(path, f"no space left on device writing the log file {path}; free "
+                          "space or give --log-file a place with room", disk_full=True)
+    reason = (exc.strerror or type(exc).__name__).lower()
+    return WriteError(path, f"cannot write the log file {path} ({reason}); check the disk, "
+                      "or give --log-file another place")
