@@ -14,12 +14,15 @@ the old file or none, never a truncated one that loads.
 """
 from __future__ import annotations
 
+import itertools
+import struct
 import tempfile
 import warnings
 import zipfile
+import zlib
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
+from typing import Any, BinaryIO
 
 import torch
 
@@ -161,19 +164,82 @@ def weights_path_of(state: Mapping[str, Any], state_path: str | Path) -> Path:
 
 
 def verify_checksums(path: Path) -> None:
-    """Check every record of a ``torch.save`` file against the CRC-32 its zip directory
-    holds (``torch.load`` itself does not): a flipped byte or a torn file is a one-line error
-    instead of weights that load with wrong values."""
+    """Check a ``torch.save`` file's zip directory, then every record against the CRC-32 that
+    directory holds (``torch.load`` itself does neither): a flipped byte or a torn file is a
+    one-line error instead of weights that load with wrong values.
+
+    torch.save writes each record once, uncompressed, one after the other. A directory that
+    says otherwise (a compressed record, a name twice, records that overlap or reach past the
+    end of the file) is refused before any record is read: such a file could make the check
+    inflate gigabytes that ``torch.load`` never reads. The records are then read once each,
+    so the check costs one pass over the file."""
     if not zipfile.is_zipfile(path):
         return  # not torch.save's zip: the safe loader says what it is
     fix = "the file is damaged; use an earlier snapshot, or copy it again"
     try:
-        with zipfile.ZipFile(path) as archive:
-            bad = archive.testzip()
-    except (zipfile.BadZipFile, EOFError, OSError, RuntimeError) as exc:
+        with zipfile.ZipFile(path) as archive, path.open("rb") as raw:
+            spans = _record_spans(archive.infolist(), raw, path.stat().st_size)
+            bad = next((info.filename for info, start in spans
+                        if _crc_of(raw, start, info.compress_size) != info.CRC), None)
+    except _NotTorchZip as exc:
+        raise SolverError(f"{path}: its zip directory is not torch.save's ({exc}); the file "
+                          "is damaged or was not written by caffe-py: use an earlier snapshot, "
+                          "or give a file written by cpy train") from None
+    except (zipfile.BadZipFile, EOFError, OSError, RuntimeError, struct.error) as exc:
         raise SolverError(f"{path}: {one_line_reason(exc)}; {fix}") from None
     if bad is not None:
         raise SolverError(f"{path}: checksum mismatch in its record '{bad}'; {fix}")
+
+
+class _NotTorchZip(Exception):
+    """A zip directory torch.save would not have written."""
+
+
+_LOCAL_HEADER = struct.Struct("<4s5H3L2H")  # signature ... name length, extra length
+_CHUNK = 1 << 20
+
+
+def _record_spans(infos: list[zipfile.ZipInfo], raw: BinaryIO,
+                  size: int) -> list[tuple[zipfile.ZipInfo, int]]:
+    """(entry, offset of its data) per record, after the checks of :func:`verify_checksums`."""
+    names: set[str] = set()
+    spans = []
+    for info in infos:
+        if info.compress_type != zipfile.ZIP_STORED:
+            raise _NotTorchZip(f"record '{info.filename}' is compressed")
+        if info.filename in names:
+            raise _NotTorchZip(f"record '{info.filename}' is named twice")
+        names.add(info.filename)
+        if info.file_size != info.compress_size or \
+                info.header_offset + _LOCAL_HEADER.size + info.compress_size > size:
+            raise _NotTorchZip(f"record '{info.filename}' claims {info.file_size:,} bytes "
+                               f"at offset {info.header_offset:,} of a {size:,}-byte file")
+        raw.seek(info.header_offset)
+        header = raw.read(_LOCAL_HEADER.size)
+        if len(header) != _LOCAL_HEADER.size or header[:4] != b"PK\x03\x04":
+            raise _NotTorchZip(f"record '{info.filename}' has no local header")
+        fields = _LOCAL_HEADER.unpack(header)
+        start = info.header_offset + _LOCAL_HEADER.size + fields[-2] + fields[-1]
+        if start + info.compress_size > size:
+            raise _NotTorchZip(f"record '{info.filename}' reaches past the end of the file")
+        spans.append((info, start))
+    ordered = sorted(spans, key=lambda span: span[0].header_offset)
+    for (info, start), (after, _) in itertools.pairwise(ordered):
+        if start + info.compress_size > after.header_offset:
+            raise _NotTorchZip(f"records '{info.filename}' and '{after.filename}' overlap")
+    return spans
+
+
+def _crc_of(raw: BinaryIO, start: int, length: int) -> int:
+    raw.seek(start)
+    crc = 0
+    while length > 0:
+        chunk = raw.read(min(length, _CHUNK))
+        if not chunk:
+            raise EOFError("the file ends inside a record")
+        crc = zlib.crc32(chunk, crc)
+        length -= len(chunk)
+    return crc
 
 
 def one_line_reason(exc: BaseException) -> str:

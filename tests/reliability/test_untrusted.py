@@ -1,0 +1,138 @@
+"""Untrusted specs and files, as an attacker or an unlucky colleague on a shared machine would
+hand them over: snapshot zips that would make a check inflate gigabytes, prototxts nested
+hundreds deep, planted symlinks, tables that are not UTF-8, overrides of list fields, specs
+whose sizes ask the allocator for petabytes, and specs of a million layers. Each is one line
+on stderr (exit 1) or a clean run, quickly; never a traceback or a hang."""
+from __future__ import annotations
+
+import struct
+import subprocess
+import sys
+import zipfile
+import zlib
+from pathlib import Path
+
+import pytest
+import torch
+from support import ROOT, tiny_net
+
+from caffe_py.errors import SolverError
+from caffe_py.solver import snapshot as snap
+
+
+def cpy(cwd, *args, timeout=120) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, str(ROOT / "cli.py"), *args], cwd=cwd,
+                          capture_output=True, text=True, timeout=timeout)
+
+
+def one_line_error(done: subprocess.CompletedProcess) -> str:
+    """The command failed with exit 1 and exactly one line, 'Error: ...', on stderr."""
+    assert done.returncode == 1, (done.returncode, done.stderr[-2000:])
+    lines = done.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("Error: "), done.stderr[-2000:]
+    return lines[0]
+
+
+# --- snapshot zips ---------------------------------------------------------------------------
+def rezipped(path: Path, extra: list[tuple[str, bytes, int]] = (),
+             directory=None) -> bytes:
+    """``path`` (a torch.save zip) with the local records ``extra`` (name, stored payload,
+    compression method) appended after its own, and a central directory of
+    ``directory(entries)`` where ``entries`` lists (name, offset, method, crc, compressed
+    size, size) for every record."""
+    with zipfile.ZipFile(path) as archive:
+        infos = archive.infolist()
+        body = path.read_bytes()[:archive.start_dir]
+    entries = [(i.filename, i.header_offset, i.compress_type, i.CRC, i.compress_size,
+                i.file_size) for i in infos]
+    for name, (payload, size, crc), method in ((n, p, m) for n, p, m in extra):
+        entries.append((name, len(body), method, crc, len(payload), size))
+        body += struct.pack(zipfile.structFileHeader, b"PK\x03\x04", 20, 0, 0, method, 0, 0,
+                            crc, len(payload), size, len(name), 0) + name.encode() + payload
+    entries = directory(entries) if directory else entries
+    start, central = len(body), b""
+    for name, offset, method, crc, csize, size in entries:
+        central += struct.pack(zipfile.structCentralDir, b"PK\x01\x02", 20, 3, 20, 0, 0,
+                               method, 0, 0, crc, csize, size, len(name), 0, 0, 0, 0, 0,
+                               offset) + name.encode()
+    return body + central + struct.pack(zipfile.structEndArchive, b"PK\x05\x06", 0, 0,
+                                        len(entries), len(entries), len(central), start, 0)
+
+
+def deflated_zeros(mib: int) -> tuple[bytes, int, int]:
+    """(the deflate stream of ``mib`` MiB of zeros, its size, its CRC-32)."""
+    squeeze, chunk, crc = zlib.compressobj(9, zlib.DEFLATED, -15), bytes(1 << 20), 0
+    out = b"".join(squeeze.compress(chunk) for _ in range(mib)) + squeeze.flush()
+    for _ in range(mib):
+        crc = zlib.crc32(chunk, crc)
+    return out, mib << 20, crc
+
+
+@pytest.fixture
+def weights(tmp_path):
+    path = tmp_path / "w_iter_2.pt"
+    snap.save_weights({"ip": [torch.ones(3, 6), torch.zeros(3)]}, path)
+    return path
+
+
+def test_a_zip_bomb_snapshot_is_refused_before_anything_is_inflated(tmp_path, weights):
+    """5,000 directory entries naming one deflated 64 MiB record (320 GiB to inflate): the
+    checksum check used to inflate every one, hanging --weights, --snapshot and --snapshot
+    latest; torch.load never reads them. Refused from the directory alone, at once."""
+    bomb = deflated_zeros(64)
+
+    def many(entries):
+        record = entries[-1]
+        return entries[:-1] + [(f"archive/junk/{k}", *record[1:]) for k in range(5000)]
+
+    weights.write_bytes(rezipped(weights, [("archive/junk/0", bomb, zipfile.ZIP_DEFLATED)],
+                                 many))
+    state = tmp_path / "w_iter_2.solverstate.pt"
+    state.write_bytes(weights.read_bytes())
+    (tmp_path / "net.yaml").write_text(tiny_net())
+    (tmp_path / "solver.yaml").write_text("net: net.yaml\nbase_lr: 0.1\nmax_iter: 4\n"
+                                          "snapshot_prefix: w\n")
+    why = "its zip directory is not torch.save's (record 'archive/junk/0' is compressed)"
+    fix = ("the file is damaged or was not written by caffe-py: use an earlier snapshot, or "
+           "give a file written by cpy train")
+    done = cpy(tmp_path, "test", "--model", "net.yaml", "--weights", weights.name,
+               "--iterations", "1", timeout=60)
+    assert one_line_error(done) == f"Error: {weights.name}: {why}; {fix}"
+    done = cpy(tmp_path, "train", "--solver", "solver.yaml", "--snapshot", state.name,
+               timeout=60)
+    assert one_line_error(done) == f"Error: {state.name}: {why}; {fix}"
+    done = cpy(tmp_path, "train", "--solver", "solver.yaml", "--snapshot", "latest",
+               timeout=60)
+    assert one_line_error(done) == (f"Error: --snapshot latest: no solver state of "
+                                    f"snapshot_prefix {tmp_path / 'w'} loads (1 found); start "
+                                    "without --snapshot")
+
+
+@pytest.mark.parametrize("case", ["twice", "overlap", "past the end"])
+def test_a_snapshot_zip_torch_save_would_not_write_is_refused(weights, case):
+    with zipfile.ZipFile(weights) as archive:
+        offset = archive.getinfo("archive/data/0").header_offset
+
+    def twice(entries):
+        return entries + [e for e in entries if e[0] == "archive/data/0"]
+
+    def overlap(entries):  # another name for the same record
+        return entries + [("archive/extra", *e[1:]) for e in entries
+                          if e[0] == "archive/data/0"]
+
+    def past_the_end(entries):
+        return [(*e[:4], 4_000_000_000, 4_000_000_000) if e[0] == "archive/data/0" else e
+                for e in entries]
+
+    edit = {"twice": twice, "overlap": overlap, "past the end": past_the_end}[case]
+    weights.write_bytes(rezipped(weights, directory=edit))
+    why = {"twice": "record 'archive/data/0' is named twice",
+           "overlap": "records 'archive/data/0' and 'archive/extra' overlap",
+           "past the end": f"record 'archive/data/0' claims 4,000,000,000 bytes at offset "
+                           f"{offset:,} of a {weights.stat().st_size:,}-byte file"}[case]
+    with pytest.raises(SolverError) as caught:
+        snap.load_weights(weights)
+    assert str(caught.value) == (
+        f"{weights}: its zip directory is not torch.save's ({why}); the file is damaged or "
+        "was not written by caffe-py: use an earlier snapshot, or give a file written by cpy "
+        "train")
