@@ -163,6 +163,46 @@ def weights_path_of(state: Mapping[str, Any], state_path: str | Path) -> Path:
     return Path(state_path).parent / str(state.get("learned_net", ""))
 
 
+PAIRED = "learned_net_file"
+"""The solver state's record of the weights file written with it: its size and CRC-32."""
+
+
+def fingerprint(path: str | Path) -> dict[str, int]:
+    """``{"size": bytes, "crc32": CRC-32}`` of a file, read once."""
+    crc, size = 0, 0
+    with open(path, "rb") as f:
+        while chunk := f.read(_CHUNK):
+            crc, size = zlib.crc32(chunk, crc), size + len(chunk)
+    return {"size": size, "crc32": crc}
+
+
+def paired_weights(state: Mapping[str, Any], state_path: str | Path) -> Path:
+    """The weights file of a solver state, checked to be the one written with it (a state
+    caffe-py wrote records its size and CRC; Caffe's states do not, and are taken as they
+    are): a weights file of another run under the same name (one that started over with
+    --overwrite, say) is refused rather than resumed with this state's history and iteration."""
+    weights = weights_path_of(state, state_path)
+    if not weights.is_file():
+        raise SolverError(f"{state_path}: its weights file {weights} is missing; keep the "
+                          "<prefix>_iter_<N> weights next to the solver state")
+    saved = state.get(PAIRED)
+    if not isinstance(saved, dict):
+        return weights
+    try:
+        found = fingerprint(weights)
+    except OSError as exc:
+        raise SolverError(f"{weights}: cannot read ({(exc.strerror or str(exc)).lower()}); "
+                          "check the file") from None
+    if found != {"size": saved.get("size"), "crc32": saved.get("crc32")}:
+        raise SolverError(
+            f"{state_path}: its weights file {weights.name} is not the one written with it "
+            f"({found['size']:,} bytes, CRC {found['crc32']:08x}; the state was saved with "
+            f"{saved.get('size', 0):,} bytes, CRC {saved.get('crc32', 0):08x}): another run "
+            "wrote that name since (one started over with --overwrite, say); resume from "
+            "another state, or start a new run from those weights with --weights")
+    return weights
+
+
 def verify_checksums(path: Path) -> None:
     """Check a ``torch.save`` file's zip directory, then every record against the CRC-32 that
     directory holds (``torch.load`` itself does neither): a flipped byte or a torn file is a
@@ -291,11 +331,7 @@ def latest_state(prefix: str) -> tuple[Path, list[str]]:
     skipped = []
     for _, path in states_of(prefix):
         try:
-            state = load_state(path)
-            weights = weights_path_of(state, path)
-            if not weights.is_file():
-                raise SolverError(f"{path}: its weights file {weights.name} is missing")
-            load_weights(weights)
+            load_weights(paired_weights(load_state(path), path))
         except SolverError as exc:
             skipped.append(f"Skipping {path}: {exc}")
             continue

@@ -556,7 +556,8 @@ class Solver:
         # state whatever the path says
         learned = weights.name if self.param.snapshot_format == "pt" else \
             os.path.relpath(weights)
-        snap.save_state(self.state_dict(learned), state)
+        snap.save_state({**self.state_dict(learned), snap.PAIRED: snap.fingerprint(weights)},
+                        state)
 
     def state_dict(self, learned_net: str = "") -> dict[str, Any]:
         """Everything a resume needs, as tensors and plain values (see snapshot.py)."""
@@ -580,10 +581,7 @@ class Solver:
         log.info(f"Restoring previous solver status from {path}")
         state = snap.load_state(path)
         self.last_snapshot = path
-        weights = snap.weights_path_of(state, path)
-        if not weights.is_file():
-            raise SolverError(f"{path}: its weights file {weights} is missing; keep the "
-                              "<prefix>_iter_<N> weights next to the solver state")
+        weights = snap.paired_weights(state, path)
         if state.get("type") not in (None, self.param.type):  # None: written by Caffe
             raise SolverError(f"{path}: saved by a {state.get('type')} solver, this one is "
                               f"{self.param.type}; resume with the same solver type")
