@@ -11,15 +11,17 @@ same, and starts it afresh otherwise.
 from __future__ import annotations
 
 import csv
+import errno
 import math
+import os
 import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TextIO
 
 import torch
 
-from ..errors import CaffePyError
+from ..errors import CaffePyError, WriteError
 from ..fileio import write_error
 
 if TYPE_CHECKING:
@@ -53,8 +55,12 @@ class MetricsFile:
         try:
             self.path.parent.mkdir(parents=True, exist_ok=True)
             append = resume and self._same_columns()
-            self.file = self.path.open("a" if append else "w", newline="", encoding="utf-8")
+            self.file = _open_own(self.path, append)
         except OSError as exc:
+            if exc.errno == errno.ELOOP:
+                raise WriteError(str(self.path), f"{self.path} is a symbolic link; the "
+                                 "metrics table is not written through one (it could "
+                                 "overwrite any file it points to): remove the link") from None
             raise write_error(self.path, exc) from None
         self.writer = csv.writer(self.file)
         if not append:
@@ -101,6 +107,15 @@ class MetricsFile:
             pass
         if self.board is not None:
             self.board.close()
+
+
+def _open_own(path: Path, append: bool) -> TextIO:
+    """The table opened for writing without following a symbolic link planted at its name
+    (O_NOFOLLOW: such a link is ELOOP), created with a plain open's mode."""
+    flags = os.O_WRONLY | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC | \
+        (os.O_APPEND if append else os.O_TRUNC)
+    fd = os.open(path, flags, 0o666)
+    return os.fdopen(fd, "a" if append else "w", newline="", encoding="utf-8")
 
 
 def _board(directory: str | Path) -> Any:

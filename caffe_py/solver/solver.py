@@ -30,6 +30,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
+import shlex
 import time
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import AbstractContextManager
@@ -541,7 +542,8 @@ class Solver:
         except WriteError as exc:  # a full disk or an unwritable place: the run stops
             previous = self.last_snapshot
             intact = f"the previous snapshot {previous} is intact (resume with --snapshot " \
-                     f"{previous})" if previous else "no earlier snapshot of this run exists"
+                     f"{shlex.quote(str(previous))})" if previous else \
+                "no earlier snapshot of this run exists"
             raise SolverError(f"{exc}; {intact}") from None
         self.last_snapshot = state
         return weights, state

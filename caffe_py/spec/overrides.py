@@ -108,10 +108,15 @@ def _net_with(net_path: str, sets: Sequence[Override]) -> tuple[dict, NetParamet
 
 
 def _assign(node: dict, keys: Sequence[str], value: Any, o: Override) -> None:
-    for key in keys[:-1]:
+    for key, below in zip(keys[:-1], keys[1:], strict=True):
         child = node.get(key)
+        if isinstance(child, list) or (child is None and below.isdigit()):
+            whole = ".".join(o.keys[:o.keys.index(key) + 1])
+            raise SpecError(f"{o.name}: '{key}' is a list, and --set takes no list index; "
+                            f"set the whole list: --set '{whole}=[...]'")
         if child is None:
             child = node[key] = yamlio.MarkedDict()
+            child.line, child.key_lines = getattr(node, "line", 0), {}
         if not isinstance(child, dict):
             raise SpecError(f"{o.name}: '{key}' holds {type(child).__name__}, not a block of "
                             "fields")

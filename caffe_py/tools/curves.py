@@ -15,6 +15,7 @@ import datetime
 import re
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 from ..errors import CaffePyError
 
@@ -47,19 +48,42 @@ def read_run(path: str | Path) -> Series:
 
 def _read_table(path: Path) -> Series:
     series: Series = {}
-    with path.open(newline="", encoding="utf-8") as f:
-        rows = csv.DictReader(f)
-        if rows.fieldnames is None or "iteration" not in rows.fieldnames:
-            raise PlotError(f"{path}: not a metrics table (no 'iteration' column)")
-        for row in rows:
-            it, sec = int(row["iteration"]), float(row["seconds"])
-            for name, cell in row.items():
-                if name in ("iteration", "seconds", "phase") or not cell:
-                    continue
-                if name == "lr" and row["phase"] != "train":
-                    continue
-                series.setdefault(name, []).append((it, sec, float(cell)))
+    try:
+        with path.open(newline="", encoding="utf-8") as f:
+            rows = csv.DictReader(f)
+            if rows.fieldnames is None or "iteration" not in rows.fieldnames:
+                raise PlotError(f"{path}: not a metrics table (no 'iteration' column)")
+            for row in rows:
+                _read_row(path, rows.line_num, row, series)
+    except UnicodeDecodeError:
+        raise PlotError(f"{path}: not UTF-8 text; give the "
+                        "<snapshot_prefix>_metrics.csv a run wrote") from None
+    except csv.Error as exc:
+        raise PlotError(f"{path}: not a CSV table ({exc}); give the "
+                        "<snapshot_prefix>_metrics.csv a run wrote") from None
+    except OSError as exc:
+        raise PlotError(f"{path}: cannot read ({(exc.strerror or str(exc)).lower()})") from None
     return series
+
+
+def _read_row(path: Path, line: int, row: dict[str, str | None], series: Series) -> None:
+    """One row's points; a cell that is not a number is an error naming its line and column."""
+    def number(column: str, kind: type) -> Any:
+        cell = row.get(column)
+        try:
+            return kind(cell)
+        except (TypeError, ValueError):
+            what = "an integer" if kind is int else "a number"
+            raise PlotError(f"{path}:{line}: column '{column}' holds {cell!r}, not {what}; "
+                            "the table is damaged or not a metrics table") from None
+
+    it, sec = number("iteration", int), number("seconds", float)
+    for name, cell in row.items():
+        if name in ("iteration", "seconds", "phase") or not cell or name is None:
+            continue
+        if name == "lr" and row.get("phase") != "train":
+            continue
+        series.setdefault(name, []).append((it, sec, number(name, float)))
 
 
 def _read_log(path: Path) -> Series:
@@ -67,22 +91,27 @@ def _read_log(path: Path) -> Series:
     series: Series = {}
     start = None
     phase, iteration = "train", 0
-    for line in path.read_text(encoding="utf-8", errors="replace").splitlines():
-        when = _seconds(line)
-        if start is None and "] Solving " in line:
-            start = when
-        sec = when - start if when is not None and start is not None else None
-        if m := _TESTING.search(line):
-            phase, iteration = f"test{m.group(2)}", int(m.group(1))
-        elif m := _RATE.search(line):
-            series.setdefault("lr", []).append((int(m.group(1)), sec, float(m.group(2))))
-        elif m := _LOSS.search(line):
-            phase, iteration = "train", int(m.group(1))
-            series.setdefault("loss", []).append((iteration, sec, float(m.group(2))))
-        elif m := _OUTPUT.search(line):
-            where = "train" if m.group(1) == "Train" else phase
-            series.setdefault(f"{where}/{m.group(2)}", []).append(
-                (iteration, sec, float(m.group(3))))
+    lines = path.read_text(encoding="utf-8", errors="replace").splitlines()
+    for number, line in enumerate(lines, start=1):
+        try:
+            when = _seconds(line)
+            if start is None and "] Solving " in line:
+                start = when
+            sec = when - start if when is not None and start is not None else None
+            if m := _TESTING.search(line):
+                phase, iteration = f"test{m.group(2)}", int(m.group(1))
+            elif m := _RATE.search(line):
+                series.setdefault("lr", []).append((int(m.group(1)), sec, float(m.group(2))))
+            elif m := _LOSS.search(line):
+                phase, iteration = "train", int(m.group(1))
+                series.setdefault("loss", []).append((iteration, sec, float(m.group(2))))
+            elif m := _OUTPUT.search(line):
+                where = "train" if m.group(1) == "Train" else phase
+                series.setdefault(f"{where}/{m.group(2)}", []).append(
+                    (iteration, sec, float(m.group(3))))
+        except ValueError:  # a number or a time stamp that does not read
+            raise PlotError(f"{path}:{number}: the numbers of this line do not read "
+                            f"({line.strip()[:60]!r}); the log is damaged") from None
     if not series:
         raise PlotError(f"{path}: no training lines found (not a Caffe or caffe-py log)")
     return series
@@ -111,6 +140,7 @@ def plot(runs: Sequence[str | Path], out: str | Path, *, x: str = "iterations",
          names: Sequence[str] = ("loss", "accuracy", "lr")) -> dict[str, dict[str, list]]:
     """Draw ``names`` of every run into the image ``out`` (png, svg or pdf); returns what was
     drawn: column -> run -> [(x, value)]."""
+    picked = [(run, pick(read_run(run), names)) for run in runs]  # bad inputs first
     try:
         import matplotlib
     except ImportError:
@@ -119,8 +149,8 @@ def plot(runs: Sequence[str | Path], out: str | Path, *, x: str = "iterations",
     import matplotlib.pyplot as plt
 
     drawn: dict[str, dict[str, list]] = {}
-    for run in runs:
-        for column, points in pick(read_run(run), names).items():
+    for run, series in picked:
+        for column, points in series.items():
             xs = [(p[0] if x == "iterations" else p[1], p[2]) for p in points]
             if x == "seconds" and any(v[0] is None for v in xs):
                 raise PlotError(f"{run}: its lines carry no time; plot it with --x iterations")

@@ -239,9 +239,15 @@ def _word_at(text: str, i: int) -> str:
 
 
 # --- grammar --------------------------------------------------------------------------------
+MAX_DEPTH = 100
+"""The deepest nesting of blocks read (protobuf's own parsers stop at 100; Caffe's nets and
+solvers nest a few levels)."""
+
+
 class _Parser:
     def __init__(self, tokens: list[_Token], source: str):
         self.tokens, self.source, self.pos = tokens, source, 0
+        self.depth = 0
 
     def parse_file(self) -> Message:
         msg = Message(line=1, column=1)
@@ -358,8 +364,14 @@ class _Parser:
 
     def _block(self) -> tuple[Message, str | None]:
         opener = self.take()
+        if self.depth >= MAX_DEPTH:
+            raise self.fail(opener, f"blocks nested deeper than {MAX_DEPTH} levels, not a "
+                                    "spec", "a net or solver nests a few levels; check the "
+                                            "braces")
         msg = Message(line=opener.line, column=opener.column)
+        self.depth += 1
         closer = self._fields(msg, opener)
+        self.depth -= 1
         return msg, opener.trailing or closer.trailing
 
     def _list(self, name: _Token) -> list[Field]:

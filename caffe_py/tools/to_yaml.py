@@ -26,6 +26,7 @@ import dataclasses
 import logging
 import os
 import re
+import shlex
 import types
 import typing
 from collections.abc import Iterator
@@ -360,7 +361,7 @@ class _Converter:
         shown = os.path.relpath(caffe_path) if self.root is not None else value
         target = os.path.relpath(self.out_dir / new) if self.out_dir is not None else new
         self.notes.append(f"{key.split('[')[0]}: {value} is now {new}; import it too: "
-                          f"cpy import-prototxt {shown} {target}")
+                          f"cpy import-prototxt {shlex.quote(shown)} {shlex.quote(target)}")
         return new
 
     # --- Caffe's upgrades, on the parsed prototxt (positions kept for errors) ---------------
@@ -532,7 +533,7 @@ def prototxt_as_yaml(path: Path) -> str:
                    out=Path(path).resolve().with_suffix(".yaml"))
     logging.getLogger(__name__).info(
         f"Note: {path} is a Caffe prototxt, read in memory as its YAML spec "
-        f"(cpy import-prototxt {path} OUT.yaml writes it)")
+        f"(cpy import-prototxt {shlex.quote(str(path))} OUT.yaml writes it)")
     if kind != "solver":
         return conv.text
     # the converter names the nets' YAML files to be; here the nets stay prototxts until

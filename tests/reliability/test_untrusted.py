@@ -136,3 +136,86 @@ def test_a_snapshot_zip_torch_save_would_not_write_is_refused(weights, case):
         f"{weights}: its zip directory is not torch.save's ({why}); the file is damaged or "
         "was not written by caffe-py: use an earlier snapshot, or give a file written by cpy "
         "train")
+
+
+# --- files planted at a run's names ------------------------------------------------------------
+def test_a_symlink_planted_at_the_metrics_table_is_not_followed(tmp_path):
+    (tmp_path / "net.yaml").write_text(tiny_net())
+    (tmp_path / "solver.yaml").write_text("net: net.yaml\nbase_lr: 0.1\nmax_iter: 2\n"
+                                          "snapshot_prefix: snaps/tiny\n")
+    victim = tmp_path / "victim.txt"
+    victim.write_text("precious\n")
+    (tmp_path / "snaps").mkdir()
+    table = tmp_path / "snaps" / "tiny_metrics.csv"
+    table.symlink_to(victim)
+    line = one_line_error(cpy(tmp_path, "train", "--solver", "solver.yaml"))
+    assert line == (f"Error: {table} is a symbolic link; the metrics table is not written "
+                    "through one (it could overwrite any file it points to): remove the link")
+    assert victim.read_text() == "precious\n"
+    assert table.is_symlink()
+
+
+@pytest.mark.parametrize("name, content, problem", [
+    ("latin1_metrics.csv", b"iteration,seconds,phase,lr,loss\n1,0.5,train,0.01,2.3\n"
+                           b"2,1.0,train,0.01,1.9 \xe9t\xe9\n",
+     "latin1_metrics.csv: not UTF-8 text; give the <snapshot_prefix>_metrics.csv a run wrote"),
+    ("float_metrics.csv", b"iteration,seconds,phase,lr,loss\n1,0.5,train,0.01,2.3\n"
+                          b"2.5,1.0,train,0.01,1.9\n",
+     "float_metrics.csv:3: column 'iteration' holds '2.5', not an integer; the table is "
+     "damaged or not a metrics table"),
+    ("word_metrics.csv", b"iteration,seconds,phase,lr,loss\n1,0.5,train,0.01,lots\n",
+     "word_metrics.csv:2: column 'loss' holds 'lots', not a number; the table is damaged or "
+     "not a metrics table"),
+    ("run.log", b"I1127 15:13:10.869346 10223 solver.py:280] Solving x\n"
+                b"I1127 15:13:11.000000 10223 solver.py:453] Iteration 5, loss = ...\n",
+     "run.log:2: the numbers of this line do not read ('I1127 15:13:11.000000 10223 "
+     "solver.py:453] Iteration 5, loss'); the log is damaged"),
+])
+def test_cpy_plot_on_a_damaged_table_or_log_is_one_line(tmp_path, name, content, problem):
+    (tmp_path / name).write_bytes(content)
+    line = one_line_error(cpy(tmp_path, "plot", name, "-o", "curves.png"))
+    assert line == f"Error: {problem}"
+    assert not (tmp_path / "curves.png").exists()
+
+
+@pytest.mark.parametrize("param", ["", "    param: [{lr_mult: 1}, {lr_mult: 2}]\n"])
+def test_a_list_index_in_set_is_one_line(tmp_path, param):
+    """--set net.ip.param.0.lr_mult=0, with the layer's param list absent or written."""
+    (tmp_path / "net.yaml").write_text(tiny_net().replace(
+        "    inner_product_param:", param + "    inner_product_param:"))
+    (tmp_path / "solver.yaml").write_text("net: net.yaml\nbase_lr: 0.1\nmax_iter: 2\n"
+                                          "snapshot_prefix: snaps/tiny\n")
+    line = one_line_error(cpy(tmp_path, "train", "--solver", "solver.yaml",
+                              "--set", "net.ip.param.0.lr_mult=0"))
+    assert line == ("Error: --set net.ip.param.0.lr_mult: 'param' is a list, and --set takes "
+                    "no list index; set the whole list: --set 'net.ip.param=[...]'")
+
+
+# --- what a spec can make the tools print or parse ----------------------------------------------
+def test_suggested_commands_are_quoted_for_the_shell(tmp_path):
+    """A solver prototxt naming its net '$(touch PWNED) x.prototxt': the note's command, pasted
+    into a shell, runs cpy and nothing else."""
+    (tmp_path / "solver.prototxt").write_text('net: "$(touch PWNED) x.prototxt"\n'
+                                              "base_lr: 0.1\nmax_iter: 10\n")
+    done = cpy(tmp_path, "import-prototxt", "solver.prototxt", "solver.yaml")
+    assert done.returncode == 0, done.stderr
+    note = next(line for line in done.stderr.splitlines() if "import it too: " in line)
+    suggested = note.split("import it too: ", 1)[1]
+    assert suggested == ("cpy import-prototxt '$(touch PWNED) x.prototxt' "
+                         "'$(touch PWNED) x.yaml'")
+    subprocess.run(["bash", "-c", suggested.replace("cpy ", f"{sys.executable} "
+                                                           f"{ROOT / 'cli.py'} ", 1)],
+                   cwd=tmp_path, capture_output=True, timeout=60)
+    assert not (tmp_path / "PWNED").exists()
+
+
+@pytest.mark.parametrize("command", ["import-prototxt", "net", "draw"])
+def test_a_prototxt_nested_hundreds_deep_is_one_line(tmp_path, command):
+    depth = 400
+    (tmp_path / "deep.prototxt").write_text(
+        'name: "deep"\nlayer {\n  name: "a"\n  type: "ReLU"\n' + "relu_param { " * depth
+        + "} " * depth + "\n}\n")
+    args = {"import-prototxt": ["deep.yaml"], "net": [], "draw": ["-o", "deep.dot"]}[command]
+    line = one_line_error(cpy(tmp_path, command, "deep.prototxt", *args))
+    assert line == ("Error: deep.prototxt:5:1299: blocks nested deeper than 100 levels, not "
+                    "a spec; a net or solver nests a few levels; check the braces")
