@@ -109,6 +109,7 @@ class DummyData(Layer):
             gen.manual_seed(int(torch.randint(2**62, (1,), generator=self.ctx.generator)))
         self._gen = gen if any(self._refill) else None   # only a refilling layer draws
         for i, (shape, filler) in enumerate(zip(shapes, self._fillers, strict=True)):
+            self.check_fits(f"top '{self.spec.top[i]}'", shape)   # before it is filled
             if not self._refill[i]:
                 self.register_buffer(f"_top{i}", fillers.fill(filler, shape, gen),
                                      persistent=False)

@@ -127,7 +127,17 @@ class Convolution(Layer):
         return out
 
     def _conv(self, x: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
-        return self._op(x, self.weight, bias, self.stride, self.pad, self.dilation, self.group)
+        return self._op(x, self.weight, bias, self._stride_for(x), self.pad, self.dilation,
+                        self.group)
+
+    def _stride_for(self, x: torch.Tensor) -> tuple[int, ...]:
+        """The stride, each axis at most one past the span the kernel slides over: a stride
+        longer than that gives one output either way (Caffe's formula), and torch's CPU
+        convolution crashes the process on such strides (100,000 on a 12 x 12 input)."""
+        spans = (size + 2 * p - d * (k - 1) for size, p, d, k in
+                 zip(x.shape[2:], self.pad, self.dilation, self.kernel, strict=True))
+        return tuple(min(s, max(span, 0) + 1) for s, span in zip(self.stride, spans,
+                                                                  strict=True))
 
     def forward(self, *bottoms: torch.Tensor) -> torch.Tensor | tuple[torch.Tensor, ...]:
         tops = tuple(self._convolve(x) for x in bottoms)
@@ -161,8 +171,10 @@ class Deconvolution(Convolution):
         return out
 
     def _conv(self, x: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
-        return self._op(x, self.weight, bias, self.stride, self.pad, 0, self.group,
-                        self.dilation)
+        # an axis of one input position: its stride moves nothing
+        stride = tuple(1 if size == 1 else s for size, s in zip(x.shape[2:], self.stride,
+                                                                 strict=True))
+        return self._op(x, self.weight, bias, stride, self.pad, 0, self.group, self.dilation)
 
 
 # --- Pooling --------------------------------------------------------------------------------
@@ -194,6 +206,18 @@ class _PoolPlan:
     out: tuple[int, int]
     direct: bool
     pads: tuple[int, int, int, int]  # F.pad's (left, right, top, bottom); right/bottom may crop
+    stride: tuple[int, int] = (1, 1)
+    """The stride each axis runs with: at most the padded input + 1, which gives the same
+    windows (Caffe's and torch's formulas alike) and keeps torch's int arguments small."""
+    live: tuple[int, int] = (0, 0)
+    """Windows per axis that start inside the padded input's left pad and the input; the rest
+    (a stride longer than the input) lie wholly in the right padding and are empty: -FLT_MAX
+    for MAX, 0 for AVE and STOCHASTIC, as Caffe's loops give them. Only the live windows are
+    computed, so a stride of 10^7 pads nothing."""
+
+    @property
+    def empty(self) -> tuple[int, int]:
+        return (self.out[0] - self.live[0], self.out[1] - self.live[1])
 
 
 @register("Pooling")
@@ -279,15 +303,21 @@ class Pooling(Layer):
     def _make_plan(self, height: int, width: int) -> _PoolPlan:
         sizes = (height, width)
         kernel = sizes if self.global_pooling else self.kernel
-        geometry = list(zip(sizes, kernel, self.stride, self.pad, strict=True))
+        stride = tuple(min(s, n + 2 * p + 1) for n, s, p in zip(sizes, self.stride, self.pad,
+                                                                strict=True))
+        geometry = list(zip(sizes, kernel, stride, self.pad, strict=True))
         out = (caffe_pool_size(*geometry[0], self.ceil), caffe_pool_size(*geometry[1], self.ceil))
         # torch's op also refuses pad > kernel / 2 and a kernel larger than the padded input
         direct = all(caffe_pool_size(*g, self.ceil) == torch_pool_size(*g, self.ceil)
                      and g[3] <= g[1] // 2 and g[1] <= g[0] + 2 * g[3] for g in geometry)
-        # Explicit padding: the input spans exactly the windows, (out - 1) * s + k per axis.
-        ends = [(o - 1) * s + k - n - p for o, (n, k, s, p) in zip(out, geometry, strict=True)]
+        # Explicit padding: the input spans exactly the live windows, (live - 1) * s + k per
+        # axis; a window starting at or past p + n holds no input
+        live = tuple(min(o, -(-(p + n) // s)) for o, (n, k, s, p) in
+                     zip(out, geometry, strict=True))
+        ends = [(o - 1) * s + k - n - p for o, (n, k, s, p) in zip(live, geometry, strict=True)]
         pads = (self.pad[1], ends[1], self.pad[0], ends[0])
-        return _PoolPlan(out=out, direct=direct, pads=pads)
+        return _PoolPlan(out=out, direct=direct, pads=pads, stride=(stride[0], stride[1]),
+                         live=(live[0], live[1]))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
         plan = self._plan(x.shape[2], x.shape[3])
@@ -304,19 +334,20 @@ class Pooling(Layer):
         want_mask = len(self.top_shapes) == 2
         # torch's stubs type return_indices only as Literal[True] / Literal[False], not bool
         if plan.direct:
-            y = F.max_pool2d(x, kernel, self.stride, self.pad, ceil_mode=self.ceil,  # type: ignore[call-overload]
+            y = F.max_pool2d(x, kernel, plan.stride, self.pad, ceil_mode=self.ceil,  # type: ignore[call-overload]
                              return_indices=want_mask)
             if not want_mask:
                 return y
             return y[0], y[1].to(x.dtype)
         # Caffe starts each window at -FLT_MAX, so padding with it reproduces empty windows too.
         xp = F.pad(x, plan.pads, value=-FLT_MAX)
-        y = F.max_pool2d(xp, kernel, self.stride,  # type: ignore[call-overload]
+        y = F.max_pool2d(xp, kernel, plan.stride,  # type: ignore[call-overload]
                          return_indices=want_mask)
         if not want_mask:
-            return y
+            return _with_empty(y, plan, -FLT_MAX)
         y, index = y
-        return y, self._unpad_index(index, xp.shape[3], x.shape[2], x.shape[3]).to(x.dtype)
+        index = self._unpad_index(index, xp.shape[3], x.shape[2], x.shape[3]).to(x.dtype)
+        return _with_empty(y, plan, -FLT_MAX), _with_empty(index, plan, -1)
 
     def _unpad_index(self, index: torch.Tensor, padded_w: int, h: int, w: int) -> torch.Tensor:
         """Flat indices into the padded plane -> h * W + w in the input, -1 in the padding."""
@@ -329,15 +360,15 @@ class Pooling(Layer):
         if self.global_pooling:
             return x.mean((2, 3), keepdim=True)
         if plan.direct:  # torch's divisor with count_include_pad is Caffe's: clipped to H + pad
-            return F.avg_pool2d(x, kernel, self.stride, self.pad, ceil_mode=self.ceil,
+            return F.avg_pool2d(x, kernel, plan.stride, self.pad, ceil_mode=self.ceil,
                                 count_include_pad=True)
-        sums = F.avg_pool2d(F.pad(x, plan.pads), kernel, self.stride, divisor_override=1)
-        return sums / self._divisor(x, plan)
+        sums = F.avg_pool2d(F.pad(x, plan.pads), kernel, plan.stride, divisor_override=1)
+        return _with_empty(sums, plan, 0.0) / self._divisor(x, plan)
 
     def _divisor(self, x: torch.Tensor, plan: _PoolPlan) -> torch.Tensor:
         """Caffe's AVE divisor per output (H_out, W_out): the window clipped to H + pad."""
         sizes = []
-        for n, o, k, s, p in zip(x.shape[2:], plan.out, self.kernel, self.stride, self.pad,
+        for n, o, k, s, p in zip(x.shape[2:], plan.out, self.kernel, plan.stride, self.pad,
                                  strict=True):
             start = torch.arange(o, device=x.device) * s - p
             end = torch.clamp(start + k, max=n + p)
@@ -349,19 +380,28 @@ class Pooling(Layer):
         # scan: the first element whose running sum reaches u * sum, u ~ U[0, 1)).
         # (Tensor.unfold gives strided views; F.unfold loops over the batch on the CPU.)
         xp = F.pad(x, plan.pads)
-        windows = xp.unfold(2, kernel[0], self.stride[0]).unfold(3, kernel[1], self.stride[1])
-        windows = windows.reshape(*x.shape[:2], *plan.out, -1)  # (N, C, oh, ow, kh*kw)
+        windows = xp.unfold(2, kernel[0], plan.stride[0]).unfold(3, kernel[1], plan.stride[1])
+        windows = windows.reshape(*x.shape[:2], *plan.live, -1)  # (N, C, oh, ow, kh*kw)
         running = windows.cumsum(-1)
         threshold = torch.rand_like(running[..., :1]) * running[..., -1:]
         pick = (running >= threshold).to(torch.uint8).argmax(-1, keepdim=True)  # first reached
-        return windows.gather(-1, pick).squeeze(-1)
+        return _with_empty(windows.gather(-1, pick).squeeze(-1), plan, 0.0)
 
     def _stochastic_test(self, x: torch.Tensor, plan: _PoolPlan, kernel: Any) -> torch.Tensor:
         # The probability-weighted mean: sum(x^2) / sum(x), with Caffe's FLT_MIN against 0/0.
         both = F.pad(torch.cat([x * x, x], 1), plan.pads)
-        sums = F.avg_pool2d(both, kernel, self.stride, divisor_override=1)
+        sums = _with_empty(F.avg_pool2d(both, kernel, plan.stride, divisor_override=1), plan,
+                           0.0)
         squares, values = sums.split(x.shape[1], 1)
         return squares / (values + FLT_MIN)
+
+
+def _with_empty(y: torch.Tensor, plan: _PoolPlan, value: float) -> torch.Tensor:
+    """``y`` (N, C, live h, live w) with the plan's empty windows appended as ``value``."""
+    below, right = plan.empty
+    if not below and not right:
+        return y
+    return F.pad(y, (0, right, 0, below), value=value)
 
 
 # --- LRN ------------------------------------------------------------------------------------

@@ -351,6 +351,55 @@ def test_pooling_matches_caffe_loops(param, shape, direct, method):
     np.testing.assert_allclose(layer(x.float()).numpy(), want, rtol=1e-6, atol=1e-6)
 
 
+@pytest.mark.parametrize("stride", [10_000_000, 1 << 40])
+@pytest.mark.parametrize("method, pad", [("MAX", 0), ("MAX", 1), ("AVE", 0), ("AVE", 1)])
+def test_pooling_with_a_stride_past_the_input_computes_only_its_windows(stride, method, pad):
+    """Windows that start past the input are empty (-FLT_MAX for MAX, as Caffe's loop leaves
+    them): computed as such, without padding the input out to the stride (which asked the
+    allocator for petabytes)."""
+    shape = (2, 3, 8, 8)
+    layer = build(pool_yaml(f"{{kernel_size: 2, stride: {stride}, pad: {pad}, "
+                            f"pool: {method}}}"), [shape])
+    x = rand(*shape, seed=4)
+    want = caffe_pool(x.numpy(), method, layer.kernel, layer.stride, layer.pad)
+    assert layer.top_shapes == [want.shape]
+    np.testing.assert_allclose(layer(x.float()).numpy(), want, rtol=1e-6, atol=1e-6)
+
+
+def test_pooling_mask_and_stochastic_with_a_stride_past_the_input():
+    layer = build(pool_yaml("{kernel_size: 2, stride: 10000000}").replace(
+        "top: out", "top: [out, mask]"), [(1, 2, 8, 8)])
+    x = rand(1, 2, 8, 8, seed=5)
+    want, want_mask = caffe_pool(x.numpy(), "MAX", (2, 2), (10_000_000,) * 2, (0, 0), mask=True)
+    y, mask = layer(x.float())
+    np.testing.assert_allclose(y.numpy(), want, rtol=1e-6)
+    np.testing.assert_array_equal(mask.numpy(), want_mask)
+    stochastic = build(pool_yaml("{kernel_size: 2, stride: 10000000, pool: STOCHASTIC}"),
+                       [(1, 2, 8, 8)], phase="TEST")
+    positive = x.abs().float()
+    want = caffe_pool(positive.numpy(), "STOCHASTIC", (2, 2), (10_000_000,) * 2, (0, 0))
+    np.testing.assert_allclose(stochastic(positive).numpy(), want, rtol=1e-5)
+
+
+@pytest.mark.parametrize("kind", ["Convolution", "Deconvolution"])
+def test_a_convolution_stride_past_the_input_gives_caffes_numbers(kind):
+    """A stride of 100,000 over a 12 x 12 input: one output per axis (Caffe's formula); torch's
+    CPU convolution crashed the process on it (its backward), so the stride it is given is at
+    most one past the kernel's span, which gives the same windows."""
+    shape = (2, 4, 12, 12) if kind == "Convolution" else (2, 4, 1, 1)
+    layer = build(conv_yaml("{num_output: 3, kernel_size: 5, stride: 100000}", kind), [shape])
+    x = rand(*shape, seed=6).float().requires_grad_(True)
+    y = layer(x)
+    y.sum().backward()
+    reference = naive_conv if kind == "Convolution" else naive_deconv
+    want = reference(x.detach().double().numpy(), layer.weight.detach().double().numpy(),
+                     layer.bias.detach().double().numpy(), layer.stride, layer.pad,
+                     layer.dilation, layer.group)
+    assert layer.top_shapes == [want.shape]
+    np.testing.assert_allclose(y.detach().numpy(), want, rtol=1e-5, atol=1e-5)
+    assert torch.isfinite(x.grad).all() and torch.isfinite(layer.weight.grad).all()
+
+
 def test_pooling_output_sizes_by_round_mode():
     sizes = {mode: build(pool_yaml(f"{{kernel_size: 3, stride: 2, round_mode: {mode}}}"),
                          [(1, 1, 8, 8)]).top_shapes[0] for mode in ("CEIL", "FLOOR")}

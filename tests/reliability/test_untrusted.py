@@ -5,6 +5,7 @@ whose sizes ask the allocator for petabytes, and specs of a million layers. Each
 on stderr (exit 1) or a clean run, quickly; never a traceback or a hang."""
 from __future__ import annotations
 
+import copy
 import struct
 import subprocess
 import sys
@@ -14,6 +15,7 @@ from pathlib import Path
 
 import pytest
 import torch
+import yaml
 from support import ROOT, tiny_net
 
 from caffe_py.errors import SolverError
@@ -219,3 +221,63 @@ def test_a_prototxt_nested_hundreds_deep_is_one_line(tmp_path, command):
     line = one_line_error(cpy(tmp_path, command, "deep.prototxt", *args))
     assert line == ("Error: deep.prototxt:5:1299: blocks nested deeper than 100 levels, not "
                     "a spec; a net or solver nests a few levels; check the braces")
+
+
+# --- specs that ask the allocator for petabytes ---------------------------------------------------
+LENET = yaml.safe_load((ROOT / "configs" / "lenet.yaml").read_text())
+LENET["layer"][:2] = [{"name": "data", "type": "DummyData", "top": ["data", "label"],
+                       "dummy_data_param": {"shape": [{"dim": [8, 1, 28, 28]}, {"dim": [8]}],
+                                            "data_filler": [{"type": "gaussian"},
+                                                            {"type": "constant"}]}}]
+
+
+def lenet_with(edit) -> str:
+    net = copy.deepcopy(LENET)
+    edit({layer["name"]: layer for layer in net["layer"]})
+    return yaml.safe_dump(net, sort_keys=False)
+
+
+def train_briefly(tmp_path: Path, net: str) -> subprocess.CompletedProcess:
+    (tmp_path / "net.yaml").write_text(net)
+    (tmp_path / "solver.yaml").write_text("net: net.yaml\nbase_lr: 0.01\nmax_iter: 2\n"
+                                          "display: 1\nsnapshot_prefix: snaps/lenet\n")
+    return cpy(tmp_path, "train", "--solver", "solver.yaml")
+
+
+@pytest.mark.parametrize("stride", [10_000_000, 1 << 40])
+def test_a_pooling_stride_past_the_input_trains_as_caffe_would(tmp_path, stride):
+    """pool2's second window starts past its 8 x 8 input: Caffe leaves it at -FLT_MAX, which
+    makes the loss infinite; the run says so in one line (it asked for petabytes of padding)."""
+    done = train_briefly(tmp_path, lenet_with(
+        lambda layers: layers["pool2"]["pooling_param"].update(stride=stride)))
+    assert one_line_error(done) == (
+        "Error: iteration 0: the loss is not finite (NaN or inf); training stopped and no "
+        "snapshot was written after it; lower base_lr, set clip_gradients, or check the data")
+
+
+def test_a_convolution_stride_past_the_input_trains(tmp_path):
+    """conv2's stride 100,000: one output per axis; the run used to die without a line."""
+    done = train_briefly(tmp_path, lenet_with(
+        lambda layers: layers["conv2"]["convolution_param"].update(stride=100000)))
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert "Optimization Done." in done.stdout
+
+
+@pytest.mark.parametrize("case", ["dummy", "nan"])
+def test_sizes_and_fillers_are_checked_before_anything_is_allocated(tmp_path, case):
+    def dummy(layers):
+        layers["data"]["dummy_data_param"]["shape"][0]["dim"] = [8, 1, 1 << 20, 1 << 20]
+
+    def nan(layers):
+        layers["conv1"]["convolution_param"]["weight_filler"] = {"type": "uniform",
+                                                                 "min": float("nan")}
+
+    (tmp_path / "net.yaml").write_text(lenet_with({"dummy": dummy, "nan": nan}[case]))
+    line = one_line_error(cpy(tmp_path, "net", "net.yaml"))
+    memory = line.split("more than the cpu memory (")[-1]
+    assert line == {
+        "dummy": "Error: net.yaml:3: layer[0]: layer 'data' (DummyData): top 'data' of shape "
+                 "[8, 1, 1048576, 1048576] needs 32,768.0 GiB, more than the cpu memory "
+                 f"({memory}",
+        "nan": "Error: net.yaml:33: layer[1].convolution_param.weight_filler.min: min nan is "
+               "not a finite number; give a finite value"}[case]

@@ -1,6 +1,7 @@
 """Messages that many blocks (and NetParameter) share: BlobShape and FillerParameter."""
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 from ..schema import Check, Message, field
@@ -34,6 +35,10 @@ class FillerParameter(Message):
                                choices=("FAN_IN", "FAN_OUT", "AVERAGE"))
 
     def check(self, v: Check) -> None:
+        for key in ("value", "min", "max", "mean", "std"):
+            if not math.isfinite(getattr(self, key)):
+                v.fail(key, f"{key} {getattr(self, key)} is not a finite number",
+                       "give a finite value")
         if self.type == "uniform" and self.min > self.max:
             v.fail("max", f"uniform filler with min {self.min:g} > max {self.max:g}",
                    "give min <= max")
