@@ -209,7 +209,7 @@ class Net(WeightsMixin, nn.Module):
         available: dict[str, None] = {}              # tops nobody has consumed yet, in order
         params_by_name: dict[str, _Blob] = {}
         for i, lp in enumerate(layer_specs):
-            bottom_shapes = [self._bottom_shape(lp, k, layer_specs[i + 1:])
+            bottom_shapes = [self._bottom_shape(lp, k, layer_specs, i)
                              for k in range(len(lp.bottom))]
             cls = registry.lookup(lp.type)
             named = len(lp.top)
@@ -270,12 +270,14 @@ class Net(WeightsMixin, nn.Module):
                                 "(as in Caffe): this layer's blobs are never loaded",
                     "give the layer its own name", named=True))
 
-    def _bottom_shape(self, lp: LayerParameter, k: int, later: list[LayerParameter]) -> Shape:
+    def _bottom_shape(self, lp: LayerParameter, k: int, layer_specs: list[LayerParameter],
+                      at: int) -> Shape:
+        """The shape of bottom ``k`` of ``lp`` (layer ``at`` of ``layer_specs``)."""
         name = lp.bottom[k]
         if name in self.blobs and name not in self._automatic:
             return self.blobs[name]
         problem = f"Unknown bottom blob '{name}' (layer '{lp.name}', bottom index {k})"
-        producer = next((x for x in later if name in x.top), None)
+        producer = next((x for x in layer_specs[at + 1:] if name in x.top), None)
         if producer is not None:
             raise NetError(message_at(
                 lp, f"{problem}: only the later layer '{producer.name}' ({producer.where()}) "

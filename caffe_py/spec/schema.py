@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+import functools
 import math
 import os
 import types
@@ -183,8 +184,7 @@ def parse_message(cls: type, node: Any, src: Source, path: str = "",
                         file=src.file, line=getattr(node, "line", None) or line, path=path)
     if not isinstance(node, MarkedDict):
         node = _marked(node)
-    hints = typing.get_type_hints(cls)
-    fields = {f.name: f for f in dataclasses.fields(cls) if not f.name.startswith("_")}
+    hints, fields = _schema_of(cls)
     skip = set(skip)
     values = {}
     for key, raw in node.items():
@@ -205,6 +205,14 @@ def parse_message(cls: type, node: Any, src: Source, path: str = "",
     if hook is not None:
         hook(Check(node, src, path))
     return obj
+
+
+@functools.cache
+def _schema_of(cls: type) -> tuple[dict[str, Any], dict[str, dataclasses.Field]]:
+    """A message class's field types and public fields, worked out once per class
+    (``get_type_hints`` evaluates every annotation's string: most of a large spec's time)."""
+    return (typing.get_type_hints(cls),
+            {f.name: f for f in dataclasses.fields(cls) if not f.name.startswith("_")})
 
 
 def _require_unset_minimums(fields: typing.Mapping[str, dataclasses.Field], given: typing.Mapping,

@@ -4,10 +4,11 @@ Mappings load as :class:`MarkedDict` and sequences as :class:`MarkedList`; both 
 1-based line of the node and of each key or item, so that validation errors can point at
 ``file:line``. Duplicate keys are an error (PyYAML silently keeps the last one), and any tag
 that would construct a Python object (``!!python/...``) is refused before anything runs:
-the loader is a ``yaml.SafeLoader``, which has no constructor for those tags.
+the loader has ``yaml.SafeLoader``'s constructors, which have none for those tags.
 """
 from __future__ import annotations
 
+import sys
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -37,8 +38,9 @@ class MarkedList(list):
         return self.item_lines[index] if index < len(self.item_lines) else self.line
 
 
-class _MarkedLoader(yaml.SafeLoader):
-    """SafeLoader that builds marked containers and rejects duplicate keys."""
+class _Marked:
+    """The constructors of a safe loader that builds marked containers and rejects duplicate
+    keys (mixed into PyYAML's and libyaml's safe loaders)."""
 
     source = "<string>"
 
@@ -73,9 +75,34 @@ class _MarkedLoader(yaml.SafeLoader):
         out.item_lines = [child.start_mark.line + 1 for child in node.value]
         return out
 
+    @classmethod
+    def register(cls) -> None:
+        cls.add_constructor("tag:yaml.org,2002:map", cls.construct_mapping)  # type: ignore[attr-defined]
+        cls.add_constructor("tag:yaml.org,2002:seq", cls.construct_sequence)  # type: ignore[attr-defined]
 
-_MarkedLoader.add_constructor("tag:yaml.org,2002:map", _MarkedLoader.construct_mapping)
-_MarkedLoader.add_constructor("tag:yaml.org,2002:seq", _MarkedLoader.construct_sequence)
+
+class _MarkedLoader(_Marked, yaml.SafeLoader):
+    """PyYAML's own parser: the reference, and the one whose messages errors quote."""
+
+
+_MarkedLoader.register()
+
+_FastLoader: type | None = None
+if hasattr(yaml, "CSafeLoader"):
+    class _FastLoader(_Marked, yaml.CSafeLoader):  # type: ignore[no-redef]
+        """libyaml's parser (PyYAML's wheels have it): 3x faster on a large spec."""
+
+    _FastLoader.register()
+
+
+MAX_DEPTH = 100
+"""The deepest nesting of mappings and lists read (a spec nests a few levels)."""
+MAX_VALUES = 2_000_000
+"""The most scalars, mappings and lists a spec may hold (each key and value counts; about 40
+a layer): with MAX_LAYERS of net_spec, a bound on the time a spec takes to load."""
+_TOO_DEEP = ("nested too deeply to be a spec", "a spec nests a few levels; check the brackets")
+_STARTS = (yaml.MappingStartEvent, yaml.SequenceStartEvent)
+_ENDS = (yaml.MappingEndEvent, yaml.SequenceEndEvent)
 
 
 MAX_SPEC_BYTES = 64 << 20
@@ -83,9 +110,41 @@ MAX_SPEC_BYTES = 64 << 20
 
 
 def loads(text: str, source: str = "<string>") -> Any:
-    """Parse YAML text; errors name ``source`` and the line."""
+    """Parse YAML text; errors name ``source`` and the line.
+
+    libyaml loads a well-formed spec; its nesting is measured first from its event stream
+    (libyaml's parser keeps its own stack, its composer recurses in C), and a spec with an
+    error is loaded again by PyYAML's parser, whose messages the errors quote."""
+    if _FastLoader is not None:
+        try:
+            _check_depth(text, source)
+            return _load(_FastLoader, text, source)
+        except yaml.YAMLError:
+            pass
+    return _load(_MarkedLoader, text, source)
+
+
+def _check_depth(text: str, source: str) -> None:
+    """Nesting past MAX_DEPTH and more than MAX_VALUES values are refused from the event
+    stream, before anything is built."""
+    depth = 0
+    for count, event in enumerate(yaml.parse(text, Loader=yaml.CSafeLoader)):
+        if count > MAX_VALUES:
+            raise SpecError(f"more than {MAX_VALUES:,} YAML values, not a spec (the largest "
+                            "nets have a few hundred thousand)", file=source,
+                            line=event.start_mark.line + 1,
+                            fix="check the generator that wrote the spec")
+        if isinstance(event, _STARTS):
+            depth += 1
+            if depth > MAX_DEPTH:
+                raise SpecError(_TOO_DEEP[0], file=source, fix=_TOO_DEEP[1])
+        elif isinstance(event, _ENDS):
+            depth -= 1
+
+
+def _load(loader_class: type, text: str, source: str) -> Any:
     try:
-        loader = _MarkedLoader(text)  # the reader refuses control characters here
+        loader = loader_class(text)  # the reader refuses control characters here
     except yaml.reader.ReaderError as exc:
         raise _reader_error(exc, text, source) from None
     loader.source = source
@@ -96,24 +155,29 @@ def loads(text: str, source: str = "<string>") -> Any:
     except yaml.reader.ReaderError as exc:
         raise _reader_error(exc, text, source) from None
     except RecursionError:
-        raise SpecError("nested too deeply to be a spec", file=source,
-                        fix="a spec nests a few levels; check the brackets") from None
-    except yaml.constructor.ConstructorError as exc:
+        raise SpecError(_TOO_DEEP[0], file=source, fix=_TOO_DEEP[1]) from None
+    except yaml.YAMLError:
+        if loader_class is not _MarkedLoader:
+            raise   # said again by PyYAML's parser
+        raise _yaml_error(sys.exc_info()[1], source) from None
+    finally:
+        loader.dispose()
+
+
+def _yaml_error(exc: Any, source: str) -> SpecError:
+    if isinstance(exc, yaml.constructor.ConstructorError):
         mark = exc.problem_mark or exc.context_mark
         line = mark.line + 1 if mark else None
         tag = _tag_of(exc)
         if tag is not None:
-            raise SpecError(f"tag '{tag}' is not allowed", file=source, line=line,
-                            fix="specs are plain data; remove the tag") from None
-        raise SpecError(str(exc.problem), file=source, line=line) from None
-    except yaml.YAMLError as exc:
-        mark = getattr(exc, "problem_mark", None)
-        line = mark.line + 1 if mark else None
-        problem = getattr(exc, "problem", None) or str(exc).splitlines()[0]
-        raise SpecError(f"invalid YAML: {problem}", file=source, line=line,
-                        fix="check the indentation and quoting near this line") from None
-    finally:
-        loader.dispose()
+            return SpecError(f"tag '{tag}' is not allowed", file=source, line=line,
+                             fix="specs are plain data; remove the tag")
+        return SpecError(str(exc.problem), file=source, line=line)
+    mark = getattr(exc, "problem_mark", None)
+    line = mark.line + 1 if mark else None
+    problem = getattr(exc, "problem", None) or str(exc).splitlines()[0]
+    return SpecError(f"invalid YAML: {problem}", file=source, line=line,
+                     fix="check the indentation and quoting near this line")
 
 
 FOREIGN: dict[str, Callable[[Path], str]] = {}
