@@ -205,7 +205,7 @@ class LogFile(logging.FileHandler):
     def emit(self, record: logging.LogRecord) -> None:
         if self.failed is None:
             try:
-                stream = self.stream
+                stream = self.stream if self.stream is not None else self._open()
                 stream.write(self.format(record) + self.terminator)
                 stream.flush()
             except OSError as exc:

@@ -87,12 +87,20 @@ class _MarkedLoader(_Marked, yaml.SafeLoader):
 
 _MarkedLoader.register()
 
-_FastLoader: type | None = None
-if hasattr(yaml, "CSafeLoader"):
-    class _FastLoader(_Marked, yaml.CSafeLoader):  # type: ignore[no-redef]
-        """libyaml's parser (PyYAML's wheels have it): 3x faster on a large spec."""
+def _fast_loader() -> type[_Marked] | None:
+    """A marked loader on libyaml's parser (PyYAML's wheels have it: 3x faster on a large
+    spec), or None without libyaml."""
+    if not hasattr(yaml, "CSafeLoader"):
+        return None
+
+    class _FastLoader(_Marked, yaml.CSafeLoader):
+        pass
 
     _FastLoader.register()
+    return _FastLoader
+
+
+_FastLoader = _fast_loader()
 
 
 MAX_DEPTH = 100
