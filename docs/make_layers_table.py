@@ -213,7 +213,9 @@ class ChannelScale(TorchLayer):
 ```
 
 The module is imported from `sys.path` (PYTHONPATH, as Caffe's embedded interpreter) and,
-failing that, from the spec file's directory (then added to the end of `sys.path`). A module
+failing that, from the spec file's directory (then added to the end of `sys.path`); a run says
+once which file it imports, before importing it. `cpy net` imports no module unless
+`--allow-python`: a net with a Python layer is refused naming the file that would run. A module
 that does not import, a missing class and an exception in the class's code are one error
 naming the layer, the module and the file and line where it was raised.
 

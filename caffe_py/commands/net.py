@@ -22,19 +22,24 @@ if TYPE_CHECKING:
               callback=lambda ctx, param, value: parse_shapes(value),
               help="the record shape of a Data layer (by layer or top name) whose database "
                    "does not exist here (repeat for several)")
+@click.option("--allow-python", is_flag=True,
+              help="import the modules of Python layers to compute their shapes (they run "
+                   "their code; without this flag such a net is refused, naming the file)")
 def net_command(config: str, phase: str | None, stages: tuple[str, ...], level: int | None,
-                input_shapes: dict[str, tuple[int, ...]]) -> None:
+                input_shapes: dict[str, tuple[int, ...]], allow_python: bool) -> None:
     """Build the net in CONFIG and print one row per layer, then the totals.
 
     Data layers need no database: their shapes come from data_param.batch_size, the
     transform's crop and the first record of the database when it exists (else
-    --input-shape).
+    --input-shape). Nothing runs but shape arithmetic: no file is written (an HDF5Output's
+    file_name stays as it is) and no module is imported unless --allow-python.
     """
     from ..net import Net  # torch loads when the command runs, not for --help
     from ..spec.net_spec import load_net
 
     net = Net(load_net(config), phase, stages=stages, level=level,
-              options={"record_shapes": input_shapes})
+              options={"record_shapes": input_shapes, "inspect": True,
+                       "allow_python": allow_python})
     rows = net.summary()
     click.echo(f"net '{net.name}' ({net.phase}" + "".join(f", stage {s}" for s in
                                                           sorted(net.stages))

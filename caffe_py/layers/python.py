@@ -2,8 +2,10 @@
 
 ``python_param {module, layer, param_str}`` names a module and a class in it. The module is
 imported from ``sys.path`` (PYTHONPATH, as Caffe's embedded interpreter), and failing that
-from the directory of the spec file, which is then added to the end of ``sys.path``. The class
-takes one of two forms:
+from the directory of the spec file, which is then added to the end of ``sys.path``; the run
+says once which file it imports, before importing it. A net built for inspection (net option
+``inspect``: ``cpy net``) imports no module unless the option ``allow_python`` is set: it is
+refused naming the file that would run. The class takes one of two forms:
 
 - A Caffe Python layer (pycaffe's ``caffe.Layer`` interface): ``setup`` / ``reshape`` /
   ``forward(bottom, top)`` / ``backward(top, propagate_down, bottom)`` over blobs whose
@@ -21,6 +23,8 @@ forward or backward) is one NetError naming the layer, the module and where it w
 from __future__ import annotations
 
 import importlib
+import importlib.machinery
+import logging
 import sys
 import traceback
 from collections.abc import Sequence
@@ -36,6 +40,8 @@ from ..spec.schema import location, suggest
 from . import pycaffe
 from .base import Layer, Shape
 from .registry import register
+
+log = logging.getLogger(__name__)
 
 
 class TorchLayer:
@@ -125,6 +131,7 @@ class Python(Layer):
         return cls
 
     def _import(self, name: str) -> Any:
+        self._announce(name)
         sys.modules.setdefault("caffe", pycaffe)
         try:
             try:
@@ -146,6 +153,23 @@ class Python(Layer):
             raise
         except Exception as exc:  # the module's own code failed (SyntaxError included)
             raise self._user_error(exc, f"importing module '{name}'") from None
+
+    def _announce(self, name: str) -> None:
+        """Say once per module which file will run (a module already imported: nothing), or,
+        where the net is built for inspection without ``allow_python``, refuse to run it."""
+        if name in sys.modules:
+            return
+        beside = self._spec_dir()
+        found = module_file(name, beside)
+        shown = "not found on sys.path" if found is None else found[0] + (
+            " (beside the spec: its directory joins sys.path)" if found[1] else "")
+        if self.ctx.options.get("inspect") and not self.ctx.options.get("allow_python"):
+            raise self.fail(f"its top shapes come from running python_param.module '{name}' "
+                            f"({shown}), which this inspection does not import",
+                            "pass --allow-python to import it")
+        if found and name not in _ANNOUNCED:
+            _ANNOUNCED.add(name)
+            log.info(f"Python layer '{self.name}': importing module '{name}' from {shown}")
 
     def _spec_dir(self) -> Path | None:
         """The directory of the spec file the layer was read from (None: not from a file)."""
@@ -179,6 +203,30 @@ class Python(Layer):
         if isinstance(self.impl, _CaffeForm):
             return self.impl.forward(bottoms)
         return self._call(self.impl.forward, "forward", *bottoms)
+
+
+_ANNOUNCED: set[str] = set()
+"""The modules whose file this process has named already."""
+
+
+def module_file(name: str, beside: Path | None = None) -> tuple[str, bool] | None:
+    """Where ``import name`` would load the module from (its file, and whether it was found
+    only in ``beside``, the spec's directory), found without running anything: a package on
+    the way is looked into, not imported. None: not found."""
+    spec = None
+    search: list[str] | None = None   # None: sys.path
+    from_beside = False
+    for depth, part in enumerate(name.split(".")):
+        spec = importlib.machinery.PathFinder.find_spec(part, search)
+        if spec is None and depth == 0 and beside is not None:
+            spec = importlib.machinery.PathFinder.find_spec(part, [str(beside)])
+            from_beside = spec is not None
+        if spec is None:
+            return None
+        search = list(spec.submodule_search_locations or [])
+    if spec is None or not spec.origin:
+        return None
+    return spec.origin, from_beside
 
 
 def _is_missing(exc: ModuleNotFoundError, name: str) -> bool:

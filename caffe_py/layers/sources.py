@@ -229,7 +229,8 @@ class HDF5Output(Layer):
     """Writes bottoms 0 and 1 to datasets 'data' and 'label' of hdf5_output_param.file_name on
     every forward, as Caffe's HDF5OutputLayer (4-D: num, channels, height, width); no tops.
 
-    The file is created (emptied) when the net is built, as in Caffe. Caffe 1.0 writes the
+    The file is created (emptied) when the net is built, as in Caffe (not when it is built
+    for inspection, net option ``inspect``: ``cpy net``). Caffe 1.0 writes the
     datasets on the first forward and fails on the second (they exist); here every forward
     appends its rows, so after one forward the file holds what Caffe's holds.
     """
@@ -249,6 +250,8 @@ class HDF5Output(Layer):
             raise self.bottom_error(1, f"has {bottom_shapes[1][0]} rows but the data has "
                                        f"{bottom_shapes[0][0]}", "give both the same batch")
         self.file = Path(self.param().file_name)
+        if self.ctx.options.get("inspect"):   # cpy net: shapes only, no file
+            return []
         h5py = h5py_module()
         try:
             self.file.parent.mkdir(parents=True, exist_ok=True)

@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 import torch
 import yaml
-from support import ROOT, tiny_net
+from support import ROOT, bare_lines, tiny_net
 
 from caffe_py.errors import SolverError
 from caffe_py.solver import snapshot as snap
@@ -356,3 +356,96 @@ def test_a_million_layers_and_the_largest_net_in_bounded_time(tmp_path):
     print(f"\nmillion-layer spec refused in {refused:.1f} s; 20,000-layer net built in "
           f"{built:.1f} s")
     assert refused < 120 and built < 120
+
+
+# --- inspection runs nothing ------------------------------------------------------------------
+MARKER_LAYER = '''\
+from pathlib import Path
+
+from caffe_py.layers.python import TorchLayer
+
+Path(__file__).with_name("IMPORTED").write_text("the module ran")
+
+
+class Double(TorchLayer):
+    def setup(self, bottom_shapes):
+        return [bottom_shapes[0]]
+
+    def forward(self, x):
+        return 2 * x
+'''
+INSPECTED_NET = """\
+name: inspected
+layer:
+  - {name: data, type: Input, top: [data, label],
+     input_param: {shape: [{dim: [2, 3]}, {dim: [2]}]}}
+  - {name: double, type: Python, bottom: data, top: doubled,
+     python_param: {module: marker_layer, layer: Double}}
+  - {name: ip, type: InnerProduct, bottom: doubled, top: ip,
+     inner_product_param: {num_output: 2}}
+  - {name: loss, type: SoftmaxWithLoss, bottom: [ip, label], top: loss}
+  - {name: out, type: HDF5Output, bottom: [doubled, label],
+     hdf5_output_param: {file_name: victim.h5}}
+"""
+
+
+@pytest.fixture
+def inspected(tmp_path):
+    """A net whose Python layer's module (beside the spec) leaves IMPORTED when it is
+    imported, and whose HDF5Output names a file that holds someone's data."""
+    (tmp_path / "marker_layer.py").write_text(MARKER_LAYER)
+    (tmp_path / "net.yaml").write_text(INSPECTED_NET)
+    (tmp_path / "victim.h5").write_bytes(b"someone's results")
+    return tmp_path
+
+
+def untouched(work: Path) -> bool:
+    return (work / "victim.h5").read_bytes() == b"someone's results" and \
+        not (work / "IMPORTED").exists()
+
+
+def test_inspection_creates_no_file_and_imports_no_module(inspected):
+    """cpy net refuses the Python layer naming the file it would run; cpy draw, the deploy
+    spec and the import of the prototxt form compute nothing that runs; HDF5Output's file
+    stays as it was. --allow-python imports it (and still writes no file)."""
+    line = one_line_error(cpy(inspected, "net", "net.yaml"))
+    assert line == (
+        "Error: net.yaml:5: layer[1]: layer 'double' (Python): its top shapes come from "
+        f"running python_param.module 'marker_layer' ({inspected / 'marker_layer.py'} (beside "
+        "the spec: its directory joins sys.path)), which this inspection does not import; "
+        "pass --allow-python to import it")
+    assert untouched(inspected)
+    done = cpy(inspected, "draw", "net.yaml", "-o", "net.dot")
+    assert done.returncode == 0, done.stderr
+    (inspected / "net.prototxt").write_text(
+        'name: "inspected"\n'
+        'layer { name: "double" type: "Python" bottom: "data" top: "doubled"\n'
+        '  python_param { module: "marker_layer" layer: "Double" } }\n'
+        'layer { name: "out" type: "HDF5Output" bottom: "doubled" bottom: "label"\n'
+        '  hdf5_output_param { file_name: "victim.h5" } }\n')
+    done = cpy(inspected, "import-prototxt", "net.prototxt", "imported.yaml")
+    assert done.returncode == 0, done.stderr
+    script = ("import caffe_py, sys\n"
+              "spec = caffe_py.deploy_spec('net.yaml', {'data': (1, 3)})\n"
+              "print(len(spec.layer), 'marker_layer' in sys.modules)\n")
+    deployed = subprocess.run([sys.executable, "-c", script], cwd=inspected,
+                              capture_output=True, text=True, timeout=60)
+    assert deployed.stdout.split() == ["4", "False"], deployed.stderr
+    assert untouched(inspected)
+    done = cpy(inspected, "net", "net.yaml", "--allow-python")
+    assert done.returncode == 0, done.stderr
+    assert "double  Python" in done.stdout
+    assert (inspected / "victim.h5").read_bytes() == b"someone's results"
+    assert (inspected / "IMPORTED").exists()
+
+
+def test_a_run_says_once_which_python_file_it_imports(inspected):
+    """cpy time builds the net (the Python layer's module runs, as in Caffe): one line says
+    which file before it is imported."""
+    done = cpy(inspected, "time", "--model", "net.yaml", "--iterations", "1")
+    assert done.returncode == 0, done.stderr
+    lines = [line for line in bare_lines(done.stdout) if "importing module" in line]
+    assert lines == [f"Python layer 'double': importing module 'marker_layer' from "
+                     f"{inspected / 'marker_layer.py'} (beside the spec: its directory joins "
+                     "sys.path)"]
+    assert (inspected / "IMPORTED").exists()
