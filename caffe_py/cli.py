@@ -17,6 +17,7 @@ import click
 from . import configs_dir
 from .commands.output import logging_to_console
 from .errors import CaffePyError
+from .limits import one_line_limits
 from .spec import yamlio
 
 # command name -> the module under caffe_py/commands/ that defines it (in its COMMANDS list)
@@ -45,7 +46,7 @@ class _Group(click.Group):
     def invoke(self, ctx: click.Context):
         yamlio.FOREIGN.setdefault(".prototxt", _prototxt_as_yaml)
         try:
-            with logging_to_console():
+            with logging_to_console(), one_line_limits():
                 return super().invoke(ctx)
         except CaffePyError as exc:
             raise click.ClickException(printable(str(exc))) from None

@@ -32,6 +32,7 @@ import torch
 from .devices import DeviceLike, check_devices, describe, parse_devices, prepare_host
 from .errors import CaffePyError, SolverError
 from .fileio import PathLock, atomic_write_bytes, is_file, remove_stale_temporaries
+from .limits import one_line_limits
 from .options import TrainOptions
 from .solver import snapshot as snap
 from .solver.metrics import metrics_path
@@ -58,7 +59,7 @@ def train(solver: SolverSource, devices: str | Sequence[DeviceLike] | None = Non
     devices = run_devices(devices, resolved.param)
     log.info(f"Using {describe(devices)}")
     files = RunFiles(resolved.param.snapshot_prefix, leads=leads())
-    with files.claimed():
+    with files.claimed(), one_line_limits():
         options = files.start_point(options)
         param = prepared(resolved.param, options)
         files.announce(resolved, param, options)

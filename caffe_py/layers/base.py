@@ -12,7 +12,6 @@ Caffe stores but never trains (BatchNorm's statistics) are buffers.
 from __future__ import annotations
 
 import math
-import os
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, ClassVar
@@ -21,6 +20,7 @@ import torch
 from torch import nn
 
 from ..errors import NetError
+from ..limits import Limit, memory_limit
 from ..spec.layer_params.shared import FillerParameter
 from ..spec.net_spec import LayerParameter
 from ..spec.schema import message_at
@@ -97,11 +97,11 @@ class Layer(nn.Module):
         times) would not fit in the build device's memory."""
         size = math.prod(int(d) for d in shape) * 4 * copies
         limit = memory_of(self.ctx.device)
-        if limit and size > limit:
+        if limit is not None and size > limit.bytes:
             kept = " (values, gradient and solver history)" if copies == 3 else ""
             raise self.fail(f"{what} of shape {list(shape)} needs {size / 2**30:,.1f} GiB{kept}, "
                             f"more than the {self.ctx.device.type} memory "
-                            f"({limit / 2**30:,.1f} GiB)", "make the layer or the batch smaller")
+                            f"({limit.described()})", "make the layer or the batch smaller")
 
     # --- what subclasses define -------------------------------------------------------------
     def setup(self, bottom_shapes: list[Shape]) -> list[Shape]:
@@ -179,16 +179,14 @@ def count(shape: Sequence[int], start: int = 0, end: int | None = None) -> int:
     return math.prod(shape[start:end])
 
 
-def memory_of(device: torch.device) -> int:
-    """Bytes of memory of ``device`` (the machine's for the CPU; 0 when unknown)."""
+def memory_of(device: torch.device) -> Limit | None:
+    """The memory of ``device``: a GPU's, or for the CPU the smallest of the machine's, the
+    address-space limit and the cgroup's (caffe_py.limits); None when unknown."""
     if device.type == "cuda":
         try:
-            return int(torch.cuda.get_device_properties(device).total_memory)
+            return Limit(int(torch.cuda.get_device_properties(device).total_memory), "")
         except (RuntimeError, AssertionError):  # no CUDA here: the copy to it will say so
-            return 0
+            return None
     if device.type != "cpu":
-        return 0
-    try:
-        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
-    except (ValueError, OSError, AttributeError):
-        return 0
+        return None
+    return memory_limit()

@@ -7,9 +7,11 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+from pathlib import Path
 
+import numpy as np
 import pytest
-from support import ROOT, tiny_net
+from support import ROOT, tiny_net, write_records
 
 from caffe_py.solver import snapshot as snap
 
@@ -99,3 +101,130 @@ def test_a_full_log_disk_is_one_line(tiny_run):
                                     f"{logs / 'run.log'}; free space or give --log-file a "
                                     "place with room")
     assert "Iteration 100, " in done.stdout   # it stopped in the middle, not at the start
+
+
+# --- the limits a shared machine sets ---------------------------------------------------------
+def limited(**limits):
+    """A preexec_fn setting resource limits (RLIMIT_<NAME>=soft) in the child."""
+    import resource
+
+    def apply():
+        for name, value in limits.items():
+            key = getattr(resource, f"RLIMIT_{name}")
+            resource.setrlimit(key, (value, resource.getrlimit(key)[1]))
+    return apply
+
+
+def test_too_few_open_files_is_one_line(tmp_path):
+    """ulimit -n 20 under a net of 20 Data layers."""
+    data = "".join(f"""\
+  - name: d{i}
+    type: Data
+    top: [d{i}, l{i}]
+    data_param: {{source: db{i}, batch_size: 4}}
+""" for i in range(20))
+    for i in range(20):
+        write_records(tmp_path / f"db{i}", ((np.full((1, 2, 3), k, np.uint8), k % 3)
+                                             for k in range(8)))
+    (tmp_path / "net.yaml").write_text("name: files\nlayer:\n" + data + """\
+  - {name: ip, type: InnerProduct, bottom: d0, top: ip, inner_product_param: {num_output: 3}}
+  - {name: loss, type: SoftmaxWithLoss, bottom: [ip, l0], top: loss}
+""")
+    (tmp_path / "solver.yaml").write_text(SOLVER.format(max_iter=2, snapshot=0, display=0,
+                                                        prefix="snaps/t"))
+    line = one_line_error(cpy(tmp_path, "train", "--solver", "solver.yaml",
+                              preexec_fn=limited(NOFILE=20)))
+    assert line.startswith("Error: too many open files (")
+    assert line.endswith("): this process may open 20 (ulimit -n); raise it (e.g. ulimit -n "
+                         "4096) or read fewer databases at once")
+
+
+BIG = """\
+name: big
+layer:
+  - {name: data, type: DummyData, top: data, dummy_data_param: {shape: [{dim: [1, SIZE]}]}}
+  - {name: ip, type: InnerProduct, bottom: data, top: ip, inner_product_param: {num_output: 1}}
+"""
+
+
+def test_an_address_space_limit_is_the_memory_estimate_and_one_line(tmp_path):
+    """ulimit -v 3 GiB: a 1.1 GiB weight (3.4 GiB with its gradient and history) is refused by
+    the estimate naming the limit; under 1.5 GiB, a 1.1 GiB top the estimate lets through
+    fails to allocate (torch and Python hold 0.6 GiB of address space): one line too."""
+    (tmp_path / "big.yaml").write_text(BIG.replace("SIZE", "300000000"))
+    line = one_line_error(cpy(tmp_path, "net", "big.yaml", preexec_fn=limited(AS=3 << 30)))
+    assert line == ("Error: big.yaml:4: layer[1]: layer 'ip' (InnerProduct): blob 'weight' of "
+                    "shape [1, 300000000] needs 3.4 GiB (values, gradient and solver history), "
+                    "more than the cpu memory (3.0 GiB under ulimit -v); make the layer or the "
+                    "batch smaller")
+    line = one_line_error(cpy(tmp_path, "net", "big.yaml", preexec_fn=limited(AS=3 << 29)))
+    assert line == ("Error: out of memory: an allocation failed (at most 1.5 GiB under ulimit "
+                    "-v); make the net, the batch or prefetch smaller, or raise the limit")
+
+
+def test_a_cgroup_memory_limit_is_the_memory_estimate(tmp_path):
+    """A real memory cgroup of 1 GiB (v1 or v2; made when running as root where the hierarchy
+    is writable, skipped otherwise), the command run inside it."""
+    from caffe_py.limits import cgroup_memory_limit
+
+    group, limit_file = _memory_cgroup(tmp_path.name, 1 << 30)
+    try:
+        (tmp_path / "big.yaml").write_text(BIG.replace("SIZE", "100000000"))
+
+        def join():
+            (group / "cgroup.procs").write_text(str(os.getpid()))
+
+        line = one_line_error(cpy(tmp_path, "net", "big.yaml", preexec_fn=join))
+    finally:
+        group.rmdir()
+    assert line == ("Error: big.yaml:4: layer[1]: layer 'ip' (InnerProduct): blob 'weight' of "
+                    "shape [1, 100000000] needs 1.1 GiB (values, gradient and solver history), "
+                    f"more than the cpu memory (1.0 GiB under the cgroup's limit in "
+                    f"{limit_file}); make the layer or the batch smaller")
+    assert cgroup_memory_limit() is None or cgroup_memory_limit().bytes > 1 << 30
+
+
+def _memory_cgroup(name: str, limit: int) -> tuple[Path, Path]:
+    for base, file in ((Path("/sys/fs/cgroup/memory"), "memory.limit_in_bytes"),
+                       (Path("/sys/fs/cgroup/unified"), "memory.max"),
+                       (Path("/sys/fs/cgroup"), "memory.max")):
+        group = base / f"cpy_{name}"
+        try:
+            group.mkdir()
+        except OSError:
+            continue
+        try:
+            (group / file).write_text(str(limit))
+            return group, group / file
+        except OSError:
+            group.rmdir()
+    pytest.skip("no writable memory cgroup here (needs root)")
+
+
+def test_cgroup_limits_are_read_up_the_hierarchy(tmp_path):
+    """/proc/self/cgroup and mountinfo of a container (v2, and v1's memory controller): the
+    tightest limit of the cgroup and its parents; 'max' and v1's 2^63 are none."""
+    from caffe_py.limits import cgroup_memory_limit
+
+    v2 = tmp_path / "v2"
+    (v2 / "jobs" / "run7").mkdir(parents=True)
+    (v2 / "memory.max").write_text("max\n")
+    (v2 / "jobs" / "memory.max").write_text(f"{3 << 30}\n")
+    (v2 / "jobs" / "run7" / "memory.max").write_text(f"{5 << 30}\n")
+    (tmp_path / "cgroup").write_text("0::/jobs/run7\n")
+    (tmp_path / "mountinfo").write_text(
+        f"29 23 0:26 / {v2} rw,nosuid - cgroup2 cgroup2 rw,nsdelegate\n")
+    found = cgroup_memory_limit(tmp_path / "cgroup", tmp_path / "mountinfo")
+    assert (found.bytes, found.what) == (
+        3 << 30, f" under the cgroup's limit in {v2 / 'jobs' / 'memory.max'}")
+    v1 = tmp_path / "v1"
+    (v1 / "docker" / "abc").mkdir(parents=True)
+    (v1 / "memory.limit_in_bytes").write_text("9223372036854771712\n")
+    (v1 / "docker" / "abc" / "memory.limit_in_bytes").write_text(f"{2 << 30}\n")
+    (tmp_path / "cgroup").write_text("5:cpu,cpuacct:/docker/abc\n4:memory:/docker/abc\n")
+    (tmp_path / "mountinfo").write_text(
+        f"35 31 0:32 / {v1} rw,relatime - cgroup cgroup rw,memory\n")
+    found = cgroup_memory_limit(tmp_path / "cgroup", tmp_path / "mountinfo")
+    assert found.bytes == 2 << 30
+    (v1 / "docker" / "abc" / "memory.limit_in_bytes").write_text("9223372036854771712\n")
+    assert cgroup_memory_limit(tmp_path / "cgroup", tmp_path / "mountinfo") is None
