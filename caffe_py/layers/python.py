@@ -34,6 +34,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from .. import interrupts
 from ..errors import CaffePyError, NetError
 from ..spec.layer_params.shared import FillerParameter
 from ..spec.schema import location, suggest
@@ -180,9 +181,11 @@ class Python(Layer):
 
     # --- calling the user's code ------------------------------------------------------------
     def _call(self, fn: Any, what: str, *args: Any) -> Any:
-        """``fn(*args)``, with any exception it raises made one NetError naming the layer."""
+        """``fn(*args)``, with any exception it raises made one NetError naming the layer; the
+        thread is recorded as busy in the user's code meanwhile (for a watchdog's message)."""
         try:
-            return fn(*args)
+            with interrupts.busy(f"layer '{self.name}' (Python: {self.where}.{what})"):
+                return fn(*args)
         except CaffePyError:
             raise
         except Exception as exc:

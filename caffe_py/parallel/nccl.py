@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from ..errors import SolverError
-from .sync import ReplicaState, StopReplica, SyncGroup
+from .sync import ReplicaState, StopReplica, SyncGroup, stuck_where
 
 if TYPE_CHECKING:
     from ..solver.solver import Solver
@@ -101,6 +101,7 @@ class NcclSync(SyncGroup):
             raise SolverError(
                 f"replica {i} ({self.devices[i]}) waited {self.timeout:.0f} s at {what} "
                 f"(iteration {self.replica(i).iteration - 1}); another replica is stuck"
+                + (f": {where}" if (where := stuck_where(self.n, "")) else "")
             ) from None
         finally:
             self.replica(i).wait_s += time.perf_counter() - started

@@ -31,6 +31,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
+from .. import interrupts
 from ..errors import CaffePyError, SolverError
 from .flat import DEFAULT_BUCKET_BYTES, FlatParams
 from .pull import LayerWaits, Pull, Unit
@@ -92,8 +93,9 @@ class Signal:
                 if left <= 0:
                     raise SolverError(
                         f"replica {who} ({group.devices[who]}) waited {group.timeout:g} s for "
-                        f"{what} at iteration {value - 1}; a replica is stuck: look for an error "
-                        f"above, or raise the sync timeout if the root's test phase is longer")
+                        f"{what} at iteration {value - 1}; a replica is stuck: "
+                        + stuck_where(len(group.devices), "look for an error above, or raise "
+                                      "the sync timeout if the root's test phase is longer"))
                 self._cond.wait(min(left, _POLL_S * 10))
             return self.event
 
@@ -442,6 +444,13 @@ def _guarded(group: SyncGroup, i: int, fn: Callable[[], None]) -> None:
         return
     except BaseException as exc:  # noqa: BLE001 - any failure must stop every replica
         group.fail(i, exc)
+
+
+def stuck_where(replicas: int, otherwise: str) -> str:
+    """What the replica threads are stuck in, when a watchdog knows (a user's Python layer):
+    ``cpy-replica-1 has been running layer 'py' (Python: m.C.forward) for 900 s``."""
+    found = interrupts.busy_with([f"cpy-replica-{i}" for i in range(replicas)])
+    return "; ".join(found) + "; fix that layer" if found else otherwise
 
 
 def replica_error(failure: Failure, stuck: Sequence[str] = ()) -> CaffePyError:

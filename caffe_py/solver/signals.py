@@ -1,5 +1,9 @@
 """Caffe's SignalHandler: SIGINT / SIGHUP only set a flag; the solver acts between iterations.
 
+One exception: a stopping effect that arrives while the main thread waits for input (an
+interruptible wait, caffe_py.interrupts) is raised there as ``Interrupted``, and the solver
+stops as of the last finished iteration (a stalled read would otherwise hold it forever).
+
 Each signal maps to an effect (``stop``, ``snapshot`` or ``none``; Caffe's defaults are
 SIGINT -> stop and SIGHUP -> snapshot). :meth:`SignalHandler.requested_action` is the
 solver's action callback: it returns (and clears) the pending effect, SIGINT first.
@@ -10,6 +14,8 @@ import signal
 import threading
 from types import FrameType
 from typing import Any
+
+from .. import interrupts
 
 EFFECTS = ("stop", "snapshot", "snapshot-stop", "none")
 NONE, STOP, SNAPSHOT, SNAPSHOT_STOP = "none", "stop", "snapshot", "snapshot-stop"
@@ -48,6 +54,11 @@ class SignalHandler:
         self._previous.clear()
 
     def _handle(self, signum: int, frame: FrameType | None) -> None:
+        effect = self.effects[signal.Signals(signum)]
+        if effect in (STOP, SNAPSHOT_STOP) and interrupts.waiting():
+            # the main thread waits for a read that may never come (a stalled input): stop
+            # now, as of the last finished iteration, instead of at the end of this one
+            raise interrupts.Interrupted(effect)
         self._pending[signum] = True
 
     def requested_action(self) -> str:

@@ -40,6 +40,7 @@ from typing import Any, Protocol
 
 import torch
 
+from .. import interrupts
 from ..errors import CaffePyError, SolverError, WriteError
 from ..net import Net, NetOutput
 from ..spec.solver_spec import SolverParameter
@@ -306,10 +307,16 @@ class Solver:
         """Caffe's Step: run ``iters`` iterations (fewer when a stop is requested)."""
         stop_iter = self.iter + iters
         while self.iter < stop_iter and not self.stop_requested:
-            if self.runner is None:
-                self.iteration()
-            else:
-                self.runner.run(self, stop_iter)
+            try:
+                if self.runner is None:
+                    self.iteration()
+                else:
+                    self.runner.run(self, stop_iter)
+            except interrupts.Interrupted as stop:  # a signal cut a stalled input wait short
+                log.info(f"Iteration {self.iter}: the input stalled and a signal asked to "
+                         f"{stop.effect.replace('-', ' then ')}; stopping as of this iteration")
+                self.stop_requested = True
+                self.snapshot_on_stop = self.snapshot_on_stop or stop.effect == SNAPSHOT_STOP
 
     def iteration(self) -> None:
         """One iteration of Caffe's Step: the module docstring's three seams, eagerly."""

@@ -5,6 +5,7 @@ documented stop; never a traceback."""
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -228,3 +229,60 @@ def test_cgroup_limits_are_read_up_the_hierarchy(tmp_path):
     assert found.bytes == 2 << 30
     (v1 / "docker" / "abc" / "memory.limit_in_bytes").write_text("9223372036854771712\n")
     assert cgroup_memory_limit(tmp_path / "cgroup", tmp_path / "mountinfo") is None
+
+
+# --- stalls -------------------------------------------------------------------------------------
+STUCK_LAYER = '''\
+import threading
+
+from caffe_py.layers.python import TorchLayer
+
+release = threading.Event()
+
+
+class Stuck(TorchLayer):
+    """Hangs in replica 1's forward until the test releases it (a user's layer waiting on
+    something that never comes)."""
+
+    def setup(self, bottom_shapes):
+        return [bottom_shapes[0]]
+
+    def forward(self, x):
+        if threading.current_thread().name == "cpy-replica-1":
+            release.wait(60)
+        return x
+'''
+
+
+def test_a_replica_stuck_in_a_python_layer_is_named_by_the_watchdog(tmp_path):
+    """Two CPU replicas, the second stuck in a user's Python layer: the root's wait for its
+    gradients times out (the sync timeout, 2 s here) naming the thread, the layer and the
+    method it is stuck in, instead of 'a replica is stuck'."""
+    from caffe_py.errors import SolverError
+    from caffe_py.parallel.replicated import ReplicatedRun, Tuning
+    from caffe_py.spec.solver_spec import load_solver
+
+    (tmp_path / "stuck_layer.py").write_text(STUCK_LAYER)
+    (tmp_path / "net.yaml").write_text(tiny_net(extra="""\
+  - name: stuck
+    type: Python
+    bottom: ip
+    top: held
+    python_param: {module: stuck_layer, layer: Stuck}
+"""))
+    (tmp_path / "solver.yaml").write_text(SOLVER.format(max_iter=4, snapshot=0, display=0,
+                                                        prefix=tmp_path / "snaps" / "t"))
+    param = load_solver(tmp_path / "solver.yaml")
+    try:
+        with pytest.raises(SolverError) as caught, \
+                ReplicatedRun(param, ["cpu"] * 2, tuning=Tuning(timeout=2)) as run:
+            run.run()
+    finally:
+        sys.modules["stuck_layer"].release.set()
+    seconds = re.search(r"for (\d+) s; fix", str(caught.value))
+    assert seconds is not None and int(seconds.group(1)) >= 2
+    assert str(caught.value) == (
+        "replica 0 (cpu) waited 2 s for gradient bucket 0 from replica 1 (cpu) at iteration 0; "
+        "a replica is stuck: cpy-replica-1 has been running layer 'stuck' (Python: "
+        f"stuck_layer.Stuck.forward) for {seconds.group(1)} s; fix that layer (threads still "
+        "running: cpy-replica-1)")
