@@ -286,3 +286,37 @@ def test_a_replica_stuck_in_a_python_layer_is_named_by_the_watchdog(tmp_path):
         "a replica is stuck: cpy-replica-1 has been running layer 'stuck' (Python: "
         f"stuck_layer.Stuck.forward) for {seconds.group(1)} s; fix that layer (threads still "
         "running: cpy-replica-1)")
+
+
+def test_a_run_that_fails_before_its_first_snapshot_keeps_the_rows_it_wrote(tmp_path,
+                                                                          monkeypatch):
+    """The metrics table is the evidence of what went wrong: a run that fails before its
+    first snapshot (a layer raising at its sixth forward) keeps it with its rows, while the
+    resolved specs of the failed start go."""
+    import caffe_py
+    from caffe_py.errors import CaffePyError
+
+    monkeypatch.delenv("WORLD_SIZE", raising=False)
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "failing_layer.py").write_text(
+        "from caffe_py.layers.python import TorchLayer\n\n"
+        "class FailsLater(TorchLayer):\n"
+        "    calls = 0\n\n"
+        "    def setup(self, bottom_shapes):\n"
+        "        return [bottom_shapes[0]]\n\n"
+        "    def forward(self, x):\n"
+        "        FailsLater.calls += 1\n"
+        "        if FailsLater.calls > 5:\n"
+        "            raise RuntimeError('the sixth forward fails')\n"
+        "        return x\n")
+    (tmp_path / "net.yaml").write_text(tiny_net(extra="""\
+  - {name: later, type: Python, bottom: ip, top: later,
+     python_param: {module: failing_layer, layer: FailsLater}}
+"""))
+    (tmp_path / "solver.yaml").write_text(SOLVER.format(max_iter=200, snapshot=100, display=1,
+                                                        prefix="snaps/t"))
+    with pytest.raises(CaffePyError, match="the sixth forward fails"):
+        caffe_py.train_solver("solver.yaml", devices="cpu")
+    rows = (tmp_path / "snaps" / "t_metrics.csv").read_text().splitlines()
+    assert rows[0].startswith("iteration,seconds,phase,lr,loss") and len(rows) == 6
+    assert sorted(p.name for p in (tmp_path / "snaps").iterdir()) == ["t_metrics.csv"]
