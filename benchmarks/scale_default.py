@@ -136,8 +136,12 @@ def main() -> None:
     ap.add_argument("--out", type=Path, required=True)
     ap.add_argument("--max-gpus", type=int, default=4)
     ap.add_argument("--models", default="resnet50,lenet")
+    ap.add_argument("--gpus", default=None, metavar="LIST",
+                    help="GPU counts to run, e.g. 1,3,4 (default: 1..max-gpus; 1 is needed "
+                         "for 'of linear')")
     ap.add_argument("--cpu", action="store_true", help="smoke run on CPU replicas")
-    ap.add_argument("--skip-ddp", action="store_true")
+    ap.add_argument("--ddp-models", default="resnet50,lenet",
+                    help="models that get the DDP baseline rows")
     args = ap.parse_args()
     out = args.out.resolve()
     out.mkdir(parents=True, exist_ok=True)
@@ -147,14 +151,16 @@ def main() -> None:
         import torch
 
         gpus = min(args.max_gpus, torch.cuda.device_count())
+    counts = [int(c) for c in args.gpus.split(",")] if args.gpus else list(range(1, gpus + 1))
     jsonl = out / "scale_default.jsonl"
     rows = []
     for model in args.models.split(","):
         solver = solver_for(model, out, args.cpu)
         one = None
-        for n in range(1, gpus + 1):
+        for n in counts:
             cpy = cpy_train(solver, n, out, args.cpu)
-            base = ddp(solver, n, model, out, args.cpu) if not args.skip_ddp else {"ok": False}
+            base = (ddp(solver, n, model, out, args.cpu) if model in args.ddp_models.split(",")
+                    else {"ok": False})
             if n == 1 and cpy["ok"]:
                 one = cpy["images_per_s"]
             ratio = (cpy["images_per_s"] / base["images_per_s"]
@@ -171,6 +177,8 @@ def main() -> None:
     lines = [f"Machine: {platform.node()}, {gpus} {'CPU replicas' if args.cpu else 'GPUs'}; "
              f"{datetime.datetime.now(datetime.timezone.utc):%Y-%m-%d %H:%M} UTC; "
              f"`python benchmarks/scale_default.py --out DIR --max-gpus {args.max_gpus}"
+             f"{f' --gpus {args.gpus}' if args.gpus else ''}"
+             f"{f' --ddp-models {args.ddp_models}' if args.ddp_models != 'resnet50,lenet' else ''}"
              f"{' --cpu' if args.cpu else ''}`", "",
              "| model | GPUs | `cpy train`, no flag: img/s | baseline (n=1: plain loop; else "
              "torchrun DDP): img/s | vs baseline | of linear | goals |",
