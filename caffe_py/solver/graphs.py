@@ -203,7 +203,7 @@ def _pass(s: Solver) -> tuple[torch.Tensor, NetOutput]:
     with s.autocast():
         out = s.net()
     if out.loss.requires_grad:
-        out.loss.backward()
+        s.backward(out.loss)
     return out.loss.detach().float(), out
 
 

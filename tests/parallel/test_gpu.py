@@ -226,5 +226,5 @@ def test_captured_whole_iterations_give_the_graphed_trees_weights_bit_for_bit(tm
            "applies the update" in caplog.messages
     assert all(torch.equal(a, b) for a, b in zip(captured[1], captured[0], strict=True))
     assert _rel(captured[0], graphed) < 1e-6, [(a - b).abs().max().item()
-                                               for a, b in zip(captured[0], graphed)]
+                                               for a, b in zip(captured[0], graphed, strict=True)]
     assert _rel(captured[0], eager) < 1e-6
