@@ -11,8 +11,8 @@ from pathlib import Path
 import numpy as np
 
 from caffe_py.commands.output import GLOG_PREFIX
-from caffe_py.io.datum import datum_from_array, encode_datum
-from caffe_py.io.lmdb_store import LmdbWriter
+from caffe_py.io.db.lmdb_store import LmdbWriter
+from caffe_py.io.formats.datum import datum_from_array, encode_datum
 
 ROOT = Path(__file__).resolve().parent.parent
 

@@ -8,12 +8,12 @@ from pathlib import Path
 
 import torch
 
-from caffe_py.io.datum import Datum, encode_datum
-from caffe_py.io.lmdb_store import LmdbWriter
-from caffe_py.io.mean import compute_mean
+from caffe_py.io.db.lmdb_store import LmdbWriter
+from caffe_py.io.formats.datum import Datum, encode_datum
 from caffe_py.net import Net
 from caffe_py.spec import yamlio
 from caffe_py.spec.net_spec import load_net
+from caffe_py.tools.mean import compute_mean
 
 CONFIGS = Path(__file__).resolve().parents[1] / "configs"
 

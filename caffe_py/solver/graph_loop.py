@@ -26,7 +26,7 @@ from typing import Any
 import torch
 
 from ..errors import SolverError
-from ..io.feeds import feed_of, swap_feed
+from ..io.feed.feeds import feed_of, swap_feed
 from .graphs import register_generators
 from .lr_policy import learning_rate
 from .roles import AutoCompile

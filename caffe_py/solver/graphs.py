@@ -33,7 +33,7 @@ from typing import Any
 import torch
 
 from ..errors import SolverError
-from ..io.feeds import feed_of, swap_feed
+from ..io.feed.feeds import feed_of, swap_feed
 from .roles import eager_step
 
 log = logging.getLogger(__name__)

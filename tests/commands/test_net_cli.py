@@ -7,8 +7,8 @@ from pathlib import Path
 from click.testing import CliRunner
 
 from caffe_py.cli import cli
-from caffe_py.io.datum import Datum, encode_datum
-from caffe_py.io.lmdb_store import LmdbWriter
+from caffe_py.io.db.lmdb_store import LmdbWriter
+from caffe_py.io.formats.datum import Datum, encode_datum
 
 CONFIGS = Path(__file__).resolve().parents[2] / "configs"
 CIFAR_DATA = """

@@ -184,8 +184,8 @@ class OneLayerNet:
 
 
 def make_leveldb(path, shape=(3, 10, 12), n=3) -> str:
-    from caffe_py.io.datum import datum_from_array, encode_datum
-    from caffe_py.io.db import open_writer
+    from caffe_py.io.db.db import open_writer
+    from caffe_py.io.formats.datum import datum_from_array, encode_datum
 
     with open_writer(path, "leveldb") as writer:
         for i in range(n):

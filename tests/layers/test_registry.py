@@ -11,8 +11,8 @@ import pytest
 import torch
 
 from caffe_py.errors import SpecError
-from caffe_py.io.datum import Datum, encode_datum
-from caffe_py.io.lmdb_store import LmdbWriter
+from caffe_py.io.db.lmdb_store import LmdbWriter
+from caffe_py.io.formats.datum import Datum, encode_datum
 from caffe_py.layers import registry
 from caffe_py.layers.base import Layer
 from caffe_py.net import Net

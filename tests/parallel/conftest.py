@@ -4,8 +4,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from caffe_py.io.datum import datum_from_array, encode_datum
-from caffe_py.io.lmdb_store import LmdbWriter
+from caffe_py.io.db.lmdb_store import LmdbWriter
+from caffe_py.io.formats.datum import datum_from_array, encode_datum
 
 
 @pytest.fixture(scope="module")

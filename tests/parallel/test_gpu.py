@@ -13,8 +13,8 @@ import pytest
 import torch
 
 from caffe_py.devices import DeviceError, check_devices
-from caffe_py.io.datum import datum_from_array, encode_datum
-from caffe_py.io.lmdb_store import LmdbWriter
+from caffe_py.io.db.lmdb_store import LmdbWriter
+from caffe_py.io.formats.datum import datum_from_array, encode_datum
 from caffe_py.options import TrainOptions
 from caffe_py.parallel import ReplicatedRun, Tuning
 from caffe_py.spec.solver_spec import load_solver

@@ -15,8 +15,8 @@ import pytest
 import torch
 from support import ROOT, snapshot_names, tiny_net, write_records
 
-from caffe_py.io.datum import Datum, encode_datum
-from caffe_py.io.lmdb_store import LmdbWriter
+from caffe_py.io.db.lmdb_store import LmdbWriter
+from caffe_py.io.formats.datum import Datum, encode_datum
 from caffe_py.solver import snapshot as snap
 
 NET = tiny_net(data="""\

@@ -6,8 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from caffe_py.io.datum import Datum, encode_datum
-from caffe_py.io.lmdb_store import LmdbWriter
+from caffe_py.io.db.lmdb_store import LmdbWriter
+from caffe_py.io.formats.datum import Datum, encode_datum
 from caffe_py.spec.solver_spec import load_solver
 
 DUMMY_NET = """\
