@@ -22,12 +22,12 @@ import numpy as np
 import torch
 
 from ...errors import DataError
+from ..decoders import libjpeg
+from ..decoders.decode_processes import DecodeProcesses, InFlight, NoSharedMemory, ProcessCrops
+from ..decoders.file_crops import check_record, decode_crop
+from ..decoders.workers import THREADS_OVER_NVJPEG, DecodeOptions, DecodeWorkers
 from ..formats.envelope import is_jpeg
-from ..reader import libjpeg
-from ..reader.decode_processes import DecodeProcesses, InFlight, NoSharedMemory, ProcessCrops
-from ..reader.file_crops import check_record, decode_crop
 from ..reader.records import RecordBatch
-from ..reader.workers import THREADS_OVER_NVJPEG, DecodeOptions, DecodeWorkers
 from .transformer import Choices
 
 log = logging.getLogger(__name__)
@@ -81,7 +81,7 @@ class BatchImages:
         return "pil"
 
     def _gpu_decoder(self):
-        from . import nvjpeg
+        from ..decoders import nvjpeg
 
         reason = nvjpeg.unavailable()
         if reason is None:

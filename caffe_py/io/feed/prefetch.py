@@ -49,7 +49,7 @@ import numpy as np
 import torch
 
 from ...errors import DataError
-from ..reader.decode_processes import InFlight
+from ..decoders.decode_processes import InFlight
 from ..reader.reader import JOIN_TIMEOUT_S, STALL_TIMEOUT_S, WAIT_SLICE_S, Detached, RecordQueue
 from ..reader.records import DecodedView, RecordBatch
 from .gather import HostGather, loop_gather

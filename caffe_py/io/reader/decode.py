@@ -19,12 +19,12 @@ import numpy as np
 
 from ...errors import DataError
 from ..db.db import PartialChunk
+from ..decoders.file_crops import check_record
+from ..decoders.workers import DecodeWorkers
 from ..formats.datum import datum_to_array, decode_record, format_key
 from ..formats.envelope import image_file
 from ..formats.raw_records import raw_chunk, raw_prefix
-from .file_crops import check_record
 from .records import ImageFiles
-from .workers import DecodeWorkers
 
 
 class ChunkDecoder:

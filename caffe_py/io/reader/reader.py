@@ -40,11 +40,11 @@ import numpy as np
 
 from ...errors import DataError
 from ..db.db import Database, PartialChunk, open_db
+from ..decoders.decode_processes import DecodeProcesses
+from ..decoders.workers import DecodeOptions, DecodeWorkers
 from .decode import ChunkDecoder
-from .decode_processes import DecodeProcesses
 from .records import DecodedDatabase, DecodedView, FeedSpec, ImageFiles, RecordBatch, join
 from .roundrobin import RoundRobin, resume
-from .workers import DecodeOptions, DecodeWorkers
 
 WAIT_SLICE_S = 0.2
 """Every blocking wait sleeps at most this long before it checks for errors and stop."""

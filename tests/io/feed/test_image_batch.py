@@ -13,13 +13,13 @@ from synthetic import write_encoded_db as write_db
 from caffe_py.errors import DataError
 from caffe_py.io import ReaderPool, attach_feeds
 from caffe_py.io.db.lmdb_store import LmdbWriter
+from caffe_py.io.decoders.workers import DecodeOptions, DecodeWorkers
 from caffe_py.io.feed.image_batch import BatchImages
 from caffe_py.io.feed.transformer import Transformer
 from caffe_py.io.formats.blobproto import blob_from_array, write_blob_file
 from caffe_py.io.formats.datum import Datum, datum_from_array, decode_image, encode_datum
 from caffe_py.io.reader import reader
 from caffe_py.io.reader.records import RecordBatch
-from caffe_py.io.reader.workers import DecodeOptions, DecodeWorkers
 from caffe_py.layers import BuildContext, lookup
 from caffe_py.spec.net_spec import TransformationParameter, parse_layer
 from caffe_py.spec.schema import Source

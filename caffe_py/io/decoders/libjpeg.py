@@ -4,8 +4,8 @@ PIL decodes a JPEG with the same library but holds the GIL around it for about a
 256 x 256 image's decode (opening the file, the array interface), so its threads peak at 4-8;
 ``torchvision.io.decode_jpeg`` is one operator call that releases the GIL for the whole decode,
 so threads can use the cores. Its pixels are PIL's (the same library; 4,096 of 4,096 benchmark
-images identical, and tests/io/reader/test_libjpeg.py compares them where torchvision is installed).
-torchvision is optional: without it the workers use PIL.
+images identical, and tests/io/decoders/test_libjpeg.py compares them where torchvision is
+installed). torchvision is optional: without it the workers use PIL.
 
 Only the common case takes this path: a colour JPEG that libjpeg decodes to three channels
 (YCbCr or RGB), wanted as three channels. Everything else (gray, CMYK, a file libjpeg refuses)

@@ -15,13 +15,13 @@ from PIL import Image
 from synthetic import image_file
 
 from caffe_py.errors import DataError
+from caffe_py.io.decoders import libjpeg
+from caffe_py.io.decoders import workers as workers_module
+from caffe_py.io.decoders.workers import DecodeOptions, DecodeWorkers
 from caffe_py.io.feed.image_batch import BatchImages
 from caffe_py.io.feed.transformer import Transformer
 from caffe_py.io.formats.datum import decode_image
-from caffe_py.io.reader import libjpeg
-from caffe_py.io.reader import workers as workers_module
 from caffe_py.io.reader.records import RecordBatch
-from caffe_py.io.reader.workers import DecodeOptions, DecodeWorkers
 from caffe_py.spec.net_spec import TransformationParameter
 
 H, W = 12, 10

@@ -19,10 +19,10 @@ from synthetic import image_file, write_encoded_db
 
 from caffe_py.errors import DataError
 from caffe_py.io import ReaderPool, attach_feeds
+from caffe_py.io.decoders.decode_processes import SHM_DIR, DecodeProcesses, ProcessCrops
+from caffe_py.io.decoders.workers import DecodeOptions
 from caffe_py.io.formats.datum import decode_image
 from caffe_py.io.reader import reader
-from caffe_py.io.reader.decode_processes import SHM_DIR, DecodeProcesses, ProcessCrops
-from caffe_py.io.reader.workers import DecodeOptions
 from caffe_py.layers import BuildContext, lookup
 from caffe_py.spec.net_spec import parse_layer
 from caffe_py.spec.schema import Source
@@ -132,7 +132,7 @@ def test_two_batches_in_flight_each_get_their_own_crops():
 
 
 def test_a_feed_submits_its_next_batch_before_it_waits(tmp_path, monkeypatch):
-    from caffe_py.io.reader.decode_processes import InFlight
+    from caffe_py.io.decoders.decode_processes import InFlight
 
     monkeypatch.setattr(reader, "CACHE_BYTES", 0)
     layer, net = data_layer_over(tmp_path, [image_file(i) for i in range(10)], 2)
@@ -156,7 +156,7 @@ def test_a_process_lets_go_of_buffers_their_feed_has_unlinked():
     mapped it unmaps it at its next new buffer (its pages are freed), keeping the others."""
     from multiprocessing import shared_memory
 
-    from caffe_py.io.reader import decode_processes
+    from caffe_py.io.decoders import decode_processes
 
     made = [shared_memory.SharedMemory(create=True, size=4096) for _ in range(3)]
     try:
@@ -227,7 +227,7 @@ def test_the_processes_end_when_the_training_process_is_killed(tmp_path):
         import multiprocessing
         import numpy as np
         from synthetic import image_file
-        from caffe_py.io.reader.decode_processes import DecodeProcesses, ProcessCrops
+        from caffe_py.io.decoders.decode_processes import DecodeProcesses, ProcessCrops
         crops = ProcessCrops(DecodeProcesses(2), "db", (3, 12, 10), None)
         crops.submit([image_file(0)] * 2, [b"a", b"b"], [[0, 0]] * 2, [False] * 2,
                      np.zeros((2, 3, 7, 7), np.uint8)).wait()
@@ -270,8 +270,8 @@ def test_auto_leaves_nvjpeg_out_where_processes_decode(monkeypatch, caplog):
 
     import torch
 
+    from caffe_py.io.decoders.workers import DecodeWorkers
     from caffe_py.io.feed.image_batch import BatchImages
-    from caffe_py.io.reader.workers import DecodeWorkers
 
     monkeypatch.setattr(BatchImages, "_gpu_decoder", lambda self: "nvJPEG")
     caplog.set_level(logging.INFO, logger="caffe_py")
@@ -291,7 +291,7 @@ def test_auto_leaves_nvjpeg_out_where_processes_decode(monkeypatch, caplog):
 def _no_room(monkeypatch):
     import errno
 
-    from caffe_py.io.reader import decode_processes
+    from caffe_py.io.decoders import decode_processes
 
     def full(fd, offset, length):
         raise OSError(errno.ENOSPC, "No space left on device")
@@ -310,7 +310,7 @@ def test_a_feed_without_room_decodes_on_threads_or_says_so(tmp_path, monkeypatch
                                                            processes):
     import logging
 
-    from caffe_py.io.reader import workers as workers_module
+    from caffe_py.io.decoders import workers as workers_module
 
     _no_room(monkeypatch)
     monkeypatch.setattr(reader, "CACHE_BYTES", 0)
@@ -340,8 +340,8 @@ def test_room_for_one_batch_in_flight_but_not_two(tmp_path, monkeypatch, caplog,
     import errno
     import logging
 
-    from caffe_py.io.reader import decode_processes
-    from caffe_py.io.reader import workers as workers_module
+    from caffe_py.io.decoders import decode_processes
+    from caffe_py.io.decoders import workers as workers_module
 
     reserved = []
 
@@ -381,8 +381,8 @@ def test_a_batch_in_flight_finishes_when_the_next_leaves_for_the_threads(tmp_pat
     import errno
     import logging
 
-    from caffe_py.io.reader import decode_processes
-    from caffe_py.io.reader import workers as workers_module
+    from caffe_py.io.decoders import decode_processes
+    from caffe_py.io.decoders import workers as workers_module
 
     reserved = []
 
@@ -422,7 +422,7 @@ def test_processes_that_cannot_start_are_one_line(monkeypatch):
 
 
 def test_a_failing_process_part_is_one_line(monkeypatch):
-    from caffe_py.io.reader import decode_processes
+    from caffe_py.io.decoders import decode_processes
 
     def broken(*args):
         raise MemoryError("no room\nat all")
@@ -464,7 +464,7 @@ def test_a_batch_is_cut_so_every_feeds_parts_find_a_process(count, feeds, batch,
 def test_shared_memory_that_cannot_be_made_is_one_line(monkeypatch):
     import errno
 
-    from caffe_py.io.reader import decode_processes
+    from caffe_py.io.decoders import decode_processes
 
     def refuse(*args, **kwargs):
         raise OSError(errno.EMFILE, "Too many open files")

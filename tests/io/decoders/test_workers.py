@@ -9,9 +9,9 @@ import numpy as np
 import pytest
 
 from caffe_py.errors import DataError
-from caffe_py.io.reader import libjpeg
-from caffe_py.io.reader import workers as workers_module
-from caffe_py.io.reader.workers import DecodeOptions, DecodeWorkers
+from caffe_py.io.decoders import libjpeg
+from caffe_py.io.decoders import workers as workers_module
+from caffe_py.io.decoders.workers import DecodeOptions, DecodeWorkers
 
 
 @pytest.fixture
