@@ -24,8 +24,9 @@ handed them the next one, so they are never idle while it works.
 Once the stream's database is kept decoded (the reader's cache, complete after the first pass)
 and a batch of records is small (``DIRECT_BYTES``), no thread is needed at all: :meth:`next`
 stops this feed's thread, takes its queue off the producer, and from then on gathers each batch
-in the training thread from the decoded database (:mod:`.gather`). The batches are the ones the
-threads would have made, bit for bit.
+in the training thread from the decoded database (:mod:`.gather`). This switch happens in the
+middle of a run, at whatever iteration the first pass ends (see the comment in :meth:`next`
+and README.md); the batches are the ones the threads would have made, bit for bit.
 
 Records with random crops that are not much bigger than their crops (ImageNet's 256 x 256
 records, 224 crops) cross to the device whole: the thread copies each run of records the
@@ -348,6 +349,13 @@ class Prefetcher:
             raise DataError(f"{self.records.path}: the data feed {self.name} has not "
                             "started; call ReaderPool.start() before the first forward")
         if self._may_gather:
+            # The switch to the in-loop gather, once and mid-run: the first next() after the
+            # reader has kept this stream's database decoded (a small database, once its first
+            # pass is read: whatever iteration that is) stops this feed's thread, takes the
+            # queue off the producer and from then on makes each batch here, in the training
+            # thread (_go_direct). The batches and the saved positions are the thread's, bit
+            # for bit; what changes is who runs: no feed thread, no producer reads for this
+            # replica, and on CUDA the batches are made on the compute stream.
             view = self.records.decoded()
             if view is not None:
                 self._go_direct(view)
