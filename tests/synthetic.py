@@ -69,11 +69,10 @@ def image_file(seed: int, mode: str = "RGB", fmt: str = "JPEG", size=(12, 10)) -
 def write_encoded_db(path, files, *, bad: dict[int, bytes] | None = None) -> str:
     """An LMDB of encoded records as convert_imageset --encoded writes them: keys
     ``%08d_img<i>.jpg``, label 7 i; ``bad`` replaces some values."""
-    from caffe_py.io.db.lmdb_store import LmdbWriter
-    from caffe_py.io.formats.datum import Datum, encode_datum
+    from support import write_db
 
-    with LmdbWriter(path) as writer:
-        for i, file in enumerate(files):
-            value = encode_datum(Datum(data=file, label=7 * i, encoded=True))
-            writer.put(b"%08d_img%d.jpg" % (i, i), (bad or {}).get(i, value))
-    return str(path)
+    from caffe_py.io.formats.datum import Datum
+
+    return write_db(path, [(bad or {}).get(i, Datum(data=file, label=7 * i, encoded=True))
+                           for i, file in enumerate(files)],
+                    keys=[b"%08d_img%d.jpg" % (i, i) for i in range(len(files))])

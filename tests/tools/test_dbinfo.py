@@ -3,17 +3,15 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from support import write_db
 
 from caffe_py.errors import DataError
-from caffe_py.io.db.lmdb_store import LmdbWriter
 from caffe_py.io.formats.datum import datum_from_array, encode_datum
 from caffe_py.tools.dbinfo import db_info
 
 
 def _db(path, values):
-    with LmdbWriter(path) as writer:
-        for i, value in enumerate(values):
-            writer.put(b"%05d" % i, value)
+    write_db(path, values, key=b"%05d")
     return path
 
 

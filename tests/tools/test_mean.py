@@ -6,18 +6,16 @@ import io
 import numpy as np
 import pytest
 from PIL import Image
+from support import write_db
 
 from caffe_py.errors import DataError
-from caffe_py.io.db.lmdb_store import LmdbWriter
 from caffe_py.io.formats.blobproto import read_blob_file, read_mean_file
-from caffe_py.io.formats.datum import Datum, datum_from_array, encode_datum
+from caffe_py.io.formats.datum import Datum, datum_from_array
 from caffe_py.tools.mean import compute_mean
 
 
 def _db(path, datums):
-    with LmdbWriter(path) as writer:
-        for i, datum in enumerate(datums):
-            writer.put(b"%08d" % i, encode_datum(datum))
+    write_db(path, datums)
     return path
 
 

@@ -7,17 +7,17 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
+from support import write_records
 from synthetic import image_file as jpeg
 from synthetic import write_encoded_db as write_db
 
 from caffe_py.errors import DataError
 from caffe_py.io import ReaderPool, attach_feeds
-from caffe_py.io.db.lmdb_store import LmdbWriter
 from caffe_py.io.decoders.workers import DecodeOptions, DecodeWorkers
 from caffe_py.io.feed.image_batch import BatchImages
 from caffe_py.io.feed.transformer import Transformer
 from caffe_py.io.formats.blobproto import blob_from_array, write_blob_file
-from caffe_py.io.formats.datum import Datum, datum_from_array, decode_image, encode_datum
+from caffe_py.io.formats.datum import Datum, decode_image, encode_datum
 from caffe_py.io.reader import reader
 from caffe_py.io.reader.records import RecordBatch
 from caffe_py.layers import BuildContext, lookup
@@ -183,10 +183,8 @@ def test_the_decode_threads_run_with_the_pool_and_stop_with_it(jpeg_db, monkeypa
 
 
 def test_raw_databases_start_no_decode_threads(tmp_path):
-    with LmdbWriter(tmp_path / "db") as writer:
-        for i in range(4):
-            writer.put(b"%d" % i, encode_datum(datum_from_array(np.zeros((3, 4, 4), np.uint8), i)))
-    layer = data_layer(str(tmp_path / "db"), {}, rand_skip=0)
+    db = write_records(tmp_path / "db", [(np.zeros((3, 4, 4), np.uint8), i) for i in range(4)])
+    layer = data_layer(db, {}, rand_skip=0)
     with ReaderPool(decode=DecodeOptions(4, processes="off")) as pool:
         attach_feeds(_net(layer), pool, seed=0)
         pool.start()

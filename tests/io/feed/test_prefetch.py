@@ -5,13 +5,12 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
-from support import write_records
+from support import write_db, write_records
 
 from caffe_py.errors import DataError
 from caffe_py.io import ReaderPool, attach_feeds
-from caffe_py.io.db.lmdb_store import LmdbWriter
 from caffe_py.io.feed.transformer import Transformer
-from caffe_py.io.formats.datum import datum_from_array, encode_datum
+from caffe_py.io.formats.datum import datum_from_array
 from caffe_py.layers import BuildContext, lookup
 from caffe_py.spec.net_spec import parse_layer
 from caffe_py.spec.schema import Source
@@ -203,11 +202,8 @@ def test_encoded_images_decode_in_bgr_or_forced_gray(tmp_path):
     rgb[..., 0], rgb[..., 1], rgb[..., 2] = 10, 20, 30  # R, G, B
     png = io.BytesIO()
     Image.fromarray(rgb).save(png, format="PNG")
-    with LmdbWriter(tmp_path / "db") as writer:
-        for i in range(2):
-            writer.put(b"%d" % i, encode_datum(Datum(data=png.getvalue(), label=i,
-                                                     encoded=True)))
-    db = str(tmp_path / "db")
+    db = write_db(tmp_path / "db", [Datum(data=png.getvalue(), label=i, encoded=True)
+                                    for i in range(2)], key=b"%d")
     layer, (data, label) = _pipeline_batch(db, {})
     assert layer.top_shapes[0] == (2, 3, 2, 3)
     assert data[0, :, 0, 0].tolist() == [30.0, 20.0, 10.0]  # BGR, as OpenCV gives Caffe
@@ -220,10 +216,8 @@ def test_encoded_images_decode_in_bgr_or_forced_gray(tmp_path):
 
 def test_float_records_flow_through_as_floats(tmp_path):
     values = np.arange(2 * 2 * 3, dtype=np.float32).reshape(2, 2, 3) / 7
-    with LmdbWriter(tmp_path / "db") as writer:
-        for i in range(3):
-            writer.put(b"%d" % i, encode_datum(datum_from_array(values + i, i)))
-    layer, (data, label) = _pipeline_batch(str(tmp_path / "db"),
+    db = write_db(tmp_path / "db", [datum_from_array(values + i, i) for i in range(3)], key=b"%d")
+    layer, (data, label) = _pipeline_batch(db,
                                            {"scale": 2.0, "mean_value": [0.5]}, batch_size=3)
     assert layer.record_dtype == np.float32
     want = torch.from_numpy(np.stack([(values + i - 0.5) * 2 for i in range(3)]))

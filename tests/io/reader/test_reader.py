@@ -12,11 +12,10 @@ import threading
 import numpy as np
 import pytest
 import torch
-from support import write_records
+from support import write_db, write_records
 
 from caffe_py.errors import DataError
 from caffe_py.io import ReaderPool, attach_feeds
-from caffe_py.io.db.lmdb_store import LmdbWriter
 from caffe_py.io.formats.datum import datum_from_array, encode_datum
 from caffe_py.io.reader import FeedSpec
 from caffe_py.io.reader.reader import Detached
@@ -314,14 +313,11 @@ def test_a_state_that_no_round_robin_wrote_is_one_line(tmp_path, saved):
 
 def test_records_the_fast_path_leaves_to_the_full_decoder(tmp_path):
     """Negative labels, an explicit encoded=false and float records read back exactly."""
-    path = tmp_path / "db"
-    with LmdbWriter(path) as writer:
-        for i in range(4):
-            datum = datum_from_array(np.full(SHAPE, i, np.uint8), -i if i % 2 else 1000 * i,
-                                     encoded=False if i < 2 else None)
-            writer.put(b"%08d" % i, encode_datum(datum))
+    path = write_db(tmp_path / "db", [
+        datum_from_array(np.full(SHAPE, i, np.uint8), -i if i % 2 else 1000 * i,
+                         encoded=False if i < 2 else None) for i in range(4)])
     with ReaderPool() as pool:
-        q = subscribe(pool, str(path))
+        q = subscribe(pool, path)
         pool.start()
         got = q.get_batch(4, timeout=5)
     assert got.labels.tolist() == [0, -1, 2000, -3]
@@ -329,12 +325,11 @@ def test_records_the_fast_path_leaves_to_the_full_decoder(tmp_path):
 
 
 def test_a_record_of_another_size_names_its_key(tmp_path):
-    path = tmp_path / "db"
-    with LmdbWriter(path) as writer:
-        writer.put(b"a", encode_datum(datum_from_array(np.zeros(SHAPE, np.uint8), 0)))
-        writer.put(b"b", encode_datum(datum_from_array(np.zeros((1, 5, 4), np.uint8), 0)))
+    path = write_db(tmp_path / "db", [datum_from_array(np.zeros(SHAPE, np.uint8), 0),
+                                      datum_from_array(np.zeros((1, 5, 4), np.uint8), 0)],
+                    keys=[b"a", b"b"])
     with ReaderPool() as pool:
-        q = subscribe(pool, str(path))
+        q = subscribe(pool, path)
         pool.start()
         with pytest.raises(DataError, match=r"record 'b' is uint8 \[1, 5, 4\] but the first "
                                             r"record is uint8 \[1, 4, 4\]; a Data layer needs"):
@@ -406,12 +401,11 @@ def test_one_chunk_of_mixed_records_reads_back_exactly(tmp_path):
     leaves goes through the full decoder."""
     path = tmp_path / "db"
     wanted = [0, 127, 128, 300, 16383, 16384, 2**21, 2**28, 2**31 - 1, -5, 7, 99]
-    with LmdbWriter(path) as writer:
-        for i, label in enumerate(wanted):
-            datum = datum_from_array(np.full(SHAPE, i, np.uint8), label,
-                                     encoded=False if i % 3 == 0 else None)
-            value = encode_datum(datum)
-            writer.put(b"%08d" % i, value + b"\x48\x01" if i == 10 else value)  # field 9
+    values = [encode_datum(datum_from_array(np.full(SHAPE, i, np.uint8), label,
+                                            encoded=False if i % 3 == 0 else None))
+              for i, label in enumerate(wanted)]
+    values[10] += b"\x48\x01"  # field 9
+    write_db(path, values)
     with ReaderPool() as pool:
         q = subscribe(pool, str(path), batch_size=12, prefetch=1)
         pool.start()
