@@ -32,7 +32,7 @@ from .wire import (
     VARINT,
     WireError,
     as_int32,
-    as_int64,
+    blob_shape,
     len_field,
     read_len,
     read_varint,
@@ -126,7 +126,7 @@ def _decode_blob(buf: bytes) -> BlobProto:
             pos = _read_repeated(buf, pos, number, wire, repeated[number])
         elif number == 7 and wire == LEN:
             start, pos = read_len(buf, pos, 7)
-            blob.shape = _decode_shape(buf[start:pos])
+            blob.shape = blob_shape(buf[start:pos])
         elif number in (1, 2, 3, 4, 7):
             raise WireError(f"field {number} has wire type {wire}")
         else:
@@ -154,26 +154,6 @@ def _read_repeated(buf: bytes, pos: int, number: int, wire: int, out: list[np.nd
         out.append(np.frombuffer(buf[pos:pos + width], dtype=dtype))
         return pos + width
     raise WireError(f"field {number} has wire type {wire}")
-
-
-def _decode_shape(buf: bytes) -> tuple[int, ...]:
-    dims: list[int] = []
-    pos = 0
-    while pos < len(buf):
-        key, pos = read_varint(buf, pos)
-        number, wire = key >> 3, key & 7
-        if number == 1 and wire == LEN:
-            start, end = read_len(buf, pos, 1)
-            while start < end:
-                value, start = read_varint(buf, start)
-                dims.append(as_int64(value))
-            pos = end
-        elif number == 1 and wire == VARINT:
-            value, pos = read_varint(buf, pos)
-            dims.append(as_int64(value))
-        else:
-            pos = skip(buf, pos, number, wire)
-    return tuple(dims)
 
 
 def write_blob_file(path: str | os.PathLike, blob: BlobProto) -> None:

@@ -218,14 +218,15 @@ class WireStream:
                 (parts if number == 5 else doubles).append(
                     np.frombuffer(raw, "<f4" if wire == FIXED32 else "<f8"))
             elif number == 7 and wire == LEN:
-                shape = _blob_shape(self.read(self.length_end(7) - self.pos))
+                shape = blob_shape(self.read(self.length_end(7) - self.pos))
             else:
                 self.skip_field(number, wire)
         return _blob_array(parts, doubles, shape, legacy)
 
 
-def _blob_shape(buf: bytes) -> tuple[int, ...]:
-    """BlobShape's dims (packed or not)."""
+def blob_shape(buf: bytes) -> tuple[int, ...]:
+    """A ``BlobShape`` message's dims (``repeated int64 dim = 1``, packed or not; other fields
+    skipped): the one decoder of it, for BlobProto and the streamed blobs alike."""
     dims: list[int] = []
     pos = 0
     while pos < len(buf):

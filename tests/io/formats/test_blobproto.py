@@ -16,6 +16,7 @@ from caffe_py.io.formats.blobproto import (
     read_mean_file,
     write_blob_file,
 )
+from caffe_py.io.formats.wire import blob_shape, len_field
 
 FLOATS = struct.pack("<2f", 1.5, -2.0)
 # compute_image_mean: num=1 (08 01), channels=1 (10 01), height=1 (18 01), width=2 (20 02),
@@ -95,3 +96,17 @@ def test_mean_file_errors(tmp_path):
         read_mean_file(two)
     assert str(info.value) == (f"{two}: a mean file holds one (1, C, H, W) image, this blob is "
                                "2x1x2x2")
+
+
+@pytest.mark.parametrize("raw, dims", [
+    ("0a 03 02 03 04", (2, 3, 4)),  # packed, as Blob::ToProto writes it
+    ("08 02 08 03 08 04", (2, 3, 4)),  # one field per dim
+    ("08 02 a0 01 05 0a 01 07", (2, 7)),  # mixed, with an unknown field 20 in between
+    ("", ()),  # a scalar blob's empty shape
+    ("08 ff ff ff ff ff ff ff ff ff 01", (-1,)),  # int64, ten-byte negative
+])
+def test_the_one_blob_shape_decoder(raw, dims):
+    """BlobShape as BlobProto and the streamed .caffemodel blobs both read it."""
+    buf = bytes.fromhex(raw)
+    assert blob_shape(buf) == dims
+    assert decode_blob(len_field(7, buf)).shape == dims
