@@ -1,6 +1,7 @@
-"""The data pipeline, in four rooms (each with a README.md): ``formats`` (Caffe's bytes: Datum,
-BlobProto, the wire format, image files), ``db`` (the sources of records: LMDB, LevelDB, image
-lists, HDF5 rows, R-CNN windows), ``reader`` (the producer threads, their decoders and the
+"""The data pipeline, in five rooms (each with a README.md; README.md here is the map):
+``formats`` (Caffe's bytes: Datum, BlobProto, the wire format, image files), ``db`` (the sources
+of records: LMDB, LevelDB, image lists, HDF5 rows, R-CNN windows), ``decoders`` (image files
+decoded: threads, processes, libjpeg, nvJPEG), ``reader`` (the producer threads and the
 round-robin queues) and ``feed`` (the data layers' batches, transformed on the device). The
 converters that write databases are ``caffe_py.tools.convert``."""
 from .db.lmdb_store import LmdbReader, LmdbWriter, open_db, partial_path

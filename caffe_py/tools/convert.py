@@ -2,10 +2,10 @@
 what Caffe's tools write: ``convert_mnist_data`` (IDX files), ``convert_imageset`` (an image
 list) and ``convert_cifar_data`` (CIFAR-10 binary batches).
 
-Each input is a :class:`RecordSource`: a count, the key of record ``i``, and the records from
-index ``start`` on. :func:`write_source` puts them through the backend's writer
-(:func:`~.db.open_writer`), so every converter shares the ``DB.partial`` rename and ``resume``
-(continue after the last committed record, once its key is checked against the input's).
+Each input is a :class:`RecordSource`: a count, the key of record ``i``, and the records from index
+``start`` on. :func:`write_source` puts them through the backend's writer
+(:func:`~caffe_py.io.db.db.open_writer`), so every converter shares the ``DB.partial`` rename and
+``resume`` (continue after the last committed record, once its key is checked against the input's).
 """
 from __future__ import annotations
 

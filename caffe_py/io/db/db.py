@@ -1,11 +1,11 @@
 """The database interface the reader and the tools read through, and the backends behind it.
 
-A :class:`Database` is records in an order: ``len()``, and :meth:`~Database.cursor`, a position
-that reads runs of records (:class:`Cursor`). Caffe's two key-value stores implement it
-(:mod:`.lmdb_store`, :mod:`.leveldb_store`: key order, ``fixed_order``), and so do the sources
-of the data layers that are not key-value stores (an image list, a list of HDF5 files, R-CNN
-windows), whose order may change from pass to pass. The reader (:mod:`.reader`) needs nothing
-else: both backends share its producer, cursors, wrap-around, positions and resume.
+A :class:`Database` is records in an order: ``len()``, and :meth:`~Database.cursor`, a position that
+reads runs of records (:class:`Cursor`). Caffe's two key-value stores implement it
+(:mod:`.lmdb_store`, :mod:`.leveldb_store`: key order, ``fixed_order``), and so do the sources of
+the data layers that are not key-value stores (an image list, a list of HDF5 files, R-CNN windows),
+whose order may change from pass to pass. The reader (:mod:`~caffe_py.io.reader.reader`) needs
+nothing else: both backends share its producer, cursors, wrap-around, positions and resume.
 
 ``backend`` names are Caffe's: ``LMDB`` / ``LEVELDB`` in a spec, ``lmdb`` / ``leveldb`` on the
 command line (either case is accepted). Opening a directory of the other kind is a one-line

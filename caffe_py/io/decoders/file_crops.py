@@ -1,11 +1,10 @@
 """One image file of a record decoded and its crop window written into a batch: the code the
-decode threads (:mod:`.image_batch`) and the decode processes (:mod:`.decode_processes`)
-share.
+decode threads (:mod:`~caffe_py.io.feed.image_batch`) and the decode processes
+(:mod:`.decode_processes`) share.
 
-The pixels are the reader's own decoder's (PIL, :func:`~.datum.decode_image`), bit for bit;
-a caller that has the file decoded already (torchvision's decoder, :mod:`.libjpeg`) passes the
-RGB image instead.
-"""
+The pixels are the reader's own decoder's (PIL, :func:`~caffe_py.io.formats.datum.decode_image`),
+bit for bit; a caller that has the file decoded already (torchvision's decoder, :mod:`.libjpeg`)
+passes the RGB image instead. """
 from __future__ import annotations
 
 import io

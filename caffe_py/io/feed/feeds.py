@@ -1,13 +1,11 @@
 """Feeds for a net's data layers: the one place that knows what a data layer holds.
 
 :func:`attach_feeds` subscribes each data layer of a net (what its :meth:`feed_spec` says: the
-source, batch, record shape, dtype and color, effective ``transform``, how its database opens
-and what decodes its records) to a :class:`~.reader.ReaderPool`, builds its feed (a
-:class:`~.prefetch.Prefetcher`), hands the feed to the pool (started and closed with the
-readers) and gives it to the layer. :func:`feed_of` and :func:`swap_feed` let a step that
-replaces a layer's feed for a while (the CUDA-graph step's static feed) do so without reaching
-into the layer.
-"""
+source, batch, record shape, dtype and color, effective ``transform``, how its database opens and
+what decodes its records) to a :class:`~caffe_py.io.reader.reader.ReaderPool`, builds its feed (a
+:class:`~.prefetch.Prefetcher`), hands the feed to the pool (started and closed with the readers)
+and gives it to the layer. :func:`feed_of` and :func:`swap_feed` let a step that replaces a layer's
+feed for a while (the CUDA-graph step's static feed) do so without reaching into the layer. """
 from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any, Protocol
@@ -30,7 +28,7 @@ class Feed(Protocol):
 class NetWithData(Protocol):
     """A net, as far as feeds go: its data layers (each with ``feed_spec(seed, draws)``,
     ``phase``, ``name`` and ``attach(feed)``; ``draws`` is the net's
-    :class:`~.caffe_rng.GlobalDraws`, Caffe's caffe_rng_rand() stream)."""
+    :class:`~caffe_py.io.db.caffe_rng.GlobalDraws`, Caffe's caffe_rng_rand() stream)."""
 
     def data_layers(self) -> list[Any]: ...
 

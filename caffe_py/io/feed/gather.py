@@ -1,15 +1,14 @@
 """Batches gathered in the training thread from a decoded database (no feed or reader thread).
 
-Once the reader keeps a stream's database decoded (a small database, after its first pass), a
-feed with a small batch stops its thread and makes each batch here, from the reader's
-:class:`~.records.DecodedView`: which records by position arithmetic (the consumer's record c
-is database record ``(origin + start + step c) mod N``, exactly where the reader would have
-read it), then one numpy gather with the crop. On CUDA a database small enough is kept on the
-device when the transform has no random choices (:class:`DeviceGather`: a batch is a slice),
-and otherwise several batches are staged at once (:class:`StagedGather`): a few microseconds of
-the loop's own time per batch instead of two threads waking and taking the GIL. The batches
-are the threaded path's, bit for bit.
-"""
+Once the reader keeps a stream's database decoded (a small database, after its first pass), a feed
+with a small batch stops its thread and makes each batch here, from the reader's
+:class:`~caffe_py.io.reader.records.DecodedView`: which records by position arithmetic (the
+consumer's record c is database record ``(origin + start + step c) mod N``, exactly where the reader
+would have read it), then one numpy gather with the crop. On CUDA a database small enough is kept on
+the device when the transform has no random choices (:class:`DeviceGather`: a batch is a slice), and
+otherwise several batches are staged at once (:class:`StagedGather`): a few microseconds of the
+loop's own time per batch instead of two threads waking and taking the GIL. The batches are the
+threaded path's, bit for bit. """
 from __future__ import annotations
 
 import numpy as np

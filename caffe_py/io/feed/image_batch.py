@@ -1,12 +1,12 @@
 """A feed's batches of image files (encoded records the reader hands over undecoded), decoded
-and cropped: by the CPU decode processes (:mod:`.decode_processes`), by the decode threads
-(torchvision's libjpeg-turbo binding, :mod:`.libjpeg`, or PIL), or on the GPU (nvJPEG,
-:mod:`.nvjpeg`).
+and cropped: by the CPU decode processes (:mod:`~caffe_py.io.decoders.decode_processes`), by the
+decode threads (torchvision's libjpeg-turbo binding, :mod:`~caffe_py.io.decoders.libjpeg`, or PIL),
+or on the GPU (nvJPEG, :mod:`~caffe_py.io.decoders.nvjpeg`).
 
 CPU: each worker decodes its part of the batch and writes each record's crop window, mirrored
 where the transform flips it and in Caffe's BGR order, straight into the batch buffer (the
 pinned slot on CUDA): the decoded image is read once. The pixels are those of the reader's
-own decoder (:func:`~.datum.decode_image`), bit for bit.
+own decoder (:func:`~caffe_py.io.formats.datum.decode_image`), bit for bit.
 
 GPU: the batch's files go to nvJPEG in one call and the images are stacked; the feed then crops,
 mirrors and turns RGB into BGR with the rest of the transform in one pass on the device
@@ -50,7 +50,8 @@ class BatchImages:
         self.gpu_error: str | None = None  # nvJPEG refused a batch: see host()
         self.libjpeg = (record_shape[0] == 3 and color is not False
                         and self._cpu_decoder() == "torchvision")
-        """Whether the CPU workers decode colour JPEGs with torchvision (:mod:`.libjpeg`)."""
+        """Whether the CPU workers decode colour JPEGs with torchvision
+        (:mod:`~caffe_py.io.decoders.libjpeg`)."""
         self.crops = (ProcessCrops(processes, path, record_shape, color)
                       if processes is not None else None)
         """The decode processes' side of this feed (None: the decode threads decode)."""

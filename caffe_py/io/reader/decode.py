@@ -1,16 +1,16 @@
 """Decoding a chunk of one stream's records into arrays.
 
 Raw uint8 records take a fast path of a few numpy operations for the whole chunk
-(:mod:`.raw_records`); anything else (encoded images, float_data, negative labels, other field
-orders) goes through the full Datum decoder, record by record, split between the decode workers
-(:mod:`.workers`) when there are several. The reader's producer hands a :class:`ChunkDecoder`
-the keys and values it read, in key order, and gets pixels and labels back in the same order.
+(:mod:`~caffe_py.io.formats.raw_records`); anything else (encoded images, float_data, negative
+labels, other field orders) goes through the full Datum decoder, record by record, split between the
+decode workers (:mod:`~caffe_py.io.decoders.workers`) when there are several. The reader's producer
+hands a :class:`ChunkDecoder` the keys and values it read, in key order, and gets pixels and labels
+back in the same order.
 
-Encoded records of a stream the reader does not keep decoded are not decoded here: the chunk
-comes back as the records' image files (:mod:`.envelope`: a few byte comparisons per record),
-and each replica's feed decodes its own share, on its GPU or with the workers
-(:mod:`.image_batch`).
-"""
+Encoded records of a stream the reader does not keep decoded are not decoded here: the chunk comes
+back as the records' image files (:mod:`~caffe_py.io.formats.envelope`: a few byte comparisons per
+record), and each replica's feed decodes its own share, on its GPU or with the workers
+(:mod:`~caffe_py.io.feed.image_batch`). """
 from __future__ import annotations
 
 from collections.abc import Sequence

@@ -14,9 +14,10 @@ would take the GIL from a launch-bound training loop. Two Data layers that read 
 two streams with two read positions: each sees what it would see reading the database alone.
 
 Encoded records (JPEG, PNG files) are decoded by the pool's decode workers
-(:mod:`.workers`), in order: in the chunk, for a database the reader keeps decoded; otherwise
-the chunk goes over as the records' image files and each replica's feed decodes its own share
-(on its GPU, or with the workers), so the queues, the round-robin and the state do not change.
+(:mod:`~caffe_py.io.decoders.workers`), in order: in the chunk, for a database the reader keeps
+decoded; otherwise the chunk goes over as the records' image files and each replica's feed decodes
+its own share (on its GPU, or with the workers), so the queues, the round-robin and the state do not
+change.
 
 A consumer (a feed) uses its queue only through :meth:`RecordQueue.get_batch`,
 :meth:`~RecordQueue.mark_consumed`, :meth:`~RecordQueue.detach` and
