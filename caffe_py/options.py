@@ -26,7 +26,10 @@ class TrainOptions:
     weights: list[str] = field(default_factory=list)
     """Weights files to start from (fine-tuning), copied by layer name in order."""
     snapshot: str | None = None
-    """A .solverstate file to resume from (exclusive with ``weights``)."""
+    """A .solverstate file to resume from (exclusive with ``weights``), or 'latest': the
+    newest state of the solver's snapshot_prefix that loads."""
+    overwrite: bool = False
+    """Start a new run over a snapshot_prefix that already has snapshots (refused without)."""
     sigint_effect: str = STOP
     sighup_effect: str = SNAPSHOT
     sigterm_effect: str = SNAPSHOT_STOP

@@ -1,6 +1,7 @@
 """Data-parallel training in one process: one Solver and one thread per device.
 
-:class:`Replicated` is the strategy ``cpy train --gpus 0,1,2,3`` (or ``--gpus cpu:N``) runs.
+:class:`ReplicatedRun` is what the Replicated strategy (caffe_py/strategies.py) of ``cpy train
+--gpus 0,1,2,3`` (or ``--gpus cpu:N``) runs.
 Every replica builds the full TRAIN net on its device and reads its own share of each database
 (a shared :class:`~caffe_py.io.ReaderPool`: replica i of N gets records i, i+N, ...), so each
 device runs the net's batch size and the effective batch is batch x N, as in Caffe. Replica 0
@@ -17,7 +18,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
@@ -44,6 +45,9 @@ from .sync import (
     replica_error,
     run_replicas,
 )
+
+if TYPE_CHECKING:
+    from ..net import Net
 
 log = logging.getLogger(__name__)
 
@@ -179,10 +183,11 @@ class ReplicatedRun:
         except torch.cuda.OutOfMemoryError as exc:
             raise replica_error(Failure(i, self.devices[i], exc)) from None
 
-    def _sync_callbacks(self, i: int) -> list[Any]:
+    def _sync_callbacks(self, i: int) -> list[Callback]:
         """Replica i's sync callbacks: the tree's (or ring's), or model averaging's; the root
         of a run where only the hosts average also hands its model to the hosts' exchange."""
         averaging = self.averaging
+        inner: Callback
         if averaging is not None and self.schedule.averages_replicas:
             inner = averaging.callback(i)
         else:
@@ -274,20 +279,7 @@ class ReplicatedRun:
         self.close()
 
 
-class Replicated:
-    """The strategy of one process with several devices (see the module docstring)."""
-
-    leads = True
-
-    def __init__(self, devices: Sequence[torch.device], options: TrainOptions):
-        self.devices, self.options = list(devices), options
-
-    def run(self, param: SolverParameter, action: Callable[[], str]) -> Solver:
-        with ReplicatedRun(param, self.devices, self.options, action=action) as run:
-            return run.run()
-
-
-def state_blobs(net: Any) -> list[torch.Tensor]:
+def state_blobs(net: Net) -> list[torch.Tensor]:
     """Blobs that are not learnable but travel with the weights (BatchNorm's running sums).
 
     Only floating blobs of the learnable dtype go into the flat state buffer; shared blobs

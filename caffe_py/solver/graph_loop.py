@@ -8,7 +8,10 @@ iteration without a new capture). Small nets are bound by the host's launches, s
 iterations go into one graph (a *chunk*): per chunk the host only copies the next batches into
 their slots, copies the rates, replays, and does the bookkeeping Caffe does after each
 iteration (display, test, snapshot and signals happen at chunk boundaries, which the chunk
-length divides).
+length divides). That bookkeeping is the Solver's own Step: a chunk is
+``begin_iteration()``, the replay in place of ``passes()`` and the update, and
+``end_iteration(losses, outputs, count=chunk, planned=rates)``; the rates come from
+``Solver.plan_rates``, so the loop keeps no state of the Solver's.
 
 The first iterations run eagerly (warm-up: cuDNN picks its kernels, lazy handles are made),
 then a graph of one iteration is captured (capture runs nothing, so no state moves); the next
@@ -20,16 +23,25 @@ from __future__ import annotations
 
 import logging
 import math
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING
 
 import torch
 
 from ..errors import SolverError
-from ..io.feed.feeds import feed_of, swap_feed
-from .graphs import register_generators
-from .lr_policy import learning_rate
+from .graphs import (
+    StaticFeed,
+    capture_blocker,
+    install_static_feeds,
+    register_generators,
+    restore_feeds,
+)
 from .roles import AutoCompile
+
+if TYPE_CHECKING:
+    from ..net import NetOutput
+    from .solver import Solver
 
 log = logging.getLogger(__name__)
 
@@ -44,41 +56,17 @@ SLOT_BYTES_MAX = 256 << 20
 """The static batch slots of a chunk take at most this much device memory."""
 
 
-class SlotFeed:
-    """What a Data layer reads inside the graphs: static batch slots, filled from the real
-    feed before each replay; the n-th ``next()`` of a capture returns slot n."""
-
-    def __init__(self, real: Any, shapes: list[tuple[int, ...]], slots: int,
-                 device: torch.device):
-        self.real = real
-        self.data = torch.zeros((slots, *shapes[0]), dtype=torch.float32, device=device)
-        label_shape = shapes[1] if len(shapes) > 1 else (shapes[0][0],)
-        self.label = torch.zeros((slots, *label_shape), dtype=torch.int64, device=device)
-        self.cursor = 0
-
-    def next(self) -> tuple[torch.Tensor, torch.Tensor]:
-        slot = self.cursor % len(self.data)
-        self.cursor += 1
-        return self.data[slot], self.label[slot]
-
-    def fill(self, slots: int) -> None:
-        """Copy the real feed's next ``slots`` batches into slots 0 .. slots-1."""
-        for k in range(slots):
-            data, label = self.real.next()
-            self.data[k].copy_(data, non_blocking=True)
-            self.label[k].copy_(label, non_blocking=True)
-
-
 @dataclass
 class _Graph:
     """One captured chunk of ``length`` iterations."""
 
     length: int
-    graph: Any
+    graph: torch.cuda.CUDAGraph | _Emulated
     losses: torch.Tensor
     """(length,) each iteration's mean loss, written by the replay."""
-    first_out: Any
-    """The first iteration's NetOutput (static tensors: what display shows)."""
+    first_out: list[NetOutput]
+    """[the first iteration's outputs]: static tensors, what display shows (made by the
+    capture; the CPU emulation makes it anew at each replay)."""
 
 
 @dataclass
@@ -88,21 +76,22 @@ class _Scales:
 
     device: torch.Tensor
     host: list[torch.Tensor]
-    done: list[Any] = field(default_factory=lambda: [None, None])
+    done: list[torch.cuda.Event | None] = field(default_factory=lambda: [None, None])
     turn: int = 0
 
     def put(self, rows: list[list[float]]) -> None:
         k = self.turn % 2
         self.turn += 1
-        if self.done[k] is not None:
-            self.done[k].synchronize()   # the copy that last read this buffer has finished
+        done = self.done[k]
+        if done is not None:
+            done.synchronize()   # the copy that last read this buffer has finished
         buf = self.host[k]
         buf[:len(rows)] = torch.tensor(rows, dtype=torch.float32)
         on_cuda = self.device.is_cuda
         self.device[:len(rows)].copy_(buf[:len(rows)], non_blocking=on_cuda)
         if on_cuda:
-            self.done[k] = torch.cuda.Event()
-            self.done[k].record()
+            done = self.done[k] = torch.cuda.Event()
+            done.record()
 
 
 class GraphedLoop:
@@ -128,7 +117,7 @@ class GraphedLoop:
         """Iterations per replay (0: not chosen yet)."""
         self.fallback: str | None = None
         self.graphs: dict[int, _Graph] = {}
-        self.feeds: list[SlotFeed] = []
+        self.feeds: list[StaticFeed] = []
         self.scales: _Scales | None = None
         self._warm = 0
         self._replay_ms: list[float] = []
@@ -136,7 +125,7 @@ class GraphedLoop:
         """Batch slots per Data layer, in iterations: the longest chunk memory allows."""
 
     # --- the loop ---------------------------------------------------------------------------
-    def run(self, s: Any, stop_iter: int) -> None:
+    def run(self, s: Solver, stop_iter: int) -> None:
         if self.fallback is not None:
             s.iteration()
             return
@@ -149,11 +138,8 @@ class GraphedLoop:
             if self.fallback is not None:
                 s.iteration()
                 return
-        s.start()
-        if s.test_due():
-            s.test_all()
-            if s.stop_requested:
-                return
+        if not s.begin_iteration():
+            return
         if len(self._replay_ms) < TIMED_REPLAYS and self.chunk_cap is None:
             self._timed_replay(s)
             if len(self._replay_ms) == TIMED_REPLAYS and self.auto_compile is not None:
@@ -163,40 +149,26 @@ class GraphedLoop:
             self._add_chunk(s)
         self._replay(s, self._length(s, stop_iter))
 
-    def _length(self, s: Any, stop_iter: int) -> int:
+    def _length(self, s: Solver, stop_iter: int) -> int:
         """The chunk when it fits before the next boundary, else one iteration."""
         k = self.chunk
         return k if k > 1 and s.iter % k == 0 and s.iter + k <= stop_iter else 1
 
-    def _replay(self, s: Any, length: int) -> None:
+    def _replay(self, s: Solver, length: int) -> None:
+        """``length`` iterations' passes and updates as one replay, between the Solver's
+        ``begin_iteration`` (done) and ``end_iteration``."""
         g = self.graphs[length]
-        display = s.display_due()
         for feed in self.feeds:
             feed.fill(length * s.param.iter_size)
-        rates = self._put_scales(s, length)
-        g.graph.replay()
-        s.monitor.record_many(s.iter, g.losses)
-        if display:
-            s.display(g.first_out if g.first_out is not None else g.graph.outs[0])
-            s.show_rate(rates[0])
-        s.finish_iteration(length)
-
-    def _put_scales(self, s: Any, length: int) -> list[float]:
-        """Compute the next ``length`` iterations' rates on the host (advancing current_step
-        as Caffe does) and copy each group's multiplier to the device."""
-        rows, rates = [], []
-        current = s.current_step
-        for j in range(length):
-            rate, current = learning_rate(s.param, s.iter + j, current)
-            rates.append(rate)
-            rows.append(s.updater.scales(rate, s.iter + j))
-        s.current_step = current
+        plan = s.plan_rates(length)
         assert self.scales is not None
-        self.scales.put(rows)
-        return rates
+        self.scales.put([s.updater.scales(rate, plan.first_iter + j)
+                         for j, rate in enumerate(plan.rates)])
+        g.graph.replay()
+        s.end_iteration(g.losses, g.first_out[0], count=length, planned=plan)
 
     # --- capture, timing, the chunk ---------------------------------------------------------
-    def _timed_replay(self, s: Any) -> None:
+    def _timed_replay(self, s: Solver) -> None:
         """A real iteration replayed alone, its device time noted (CPU emulation: 0)."""
         if s.device.type != "cuda":
             self._replay(s, 1)
@@ -210,7 +182,7 @@ class GraphedLoop:
         end.synchronize()
         self._replay_ms.append(start.elapsed_time(end))
 
-    def _consider_compiling(self, s: Any, stop_iter: int) -> None:
+    def _consider_compiling(self, s: Solver, stop_iter: int) -> None:
         """Once: compile the net when the measured step says the run is long (AutoCompile);
         then drop the graphs and go back to the warm-up, which runs (and compiles) the
         compiled step before it is captured."""
@@ -229,14 +201,14 @@ class GraphedLoop:
         self.scales, self.chunk, self._warm, self._replay_ms = None, 0, 0, []
         s.step_fn = policy.step(s.net)
 
-    def _add_chunk(self, s: Any) -> None:
+    def _add_chunk(self, s: Solver) -> None:
         """Choose the chunk length and capture its graph (once)."""
         self.chunk = self._chunk_length(s)
         if self.chunk not in self.graphs:
             self.graphs[self.chunk] = self._record(s, self.chunk)
 
-    def _capture(self, s: Any) -> None:
-        reason = capture_blocker(s, self.emulate)
+    def _capture(self, s: Solver) -> None:
+        reason = capture_blocker(s, whole_iteration=True, emulate=self.emulate)
         if reason is None:
             try:
                 self._build(s)
@@ -252,14 +224,10 @@ class GraphedLoop:
             self.fallback = reason
             log.info(f"CUDA graphs off ({s.device}): {reason}; running eagerly")
 
-    def _build(self, s: Any) -> None:
+    def _build(self, s: Solver) -> None:
         """Static slots, the rates' buffers, fixed gradients, and the one-iteration graph."""
         self.slots = self._max_chunk(s)
-        passes = s.param.iter_size
-        self.feeds = [SlotFeed(feed_of(layer), layer.top_shapes, self.slots * passes, s.device)
-                      for layer in s.net.data_layers()]
-        for layer, feed in zip(s.net.data_layers(), self.feeds, strict=True):
-            swap_feed(layer, feed)
+        self.feeds = install_static_feeds(s, self.slots * s.param.iter_size)
         groups = len(s.updater.groups)
         pinned = s.device.type == "cuda"
         self.scales = _Scales(torch.zeros((self.slots, groups), device=s.device),
@@ -273,14 +241,14 @@ class GraphedLoop:
             torch.cuda.synchronize(s.device)
         self.graphs[1] = self._record(s, 1)
 
-    def _max_chunk(self, s: Any) -> int:
+    def _max_chunk(self, s: Solver) -> int:
         """The longest chunk the batch slots' memory allows (the given chunk, else CHUNK_MAX)."""
         k = self.chunk_cap if self.chunk_cap is not None else CHUNK_MAX
         slot_bytes = sum(4 * math.prod(layer.top_shapes[0]) + 8 * layer.top_shapes[0][0]
                          for layer in s.net.data_layers()) * s.param.iter_size
         return min(k, max(1, SLOT_BYTES_MAX // slot_bytes)) if slot_bytes else k
 
-    def _chunk_length(self, s: Any) -> int:
+    def _chunk_length(self, s: Solver) -> int:
         """Iterations per replay: about CHUNK_TARGET_MS of device time by the timed replays (or
         the chunk given), within the slots, dividing every interval at which the host must step
         in between iterations."""
@@ -296,25 +264,24 @@ class GraphedLoop:
             k = max(d for d in range(1, k + 1) if common % d == 0)
         return k
 
-    def _record(self, s: Any, length: int) -> _Graph:
+    def _record(self, s: Solver, length: int) -> _Graph:
         losses = torch.zeros(length, device=s.device)
         assert self.scales is not None
         scales = [self.scales.device[j] for j in range(length)]  # one row: a rate per group
-        outs: list[Any] = []
+        outs: list[NetOutput] = []
 
         def iterations() -> None:
             for feed in self.feeds:
                 feed.cursor = 0
             for j in range(length):
-                s.zero_grads()
-                loss, out = s.step_fn(s)
+                loss, out = s.passes()
                 losses[j].copy_(loss)
                 s.updater.apply_scales(scales[j])
                 if j == 0:
                     outs[:] = [out]
 
         if self.emulate:
-            return _Graph(length, _Emulated(iterations, outs), losses, None)
+            return _Graph(length, _Emulated(iterations), losses, outs)
         graph = torch.cuda.CUDAGraph()
         register_generators(graph, _device_generators(s))
         capture = torch.cuda.Stream(s.device)
@@ -322,41 +289,23 @@ class GraphedLoop:
         with torch.cuda.graph(graph, stream=capture, capture_error_mode="thread_local"):
             iterations()
         torch.cuda.current_stream(s.device).wait_stream(capture)
-        return _Graph(length, graph, losses, outs[0])
+        return _Graph(length, graph, losses, outs)
 
-    def _restore_feeds(self, s: Any) -> None:
-        for layer, feed in zip(s.net.data_layers(), self.feeds, strict=True):
-            swap_feed(layer, feed.real)
+    def _restore_feeds(self, s: Solver) -> None:
+        restore_feeds(s, self.feeds)
         self.feeds = []
 
 
 class _Emulated:
     """A stand-in for a captured graph: :meth:`replay` runs the recorded function again."""
 
-    def __init__(self, fn: Any, outs: list[Any]):
-        self.fn, self.outs = fn, outs
+    def __init__(self, fn: Callable[[], None]):
+        self.fn = fn
 
     def replay(self) -> None:
         self.fn()
 
 
-def capture_blocker(s: Any, emulate: bool = False) -> str | None:
-    """Why ``s``'s whole iteration cannot be captured (None when it can)."""
-    if s.device.type != "cuda" and not emulate:
-        return f"the net runs on {s.device}, not CUDA"
-    if s.callbacks:
-        return "callbacks run between the forward and the update"
-    for layer in s.net.layers:
-        for name, gen in layer.generators().items():
-            if gen.device.type != s.device.type:
-                return f"layer '{layer.name}' draws from a host generator ({name})"
-        if not layer.capturable:
-            return f"layer '{layer.name}' ({layer.spec.type}) runs host code every forward"
-        if layer.spec.type == "Data" and feed_of(layer) is None:
-            return f"Data layer '{layer.name}' has no feed attached"
-    return None
-
-
-def _device_generators(s: Any) -> list[torch.Generator]:
+def _device_generators(s: Solver) -> list[torch.Generator]:
     return [g for layer in s.net.layers for g in layer.generators().values()
             if g.device.type == "cuda"]

@@ -21,7 +21,7 @@ import torch
 from ..errors import CaffePyError
 
 if TYPE_CHECKING:
-    from ..net import NetOutput
+    from ..net import Net, NetOutput
     from .solver import Solver
 
 log = logging.getLogger(__name__)
@@ -67,7 +67,8 @@ class StepFn(Protocol):
     def __call__(self, solver: Solver) -> tuple[torch.Tensor, NetOutput]: ...
 
 
-def eager_step(solver: Solver, net: Any = None) -> tuple[torch.Tensor, NetOutput]:
+def eager_step(solver: Solver, net: Callable[[], NetOutput] | None = None,
+               ) -> tuple[torch.Tensor, NetOutput]:
     """The plain step: iter_size forward and backward passes, op by op (through ``net``, a
     compiled form of the solver's net, when given); the backward passes run on this thread
     when the solver's :attr:`~caffe_py.solver.solver.Solver.backward_in_caller` says so."""
@@ -105,9 +106,11 @@ class CompiledStep:
     log line and the step runs the plain net from then on; the batch the failed call read is
     not trained on (the data positions count it, so nothing is read twice)."""
 
-    def __init__(self, net: Any, *, fallback: bool = False,
+    def __init__(self, net: Net | None = None, *, fallback: bool = False,
                  compiler: Any = torch.compile):
-        self.net = compiler(net)
+        self.compiler = compiler
+        self.net = compiler(net) if net is not None else None
+        """The compiled net: ``net`` compiled now, or (None) the solver's at the first call."""
         self.fallback = fallback
         self.failed: str | None = None
         """Why compiling failed (the step then runs the plain net)."""
@@ -115,6 +118,8 @@ class CompiledStep:
     def __call__(self, solver: Solver) -> tuple[torch.Tensor, NetOutput]:
         if self.failed is not None:
             return eager_step(solver)
+        if self.net is None:
+            self.net = self.compiler(solver.net)
         if not self.fallback:
             return eager_step(solver, self.net)
         try:
@@ -144,5 +149,5 @@ class AutoCompile:
     def worth(self, iterations_left: int, step_ms: float) -> bool:
         return iterations_left * step_ms / 1000.0 > self.min_seconds
 
-    def step(self, net: Any) -> CompiledStep:
+    def step(self, net: Net) -> CompiledStep:
         return CompiledStep(net, fallback=True, compiler=self.compiler)

@@ -10,7 +10,8 @@ import pytest
 import torch
 
 from caffe_py.errors import SolverError
-from caffe_py.solver.graph_loop import GraphedLoop, capture_blocker
+from caffe_py.solver.graph_loop import GraphedLoop
+from caffe_py.solver.graphs import capture_blocker
 from caffe_py.solver.solver import Solver
 
 
@@ -123,7 +124,7 @@ def test_callbacks_keep_the_eager_loop_and_say_why(ws, caplog):
     assert ("CUDA graphs off (cpu): callbacks run between the forward and the update; running "
             "eagerly") in caplog.messages
     with Solver(ws.load(max_iter=4)) as solver:
-        assert capture_blocker(solver) == "the net runs on cpu, not CUDA"
+        assert capture_blocker(solver, whole_iteration=True) == "the net runs on cpu, not CUDA"
 
 
 def test_without_a_given_chunk_three_timed_single_replays_size_it(ws):
