@@ -131,7 +131,8 @@ random_seed: 3
 """
 
 
-TREE_CACHES = {"__pycache__", ".pytest_cache", ".ruff_cache", ".mypy_cache"}
+TREE_CACHES = {"__pycache__", ".pytest_cache", ".ruff_cache", ".mypy_cache", ".hypothesis"}
+"""Tool caches inside the checkout (hypothesis keeps its example database in .hypothesis)."""
 
 
 def tree_state(root: Path) -> dict[str, tuple[int, int]] | None:

@@ -42,6 +42,8 @@ def test_an_unchanged_tree_passes_even_when_it_was_dirty_before(repo):
     assert set(before) == {"dirty.txt"}
     (repo / "__pycache__").mkdir()
     (repo / "__pycache__" / "m.pyc").write_bytes(b"")  # caches are not the checkout's files
+    (repo / ".hypothesis" / "constants").mkdir(parents=True)
+    (repo / ".hypothesis" / "constants" / "a1").write_bytes(b"")
     assert tree_changes(before, tree_state(repo)) == []
 
 
