@@ -300,7 +300,8 @@ class Data(FedLayer):
 
         dp = self.param("data_param")
         return open_db(dp.source, dp.backend,
-                       switch=lambda found: f"set data_param.backend: {found.upper()}")
+                       switch=lambda found: f"set data_param.backend: {found.upper()}",
+                       create_lock=not self.ctx.options.get("inspect"))
 
     def feed_spec(self, seed: int, draws: GlobalDraws) -> FeedSpec:
         """What the data pipeline reads for this layer (see caffe_py.io.feed.feeds); takes the

@@ -25,7 +25,7 @@ import numpy as np
 from ..errors import DataError
 from ..io.db.db import open_writer
 from ..io.db.image_list import ListEntry, read_image_list
-from ..io.db.partial import PartialWriter, partial_path, remove_partial
+from ..io.db.partial import PartialWriter, partial_path
 from ..io.formats.datum import Datum, encode_datum, format_key
 from ..io.formats.images import (
     ENCODE_TYPES,
@@ -87,17 +87,22 @@ class ConvertResult:
     skipped: bool = False  # the database was already complete (CIFAR --resume)
 
     def line(self) -> str:
-        """The summary line the commands print."""
+        """The summary line the commands print: the records the database holds, and, after a
+        resume, how many of them this run wrote."""
         if self.skipped:
             return f"{self.path}: already complete ({self.records} records), skipped"
         resumed = self.records - self.written
-        after = f" (resumed after {resumed})" if resumed else ""
-        return (f"{self.path}: {self.written} records, {self.bytes} bytes, "
-                f"{self.seconds:.1f} s{after}")
+        if not resumed:
+            return f"{self.path}: {self.records} records, {self.bytes} bytes, " \
+                f"{self.seconds:.1f} s"
+        return (f"{self.path}: {self.records} records ({self.written} written now, "
+                f"{self.bytes} bytes), {self.seconds:.1f} s (resumed after {resumed})")
 
 
 class RecordSource(Protocol):
     count: int
+    inputs: list[Path]
+    """The files the records come from (a resume checks it continues the same ones)."""
 
     def key(self, index: int) -> bytes: ...
 
@@ -112,6 +117,7 @@ def write_source(source: RecordSource, db: str | Path, *, resume: bool = False,
     began = time.perf_counter()
     writer = open_writer(db, backend, resume=resume)
     try:
+        writer.record_inputs(source.inputs)
         _check_resume_point(source, writer)
         bar = progress(source.count, Path(db).name)
         bar.update(writer.resumed)
@@ -122,9 +128,7 @@ def write_source(source: RecordSource, db: str | Path, *, resume: bool = False,
         finally:
             bar.close()
     except BaseException:
-        writer.abandon()
-        if writer.records == 0:  # nothing worth resuming: leave no trace
-            remove_partial(db)
+        writer.abandon(discard_if_empty=True)  # nothing worth resuming: leave no trace
         raise
     summary = writer.finish()
     return ConvertResult(summary.path, summary.records, summary.written, summary.bytes,
@@ -186,6 +190,7 @@ class IdxSource:
 
     def __init__(self, images: str | Path, labels: str | Path, *, limit: int | None = None):
         images, labels = Path(images), Path(labels)
+        self.inputs = [images, labels]
         image_bytes, label_bytes = read_idx_bytes(images), read_idx_bytes(labels)
         count, self.rows, self.cols = _idx_header(images, image_bytes, IDX_IMAGES_MAGIC, 3,
                                                   "images")
@@ -260,6 +265,7 @@ class ImagesetSource:
     def __init__(self, root: str | Path, listfile: str | Path, options: ImagesetOptions):
         options.check()
         self.root, self.listfile, self.options = Path(root), Path(listfile), options
+        self.inputs = [self.listfile]
         self.entries = read_image_list(listfile)
         if options.shuffle:
             order = np.random.default_rng(options.seed).permutation(len(self.entries))
@@ -357,7 +363,7 @@ class CifarSource:
     converter numbers them; Datum (3, 32, 32) in the file's RGB order, no encoded."""
 
     def __init__(self, files: list[Path]):
-        self.files = files
+        self.files = self.inputs = files
         self.batches: list[bytes] = []
         for file in files:
             try:

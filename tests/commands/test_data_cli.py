@@ -70,7 +70,7 @@ def test_existing_and_partial_databases_are_refused(idx, tmp_path):
     result = _run("convert", "idx", *idx, tmp_path / "db2", "--resume")
     assert result.exit_code == 0
     assert result.output.endswith(" s (resumed after 4)\n")
-    assert result.output.startswith(f"{tmp_path}/db2: 0 records, 0 bytes, ")
+    assert result.output.startswith(f"{tmp_path}/db2: 4 records (0 written now, 0 bytes), ")
 
 
 def test_imageset_errors(tmp_path):

@@ -158,3 +158,125 @@ def test_a_resume_refuses_weights_another_run_wrote(tmp_path, monkeypatch):
     solver = caffe_py.train_solver("solver.yaml", devices="cpu", snapshot="latest")
     assert solver.iter == 6
     assert (snaps / "tiny_resume_2_solver.yaml").is_file()   # it resumed iteration 2
+
+
+# --- one conversion per database ----------------------------------------------------------------
+def _png_bytes(value: int) -> bytes:
+    import io
+
+    import numpy as np
+    from PIL import Image
+
+    out = io.BytesIO()
+    Image.fromarray(np.full((4, 4, 3), value, np.uint8)).save(out, format="PNG")
+    return out.getvalue()
+
+
+@pytest.fixture
+def stalled_conversion(tmp_path):
+    """`cpy convert imageset` of 1,500 images whose 1,201st is a FIFO: it commits its first
+    1,000 records into db.partial, then waits on the FIFO (as on a hung network share) until
+    the test writes an image into it."""
+    import os
+
+    images = tmp_path / "images"
+    images.mkdir()
+    png = _png_bytes(7)
+    lines = []
+    for i in range(1500):
+        name = f"{i:04d}.png"
+        if i == 1200:
+            os.mkfifo(images / name)
+        else:
+            (images / name).write_bytes(png)
+        lines.append(f"{name} {i % 3}")
+    (tmp_path / "list.txt").write_text("\n".join(lines) + "\n")
+    live = cli_process(tmp_path, "convert", "imageset", "images", "list.txt", "db")
+    deadline = time.monotonic() + 60
+    while not (tmp_path / "db.partial" / "data.mdb").exists() or \
+            (tmp_path / "db.partial" / "data.mdb").stat().st_size < 16384:
+        assert live.poll() is None and time.monotonic() < deadline, live.stderr.read()
+        time.sleep(0.1)
+
+    def release():
+        with open(images / "1200.png", "wb") as fifo:
+            fifo.write(png)
+
+    yield tmp_path, live, release
+    live.kill()
+
+
+def test_a_second_conversion_into_a_live_ones_database_is_refused(stalled_conversion):
+    """The second is refused naming the live one's pid (it used to be told that db.partial
+    was left by an interrupted conversion, to delete it); the live one then completes."""
+    work, live, release = stalled_conversion
+    for extra in ([], ["--resume"]):
+        second = cli_process(work, "convert", "imageset", "images", "list.txt", "db", *extra)
+        _, err = second.communicate(timeout=60)
+        assert second.returncode == 1
+        assert err.strip() == (f"Error: database db is in use by another process (pid "
+                               f"{live.pid}, holding db.lock); wait for that conversion to "
+                               "end, or write to another path")
+    release()
+    out, err = live.communicate(timeout=60)
+    assert live.returncode == 0, err
+    assert out.startswith("db: 1500 records, ")
+    assert sorted(p.name for p in work.iterdir() if p.name.startswith("db")) == ["db"]
+
+
+def test_a_partial_database_deleted_under_a_live_conversion_is_one_line(stalled_conversion):
+    import shutil
+
+    work, live, release = stalled_conversion
+    shutil.rmtree(work / "db.partial")
+    release()
+    _, err = live.communicate(timeout=60)
+    assert live.returncode == 1
+    assert err.strip() == ("Error: db.partial was removed while this conversion wrote it; "
+                           "convert again")
+
+
+def test_a_resume_continues_only_the_input_it_began(tmp_path):
+    """--resume of another input of the same length is refused (it used to append the second
+    input's records after the first's); the summary of a resume counts every record."""
+    from synthetic import random_idx
+
+    from caffe_py.errors import DataError
+    from caffe_py.tools.convert import convert_idx
+
+    first, second = tmp_path / "first", tmp_path / "second"
+    first.mkdir()
+    second.mkdir()
+    images, labels, *_ = random_idx(first, 2500, seed=1)
+    other_images, other_labels, *_ = random_idx(second, 2500, seed=2)
+
+    class Stop(Exception):
+        pass
+
+    class StopAfter:
+        def __init__(self, n):
+            self.n = n
+
+        def update(self, k):
+            self.n -= k
+            if self.n < 0:
+                raise Stop
+
+        def close(self):
+            pass
+
+    db = tmp_path / "db"
+    with pytest.raises(Stop):
+        convert_idx(images, labels, db, progress=lambda total, what: StopAfter(1499))
+    with pytest.raises(DataError) as caught:
+        convert_idx(other_images, other_labels, db, resume=True)
+    assert str(caught.value) == (
+        f"{tmp_path / 'db.partial'}: cannot resume: it was begun from {images} "
+        f"({images.stat().st_size:,} bytes), not {other_images} "
+        f"({other_images.stat().st_size:,} bytes); delete it and convert again, or resume with "
+        "the inputs it was begun from")
+    result = convert_idx(images, labels, db, resume=True)
+    assert (result.records, result.written) == (2500, 1000)
+    assert result.line().startswith(f"{db}: 2500 records (1000 written now, ")
+    assert result.line().endswith(" s (resumed after 1500)")
+    assert sorted(p.name for p in db.iterdir()) == ["data.mdb", "lock.mdb"]

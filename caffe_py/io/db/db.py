@@ -111,9 +111,12 @@ def cli_switch(found: str) -> str:
 
 
 def open_db(path: str | os.PathLike, backend: str = "lmdb", *, fix: str | None = None,
-            switch: Callable[[str], str] = cli_switch) -> KeyValueDatabase:
+            switch: Callable[[str], str] = cli_switch,
+            create_lock: bool = True) -> KeyValueDatabase:
     """Open a database of ``backend`` for reading; a missing or corrupt one, or a directory of
-    the other kind (``switch(kind)`` says how to open it), is a one-line :class:`DataError`."""
+    the other kind (``switch(kind)`` says how to open it), is a one-line :class:`DataError`.
+    ``create_lock=False`` (an inspection): an LMDB without ``lock.mdb`` is read without
+    creating one (see :class:`~.lmdb_store.LmdbReader`)."""
     from .lmdb_store import LmdbReader, missing_fix
 
     backend = backend_of(backend)
@@ -129,7 +132,7 @@ def open_db(path: str | os.PathLike, backend: str = "lmdb", *, fix: str | None =
             raise DataError(f"{path}: not a LevelDB database (no CURRENT file); "
                             f"{fix or missing_fix(path)}")
         return LeveldbReader(path, fix=fix or missing_fix(path))
-    return LmdbReader(path, fix=fix)
+    return LmdbReader(path, fix=fix, create_lock=create_lock)
 
 
 def open_writer(path: str | os.PathLike, backend: str = "lmdb", *,

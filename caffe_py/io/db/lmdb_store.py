@@ -12,12 +12,15 @@ conversion fails with MDB_MAP_FULL and no database reserves a terabyte of addres
 """
 from __future__ import annotations
 
+import errno
+import logging
 import os
 import struct
 import threading
 from collections.abc import Iterator, Sequence
 from itertools import islice
 from pathlib import Path
+from typing import Any, cast
 
 import lmdb
 
@@ -32,6 +35,8 @@ from .partial import (  # noqa: F401 (partial_path, remove_partial, WriteSummary
 )
 
 INITIAL_MAP_SIZE = 64 << 20
+
+log = logging.getLogger(__name__)
 
 
 def missing_fix(path: str | os.PathLike) -> str:
@@ -102,7 +107,7 @@ class LmdbCursor:
 
     def __init__(self, env: lmdb.Environment, size: int):
         self.size = size
-        self._txn = env.begin(buffers=True)
+        self._txn = begin(env, buffers=True)
         self._cursor = self._txn.cursor()
         self._cursor.first()
 
@@ -133,17 +138,24 @@ class LmdbReader:
     """A database opened read-only: ``len()``, iteration in key order, ``records(start_key)``,
     ``cursor()`` (the reader's producer).
 
-    Opens without the lock file (``lock=False``), so many readers and read-only filesystems
-    work; the database must not be written while it is read. Readahead is on: records are read
-    sequentially.
+    Opens with LMDB's lock, as Caffe's readers do: each read transaction is registered in
+    ``lock.mdb``, so a process writing into the database meanwhile (appending, updating,
+    rewriting records) leaves the pages a reader sees alone, and the reader reads the database
+    as it was when its transaction began. Where the lock cannot be taken (no permission to
+    write ``lock.mdb``, or read-only media) it reads without it, with one warning, as Caffe
+    does; the database must then not be written while it is read. ``create_lock=False`` (an
+    inspection) creates no ``lock.mdb``: without one, no writer has the database open, and
+    it is read without the lock. Readahead is on: records are read sequentially.
     """
 
     fixed_order = True
 
-    def __init__(self, path: str | os.PathLike, *, fix: str | None = None):
+    def __init__(self, path: str | os.PathLike, *, fix: str | None = None,
+                 create_lock: bool = True):
         self.path = Path(path)
         self.source = str(path)
-        self._env = acquire_readonly(self.path, fix or missing_fix(self.path))
+        self._env = acquire_readonly(self.path, fix or missing_fix(self.path),
+                                     create_lock=create_lock)
         self._count = int(self._env.stat()["entries"])
 
     def __len__(self) -> int:
@@ -155,18 +167,18 @@ class LmdbReader:
     def records(self, start_key: bytes | None = None) -> Iterator[tuple[bytes, bytes]]:
         """``(key, value)`` pairs in key order, from the first key >= ``start_key``."""
         try:
-            with self._env.begin(buffers=False) as txn, txn.cursor() as cursor:
+            with begin(self._env, buffers=False) as txn, txn.cursor() as cursor:
                 found = cursor.set_range(start_key) if start_key is not None else cursor.first()
                 if not found:
                     return
-                yield from cursor
+                yield from cast(Iterator[tuple[bytes, bytes]], cursor)  # buffers=False
         except lmdb.Error as exc:
             raise DataError(f"{self.source}: corrupt LMDB database ({_reason(exc)}); delete it "
                             "and convert the data again") from None
 
     def get(self, key: bytes) -> bytes | None:
-        with self._env.begin(buffers=False) as txn:
-            return txn.get(key)
+        with begin(self._env, buffers=False) as txn:
+            return cast("bytes | None", txn.get(key))  # buffers=False: bytes
 
     def first(self) -> tuple[bytes, bytes]:
         """The first record; a :class:`DataError` if the database is empty."""
@@ -189,9 +201,20 @@ class LmdbReader:
         self.close()
 
 
-def open_db(path: str | os.PathLike, *, fix: str | None = None) -> LmdbReader:
+def open_db(path: str | os.PathLike, *, fix: str | None = None,
+            create_lock: bool = True) -> LmdbReader:
     """Open a database for reading; a missing or corrupt one is a one-line :class:`DataError`."""
-    return LmdbReader(path, fix=fix)
+    return LmdbReader(path, fix=fix, create_lock=create_lock)
+
+
+def begin(env: lmdb.Environment, **kwargs: Any) -> lmdb.Transaction:
+    """A read transaction; when a writer has grown the map past this process's view of it
+    (MDB_MAP_RESIZED), the view is grown to the file's size and the transaction begun again."""
+    try:
+        return env.begin(**kwargs)
+    except lmdb.MapResizedError:
+        env.set_mapsize(0)
+        return env.begin(**kwargs)
 
 
 # LMDB allows one environment per database per process (py-lmdb refuses a second open), yet
@@ -199,16 +222,20 @@ def open_db(path: str | os.PathLike, *, fix: str | None = None) -> LmdbReader:
 # reader runs. Read-only environments are therefore shared, with a reference count.
 _SHARED: dict[str, list] = {}  # real path -> [environment, references]
 _SHARED_LOCK = threading.Lock()
+_WARNED: set[str] = set()  # databases read without the lock, said once
 
 
-def acquire_readonly(path: str | os.PathLike, fix: str | None = None) -> lmdb.Environment:
-    """The process's read-only environment of ``path``; hand it back with release_readonly."""
+def acquire_readonly(path: str | os.PathLike, fix: str | None = None, *,
+                     create_lock: bool = True) -> lmdb.Environment:
+    """The process's read-only environment of ``path``; hand it back with release_readonly.
+    ``create_lock=False``: no ``lock.mdb`` is created (see :class:`LmdbReader`)."""
     path = Path(path)
     key = os.path.realpath(path)
     with _SHARED_LOCK:
         entry = _SHARED.get(key)
         if entry is None:
-            entry = _SHARED[key] = [_open_readonly(path, fix or missing_fix(path)), 0]
+            entry = _SHARED[key] = [_open_readonly(path, fix or missing_fix(path),
+                                                   create_lock), 0]
         entry[1] += 1
         return entry[0]
 
@@ -225,7 +252,7 @@ def release_readonly(env: lmdb.Environment) -> None:
                 return
 
 
-def _open_readonly(path: Path, fix: str) -> lmdb.Environment:
+def _open_readonly(path: Path, fix: str, create_lock: bool = True) -> lmdb.Environment:
     if not path.exists():
         partial = partial_path(path)
         if partial.exists():
@@ -239,12 +266,47 @@ def _open_readonly(path: Path, fix: str) -> lmdb.Environment:
     if not (path / "data.mdb").is_file():
         raise DataError(f"{path}: no data.mdb in this directory, not an LMDB database; {fix}")
     check_data_file(path / "data.mdb")
+    locked = create_lock or (path / "lock.mdb").exists()
     try:
-        return lmdb.open(str(path), readonly=True, lock=False, readahead=True, subdir=True,
-                         max_readers=512)
+        try:
+            env = _open_env(path, lock=locked)
+        except lmdb.Error as exc:
+            if not (locked and _denied(exc)):
+                raise
+            _warn_unlocked(path, f"no permission to take its reader lock ({_reason(exc)})")
+            return _open_env(path, lock=False)
     except lmdb.Error as exc:
         raise DataError(f"{path}: corrupt LMDB database ({_reason(exc)}); delete it and "
                         "convert the data again") from None
+    if locked and _read_only_media(path):  # LMDB itself reads such a database unlocked
+        _warn_unlocked(path, "it is on read-only media")
+    return env
+
+
+def _open_env(path: Path, *, lock: bool) -> lmdb.Environment:
+    return lmdb.open(str(path), readonly=True, lock=lock, readahead=True, subdir=True,
+                     max_readers=512)
+
+
+def _denied(exc: lmdb.Error) -> bool:
+    """EACCES (no write permission for lock.mdb or its directory): Caffe's MDB_NOLOCK case."""
+    return isinstance(exc, lmdb.ReadonlyError) or "Permission denied" in str(exc) or \
+        getattr(exc, "errno", None) == errno.EACCES
+
+
+def _read_only_media(path: Path) -> bool:
+    try:
+        return bool(os.statvfs(path).f_flag & os.ST_RDONLY)
+    except OSError:
+        return False
+
+
+def _warn_unlocked(path: Path, why: str) -> None:
+    if str(path) in _WARNED:
+        return
+    _WARNED.add(str(path))
+    log.warning(f"Warning: {path}: reading the database without LMDB's reader lock: {why}; "
+                "as in Caffe, it must not be written while it is read")
 
 
 # data.mdb begins with two meta pages (LMDB's MDB_meta after a 16-byte page header, 64-bit

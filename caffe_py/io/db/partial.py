@@ -8,16 +8,24 @@ the counts, ``finish`` (flush, close, rename) and ``abandon`` (keep ``DB.partial
 """
 from __future__ import annotations
 
+import hashlib
+import json
 import os
 import shutil
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from ...errors import DataError
-from ...fileio import fsync_dir
+from ...fileio import PathLock, fsync_dir
 
 COMMIT_EVERY = 1000
 PARTIAL_SUFFIX = ".partial"
+INPUTS_FILE = "caffe_py_inputs.json"
+"""Inside ``DB.partial``: the inputs the conversion was begun from (name, size, a hash of the
+first MiB), checked by a resume; removed before the rename to ``DB``."""
+HEAD_BYTES = 1 << 20
 
 
 def partial_path(path: str | os.PathLike) -> Path:
@@ -70,10 +78,24 @@ class PartialWriter:
         self.path = Path(path)
         self.partial = partial_path(self.path)
         self.commit_every = commit_every
-        self._check_target(resume)
-        self.resumed = 0
-        self.last_key: bytes | None = None
-        self._open()
+        # one writer per database: a second conversion is refused naming the live one's pid
+        # before it looks at DB.partial (whose "left from an interrupted conversion" would
+        # otherwise invite deleting a live conversion's records)
+        try:
+            self.partial.parent.mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            raise cannot_create(self.partial, exc) from None
+        self.lock = PathLock(self.path, f"database {self.path}",
+                             "wait for that conversion to end, or write to another path")
+        self.lock.acquire()
+        try:
+            self._check_target(resume)
+            self.resumed = 0
+            self.last_key: bytes | None = None
+            self._open()
+        except BaseException:
+            self.lock.release()
+            raise
         self.written = 0
         self.bytes = 0
         self._pending: list[tuple[bytes, bytes]] = []
@@ -123,19 +145,45 @@ class PartialWriter:
 
     def finish(self) -> WriteSummary:
         """Commit the rest, flush to disk and rename ``DB.partial`` to ``DB``."""
-        self.commit()
-        self._close_once(sync=True)
-        os.replace(self.partial, self.path)
+        try:
+            self.commit()
+            self._close_once(sync=True)
+            (self.partial / INPUTS_FILE).unlink(missing_ok=True)
+            os.replace(self.partial, self.path)
+        except FileNotFoundError:
+            raise DataError(f"{self.partial} was removed while this conversion wrote it; "
+                            "convert again") from None
+        finally:
+            self.lock.release()
         fsync_dir(self.path.parent)
         return self.summary()
 
-    def abandon(self) -> WriteSummary:
-        """Commit what was put and close, leaving ``DB.partial`` for a later resume."""
+    def abandon(self, *, discard_if_empty: bool = False) -> WriteSummary:
+        """Commit what was put and close, leaving ``DB.partial`` for a later resume (removed
+        instead when it holds no record and ``discard_if_empty``: nothing worth resuming)."""
         try:
             self.commit()
         finally:
             self._close_once(sync=False)
+            if discard_if_empty and self.records == 0:
+                remove_partial(self.path)
+            self.lock.release()
         return self.summary()
+
+    def record_inputs(self, inputs: Sequence[Path]) -> None:
+        """Remember the conversion's inputs inside ``DB.partial`` (a fresh one), or check
+        them against those it was begun from (a resumed one that remembers them)."""
+        found = [fingerprint(path) for path in inputs]
+        record = self.partial / INPUTS_FILE
+        if self.resumed or record.exists():
+            saved = _saved_inputs(record)
+            if saved is not None and saved != found:
+                raise DataError(f"{self.partial}: cannot resume: it was begun from "
+                                f"{_differ(saved, found)}; delete it and convert again, or "
+                                "resume with the inputs it was begun from")
+            if saved is not None or self.resumed:
+                return
+        record.write_text(json.dumps(found, indent=1))
 
     def _close_once(self, *, sync: bool) -> None:
         if not self._closed:
@@ -152,3 +200,35 @@ class PartialWriter:
             self.finish()
         else:
             self.abandon()
+
+
+def fingerprint(path: Path) -> dict[str, Any]:
+    """An input as a resume checks it: its absolute name, size and the hash of its first MiB."""
+    try:
+        with path.open("rb") as f:
+            head = hashlib.sha256(f.read(HEAD_BYTES)).hexdigest()[:16]
+        size = path.stat().st_size
+    except OSError:
+        head, size = "", -1
+    return {"name": str(path.resolve()), "size": size, "head": head}
+
+
+def _saved_inputs(record: Path) -> list[dict[str, Any]] | None:
+    try:
+        saved = json.loads(record.read_text())
+    except (OSError, ValueError):
+        return None
+    return saved if isinstance(saved, list) else None
+
+
+def _differ(saved: list[dict[str, Any]], found: list[dict[str, Any]]) -> str:
+    """Which input differs, in words: ``a.idx (47,040,016 bytes), not b.idx (...)``."""
+    def shown(item: dict[str, Any]) -> str:
+        return f"{item.get('name')} ({item.get('size', 0):,} bytes)"
+
+    for theirs, ours in zip(saved, found, strict=False):
+        if theirs != ours:
+            if theirs.get("name") == ours.get("name") and theirs.get("size") == ours.get("size"):
+                return f"{shown(theirs)} as it was then (its first bytes have changed since)"
+            return f"{shown(theirs)}, not {shown(ours)}"
+    return f"{len(saved)} input file(s), not {len(found)}"
