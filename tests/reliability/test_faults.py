@@ -6,13 +6,15 @@ from __future__ import annotations
 
 import os
 import re
+import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import numpy as np
 import pytest
-from support import ROOT, tiny_net, write_records
+from support import ROOT, bare, bare_lines, cli_process, tiny_net, write_records
 
 from caffe_py.solver import snapshot as snap
 
@@ -320,3 +322,111 @@ def test_a_run_that_fails_before_its_first_snapshot_keeps_the_rows_it_wrote(tmp_
     rows = (tmp_path / "snaps" / "t_metrics.csv").read_text().splitlines()
     assert rows[0].startswith("iteration,seconds,phase,lr,loss") and len(rows) == 6
     assert sorted(p.name for p in (tmp_path / "snaps").iterdir()) == ["t_metrics.csv"]
+
+
+def image_list_with_a_fifo(work: Path, images: int, fifo_at: int) -> Path:
+    """``list.txt`` of ``images`` 8 x 8 PNGs, the one at ``fifo_at`` a FIFO (a read that never
+    answers, as on a hung network file system)."""
+    from PIL import Image
+
+    folder = work / "img"
+    folder.mkdir()
+    lines = []
+    for i in range(images):
+        path = folder / f"{i:04d}.png"
+        if i == fifo_at:
+            os.mkfifo(path)
+        else:
+            Image.fromarray(np.full((8, 8, 3), i % 256, np.uint8)).save(path)
+        lines.append(f"img/{path.name} {i % 3}")
+    (work / "list.txt").write_text("\n".join(lines) + "\n")
+    return folder / f"{fifo_at:04d}.png"
+
+
+def test_the_watchdog_names_the_file_a_stalled_read_is_stuck_on(tmp_path):
+    """The reader's wait for records (60 s in a run; 2 s here) names the file the producer
+    has been reading, instead of 'another replica may have stopped reading' (one replica)."""
+    from caffe_py.errors import DataError
+    from caffe_py.io import ReaderPool
+    from caffe_py.io.db.image_list import ImageDecoder, ImageListDatabase
+    from caffe_py.io.reader.records import FeedSpec
+
+    fifo = image_list_with_a_fifo(tmp_path, 12, fifo_at=5)
+    source = str(tmp_path / "list.txt")
+    spec = FeedSpec(source, 2, 1, (3, 8, 8),
+                    opener=lambda: ImageListDatabase(source, root_folder=str(tmp_path) + "/"),
+                    decoder=lambda: ImageDecoder(source, (3, 8, 8), color=True, resize=None))
+    with ReaderPool(replicas=1) as pool:
+        queue = pool.subscribe(spec, "TRAIN/data", replica=0)
+        pool.start()
+        with pytest.raises(DataError) as caught:
+            for _ in range(6):
+                queue.get_batch(2, timeout=2)
+        started = time.monotonic()
+    assert time.monotonic() - started < 2   # the pool closes without waiting on the read
+    seconds = re.search(r"for (\d+) s; a file", str(caught.value)).group(1)
+    assert str(caught.value) == (
+        f"{source}: no record arrived for 2 s (stream TRAIN/data): the reader has been reading "
+        f"{fifo} for {seconds} s; a file that never answers (a hung network file system, a "
+        "FIFO): check it")
+    with open(fifo, "wb"):   # let the stuck read go
+        pass
+
+
+@pytest.mark.slow
+def test_sigterm_acts_within_a_second_while_the_input_stalls(tmp_path):
+    """ImageData reading a FIFO in its list: SIGTERM (a preemption) used to wait for the read,
+    then the 60 s watchdog ended the run without a snapshot. Now the main thread's wait is cut
+    short: a snapshot of the last finished iteration, and the documented exit (0, 'Optimization
+    stopped early.'), within a few seconds."""
+    image_list_with_a_fifo(tmp_path, 300, fifo_at=150)
+    (tmp_path / "net.yaml").write_text(tiny_net(data="""\
+  - name: data
+    type: ImageData
+    top: [data, label]
+    transform_param: {scale: 0.00390625}
+    image_data_param: {source: list.txt, batch_size: 2}
+"""))
+    (tmp_path / "solver.yaml").write_text(SOLVER.format(max_iter=10**6, snapshot=0, display=1,
+                                                        prefix="snaps/t"))
+    run = cli_process(tmp_path, "train", "--solver", "solver.yaml")
+    try:
+        lines = _until_quiet(run, quiet=3.0, timeout=90)
+        shown = [int(m.group(1)) for line in lines
+                 if (m := re.match(r"Iteration (\d+) \(", line))]
+        assert shown and shown[-1] < 75   # stalled before the FIFO's batch (record 150)
+        signalled = time.monotonic()
+        run.send_signal(signal.SIGTERM)
+        out, err = run.communicate(timeout=60)
+        took = time.monotonic() - signalled
+    finally:
+        run.kill()
+    assert run.returncode == 0, err[-2000:]
+    rest = bare_lines(out)
+    last = shown[-1] + 1   # the iterations finished: the displayed ones, counted from 0
+    state = tmp_path / "snaps" / f"t_iter_{last}.solverstate.pt"
+    assert rest[-1] == "Optimization stopped early."
+    assert rest[-3:-1] == [f"Snapshotting to {tmp_path / 'snaps' / f't_iter_{last}.pt'}",
+                           f"Snapshotting solver state to {state}"]
+    assert snap.load_state(state)["iter"] == last
+    assert took < 10, took
+
+
+def _until_quiet(proc, quiet: float, timeout: float) -> list[str]:
+    """``proc``'s stdout lines (glog prefix removed) until none comes for ``quiet`` s."""
+    import selectors
+
+    lines: list[str] = []
+    deadline = time.monotonic() + timeout
+    with selectors.DefaultSelector() as sel:
+        sel.register(proc.stdout, selectors.EVENT_READ)
+        while time.monotonic() < deadline:
+            if not sel.select(quiet):
+                if lines:
+                    return lines
+                continue
+            line = proc.stdout.readline()
+            if not line:
+                break
+            lines.append(bare(line.rstrip("\n")))
+    raise AssertionError(f"the run never went quiet (or ended): {lines[-5:]}")

@@ -146,6 +146,8 @@ class ImageDecoder:
         c, h, w = (int(d) for d in record_shape)
         self.record_shape = (c, h, w)
         self.color, self.resize = color, resize
+        self.reading: Path | None = None
+        """The file being read now (None between chunks)."""
 
     @property
     def record_bytes(self) -> int:
@@ -165,6 +167,7 @@ class ImageDecoder:
         for i, (file, _) in enumerate(values):
             if wanted is not None and not wanted[i]:
                 continue
+            self.reading = file   # what a stalled read is stuck on (the reader's watchdog)
             try:
                 array = self.load(file)
                 if array.shape != self.record_shape:
@@ -175,6 +178,7 @@ class ImageDecoder:
             except DataError as exc:
                 raise PartialChunk((pixels[:i], labels[:i]), exc) from None
             pixels[i] = array
+        self.reading = None
         return pixels, labels
 
 

@@ -50,6 +50,7 @@ import numpy as np
 import torch
 
 from ...errors import DataError
+from ...interrupts import interruptible
 from ..decoders.decode_processes import InFlight
 from ..reader.reader import JOIN_TIMEOUT_S, STALL_TIMEOUT_S, WAIT_SLICE_S, Detached, RecordQueue
 from ..reader.records import DecodedView, RecordBatch
@@ -426,7 +427,9 @@ class Prefetcher:
         waited_since = time.monotonic()
         while True:
             try:
-                return self._ready.get(timeout=WAIT_SLICE_S)
+                # nothing is taken yet: a stopping signal may cut a stalled wait short
+                with interruptible():
+                    return self._ready.get(timeout=WAIT_SLICE_S)
             except queue.Empty:
                 pass
             if not self.thread.is_alive() and self._ready.empty():

@@ -40,6 +40,7 @@ from typing import Any, Protocol
 import numpy as np
 
 from ...errors import DataError
+from ...interrupts import interruptible
 from ..db.db import Database, PartialChunk, open_db
 from ..decoders.decode_processes import DecodeProcesses
 from ..decoders.workers import DecodeOptions, DecodeWorkers
@@ -52,6 +53,7 @@ WAIT_SLICE_S = 0.2
 STALL_TIMEOUT_S = 60.0
 """A consumer that gets no record for this long raises instead of hanging."""
 JOIN_TIMEOUT_S = 10.0
+STUCK_JOIN_S = 0.5
 CHUNK = 256
 """The most records the producer reads and hands over at once (one lock, one notify)."""
 CHUNK_BYTES = 8 << 20
@@ -110,7 +112,8 @@ class RecordQueue:
         need = n
         cond = self._source.cond
         idle_since = time.monotonic()
-        with cond:
+        # nothing is taken until every record is there: a stopping signal may cut the wait
+        with interruptible(), cond:
             while need:
                 if self._chunks:
                     while self._chunks and need:
@@ -129,11 +132,21 @@ class RecordQueue:
                     raise Detached(self.name)
                 self._source.raise_if_failed()
                 if time.monotonic() - idle_since > timeout:
-                    raise DataError(f"{self.path}: no record arrived for {timeout:.0f} s "
-                                    f"(stream {self.name}); another replica may have "
-                                    "stopped reading")
+                    raise DataError(self._stalled(timeout))
                 cond.wait(WAIT_SLICE_S)
         return parts
+
+    def _stalled(self, timeout: float) -> str:
+        """The watchdog's line: what the reader is stuck reading, or why it reads nothing."""
+        where = f"{self.path}: no record arrived for {timeout:.0f} s (stream {self.name})"
+        busy = self._source.busy()
+        if busy is not None:
+            what, seconds = busy
+            return (f"{where}: the reader has been reading {what} for {seconds:.0f} s; a file "
+                    "that never answers (a hung network file system, a FIFO): check it")
+        if len(self._stream.slots) > 1:
+            return f"{where}; another replica may have stopped reading"
+        return f"{where}; the reader stopped"
 
     def mark_consumed(self, n: int) -> None:
         """``n`` more records reached the training loop (what the saved state counts)."""
@@ -200,6 +213,18 @@ class _Source:
         self.idle = 0  # times the producer found nothing to read (under the lock)
         self.settling = 0  # callers of settle() waiting
         self.settled: dict[str, int] = {}  # the positions at the last idle look, if settling
+        self._reading: tuple[_Stream, int, float] | None = None  # (stream, index, since)
+
+    def busy(self) -> tuple[str, float] | None:
+        """What the producer is reading now, in words, and for how long (None: not reading).
+        A decoder that reads files names the file (``reading``)."""
+        reading = self._reading
+        if reading is None:
+            return None
+        stream, index, since = reading
+        file = getattr(stream.decoder, "reading", None)
+        what = str(file) if file else f"record {index} of {self.path}"
+        return what, time.monotonic() - since
 
     def raise_if_failed(self) -> None:
         if self.error is not None:
@@ -325,17 +350,21 @@ class _Source:
             keys = cache.keys[index:index + count]
             rows, labels = cache.pixels[index:index + count], cache.labels[index:index + count]
         else:
-            keys, values = stream.cursor.read(count)  # wraps after the last record
-            if not getattr(stream.decoder, "takes_views", False):  # copies of map views
-                values = [bytes(v) if isinstance(v, memoryview) else v for v in values]
-            # a slice of a larger round-robin decodes only its own records, unless it keeps
-            # the whole database decoded (the cache): the other hosts decode theirs
-            wanted = stream.plan.wanted(stream.position, len(values)) if (
-                cache is None and stream.sliced) else None
+            self._reading = (stream, index, time.monotonic())
             try:
-                rows, labels = stream.decoder.decode(keys, values, wanted)
-            except PartialChunk as partial:
-                (rows, labels), error = partial.done, partial.error
+                keys, values = stream.cursor.read(count)  # wraps after the last record
+                if not getattr(stream.decoder, "takes_views", False):  # copies of map views
+                    values = [bytes(v) if isinstance(v, memoryview) else v for v in values]
+                # a slice of a larger round-robin decodes only its own records, unless it
+                # keeps the whole database decoded (the cache): the other hosts decode theirs
+                wanted = stream.plan.wanted(stream.position, len(values)) if (
+                    cache is None and stream.sliced) else None
+                try:
+                    rows, labels = stream.decoder.decode(keys, values, wanted)
+                except PartialChunk as partial:
+                    (rows, labels), error = partial.done, partial.error
+            finally:
+                self._reading = None
             if cache is not None and isinstance(rows, np.ndarray):  # (files: never kept)
                 cache.store(index, keys, rows, labels)
         self._deliver(stream, keys, rows, labels)
@@ -530,7 +559,10 @@ class ReaderPool:
             with src.cond:
                 src.cond.notify_all()
             if src.thread is not None:
-                src.thread.join(JOIN_TIMEOUT_S)
+                # a producer stuck in a read that never answers (it was the watchdog's, or a
+                # signal's, reason to stop) is left to end with the process
+                busy = src.busy()
+                src.thread.join(STUCK_JOIN_S if busy and busy[1] > 1.0 else JOIN_TIMEOUT_S)
             else:
                 src.close_databases()  # opened by a start() that failed on another source
         self.workers.close()
