@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import shlex
 from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar
@@ -214,15 +215,15 @@ class FedLayer(Layer):
                 if len(given[key]) != 3:
                     raise self.fail(f"the record shape given for '{key}' has "
                                     f"{len(given[key])} sizes; its records are C,H,W",
-                                    f"give e.g. --input-shape {key}=3,256,256")
+                                    f"give e.g. --input-shape {shlex.quote(key + '=3,256,256')}")
                 c, h, w = (int(d) for d in given[key])
                 return c, h, w
         if Path(source).exists():
             return None
         top = self.spec.top[0]
+        shape = shlex.quote(f"{top}=C,H,W")
         raise self.fail(f"database {source} does not exist, so its record shape is unknown",
-                        f"give it, e.g. cpy net --input-shape {top}=C,H,W (or create the "
-                        "database)")
+                        f"give it, e.g. cpy net --input-shape {shape} (or create the database)")
 
     def cropped(self, tp: TransformationParameter,
                 record_shape: tuple[int, int, int]) -> tuple[int, int, int]:

@@ -11,6 +11,7 @@ they draw the same numbers for the same random_seed (:mod:`caffe_py.io.db.caffe_
 from __future__ import annotations
 
 import logging
+import shlex
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -191,10 +192,11 @@ class HDF5Data(FedLayer):
         if given is not None and not Path(p.source).exists():  # built without its files
             missing = [t for t in self.spec.top if t not in given]
             if missing:
+                shape = shlex.quote(f"{missing[0]}=D")
                 raise self.fail(f"source {p.source} does not exist, so the shape of top "
                                 f"'{missing[0]}' is unknown",
-                                f"give it, e.g. cpy net --input-shape {missing[0]}=D (one "
-                                "row's shape; nothing for a scalar)")
+                                f"give it, e.g. cpy net --input-shape {shape} (one row's "
+                                "shape; nothing for a scalar)")
             self.transform = TransformationParameter()
             return [(p.batch_size, *(int(d) for d in given[t])) for t in self.spec.top]
         self.rows = Hdf5RowsDatabase(p.source, self.spec.top, shuffle=p.shuffle)

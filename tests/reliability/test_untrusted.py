@@ -209,6 +209,16 @@ def test_suggested_commands_are_quoted_for_the_shell(tmp_path):
                                                            f"{ROOT / 'cli.py'} ", 1)],
                    cwd=tmp_path, capture_output=True, timeout=60)
     assert not (tmp_path / "PWNED").exists()
+    # a Data layer's top named by the spec, in cpy net's suggestion of --input-shape
+    (tmp_path / "net.yaml").write_text(tiny_net(data="""\
+  - name: data
+    type: Data
+    top: ["$(touch PWNED)", label]
+    data_param: {source: missing_db, batch_size: 2}
+""").replace("bottom: data", "bottom: $(touch PWNED)"))
+    line = one_line_error(cpy(tmp_path, "net", "net.yaml"))
+    assert line.endswith("give it, e.g. cpy net --input-shape '$(touch PWNED)=C,H,W' (or "
+                         "create the database)")
 
 
 @pytest.mark.parametrize("command", ["import-prototxt", "net", "draw"])
