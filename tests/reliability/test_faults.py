@@ -86,6 +86,7 @@ def tiny_run(tmp_path):
     return tmp_path
 
 
+@pytest.mark.slow
 def test_a_full_log_disk_is_one_line(tiny_run):
     """--log-file on a full disk: at the first line (/dev/full), and in the middle of the run
     (a 32 KiB tmpfs that the display lines fill)."""
@@ -150,6 +151,7 @@ layer:
 """
 
 
+@pytest.mark.slow
 def test_an_address_space_limit_is_the_memory_estimate_and_one_line(tmp_path):
     """ulimit -v 3 GiB: a 1.1 GiB weight (3.4 GiB with its gradient and history) is refused by
     the estimate naming the limit; under 1.5 GiB, a 1.1 GiB top the estimate lets through

@@ -77,6 +77,7 @@ def weights(tmp_path):
     return path
 
 
+@pytest.mark.slow
 def test_a_zip_bomb_snapshot_is_refused_before_anything_is_inflated(tmp_path, weights):
     """5,000 directory entries naming one deflated 64 MiB record (320 GiB to inflate): the
     checksum check used to inflate every one, hanging --weights, --snapshot and --snapshot
@@ -414,6 +415,7 @@ def untouched(work: Path) -> bool:
         not (work / "IMPORTED").exists()
 
 
+@pytest.mark.slow
 def test_inspection_creates_no_file_and_imports_no_module(inspected):
     """cpy net refuses the Python layer naming the file it would run; cpy draw, the deploy
     spec and the import of the prototxt form compute nothing that runs; HDF5Output's file
