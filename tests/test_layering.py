@@ -33,6 +33,8 @@ FORBIDDEN = {
     },
 }
 CLICK_ROOMS = {"commands", "cli"}  # the command line; the library never calls click
+PYCAFFE_USERS = {"pycaffe", "commands", "cli"}
+"""pycaffe/ is pycaffe's interface over the library: only it and the command line use it."""
 
 
 @dataclass(frozen=True)
@@ -133,6 +135,9 @@ def _broken_rule(room: str | None, target: str, rooms: _Rooms) -> str | None:
             return f"imports click ({target}): only commands/ and cli.py may"
         why = FORBIDDEN.get(room or "", {}).get(top)
         return f"{room}/ imports {top} ({target}): {why}" if why else None
+    if target_room == "pycaffe" and room not in PYCAFFE_USERS:
+        return f"{rooms.shown(room)} imports pycaffe/ ({target}): pycaffe's interface sits " \
+               "over the library, which never imports it"
     if target_room != room:
         why = FORBIDDEN.get(room or "", {}).get(target_room)
         if why:
@@ -156,7 +161,7 @@ def test_the_package_keeps_its_layering():
 # --- the check itself, on planted trees -----------------------------------------------------
 def _tree(root: Path, files: dict[str, str]) -> Path:
     package = root / "caffe_py"
-    for name in ("solver", "parallel", "spec", "layers", "kernels", "io", "commands"):
+    for name in ("solver", "parallel", "spec", "layers", "kernels", "io", "commands", "pycaffe"):
         (package / name).mkdir(parents=True, exist_ok=True)
         (package / name / "__init__.py").write_text("")
     for name in ("__init__.py", "net.py", "cli.py", "errors.py"):
@@ -177,6 +182,8 @@ def test_a_clean_tree_passes(tmp_path):
         "spec/schema.py": "import yaml\nfrom ..errors import SpecError\nfrom ._marks import _x\n",
         "kernels/build.py": "import torch\nfrom ..errors import CaffePyError\n",
         "commands/net.py": "import click\nfrom ..net import Net\n",
+        "commands/pycaffe.py": "from ..pycaffe.runner import run_script\n",
+        "pycaffe/net.py": "from ..net import Net\nfrom ..solver import Solver\n",
         "cli.py": "import click\nfrom . import __version__\n",
     }) == []
 
@@ -228,6 +235,9 @@ def test_a_clean_tree_passes(tmp_path):
     ("commands/net.py", "from .. import _helpers\n",
      "caffe_py/commands/net.py:1: imports caffe_py's private name _helpers "
      "(caffe_py._helpers): use its public interface"),
+    ("solver/solver.py", "from ..pycaffe import Net\n",
+     "caffe_py/solver/solver.py:1: solver/ imports pycaffe/ (caffe_py.pycaffe.Net): pycaffe's "
+     "interface sits over the library, which never imports it"),
     ("net.py", "from .errors import _message\n",
      "caffe_py/net.py:1: imports errors's private name _message (caffe_py.errors._message): "
      "use its public interface"),
