@@ -13,6 +13,7 @@ import contextlib
 import contextvars
 import dataclasses
 import logging
+import types
 from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any, cast, overload
@@ -37,7 +38,7 @@ AUTOMATIC = "(automatic)"
 
 
 _DEFAULT_OPTIONS: contextvars.ContextVar[Mapping[str, Any]] = contextvars.ContextVar(
-    "net_options", default={})
+    "net_options", default=types.MappingProxyType({}))
 
 
 @contextlib.contextmanager

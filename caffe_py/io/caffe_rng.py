@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import functools
 from collections.abc import MutableSequence
-from decimal import Decimal, getcontext, localcontext
+from decimal import Decimal, localcontext
 from typing import Any
 
 import numpy as np

@@ -29,7 +29,8 @@ from . import fillers
 Shape = tuple[int, ...]
 RECORD_FILLERS = "record_fillers"
 """A net option: a list that every :meth:`Layer.add_blob` appends (layer, blob name, filler,
-the blob made) to, in build order (caffe_py.pycaffe refills the blobs from Caffe's own random stream)."""
+the blob made) to, in build order (caffe_py.pycaffe refills the blobs from Caffe's own random
+stream)."""
 
 
 @dataclass

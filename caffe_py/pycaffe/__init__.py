@@ -158,4 +158,9 @@ def __dir__() -> list[str]:
     return sorted(set(globals()) | set(_COVERED))
 
 
-__all__ = [n for n in _COVERED if n not in _LAZY and n != "__version__"]
+__all__ = ["Net", "SGDSolver", "NesterovSolver", "AdaGradSolver", "RMSPropSolver",
+           "AdaDeltaSolver", "AdamSolver", "Solver", "get_solver", "Timer", "init_log", "log",
+           "set_mode_cpu", "set_mode_gpu", "set_device", "Layer", "Blob", "BlobVec",
+           "layer_type_list", "set_random_seed", "solver_count", "set_solver_count",
+           "solver_rank", "set_solver_rank", "set_multiprocess", "has_nccl", "TRAIN", "TEST",
+           "Classifier", "Detector", "io"]

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import math
 import weakref
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import numpy as np
@@ -149,13 +149,12 @@ class NetBlob(standin.Blob):
     def diff(self) -> np.ndarray:
         return self._memory.diff.numpy()
 
-    @property
-    def _data(self) -> np.ndarray:  # the stand-in's num/channels/height/width read this
-        return self.data
+    def _legacy(self, index: int) -> int:
+        return _legacy(tuple(self._memory.data.shape), index)
 
     @property
-    def shape(self) -> list[int]:  # pycaffe gives Caffe's vector<int>
-        return list(self._memory.data.shape)
+    def shape(self) -> tuple[int, ...]:  # pycaffe gives Caffe's vector<int>: a sequence
+        return tuple(self._memory.data.shape)
 
     @property
     def count(self) -> int:
@@ -173,11 +172,18 @@ class NetBlob(standin.Blob):
 
 class ParamBlob(standin.Blob):
     """pycaffe's ``caffe.Blob`` of a layer's parameter: ``data`` is the weights themselves
-    (a numpy view; writes are net surgery), ``diff`` their gradient memory."""
+    (a numpy view; writes are net surgery), ``diff`` their gradient memory. The tensor is
+    looked up through its layer at each use (``blobs()`` of what ``layer()`` returns), so
+    that sharing set up later (a TEST net's first test) shows."""
 
-    def __init__(self, param: torch.Tensor, owner: str):
-        self._param = param
+    def __init__(self, layer: Callable[[], Any], index: int, owner: str):
+        self._layer = layer
+        self._index = index
         self._owner = owner
+
+    @property
+    def _param(self) -> torch.Tensor:
+        return self._layer().blobs()[self._index]
 
     @property
     def data(self) -> np.ndarray:
@@ -187,13 +193,12 @@ class ParamBlob(standin.Blob):
     def diff(self) -> np.ndarray:
         return param_diff(self._param).numpy()
 
-    @property
-    def _data(self) -> np.ndarray:
-        return self.data
+    def _legacy(self, index: int) -> int:
+        return _legacy(tuple(self._param.shape), index)
 
     @property
-    def shape(self) -> list[int]:
-        return list(self._param.shape)
+    def shape(self) -> tuple[int, ...]:
+        return tuple(self._param.shape)
 
     @property
     def count(self) -> int:
@@ -212,3 +217,11 @@ class ParamBlob(standin.Blob):
 
 _BLOB_NAMES = ["data", "diff", "shape", "count", "reshape", "num", "channels", "height",
                "width"]
+
+
+def _legacy(shape: tuple[int, ...], index: int) -> int:
+    """Caffe's LegacyShape: at most 4 axes; an axis the blob lacks counts as 1."""
+    if len(shape) > 4:
+        raise ValueError(f"num/channels/height/width need a blob of at most 4 axes, this one "
+                         f"has shape {list(shape)}")
+    return shape[index] if index < len(shape) else 1

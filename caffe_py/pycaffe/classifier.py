@@ -51,7 +51,8 @@ class Classifier(Net):
         caffe_in = np.zeros(np.array(input_.shape)[[0, 3, 1, 2]], dtype=np.float32)
         for ix, in_ in enumerate(input_):
             caffe_in[ix] = self.transformer.preprocess(self.inputs[0], in_)
-        out = self.forward_all(**{self.inputs[0]: caffe_in})
+        feed: dict[str, Any] = {self.inputs[0]: caffe_in}
+        out = self.forward_all(**feed)
         predictions = out[self.outputs[0]]
         if oversample:
             predictions = predictions.reshape((len(predictions) // 10, 10, -1)).mean(1)

@@ -45,7 +45,8 @@ class Detector(Net):
                             dtype=np.float32)
         for ix, crop in enumerate(crops):
             caffe_in[ix] = self.transformer.preprocess(in_, crop)
-        predictions = self.forward_all(**{in_: caffe_in})[self.outputs[0]]
+        inputs: dict[str, Any] = {in_: caffe_in}
+        predictions = self.forward_all(**inputs)[self.outputs[0]]
         detections, ix = [], 0
         for name, windows in pairs:
             for window in windows:
@@ -58,7 +59,7 @@ class Detector(Net):
         """Windows from R-CNN's selective search (its MATLAB module must be importable)."""
         import os
 
-        import selective_search_ijcv_with_python as selective_search  # type: ignore
+        import selective_search_ijcv_with_python as selective_search
 
         names = [os.path.abspath(f) for f in image_fnames]
         windows = selective_search.get_windows(names, cmd="selective_search_rcnn")

@@ -23,10 +23,10 @@ _COLORS = {"Convolution": "#FF5050", "Deconvolution": "#FF5050", "Pooling": "#FF
 
 def _pydot() -> Any:
     try:
-        import pydotplus as pydot  # type: ignore[import-not-found]
+        import pydotplus as pydot
     except ImportError:
         try:
-            import pydot  # type: ignore[import-not-found]
+            import pydot
         except ImportError:
             raise CaffePyError("caffe.draw needs pydot (and Graphviz), as pycaffe does: pip "
                                "install pydot (or caffe-py[pycaffe])") from None

@@ -195,10 +195,11 @@ def load_image(filename: str, color: bool = True) -> np.ndarray:
     try:
         with Image.open(filename) as image:
             image.load()
+            kept: Any = image
             if image.mode not in _KEPT_MODES:  # palette, CMYK...: as imageio gives them
-                alpha = "A" in image.getbands() or "transparency" in image.info
-                image = image.convert("RGBA" if alpha else "RGB")
-            pixels = np.asarray(image)
+                has_alpha = "A" in image.getbands() or "transparency" in image.info
+                kept = image.convert("RGBA" if has_alpha else "RGB")
+            pixels = np.asarray(kept)
     except FileNotFoundError:
         raise IoError(f"caffe.io.load_image: {filename}: no such file") from None
     except OSError as exc:
@@ -258,7 +259,7 @@ def resize_image(im: np.ndarray, new_dims: Sequence[int], interp_order: int = 1)
     return out.astype(np.float32)
 
 
-def oversample(images: Sequence[np.ndarray], crop_dims: Sequence[int]) -> np.ndarray:
+def oversample(images: Any, crop_dims: Any) -> np.ndarray:
     """The 10 crops of each image (four corners and centre, and their mirrors):
     (10 N) x H x W x K."""
     im_shape = np.array(images[0].shape)

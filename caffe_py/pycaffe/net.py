@@ -81,8 +81,7 @@ class LayerView:
 
     @property
     def blobs(self) -> list[ParamBlob]:
-        layer = self._step.layer
-        return [] if layer is None else [ParamBlob(t, layer.name) for t in layer.blobs()]
+        return param_blobs(self._step)
 
     def __getattr__(self, name: str) -> Any:
         raise missing("caffe.Layer", name, ["type", "blobs"])
@@ -138,7 +137,7 @@ class Net:
         network_file, phase, level, stages, weights = _net_args(args, kwargs)
         check_file(network_file)
         spec = load_net_spec(network_file)
-        self._spec_file = network_file
+        self._spec_file: str | None = network_file
         self._bind(_build(spec, PHASES[phase], stages, level), owner=None)
         if weights is not None:
             check_file(weights)
@@ -196,16 +195,16 @@ class Net:
             for b in splits.bottoms[i]:
                 available.pop(b, None)
             tops: list[int] = []
-            for j, top in enumerate(layer.spec.top):
-                if j < len(layer.spec.bottom) and splits.bottoms[i][j] == top:
-                    tops.append(by_name[top])         # in place
+            for j, top_name in enumerate(layer.spec.top):
+                if j < len(layer.spec.bottom) and splits.bottoms[i][j] == top_name:
+                    tops.append(by_name[top_name])         # in place
                     continue
-                if _automatic(top):  # a loss layer's anonymous top: no layer reads it
+                if _automatic(top_name):  # a loss layer's anonymous top: no layer reads it
                     tops.append(new_blob(AUTOMATIC))
                     continue
-                by_name[top] = new_blob(top)
-                tops.append(by_name[top])
-                available[top] = None
+                by_name[top_name] = new_blob(top_name)
+                tops.append(by_name[top_name])
+                available[top_name] = None
             loss = [_layer_loss(layer, j, splits.cleared[i]) for j in range(len(tops))]
             self._steps.append(_Step(layer.name, layer.spec.type, layer, bottoms, tops, loss))
             if layer.spec.type == "Input":
@@ -353,7 +352,7 @@ class Net:
             out: OrderedDict[str, list[ParamBlob]] = OrderedDict()
             for step in self._steps:
                 if step.layer is not None and step.layer.blob_names:
-                    out[step.name] = [ParamBlob(t, step.name) for t in step.layer.blobs()]
+                    out[step.name] = param_blobs(step)
             self._cache["params"] = out
         return self._cache["params"]
 
@@ -579,8 +578,10 @@ class Net:
         wanted = [(j, x) for j, x in enumerate(bottoms) if x.requires_grad]
         params = [p for p in step.layer.blobs() if isinstance(p, torch.nn.Parameter)
                   and p.requires_grad]
+        targets: list[torch.Tensor] = [x for _, x in wanted]
+        targets += params
         grads = torch.autograd.grad(
-            [o for o, _ in pairs], [x for _, x in wanted] + params,
+            [o for o, _ in pairs], targets,
             [d.to(o.device, o.dtype).reshape(o.shape) for o, d in pairs],
             retain_graph=True, allow_unused=True)
         for (j, _), grad in zip(wanted, grads, strict=False):
@@ -637,7 +638,7 @@ class Net:
                      device=old.device, record=False)
         new.share_weights_with(old)
         caffe_stream.use_caffe_dropout(new)
-        by_name = {}
+        by_name: dict[str, list[Layer]] = {}
         for layer in new.layers:
             by_name.setdefault(layer.name, []).append(layer)
         for step in self._steps:
@@ -830,6 +831,14 @@ def _top_shapes(step: _Step) -> list[tuple[int, ...]]:
     return [tuple(s) for s in step.layer.top_shapes]
 
 
+def param_blobs(step: _Step) -> list[ParamBlob]:
+    """The blobs of a layer as pycaffe's Blobs (none for a Split)."""
+    if step.layer is None:
+        return []
+    return [ParamBlob(lambda: step.layer, i, step.name)
+            for i in range(len(step.layer.blob_names))]
+
+
 def _python_object(step: _Step) -> Any:
     """The user's object behind a Caffe-form Python layer (pycaffe's ``net.layers[i]``)."""
     impl = getattr(step.layer, "impl", None)
@@ -869,14 +878,14 @@ def _with_input_shapes(spec: NetParameter,
     return dataclasses.replace(spec, layer=layers, **legacy)
 
 
-def prototxt_node(path: str) -> Any:
-    """A prototxt file (any suffix) as the YAML mapping caffe-py reads; the nets it names
-    (a solver's) are read the same way."""
+def prototxt_node(path: str, kind: str) -> Any:
+    """A prototxt file (any suffix) of ``kind`` ('net' or 'solver') as the YAML mapping
+    caffe-py reads; the nets a solver names are read the same way."""
     from ..spec import yamlio
     from ..tools.to_yaml import prototxt_as_yaml
 
     yamlio.FOREIGN.setdefault(".prototxt", prototxt_as_yaml)
-    return yamlio.loads(prototxt_as_yaml(Path(path)), source=path)
+    return yamlio.loads(prototxt_as_yaml(Path(path), kind), source=path)
 
 
 def load_net_spec(path: str) -> NetParameter:
@@ -887,7 +896,7 @@ def load_net_spec(path: str) -> NetParameter:
     from ..spec.net_spec import parse_net
     from ..spec.schema import Source
 
-    return parse_net(prototxt_node(path), Source.of(path))
+    return parse_net(prototxt_node(path, "net"), Source.of(path))
 
 
 def _attach_feeds(net: CaffePyNet) -> Any:

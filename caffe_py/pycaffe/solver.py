@@ -210,7 +210,7 @@ def _load(path: str) -> Any:
 
     if path.endswith((".yaml", ".yml")):
         return load_solver(path)
-    param = parse_solver(prototxt_node(path), Source.of(path))
+    param = parse_solver(prototxt_node(path, "solver"), Source.of(path))
     if not is_set(param, "snapshot_format"):  # Caffe's default: BINARYPROTO
         param.snapshot_format = "caffemodel"
     return param

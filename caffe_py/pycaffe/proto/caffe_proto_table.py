@@ -6,12 +6,16 @@ MESSAGES: message -> (nested enums {name: values}, fields), each field
 (name, number, label, type, default text or None, packed). Caffe is BSD-2-Clause
 (Copyright (c) 2014-2017 The Regents of the University of California (Regents)."""
 # ruff: noqa: E501
+from __future__ import annotations
 
-ENUMS = {
+Values = tuple[tuple[str, int], ...]
+Field = tuple[str, int, str, str, 'str | None', bool]
+
+ENUMS: dict[str, Values] = {
     'Phase': (('TRAIN', 0), ('TEST', 1)),
 }
 
-MESSAGES = {
+MESSAGES: dict[str, tuple[dict[str, Values], tuple[Field, ...]]] = {
     'BlobShape': (
         {},
         (

@@ -125,12 +125,16 @@ def main() -> None:
         "(name, number, label, type, default text or None, packed). Caffe is BSD-2-Clause",
         '(Copyright (c) 2014-2017 The Regents of the University of California (Regents)."""',
         "# ruff: noqa: E501",
+        "from __future__ import annotations",
         "",
-        "ENUMS = {",
+        "Values = tuple[tuple[str, int], ...]",
+        "Field = tuple[str, int, str, str, 'str | None', bool]",
+        "",
+        "ENUMS: dict[str, Values] = {",
     ]
     for name, values in enums.items():
         lines.append(f"    {name!r}: {tuple(values)!r},")
-    lines += ["}", "", "MESSAGES = {"]
+    lines += ["}", "", "MESSAGES: dict[str, tuple[dict[str, Values], tuple[Field, ...]]] = {"]
     for name, body in messages.items():
         lines.append(f"    {name!r}: (")
         lines.append(f"        {{{', '.join(f'{k!r}: {tuple(v)!r}' for k, v in body['enums'].items())}}},")
