@@ -35,7 +35,7 @@ from ..passes import BATCHNORM_SCALE, BIAS_ACTIVATION
 from ..spec.layer_params.data import InputParameter
 from ..spec.net_spec import BlobShape, NetParameter
 from . import caffe_stream, mode
-from .blobs import Memory, NetBlob, ParamBlob, param_diff
+from .blobs import Memory, NetBlob, ParamBlob, param_diff, pull_mirrors, push_mirrors
 from .unsupported import missing
 
 log = logging.getLogger(__name__)
@@ -501,11 +501,13 @@ class Net:
             loss += self._run(i)
             for callback in self._after_fwd:
                 callback(i)
+        pull_mirrors()  # a GPU net's statistics (BatchNorm) may have changed
         return loss
 
     def _backward(self, start: int, end: int) -> None:
         """Caffe's BackwardFromTo(start, end): layers ``start`` down to ``end``, each one that
         needs backward writing its bottoms' diffs and adding to its parameters' diffs."""
+        push_mirrors()
         for i in range(start, end - 1, -1):
             for callback in self._before_bwd:
                 callback(i)
@@ -523,6 +525,7 @@ class Net:
             self._pool.start()
         self._rebuild_for_inputs(batch_too=False)
         self._net.bind_shared()
+        push_mirrors()  # a script's writes into a GPU net's weights
 
     def _run(self, i: int) -> float:
         step = self._steps[i]
@@ -655,6 +658,7 @@ class Net:
         Caffe's HDF5 weights, or a caffe-py snapshot)."""
         check_file(path)
         self._net.copy_from(_read_weights(path), source=path)
+        pull_mirrors()
 
     def share_with(self, other: Net) -> None:
         """Caffe's ShareTrainedLayersWith: use ``other``'s blobs for same-named layers."""
@@ -686,6 +690,7 @@ class Net:
 
         check_file(path)
         self._net.copy_from(hdf5_snapshot.load_weights(Path(path)), source=path)
+        pull_mirrors()
 
     def clear_param_diffs(self) -> None:
         """Zero every learnable blob's diff (what a solver does before each iteration)."""

@@ -62,12 +62,15 @@ class CaffeAlias(importlib.abc.MetaPathFinder, importlib.abc.Loader):
 
 
 def install() -> None:
-    """Resolve ``import caffe`` to caffe_py.pycaffe in this process (idempotent)."""
+    """Resolve ``import caffe`` to caffe_py.pycaffe in this process (idempotent). The module
+    is registered at once, so that a Python layer built before the script's own ``import
+    caffe`` gets the whole interface too, not the layers' stand-in."""
     if not any(isinstance(f, CaffeAlias) for f in sys.meta_path):
         sys.meta_path.insert(0, CaffeAlias())
     for name in [n for n in sys.modules if n == "caffe" or n.startswith("caffe.")]:
         if sys.modules[name].__name__ != MODULES.get(name):
             del sys.modules[name]  # a module imported as 'caffe' before (not ours)
+    sys.modules["caffe"] = importlib.import_module(MODULES["caffe"])
 
 
 def log_to_stderr() -> None:

@@ -157,6 +157,36 @@ shared.share_with(net)
 net.params["conv"][1].data[...] = 7
 print("shared", float(shared.params["conv"][1].data[0]))
 
+# --- Classifier and Detector ------------------------------------------------------------------
+from PIL import Image  # noqa: E402
+
+SMALL = """
+name: "small"
+layer { name: "data" type: "Input" top: "data"
+  input_param { shape { dim: 2 dim: 3 dim: 8 dim: 8 } } }
+layer { name: "conv" type: "Convolution" bottom: "data" top: "conv"
+  convolution_param { num_output: 2 kernel_size: 3 weight_filler { type: "gaussian" std: 0.05 } } }
+layer { name: "ip" type: "InnerProduct" bottom: "conv" top: "ip"
+  inner_product_param { num_output: 4 weight_filler { type: "gaussian" std: 0.05 } } }
+layer { name: "prob" type: "Softmax" bottom: "ip" top: "prob" }
+"""
+with open("small.prototxt", "w") as f:
+    f.write(SMALL)
+caffe.Net("small.prototxt", caffe.TEST).save("small.caffemodel")
+Image.fromarray(rng.randint(0, 256, (20, 18, 3)).astype(np.uint8)).save("picture.png")
+mean = np.array([0.2, 0.4, 0.6]) * 255
+classifier = caffe.Classifier("small.prototxt", "small.caffemodel", image_dims=(11, 10),
+                              mean=mean, raw_scale=255, channel_swap=(2, 1, 0))
+picture = caffe.io.load_image("picture.png")
+keep("classifier_oversampled", classifier.predict([picture, picture[::-1]]))
+keep("classifier_center", classifier.predict([picture], oversample=False))
+detector = caffe.Detector("small.prototxt", "small.caffemodel", mean=mean, raw_scale=255,
+                          channel_swap=(2, 1, 0))
+detections = detector.detect_windows([("picture.png", [np.array([0, 0, 10, 12]),
+                                                        np.array([3, 4, 19, 17])])])
+print("detections", [(d["filename"], list(d["window"])) for d in detections])
+keep("detections", [d["prediction"] for d in detections])
+
 # --- caffe.io and caffe_pb2 -------------------------------------------------------------------
 array = rng.normal(0, 1, (2, 3, 4)).astype(np.float32)
 blob = caffe.io.array_to_blobproto(array, diff=array * 2)
