@@ -79,6 +79,14 @@ class Mt19937:
             if value <= r:
                 return value
 
+    def snapshot(self) -> tuple[Any, int]:
+        """Where the engine is (its state and count), for :meth:`rewind`."""
+        return self._bits.state, self.drawn
+
+    def rewind(self, snapshot: tuple[Any, int]) -> None:
+        """Go back to where :meth:`snapshot` was taken."""
+        self._bits.state, self.drawn = snapshot
+
     def skip(self, n: int) -> None:
         """Advance ``n`` draws (in chunks: a resume far into a run stays cheap in memory)."""
         while n > 0:
@@ -147,15 +155,13 @@ class GlobalDraws:
     """``caffe_rng_rand()`` after ``Caffe::set_random_seed(seed)``: the data layers of one net
     take their draws from one of these in layer order, as Caffe's setup does."""
 
-    def __init__(self, seed: int):
-        self._rng = Mt19937(seed)
+    def __init__(self, seed: int = 0, rng: Mt19937 | None = None):
+        self._rng = rng if rng is not None else Mt19937(seed)
 
     @classmethod
     def on(cls, rng: Mt19937) -> GlobalDraws:
         """Draws taken from ``rng`` itself (a stream other code draws from too)."""
-        draws = cls.__new__(cls)
-        draws._rng = rng
-        return draws
+        return cls(rng=rng)
 
     def draw(self) -> int:
         return self._rng()
@@ -192,16 +198,15 @@ class _Draws:
 
     def __init__(self, rng: Mt19937, expected: int):
         self.rng = rng
-        self._state = rng._bits.state
-        self._drawn = rng.drawn
-        self.buf = rng._bits.random_raw(max(expected, 1))
+        self.start = rng.snapshot()
+        self.buf = rng.draws(max(expected, 1))
         self.pos = 0
 
     def ensure(self, n: int) -> None:
         """At least ``n`` draws left in the buffer."""
         short = self.pos + n - len(self.buf)
         if short > 0:
-            more = self.rng._bits.random_raw(max(short, len(self.buf)))
+            more = self.rng.draws(max(short, len(self.buf)))
             self.buf = np.concatenate([self.buf, more])
 
     def take(self) -> int:
@@ -211,8 +216,7 @@ class _Draws:
         return value
 
     def close(self) -> None:
-        self.rng._bits.state = self._state
-        self.rng.drawn = self._drawn
+        self.rng.rewind(self.start)
         self.rng.skip(self.pos)
 
 

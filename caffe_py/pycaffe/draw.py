@@ -153,3 +153,11 @@ def draw_net_to_file(caffe_net: Any, filename: str, rankdir: str = "LR",
     image = draw_net(caffe_net, rankdir, ext, phase, display_lrm)
     with open(filename, "wb") as out:
         out.write(image)
+
+
+def __getattr__(name: str) -> Any:
+    if name.startswith("__"):
+        raise AttributeError(name)
+    from .unsupported import missing
+
+    raise missing("caffe.draw", name, [n for n in globals() if not n.startswith("_")])

@@ -281,3 +281,11 @@ def oversample(images: Any, crop_dims: Any) -> np.ndarray:
             ix += 1
         crops[ix - 5:ix] = crops[ix - 5:ix, :, ::-1, :]  # the mirrors
     return crops
+
+
+def __getattr__(name: str) -> Any:
+    if name.startswith("__"):
+        raise AttributeError(name)
+    from .unsupported import missing
+
+    raise missing("caffe.io", name, [n for n in globals() if not n.startswith("_")])

@@ -209,3 +209,11 @@ layers = Layers()
 params = Parameters()
 
 __all__ = ["NetSpec", "layers", "params", "to_proto", "assign_proto", "Top", "Function"]
+
+
+def __getattr__(name: str) -> Any:
+    if name.startswith("__"):
+        raise AttributeError(name)
+    from .unsupported import missing
+
+    raise missing("caffe.net_spec", name, [n for n in globals() if not n.startswith("_")])

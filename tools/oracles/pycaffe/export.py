@@ -43,7 +43,7 @@ NOTEBOOKS = {
     "examples/pascal-multilabel-with-datalayer.ipynb":
         "examples/pascal-multilabel-with-datalayer.py",
 }
-SCRIPTS = {  # Python files taken as they are, or through 2to3 and PORT when Python 2
+SCRIPTS = {  # Python files taken as they are, or (Python 2) through 2to3; then PORT
     "python/classify.py": "python/classify.py",
     "python/draw_net.py": "python/draw_net.py",
     "examples/pycaffe/tools.py": "examples/pycaffe/tools.py",
@@ -75,13 +75,11 @@ PORT = {
          "Python 2's int division: the count of batches is a range() bound"),
     ],
     "examples/pycaffe/layers/pascal_multilabel_datalayers.py": [
-        ("import scipy.misc\n", "import scipy.sparse\n",
-         "scipy.misc was removed from SciPy (1.12); scipy.sparse is what the module uses "
-         "from SciPy besides imresize"),
         ("im = scipy.misc.imresize(im, self.im_shape)  # resize",
          "im = np.asarray(Image.fromarray(im).resize(\n"
          "            (self.im_shape[1], self.im_shape[0]), Image.BILINEAR))  # resize",
-         "scipy.misc.imresize (removed) resized a uint8 image with Pillow's bilinear filter"),
+         "scipy.misc.imresize, removed from SciPy (1.3), resized a uint8 image with Pillow's "
+         "bilinear filter: that call"),
     ],
 }
 
@@ -209,7 +207,11 @@ def main() -> None:
         out.write_text(export_notebook(caffe, source, target))
     for source, target in SCRIPTS.items():
         text = (caffe / source).read_text()
-        converted = port(to_python3(text, source), target)
+        try:  # Python 3 already: only the port edits, if any
+            ast.parse(text)
+            converted = port(text, target)
+        except SyntaxError:
+            converted = port(to_python3(text, source), target)
         out = TREE / target
         out.parent.mkdir(parents=True, exist_ok=True)
         note = header(source, target, False) if converted != text else \

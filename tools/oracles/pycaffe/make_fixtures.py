@@ -9,7 +9,7 @@ and protobuf installed). For each case, prep.py makes a workspace, record.py run
 in it under BVLC's pycaffe, and what it printed, plotted and wrote becomes the case's fixture
 directory (arrays stored as float32). ``--check`` also runs each case under caffe-py
 (``python -m caffe_py.pycaffe``) and prints every difference compare.py finds, with both
-run times. CI never runs this: tests/pycaffe/test_examples.py compares caffe-py's runs with
+run times. CI never runs this: tests/pycaffe/test_pycaffe_examples.py compares caffe-py's runs with
 the fixtures.
 """
 from __future__ import annotations

@@ -1,6 +1,5 @@
 #!/usr/bin/env python
-# Exported from BVLC Caffe 1.0's python/draw_net.py (the code of BVLC master 9b89154) by
-# tools/oracles/pycaffe/export.py: made Python 3 (see export.py for the rules).
+# From BVLC Caffe 1.0's python/draw_net.py (the code of BVLC master 9b89154), unchanged.
 # BVLC Caffe is BSD-2-Clause licensed: see LICENSE at the top of this tree.
 """
 Draw a graph of the net architecture.
@@ -49,7 +48,7 @@ def main():
     args = parse_args()
     net = caffe_pb2.NetParameter()
     text_format.Merge(open(args.input_net_proto_file).read(), net)
-    print(('Drawing net to %s' % args.output_image_file))
+    print('Drawing net to %s' % args.output_image_file)
     phase=None;
     if args.phase == "TRAIN":
         phase = caffe.TRAIN

@@ -1,13 +1,12 @@
 # Exported from BVLC Caffe 1.0's examples/pycaffe/layers/pascal_multilabel_datalayers.py (the code of BVLC master 9b89154) by
 # tools/oracles/pycaffe/export.py: made Python 3 (see export.py for the rules).
 # BVLC Caffe is BSD-2-Clause licensed: see LICENSE at the top of this tree.
-# Port edit: scipy.misc was removed from SciPy (1.12); scipy.sparse is what the module uses from SciPy besides imresize.
-# Port edit: scipy.misc.imresize (removed) resized a uint8 image with Pillow's bilinear filter.
+# Port edit: scipy.misc.imresize, removed from SciPy (1.3), resized a uint8 image with Pillow's bilinear filter: that call.
 # imports
 import json
 import time
 import pickle
-import scipy.sparse
+import scipy.misc
 import skimage.io
 import caffe
 

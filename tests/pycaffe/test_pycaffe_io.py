@@ -86,3 +86,11 @@ def test_blobprotos_and_datums_are_caffes_bytes():
     assert not caffe.io.array_to_datum(array).HasField("label")
     with pytest.raises(ValueError, match="^Incorrect array shape.$"):
         caffe.io.array_to_datum(np.zeros(3))
+
+
+def test_an_uncovered_io_name_is_one_line():
+    with pytest.raises(AttributeError) as info:
+        _ = caffe.io.load_imag
+    assert str(info.value) == ("caffe.io.load_imag is not covered by caffe-py's pycaffe; the "
+                               "nearest covered name is caffe.io.load_image (docs/pycaffe.md "
+                               "lists what is covered)")

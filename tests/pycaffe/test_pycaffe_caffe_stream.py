@@ -1,6 +1,6 @@
 """Caffe's random stream in caffe_py.pycaffe: boost's distributions on an mt19937
 (caffe_py.io.caffe_rng) and the nets that draw from it. The api-semantics example holds
-BVLC's own draws of every filler and of Dropout (test_examples.py compares them); these
+BVLC's own draws of every filler and of Dropout (test_pycaffe_examples.py compares them); these
 tests pin the pieces."""
 from __future__ import annotations
 
