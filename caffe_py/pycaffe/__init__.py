@@ -25,6 +25,7 @@ from . import caffe_stream as _stream
 from . import io
 from .classifier import Classifier
 from .detector import Detector
+from .errors import missing
 from .mode import set_device, set_mode_cpu, set_mode_gpu
 from .net import Net
 from .solver import (
@@ -37,7 +38,6 @@ from .solver import (
     Solver,
     get_solver,
 )
-from .unsupported import missing
 
 __version__ = "1.0.0"
 """The pycaffe version this interface follows (BVLC Caffe 1.0)."""

@@ -12,13 +12,16 @@ from __future__ import annotations
 import math
 import weakref
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
 
 from ..layers import pycaffe as standin
-from .unsupported import missing
+from .errors import missing
+
+if TYPE_CHECKING:
+    from .wiring import Step
 
 _DIFFS: dict[int, torch.Tensor] = {}
 _MIRRORS: dict[int, tuple[weakref.ref, torch.Tensor]] = {}
@@ -213,6 +216,57 @@ class ParamBlob(standin.Blob):
 
     def __repr__(self) -> str:
         return f"Blob(shape={self.shape})"
+
+
+class LayerView:
+    """pycaffe's ``net.layers[i]``: its ``type`` and its ``blobs``."""
+
+    def __init__(self, step: Step):
+        self._step = step
+
+    @property
+    def type(self) -> str:
+        return self._step.type
+
+    @property
+    def blobs(self) -> list[ParamBlob]:
+        return param_blobs(self._step)
+
+    def __getattr__(self, name: str) -> Any:
+        raise missing("caffe.Layer", name, ["type", "blobs"])
+
+    def __repr__(self) -> str:
+        return f"<Layer {self._step.name} ({self._step.type})>"
+
+
+class Capture:
+    """A forward hook copying a layer's outputs into its tops' memory (and, when they carry a
+    gradient, the gradient into their diffs)."""
+
+    def __init__(self, tops: list[Memory]):
+        self.tops = tops
+
+    def __call__(self, module: Any, args: Any, output: Any) -> None:
+        outs = () if output is None else (output,) if isinstance(output, torch.Tensor) \
+            else tuple(output)
+        for memory, value in zip(self.tops, outs, strict=False):
+            memory.put(value)
+            if value.requires_grad:
+                value.register_hook(memory.put_diff)
+
+
+def param_blobs(step: Step) -> list[ParamBlob]:
+    """The blobs of a layer as pycaffe's Blobs (none for a Split)."""
+    if step.layer is None:
+        return []
+    return [ParamBlob(lambda: step.layer, i, step.name)
+            for i in range(len(step.layer.blob_names))]
+
+
+def python_object(step: Step) -> Any:
+    """The user's object behind a Caffe-form Python layer (pycaffe's ``net.layers[i]``)."""
+    impl = getattr(step.layer, "impl", None)
+    return getattr(impl, "obj", None) if step.type == "Python" else None
 
 
 _BLOB_NAMES = ["data", "diff", "shape", "count", "reshape", "num", "channels", "height",

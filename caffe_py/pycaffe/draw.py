@@ -158,6 +158,6 @@ def draw_net_to_file(caffe_net: Any, filename: str, rankdir: str = "LR",
 def __getattr__(name: str) -> Any:
     if name.startswith("__"):
         raise AttributeError(name)
-    from .unsupported import missing
+    from .errors import missing
 
     raise missing("caffe.draw", name, [n for n in globals() if not n.startswith("_")])

@@ -286,6 +286,6 @@ def oversample(images: Any, crop_dims: Any) -> np.ndarray:
 def __getattr__(name: str) -> Any:
     if name.startswith("__"):
         raise AttributeError(name)
-    from .unsupported import missing
+    from .errors import missing
 
     raise missing("caffe.io", name, [n for n in globals() if not n.startswith("_")])

@@ -38,7 +38,7 @@ def device() -> torch.device:
         return torch.device("cpu")
     count = torch.cuda.device_count()
     if not 0 <= int(_state["device"]) < count:
-        from .net import PycaffeError
+        from .errors import PycaffeError
 
         raise PycaffeError(f"caffe.set_device({_state['device']}): this machine has {count} "
                            f"CUDA device(s) (0 to {count - 1})")

@@ -12,133 +12,59 @@ with autograd during the forward and differentiated per layer during the backwar
 """
 from __future__ import annotations
 
-import dataclasses
 import logging
 import weakref
-from collections import Counter, OrderedDict
-from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
-from dataclasses import dataclass, field
+from collections import OrderedDict
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import torch
 
-from .. import api
-from ..errors import CaffePyError, NetError
+from ..errors import NetError
 from ..fileio import atomic_write_bytes
-from ..layers import pycaffe as standin
 from ..layers.base import RECORD_FILLERS, Layer
-from ..net import AUTOMATIC
 from ..net import Net as CaffePyNet
-from ..passes import BATCHNORM_SCALE, BIAS_ACTIVATION
-from ..spec.layer_params.data import InputParameter
-from ..spec.net_spec import BlobShape, NetParameter
-from . import caffe_stream, mode
-from .blobs import Memory, NetBlob, ParamBlob, param_diff, pull_mirrors, push_mirrors
-from .unsupported import missing
+from . import caffe_stream
+from .blobs import (
+    Capture,
+    LayerView,
+    NetBlob,
+    ParamBlob,
+    param_blobs,
+    param_diff,
+    pull_mirrors,
+    push_mirrors,
+    python_object,
+)
+from .errors import PycaffeError, missing
+from .files import (
+    PHASES,
+    TEST,
+    TRAIN,
+    attach_feeds,
+    build,
+    check_file,
+    load_net_spec,
+    net_args,
+    read_weights,
+    with_input_shapes,
+)
+from .wiring import top_shapes, wire
 
 log = logging.getLogger(__name__)
-TRAIN, TEST = standin.TRAIN, standin.TEST
-PHASES = {TRAIN: "TRAIN", TEST: "TEST"}
-NET_OPTIONS = {BATCHNORM_SCALE: False, BIAS_ACTIVATION: False}
-"""A pycaffe net runs every layer by itself: no build-time fusion hides a blob."""
-NO_FORCED_BACKWARD = {
-    "SoftmaxWithLoss": (1,), "SigmoidCrossEntropyLoss": (1,), "HingeLoss": (1,),
-    "InfogainLoss": (1,), "MultinomialLogisticLoss": (1,), "ContrastiveLoss": (2,),
-    "RNN": (1,), "LSTM": (1,), "LSTMUnit": (2,)}
-"""Bottoms that force_backward does not reach (Caffe's AllowForceBackward): labels and
-sequence flags."""
-
-
-class PycaffeError(CaffePyError):
-    """A pycaffe call that cannot do what it was asked (the message names the call)."""
-
-
-@dataclass
-class _Step:
-    """One layer of Caffe's layer list (a caffe-py layer, or a Split Caffe inserts)."""
-
-    name: str
-    type: str
-    layer: Layer | None
-    bottoms: list[int]
-    tops: list[int]
-    loss: list[float]
-    need_backward: bool = False
-    bottom_need: list[bool] = field(default_factory=list)
-
-
-class LayerView:
-    """pycaffe's ``net.layers[i]``: its ``type`` and its ``blobs``."""
-
-    def __init__(self, step: _Step):
-        self._step = step
-
-    @property
-    def type(self) -> str:
-        return self._step.type
-
-    @property
-    def blobs(self) -> list[ParamBlob]:
-        return param_blobs(self._step)
-
-    def __getattr__(self, name: str) -> Any:
-        raise missing("caffe.Layer", name, ["type", "blobs"])
-
-    def __repr__(self) -> str:
-        return f"<Layer {self._step.name} ({self._step.type})>"
-
-
-def _net_args(args: tuple, kwargs: dict) -> tuple[str, int, int, list[str], str | None]:
-    """pycaffe's two constructors: ``Net(file, phase, level=0, stages=None, weights=None)``
-    (phase and weights also by keyword) and the older ``Net(file, weights, phase)``."""
-    names = ("network_file", "phase", "level", "stages", "weights")
-    if len(args) == 3 and isinstance(args[1], (str, Path)) and not kwargs:
-        return str(args[0]), _phase(args[2]), 0, [], str(args[1])
-    if len(args) > len(names):
-        raise PycaffeError(f"caffe.Net takes at most {len(names)} arguments "
-                           f"({', '.join(names)}), got {len(args)}")
-    given = dict(zip(names, args, strict=False))
-    for key, value in kwargs.items():
-        if key not in names:
-            raise missing("caffe.Net(...) keyword", key, names)
-        if key in given:
-            raise PycaffeError(f"caffe.Net got '{key}' twice (by position and by keyword)")
-        given[key] = value
-    if "network_file" not in given or "phase" not in given:
-        raise PycaffeError("caffe.Net needs the network file and a phase: caffe.Net(file, "
-                           "caffe.TEST) or caffe.Net(file, weights, caffe.TEST)")
-    weights = given.get("weights")
-    return (str(given["network_file"]), _phase(given["phase"]), int(given.get("level", 0)),
-            [str(s) for s in given.get("stages") or []],
-            None if weights is None else str(weights))
-
-
-def _phase(value: Any) -> int:
-    if value in (TRAIN, TEST) and not isinstance(value, bool):
-        return int(value)
-    raise PycaffeError(f"phase must be caffe.TRAIN (0) or caffe.TEST (1), got {value!r}")
-
-
-def check_file(path: str) -> None:
-    """pycaffe's CheckFile: a file that does not open is 'Could not open file X'."""
-    try:
-        with open(path, "rb"):
-            pass
-    except OSError:
-        raise PycaffeError(f"Could not open file {path}") from None
 
 
 class Net:
     """pycaffe's ``caffe.Net`` (see the module docstring)."""
 
     def __init__(self, *args: Any, **kwargs: Any):
-        network_file, phase, level, stages, weights = _net_args(args, kwargs)
+        network_file, phase, level, stages, weights = net_args(args, kwargs)
         check_file(network_file)
         spec = load_net_spec(network_file)
         self._spec_file: str | None = network_file
-        self._bind(_build(spec, PHASES[phase], stages, level), owner=None)
+        self._bind(build(spec, PHASES[phase], stages, level), owner=None)
         if weights is not None:
             check_file(weights)
             self.copy_from(weights)
@@ -161,137 +87,22 @@ class Net:
         self._before_bwd: list[Callable[[int], Any]] = []
         self._after_bwd: list[Callable[[int], Any]] = []
         self._tape: dict[int, tuple[list[torch.Tensor], tuple[torch.Tensor, ...]]] = {}
-        self._wire(net)
+        wiring = wire(net)
+        self._steps = wiring.steps
+        self._names = wiring.names              # blob id -> name
+        self._memory = wiring.memory            # blob id -> its memory
+        self._input_ids, self._output_ids = wiring.input_ids, wiring.output_ids
+        self._loss_weights = wiring.loss_weights
         caffe_stream.use_caffe_dropout(net)
         if owner is None:
             caffe_stream.refill(net, net.ctx.options.get(RECORD_FILLERS, []))
-            self._pool = _attach_feeds(net)
+            self._pool = attach_feeds(net)
             if self._pool is not None:
                 weakref.finalize(self, self._pool.close)
         else:
             self._pool = None
             self._capture()
         self._cache: dict[str, Any] = {}
-
-    def _wire(self, net: CaffePyNet) -> None:
-        """Caffe's InsertSplits and Net::Init over the caffe-py net's layers: the layer list,
-        the blobs in Caffe's order, loss weights, inputs, outputs and the backward flags."""
-        layers = list(net.layers)
-        splits = _splits(layers)
-        self._steps: list[_Step] = []
-        self._names: list[str] = []           # blob id -> name
-        self._memory: list[Memory] = []
-        by_name: dict[str, int] = {}
-        available: dict[str, None] = {}
-        self._input_ids: list[int] = []
-
-        def new_blob(name: str, source: Memory | None = None) -> int:
-            self._names.append(name)
-            self._memory.append(Memory((), source=source))
-            return len(self._names) - 1
-
-        for i, layer in enumerate(layers):
-            bottoms = [by_name[b] for b in splits.bottoms[i]]
-            for b in splits.bottoms[i]:
-                available.pop(b, None)
-            tops: list[int] = []
-            for j, top_name in enumerate(layer.spec.top):
-                if j < len(layer.spec.bottom) and splits.bottoms[i][j] == top_name:
-                    tops.append(by_name[top_name])         # in place
-                    continue
-                if _automatic(top_name):  # a loss layer's anonymous top: no layer reads it
-                    tops.append(new_blob(AUTOMATIC))
-                    continue
-                by_name[top_name] = new_blob(top_name)
-                tops.append(by_name[top_name])
-                available[top_name] = None
-            loss = [_layer_loss(layer, j, splits.cleared[i]) for j in range(len(tops))]
-            self._steps.append(_Step(layer.name, layer.spec.type, layer, bottoms, tops, loss))
-            if layer.spec.type == "Input":
-                self._input_ids += tops
-            for top_index, count, weight in splits.after[i]:
-                source_name = layer.spec.top[top_index]
-                source = by_name[source_name]
-                available.pop(source_name, None)
-                split_tops = []
-                for k in range(count):
-                    name = _split_blob(layer.name, source_name, top_index, k)
-                    by_name[name] = new_blob(name, source=self._memory[source])
-                    split_tops.append(by_name[name])
-                    available[name] = None
-                losses = [weight if k == 0 else 0.0 for k in range(count)]
-                self._steps.append(_Step(_split_layer(layer.name, source_name, top_index),
-                                         "Split", None, [source], split_tops, losses))
-        self._output_ids = [by_name[name] for name in sorted(available)]
-        self._loss_weights = [0.0] * len(self._names)
-        for step in self._steps:
-            for top, weight in zip(step.tops, step.loss, strict=True):
-                self._loss_weights[top] = weight
-        for blob, weight in enumerate(self._loss_weights):
-            if weight:
-                memory = self._memory[blob]
-                memory.loss_weight = weight
-                memory.diff = torch.full(tuple(memory.diff.shape), float(weight))
-        for name, shape in net.blobs.items():  # build shapes, until the first forward
-            if name in by_name and not _automatic(name):
-                self._memory[by_name[name]].reshape(shape)
-        for step in self._steps:
-            if step.layer is None:  # a Split's tops: the shape of its bottom
-                shape = tuple(self._memory[step.bottoms[0]].data.shape)
-                for top in step.tops:
-                    self._memory[top].reshape(shape)
-            for top, shape in zip(step.tops, _top_shapes(step), strict=False):
-                if self._names[top] == AUTOMATIC:
-                    self._memory[top].reshape(shape)
-        self._need_backward(net.spec.force_backward)
-
-    def _need_backward(self, force: bool) -> None:
-        """Net::Init's flags: a layer needs backward when a bottom needs it or a parameter
-        learns (lr_mult != 0), and only when it contributes to a loss (unless
-        force_backward)."""
-        blob_need = [False] * len(self._names)
-        for step in self._steps:
-            need = False
-            step.bottom_need = []
-            down = step.layer.spec.propagate_down if step.layer is not None else []
-            for j, blob in enumerate(step.bottoms):
-                step.bottom_need.append(bool(down[j]) if down else blob_need[blob])
-                need |= blob_need[blob]
-            if step.layer is not None:
-                specs = step.layer.spec.param
-                for k in range(len(step.layer.blob_names)):
-                    if (specs[k].lr_mult if k < len(specs) else 1.0) != 0:
-                        need = True
-            step.need_backward = need
-            if need:
-                for top in step.tops:
-                    blob_need[top] = True
-        under_loss: set[str] = set()
-        skip: set[str] = set()
-        for step in reversed(self._steps):
-            contributes, skips = False, True
-            for top, weight in zip(step.tops, step.loss, strict=True):
-                name = self._names[top]
-                contributes |= bool(weight) or name in under_loss
-                skips &= name in skip
-            if step.need_backward and skips:
-                step.need_backward = False
-                step.bottom_need = [False] * len(step.bottoms)
-            if not contributes:
-                step.need_backward = False
-            for j, blob in enumerate(step.bottoms):
-                if contributes:
-                    under_loss.add(self._names[blob])
-                else:
-                    step.bottom_need[j] = False
-                if not step.bottom_need[j]:
-                    skip.add(self._names[blob])
-        if force:
-            for step in self._steps:
-                step.need_backward = True
-                blocked = NO_FORCED_BACKWARD.get(step.type, ())
-                step.bottom_need = [need or j not in blocked
-                                    for j, need in enumerate(step.bottom_need)]
 
     def _capture(self) -> None:
         """A solver runs this net itself: its layers' outputs (and their gradients) go to the
@@ -301,7 +112,7 @@ class Net:
             if step.layer is None:
                 continue
             tops = [self._memory[t] for t in step.tops]
-            step.layer.register_forward_hook(_Capture(tops))
+            step.layer.register_forward_hook(Capture(tops))
 
     # --- pycaffe's properties --------------------------------------------------------------
     @property
@@ -338,7 +149,7 @@ class Net:
     def layers(self) -> list[Any]:
         """pycaffe's layer list: a Python layer is the user's own object, as in Caffe."""
         if "layers" not in self._cache:
-            self._cache["layers"] = [_python_object(s) or LayerView(s) for s in self._steps]
+            self._cache["layers"] = [python_object(s) or LayerView(s) for s in self._steps]
         return list(self._cache["layers"])
 
     @property
@@ -616,7 +427,7 @@ class Net:
         for step in self._steps:
             if step.layer is None or step.type == "Input":
                 continue
-            for top, shape in zip(step.tops, _top_shapes(step), strict=False):
+            for top, shape in zip(step.tops, top_shapes(step), strict=False):
                 self._memory[top].reshape(shape)
 
     def _rebuild_for_inputs(self, batch_too: bool) -> None:
@@ -637,7 +448,7 @@ class Net:
         if not changed:
             return
         old = self._net
-        new = _build(_with_input_shapes(old.spec, shapes), old.phase, old.stages, old.level,
+        new = build(with_input_shapes(old.spec, shapes), old.phase, old.stages, old.level,
                      device=old.device, record=False)
         new.share_weights_with(old)
         caffe_stream.use_caffe_dropout(new)
@@ -657,7 +468,7 @@ class Net:
         """Caffe's CopyTrainedLayersFrom: weights by layer name from a .caffemodel (or
         Caffe's HDF5 weights, or a caffe-py snapshot)."""
         check_file(path)
-        self._net.copy_from(_read_weights(path), source=path)
+        self._net.copy_from(read_weights(path), source=path)
         pull_mirrors()
 
     def share_with(self, other: Net) -> None:
@@ -740,192 +551,9 @@ class Net:
         return f"<caffe.Net '{self._net.name}' ({self._net.phase}), {len(self._steps)} layers>"
 
 
-class _Capture:
-    """A forward hook copying a layer's outputs into its tops' memory (and, when they carry a
-    gradient, the gradient into their diffs)."""
-
-    def __init__(self, tops: list[Memory]):
-        self.tops = tops
-
-    def __call__(self, module: Any, args: Any, output: Any) -> None:
-        outs = () if output is None else (output,) if isinstance(output, torch.Tensor) \
-            else tuple(output)
-        for memory, value in zip(self.tops, outs, strict=False):
-            memory.put(value)
-            if value.requires_grad:
-                value.register_hook(memory.put_diff)
-
-
-@dataclass
-class _Splits:
-    """Caffe's InsertSplits over a layer list: each layer's bottoms renamed to split tops,
-    the splits after each layer (top index, count, loss weight) and the layers whose
-    explicit loss_weight a split took."""
-
-    bottoms: list[list[str]]
-    after: list[list[tuple[int, int, float]]]
-    cleared: list[bool]
-
-
-def _splits(layers: Sequence[Layer]) -> _Splits:
-    last_top: dict[str, tuple[int, int]] = {}
-    source_of: dict[tuple[int, int], tuple[int, int]] = {}
-    consumers: Counter[tuple[int, int]] = Counter()
-    loss_of: dict[tuple[int, int], float] = {}
-    for i, layer in enumerate(layers):
-        for j, name in enumerate(layer.spec.bottom):
-            source_of[(i, j)] = last_top[name]
-            consumers[last_top[name]] += 1
-        for j, name in enumerate(layer.spec.top):
-            last_top[name] = (i, j)
-        weights = layer.spec.loss_weight
-        for j in range(min(len(weights), len(layer.spec.top))):
-            top = last_top[layer.spec.top[j]]
-            loss_of[top] = float(weights[j])
-            if loss_of[top]:
-                consumers[top] += 1
-    taken: Counter[tuple[int, int]] = Counter()
-    out = _Splits([], [], [])
-    for i, layer in enumerate(layers):
-        bottoms = list(layer.spec.bottom)
-        for j, name in enumerate(layer.spec.bottom):
-            source = source_of[(i, j)]
-            if consumers[source] > 1:
-                bottoms[j] = _split_blob(layers[source[0]].name, name, source[1], taken[source])
-                taken[source] += 1
-        after, cleared = [], False
-        for j in range(len(layer.spec.top)):
-            count = consumers[(i, j)]
-            if count > 1:
-                weight = loss_of.get((i, j), 0.0)
-                after.append((j, count, weight))
-                if weight:
-                    cleared = True
-                    taken[(i, j)] += 1
-        out.bottoms.append(bottoms)
-        out.after.append(after)
-        out.cleared.append(cleared)
-    return out
-
-
-def _automatic(name: str) -> bool:
-    """Whether caffe-py named this top for a loss layer written without one."""
-    return name == AUTOMATIC or name.startswith(AUTOMATIC + "#")
-
-
-def _split_blob(layer: str, blob: str, index: int, k: int) -> str:
-    return f"{blob}_{layer}_{index}_split_{k}"
-
-
-def _split_layer(layer: str, blob: str, index: int) -> str:
-    return f"{blob}_{layer}_{index}_split"
-
-
-def _layer_loss(layer: Layer, top: int, cleared: bool) -> float:
-    """Caffe's layer->loss(top): the explicit loss_weight (unless a Split took it), else 1
-    for a loss layer's first top."""
-    weights = [] if cleared else layer.spec.loss_weight
-    if weights:
-        return float(weights[top]) if top < len(weights) else 0.0
-    return 1.0 if layer.is_loss and top == 0 else 0.0
-
-
-def _top_shapes(step: _Step) -> list[tuple[int, ...]]:
-    if step.layer is None:
-        return []
-    return [tuple(s) for s in step.layer.top_shapes]
-
-
-def param_blobs(step: _Step) -> list[ParamBlob]:
-    """The blobs of a layer as pycaffe's Blobs (none for a Split)."""
-    if step.layer is None:
-        return []
-    return [ParamBlob(lambda: step.layer, i, step.name)
-            for i in range(len(step.layer.blob_names))]
-
-
-def _python_object(step: _Step) -> Any:
-    """The user's object behind a Caffe-form Python layer (pycaffe's ``net.layers[i]``)."""
-    impl = getattr(step.layer, "impl", None)
-    return getattr(impl, "obj", None) if step.type == "Python" else None
-
-
 def _first_line(exc: BaseException) -> str:
     text = str(exc).strip().splitlines()
     return text[0] if text else type(exc).__name__
 
 
-def _build(spec: NetParameter, phase: str, stages: Iterable[str], level: int,
-           device: torch.device | None = None, record: bool = True) -> CaffePyNet:
-    """A caffe-py net for pycaffe: no fusions, fillers recorded for Caffe's stream."""
-    options: dict[str, Any] = dict(NET_OPTIONS)
-    if record:
-        options[RECORD_FILLERS] = []
-    return CaffePyNet(spec, phase, stages=stages, level=level,
-                      device=device if device is not None else mode.device(), seed=0,
-                      options=options)
-
-
-def _with_input_shapes(spec: NetParameter,
-                       shapes: Mapping[str, tuple[int, ...]]) -> NetParameter:
-    """``spec`` with its Input layers (and legacy inputs) declaring ``shapes``."""
-    layers = []
-    for layer in spec.layer:
-        if layer.type == "Input":
-            shape = [BlobShape(dim=list(shapes[t])) for t in layer.top]
-            layer = dataclasses.replace(layer, params={**layer.params,
-                                                       "input_param": InputParameter(shape)})
-        layers.append(layer)
-    legacy: dict[str, Any] = {}
-    if spec.input:
-        legacy = {"input_shape": [BlobShape(dim=list(shapes[n])) for n in spec.input],
-                  "input_dim": []}
-    return dataclasses.replace(spec, layer=layers, **legacy)
-
-
-def prototxt_node(path: str, kind: str) -> Any:
-    """A prototxt file (any suffix) of ``kind`` ('net' or 'solver') as the YAML mapping
-    caffe-py reads; the nets a solver names are read the same way."""
-    from ..spec import yamlio
-    from ..tools.to_yaml import prototxt_as_yaml
-
-    yamlio.FOREIGN.setdefault(".prototxt", prototxt_as_yaml)
-    return yamlio.loads(prototxt_as_yaml(Path(path), kind), source=path)
-
-
-def load_net_spec(path: str) -> NetParameter:
-    """A net file as pycaffe reads it: a prototxt whatever its suffix (Caffe's paths, from
-    the current directory), or a caffe-py YAML spec."""
-    if path.endswith((".yaml", ".yml")):
-        return api.net_spec(path)
-    from ..spec.net_spec import parse_net
-    from ..spec.schema import Source
-
-    return parse_net(prototxt_node(path, "net"), Source.of(path))
-
-
-def _attach_feeds(net: CaffePyNet) -> Any:
-    """Readers for a standalone net's Data layers (a solver attaches its own)."""
-    if not net.data_layers():
-        return None
-    from ..io import ReaderPool, attach_feeds
-
-    pool = ReaderPool(replicas=1)
-    attach_feeds(net, pool, replica=0, device=net.device, seed=0)
-    return pool
-
-
-def _read_weights(path: str) -> dict[str, list[torch.Tensor]]:
-    """Caffe's CopyTrainedLayersFrom reads HDF5 for '.h5', else a binary NetParameter
-    whatever the suffix; a caffe-py snapshot (.pt) is read as caffe-py reads it."""
-    from ..solver import caffemodel, snapshot
-
-    if path.endswith(".h5") or Path(path).suffix == ".pt":
-        return snapshot.load_weights(path)
-    try:
-        return caffemodel.read_net(path)
-    except CaffePyError:
-        return snapshot.load_weights(path)
-
-
-__all__ = ["Net", "TRAIN", "TEST", "PycaffeError", "LayerView", "check_file"]
+__all__ = ["Net", "TRAIN", "TEST", "PycaffeError", "LayerView", "check_file", "load_net_spec"]

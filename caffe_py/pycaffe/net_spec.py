@@ -214,6 +214,6 @@ __all__ = ["NetSpec", "layers", "params", "to_proto", "assign_proto", "Top", "Fu
 def __getattr__(name: str) -> Any:
     if name.startswith("__"):
         raise AttributeError(name)
-    from .unsupported import missing
+    from .errors import missing
 
     raise missing("caffe.net_spec", name, [n for n in globals() if not n.startswith("_")])

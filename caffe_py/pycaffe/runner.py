@@ -20,7 +20,7 @@ from types import ModuleType
 from typing import Any
 
 from ..errors import CaffePyError
-from .unsupported import nearest
+from .errors import nearest
 
 MODULES = {
     "caffe": "caffe_py.pycaffe",

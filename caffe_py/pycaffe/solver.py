@@ -22,8 +22,9 @@ from ..solver.solver import Solver as CaffePySolver
 from ..spec.solver_spec import load_solver
 from . import caffe_stream, mode
 from .blobs import param_diff, pull_mirrors, push_mirrors
-from .net import NET_OPTIONS, Net, check_file, prototxt_node
-from .unsupported import missing
+from .errors import missing
+from .files import NET_OPTIONS, check_file, prototxt_node
+from .net import Net
 
 _CLASSES = {"SGD": "SGDSolver", "Nesterov": "NesterovSolver", "AdaGrad": "AdaGradSolver",
             "RMSProp": "RMSPropSolver", "AdaDelta": "AdaDeltaSolver", "Adam": "AdamSolver"}

@@ -6,8 +6,7 @@ import pytest
 import torch
 
 import caffe_py.pycaffe as caffe
-from caffe_py.pycaffe.net import PycaffeError
-from caffe_py.pycaffe.unsupported import PycaffeAttributeError
+from caffe_py.pycaffe.errors import PycaffeAttributeError, PycaffeError
 from caffe_py.solver.caffemodel import read_net
 
 NET = """

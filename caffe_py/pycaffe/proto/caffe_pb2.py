@@ -95,6 +95,6 @@ __all__ = [*_classes, *(v for values in ENUMS.values() for v, _ in values), "Pha
 
 
 def __getattr__(name: str) -> Any:
-    from ..unsupported import missing
+    from ..errors import missing
 
     raise missing("caffe.proto.caffe_pb2", name, [*_classes, "TRAIN", "TEST", "Phase"])

@@ -1,10 +1,15 @@
-"""The one-line error a pycaffe script gets for a name caffe-py's pycaffe does not have."""
+"""The errors of caffe_py.pycaffe: a pycaffe call that cannot do what it was asked, and the
+one-line error a script gets for a name caffe-py's pycaffe does not have."""
 from __future__ import annotations
 
 import difflib
 from collections.abc import Iterable
 
 from ..errors import CaffePyError
+
+
+class PycaffeError(CaffePyError):
+    """A pycaffe call that cannot do what it was asked (the message names the call)."""
 
 
 class PycaffeAttributeError(CaffePyError, AttributeError):
