@@ -63,7 +63,6 @@ class Net:
         network_file, phase, level, stages, weights = net_args(args, kwargs)
         check_file(network_file)
         spec = load_net_spec(network_file)
-        self._spec_file: str | None = network_file
         self._bind(build(spec, PHASES[phase], stages, level), owner=None)
         if weights is not None:
             check_file(weights)
@@ -73,7 +72,6 @@ class Net:
     def of_solver(cls, net: CaffePyNet, solver: Any) -> Net:
         """The pycaffe view of a net a caffe-py Solver built (``solver.net``, ``test_nets``)."""
         view = cls.__new__(cls)
-        view._spec_file = None
         view._bind(net, owner=solver)
         return view
 
@@ -95,7 +93,9 @@ class Net:
         self._loss_weights = wiring.loss_weights
         caffe_stream.use_caffe_dropout(net)
         if owner is None:
-            caffe_stream.refill(net, net.ctx.options.get(RECORD_FILLERS, []))
+            fills = net.ctx.options.get(RECORD_FILLERS, [])
+            caffe_stream.refill(net, fills)
+            fills.clear()  # the record holds the blobs first made: let shared ones go
             self._pool = attach_feeds(net)
             if self._pool is not None:
                 weakref.finalize(self, self._pool.close)

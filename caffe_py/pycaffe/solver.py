@@ -56,6 +56,7 @@ class Solver:
         for n in nets:  # Caffe's order: the TRAIN net is set up, then each TEST net
             layers = {id(layer) for layer in n.layers}
             caffe_stream.refill(n, [e for e in fills if id(e[0]) in layers])
+        fills.clear()  # the record holds the blobs first made: let shared ones go
         self.net = Net.of_solver(self._solver.net, self)
         self.test_nets = [Net.of_solver(n, self) for n in self._solver.test_nets]
         self._update_diffs = [lp.param for lp in self._solver.net.learnable_params()]
