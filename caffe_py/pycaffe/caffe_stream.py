@@ -8,7 +8,7 @@ data layer's setup takes, and Dropout's masks at every TRAIN forward. caffe-py's
 from torch's generators instead; a net made through :mod:`caffe_py.pycaffe` redraws its
 fillers from this stream and takes its Dropout masks from it, so that a seeded pycaffe script
 gets the same weights and the same dropped units as under BVLC's pycaffe
-(:mod:`caffe_py.io.caffe_rng` reproduces boost's distributions).
+(:mod:`caffe_py.io.db.caffe_rng` reproduces boost's distributions).
 """
 from __future__ import annotations
 
@@ -22,7 +22,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from ..io.caffe_rng import GlobalDraws, Mt19937, bernoullis, normals, uniform_reals
+from ..io.db.caffe_rng import GlobalDraws, Mt19937, bernoullis, normals, uniform_reals
 from ..spec.layer_params.shared import FillerParameter
 
 

@@ -4,8 +4,8 @@
 float32 in [0, 1], RGB (H x W x 3) or intensity (H x W x 1) as pycaffe gives them;
 ``resize_image`` interpolates with scikit-image (needed for it, as pycaffe needs it) or, for
 other channel counts, with scipy's ``zoom``. The messages are :mod:`.proto.caffe_pb2`'s,
-encoded and decoded with caffe-py's own codecs (:mod:`caffe_py.io.blobproto`,
-:mod:`caffe_py.io.datum`).
+encoded and decoded with caffe-py's own codecs (:mod:`caffe_py.io.formats.blobproto`,
+:mod:`caffe_py.io.formats.datum`).
 """
 from __future__ import annotations
 
@@ -15,9 +15,9 @@ from typing import Any
 import numpy as np
 
 from ..errors import CaffePyError
-from ..io.blobproto import blob_from_array, encode_blob
-from ..io.datum import datum_from_array, decode_datum, encode_datum
-from ..io.datum import datum_to_array as _datum_pixels
+from ..io.formats.blobproto import blob_from_array, encode_blob
+from ..io.formats.datum import datum_from_array, decode_datum, encode_datum
+from ..io.formats.datum import datum_to_array as _datum_pixels
 
 
 class IoError(CaffePyError):

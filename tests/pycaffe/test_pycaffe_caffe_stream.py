@@ -1,5 +1,5 @@
 """Caffe's random stream in caffe_py.pycaffe: boost's distributions on an mt19937
-(caffe_py.io.caffe_rng) and the nets that draw from it. The api-semantics example holds
+(caffe_py.io.db.caffe_rng) and the nets that draw from it. The api-semantics example holds
 BVLC's own draws of every filler and of Dropout (test_pycaffe_examples.py compares them); these
 tests pin the pieces."""
 from __future__ import annotations
@@ -7,7 +7,7 @@ from __future__ import annotations
 import numpy as np
 
 import caffe_py.pycaffe as caffe
-from caffe_py.io.caffe_rng import Mt19937, bernoullis, normals, uniform_reals, ziggurat_tables
+from caffe_py.io.db.caffe_rng import Mt19937, bernoullis, normals, uniform_reals, ziggurat_tables
 from caffe_py.pycaffe.caffe_stream import STREAM, drawn_filler
 from caffe_py.spec.layer_params.shared import FillerParameter
 

@@ -7,8 +7,8 @@ import pytest
 from PIL import Image
 
 import caffe_py.pycaffe as caffe
-from caffe_py.io.blobproto import decode_blob
-from caffe_py.io.datum import decode_datum
+from caffe_py.io.formats.blobproto import decode_blob
+from caffe_py.io.formats.datum import decode_datum
 
 pytest.importorskip("google.protobuf")
 

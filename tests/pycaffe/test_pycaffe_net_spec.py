@@ -8,7 +8,7 @@ pytest.importorskip("google.protobuf")
 from google.protobuf import text_format  # noqa: E402
 
 import caffe_py.pycaffe as caffe  # noqa: E402
-from caffe_py.io.blobproto import decode_blob  # noqa: E402
+from caffe_py.io.formats.blobproto import decode_blob  # noqa: E402
 from caffe_py.pycaffe import layers as L  # noqa: E402
 from caffe_py.pycaffe import params as P  # noqa: E402
 from caffe_py.pycaffe.proto import caffe_pb2  # noqa: E402

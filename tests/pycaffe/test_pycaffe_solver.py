@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 import caffe_py.pycaffe as caffe
-from caffe_py.io.convert import convert_idx
+from caffe_py.tools.convert import convert_idx
 
 NET = """
 layer {{ name: "data" type: "Data" top: "data" top: "label"

@@ -144,7 +144,7 @@ def write_idx(images: np.ndarray, labels: np.ndarray, prefix: Path) -> tuple[Pat
 
 
 def make_mnist(work: Path) -> None:
-    from caffe_py.io.convert import convert_idx
+    from caffe_py.tools.convert import convert_idx
 
     rng = np.random.RandomState(SEED)
     scratch = work / "data" / "mnist"
