@@ -61,6 +61,17 @@ V1_LAYER_TYPES = {
     "SOFTMAX": "Softmax", "SOFTMAX_LOSS": "SoftmaxWithLoss", "SPLIT": "Split", "SLICE": "Slice",
     "TANH": "TanH", "WINDOW_DATA": "WindowData", "THRESHOLD": "Threshold",
 }
+# caffe.proto's numbering of V1LayerParameter.LayerType (a prototxt may write `type: 4`).
+V1_LAYER_NUMBERS = {
+    0: "NONE", 1: "ACCURACY", 2: "BNLL", 3: "CONCAT", 4: "CONVOLUTION", 5: "DATA", 6: "DROPOUT",
+    7: "EUCLIDEAN_LOSS", 8: "FLATTEN", 9: "HDF5_DATA", 10: "HDF5_OUTPUT", 11: "IM2COL",
+    12: "IMAGE_DATA", 13: "INFOGAIN_LOSS", 14: "INNER_PRODUCT", 15: "LRN",
+    16: "MULTINOMIAL_LOGISTIC_LOSS", 17: "POOLING", 18: "RELU", 19: "SIGMOID", 20: "SOFTMAX",
+    21: "SOFTMAX_LOSS", 22: "SPLIT", 23: "TANH", 24: "WINDOW_DATA", 25: "ELTWISE", 26: "POWER",
+    27: "SIGMOID_CROSS_ENTROPY_LOSS", 28: "HINGE_LOSS", 29: "MEMORY_DATA", 30: "ARGMAX",
+    31: "THRESHOLD", 32: "DUMMY_DATA", 33: "SLICE", 34: "MVN", 35: "ABSVAL", 36: "SILENCE",
+    37: "CONTRASTIVE_LOSS", 38: "EXP", 39: "DECONVOLUTION",
+}
 # V1LayerParameter's per-blob repeated fields -> the ParamSpec field each one sets, by index.
 _V1_PARAM_FIELDS = {"param": "name", "blob_share_mode": "share_mode", "blobs_lr": "lr_mult",
                     "weight_decay": "decay_mult"}
@@ -413,6 +424,8 @@ class _Converter:
         counts = dict.fromkeys(_V1_PARAM_FIELDS, 0)
         spec_at, v1_type = None, None
         for f in m.fields:
+            if f.name == "type" and type(f.value) is int and f.value in V1_LAYER_NUMBERS:
+                f = dataclasses.replace(f, value=Ident(V1_LAYER_NUMBERS[f.value]))
             if f.name == "type" and isinstance(f.value, Ident):
                 v1_type = self.v1_type(f)
                 f = dataclasses.replace(f, value=V1_LAYER_TYPES[v1_type])
@@ -503,11 +516,14 @@ class _Converter:
         if msg.first("type") is not None:
             raise self.fail(old, "both solver_type (the old enum) and type are given; Caffe "
                                  "refuses this too", "keep type")
+        if type(old.value) is int and 0 <= old.value < len(SOLVER_TYPES_V1):  # the enum's number
+            old = dataclasses.replace(old, value=list(SOLVER_TYPES_V1)[old.value])
         if old.value not in SOLVER_TYPES_V1:
             raise self.fail(old, f"unknown solver_type '{old.value}'",
                             f"use one of {', '.join(SOLVER_TYPES_V1)}")
         new = dataclasses.replace(old, name="type", value=SOLVER_TYPES_V1[old.value])
-        return dataclasses.replace(msg, fields=[new if f is old else f for f in msg.fields])
+        return dataclasses.replace(msg, fields=[new if f.name == "solver_type" else f
+                                                for f in msg.fields])
 
 
 def _block_field(fields: list[Field], name: str) -> tuple[Field, Message] | None:

@@ -270,6 +270,29 @@ def test_solver_type_enum_is_upgraded():
     assert loaded["type"] == "Nesterov" and loaded["net"] == "n.yaml"
 
 
+def test_enums_written_as_numbers_are_read_as_caffe_reads_them():
+    """protobuf's text format takes an enum's number: Caffe reads `operation: 1` as SUM, a V1
+    `type: 4` as CONVOLUTION and `solver_type: 1` as NESTEROV."""
+    conv = convert(parse('net: "n.prototxt" base_lr: 0.1 solver_type: 1 momentum: 0.9'),
+                   "solver", source="s")
+    assert yamlio.loads(conv.text)["type"] == "Nesterov"
+    v1 = convert(parse('layers { name: "c" type: 4 bottom: "x" top: "c" }'), "net",
+                 source="s")
+    assert yamlio.loads(v1.text)["layer"][0]["type"] == "Convolution"
+    net = convert(parse('layer { name: "c" type: "Input" top: "c" } '
+                        'layer { name: "e" type: "Eltwise" bottom: "c" bottom: "c" top: "e" '
+                        'eltwise_param { operation: 1 } }'), "net", source="s")
+    spec = load_net_text(net.text)
+    assert spec.layer[1].params["eltwise_param"].operation == "SUM"
+
+
+def load_net_text(text: str) -> NetParameter:
+    from caffe_py.spec.net_spec import parse_net
+    from caffe_py.spec.schema import Source
+
+    return parse_net(yamlio.loads(text), Source())
+
+
 def test_inline_solver_nets_are_converted_as_nets():
     conv = convert(parse('base_lr: 0.1 net_param { name: "inline" layers { name: "r" '
                          'type: RELU bottom: "x" top: "x" } }'), "solver", source="s")

@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from ..schema import Check, Message, field, is_set
-from .shared import FillerParameter
+from .shared import ENGINE_NUMBERS, FillerParameter
 
 
 @dataclass
@@ -84,7 +84,8 @@ class SliceParameter(Message):
 class EltwiseParameter(Message):
     """How an Eltwise layer combines its bottoms (Caffe's EltwiseParameter)."""
 
-    operation: str = field("SUM", "element-wise PROD, SUM or MAX", choices=("PROD", "SUM", "MAX"))
+    operation: str = field("SUM", "element-wise PROD, SUM or MAX",
+                           choices={"PROD": 0, "SUM": 1, "MAX": 2})
     coeff: list[float] = field([], "SUM only: one coefficient per bottom (none: all 1)")
     stable_prod_grad: bool = field(True, "PROD: Caffe's choice of gradient formula; autograd's "
                                          "product of the other bottoms is the stable one")
@@ -100,7 +101,7 @@ class SoftmaxParameter(Message):
     """Softmax and SoftmaxWithLoss: the axis the probabilities sum to 1 over."""
 
     axis: int = field(1, "the class axis (negative counts from the end)")
-    engine: str = field("DEFAULT", "implementation", choices=("DEFAULT", "CAFFE", "CUDNN", "TORCH"))
+    engine: str = field("DEFAULT", "implementation", choices={**ENGINE_NUMBERS, "TORCH": None})
 
 
 @dataclass

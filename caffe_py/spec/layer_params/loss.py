@@ -12,7 +12,7 @@ class LossParameter(Message):
 
     ignore_label: int | None = field(None, "positions with this label add no loss or gradient")
     normalization: str = field("VALID", "what the summed loss is divided by",
-                               choices=("FULL", "VALID", "BATCH_SIZE", "NONE"))
+                               choices={"FULL": 0, "VALID": 1, "BATCH_SIZE": 2, "NONE": 3})
     normalize: bool | None = field(None, "legacy: true means VALID, false BATCH_SIZE")
 
 
