@@ -46,12 +46,14 @@ def normalization_mode(p: LossParameter, default: str) -> str:
     return default
 
 
-def normalizer(mode: str, outer: int, inner: int,
-               valid: torch.Tensor | None) -> torch.Tensor | float:
-    """max(1, n) for the mode; VALID counts ``valid`` (all positions when nothing is ignored)."""
+def normalizer(mode: str, outer: int, inner: int, valid: torch.Tensor | None,
+               pre_fixed: float = 1.0) -> torch.Tensor | float:
+    """max(1, n) for the mode; VALID counts ``valid`` (all positions when nothing is ignored);
+    PRE_FIXED (R-FCN's fork) is ``pre_fixed``, loss_param.pre_fixed_normalizer."""
     if mode == "VALID" and valid is not None:
         return valid.sum().clamp(min=1)
-    n = {"FULL": outer * inner, "VALID": outer * inner, "BATCH_SIZE": outer, "NONE": 1}[mode]
+    n = {"FULL": outer * inner, "VALID": outer * inner, "BATCH_SIZE": outer, "NONE": 1,
+         "PRE_FIXED": pre_fixed}[mode]
     return float(max(1, n))
 
 
@@ -155,6 +157,7 @@ class SoftmaxWithLoss(Layer):
             self, bottom_shapes, self.param("softmax_param").axis)
         self.ignore_label = p.ignore_label
         self.mode = normalization_mode(p, "VALID")
+        self.pre_fixed = p.pre_fixed_normalizer
         self.labels = LabelRange(self, self.classes, "loss_param")
         # decided here, not in a forward: torch.compile would break its graph on the build
         self._fused = bool(self.ctx.device.type == "cuda"
@@ -182,7 +185,7 @@ class SoftmaxWithLoss(Layer):
             target = torch.where(valid.squeeze(1), target, -1)   # nll_loss's ignore_index
         if scores3.shape[2] == 1:   # (outer, C): the plain kernels
             scores3, target = scores3.squeeze(2), target.squeeze(1)
-        norm = normalizer(self.mode, lab.shape[0], lab.shape[2], valid)
+        norm = normalizer(self.mode, lab.shape[0], lab.shape[2], valid, self.pre_fixed)
         every = None if valid is not None else lab.shape[0] * lab.shape[2]
         loss, logp = _CaffeSoftmaxLoss.apply(scores3, target, norm, every)
         if len(self.top_shapes) == 2:  # Caffe's backward reads only the loss top's diff
@@ -216,7 +219,8 @@ class SoftmaxWithLoss(Layer):
         held = self._held.get(key)
         if held is None:
             n, device = x.shape[0], x.device
-            divisor = 1.0 if self._count_valid else float(normalizer(self.mode, n, 1, None))
+            divisor = 1.0 if self._count_valid else float(
+                normalizer(self.mode, n, 1, None, self.pre_fixed))
             held = self._held[key] = (torch.empty(2 * n, device=device),
                                       torch.zeros(1, dtype=torch.int32, device=device),
                                       divisor)
@@ -304,6 +308,7 @@ class SigmoidCrossEntropyLoss(Layer):
         p: LossParameter = self.param()
         self.ignore_label = p.ignore_label
         self.mode = normalization_mode(p, "BATCH_SIZE")
+        self.pre_fixed = p.pre_fixed_normalizer
         return [()]
 
     def forward(self, x: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
@@ -311,10 +316,11 @@ class SigmoidCrossEntropyLoss(Layer):
         outer, inner = x.shape[0], x[0].numel()
         if self.ignore_label is None:
             total = F.binary_cross_entropy_with_logits(x, target, reduction="sum")
-            return total / normalizer(self.mode, outer, inner, None)
+            return total / normalizer(self.mode, outer, inner, None, self.pre_fixed)
         valid = target.long() != self.ignore_label  # Caffe compares int(target)
         per_value = F.binary_cross_entropy_with_logits(x, target * valid, reduction="none")
-        return (per_value * valid).sum() / normalizer(self.mode, outer, inner, valid)
+        return (per_value * valid).sum() / normalizer(self.mode, outer, inner, valid,
+                                                      self.pre_fixed)
 
 
 @register("Accuracy")
@@ -417,6 +423,7 @@ class InfogainLoss(Layer):
                             "(as Caffe)", "use loss_param.normalization")
         self.ignore_label = loss.ignore_label
         self.mode = normalization_mode(loss, "VALID")
+        self.pre_fixed = loss.pre_fixed_normalizer
         c2 = self.classes * self.classes
         if len(bottom_shapes) == 3:
             if count(bottom_shapes[2]) != c2:
@@ -467,5 +474,6 @@ class InfogainLoss(Layer):
         per_position = -(rows * logp3).sum(1, keepdim=True)  # (outer, 1, inner)
         if valid is not None:
             per_position = per_position * valid
-        loss = per_position.sum() / normalizer(self.mode, lab.shape[0], lab.shape[2], valid)
+        loss = per_position.sum() / normalizer(self.mode, lab.shape[0], lab.shape[2], valid,
+                                               self.pre_fixed)
         return (loss, logp.detach().exp()) if len(self.top_shapes) == 2 else loss

@@ -11,9 +11,14 @@ class LossParameter(Message):
     """Shared by loss layers: which label to ignore and how to normalise."""
 
     ignore_label: int | None = field(None, "positions with this label add no loss or gradient")
-    normalization: str = field("VALID", "what the summed loss is divided by",
-                               choices={"FULL": 0, "VALID": 1, "BATCH_SIZE": 2, "NONE": 3})
+    normalization: str = field("VALID", "what the summed loss is divided by (PRE_FIXED: "
+                                        "pre_fixed_normalizer, R-FCN's fork, which numbers it "
+                                        "3 where Caffe numbers NONE: write it by name)",
+                               choices={"FULL": 0, "VALID": 1, "BATCH_SIZE": 2, "NONE": 3,
+                                        "PRE_FIXED": None})
     normalize: bool | None = field(None, "legacy: true means VALID, false BATCH_SIZE")
+    pre_fixed_normalizer: float = field(1.0, "R-FCN's fork: the divisor of normalization "
+                                             "PRE_FIXED")
 
 
 @dataclass

@@ -35,6 +35,29 @@ class ConvolutionParameter(Message):
                         choices=ENGINE_NUMBERS)
     axis: int = field(1, "the channel axis; the axes after it are spatial")
     force_nd_im2col: bool = field(False, "accepted for compatibility; has no effect")
+    hole: int | None = field(None, "DeepLab v1's fork: the kernel's dilation on both axes (its "
+                                   "atrous 'hole'); read as dilation", min=1)
+    hole_h: int | None = field(None, "DeepLab v1's fork: dilation along H", min=1)
+    hole_w: int | None = field(None, "DeepLab v1's fork: dilation along W", min=1)
+
+    def check(self, v: Check) -> None:
+        holes = [key for key in ("hole", "hole_h", "hole_w") if getattr(self, key) is not None]
+        if not holes:
+            return
+        if is_set(self, "dilation"):
+            v.fail(holes[0], f"{holes[0]} (DeepLab v1's dilation) and dilation are both set",
+                   "keep dilation (Caffe 1.0's field)")
+        if self.hole is not None and len(holes) > 1:
+            v.fail(holes[1], f"hole and {holes[1]} are both set", "give hole, or hole_h and "
+                                                                  "hole_w")
+        if self.hole is not None:
+            self.dilation = [self.hole]
+        else:
+            self.dilation = [self.hole_h or 1, self.hole_w or 1]
+        log.info("note: " + one_line(
+            f"{', '.join(holes)} (DeepLab v1's fork) read as dilation: {self.dilation}",
+            file=v.src.file, line=v.node.line_of(holes[0]),
+            path=f"{v.path}.{holes[0]}" if v.path else holes[0]))
 
 
 @dataclass
