@@ -8,6 +8,8 @@ from . import (  # noqa: F401  (importing registers every layer family)
     normalization,
     python,
     recurrent,
+    seg_sources,
+    segmentation,
     sources,
     spatial,
     utility,

@@ -160,7 +160,14 @@ class SoftmaxWithLoss(Layer):
         self.pre_fixed = p.pre_fixed_normalizer
         self.labels = LabelRange(self, self.classes, "loss_param")
         # decided here, not in a forward: torch.compile would break its graph on the build
-        self._fused = bool(self.ctx.device.type == "cuda"
+        self._weights: torch.Tensor | None = None
+        if p.weight_by_label_freqs:  # SegNet's fork
+            if len(p.class_weighting) != self.classes:
+                raise self.fail(f"loss_param.class_weighting has {len(p.class_weighting)} "
+                                f"values for {self.classes} classes (weight_by_label_freqs)",
+                                "give one weight per class")
+            self._weights = torch.tensor(p.class_weighting, device=self.ctx.device)
+        self._fused = bool(self.ctx.device.type == "cuda" and self._weights is None
                            and self.ctx.options.get("fused_loss", True) and build.available())
         self._count_valid = self.mode == "VALID" and self.ignore_label is not None
         self._held: dict[tuple[int, int], tuple[torch.Tensor, torch.Tensor, float]] = {}
@@ -187,7 +194,9 @@ class SoftmaxWithLoss(Layer):
             scores3, target = scores3.squeeze(2), target.squeeze(1)
         norm = normalizer(self.mode, lab.shape[0], lab.shape[2], valid, self.pre_fixed)
         every = None if valid is not None else lab.shape[0] * lab.shape[2]
-        loss, logp = _CaffeSoftmaxLoss.apply(scores3, target, norm, every)
+        weight = (None if self._weights is None else
+                  self._weights.to(scores3.dtype)[target.clamp(min=0)])
+        loss, logp = _CaffeSoftmaxLoss.apply(scores3, target, norm, every, weight)
         if len(self.top_shapes) == 2:  # Caffe's backward reads only the loss top's diff
             return loss, logp.detach().exp().reshape(scores.shape)
         return loss
@@ -237,10 +246,14 @@ class _CaffeSoftmaxLoss(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx: Any, scores: torch.Tensor, target: torch.Tensor,
-                norm: torch.Tensor | float, every: int | None) -> tuple[torch.Tensor, torch.Tensor]:
+                norm: torch.Tensor | float, every: int | None,
+                weight: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
         logp = F.log_softmax(scores, dim=1)
         nll = F.nll_loss(logp, target, reduction="none", ignore_index=-1).clamp_(max=_MAX_NLL)
+        if weight is not None:  # SegNet's class weighting: each position times its class's
+            nll = nll * weight
         loss = nll.mean() if isinstance(norm, float) and norm == every else nll.sum() / norm
+        ctx.weight = weight
         ctx.save_for_backward(logp, target)
         ctx.norm, ctx.ignores = norm, every is None
         ctx.mark_non_differentiable(logp)
@@ -248,9 +261,10 @@ class _CaffeSoftmaxLoss(torch.autograd.Function):
         return loss, logp
 
     @staticmethod
-    def backward(ctx: Any, grad: torch.Tensor | None, _unused: Any) -> tuple[Any, None, None, None]:
+    def backward(ctx: Any, grad: torch.Tensor | None,
+                 _unused: Any) -> tuple[Any, None, None, None, None]:
         if grad is None:
-            return None, None, None, None
+            return None, None, None, None, None
         logp, target = ctx.saved_tensors
         dx = logp.exp()
         if not ctx.ignores:
@@ -260,8 +274,10 @@ class _CaffeSoftmaxLoss(torch.autograd.Function):
             kept = (target >= 0).unsqueeze(1).to(dx.dtype)
             dx.scatter_add_(1, index, -kept)
             dx.mul_(kept)
+        if ctx.weight is not None:
+            dx.mul_(ctx.weight.unsqueeze(1))
         scale = grad if isinstance(ctx.norm, float) and ctx.norm == 1.0 else grad / ctx.norm
-        return dx.mul_(scale), None, None, None
+        return dx.mul_(scale), None, None, None, None
 
 
 @register("EuclideanLoss")

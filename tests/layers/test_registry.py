@@ -105,6 +105,22 @@ MINIMAL: dict[str, list[dict]] = {
     "InfogainLoss": one("InfogainLoss", ["v", "label", "h"]),
     "MultinomialLogisticLoss": one("MultinomialLogisticLoss", ["prob", "label"]),
     "Python": one("Python", python_param={"module": "python_layers", "layer": "SimpleLayer"}),
+    # segmentation forks
+    "BN": one("BN", bn_param={"bn_mode": "LEARN", "scale_filler": {"type": "constant",
+                                                                   "value": 1}}),
+    "Upsample": [{"name": "pool", "type": "Pooling", "bottom": "x", "top": ["p", "mask"],
+                  "pooling_param": {"kernel_size": 2, "stride": 2}},
+                 *one("Upsample", ["p", "mask"], upsample_param={"scale": 2})],
+    "Interp": one("Interp", interp_param={"zoom_factor": 2}),
+    "SegAccuracy": [{"name": "seg", "type": "DummyData", "top": "seg",
+                     "dummy_data_param": {"shape": {"dim": [2, 1, 4, 4]}}},
+                    *one("SegAccuracy", ["x", "seg"])],
+    "DenseImageData": [{"name": "under_test", "type": "DenseImageData", "top": ["out", "lab"],
+                        "dense_image_data_param": {"source": "set by the test",
+                                                   "batch_size": 2}}],
+    "ImageSegData": [{"name": "under_test", "type": "ImageSegData", "top": ["out", "lab"],
+                      "image_data_param": {"source": "set by the test", "batch_size": 2,
+                                           "label_type": "PIXEL"}}],
 }
 
 
@@ -156,6 +172,10 @@ def write_sources(type_name: str, layer: dict, tmp: Path) -> None:
         Image.fromarray(np.zeros((4, 4), np.uint8)).save(tmp / "a.png")
         path.write_text("a.png 1\n" if type_name == "ImageData" else
                         f"# 0\n{tmp / 'a.png'}\n3 4 4\n2\n1 0.9 0 0 3 3\n0 0.1 1 1 2 2\n")
+    elif type_name in ("DenseImageData", "ImageSegData"):
+        Image.fromarray(np.zeros((4, 4), np.uint8)).save(tmp / "a.png")
+        Image.fromarray(np.ones((4, 4), np.uint8)).save(tmp / "b.png")
+        path.write_text("a.png b.png\n")
     elif type_name == "HDF5Data":
         import h5py
 
@@ -200,7 +220,8 @@ def test_every_minimal_spec_names_a_real_parameter_block():
     """Entries for types not registered yet are allowed; a wrong block name is not."""
     for type_name in sorted(set(MINIMAL) & set(library_types())):
         cls = registry.lookup(type_name)
-        for key in MINIMAL[type_name][0]:
+        under_test = next(lp for lp in MINIMAL[type_name] if lp["name"] == "under_test")
+        for key in under_test:
             if key.endswith("_param"):
                 assert key in cls.params, f"{type_name} takes no {key}"
 

@@ -61,6 +61,15 @@ from .margin_loss import ContrastiveLossParameter, HingeLossParameter
 from .normalization import BatchNormParameter, BiasParameter, MVNParameter, ScaleParameter
 from .python import PythonParameter
 from .recurrent import RecurrentParameter
+from .segmentation import (
+    BNParameter,
+    DenseImageDataParameter,
+    ImageSegDataParameter,
+    InterpParameter,
+    SegAccuracyParameter,
+    SegTransformationParameter,
+    UpsampleParameter,
+)
 from .spatial import SPPParameter
 from .utility import (
     ArgMaxParameter,
@@ -149,6 +158,15 @@ LAYER_PARAMS: dict[str, dict[str, type]] = {
     "LSTMUnit": {},
     # python
     "Python": {"python_param": PythonParameter},
+    # segmentation forks (SegNet, PSPNet / DeepLab v2)
+    "BN": {"bn_param": BNParameter},
+    "Upsample": {"upsample_param": UpsampleParameter},
+    "Interp": {"interp_param": InterpParameter},
+    "SegAccuracy": {"seg_accuracy_param": SegAccuracyParameter},
+    "DenseImageData": {"dense_image_data_param": DenseImageDataParameter,
+                       "transform_param": TransformationParameter},
+    "ImageSegData": {"image_data_param": ImageSegDataParameter,
+                     "transform_param": SegTransformationParameter},
 }
 
 

@@ -19,6 +19,9 @@ class LossParameter(Message):
     normalize: bool | None = field(None, "legacy: true means VALID, false BATCH_SIZE")
     pre_fixed_normalizer: float = field(1.0, "R-FCN's fork: the divisor of normalization "
                                              "PRE_FIXED")
+    weight_by_label_freqs: bool = field(False, "SegNet's fork: weight each position's loss "
+                                               "and gradient by its label's class_weighting")
+    class_weighting: list[float] = field([], "SegNet's fork: one weight per class")
 
 
 @dataclass
