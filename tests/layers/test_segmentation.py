@@ -97,10 +97,10 @@ def test_bn_fields_or_param_count_decide_the_fork_and_neither_is_an_error():
         build(bn("{}"), [(1, 2, 2, 2)])
     assert str(err.value) == (
         "<string>:1: layer[0]: layer 'bn' (BN): bn_param gives no field of either BN: "
-        "SegNet/ENet's BN (alexgkendall/caffe-segnet) (bn_mode, scale_filler, shift_filler; 2 blobs) or "
-        "PSPNet's BN (hszhao/PSPNet, also TSN's) (slope_filler, bias_filler, momentum, eps, "
-        "frozen; 4 blobs), and the layer has 0 param entries; write bn_param { bn_mode: LEARN "
-        "} for SegNet's, or bn_param { frozen: false } for PSPNet's")
+        "SegNet/ENet's BN (alexgkendall/caffe-segnet) (bn_mode, scale_filler, shift_filler; 2 "
+        "blobs) or PSPNet's BN (hszhao/PSPNet, also TSN's) (slope_filler, bias_filler, momentum, "
+        "eps, frozen; 4 blobs), and the layer has 0 param entries; write bn_param { bn_mode: "
+        "LEARN } for SegNet's, or bn_param { frozen: false } for PSPNet's")
     with pytest.raises(SpecError) as spec_err:
         build(bn("{bn_mode: LEARN, frozen: true}"), [(1, 2, 2, 2)])
     assert str(spec_err.value) == (
@@ -174,8 +174,8 @@ def test_upsample_errors_name_the_two_forks():
         build("name: u\ntype: Upsample\nbottom: x\ntop: y\nupsample_param: {upsample_h: 4, "
               "upsample_w: 4}\n", [(1, 1, 2, 2)])
     assert str(err.value) == (
-        "<string>:1: layer[0]: layer 'u' (Upsample): has one bottom, which makes it the "
-        "YOLOv3 ports' nearest-neighbour Upsample (upsample_param {scale}), but upsample_h is a field of "
+        "<string>:1: layer[0]: layer 'u' (Upsample): has one bottom, which makes it the YOLOv3 "
+        "ports' nearest-neighbour Upsample (upsample_param {scale}), but upsample_h is a field of "
         "SegNet's max-unpooling Upsample, which takes the pooling mask as a second bottom "
         "(alexgkendall/caffe-segnet); give the Pooling layer's mask top as the second bottom "
         "(SegNet's), or only upsample_param { scale: S } (nearest-neighbour)")
