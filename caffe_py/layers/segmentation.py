@@ -61,7 +61,8 @@ class BN(Layer):
             self.learn = (p.bn_mode or "LEARN") == "LEARN"
             self.add_blob("scale", (1, c, 1, 1), p.scale_filler)
             self.add_blob("shift", (1, c, 1, 1), p.shift_filler)
-            return [shape] + [(1, c, 1, 1)] * (len(self.spec.top) - 1)
+            # the fork's top is (num, channels, height, width), 4 axes whatever the bottom's
+            return [_nchw(shape)] + [(1, c, 1, 1)] * (len(self.spec.top) - 1)
         if len(self.spec.top) > 1:
             raise self.fail(f"{PSPNET} has one top, got {len(self.spec.top)}",
                             "remove the extra tops (SegNet's BN writes the batch statistics "
@@ -95,7 +96,7 @@ class BN(Layer):
         x4 = x.reshape(_nchw(tuple(shape)))
         if self.variant == "SegNet":
             out = self._segnet(x4)
-            return (out[0].reshape(shape), *out[1:]) if len(out) > 1 else out[0].reshape(shape)
+            return out if len(out) > 1 else out[0]
         return self._pspnet(x4).reshape(shape)
 
     def _segnet(self, x: torch.Tensor) -> tuple[torch.Tensor, ...]:
