@@ -55,9 +55,11 @@ from .data import (
     TransformationParameter,
     WindowDataParameter,
 )
+from .face import CenterLossParameter, LabelSpecificAddParameter, MarginInnerProductParameter
 from .forks import PORT, fix_for, origin
 from .loss import AccuracyParameter, InfogainLossParameter, LossParameter
 from .margin_loss import ContrastiveLossParameter, HingeLossParameter
+from .mobile import ShuffleChannelParameter
 from .normalization import BatchNormParameter, BiasParameter, MVNParameter, ScaleParameter
 from .python import PythonParameter
 from .recurrent import RecurrentParameter
@@ -167,6 +169,14 @@ LAYER_PARAMS: dict[str, dict[str, type]] = {
                        "transform_param": TransformationParameter},
     "ImageSegData": {"image_data_param": ImageSegDataParameter,
                      "transform_param": SegTransformationParameter},
+    # mobile and attention nets' forks (caffe-mobilenet, ShuffleNet, SENet)
+    "ConvolutionDepthwise": {"convolution_param": ConvolutionParameter},
+    "ShuffleChannel": {"shuffle_channel_param": ShuffleChannelParameter},
+    "Axpy": {},
+    # face-recognition forks (SphereFace, AM-Softmax, caffe-face)
+    "MarginInnerProduct": {"margin_inner_product_param": MarginInnerProductParameter},
+    "LabelSpecificAdd": {"label_specific_add_param": LabelSpecificAddParameter},
+    "CenterLoss": {"center_loss_param": CenterLossParameter, "loss_param": LossParameter},
 }
 
 
