@@ -35,7 +35,14 @@ INPUTS = HERE / "inputs"
 FORKS = ("segnet", "pspnet")
 # Fork types with no fixture of a built fork: the module whose tests compare them with a plain
 # reference written from the fork's source (and gradcheck them in float64).
-FORK_REFERENCES: dict[str, str] = {}
+FORK_REFERENCES: dict[str, str] = {
+    "ConvolutionDepthwise": "tests/layers/test_mobile.py",
+    "ShuffleChannel": "tests/layers/test_mobile.py",
+    "Axpy": "tests/layers/test_mobile.py",
+    "MarginInnerProduct": "tests/layers/test_face.py",
+    "LabelSpecificAdd": "tests/layers/test_face.py",
+    "CenterLoss": "tests/layers/test_face.py",
+}
 # The data layers: compared by their batches (DATA_CASES), not by the layer cases.
 DATA_TYPES = {"DenseImageData": "segnet", "ImageSegData": "pspnet"}
 
@@ -121,20 +128,20 @@ def test_the_fixtures_are_small():
     assert total < 1_000_000, f"the fork fixtures take {total} bytes"
 
 
-def summary() -> dict[str, tuple[str, int, float]]:
-    """Type -> (fork, cases, largest error) over the layer fixtures."""
+def summary() -> dict[tuple[str, str], tuple[int, float]]:
+    """(fork, type) -> (cases, largest error) over the layer fixtures."""
     import tempfile
 
-    out: dict[str, tuple[str, int, float]] = {}
+    out: dict[tuple[str, str], tuple[int, float]] = {}
     with tempfile.TemporaryDirectory() as tmp:
         for fork, type_name, case in CASES:
             errors = run_case(type_name, case, Path(tmp), fixtures=HERE / fork)
-            _, n, worst = out.get(type_name, (fork, 0, 0.0))
-            out[type_name] = (fork, n + 1, max([worst, *errors.values()]))
+            n, worst = out.get((fork, type_name), (0, 0.0))
+            out[(fork, type_name)] = (n + 1, max([worst, *errors.values()]))
     return out
 
 
 if __name__ == "__main__":
     print("| fork | type | cases | max error |\n|---|---|---|---|")
-    for type_name, (fork, n, worst) in sorted(summary().items()):
+    for (fork, type_name), (n, worst) in sorted(summary().items()):
         print(f"| {fork} | {type_name} | {n} | {worst:.1e} |")
