@@ -112,6 +112,8 @@ class DropoutParameter(Message):
                                  min=0.0)
     scale_train: bool = field(True, "scale kept elements by 1/(1-ratio) in TRAIN (false: "
                                     "scale by (1-ratio) in TEST instead)")
+    sample_weights_test: bool = field(False, "SegNet's fork (Bayesian SegNet): drop at "
+                                             "random in TEST too (Monte Carlo dropout)")
 
     def check(self, v: Check) -> None:
         if self.dropout_ratio >= 1.0:
