@@ -1,10 +1,9 @@
-"""Layer family: the segmentation forks' data layers, SegNet's DenseImageData and DeepLab's /
-PSPNet's ImageSegData: lists of image and label-image pairs read through the data pipeline
-(:mod:`caffe_py.io.seg_lists` is their database and decoder), so they share the reader's
-producer, prefetching, round-robin over replicas, saved positions and resume.
-
-Each record arrives finished (image and label through one geometry) in one float32 row that
-``forward`` splits into the tops.
+"""Layer family: the segmentation forks' file layers. Their data layers, SegNet's
+DenseImageData and DeepLab's / PSPNet's ImageSegData, read lists of image and label-image pairs
+through the data pipeline (:mod:`caffe_py.io.seg_lists` is their database and decoder), so
+they share the reader's producer, prefetching, round-robin over replicas, saved positions and
+resume: each record arrives finished (image and label through one geometry) in one float32 row
+that ``forward`` splits into the tops. DeepLab's MatWrite saves its bottoms as MATLAB files.
 """
 from __future__ import annotations
 
@@ -19,10 +18,11 @@ from ..spec.layer_params.data import TransformationParameter
 from ..spec.layer_params.segmentation import (
     DenseImageDataParameter,
     ImageSegDataParameter,
+    MatWriteParameter,
     SegTransformationParameter,
 )
 from ..spec.schema import is_set
-from .base import Shape
+from .base import Layer, Shape
 from .data import FedLayer
 from .registry import register
 
@@ -263,3 +263,57 @@ class ImageSegData(_PairLayer):
             return SegDecoder(p.source, opener().root, settings)
 
         return self._feed(p.source, p.batch_size, opener, decoder)
+
+
+@register("MatWrite")
+class MatWrite(Layer):
+    """DeepLab's MatWrite: every ``period``-th forward writes each bottom i to
+    ``prefix + name + "_blob_<i>.mat"``, name the list's line for that forward (``source``,
+    less ``strip`` characters) or ``iter_<n>``: a MATLAB v5 file holding ``data``, the blob as
+    MATLAB sees Caffe's memory (width x height x channels x num). No tops."""
+
+    bottoms = (1, None)
+    tops = (0, 0)
+    capturable = False  # it writes files
+
+    def setup(self, bottom_shapes: list[Shape]) -> list[Shape]:
+        p: MatWriteParameter = self.param()
+        self.prefix, self.period, self.iteration = p.prefix, p.period, 0
+        self.names: list[str] | None = None
+        if p.source:
+            try:
+                lines = Path(p.source).read_text(encoding="utf-8").splitlines()
+            except OSError as exc:
+                raise DataError(f"{p.source}: cannot read mat_write_param.source ({exc})") \
+                    from None
+            words = [line.split()[0] for line in lines if line.split()]
+            short = [w for w in words if len(w) <= p.strip]
+            if short:
+                raise self.fail(f"mat_write_param.strip {p.strip} cuts all of {short[0]!r} "
+                                f"({p.source})", "strip fewer characters")
+            self.names = [w[:len(w) - p.strip] for w in words]
+        return []
+
+    def forward(self, *bottoms: torch.Tensor) -> tuple:
+        from scipy.io import savemat
+
+        if self.iteration % self.period == 0:
+            if self.names is not None and self.iteration >= len(self.names):
+                raise DataError(f"layer '{self.name}' (MatWrite): forward {self.iteration} but "
+                                f"{self.param().source} names {len(self.names)} files (the fork "
+                                "stops too: 'Test has run for more iterations than it was "
+                                "supposed to')")
+            name = self.names[self.iteration] if self.names is not None else \
+                f"iter_{self.iteration}"
+            for i, blob in enumerate(bottoms):
+                array = blob.detach().to("cpu", torch.float32).numpy()
+                array = array.reshape(array.shape + (1,) * (4 - array.ndim))
+                path = Path(f"{self.prefix}{name}_blob_{i}.mat")
+                try:
+                    path.parent.mkdir(parents=True, exist_ok=True)
+                    savemat(str(path), {"data": array.transpose(3, 2, 1, 0)})
+                except OSError as exc:
+                    raise DataError(f"{path}: cannot write ({exc}); fix "
+                                    "mat_write_param.prefix") from None
+        self.iteration += 1
+        return ()

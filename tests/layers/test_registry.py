@@ -112,6 +112,8 @@ MINIMAL: dict[str, list[dict]] = {
                   "pooling_param": {"kernel_size": 2, "stride": 2}},
                  *one("Upsample", ["p", "mask"], upsample_param={"scale": 2})],
     "Interp": one("Interp", interp_param={"zoom_factor": 2}),
+    "MatWrite": [{"name": "under_test", "type": "MatWrite", "bottom": "x",
+                  "mat_write_param": {"prefix": "set by the test"}}],
     "SegAccuracy": [{"name": "seg", "type": "DummyData", "top": "seg",
                      "dummy_data_param": {"shape": {"dim": [2, 1, 4, 4]}}},
                     *one("SegAccuracy", ["x", "seg"])],
@@ -196,6 +198,9 @@ def write_sources(type_name: str, layer: dict, tmp: Path) -> None:
             f["out"] = np.zeros((3, 1, 4, 4), np.float32)
             f["out_label"] = np.arange(3, dtype=np.float32)
         path.write_text("a.h5\n")
+    if type_name == "MatWrite":
+        layer[block] = {**layer[block], "prefix": f"{tmp}/features/"}
+        return
     key = "file_name" if type_name == "HDF5Output" else "source"
     layer[block] = {**layer[block], key: str(path)}
 
@@ -206,7 +211,7 @@ def test_type_builds_and_runs_in_a_minimal_net(type_name, tmp_path):
         pytest.fail(f"layer type '{type_name}' has no minimal spec: add one to MINIMAL in "
                     "tests/layers/test_registry.py")
     layers = [dict(lp) for lp in MINIMAL[type_name]]
-    if "source" in str(layers[0]):
+    if "set by the test" in str(layers[0]):
         write_sources(type_name, layers[0], tmp_path)
     spec = parse_net({"name": f"minimal_{type_name}", "input": list(INPUTS),
                       "input_shape": [{"dim": list(s)} for s in INPUTS.values()],

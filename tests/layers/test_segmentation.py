@@ -327,3 +327,23 @@ def test_segnet_class_weighting_weights_loss_and_gradient():
         build("name: l\ntype: SoftmaxWithLoss\nbottom: [s, t]\ntop: loss\nloss_param: "
               "{weight_by_label_freqs: true, class_weighting: [1, 2]}\n",
               [(2, 3, 2, 2), (2, 1, 2, 2)])
+
+
+# --- MatWrite -------------------------------------------------------------------------------
+def test_mat_write_saves_each_forward_as_matlab_sees_caffes_memory(tmp_path):
+    from scipy.io import loadmat
+
+    (tmp_path / "ids.txt").write_text("a.png x\nb.png y\n")
+    layer = build(f"name: m\ntype: MatWrite\nbottom: [x, y]\nmat_write_param: "
+                  f"{{prefix: '{tmp_path}/out/', source: '{tmp_path}/ids.txt', strip: 4}}\n",
+                  [(2, 3, 4, 5), (2, 6)])
+    x, y = rand(2, 3, 4, 5, seed=1).float(), rand(2, 6, seed=2).float()
+    assert layer(x, y) == ()
+    data = loadmat(str(tmp_path / "out" / "a_blob_0.mat"))["data"]
+    assert data.shape == (5, 4, 3, 2)  # width, height, channels, num (column-major)
+    np.testing.assert_array_equal(data, x.numpy().transpose(3, 2, 1, 0))
+    assert loadmat(str(tmp_path / "out" / "a_blob_1.mat"))["data"].shape == (1, 1, 6, 2)
+    layer(x, y)
+    assert (tmp_path / "out" / "b_blob_0.mat").exists()
+    with pytest.raises(DataError, match="forward 2 but"):
+        layer(x, y)

@@ -68,6 +68,7 @@ from .segmentation import (
     DenseImageDataParameter,
     ImageSegDataParameter,
     InterpParameter,
+    MatWriteParameter,
     SegAccuracyParameter,
     SegTransformationParameter,
     UpsampleParameter,
@@ -169,6 +170,7 @@ LAYER_PARAMS: dict[str, dict[str, type]] = {
                        "transform_param": TransformationParameter},
     "ImageSegData": {"image_data_param": ImageSegDataParameter,
                      "transform_param": SegTransformationParameter},
+    "MatWrite": {"mat_write_param": MatWriteParameter},
     # mobile and attention nets' forks (caffe-mobilenet, ShuffleNet, SENet)
     "ConvolutionDepthwise": {"convolution_param": ConvolutionParameter},
     "ShuffleChannel": {"shuffle_channel_param": ShuffleChannelParameter},

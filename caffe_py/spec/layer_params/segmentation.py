@@ -163,3 +163,20 @@ class SegTransformationParameter(TransformationParameter):
         if is_set(self, "crop_height") != is_set(self, "crop_width"):
             v.fail("crop_height" if is_set(self, "crop_height") else "crop_width",
                    "crop_height and crop_width go together", "set both")
+
+
+@dataclass
+class MatWriteParameter(Message):
+    """DeepLab's (and PSPNet's) MatWrite: each forward's bottoms saved as MATLAB files."""
+
+    prefix: str = field("", "the start of every file name (joined as text, as the fork: end a "
+                            "folder with '/'; relative to where caffe-py runs, as Caffe)")
+    source: str = field("", "a list whose lines' first words name the files of forward 0, "
+                            "1, ... (else iter_<n>)", path=True)
+    strip: int = field(0, "characters cut from the end of each listed name", min=0)
+    period: int = field(1, "write every period-th forward", min=1)
+
+    def check(self, v: Check) -> None:
+        if not self.prefix:
+            v.fail(None, "mat_write_param.prefix is not set (the fork requires it)",
+                   "give the folder and start of the file names, e.g. prefix: features/fc8/")

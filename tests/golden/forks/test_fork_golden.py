@@ -42,6 +42,7 @@ FORK_REFERENCES: dict[str, str] = {
     "MarginInnerProduct": "tests/layers/test_face.py",
     "LabelSpecificAdd": "tests/layers/test_face.py",
     "CenterLoss": "tests/layers/test_face.py",
+    "MatWrite": "tests/layers/test_segmentation.py",  # writes files: their layout checked there
 }
 # The data layers: compared by their batches (DATA_CASES), not by the layer cases.
 DATA_TYPES = {"DenseImageData": "segnet", "ImageSegData": "pspnet"}
