@@ -57,9 +57,9 @@ def read_pairs(listfile: Path, *, tokens: bool, with_label: bool = True) -> list
             from None
     pairs: list[Pair] = []
     if tokens:
-        words = [(w, n) for n, line in enumerate(text.splitlines(), 1) for w in line.split()]
-        pairs = [Pair(words[i][0], words[i + 1][0], words[i][1])
-                 for i in range(0, len(words) - 1, 2)]
+        tokens_at = [(w, n) for n, line in enumerate(text.splitlines(), 1) for w in line.split()]
+        pairs = [Pair(tokens_at[i][0], tokens_at[i + 1][0], tokens_at[i][1])
+                 for i in range(0, len(tokens_at) - 1, 2)]
     else:
         for number, line in enumerate(text.splitlines(), start=1):
             words = line.split()

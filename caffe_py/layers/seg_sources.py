@@ -8,7 +8,7 @@ that ``forward`` splits into the tops. DeepLab's MatWrite saves its bottoms as M
 from __future__ import annotations
 
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
@@ -66,7 +66,7 @@ class _PairLayer(FedLayer):
 
         return read_pairs(Path(source), tokens=tokens, with_label=with_label)
 
-    def _feed(self, source: str, batch: int, opener, decoder) -> FeedSpec:
+    def _feed_spec(self, source: str, batch: int, opener: Any, decoder: Any) -> FeedSpec:
         from ..io.feeds import FeedSpec
 
         return FeedSpec(source, batch, PREFETCH, self.record_shape, np.dtype(np.float32),
@@ -170,7 +170,7 @@ class DenseImageData(_PairLayer):
             return DenseDecoder(p.source, opener().root, self.image_shape, self.label_shape,
                                 settings)
 
-        return self._feed(p.source, p.batch_size, opener, decoder)
+        return self._feed_spec(p.source, p.batch_size, opener, decoder)
 
 
 @register("ImageSegData")
@@ -262,7 +262,7 @@ class ImageSegData(_PairLayer):
         def decoder() -> SegDecoder:
             return SegDecoder(p.source, opener().root, settings)
 
-        return self._feed(p.source, p.batch_size, opener, decoder)
+        return self._feed_spec(p.source, p.batch_size, opener, decoder)
 
 
 @register("MatWrite")
@@ -280,19 +280,23 @@ class MatWrite(Layer):
         p: MatWriteParameter = self.param()
         self.prefix, self.period, self.iteration = p.prefix, p.period, 0
         self.names: list[str] | None = None
-        if p.source:
-            try:
-                lines = Path(p.source).read_text(encoding="utf-8").splitlines()
-            except OSError as exc:
-                raise DataError(f"{p.source}: cannot read mat_write_param.source ({exc})") \
-                    from None
-            words = [line.split()[0] for line in lines if line.split()]
-            short = [w for w in words if len(w) <= p.strip]
-            if short:
-                raise self.fail(f"mat_write_param.strip {p.strip} cuts all of {short[0]!r} "
-                                f"({p.source})", "strip fewer characters")
-            self.names = [w[:len(w) - p.strip] for w in words]
+        without_files = self.ctx.options.get("record_shapes") is not None  # `cpy net`
+        if p.source and not (without_files and not Path(p.source).exists()):
+            self.names = self._read_names(p)
         return []
+
+    def _read_names(self, p: MatWriteParameter) -> list[str]:
+        try:
+            lines = Path(p.source).read_text(encoding="utf-8").splitlines()
+        except OSError as exc:
+            raise DataError(f"{p.source}: cannot read mat_write_param.source ({exc})") \
+                from None
+        words = [line.split()[0] for line in lines if line.split()]
+        short = [w for w in words if len(w) <= p.strip]
+        if short:
+            raise self.fail(f"mat_write_param.strip {p.strip} cuts all of {short[0]!r} "
+                            f"({p.source})", "strip fewer characters")
+        return [w[:len(w) - p.strip] for w in words]
 
     def forward(self, *bottoms: torch.Tensor) -> tuple:
         from scipy.io import savemat

@@ -62,7 +62,8 @@ class BN(Layer):
             self.add_blob("scale", (1, c, 1, 1), p.scale_filler)
             self.add_blob("shift", (1, c, 1, 1), p.shift_filler)
             # the fork's top is (num, channels, height, width), 4 axes whatever the bottom's
-            return [_nchw(shape)] + [(1, c, 1, 1)] * (len(self.spec.top) - 1)
+            tops: list[Shape] = [_nchw(shape)]
+            return tops + [(1, c, 1, 1)] * (len(self.spec.top) - 1)
         if len(self.spec.top) > 1:
             raise self.fail(f"{PSPNET} has one top, got {len(self.spec.top)}",
                             "remove the extra tops (SegNet's BN writes the batch statistics "
@@ -197,7 +198,8 @@ class Upsample(Layer):
         if (p.scale_h is None) != (p.scale_w is None) or (p.scale_h and p.scale is not None):
             raise self.fail("SegNet's Upsample takes upsample_h and upsample_w, else scale, "
                             "or scale_h and scale_w", "give one of those")
-        sh, sw = (p.scale_h, p.scale_w) if p.scale_h else (p.scale or 2, p.scale or 2)
+        sh, sw = ((p.scale_h, p.scale_w) if p.scale_h and p.scale_w
+                  else (p.scale or 2, p.scale or 2))
         if sh < 2 or sw < 2:
             raise self.fail(f"scale {sh} x {sw} must be > 1 (the fork's check)")
         for pad, s, axis in ((p.pad_out_h, sh, "h"), (p.pad_out_w, sw, "w")):
