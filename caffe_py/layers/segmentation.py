@@ -6,7 +6,8 @@
   is scale * x + shift (SegNet folds the statistics into those two). PSPNet's (hszhao/PSPNet,
   from yjxiong's TSN Caffe): blobs slope, bias, running mean, running variance (1, C, 1, 1);
   TRAIN normalises by the batch (biased variance) and moves the running statistics by
-  ``momentum``, TEST and ``frozen`` normalise by the running ones. The bn_param fields
+  ``momentum``, TEST and ``frozen`` normalise by the running ones (TEST's backward is still
+  the fork's batch form). The bn_param fields
   written decide which, else the number of ``param`` entries (2 or 4); neither is an error.
 - ``Upsample``: SegNet's max-unpooling (bottoms: the values and the pooling layer's mask;
   each value goes to the position the mask names, the rest is 0) or, with one bottom, the
@@ -111,8 +112,11 @@ class BN(Layer):
         return (y, *stats)
 
     def _pspnet(self, x: torch.Tensor) -> torch.Tensor:
-        if self.frozen or self.phase == "TEST":
+        if self.frozen:
             mean, var = self.running_mean, self.running_var
+        elif self.phase == "TEST":  # the running statistics, the batch form's backward
+            return _PSPNetTestBN.apply(x, self.slope, self.bias, self.running_mean,
+                                       self.running_var, self.eps)
         else:
             mean = x.mean(dim=(2, 3), keepdim=True).mean(dim=0, keepdim=True)
             var = (x - mean).square().mean(dim=(2, 3), keepdim=True).mean(dim=0, keepdim=True)
@@ -124,6 +128,32 @@ class BN(Layer):
         # caffe_cpu_axpby(1 - momentum, batch, momentum, running)
         for running, batch in ((self.running_mean, mean), (self.running_var, var)):
             running.mul_(self.momentum).add_(batch.to(running.dtype), alpha=1 - self.momentum)
+
+
+class _PSPNetTestBN(torch.autograd.Function):
+    """PSPNet's BN in TEST, not frozen: the forward normalises by the running statistics, the
+    backward is still the batch-statistics form (bn_layer.cpp's Backward_cpu reads the
+    x_norm and 1 / std this forward saved): dx = (g - x_norm mean(g x_norm) - mean(g)) / std,
+    g = dy slope, the means over N, H and W."""
+
+    @staticmethod
+    def forward(ctx: Any, x: torch.Tensor, slope: torch.Tensor, bias: torch.Tensor,
+                mean: torch.Tensor, var: torch.Tensor, eps: float) -> torch.Tensor:
+        inv_std = (var + eps).pow(-0.5)
+        x_norm = (x - mean) * inv_std
+        ctx.save_for_backward(x_norm, slope, inv_std)
+        return x_norm * slope + bias
+
+    @staticmethod
+    def backward(ctx: Any, grad: torch.Tensor) -> tuple[Any, ...]:
+        x_norm, slope, inv_std = ctx.saved_tensors
+        dims = (0, 2, 3)
+        count = grad.numel() // grad.shape[1]
+        g = grad * slope
+        dx = (g - x_norm * (g * x_norm).sum(dims, keepdim=True) / count
+              - g.sum(dims, keepdim=True) / count) * inv_std
+        return (dx, (grad * x_norm).sum(dims, keepdim=True), grad.sum(dims, keepdim=True),
+                None, None, None)
 
 
 # --- Upsample -------------------------------------------------------------------------------

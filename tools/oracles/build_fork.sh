@@ -20,6 +20,7 @@
 #       same limit (protobuf 3.x ignored the warning threshold anyway).
 #   04-link-matio (pspnet): the CMake build never links libmatio, which the fork's MatRead /
 #       MatWrite layers call (its Makefile does: USE_MATIO); without it pycaffe fails to load.
+#   05-cpu-only-interp (pspnet): util/interp.hpp includes cublas_v2.h even in a CPU_ONLY build.
 #
 # BUILD: CMake with CPU_ONLY, OpenBLAS, OpenCV, LMDB, LevelDB, Python 3 layer; only the targets
 # caffe and pycaffe (no tools, examples or tests), under nice -n 19 with JOBS (default 2) jobs.

@@ -73,6 +73,23 @@ def write_inputs() -> None:
     (INPUTS / "classes.txt").write_text("\n".join(classes) + "\n")
 
 
+# Types whose fork has no backward (NOT_IMPLEMENTED, which pycaffe's backward would reach):
+# their cases compare the forward alone.
+FORWARD_ONLY = {"SegAccuracy"}
+
+
+def forward_only(run, case: dict, tmp: Path) -> dict[str, np.ndarray]:
+    """``run(case, tmp)`` with pycaffe's Net.backward a no-op."""
+    import caffe
+
+    backward = caffe.Net.backward
+    caffe.Net.backward = lambda self, *args, **kwargs: {}
+    try:
+        return run(case, tmp)
+    finally:
+        caffe.Net.backward = backward
+
+
 def has_parameter_layer() -> bool:
     """Whether the fork's Caffe knows the Parameter layer (2016); SegNet's predates it."""
     from caffe.proto import caffe_pb2
@@ -130,7 +147,8 @@ def layer_fixtures(fork: str, out: Path) -> None:
     by_type: dict[str, dict[str, np.ndarray]] = {}
     with tempfile.TemporaryDirectory() as tmp:
         for case in LAYER_CASES[fork]():
-            arrays = run(case, Path(tmp))
+            arrays = (forward_only(run, case, Path(tmp)) if case["type"] in FORWARD_ONLY
+                      else run(case, Path(tmp)))
             store = by_type.setdefault(case["type"], {})
             store[f"{case['name']}__spec"] = np.array(json.dumps(case, sort_keys=True))
             for key, value in arrays.items():
@@ -165,9 +183,11 @@ def data_batches(case: dict) -> dict[str, np.ndarray]:
 
 
 def make_data_prototxt(net: dict) -> str:
-    from make_data_golden import prototxt
-
-    return prototxt(net)
+    """The net as protobuf text (make_golden's writer: upper-case words bare, as enums)."""
+    lines = [f'name: "{net["name"]}"']
+    for layer in net["layer"]:
+        lines += ["layer {", *make_golden.prototxt_fields(layer), "}"]
+    return "\n".join(lines) + "\n"
 
 
 def main() -> None:
