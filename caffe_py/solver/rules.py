@@ -171,7 +171,7 @@ def _scaled_ratio(num: Tensors, sq: Tensors, delta: float, scale: Scale) -> Tens
     """scale * num / (sqrt(sq) + delta), as new tensors."""
     den = torch._foreach_sqrt(sq)
     torch._foreach_add_(den, delta)
-    out = torch._foreach_div(num, den)
+    out = list(torch._foreach_div(num, den))
     torch._foreach_mul_(out, scale)
     return out
 

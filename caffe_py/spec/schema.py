@@ -365,3 +365,38 @@ def to_dict(msg: Any) -> dict:
             value = [to_dict(v) if dataclasses.is_dataclass(v) else v for v in value]
         out[f.name] = value
     return out
+
+
+def to_data(msg: Any) -> dict[str, Any]:
+    """A message as the YAML data that parses back to an equal message: every field the spec
+    wrote or code changed since (:func:`is_set`), and, for a message built in code, every field
+    that differs from its default; nested messages likewise (a layer's ``params`` blocks
+    under their own keys)."""
+    out: dict[str, Any] = {}
+    for f in dataclasses.fields(msg):
+        if f.name.startswith("_"):
+            continue
+        value = getattr(msg, f.name)
+        if isinstance(value, dict) and f.name == "params":  # LayerParameter's type blocks
+            out.update({key: data for key, block in value.items() if (data := to_data(block))})
+            continue
+        if not _written(msg, f, value):
+            continue
+        if dataclasses.is_dataclass(value):
+            out[f.name] = to_data(value)
+        elif isinstance(value, list):
+            out[f.name] = [to_data(v) if dataclasses.is_dataclass(v) else v for v in value]
+        else:
+            out[f.name] = value
+    return out
+
+
+def _written(msg: Any, f: dataclasses.Field, value: Any) -> bool:
+    if getattr(msg, "_origin", None) is not None:
+        return is_set(msg, f.name)
+    if f.default is not dataclasses.MISSING:
+        return bool(value != f.default)
+    if f.default_factory is not dataclasses.MISSING:
+        return bool(value != f.default_factory())
+    return True
+
