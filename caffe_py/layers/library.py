@@ -12,6 +12,7 @@ from . import (  # noqa: F401  (importing registers every layer family)
     recurrent,
     seg_sources,
     segmentation,
+    sequence,
     sources,
     spatial,
     utility,

@@ -73,6 +73,13 @@ from .segmentation import (
     SegTransformationParameter,
     UpsampleParameter,
 )
+from .sequence import (
+    CTCDecoderParameter,
+    CTCLossParameter,
+    LstmParameter,
+    ReverseParameter,
+    TransposeParameter,
+)
 from .spatial import SPPParameter
 from .utility import (
     ArgMaxParameter,
@@ -179,6 +186,12 @@ LAYER_PARAMS: dict[str, dict[str, type]] = {
     "MarginInnerProduct": {"margin_inner_product_param": MarginInnerProductParameter},
     "LabelSpecificAdd": {"label_specific_add_param": LabelSpecificAddParameter},
     "CenterLoss": {"center_loss_param": CenterLossParameter, "loss_param": LossParameter},
+    # OCR forks' sequence layers (CRNN / CTPN ports)
+    "Lstm": {"lstm_param": LstmParameter},
+    "Reverse": {"reverse_param": ReverseParameter},
+    "Transpose": {"transpose_param": TransposeParameter},
+    "CTCGreedyDecoder": {"ctc_decoder_param": CTCDecoderParameter},
+    "WarpCTCLoss": {"ctc_loss_param": CTCLossParameter, "loss_param": LossParameter},
 }
 
 

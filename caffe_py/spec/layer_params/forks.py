@@ -11,9 +11,9 @@ FORKS lists, per fork, the types its sources register (``REGISTER_LAYER_CLASS`` 
 ``REGISTER_LAYER_CREATOR`` beyond BVLC's), read from each repository: weiliu89/caffe (branch
 ssd), alexgkendall/caffe-segnet, rbgirshick/caffe-fast-rcnn (branch faster-rcnn) and
 ShaoqingRen/caffe, daijifeng001/caffe-rfcn, hszhao/PSPNet, DeepLab v2 (deeplab-public-ver2),
-NVIDIA/caffe, intel/caffe,
-CMU-Perceptual-Computing-Lab/caffe_train and caffe_rtpose, lmb-freiburg/flownet2,
-wy1iu/sphereface, ydwen/caffe-face, farmingyard/ShuffleNet,
+NVIDIA/caffe, intel/caffe, CMU-Perceptual-Computing-Lab/caffe_train and caffe_rtpose,
+lmb-freiburg/flownet2, wy1iu/sphereface, ydwen/caffe-face, happynear/caffe-windows (AM-Softmax),
+farmingyard/ShuffleNet and caffe-mobilenet, hujie-frank/SENet, senlinuc/caffe_ocr (CRNN),
 yonghenglh6/DepthwiseConvolution and eric612/MobileNet-YOLO.
 """
 from __future__ import annotations
@@ -63,6 +63,8 @@ FORKS: dict[str, tuple[str, ...]] = {
     "caffe-mobilenet": ("ConvolutionDepthwise",),
     "SENet": ("Axpy",),
     "DepthwiseConvolution": ("DepthwiseConvolution",),
+    "caffe_ocr (CRNN)": ("CTCGreedyDecoder", "Lstm", "Reverse", "ReverseTime", "Transpose",
+                         "WarpCTCLoss"),
     "MobileNet-YOLO": ("AnnotatedData", "AssistedExcitation", "Axpy", "DepthwiseConvolution",
                        "DetectionEvaluate", "DetectionOutput", "GaussianYolov3", "LaneData",
                        "MultiBoxLoss", "Normalize", "Permute", "PriorBox", "ReLU6",
@@ -81,7 +83,7 @@ REPOSITORIES: dict[str, str] = {
     "Intel": "intel/caffe", "SphereFace": "wy1iu/sphereface",
     "center-loss (caffe-face)": "ydwen/caffe-face", "ShuffleNet": "farmingyard/ShuffleNet",
     "AM-Softmax": "happynear/caffe-windows (ms)", "caffe-mobilenet": "farmingyard/caffe-mobilenet",
-    "SENet": "hujie-frank/SENet",
+    "SENet": "hujie-frank/SENet", "caffe_ocr (CRNN)": "senlinuc/caffe_ocr",
     "DepthwiseConvolution": "yonghenglh6/DepthwiseConvolution",
     "MobileNet-YOLO": "eric612/MobileNet-YOLO",
 }

@@ -43,6 +43,11 @@ FORK_REFERENCES: dict[str, str] = {
     "LabelSpecificAdd": "tests/layers/test_face.py",
     "CenterLoss": "tests/layers/test_face.py",
     "MatWrite": "tests/layers/test_segmentation.py",  # writes files: their layout checked there
+    "Lstm": "tests/layers/test_sequence.py",
+    "Reverse": "tests/layers/test_sequence.py",
+    "Transpose": "tests/layers/test_sequence.py",
+    "CTCGreedyDecoder": "tests/layers/test_sequence.py",
+    "WarpCTCLoss": "tests/layers/test_sequence.py",
 }
 # The data layers: compared by their batches (DATA_CASES), not by the layer cases.
 DATA_TYPES = {"DenseImageData": "segnet", "ImageSegData": "pspnet"}
