@@ -61,6 +61,10 @@ V1_LAYER_TYPES = {
     "SOFTMAX": "Softmax", "SOFTMAX_LOSS": "SoftmaxWithLoss", "SPLIT": "Split", "SLICE": "Slice",
     "TANH": "TanH", "WINDOW_DATA": "WindowData", "THRESHOLD": "Threshold",
 }
+# V1 layer types of Caffe forks whose nets caffe-py reads (DeconvNet's V1 prototxts): the
+# type string each becomes. DeconvNet's UNPOOLING (MAX, with the pooling mask) is SegNet's
+# Upsample: each value goes to the position its mask names (see _unpooling_block).
+FORK_V1_LAYER_TYPES = {"BN": "BN", "UNPOOLING": "Upsample"}
 # caffe.proto's numbering of V1LayerParameter.LayerType (a prototxt may write `type: 4`).
 V1_LAYER_NUMBERS = {
     0: "NONE", 1: "ACCURACY", 2: "BNLL", 3: "CONCAT", 4: "CONVOLUTION", 5: "DATA", 6: "DROPOUT",
@@ -426,7 +430,11 @@ class _Converter:
         for f in m.fields:
             if f.name == "type" and type(f.value) is int and f.value in V1_LAYER_NUMBERS:
                 f = dataclasses.replace(f, value=Ident(V1_LAYER_NUMBERS[f.value]))
-            if f.name == "type" and isinstance(f.value, Ident):
+            if f.name == "type" and isinstance(f.value, Ident) and \
+                    f.value in FORK_V1_LAYER_TYPES:
+                v1_type = str(f.value)
+                f = dataclasses.replace(f, value=FORK_V1_LAYER_TYPES[v1_type])
+            elif f.name == "type" and isinstance(f.value, Ident):
                 v1_type = self.v1_type(f)
                 f = dataclasses.replace(f, value=V1_LAYER_TYPES[v1_type])
             elif f.name in _V1_PARAM_FIELDS:
@@ -443,7 +451,42 @@ class _Converter:
         fields = [x for f in out for x in ([f] if f is not None else params)]
         if v1_type in _V1_DATA_BLOCKS:
             fields = self.move_transform(fields, _V1_DATA_BLOCKS[v1_type])
+        if v1_type == "UNPOOLING":
+            fields = self.unpooling_block(m, fields)
         return dataclasses.replace(m, fields=fields)
+
+    def unpooling_block(self, m: Message, fields: list[Field]) -> list[Field]:
+        """DeconvNet's unpooling_param -> SegNet's upsample_param: MAX unpooling of a pooling
+        mask into unpool_size (or unpool_h x unpool_w) is SegNet's Upsample exactly."""
+        found = _block_field(fields, "unpooling_param")
+        at = found[0] if found is not None else m
+        block = found[1] if found is not None else Message([], line=m.line)
+        method = block.first("unpool")
+        if method is not None and str(method.value) not in ("MAX", "0"):
+            raise self.fail(method, f"DeconvNet's UNPOOLING with unpool: {method.value} has no "
+                                    "caffe-py form (MAX unpooling is SegNet's Upsample)",
+                            "use unpool: MAX with the pooling mask as the second bottom")
+        if len(m.all("bottom")) != 2:
+            raise self.fail(at, "DeconvNet's UNPOOLING without the pooling mask as its second "
+                                "bottom has no caffe-py form",
+                            "give the Pooling layer's mask top as the second bottom")
+        size, height, width = (block.first(k) for k in ("unpool_size", "unpool_h", "unpool_w"))
+        if size is None and (height is None or width is None):
+            raise self.fail(at, "DeconvNet's UNPOOLING gives no unpool_size (nor unpool_h and "
+                                "unpool_w); its size from the kernel and stride has no caffe-py "
+                                "form", "give unpool_size: the pooling layer's input size")
+        h_field = height if size is None else size
+        w_field = width if size is None else size
+        assert h_field is not None and w_field is not None
+        upsample = Field("upsample_param", Message(
+            [dataclasses.replace(h_field, name="upsample_h", comments=[]),
+             dataclasses.replace(w_field, name="upsample_w", comments=[])],
+            line=at.line, one_line=True), at.line, at.column)
+        self.notes.append("read DeconvNet's UNPOOLING (MAX, with the pooling mask) as SegNet's "
+                          "Upsample, which unpools the same way")
+        if found is None:
+            return [*fields, upsample]
+        return [upsample if f is found[0] else f for f in fields]
 
     def v1_type(self, f: Field) -> str:
         if not isinstance(f.value, str) or f.value not in V1_LAYER_TYPES:

@@ -447,3 +447,24 @@ def test_a_data_layer_without_backend_reads_leveldb_as_in_caffe():
     assert conv.notes == ["a Data layer's data_param gives no backend, so Caffe reads LEVELDB "
                           "(caffe.proto's default); the YAML says backend: LEVELDB (write LMDB "
                           "there if the database is an LMDB)"]
+
+
+def test_deconvnets_v1_unpooling_is_segnets_upsample():
+    from caffe_py.net import Net
+
+    text = ('input: "data" input_dim: 1 input_dim: 2 input_dim: 6 input_dim: 6 '
+            'layers { name: "pool" type: POOLING bottom: "data" top: "pool" top: "pool_mask" '
+            'pooling_param { pool: MAX kernel_size: 2 stride: 2 } } '
+            'layers { name: "bn" type: BN bottom: "pool" top: "pool" '
+            'bn_param { scale_filler { type: "constant" value: 1 } } } '
+            'layers { name: "unpool" type: UNPOOLING bottom: "pool" bottom: "pool_mask" '
+            'top: "unpool" unpooling_param { unpool: MAX kernel_size: 2 stride: 2 '
+            'unpool_size: 6 } }')
+    conv = convert(parse(text), "net", source="s")
+    layers = yamlio.loads(conv.text)["layer"]
+    assert [layer["type"] for layer in layers[-2:]] == ["BN", "Upsample"]
+    assert layers[-1]["upsample_param"] == {"upsample_h": 6, "upsample_w": 6}
+    net = Net(load_net_text(conv.text), "TEST")
+    assert net.blobs["unpool"] == (1, 2, 6, 6)
+    with pytest.raises(PrototxtError, match="unpool: AVE has no caffe-py form"):
+        convert(parse(text.replace("unpool: MAX", "unpool: AVE")), "net", source="s")
