@@ -51,6 +51,8 @@ def write_set(out: Path, train: int = 64, test: int = 16, size: int = 32,
 
     rng = np.random.default_rng(seed)
     for split, count in (("train", train), ("test", test)):
+        if not count:
+            continue
         (out / split).mkdir(parents=True, exist_ok=True)
         lines = []
         for i in range(count):

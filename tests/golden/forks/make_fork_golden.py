@@ -14,8 +14,10 @@ The layer cases run as tests/golden/make_golden.py runs BVLC Caffe's (its code, 
 value generator). The data cases run the layer in the TRAIN net of a solver whose random_seed
 is the case's seed (neither fork's pycaffe has set_random_seed; Solver::Init seeds Caffe's
 stream before it builds the net, as caffe-py's attach_feeds seeds it), from the images and
-lists this script writes under inputs/ (numpy seed 0: a re-run writes the same files). CI never
-runs it: test_fork_golden.py reads the committed files.
+lists this script writes under inputs/ (numpy seed 0: a re-run writes the same files). For
+SegNet it also trains configs/segnet_toy's net (as training_prototxt() adapts it) for a few
+steps on a toy set (data/toy_segmentation.py) from the initial weights it saves, and keeps
+the losses. CI never runs it: test_fork_golden.py reads the committed files.
 """
 from __future__ import annotations
 
@@ -190,10 +192,60 @@ def make_data_prototxt(net: dict) -> str:
     return "\n".join(lines) + "\n"
 
 
+TRAIN_STEPS = 8
+
+
+def training_prototxt() -> str:
+    """configs/segnet_toy's net as SegNet's Caffe can train it from a seed: the TRAIN data
+    layer alone, without shuffle and mirror (its prefetch thread's draws are not seeded), no
+    SegAccuracy (PSPNet's), and the Upsample sizes from ``scale`` (with upsample_h / upsample_w
+    the fork's backward reads an unset member)."""
+    import re
+
+    text = (HERE.parents[2] / "configs" / "segnet_toy" / "segnet_toy.prototxt").read_text()
+    layers = text.split("\nlayer {")
+    kept = [part for part in layers if "phase: TEST" not in part]
+    text = "\nlayer {".join(kept)
+    text = text.replace(" shuffle: true mirror: true", "").replace("batch_size: 8", "batch_size: 4")
+    return re.sub(r" upsample_h: \d+ upsample_w: \d+", "", text)
+
+
+def training_case(out: Path) -> None:
+    """The first TRAIN_STEPS losses of SegNet's Caffe training the toy net on inputs/toy from
+    the initial weights it saves (segnet_toy_init.caffemodel)."""
+    import caffe
+
+    sys.path.insert(0, str(HERE.parents[2] / "data"))
+    from toy_segmentation import write_set
+
+    toy = INPUTS / "toy"
+    if not toy.exists():
+        write_set(toy, train=8, test=0, size=32, seed=5)
+    (out / "segnet_toy_train.prototxt").write_text(training_prototxt())
+    os.chdir(toy)
+    Path("solver.prototxt").write_text(
+        f'net: "{out / "segnet_toy_train.prototxt"}"\nbase_lr: 0.01\nlr_policy: "fixed"\n'
+        "momentum: 0.9\nweight_decay: 0.0005\nmax_iter: 1000\nrandom_seed: 1701\n"
+        "solver_mode: CPU\n")
+    caffe.set_mode_cpu()
+    solver = caffe.SGDSolver("solver.prototxt")
+    solver.net.save(str(out / "segnet_toy_init.caffemodel"))
+    losses = []
+    for _ in range(TRAIN_STEPS):
+        solver.step(1)
+        losses.append(float(solver.net.blobs["loss"].data))
+    Path("solver.prototxt").unlink()
+    np.savez(out / "train.npz", losses=np.array(losses, np.float64))
+    print(f"{TRAIN_STEPS} training steps: {losses}")
+
+
 def main() -> None:
     fork = sys.argv[1]
     out = HERE / fork
     out.mkdir(exist_ok=True)
+    if sys.argv[2:3] == ["--training"]:
+        training_case(out)
+        return
     if sys.argv[2:3] == ["--data-case"]:  # one process per case (see below)
         os.chdir(INPUTS)
         name = sys.argv[3]
@@ -215,6 +267,8 @@ def main() -> None:
         part.unlink()
         print(f"{fork} {name}: {DATA_CASES[fork][name]['forwards']} batches", flush=True)
     np.savez_compressed(out / "data.npz", **arrays)
+    if fork == "segnet":
+        os.spawnv(os.P_WAIT, sys.executable, [sys.executable, __file__, fork, "--training"])
     total = sum(p.stat().st_size for p in out.glob("*.npz"))
     print(f"{fork}: fixtures {total / 1e6:.2f} MB")
 

@@ -10,6 +10,7 @@ to a plain reference from its fork's source and a float64 gradcheck.
 """
 from __future__ import annotations
 
+import csv
 import shutil
 import sys
 from pathlib import Path
@@ -151,3 +152,28 @@ if __name__ == "__main__":
     print("| fork | type | cases | max error |\n|---|---|---|---|")
     for (fork, type_name), (n, worst) in sorted(summary().items()):
         print(f"| {fork} | {type_name} | {n} | {worst:.1e} |")
+
+
+def test_training_gives_segnets_losses(tmp_path, monkeypatch):
+    """configs/segnet_toy's net as make_fork_golden.py's training_prototxt() adapts it, trained
+    by `cpy train` from the initial weights SegNet's Caffe saved: the same losses, step by
+    step, as the fork's first steps."""
+    from click.testing import CliRunner
+
+    from caffe_py.cli import cli
+
+    fork = HERE / "segnet"
+    shutil.copytree(INPUTS / "toy", tmp_path / "toy")
+    shutil.copy(fork / "segnet_toy_train.prototxt", tmp_path / "toy")
+    (tmp_path / "toy" / "solver.prototxt").write_text(
+        'net: "segnet_toy_train.prototxt"\nbase_lr: 0.01\nlr_policy: "fixed"\nmomentum: 0.9\n'
+        "weight_decay: 0.0005\nmax_iter: 8\ndisplay: 1\nrandom_seed: 1701\n"
+        'snapshot_prefix: "snaps/toy"\nsnapshot_after_train: false\nsolver_mode: CPU\n')
+    monkeypatch.chdir(tmp_path / "toy")
+    result = CliRunner().invoke(cli, ["train", "--solver", "solver.prototxt", "--gpus", "cpu",
+                                      "--weights", str(fork / "segnet_toy_init.caffemodel")])
+    assert result.exit_code == 0, result.output
+    with (tmp_path / "toy" / "snaps" / "toy_metrics.csv").open(newline="") as f:
+        ours = [float(row["train/loss"]) for row in csv.DictReader(f) if row["phase"] == "train"]
+    with np.load(fork / "train.npz") as theirs:
+        np.testing.assert_allclose(ours, theirs["losses"], rtol=1e-5)
