@@ -66,7 +66,7 @@ class _Lstm(torch.autograd.Function):
     @staticmethod
     def forward(ctx: Any, x: torch.Tensor, w_i: torch.Tensor, w_h: torch.Tensor,
                 bias: torch.Tensor, cont: torch.Tensor, h0: torch.Tensor, c0: torch.Tensor,
-                clip: float) -> torch.Tensor:
+                clip: float) -> tuple[torch.Tensor, torch.Tensor]:
         h, c, gates = _steps(x, w_i, w_h, bias, cont, h0, c0)
         ctx.save_for_backward(x, w_i, w_h, cont, h0, c0, h, c, gates)
         ctx.clip = clip
