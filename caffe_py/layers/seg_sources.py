@@ -1,6 +1,6 @@
 """Layer family: the segmentation forks' file layers. Their data layers, SegNet's
 DenseImageData and DeepLab's / PSPNet's ImageSegData, read lists of image and label-image pairs
-through the data pipeline (:mod:`caffe_py.io.seg_lists` is their database and decoder), so
+through the data pipeline (:mod:`caffe_py.io.db.seg_lists` is their database and decoder), so
 they share the reader's producer, prefetching, round-robin over replicas, saved positions and
 resume: each record arrives finished (image and label through one geometry) in one float32 row
 that ``forward`` splits into the tops. DeepLab's MatWrite saves its bottoms as MATLAB files.
@@ -27,9 +27,9 @@ from .data import FedLayer
 from .registry import register
 
 if TYPE_CHECKING:
-    from ..io.caffe_rng import GlobalDraws
-    from ..io.feeds import FeedSpec
-    from ..io.seg_lists import Normalize, Pair
+    from ..io.db.caffe_rng import GlobalDraws
+    from ..io.db.seg_lists import Normalize, Pair
+    from ..io.reader.records import FeedSpec
 
 PREFETCH = 4
 
@@ -43,8 +43,8 @@ class _PairLayer(FedLayer):
 
     def _normalize(self, tp: TransformationParameter, channels: int,
                    size: tuple[int, int] | None) -> Normalize:
-        from ..io.seg_lists import Normalize
-        from ..io.transformer import read_mean_file
+        from ..io.db.seg_lists import Normalize
+        from ..io.feed.transformer import read_mean_file
 
         if tp.mean_file:
             mean = read_mean_file(tp.mean_file)
@@ -62,12 +62,12 @@ class _PairLayer(FedLayer):
         return Normalize(tp.scale)
 
     def _pairs(self, source: str, *, tokens: bool, with_label: bool = True) -> list[Pair]:
-        from ..io.seg_lists import read_pairs
+        from ..io.db.seg_lists import read_pairs
 
         return read_pairs(Path(source), tokens=tokens, with_label=with_label)
 
     def _feed_spec(self, source: str, batch: int, opener: Any, decoder: Any) -> FeedSpec:
-        from ..io.feeds import FeedSpec
+        from ..io.reader.records import FeedSpec
 
         return FeedSpec(source, batch, PREFETCH, self.record_shape, np.dtype(np.float32),
                         TransformationParameter(), opener=opener, decoder=decoder)
@@ -130,13 +130,13 @@ class DenseImageData(_PairLayer):
         return [(p.batch_size, channels, h, w), (p.batch_size, 1, *label)]
 
     def _root(self, p: DenseImageDataParameter) -> Path:
-        from ..io.image_list import image_root
+        from ..io.db.image_list import image_root
 
         return image_root(Path(p.source), p.root_folder,
                           self._pairs(p.source, tokens=True)[0].image)
 
     def _read_size(self, path: Path, p: DenseImageDataParameter) -> tuple[int, int]:
-        from ..io.images import load_image
+        from ..io.formats.images import load_image
 
         try:
             image = load_image(path, color=p.is_color)
@@ -147,7 +147,7 @@ class DenseImageData(_PairLayer):
     def feed_spec(self, seed: int, draws: GlobalDraws) -> FeedSpec:
         """Caffe's shuffle and rand_skip draws (SegNet's Caffe predates the prefetch thread's
         own seed); crops and mirrors from an mt19937 seeded with the run's data seed."""
-        from ..io.seg_lists import DenseDecoder, DenseSettings, SegListDatabase
+        from ..io.db.seg_lists import DenseDecoder, DenseSettings, SegListDatabase
 
         p = self.param()
         own = [draws.draw() for _ in range(int(p.shuffle) + int(p.rand_skip > 0))]
@@ -220,8 +220,8 @@ class ImageSegData(_PairLayer):
         return shapes + [(p.batch_size, 1, 1, 2)] * (len(self.spec.top) - 2)
 
     def _first_size(self, p: ImageSegDataParameter) -> tuple[int, int]:
-        from ..io.image_list import image_root
-        from ..io.images import load_image
+        from ..io.db.image_list import image_root
+        from ..io.formats.images import load_image
 
         first = self._pairs(p.source, tokens=False, with_label=p.label_type != "NONE")[0]
         root = image_root(Path(p.source), p.root_folder, first.image)
@@ -231,8 +231,8 @@ class ImageSegData(_PairLayer):
     def feed_spec(self, seed: int, draws: GlobalDraws) -> FeedSpec:
         """Caffe 1.0's draws for a prefetching layer: the transformer's seed (InitRand, taken
         twice, the second kept), the shuffle and rand_skip draws, the thread's seed."""
-        from ..io.caffe_rng import needs_rand
-        from ..io.seg_lists import SegDecoder, SegListDatabase, SegSettings
+        from ..io.db.caffe_rng import needs_rand
+        from ..io.db.seg_lists import SegDecoder, SegListDatabase, SegSettings
 
         p, tp = self.param(), self.param("transform_param")
         has_rng = needs_rand(tp.mirror, tp.crop_size, self.phase)

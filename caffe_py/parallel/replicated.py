@@ -188,8 +188,9 @@ class ReplicatedRun:
                             pool=self.pool, callbacks=[*self._sync_callbacks(i), *extra],
                             step=step, **kw)
             self.solvers.append(solver)
+            scale = solver.loss_scale.tensors() if solver.loss_scale is not None else []
             self.sync.setup(i, [lp.param for lp in solver.net.learnable_params()],
-                            state_blobs(solver.net))
+                            [*state_blobs(solver.net), *scale])   # the root's flows down
             solver.grads_in_place = True   # views into the flat gradient buffer
             # a sync's gradient hooks keep the engine's threads; captured iterations have none
             solver.backward_in_caller = self.captured

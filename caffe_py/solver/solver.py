@@ -45,6 +45,7 @@ from ..spec.solver_spec import SolverParameter
 from . import snapshot as snap
 from .callbacks import Callback
 from .evaluate import format_output_lines, output_means, run_batches
+from .loss_scale import LossScale
 from .lr_policy import learning_rate
 from .metrics import FIXED, MetricsFile, metrics_path, output_columns
 from .monitor import Monitor
@@ -195,6 +196,9 @@ class Solver:
         learnable = self.net.learnable_params()
         self.updater = Updater(param, [lp.param for lp in learnable],
                                [(lp.lr_mult, lp.decay_mult) for lp in learnable])
+        self.loss_scale = (LossScale(param.loss_scale, param.loss_scale_window, self.device)
+                           if param.precision == "FLOAT16" else None)
+        """float16's dynamic loss scale (loss_scale.py); None for other precisions."""
         self.pool = self._attach(self.net, pool)
         self.test_nets: list[Net] = []
         self._test_pool = self.pool if self.pool in self._pools else None
@@ -402,9 +406,25 @@ class Solver:
     def apply_update(self) -> float:
         """Caffe's ApplyUpdate on the current gradients; returns the learning rate used."""
         plan = self.plan_rates(1)
-        self.updater.apply(plan.rates[0], self.iter)
+        self.apply_scales(self.updater.scales(plan.rates[0], self.iter))
         self.current_step = plan.current_step
         return plan.rates[0]
+
+    def apply_scales(self, scales: Sequence[float] | torch.Tensor) -> None:
+        """The update with each parameter group's multiplier given (host floats, or a device
+        row a CUDA graph reads); with FLOAT16 the gradients are unscaled first and an
+        overflowing iteration changes nothing but the loss scale (no host sync)."""
+        scale = self.loss_scale
+        if scale is None:
+            self.updater.apply_scales(scales)
+            return
+        skip = scale.unscale(self.updater.gradients())
+        self.updater.apply_scales(scales, skip=skip)
+        scale.update()
+
+    def backward(self, loss: torch.Tensor) -> None:
+        """Backward from a pass's loss (scaled first with FLOAT16)."""
+        (loss if self.loss_scale is None else self.loss_scale.scaled(loss)).backward()
 
     def plan_rates(self, count: int) -> RatePlan:
         """The learning rates of the next ``count`` updates, from this iteration on; nothing
@@ -439,9 +459,10 @@ class Solver:
             self.stop_requested = True
 
     def autocast(self) -> AbstractContextManager[Any]:
-        """The forward passes' precision context (bf16 autocast for precision BF16)."""
-        if self.param.precision == "BF16":  # no weight-cast cache: a CUDA graph cannot hold one
-            return torch.autocast(device_type=self.device.type, dtype=torch.bfloat16,
+        """The forward passes' precision context (autocast for BF16 and FLOAT16)."""
+        dtype = {"BF16": torch.bfloat16, "FLOAT16": torch.float16}.get(self.param.precision)
+        if dtype is not None:  # no weight-cast cache: a CUDA graph cannot hold one
+            return torch.autocast(device_type=self.device.type, dtype=dtype,
                                   cache_enabled=False)
         return contextlib.nullcontext()
 
@@ -463,6 +484,8 @@ class Solver:
         values = {name: t.detach().float().reshape(-1) for name, t in out.outputs.items()}
         for line in format_output_lines("Train net output", values, self.net.loss_weights):
             log.info(f"    {line}")
+        if self.loss_scale is not None:
+            log.info(f"    {self.loss_scale.describe()}")
         if self.metrics is not None:
             self.metrics.row(self.iter, "train", self.current_rate(), self.smoothed_loss(),
                              output_means(values))
@@ -577,6 +600,8 @@ class Solver:
             "history": [h.detach().cpu() for h in self.updater.history],
             "rng": self._rng_state(),
             "data": self.pool.state_dict() if self.pool is not None else None,
+            "loss_scale": (self.loss_scale.state_dict() if self.loss_scale is not None
+                           else None),
             "test_data": (self._test_pool.state_dict() if self._test_pool not in (None, self.pool)
                           else None),
         }
@@ -600,6 +625,9 @@ class Solver:
         self.iter, self.current_step = state["iter"], state["current_step"]
         with _damaged_entry(path, "rng"):
             self._load_rng_state(state.get("rng") or {})
+        if self.loss_scale is not None and state.get("loss_scale"):
+            with _damaged_entry(path, "loss_scale"):
+                self.loss_scale.load_state_dict(state["loss_scale"])
         if self.pool is not None and state.get("data"):
             with _damaged_entry(path, "data"):
                 self.pool.load_state_dict(state["data"])
