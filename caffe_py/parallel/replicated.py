@@ -32,7 +32,7 @@ from ..solver.signals import no_action
 from ..solver.solver import Solver, resolve_seed
 from ..spec.solver_spec import SolverParameter
 from .averaging import AveragingSync, Model
-from .captured import AllReduceGroup, CapturedReplicas
+from .captured import AllReduceGroup, CapturedReplicas, SplitTests
 from .flat import DEFAULT_BUCKET_BYTES
 from .hostavg import HostExchange
 from .lockstep import LockstepRoot
@@ -182,6 +182,7 @@ class ReplicatedRun:
             assert isinstance(self.sync, AllReduceGroup)
             kw["runner"] = CapturedReplicas(self.sync, self.solvers,
                                             required=self.options.graphs == "on")
+            kw["test_batches"] = SplitTests(self.sync, self.solvers)
         try:
             solver = Solver(self.param, device=self.devices[i], replica=i, role=role,
                             seeds=Seeds(model=base_seed + self.hosts.offset + i, data=base_seed),

@@ -82,6 +82,24 @@ class RatePlan:
     current_step: int
 
 
+class TestBatches(Protocol):
+    """Runs TEST net ``k`` (``net``, the root's) for ``iterations`` batches; the mean of
+    every output (``__loss__`` too), or None when ``between`` stopped it (a signal). The
+    default is :func:`~caffe_py.solver.evaluate.run_batches` on ``net`` itself; parallel
+    training may spread the batches over its replicas (parallel/captured.py)."""
+
+    def __call__(self, k: int, net: Net, iterations: int, *,
+                 autocast: Callable[[], AbstractContextManager[Any]],
+                 between: Callable[[], bool]) -> dict[str, torch.Tensor] | None: ...
+
+
+def own_test_batches(k: int, net: Net, iterations: int, *,
+                     autocast: Callable[[], AbstractContextManager[Any]],
+                     between: Callable[[], bool]) -> dict[str, torch.Tensor] | None:
+    """Every test batch on this replica's own net (Caffe: the root tests alone)."""
+    return run_batches(net, iterations, autocast=autocast, between=between)
+
+
 class Progress(Protocol):
     """A progress display the command supplies (e.g. a tqdm bar on a terminal)."""
 
@@ -140,14 +158,15 @@ class Solver:
     training) for the TRAIN net, else the solver reads through a pool of its own; ``action``
     returns what a signal asks for after each iteration (see signals.py); ``step`` computes the
     forward and backward passes (default: :func:`~caffe_py.solver.roles.eager_step`);
-    ``runner`` runs the iterations in place of :meth:`iteration` (the CUDA-graph loop).
+    ``runner`` runs the iterations in place of :meth:`iteration` (the CUDA-graph loop);
+    ``test_batches`` runs a TEST net's batches (default: on this replica's net).
     """
 
     def __init__(self, param: SolverParameter, *, device: str | torch.device = "cpu",
                  replica: int = 0, role: Role = ROOT, seeds: Seeds | None = None,
                  callbacks: Sequence[Callback] = (), pool: Any = None,
                  action: Callable[[], str] = no_action, step: StepFn = eager_step,
-                 runner: Runner | None = None):
+                 runner: Runner | None = None, test_batches: TestBatches = own_test_batches):
         self.param = param
         self.device = torch.device(device)
         self.replica = replica
@@ -158,6 +177,7 @@ class Solver:
         """The passes' step function; the graph loop's automatic compile swaps it once."""
         self.runner = runner
         """Runs iterations in place of :meth:`iteration` (e.g. a CUDA-graph loop), if set."""
+        self.test_batches = test_batches
         self.grads_in_place = False
         """Gradients keep their tensors between iterations (set by whoever binds them: a
         parallel sync's flat buffers, a CUDA graph's capture)."""
@@ -518,8 +538,8 @@ class Solver:
         self.last_test = []
         for k, net in enumerate(self.test_nets):
             log.info(f"Iteration {self.iter}, Testing net (#{k})")
-            means = run_batches(net, self.param.test_iter[k], autocast=self.autocast,
-                                between=self._test_action)
+            means = self.test_batches(k, net, self.param.test_iter[k],
+                                      autocast=self.autocast, between=self._test_action)
             if means is None:  # stopped by a signal
                 return self.last_test
             self.last_test.append(means)
