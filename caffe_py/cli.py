@@ -29,6 +29,7 @@ COMMANDS = {
     "plot": "plot",
     "export": "export", "draw": "export",
     "build-ext": "ext",
+    "pycaffe": "pycaffe",
 }
 
 
