@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import shutil
 import sys
 from pathlib import Path
 
@@ -46,7 +47,10 @@ LOSS_RTOL = 2e-5
 
 def train(name: str, tmp_path: Path) -> tuple[list[float], list[list[float]]]:
     """caffe-py's losses for each iteration, and the checksums of its initial blobs."""
-    folder = FIXTURES / name
+    # a copy (the nets share databases): reading an LMDB takes its reader lock, which creates
+    # lock.mdb beside data.mdb
+    shutil.copytree(FIXTURES, tmp_path / FIXTURES.name)
+    folder = tmp_path / FIXTURES.name / name
     import_file(folder / "net.prototxt", tmp_path / "net.yaml", root=folder)
     import_file(folder / "solver.prototxt", tmp_path / "solver.yaml", root=folder)
     expected = EXPECTED[name]
