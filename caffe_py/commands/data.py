@@ -112,6 +112,50 @@ def convert_cifar_command(directory: str, db_prefix: str, resume: bool, backend:
         click.echo(result.line())
 
 
+@convert_group.command("annoset")
+@click.argument("root", type=click.Path(file_okay=False))
+@click.argument("listfile", type=click.Path(dir_okay=False))
+@click.argument("db", type=click.Path())
+@click.option("--label-map-file", required=True, type=click.Path(dir_okay=False),
+              help="the LabelMap prototxt giving each class name its label")
+@click.option("--gray", is_flag=True, help="store one gray channel instead of BGR")
+@click.option("--shuffle", is_flag=True, help="shuffle the list before writing")
+@click.option("--seed", type=int, default=0, show_default=True, help="the shuffle's seed")
+@click.option("--resize-width", type=int, default=0, show_default=True,
+              help="resize every image to this width (with --resize-height)")
+@click.option("--resize-height", type=int, default=0, show_default=True,
+              help="resize every image to this height (with --resize-width)")
+@click.option("--check-size", is_flag=True, help="require every image to have the same size")
+@click.option("--check-label", is_flag=True, help="refuse a label map naming a class twice")
+@click.option("--encoded", is_flag=True, help="store the image files (PNG/JPEG), not pixels")
+@click.option("--encode-type", type=click.Choice(ENCODE_TYPES), default=None,
+              help="with --encoded: the format; a file already in it is stored as it is "
+                   "(default: re-encode in the file's own format, as SSD's tool)")
+@click.option("--resume", is_flag=True, help=_RESUME_HELP)
+@backend_option
+def convert_annoset_command(root: str, listfile: str, db: str, label_map_file: str,
+                            gray: bool, shuffle: bool, seed: int, resize_width: int,
+                            resize_height: int, check_size: bool, check_label: bool,
+                            encoded: bool, encode_type: str | None, resume: bool,
+                            backend: str) -> None:
+    """Images and their Pascal-VOC XML annotations named in LISTFILE ('image annotation'
+    lines, relative to ROOT) into DB of SSD's AnnotatedDatum records, keys %08d_<image>, as
+    SSD's convert_annoset (create_annoset.py) writes them: readable by AnnotatedData layers
+    here and in SSD's Caffe."""
+    from ..io.annoset import AnnosetOptions, convert_annoset
+
+    if encode_type and not encoded:
+        raise click.UsageError("--encode-type needs --encoded")
+    options = AnnosetOptions(label_map_file=label_map_file, gray=gray, shuffle=shuffle,
+                             seed=seed, resize_width=resize_width, resize_height=resize_height,
+                             check_size=check_size, check_label=check_label, encoded=encoded,
+                             encode_type=encode_type or "")
+    with resumable(db):
+        result = convert_annoset(root, listfile, db, options, resume=resume,
+                                 progress=terminal_progress(), backend=backend)
+    click.echo(result.line())
+
+
 @click.command("compute-mean")
 @click.argument("db", type=click.Path())
 @click.argument("out", type=click.Path(dir_okay=False))

@@ -138,9 +138,15 @@ def train_command(solver_file: str, gpus: str | None, weights: str | None,
 @click.option("--gpus", default=None, metavar="LIST", help=f"{GPUS_HELP} (the first is used)")
 @click.option("--json", "as_json", is_flag=True,
               help="print one JSON object {output: mean} on stdout (logs go to stderr)")
+@click.option("--ap-version", type=click.Choice(["11point", "MaxIntegral", "Integral"]),
+              default="Integral", show_default=True,
+              help="a detection net (DetectionEvaluate outputs): how its mAP is computed")
+@click.option("--per-class", is_flag=True, help="a detection net: also print each class's AP")
 def test_command(model: str, weights: str, iterations: int, gpus: str | None,
-                 as_json: bool, sets: tuple[str, ...]) -> None:
-    """Score a trained net: each batch's outputs, then their means (Caffe's `caffe test`)."""
+                 as_json: bool, ap_version: str, per_class: bool,
+                 sets: tuple[str, ...]) -> None:
+    """Score a trained net: each batch's outputs, then their means (Caffe's `caffe test`); a
+    detection net's DetectionEvaluate outputs give their mAP over the batches instead."""
     from ..devices import parse_devices, prepare_host
     from ..errors import SolverError
     from ..solver import evaluate
@@ -164,8 +170,13 @@ def test_command(model: str, weights: str, iterations: int, gpus: str | None,
             for v in value.tolist():
                 log.info(f"Batch {i}, {name} = {v:g}")
 
+    from ..solver.detection_eval import is_detection_net, run_detection_batches
+
     with evaluate.fed(net):
-        means = evaluate.run_batches(net, iterations, on_batch=on_batch)
+        if is_detection_net(net):
+            means = run_detection_batches(net, iterations, ap_version, per_class=per_class)
+        else:
+            means = evaluate.run_batches(net, iterations, on_batch=on_batch)
     if means is None:  # only a stop between batches ends it early; none is asked for here
         raise SolverError(f"{model}: testing stopped before its first batch")
     log.info(f"Loss: {float(means['__loss__']):g}")

@@ -46,6 +46,9 @@ class FeedSpec:
     encoded: bool = False
     """The records are image files (JPEG/PNG Datums): decoded in parallel, in the reader or,
     for a database too big to keep decoded, in each replica's feed (CPU threads or nvJPEG)."""
+    make_feed: Callable[[Any, torch.device, int, str], Any] | None = None
+    """Builds the layer's own feed from its record queue (queue, device, seed, name) instead
+    of a Prefetcher (AnnotatedData: images and box lists, :mod:`.annotated_feed`)."""
 
 
 class Feed(Protocol):
@@ -64,7 +67,7 @@ class NetWithData(Protocol):
 
 
 def attach_feeds(net: NetWithData, pool: ReaderPool, *, replica: int = 0,
-                 device: str | torch.device = "cpu", seed: int) -> list[Prefetcher]:
+                 device: str | torch.device = "cpu", seed: int) -> list[Any]:
     """Give every Data layer of ``net`` a feed of replica ``replica``'s records from ``pool``,
     transformed on ``device``; ``seed`` draws the random crops and mirrors (and the rand_skip
     start). Call before ``pool.start()``. Returns the feeds (Prefetchers), in layer order.
@@ -87,9 +90,15 @@ def attach_feeds(net: NetWithData, pool: ReaderPool, *, replica: int = 0,
                                record_shape=spec.record_shape, dtype=spec.dtype,
                                color=spec.color, rand_skip=spec.rand_skip, seed=seed,
                                opener=spec.opener, decoder=spec.decoder, encoded=spec.encoded)
+        on = torch.device(device)
+        if spec.make_feed is not None:
+            own = spec.make_feed(queue, on, seed, f"{stream}#{replica}")
+            pool.manage(own)
+            layer.attach(own)
+            feeds.append(own)
+            continue
         transformer = Transformer(spec.transform, layer.phase, spec.record_shape, seed=seed,
                                   where=f"layer '{layer.name}' ({spec.source}): ")
-        on = torch.device(device)
         images = (BatchImages(spec.source, spec.record_shape, spec.color, pool.workers,
                               pool.decode, on, pool.processes, pool.replicas)
                   if spec.encoded else None)

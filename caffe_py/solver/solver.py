@@ -41,6 +41,7 @@ from ..net import Net, NetOutput
 from ..spec.solver_spec import SolverParameter
 from . import snapshot as snap
 from .callbacks import Callback
+from .detection_eval import run_detection_batches
 from .evaluate import format_output_lines, output_means, run_batches
 from .lr_policy import learning_rate
 from .metrics import FIXED, MetricsFile, metrics_path, output_columns
@@ -434,8 +435,14 @@ class Solver:
         self.last_test = []
         for k, net in enumerate(self.test_nets):
             log.info(f"Iteration {self.iter}, Testing net (#{k})")
-            means = run_batches(net, self.param.test_iter[k], autocast=self.autocast,
-                                between=self._test_action)
+            if self.param.eval_type == "detection":
+                means = run_detection_batches(
+                    net, self.param.test_iter[k], self.param.ap_version,
+                    per_class=self.param.show_per_class_result, autocast=self.autocast,
+                    between=self._test_action)
+            else:
+                means = run_batches(net, self.param.test_iter[k], autocast=self.autocast,
+                                    between=self._test_action)
             if means is None:  # stopped by a signal
                 return self.last_test
             self.last_test.append(means)
