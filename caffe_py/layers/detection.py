@@ -14,6 +14,7 @@ from __future__ import annotations
 import logging
 import math
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import torch
@@ -165,13 +166,39 @@ class Normalize(Layer):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         p = self.param()
-        x4 = x.reshape(x.shape[0], x.shape[1], -1)  # (N, C, H x W)
-        if p.across_spatial:
-            norm = (x4.square().sum(dim=(1, 2), keepdim=True) + p.eps).sqrt()
+        return _Normalize.apply(x, self.scale, p.across_spatial, p.channel_shared, p.eps)
+
+
+class _Normalize(torch.autograd.Function):
+    """Normalize with the fork's backward: the bottom's gradient is the normalization's
+    derivative applied to the top's gradient, then multiplied by the scale (with one scale
+    per channel this is not the exact derivative: the fork leaves the scale out of the dot
+    product); the scale's gradient is sum(top x top_diff) / scale."""
+
+    @staticmethod
+    def forward(ctx: Any, x: torch.Tensor, scale: torch.Tensor, across_spatial: bool,
+                shared: bool, eps: float) -> torch.Tensor:
+        x3 = x.reshape(x.shape[0], x.shape[1], -1)  # (N, C, H x W)
+        dims = (1, 2) if across_spatial else (1,)
+        norm = (x3.square().sum(dim=dims, keepdim=True) + eps).sqrt()
+        s = scale if shared else scale.reshape(1, -1, 1)
+        top = x3 / norm * s
+        ctx.save_for_backward(x3, norm, scale, top)
+        ctx.dims, ctx.shared, ctx.shape = dims, shared, x.shape
+        return top.reshape(x.shape)
+
+    @staticmethod
+    def backward(ctx: Any, grad: torch.Tensor) -> tuple[Any, ...]:
+        x3, norm, scale, top = ctx.saved_tensors
+        g = grad.reshape(x3.shape)
+        s = scale if ctx.shared else scale.reshape(1, -1, 1)
+        dot = (x3 * g).sum(dim=ctx.dims, keepdim=True)
+        dx = (g - x3 * (dot / norm / norm)) / norm * s
+        if ctx.shared:
+            dscale = ((top * g).sum() / scale).reshape(scale.shape)
         else:
-            norm = (x4.square().sum(dim=1, keepdim=True) + p.eps).sqrt()
-        scale = self.scale if p.channel_shared else self.scale.reshape(1, -1, 1)
-        return (x4 / norm * scale).reshape(x.shape)
+            dscale = (top * g).sum(dim=(0, 2)) / scale
+        return dx.reshape(ctx.shape), dscale, None, None, None
 
 
 # --- DetectionOutput ------------------------------------------------------------------------

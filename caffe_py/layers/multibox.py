@@ -342,7 +342,10 @@ class MultiBoxLoss(Layer):
             raw_target = torch.from_numpy(rows.raw_target).to(dev, pred.dtype)
             pred = torch.where(torch.from_numpy(rows.replace).to(dev), raw_target, pred)
         if self.param().encode_variance_in_target:
-            pred = pred / torch.from_numpy(rows.scale).to(dev, pred.dtype)
+            # the fork divides the copied predictions by the variances and copies their
+            # gradient straight back: the value is divided, the gradient is not
+            scaled = pred.detach() / torch.from_numpy(rows.scale).to(dev, pred.dtype)
+            pred = pred + (scaled - pred.detach())
         diff = pred - target
         if self.param().loc_loss_type == "SMOOTH_L1":
             a = diff.abs()

@@ -180,6 +180,11 @@ class DetectionOutputParameter(Message):
         if self.num_classes is None:
             v.fail(None, "detection_output_param.num_classes is not set",
                    "give the number of classes, background included")
+        if self.share_location and self.background_label_id == -1:
+            v.fail("background_label_id", "background_label_id -1 with share_location: true "
+                                          "decodes no box in SSD's fork (it stops with 'Could "
+                                          "not find location predictions for label -1')",
+                   "set share_location: false, or give the background class")
 
 
 @dataclass
