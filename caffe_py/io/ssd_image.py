@@ -60,6 +60,8 @@ def pad(image: np.ndarray, top: int, bottom: int, left: int, right: int, mode: s
         return np.pad(image, widths, mode="edge")
     out = np.empty((image.shape[0], image.shape[1] + top + bottom,
                     image.shape[2] + left + right), np.uint8)
+    if len(value) == 1:  # one value for every channel
+        value = value * image.shape[0]
     for c in range(image.shape[0]):
         fill = value[c] if c < len(value) else 0.0
         out[c] = saturate_u8(np.asarray(fill))
