@@ -229,7 +229,8 @@ class DetectionOutput(Layer):
         if p.visualize:
             log.warning(f"layer '{self.name}' (DetectionOutput): visualize draws in the fork's "
                         "OpenCV window; caffe-py draws nothing")
-        self.writer = ResultWriter.of(self) if p.save_output_param.output_directory else None
+        self.writer: ResultWriter | None = None
+        self._writer_ready = not p.save_output_param.output_directory
         return [(1, 1, 1, 7)]
 
     def _num_priors(self, bottom_shapes: list[Shape]) -> int:
@@ -294,6 +295,8 @@ class DetectionOutput(Layer):
             return self._empty(n, loc.device)
         top = torch.cat([det_image[:, None].float(), det_label[:, None].float(),
                          det_score[:, None], det_box], 1)
+        if not self._writer_ready:  # the result files' setup reads files: at first use
+            self.writer, self._writer_ready = ResultWriter.of(self), True
         if self.writer is not None:
             self.writer.add(top.cpu().numpy(), n)
         return top[None, None]
@@ -441,15 +444,21 @@ class DetectionEvaluate(Layer):
         if len(gt) != 4 or gt[:2] != (1, 1) or gt[3] != 8:
             raise self.bottom_error(1, f"has shape {list(gt)}; expected AnnotatedData's "
                                        "label (1, 1, G, 8)")
-        self.sizes: list[tuple[int, int]] = []
-        if p.name_size_file:
-            try:
-                self.sizes = [(h, w) for _, h, w in read_name_size(p.name_size_file)]
-            except DataError as exc:
-                raise self.fail(str(exc)) from None
+        self._sizes: list[tuple[int, int]] | None = None if p.name_size_file else []
         self.count = 0
         positive = p.num_classes if p.background_label_id == -1 else p.num_classes - 1
         return [(1, 1, positive, 5)]
+
+    @property
+    def sizes(self) -> list[tuple[int, int]]:
+        """name_size_file's (height, width) per test image, read at first use."""
+        if self._sizes is None:
+            try:
+                self._sizes = [(h, w) for _, h, w in
+                               read_name_size(self.param().name_size_file)]
+            except DataError as exc:
+                raise self.fail(str(exc)) from None
+        return self._sizes
 
     @torch.no_grad()
     def forward(self, detections: torch.Tensor, gt: torch.Tensor) -> torch.Tensor:

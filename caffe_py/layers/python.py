@@ -203,6 +203,7 @@ class _CaffeForm:
             obj.blobs = pycaffe.BlobVec()
         obj.param_str, obj.phase = param_str, pycaffe.TRAIN if host.phase == "TRAIN" else \
             pycaffe.TEST
+        obj.param_str_ = param_str  # pycaffe's name until 2016 (Faster R-CNN's layers read it)
         self.bottom = [pycaffe.Blob(s) for s in bottom_shapes]
         host._call(obj.setup, "setup", self.bottom, self.top)
         host._call(obj.reshape, "reshape", self.bottom, self.top)
