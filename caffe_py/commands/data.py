@@ -171,7 +171,14 @@ def compute_mean_command(db: str, out: str, backend: str) -> None:
 @click.argument("db", type=click.Path())
 @backend_option
 def db_info_command(db: str, backend: str) -> None:
-    """Count, shape and label histogram of DB, after checking that every record decodes."""
+    """Count, shape and label histogram of DB, after checking that every record decodes (for
+    a database of SSD's AnnotatedDatum records: image sizes and boxes per label)."""
+    from ..io.annoset import annoset_info, is_annotated
+
+    if is_annotated(db, backend):
+        for line in annoset_info(db, progress=terminal_progress(), backend=backend):
+            click.echo(line)
+        return
     for line in db_info(db, progress=terminal_progress(), backend=backend).lines():
         click.echo(line)
 

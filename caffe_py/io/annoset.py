@@ -27,7 +27,7 @@ from .annotated import BBOX, AnnotatedDatum, Annotation, AnnotationGroup, Normal
     encode_annotated
 from .convert import MAX_KEY_BYTES, ConvertResult, ProgressFactory, no_progress
 from .datum import Datum
-from .db import open_writer
+from .db import open_db, open_writer
 from .images import ENCODE_TYPES, encode_image, extension_type, load_image, resize_linear
 from .labelmap import name_to_label, read_label_map
 from .partial import remove_partial
@@ -246,3 +246,68 @@ def convert_annoset(root: str | Path, listfile: str | Path, db: str | Path,
     summary = writer.finish()
     return ConvertResult(summary.path, summary.records, summary.written, summary.bytes,
                          time.perf_counter() - began)
+
+
+def is_annotated(path: str | Path, backend: str = "lmdb") -> bool:
+    """Whether the database's first record is an AnnotatedDatum (not a plain Datum)."""
+    from .annotated import decode_annotated
+    from .wire import WireError
+
+    with open_db(path, backend) as db:
+        _, value = db.first()
+    try:
+        record = decode_annotated(bytes(value))
+    except WireError:
+        return False
+    return bool(record.datum.data or record.datum.float_data)
+
+
+def annoset_info(path: str | Path, *, progress: ProgressFactory = no_progress,
+                 backend: str = "lmdb") -> list[str]:
+    """``cpy db-info`` of an AnnotatedDatum database: records, image sizes, boxes per label
+    (difficult ones counted apart), after checking that every record parses."""
+    from collections import Counter
+
+    from .annotated import decode_annotated_record
+    from .datum import datum_to_array, decode_image, format_key
+
+    began = time.perf_counter()
+    sizes: Counter = Counter()
+    boxes: Counter = Counter()
+    difficult: Counter = Counter()
+    encoded = empty = 0
+    first = last = b""
+    with open_db(path, backend) as db:
+        count = len(db)
+        bar = progress(count, Path(path).name)
+        try:
+            for key, value in db:
+                record = decode_annotated_record(value, source=str(path), key=key)
+                datum = record.datum
+                try:
+                    shape = (decode_image(datum.data).shape if datum.encoded
+                             else datum_to_array(datum).shape)
+                except DataError as exc:
+                    raise DataError(f"{path}: record {format_key(key)}: {exc}") from None
+                sizes[shape] += 1
+                encoded += bool(datum.encoded)
+                rows = record.boxes()
+                empty += len(rows) == 0
+                for label, _, *_, hard in rows.tolist():
+                    (difficult if hard else boxes)[int(label)] += 1
+                first = first or bytes(key)
+                last = bytes(key)
+                bar.update(1)
+        finally:
+            bar.close()
+    lines = [f"database  {path} (AnnotatedDatum, {backend})", f"records   {count}",
+             f"images    {encoded} encoded, {count - encoded} raw; "
+             + ", ".join(f"{'x'.join(map(str, s))} ({n})" for s, n in sizes.most_common(5))
+             + (" ..." if len(sizes) > 5 else ""),
+             f"keys      {format_key(first)} .. {format_key(last)}",
+             f"boxes     {sum(boxes.values())} (+ {sum(difficult.values())} difficult); "
+             f"{empty} records without a box"]
+    for label in sorted(set(boxes) | set(difficult)):
+        lines.append(f"  label {label:>3}  {boxes[label]:>8}  difficult {difficult[label]}")
+    lines.append(f"checked   every record parses, {time.perf_counter() - began:.1f} s")
+    return lines

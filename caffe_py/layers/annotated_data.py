@@ -96,10 +96,12 @@ class AnnotatedData(FedLayer):
         """What the data pipeline reads: the database's records parsed by AnnotatedDecoder
         and this layer's own feed (caffe_py.io.annotated_feed)."""
         from ..io.annotated_feed import AnnotatedDecoder, AnnotatedFeed
+        from ..io.caffe_rng import needs_rand
         from ..io.feeds import FeedSpec
 
         dp = self.param("data_param")
-        draws.prefetching_layer(True, 0)
+        tp = self.transform
+        draws.prefetching_layer(needs_rand(tp.mirror, tp.crop_size, self.phase), 0)
         source = dp.source
 
         def make_feed(records: Any, device: Any, run_seed: int, name: str) -> AnnotatedFeed:
