@@ -30,7 +30,8 @@ def output_columns(net: Any, phase: str) -> list[str]:
     shapes: dict[str, tuple[int, ...]] = {}
     for layer in net.layers:
         for top, shape in zip(layer.spec.top, layer.top_shapes, strict=True):
-            shapes[top] = tuple(shape)
+            # a DetectionEvaluate top is reported as its mAP (detection_eval.py): one value
+            shapes[top] = () if layer.spec.type == "DetectionEvaluate" else tuple(shape)
     columns = []
     for name in sorted(net.output_names):  # Caffe numbers outputs by name
         count = math.prod(shapes.get(name, ()))

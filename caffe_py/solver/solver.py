@@ -41,7 +41,7 @@ from ..net import Net, NetOutput
 from ..spec.solver_spec import SolverParameter
 from . import snapshot as snap
 from .callbacks import Callback
-from .detection_eval import run_detection_batches
+from .detection_eval import detection_outputs, run_detection_batches
 from .evaluate import format_output_lines, output_means, run_batches
 from .lr_policy import learning_rate
 from .metrics import FIXED, MetricsFile, metrics_path, output_columns
@@ -435,6 +435,11 @@ class Solver:
         self.last_test = []
         for k, net in enumerate(self.test_nets):
             log.info(f"Iteration {self.iter}, Testing net (#{k})")
+            if self.param.eval_type != "detection" and detection_outputs(net):
+                raise SolverError(f"test net #{k} outputs DetectionEvaluate rows "
+                                  f"({', '.join(detection_outputs(net))}), which only "
+                                  "eval_type: detection turns into a score; set eval_type: "
+                                  "detection in the solver")
             if self.param.eval_type == "detection":
                 means = run_detection_batches(
                     net, self.param.test_iter[k], self.param.ap_version,
