@@ -1,8 +1,8 @@
 """The cases of the SSD fork's golden fixtures (weiliu89/caffe, branch ssd), in the form of
 tests/golden/cases.py (one layer, its blocks, its bottoms' shapes and generators, the bottoms
-compared by gradient). make_fork_golden.py runs them in the fork's pycaffe.
+compared by gradient). make_ssd_golden.py runs them in the fork's pycaffe.
 
-Generators beyond cases.py's (made by make_fork_golden.py's ``generate``):
+Generators beyond cases.py's (made by make_ssd_golden.py's ``generate``):
 ``priors:H:W:S`` (PriorBox-style priors, 1 x 2 x P x 4: an H x W grid, S boxes per cell, the
 variances 0.1, 0.1, 0.2, 0.2), ``gt:N:G:C[:D]`` (G ground-truth rows [image, label 1..C-1,
 instance, box, difficult] over N images, image N-1 left without boxes, D of them difficult),

@@ -1,5 +1,5 @@
 """The layers of Caffe's forks against the forks themselves: the fixtures
-make_fork_golden.py wrote with each fork's pycaffe (tests/golden/forks/<fork>/<Type>.npz),
+make_ssd_golden.py wrote with each fork's pycaffe (tests/golden/forks/<fork>/<Type>.npz),
 compared with the same layer built by caffe-py on the same bottoms and blobs, exactly as
 tests/golden/test_golden.py compares the BVLC types (its layer building and error measure are
 reused): every top, every compared bottom's gradient and every blob's, within 1e-5 of the

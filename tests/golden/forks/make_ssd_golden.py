@@ -8,7 +8,7 @@ tools/oracles/ssd/build_ssd.sh into /opt/ssd, on CPython 3.11 with numpy 2, from
 repository root::
 
     GLOG_minloglevel=2 PYTHONPATH=/opt/ssd/python:$PWD \\
-        python tests/golden/forks/make_fork_golden.py --fork ssd [--only Type,Type]
+        python tests/golden/forks/make_ssd_golden.py --fork ssd [--only Type,Type]
 
 CI never runs this. The generators this adds to make_golden.py's are listed in
 ssd_cases.py.
