@@ -156,6 +156,19 @@ def convert_annoset_command(root: str, listfile: str, db: str, label_map_file: s
     click.echo(result.line())
 
 
+@convert_group.command("image-sizes")
+@click.argument("root", type=click.Path(file_okay=False))
+@click.argument("listfile", type=click.Path(dir_okay=False))
+@click.argument("out", type=click.Path(dir_okay=False))
+def image_sizes_command(root: str, listfile: str, out: str) -> None:
+    """Write OUT: 'name height width' for each image of LISTFILE (relative to ROOT), the
+    name_size_file of DetectionEvaluate and DetectionOutput's save_output_param (SSD's
+    get_image_size)."""
+    from ..io.annoset import write_image_sizes
+
+    click.echo(f"{out}: {write_image_sizes(root, listfile, out)} images")
+
+
 @click.command("compute-mean")
 @click.argument("db", type=click.Path())
 @click.argument("out", type=click.Path(dir_okay=False))

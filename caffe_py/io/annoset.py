@@ -23,8 +23,14 @@ from pathlib import Path
 import numpy as np
 
 from ..errors import DataError
-from .annotated import BBOX, AnnotatedDatum, Annotation, AnnotationGroup, NormalizedBBox, \
-    encode_annotated
+from .annotated import (
+    BBOX,
+    AnnotatedDatum,
+    Annotation,
+    AnnotationGroup,
+    NormalizedBBox,
+    encode_annotated,
+)
 from .convert import MAX_KEY_BYTES, ConvertResult, ProgressFactory, no_progress
 from .datum import Datum
 from .db import open_db, open_writer
@@ -311,3 +317,25 @@ def annoset_info(path: str | Path, *, progress: ProgressFactory = no_progress,
         lines.append(f"  label {label:>3}  {boxes[label]:>8}  difficult {difficult[label]}")
     lines.append(f"checked   every record parses, {time.perf_counter() - began:.1f} s")
     return lines
+
+
+def write_image_sizes(root: str | Path, listfile: str | Path, out: str | Path) -> int:
+    """``cpy convert image-sizes``: one ``name height width`` line per list entry (the image's
+    file name without its extension), as SSD's get_image_size writes the name_size_file that
+    DetectionEvaluate and DetectionOutput's save_output_param read. The list is an annoset's
+    (or any ``image label`` list). Returns the number of lines."""
+    from PIL import Image, UnidentifiedImageError
+
+    lines = []
+    for entry in read_annoset_list(listfile):
+        path = Path(root) / entry.image
+        try:
+            with Image.open(path) as image:  # reads the header only
+                width, height = image.size
+        except FileNotFoundError:
+            raise DataError(f"{listfile}:{entry.line}: image {path} not found") from None
+        except UnidentifiedImageError:
+            raise DataError(f"{listfile}:{entry.line}: {path} is not an image") from None
+        lines.append(f"{Path(entry.image).stem} {height} {width}\n")
+    Path(out).write_text("".join(lines), encoding="utf-8")
+    return len(lines)

@@ -126,7 +126,7 @@ class AnnotatedFeed:
             except queue.Empty:
                 waited += WAIT_SLICE_S
                 if not self.thread.is_alive() and self._ready.empty():
-                    raise DataError(f"{self.records.path}: the feed {self.name} stopped")
+                    raise DataError(f"{self.records.path}: the feed {self.name} stopped") from None
                 if waited > STALL_TIMEOUT_S:
                     raise DataError(f"{self.records.path}: no batch arrived for "
                                     f"{STALL_TIMEOUT_S:.0f} s (feed {self.name})") from None

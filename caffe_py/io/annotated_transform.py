@@ -176,14 +176,16 @@ def transform_groups(groups: Groups, img_h: int, img_w: int, crop: tuple[F32, ..
                 b = update_by_resize(resize, img_w, img_h, b)
             if tp.emit_constraint is not None and not meets_emit(crop, b, tp.emit_constraint):
                 continue
-            p = project(crop, b)
+            p: tuple[F32, ...] | None = project(crop, b)
             if p is None:
                 continue
             if mirror:
                 p = (F32(F32(1) - p[2]), p[1], F32(F32(1) - p[0]), p[3])
             if resize is not None:
                 p = extrapolate(resize, img_h, img_w, crop, p)
-            kept.append(Box(*p, instance=box.instance, difficult=box.difficult))
+            xmin, ymin, xmax, ymax = p
+            kept.append(Box(xmin, ymin, xmax, ymax, instance=box.instance,
+                            difficult=box.difficult))
         if kept:
             out.append((label, kept))
     return out
@@ -485,7 +487,8 @@ def output_box(boxes: np.ndarray, image_size: tuple[int, int], r: Any
     """OutputBBox: normalized boxes (M, 4) -> pixel boxes of the original ``image_size``
     (height, width) and their sizes, undoing ``r`` (the test data's resize_param, or None)."""
     height, width = image_size
-    out, sizes = [], []
+    out: list[tuple[F32, ...]] = []
+    sizes: list[F32] = []
     for b in boxes.astype(F32):
         box = tuple(F32(v) for v in b)
         mode = r.resize_mode if r is not None else None
@@ -501,9 +504,9 @@ def output_box(boxes: np.ndarray, image_size: tuple[int, int], r: Any
             projected = project(source, box)
             box = projected if projected is not None else box
         if mode == "FIT_SMALL_SIZE" and r.height_scale and r.width_scale:
-            scaled = _scale(box, r.height_scale, r.width_scale)
+            corners = _scale(box, r.height_scale, r.width_scale)[0]
             clipped = tuple(F32(min(max(v, F32(0)), F32(limit))) for v, limit in
-                            zip(scaled[0], (width, height, width, height), strict=True))
+                            zip(corners, (width, height, width, height), strict=True))
             out.append(clipped)
             sizes.append(size(*clipped))  # ClipBBox re-measures in normalized form
             continue

@@ -20,7 +20,6 @@ import torch
 if TYPE_CHECKING:
     from ..spec.layer_params.data import TransformationParameter
     from .db import Database
-    from .prefetch import Prefetcher
     from .reader import ReaderPool
 
 

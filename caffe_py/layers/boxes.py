@@ -12,7 +12,7 @@ tests/layers/detection_reference.py; the tests hold these vectorized forms to it
 """
 from __future__ import annotations
 
-from typing import Any, TypeVar
+from typing import Any, TypeVar, cast
 
 import numpy as np
 import torch
@@ -30,8 +30,8 @@ def box_size(boxes: Array) -> Array:
     size = w * h
     invalid = (w < 0) | (h < 0)
     if isinstance(size, torch.Tensor):
-        return torch.where(invalid, torch.zeros_like(size), size)
-    return np.where(invalid, F32(0), size).astype(size.dtype)
+        return cast(Array, torch.where(invalid, torch.zeros_like(size), size))
+    return cast(Array, np.where(invalid, F32(0), size).astype(size.dtype))
 
 
 def overlaps(a: Array, b: Array, size_a: Array | None = None,
@@ -158,7 +158,7 @@ def encode(gt: np.ndarray, priors: np.ndarray, variances: np.ndarray, code_type:
 
 def crosses_boundary(boxes: np.ndarray) -> np.ndarray:
     """IsCrossBoundaryBBox: a corner outside [0, 1]."""
-    return ((boxes < 0) | (boxes > 1)).any(-1)
+    return np.asarray(((boxes < 0) | (boxes > 1)).any(-1))
 
 
 # --- non-maximum suppression ----------------------------------------------------------------

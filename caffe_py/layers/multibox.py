@@ -275,21 +275,24 @@ class MultiBoxLoss(Layer):
         """EncodeConfPrediction with mining: (image, prior, label, is negative) of the matched
         priors then the negatives, image by image."""
         p = self.param()
-        image, prior, label, negative = [], [], [], []
+        image: list[int] = []
+        prior: list[int] = []
+        label: list[int] = []
+        negative: list[bool] = []
         for i, m in enumerate(matches):
             if i not in gts:
                 continue
             for lab in sorted(m.indices):
                 idx = m.indices[lab]
-                for j in np.flatnonzero(idx > -1):
+                for matched in np.flatnonzero(idx > -1):
                     image.append(i)
-                    prior.append(int(j))
+                    prior.append(int(matched))
                     label.append(p.background_label_id + 1 if p.map_object_to_agnostic
-                                 else int(gts[i][idx[j], 1]))
+                                 else int(gts[i][idx[matched], 1]))
                     negative.append(False)
-            for j in m.negatives:
+            for negative_prior in m.negatives:
                 image.append(i)
-                prior.append(j)
+                prior.append(int(negative_prior))
                 label.append(p.background_label_id)
                 negative.append(True)
         return (np.asarray(image, np.int64), np.asarray(prior, np.int64),

@@ -23,9 +23,12 @@ from typing import Any
 
 import numpy as np
 
+
 class Phase(int):
     """A phase: the int caffe_pb2 gives it (TRAIN 0, TEST 1) that prints as its name, as the
     enum Faster R-CNN's pycaffe exposes does (its layers look up ``cfg[str(self.phase)]``)."""
+
+    name: str
 
     def __new__(cls, value: int, name: str) -> Phase:
         obj = super().__new__(cls, value)

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
-from collections.abc import Callable, Iterable
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -182,5 +182,5 @@ def is_detection_net(net: Net) -> bool:
     return bool(detection_outputs(net))
 
 
-__all__: Iterable[str] = ["AP_VERSIONS", "DetectionScores", "compute_ap", "detection_outputs",
-                          "run_detection_batches", "is_detection_net"]
+__all__ = ["AP_VERSIONS", "DetectionScores", "compute_ap", "detection_outputs",
+           "run_detection_batches", "is_detection_net"]

@@ -10,6 +10,7 @@ from PIL import Image
 
 from caffe_py.cli import cli
 from caffe_py.errors import DataError
+from caffe_py.io.annoset import AnnosetOptions, convert_annoset, read_voc_xml
 from caffe_py.io.annotated import (
     BBOX,
     AnnotatedDatum,
@@ -20,7 +21,6 @@ from caffe_py.io.annotated import (
     decode_annotated_record,
     encode_annotated,
 )
-from caffe_py.io.annoset import AnnosetOptions, convert_annoset, read_voc_xml
 from caffe_py.io.datum import Datum, encode_datum
 from caffe_py.io.labelmap import LabelMapItem, name_to_label, read_label_map, write_label_map
 from caffe_py.io.lmdb_store import open_db
@@ -167,6 +167,18 @@ def test_convert_annoset_cli_and_db_info(tmp_path):
     assert info.exit_code == 0, info.output
     assert "(AnnotatedDatum, lmdb)" in info.output
     assert "boxes     2 (+ 0 difficult); 1 records without a box" in info.output
+
+
+def test_image_sizes_as_get_image_size_writes_them(tmp_path):
+    root = small_set(tmp_path)
+    done = CliRunner().invoke(cli, ["convert", "image-sizes", str(root), str(root / "list.txt"),
+                                    str(tmp_path / "sizes.txt")])
+    assert done.exit_code == 0, done.output
+    assert (tmp_path / "sizes.txt").read_text() == "0 20 40\n1 30 30\n2 16 24\n"
+    (root / "img" / "1.png").unlink()
+    done = CliRunner().invoke(cli, ["convert", "image-sizes", str(root), str(root / "list.txt"),
+                                    str(tmp_path / "sizes.txt")])
+    assert done.exit_code == 1 and "list.txt:2: image" in done.output
 
 
 def test_convert_annoset_errors(tmp_path):

@@ -8,9 +8,8 @@ import numpy as np
 import pytest
 import torch
 
-from caffe_py.io import ReaderPool, attach_feeds
-from caffe_py.io.annotated import BBOX, AnnotatedDatum, Annotation, AnnotationGroup, \
-    NormalizedBBox
+from caffe_py.io import ReaderPool, attach_feeds, ssd_image
+from caffe_py.io.annotated import BBOX, AnnotatedDatum, Annotation, AnnotationGroup, NormalizedBBox
 from caffe_py.io.annotated_transform import (
     AnnotatedTransformer,
     Box,
@@ -20,7 +19,6 @@ from caffe_py.io.annotated_transform import (
     satisfies,
 )
 from caffe_py.io.datum import Datum
-from caffe_py.io import ssd_image
 from caffe_py.spec.layer_params.detection import (
     AnnotatedTransformationParameter,
     BatchSampler,

@@ -156,7 +156,8 @@ def test_normalize_with_one_scale_is_exactly_differentiable(across):
     y = layer.double()(x)
     norm = x.reshape(2, 3, -1).square().sum((1, 2) if across else 1, keepdim=True).add(
         1e-10).sqrt()
-    np.testing.assert_allclose(y.detach().numpy(), (x.reshape(2, 3, -1) / norm * 3).reshape(x.shape),
+    np.testing.assert_allclose(y.detach().numpy(),
+                               (x.reshape(2, 3, -1) / norm * 3).reshape(x.shape),
                                rtol=1e-12)
     assert gradcheck(layer, rand(2, 3, 2, 2, seed=2))
 

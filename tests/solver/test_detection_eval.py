@@ -62,8 +62,10 @@ class Fed:
 
 def test_run_detection_batches_gives_the_map_of_the_evaluate_layer(tmp_path):
     spec = {"name": "eval", "layer": [
-        {"name": "det", "type": "Input", "top": "det", "input_param": {"shape": {"dim": [1, 1, 3, 7]}}},
-        {"name": "gt", "type": "Input", "top": "gt", "input_param": {"shape": {"dim": [1, 1, 2, 8]}}},
+        {"name": "det", "type": "Input", "top": "det",
+         "input_param": {"shape": {"dim": [1, 1, 3, 7]}}},
+        {"name": "gt", "type": "Input", "top": "gt",
+         "input_param": {"shape": {"dim": [1, 1, 2, 8]}}},
         {"name": "ev", "type": "DetectionEvaluate", "bottom": ["det", "gt"], "top": "ev",
          "detection_evaluate_param": {"num_classes": 2}}]}
     (tmp_path / "net.yaml").write_text(yaml.safe_dump(spec))
