@@ -23,7 +23,7 @@ from test_golden import NOT_COMPARED  # noqa: E402
 
 from caffe_py.layers import registry  # noqa: E402
 from caffe_py.spec import layer_params  # noqa: E402
-from caffe_py.spec.layer_params.forks import BVLC_TYPES  # noqa: E402
+from caffe_py.spec.layer_params.forks import BVLC_TYPES, IMPLEMENTED  # noqa: E402
 from caffe_py.spec.net_spec import LayerParameter  # noqa: E402
 from caffe_py.spec.schema import field_names  # noqa: E402
 
@@ -113,6 +113,48 @@ def golden_summary() -> dict[str, tuple[int, float]]:
     return out
 
 
+def fork_golden_summary() -> dict[str, tuple[int, float]]:
+    """Type -> (cases, largest error) from tests/golden/forks (every fork's fixtures)."""
+    sys.path.insert(0, str(ROOT / "tests" / "golden" / "forks"))
+    from test_forks import CASES, run_case
+    out: dict[str, tuple[int, float]] = {}
+    with tempfile.TemporaryDirectory() as tmp:
+        for fork, type_name, case in CASES:
+            errors = run_case(fork, type_name, case, Path(tmp))
+            n, worst = out.get(type_name, (0, 0.0))
+            out[type_name] = (n + 1, max([worst, *errors.values()]))
+    return out
+
+
+def fork_lines() -> list[str]:
+    """The section on the types caffe-py has from Caffe's forks."""
+    import dataclasses
+
+    golden = fork_golden_summary()
+    lines = [FORKS_HEAD, "| type | fork | module | blocks | fork cases | max error |",
+             "|---|---|---|---|---|---|"]
+    for type_name in sorted(IMPLEMENTED, key=str.lower):
+        keys = list(layer_params.LAYER_PARAMS[type_name])
+        module = registry.lookup(type_name).__module__.replace(".", "/") + ".py"
+        n, err = golden.get(type_name, (0, None))
+        lines.append(f"| [{type_name}](#{type_name.lower()}) | {IMPLEMENTED[type_name]} | "
+                     f"{module} | {', '.join(keys) or '-'} | {n or '-'} | "
+                     f"{f'{err:.1e}' if err is not None else '-'} |")
+    lines += ["", FORKS_NOTE, ""]
+    for type_name in sorted(IMPLEMENTED, key=str.lower):
+        lines += [f"### {type_name}", "", f"From {IMPLEMENTED[type_name]}; "
+                  f"{(registry.lookup(type_name).__doc__ or '').strip().splitlines()[0]}", ""]
+        for key, cls in layer_params.LAYER_PARAMS[type_name].items():
+            lines += [f"`{key}` ({cls.__name__}):", "", "| field | meaning |", "|---|---|"]
+            for f in dataclasses.fields(cls):
+                if f.name.startswith("_"):
+                    continue
+                doc = f.metadata.get("doc", "").replace("|", "/")
+                lines.append(f"| `{f.name}` | {doc} |")
+            lines.append("")
+    return lines
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--proto", default="/opt/caffe-src/caffe/src/caffe/proto/caffe.proto")
@@ -151,6 +193,7 @@ def main() -> None:
         for key in keys:
             lines += [f"`{key}` ({blocks[key]}):", "", "| field | status |", "|---|---|",
                       *field_rows(blocks[key], ours.get(key) if ours else None, proto), ""]
+    lines += fork_lines()
     lines.append(TAIL)
     (ROOT / "docs" / "layers.md").write_text("\n".join(lines))
 
@@ -173,6 +216,26 @@ caffe.proto, caffe-py's spec table and the golden fixtures); change the script, 
 """
 
 NOT_COMPARED_NOTE = "Types with no golden case:"
+
+FORKS_HEAD = """## Types of Caffe's forks
+
+Types that BVLC Caffe never had, from the forks people ran them with. Each follows the fork
+named here, whose own build wrote its fixtures (`tests/golden/forks/<fork>/`, compared by
+`tests/golden/forks/test_forks.py` as the BVLC types are: 1e-5 in float32): SSD's from its
+pycaffe (CPU build, `tools/oracles/ssd/`); Faster R-CNN's and R-FCN's from those forks' own
+CUDA kernels compiled for the CPU (`tests/golden/forks/make_kernel_golden.py`: the forks
+implement these layers for the GPU only). AnnotatedData is compared with the fork's batches
+and LMDB bytes (`test_annotated_golden.py`), and a few SSD training iterations with the fork's
+losses (`test_ssd_training_golden.py`). [docs/detection.md](detection.md) tells how to train
+and evaluate with them.
+"""
+
+FORKS_NOTE = """Where the fork's backward is not the exact derivative of its forward, caffe-py computes
+the fork's: Normalize with one scale per channel leaves the scale out of the dot product;
+MultiBoxLoss with encode_variance_in_target passes the gradient of the variance-divided
+prediction unscaled; SmoothL1Loss with one weight bottom (SSD's, R-FCN's) does not multiply
+the gradient by the weight; ROIPooling passes a gradient only where the fork's backward kernel
+looks (an inverted region, pooled as 1 x 1, gets none)."""
 
 COMMON = """## Fields every layer has (LayerParameter)
 

@@ -72,6 +72,8 @@ class AnnotatedData(FedLayer):
         return self._tops(shape, dp.batch_size, boxes)
 
     def _tops(self, shape: tuple[int, int, int], batch: int, boxes: int) -> list[Shape]:
+        # records differ in size: the shape FedLayer's record_shape gives is a transformed one
+        self.record_shape = shape
         tops: list[Shape] = [(batch, *shape)]
         if len(self.spec.top) == 2:
             tops.append((1, 1, boxes, 8) if self.annotated else (batch,))

@@ -99,3 +99,20 @@ def origin(type_name: str) -> str | None:
     if len(forks) == 1:
         return f"{forks[0]}'s Caffe fork"
     return f"the {', '.join(forks[:-1])} and {forks[-1]} Caffe forks"
+
+
+# The types caffe-py has from a fork, and the fork whose numbers it reproduces (docs/layers.md
+# names it; tests/golden/forks holds each against that fork).
+IMPLEMENTED: dict[str, str] = {
+    "AnnotatedData": "SSD (weiliu89/caffe, branch ssd)",
+    "DetectionEvaluate": "SSD (weiliu89/caffe, branch ssd)",
+    "DetectionOutput": "SSD (weiliu89/caffe, branch ssd)",
+    "MultiBoxLoss": "SSD (weiliu89/caffe, branch ssd)",
+    "Normalize": "SSD (weiliu89/caffe, branch ssd)",
+    "Permute": "SSD (weiliu89/caffe, branch ssd)",
+    "PriorBox": "SSD (weiliu89/caffe, branch ssd)",
+    "ROIPooling": "Fast/Faster R-CNN (rbgirshick/caffe-fast-rcnn, branch faster-rcnn)",
+    "PSROIPooling": "R-FCN (daijifeng001/caffe-rfcn, branch r-fcn)",
+    "SmoothL1Loss": "SSD, Faster R-CNN (sigma; inside and outside weights) and R-FCN "
+                    "(loss_param's normalization): the bottoms and blocks decide which",
+}
