@@ -369,8 +369,6 @@ class ResultWriter:
         return cls(layer, directory, s.output_name_prefix, names, images, per_pass)
 
     def add(self, top: np.ndarray, n: int) -> None:
-        from .boxes import box_size  # noqa: F401  (keeps the import graph obvious)
-
         for i in range(n):
             if self.count >= len(self.images):
                 return

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# build_fast_rcnn.sh -- build Faster R-CNN's Caffe fork (rbgirshick/caffe-fast-rcnn, branch
-# faster-rcnn), CPU-only, into /opt/fast-rcnn.
+# build_fast_rcnn.sh -- build Faster R-CNN's Caffe fork (rbgirshick/caffe-fast-rcnn at the
+# commit py-faster-rcnn pins as its submodule), CPU-only, into /opt/fast-rcnn.
 #
 # What it gives caffe-py: ROIPooling's forward (the fork's only CPU code for its own layers:
 # SmoothL1Loss and ROIPooling's backward are CUDA-only, see
@@ -10,8 +10,11 @@
 #
 #   FAST_RCNN_GIT=/path/to/caffe-fast-rcnn bash tools/oracles/fast_rcnn/build_fast_rcnn.sh
 #
-# FAST_RCNN_GIT is a clone (or bare git directory) holding commit 4115385 (the head of branch
-# faster-rcnn); without it the script clones the repository. Idempotent.
+# FAST_RCNN_GIT is a clone (or bare git directory) holding commit 0dcd397: py-faster-rcnn's
+# caffe-fast-rcnn submodule, branch faster-rcnn-upstream-33f2445. (Branch faster-rcnn's head
+# 4115385 is the same change set, the same layer sources, on an older BVLC Caffe whose
+# caffe.proto lacks fields the published prototxts write, such as lrn_param.engine.) Without
+# it the script clones the repository. Idempotent.
 #
 # Built: the library, pycaffe (with the Python layer) and the `caffe` tool, with
 # `nice -n 19 make -j2`; installed into PREFIX (/opt/fast-rcnn), never over /opt/caffe;
@@ -21,7 +24,7 @@
 set -euo pipefail
 
 HERE=$(cd "$(dirname "$0")" && pwd)
-COMMIT=4115385deb3b907fcd428ac0ab53b694d741a3c4
+COMMIT=0dcd397b29507b8314e252e850518c5695efbb83
 SRC=${SRC:-/opt/fast-rcnn-src}
 PREFIX=${PREFIX:-/opt/fast-rcnn}
 JOBS=${JOBS:-2}
@@ -55,7 +58,8 @@ if [ ! -f "$STAMP" ]; then
   GIT=${FAST_RCNN_GIT:-}
   if [ -z "$GIT" ]; then
     GIT="$SRC/clone"
-    [ -d "$GIT" ] || git clone --branch faster-rcnn https://github.com/rbgirshick/caffe-fast-rcnn.git "$GIT"
+    [ -d "$GIT" ] || git clone --branch faster-rcnn-upstream-33f2445 \
+      https://github.com/rbgirshick/caffe-fast-rcnn.git "$GIT"
   fi
   log "unpacking $COMMIT from $GIT into $SRC/caffe"
   rm -rf "$SRC/caffe" "$SRC/build"
