@@ -12,7 +12,7 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
@@ -23,6 +23,9 @@ from .spec import yamlio
 from .spec.net_spec import LayerParameter, NetParameter, parse_layer
 from .spec.net_spec import load_net as load_net_spec
 from .spec.schema import Source
+
+if TYPE_CHECKING:
+    from .solver.solver import Solver
 
 DATA_TYPES = frozenset({"Data", "ImageData", "HDF5Data", "WindowData", "MemoryData",
                         "DummyData", "Input"})
@@ -102,15 +105,18 @@ def predict(net: Net, **inputs: Any) -> dict[str, np.ndarray]:
     return {name: value.detach().cpu().numpy() for name, value in out.outputs.items()}
 
 
-def train_solver(solver: str | Path, *, devices: Sequence[Any] = ("cpu",),
-                 sets: Sequence[str] = (), **options: Any) -> Any:
-    """Train as ``cpy train`` does: the solver file with ``sets`` overrides (``KEY=VALUE``,
-    as ``--set``) on ``devices``; ``options`` are :class:`~caffe_py.options.TrainOptions`
-    fields (weights, snapshot, precision...). Returns the trained root Solver (its ``net``,
-    ``iter``, ``last_test``)."""
+def train_solver(solver: str | Path, *, devices: str | Sequence[Any] | None = None,
+                 sets: Sequence[str] = (), **options: Any) -> Solver:
+    """Train as ``cpy train`` does, with the same checks, files and lines: the solver file with
+    ``sets`` overrides (``KEY=VALUE``, as ``--set``) on ``devices`` (``--gpus`` text such as
+    "0,1" or "cpu:2", a list of devices, or None: the solver's solver_mode and device_id, as
+    the command); ``options`` are :class:`~caffe_py.options.TrainOptions` fields (weights,
+    snapshot="latest" or a state, overwrite=True, precision...). The log lines go to stderr
+    unless logging is configured (``logging.basicConfig`` or a handler on "caffe_py").
+    Returns the trained root Solver (its ``net``, ``iter``, ``last_test``)."""
+    from .logs import lines_to_stderr
     from .options import TrainOptions
-    from .spec.overrides import load_with_overrides
     from .train import train
 
-    param = load_with_overrides(solver, sets).param
-    return train(param, list(devices), TrainOptions(**options))
+    with lines_to_stderr():
+        return train(solver, devices, TrainOptions(**options), sets=sets)

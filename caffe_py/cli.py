@@ -28,6 +28,7 @@ COMMANDS = {
     "plot": "plot",
     "export": "export", "draw": "export",
     "build-ext": "ext",
+    "pycaffe": "pycaffe",
 }
 
 

@@ -21,6 +21,10 @@ from .errors import CaffePyError
 log = logging.getLogger(__name__)
 
 
+DeviceLike = torch.device | str | int
+"""A device as a caller may name it: torch.device("cuda", 1), "cuda:1", 1 (a CUDA id), "cpu"."""
+
+
 class DeviceError(CaffePyError):
     """A device list that names devices this machine does not have."""
 
@@ -71,7 +75,7 @@ def _cuda(index: int, n_cuda: int, what: str) -> torch.device:
     return torch.device("cuda", index)
 
 
-def check_devices(devices: Sequence[torch.device | str | int]) -> list[torch.device]:
+def check_devices(devices: Sequence[DeviceLike]) -> list[torch.device]:
     """Devices as torch.device, each CUDA id existing and listed once (for library callers;
     ``cpy train`` has checked its ``--gpus`` with :func:`parse_devices`)."""
     out = [torch.device("cuda", d) if isinstance(d, int) else torch.device(d) for d in devices]
@@ -94,6 +98,26 @@ def check_devices(devices: Sequence[torch.device | str | int]) -> list[torch.dev
     if len(kinds) > 1:
         raise DeviceError("--gpus mixes CPU and GPU replicas; use one kind")
     return [torch.device("cuda", d.index or 0) if d.type == "cuda" else d for d in out]
+
+
+def world_size() -> int:
+    """WORLD_SIZE from the launcher's environment (1 when unset): the processes of a run of
+    several hosts (docs/parallel.md)."""
+    return _launcher_number("WORLD_SIZE", 1, "the count of processes")
+
+
+def rank() -> int:
+    """RANK from the launcher's environment (0 when unset): this process's place among them."""
+    return _launcher_number("RANK", 0, "this process's index")
+
+
+def _launcher_number(name: str, default: int, meaning: str) -> int:
+    text = os.environ.get(name, "")
+    try:
+        return int(text) if text.strip() else default
+    except ValueError:
+        raise DeviceError(f"{name}={text!r} is not a number; the launcher (torchrun) sets it to "
+                          f"{meaning}") from None
 
 
 def describe(devices: list[torch.device]) -> str:

@@ -9,14 +9,16 @@ its temporary file and is a one-line :class:`~caffe_py.errors.WriteError`.
 from __future__ import annotations
 
 import errno
+import fcntl
 import os
 import shutil
 import tempfile
 from collections.abc import Callable
 from pathlib import Path
+from types import TracebackType
 from typing import Any, BinaryIO
 
-from .errors import WriteError
+from .errors import CaffePyError, WriteError
 
 TEMP_SUFFIX = ".tmp"
 FULL = (errno.ENOSPC, errno.EDQUOT, errno.EFBIG)
@@ -131,3 +133,86 @@ def is_dir(path: str | os.PathLike) -> bool:
         return Path(path).is_dir()
     except OSError:
         return False
+
+
+class Busy(CaffePyError):
+    """A path another live process holds the lock of (another run or conversion)."""
+
+
+LOCK_SUFFIX = ".lock"
+
+
+class PathLock:
+    """An exclusive lock on ``<path>.lock`` for as long as it is held: one process at a time
+    writes under a snapshot prefix or into a database. ``flock`` ties the lock to the open
+    file, so the kernel releases it when the process dies, however it dies; a lock file left
+    by a dead process is simply taken over. The holder's pid is written into the file, for
+    the refusal of a second process to name it. On release the file is removed (a process
+    that opened it just before finds its inode gone and tries again, so two processes never
+    both hold the lock)."""
+
+    def __init__(self, path: str | os.PathLike, what: str, fix: str):
+        self.path = Path(f"{os.fspath(path)}{LOCK_SUFFIX}")
+        self.what, self.fix = what, fix
+        """``what`` names the locked thing in a refusal (``snapshot_prefix snaps/lenet``);
+        ``fix`` says what the second process can do."""
+        self._fd: int | None = None
+
+    def acquire(self) -> PathLock:
+        """Take the lock, or raise :class:`Busy` naming the live holder's pid."""
+        while True:
+            try:
+                self.path.parent.mkdir(parents=True, exist_ok=True)
+                fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC,
+                             _file_mode())
+            except OSError as exc:
+                raise write_error(self.path, exc) from None
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except OSError as exc:
+                os.close(fd)
+                if exc.errno not in (errno.EWOULDBLOCK, errno.EAGAIN):
+                    raise write_error(self.path, exc) from None
+                holder = self._holder()
+                raise Busy(f"{self.what} is in use by another process ({holder}, holding "
+                           f"{self.path}); {self.fix}") from None
+            if self._same_file(fd):
+                break
+            os.close(fd)   # the holder removed it as we opened it: lock the new one
+        os.ftruncate(fd, 0)
+        os.write(fd, f"{os.getpid()}\n".encode())
+        self._fd = fd
+        return self
+
+    def release(self) -> None:
+        """Remove the lock file and let the lock go (idempotent)."""
+        if self._fd is None:
+            return
+        self.path.unlink(missing_ok=True)
+        os.close(self._fd)
+        self._fd = None
+
+    @property
+    def held(self) -> bool:
+        return self._fd is not None
+
+    def _holder(self) -> str:
+        try:
+            text = self.path.read_text().strip()
+        except OSError:
+            text = ""
+        return f"pid {text}" if text.isdigit() else "pid unknown"
+
+    def _same_file(self, fd: int) -> bool:
+        try:
+            return os.fstat(fd).st_ino == os.stat(self.path, follow_symlinks=False).st_ino
+        except OSError:
+            return False
+
+    def __enter__(self) -> PathLock:
+        return self.acquire()
+
+    def __exit__(self, kind: type[BaseException] | None, exc: BaseException | None,
+                 tb: TracebackType | None) -> None:
+        self.release()
+

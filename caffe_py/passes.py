@@ -39,7 +39,10 @@ inside the fused kernel. A pair is fused only when all of these hold:
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any  # the layers a pass reads are duck-typed by their spec's type
+from typing import TYPE_CHECKING, Any  # a pass's layers are duck-typed by their spec's type
+
+if TYPE_CHECKING:
+    from .net import Net
 
 BATCHNORM_SCALE = "fuse_batchnorm_scale"
 BIAS_ACTIVATION = "fuse_bias_activation"
@@ -47,7 +50,7 @@ PRODUCERS = ("Convolution", "Deconvolution", "InnerProduct")
 ACTIVATIONS = ("ReLU", "ELU", "Sigmoid", "TanH")
 
 
-def fuse_batchnorm_scale(net: Any) -> list[tuple[str, str]]:
+def fuse_batchnorm_scale(net: Net) -> list[tuple[str, str]]:
     """Fold every eligible (BatchNorm, Scale) pair of ``net``; returns their names."""
     if not net.ctx.options.get(BATCHNORM_SCALE, True):
         return []
@@ -64,7 +67,7 @@ def fuse_batchnorm_scale(net: Any) -> list[tuple[str, str]]:
     return fused
 
 
-def fuse_bias_activation(net: Any) -> list[tuple[str, str]]:
+def fuse_bias_activation(net: Net) -> list[tuple[str, str]]:
     """Fuse every eligible (producer, activation) pair of ``net``; returns their names."""
     if not net.ctx.options.get(BIAS_ACTIVATION, True):
         return []

@@ -9,18 +9,18 @@ from pathlib import Path
 
 import click
 
-from ..io.convert import (
+from ..io.db.db import BACKENDS
+from ..io.db.partial import partial_path
+from ..io.formats.images import ENCODE_TYPES
+from ..tools.convert import (
     ImagesetOptions,
     convert_cifar,
     convert_idx,
     convert_imageset,
     terminal_progress,
 )
-from ..io.db import BACKENDS
-from ..io.dbinfo import db_info
-from ..io.images import ENCODE_TYPES
-from ..io.mean import compute_mean
-from ..io.partial import partial_path
+from ..tools.dbinfo import db_info
+from ..tools.mean import compute_mean
 
 _RESUME_HELP = "continue an interrupted conversion (DB.partial) after its last committed record"
 backend_option = click.option(
@@ -142,7 +142,7 @@ def convert_annoset_command(root: str, listfile: str, db: str, label_map_file: s
     lines, relative to ROOT) into DB of SSD's AnnotatedDatum records, keys %08d_<image>, as
     SSD's convert_annoset (create_annoset.py) writes them: readable by AnnotatedData layers
     here and in SSD's Caffe."""
-    from ..io.annoset import AnnosetOptions, convert_annoset
+    from ..tools.annoset import AnnosetOptions, convert_annoset
 
     if encode_type and not encoded:
         raise click.UsageError("--encode-type needs --encoded")
@@ -164,7 +164,7 @@ def image_sizes_command(root: str, listfile: str, out: str) -> None:
     """Write OUT: 'name height width' for each image of LISTFILE (relative to ROOT), the
     name_size_file of DetectionEvaluate and DetectionOutput's save_output_param (SSD's
     get_image_size)."""
-    from ..io.annoset import write_image_sizes
+    from ..tools.annoset import write_image_sizes
 
     click.echo(f"{out}: {write_image_sizes(root, listfile, out)} images")
 
@@ -186,7 +186,7 @@ def compute_mean_command(db: str, out: str, backend: str) -> None:
 def db_info_command(db: str, backend: str) -> None:
     """Count, shape and label histogram of DB, after checking that every record decodes (for
     a database of SSD's AnnotatedDatum records: image sizes and boxes per label)."""
-    from ..io.annoset import annoset_info, is_annotated
+    from ..tools.annoset import annoset_info, is_annotated
 
     if is_annotated(db, backend):
         for line in annoset_info(db, progress=terminal_progress(), backend=backend):

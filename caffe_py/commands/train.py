@@ -10,7 +10,6 @@ import json
 import logging
 import os
 from collections.abc import Sequence
-from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import click
@@ -63,8 +62,11 @@ def set_option(command: Any) -> Any:
               help="what SIGTERM (preemption) does (after the current iteration)")
 @click.option("--precision", type=click.Choice(PRECISIONS), default=None,
               help="override the solver's precision")
-@click.option("--reduction", type=click.Choice(REDUCTIONS), default="tree",
-              show_default=True, help="multi-device gradient reduction")
+@click.option("--reduction", type=click.Choice(REDUCTIONS), default="auto",
+              show_default=True,
+              help="multi-device gradient reduction: tree (Caffe's P2PSync), nccl, or auto "
+                   "(GPUs with graphs: whole iterations captured with NCCL's all-reduce; "
+                   "else the tree)")
 @click.option("--graphs", type=click.Choice(GRAPHS), default=None,
               help="CUDA graphs: auto (the default: capture whenever the net allows it), on "
                    "(an error when it does not), off (eager)")
@@ -90,41 +92,23 @@ def train_command(solver_file: str, gpus: str | None, weights: str | None,
                   sets: tuple[str, ...], overwrite: bool, tensorboard: str | None,
                   dist_backend: str | None, dist_timeout: float) -> None:
     """Train the net of a solver spec (Caffe's `caffe train`)."""
-    if weights and snapshot:
-        raise click.UsageError("--weights and --snapshot are exclusive: --weights starts a new "
-                               "run from those weights, --snapshot resumes one")
     if cuda_graphs is not None:
         older = "on" if cuda_graphs else "off"
         if graphs not in (None, older):
             raise click.UsageError(f"--graphs {graphs} and --{'' if cuda_graphs else 'no-'}"
                                    "cuda-graphs disagree; give --graphs alone")
         graphs = older
-    from ..devices import describe, parse_devices
-    from ..errors import CaffePyError
     from ..options import TrainOptions
-    from ..train import check_start_files, train
+    from ..train import train
 
-    param, announce = resolved_run(solver_file, sets)
-    devices = parse_devices(gpus, solver_mode=param.solver_mode, device_id=param.device_id)
     options = TrainOptions(weights=[w for w in (weights or "").split(",") if w],
-                           snapshot=snapshot, sigint_effect=sigint_effect,
+                           snapshot=snapshot, overwrite=overwrite, sigint_effect=sigint_effect,
                            sighup_effect=sighup_effect, sigterm_effect=sigterm_effect,
-                           precision=precision,
-                           reduction=reduction, graphs=graphs or "auto",
+                           precision=precision, reduction=reduction, graphs=graphs or "auto",
                            deterministic=deterministic, compile=compile_net,
                            dist_backend=dist_backend, dist_timeout=dist_timeout,
                            tensorboard=tensorboard, progress=terminal_progress())
-    log.info(f"Using {describe(devices)}")
-    options = _run_over_prefix(param.snapshot_prefix, options, overwrite)
-    check_start_files(options)
-    # the directories the run will create (innermost first)
-    made = [d for d in Path(param.snapshot_prefix).parents if not d.exists()]
-    written = announce()
-    try:
-        train(param, devices, options)
-    except CaffePyError:
-        _tidy_failed_start(param.snapshot_prefix, written, made)
-        raise
+    train(solver_file, gpus, options, sets=sets)
 
 
 @click.command("test")
@@ -161,7 +145,8 @@ def test_command(model: str, weights: str, iterations: int, gpus: str | None,
     prepare_host([device])
     log.info(f"Using {device}")
     net = _net(model, "TEST", device, sets)
-    net.to(memory_format=memory_format_for("AUTO", device, net))  # as training lays it out
+    # as training lays it out (Module.to takes memory_format; its stubs do not say so)
+    net.to(memory_format=memory_format_for("AUTO", device, net))  # type: ignore[call-overload]
     blobs = load_weights(weights)
     net.copy_from(blobs, source=weights)
 
@@ -213,7 +198,8 @@ def time_command(model: str, iterations: int, gpus: str | None,
     prepare_host([device])
     log.info(f"Using {device}")
     net = Net(load_net_with_overrides(model, sets), "TRAIN", device=device)
-    net.to(memory_format=memory_format_for("AUTO", device, net))  # what training times
+    # what training times (Module.to takes memory_format; its stubs do not say so)
+    net.to(memory_format=memory_format_for("AUTO", device, net))  # type: ignore[call-overload]
     inputs = evaluate.random_inputs(net)
     with evaluate.fed(net):
         log.info("Performing Forward")
@@ -270,77 +256,6 @@ def _net(model: str, phase: str, device: torch.device, sets: Sequence[str] = ())
         raise SolverError(f"{model}: the {phase} net has Input layer '{inputs[0]}', which "
                           "cpy test cannot feed; score a net that reads its data (Data layer)")
     return net
-
-
-def _run_over_prefix(prefix: str, options: Any, overwrite: bool) -> Any:
-    """``--snapshot latest`` resolved to the newest state that loads; a new run over a
-    prefix that has states refused unless ``--overwrite``."""
-    import dataclasses
-
-    from ..errors import SolverError
-    from ..solver import snapshot as snap
-
-    if options.snapshot == "latest":
-        path, skipped = snap.latest_state(prefix)
-        for line in skipped:
-            log.warning(line)
-        log.info(f"--snapshot latest: {path}")
-        return dataclasses.replace(options, snapshot=str(path))
-    states = snap.states_of(prefix)
-    if states and not options.snapshot and not overwrite:
-        raise SolverError(f"snapshot_prefix {prefix} already has snapshots (the newest: "
-                          f"{states[0][1].name}); resume with --snapshot latest, start over "
-                          "with --overwrite, or change snapshot_prefix")
-    return options
-
-
-def resolved_run(solver_file: str, sets: Sequence[str]) -> tuple[Any, Any]:
-    """The solver with its overrides and the seed it will use, and the call that prints it
-    (as Caffe prints the parameters it starts from) and writes it as
-    <snapshot_prefix>_solver.yaml and _net.yaml (on the first host)."""
-    import dataclasses
-
-    from ..fileio import atomic_write_bytes
-    from ..solver.snapshot import check_writable
-    from ..solver.solver import resolve_seed
-    from ..spec.overrides import load_with_overrides, resolved_specs
-
-    resolved = load_with_overrides(solver_file, sets)
-    param = dataclasses.replace(resolved.param,
-                                random_seed=resolve_seed(resolved.param.random_seed))
-    resolved.param = param
-    solver_text, net_text = resolved_specs(resolved, param.random_seed, param.snapshot_prefix)
-
-    def announce() -> list[str]:
-        log.info(f"Random seed: {param.random_seed}")
-        log.info("Initializing solver from parameters:\n" + solver_text.rstrip())
-        if net_text is not None:
-            log.info("Initializing net from parameters:\n" + net_text.rstrip())
-        if int(os.environ.get("RANK", "0")) != 0:
-            return []
-        prefix = param.snapshot_prefix
-        check_writable(prefix)
-        files = {f"{prefix}_solver.yaml": solver_text, f"{prefix}_net.yaml": net_text}
-        for path, text in files.items():
-            if text is not None:
-                atomic_write_bytes(path, text.encode())
-        return [path for path, text in files.items() if text is not None]
-
-    return param, announce
-
-
-def _tidy_failed_start(prefix: str, written: list[str], made: list[Path]) -> None:
-    """A run that failed before its first snapshot leaves nothing behind: the files it wrote
-    at start (resolved specs, metrics table) go, and the directory too if it made it."""
-    from ..solver import snapshot as snap
-
-    if snap.states_of(prefix):
-        return
-    for path in [*written, f"{prefix}_metrics.csv"]:
-        Path(path).unlink(missing_ok=True)
-    for directory in made:  # innermost first
-        if directory.is_dir() and not any(directory.iterdir()):
-            directory.rmdir()
 
 
 COMMANDS = [train_command, test_command, time_command, device_query_command]

@@ -7,7 +7,7 @@ Tops: data (B, C, h, w) and, optionally, the label: (1, 1, G, 8) rows [image, la
 xmin, ymin, xmax, ymax, difficult] for the G boxes of the batch (one row of -1 when there is
 none), or (B,) labels for records without annotations. G changes from batch to batch, so the
 layer (and the losses that read it) runs eagerly, never in a CUDA graph. The reading goes
-through the data pipeline as the Data layer's does (caffe_py.io.annotated_feed).
+through the data pipeline as the Data layer's does (caffe_py.io.feed.annotated_feed).
 """
 from __future__ import annotations
 
@@ -22,8 +22,8 @@ from .data import FedLayer
 from .registry import register
 
 if TYPE_CHECKING:
-    from ..io.caffe_rng import GlobalDraws
-    from ..io.feeds import FeedSpec
+    from ..io.db.caffe_rng import GlobalDraws
+    from ..io.reader.records import FeedSpec
 
 log = logging.getLogger(__name__)
 
@@ -35,8 +35,8 @@ class AnnotatedData(FedLayer):
     capturable = False  # the label top's row count changes every batch
 
     def setup(self, bottom_shapes: list[Shape]) -> list[Shape]:
-        from ..io.annotated_transform import AnnotatedTransformer
-        from ..io.transformer import force_color, read_mean_file
+        from ..io.feed.annotated_transform import AnnotatedTransformer
+        from ..io.feed.transformer import force_color, read_mean_file
 
         dp, tp = self.param("data_param"), self.param("transform_param")
         ap = self.param("annotated_data_param")
@@ -80,7 +80,7 @@ class AnnotatedData(FedLayer):
         return tops
 
     def _first_record(self) -> Any:
-        from ..io.annotated import decode_annotated_record
+        from ..io.formats.annotated import decode_annotated_record
 
         with self.open_database() as db:
             key, value = db.first()
@@ -88,7 +88,7 @@ class AnnotatedData(FedLayer):
         return decode_annotated_record(value, source=self.param("data_param").source, key=key)
 
     def open_database(self) -> Any:
-        from ..io.db import open_db
+        from ..io.db.db import open_db
 
         dp = self.param("data_param")
         return open_db(dp.source, dp.backend,
@@ -96,10 +96,10 @@ class AnnotatedData(FedLayer):
 
     def feed_spec(self, seed: int, draws: GlobalDraws) -> FeedSpec:
         """What the data pipeline reads: the database's records parsed by AnnotatedDecoder
-        and this layer's own feed (caffe_py.io.annotated_feed)."""
-        from ..io.annotated_feed import AnnotatedDecoder, AnnotatedFeed
-        from ..io.caffe_rng import needs_rand
-        from ..io.feeds import FeedSpec
+        and this layer's own feed (caffe_py.io.feed.annotated_feed)."""
+        from ..io.db.caffe_rng import needs_rand
+        from ..io.feed.annotated_feed import AnnotatedDecoder, AnnotatedFeed
+        from ..io.reader.records import FeedSpec
 
         dp = self.param("data_param")
         tp = self.transform

@@ -347,7 +347,7 @@ class ResultWriter:
 
     @classmethod
     def of(cls, layer: DetectionOutput) -> ResultWriter | None:
-        from ..io.labelmap import read_label_map
+        from ..io.formats.labelmap import read_label_map
 
         s = layer.param().save_output_param
         if s.output_format not in ("VOC", ""):
@@ -468,7 +468,7 @@ class DetectionEvaluate(Layer):
 def evaluate_detections(layer: DetectionEvaluate, det: np.ndarray,
                         gt: np.ndarray) -> np.ndarray:
     """The fork's DetectionEvaluateLayer::Forward_cpu on host arrays -> (rows, 5)."""
-    from ..io.annotated_transform import output_box
+    from ..io.feed.annotated_transform import output_box
 
     p = layer.param()
     bg = p.background_label_id

@@ -2,10 +2,11 @@
 the solver's callbacks by a reduction tree (Caffe rc3's P2PSync) or an NCCL ring, and the hosts'
 roots joined through torch.distributed.
 
-The strategies :class:`~.replicated.Replicated` (one process, several devices) and
-:class:`~.multihost.MultiHost` (several hosts) are what caffe_py.train picks for ``cpy train``.
+:class:`~.replicated.ReplicatedRun` (one process, several devices) and
+:func:`~.multihost.run_host` (several hosts) are what the Replicated and MultiHost strategies
+(caffe_py/strategies.py) run.
 """
-from .replicated import HostSlice, Replicated, ReplicatedRun, Tuning
+from .replicated import HostSlice, ReplicatedRun, Tuning
 from .topology import Tree, build_tree
 
-__all__ = ["HostSlice", "Replicated", "ReplicatedRun", "Tree", "Tuning", "build_tree"]
+__all__ = ["HostSlice", "ReplicatedRun", "Tree", "Tuning", "build_tree"]

@@ -1,7 +1,7 @@
 """Model averaging through the tree (``model_average_period: K``): local SGD inside a host.
 
 Every replica applies its own update to its own weights on its own records (role
-``AVERAGING_WORKER``; the root is still ROOT or HOST_ROOT). At each local point ``t`` of the
+``UPDATING_WORKER``; the root is still ROOT or HOST_ROOT). At each local point ``t`` of the
 :class:`~.schedule.Schedule` (every K iterations, and before every test, snapshot and the end)
 the replicas' models are averaged through the same tree that sums gradients otherwise:
 
@@ -35,6 +35,7 @@ from .schedule import Actions, Schedule
 from .sync import Signal, on_stream, record_event, wait_event
 
 if TYPE_CHECKING:
+    from ..solver.solver import Solver
     from .hostavg import HostExchange
 
 
@@ -227,11 +228,11 @@ class AveragingCallback:
     def __init__(self, sync: AveragingSync, index: int):
         self.sync, self.index = sync, index
 
-    def on_start(self, solver: Any = None) -> None:
+    def on_start(self, solver: Solver | None = None) -> None:
         self.sync.start(self.index)
 
-    def on_gradient_ready(self, solver: Any = None) -> None:
+    def on_gradient_ready(self, solver: Solver | None = None) -> None:
         self.sync.gradient_ready(self.index)
 
-    def on_update_applied(self, solver: Any) -> None:
+    def on_update_applied(self, solver: Solver) -> None:
         self.sync.update_applied(self.index, solver.iter + 1)

@@ -7,28 +7,32 @@ in series: root -> children -> leaves for the weights, leaves -> root for the gr
 small net (LeNet, 0.4 ms a step as a graph) those handoffs were most of the step on 4 GPUs.
 
 Here the root's thread issues every replica's iteration itself, in an order where no wait can
-block: at the root's ``on_start`` it takes its own weights, then for each worker from the top
-of the tree down (parents first): the worker's ``on_start`` callbacks (weights from its parent,
-whose copy is already issued), zeroed gradients, its forward/backward (a replay) and its loss;
-at the root's ``on_gradient_ready`` each worker from the bottom up (children first) runs its
-``on_gradient_ready`` callbacks (the tree's add + push, issued on its own streams), its update
-when its role applies one (model averaging), its ``on_update_applied`` callbacks (there the
-model sums go up) and counts its iteration, then the root reduces. Every GPU still waits for
-its peers only through CUDA events, the host never waits for a GPU, and the arithmetic and its
-order are the tree's, so the weights are bit-identical to the threaded run (tested on CPU
-replicas). The workers are driven through the Solver's public seams (zero_grads,
-forward_backward, record_loss, apply_update, update_applied, finish_iteration), the same calls
-its own iteration makes.
+block, through the Solver's Step seams (solver/solver.py), the same three calls a replica's
+own iteration makes: at the root's ``on_start`` it takes its own weights, then for each worker
+from the top of the tree down (parents first) ``begin_iteration()`` (its ``on_start``
+callbacks: weights from its parent, whose copy is already issued) and ``passes()`` (zeroed
+gradients, its forward/backward: a replay); at the root's ``on_gradient_ready`` each worker
+from the bottom up (children first) ``end_iteration()`` (its loss recorded, its
+``on_gradient_ready`` callbacks: the tree's add + push, issued on its own streams; its update
+when its role applies one, as in model averaging; its ``on_update_applied`` callbacks, where the
+model sums go up; its count), then the root reduces. Every GPU still waits for its peers only
+through CUDA events, the host never waits for a GPU, and the arithmetic and its order are the
+tree's, so the weights are bit-identical to the threaded run (tested on CPU replicas).
 """
 from __future__ import annotations
 
 import contextlib
 from collections.abc import Iterator, Sequence
-from typing import Any
+from typing import TYPE_CHECKING
 
 import torch
 
 from .sync import ReplicaState, RunFinished, StopReplica, TreeSync
+
+if TYPE_CHECKING:
+    from ..net import NetOutput
+    from ..solver.callbacks import Callback
+    from ..solver.solver import Solver
 
 
 def top_down(sync: TreeSync) -> list[int]:
@@ -48,43 +52,36 @@ class LockstepRoot:
     workers' own callbacks are in ``solver.callbacks`` (their sync callback first).
     """
 
-    def __init__(self, sync: TreeSync, solvers: Sequence[Any], inner: Any = None):
+    def __init__(self, sync: TreeSync, solvers: Sequence[Solver], inner: Callback | None = None):
         self.sync, self.solvers = sync, solvers
         self.inner = inner if inner is not None else sync.callback(sync.tree.root)
         self.down = top_down(sync)
         self.up = list(reversed(self.down))
+        self._passes: dict[int, tuple[torch.Tensor, NetOutput]] = {}
+        """Each worker's (loss, outputs) between its passes and the end of its iteration."""
         self._streams_ready = False
 
-    def on_start(self, solver: Any = None) -> None:
+    def on_start(self, solver: Solver) -> None:
         self.inner.on_start(solver)
         self._first_use()
         for i in self.down:
             with self._as_worker(i) as worker:
-                worker.start()
-                for cb in worker.callbacks:
-                    cb.on_start(worker)
-                worker.zero_grads()
-                loss, _ = worker.forward_backward()
-                worker.record_loss(loss)
+                worker.begin_iteration()   # True: a worker runs no test a signal could stop
+                self._passes[i] = worker.passes()
 
-    def on_gradient_ready(self, solver: Any = None) -> None:
+    def on_gradient_ready(self, solver: Solver) -> None:
         for i in self.up:
             with self._as_worker(i) as worker:
-                for cb in worker.callbacks:
-                    cb.on_gradient_ready(worker)
-                if worker.role.applies_updates:
-                    worker.apply_update()
-                worker.update_applied()
-                worker.finish_iteration()
+                worker.end_iteration(*self._passes.pop(i))
         self.inner.on_gradient_ready(solver)
 
-    def on_update_applied(self, solver: Any) -> None:
+    def on_update_applied(self, solver: Solver) -> None:
         hook = getattr(self.inner, "on_update_applied", None)
         if hook is not None:
             hook(solver)
 
     @contextlib.contextmanager
-    def _as_worker(self, i: int) -> Iterator[Any]:
+    def _as_worker(self, i: int) -> Iterator[Solver]:
         """Worker i's device and stream; its failure is reported as its own (it names the
         worker's replica and device) and unwinds the root's thread."""
         try:

@@ -44,6 +44,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from ..devices import world_size
 from ..errors import CaffePyError, SolverError
 from ..options import DEFAULT_DIST_TIMEOUT_S, TrainOptions
 from ..solver.signals import NONE, SNAPSHOT, STOP, collective
@@ -57,15 +58,6 @@ from .schedule import Schedule
 log = logging.getLogger(__name__)
 _CODES = {NONE: 0, SNAPSHOT: 1, STOP: 2}
 _ACTIONS = {v: k for k, v in _CODES.items()}
-
-
-def world_size() -> int:
-    """WORLD_SIZE from the launcher's environment (1 when unset)."""
-    try:
-        return int(os.environ.get("WORLD_SIZE", "1") or 1)
-    except ValueError:
-        raise SolverError(f"WORLD_SIZE={os.environ['WORLD_SIZE']!r} is not a number; the "
-                          "launcher (torchrun) sets it to the count of processes") from None
 
 
 @dataclass
@@ -153,7 +145,7 @@ class HostSync:
         self._deferred = NONE
         self.iteration = 0
 
-    def on_start(self, solver: Any = None) -> None:
+    def on_start(self, solver: Solver | None = None) -> None:
         code = max(_CODES[self._deferred], _CODES[self._poll()])
         self._deferred = NONE
         self._flag.fill_(code)
@@ -163,7 +155,7 @@ class HostSync:
         except Exception as exc:  # noqa: BLE001
             raise self.hosts.fail(f"the stop flag of iteration {self.iteration}", exc) from None
 
-    def on_gradient_ready(self, solver: Any = None) -> None:
+    def on_gradient_ready(self, solver: Solver | None = None) -> None:
         grad = self.run_sync.replica(0).flat.grad
         try:
             dist.all_reduce(grad, op=dist.ReduceOp.SUM)
@@ -222,10 +214,15 @@ class MultiHostRun(ReplicatedRun):
             self.host_sync = HostSync(hosts, self.sync, action or _no_action, scale)
             return [self.host_sync, *more]
 
-        super().__init__(param, devices, options, action=lambda: self.host_sync.action(),
+        super().__init__(param, devices, options, action=lambda: self._host_sync().action(),
                          hosts=slice_,
                          tuning=dataclasses.replace(tuning, extra_callbacks=callbacks))
         self._check_same_net_or_close()
+
+    def _host_sync(self) -> HostSync:
+        """The hosts' sync (made with the root's callbacks, before the first iteration)."""
+        assert self.host_sync is not None
+        return self.host_sync
 
     def _check_same_net_or_close(self) -> None:
         try:
@@ -307,35 +304,25 @@ def _no_action() -> str:
     return NONE
 
 
-class MultiHost:
-    """The strategy of one host among several (``WORLD_SIZE > 1``): this host's part of the
-    run, joined to the others through torch.distributed."""
-
-    def __init__(self, devices: Sequence[torch.device], options: TrainOptions):
-        self.devices, self.options = list(devices), options
-
-    @property
-    def leads(self) -> bool:
-        """Rank 0 tests, displays and snapshots."""
-        return os.environ.get("RANK", "0") == "0"
-
-    def run(self, param: SolverParameter, action: Callable[[], str]) -> Solver:
-        opts = self.options
-        try:
-            hosts = init_hosts(self.devices, opts.dist_backend, opts.dist_timeout)
-            param = _agreed_param(param, hosts)
-            with MultiHostRun(param, self.devices, hosts, opts, action=action,
-                              tuning=Tuning(timeout=opts.dist_timeout)) as run:
-                return run.run()
-        except CaffePyError as exc:
-            where = f"rank {_rank()} of {_world()}"
-            msg = str(exc)
-            if msg.startswith(where):
-                raise
-            raise SolverError(f"{where}: {msg.replace(f'{where}: ', '', 1)}") from exc
-        finally:
-            if dist.is_initialized():
-                dist.destroy_process_group()
+def run_host(param: SolverParameter, devices: Sequence[torch.device], options: TrainOptions,
+             action: Callable[[], str]) -> Solver:
+    """This host's part of a run of several (the MultiHost strategy): join the others, agree on
+    the solver, train this host's replicas; every error names the rank."""
+    try:
+        hosts = init_hosts(devices, options.dist_backend, options.dist_timeout)
+        param = _agreed_param(param, hosts)
+        with MultiHostRun(param, devices, hosts, options, action=action,
+                          tuning=Tuning(timeout=options.dist_timeout)) as run:
+            return run.run()
+    except CaffePyError as exc:
+        where = f"rank {_rank()} of {_world()}"
+        msg = str(exc)
+        if msg.startswith(where):
+            raise
+        raise SolverError(f"{where}: {msg.replace(f'{where}: ', '', 1)}") from exc
+    finally:
+        if dist.is_initialized():
+            dist.destroy_process_group()
 
 
 def _rank() -> int | str:

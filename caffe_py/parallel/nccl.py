@@ -12,12 +12,15 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
 from ..errors import SolverError
 from .sync import ReplicaState, StopReplica, SyncGroup
+
+if TYPE_CHECKING:
+    from ..solver.solver import Solver
 
 
 def nccl_available() -> bool:
@@ -35,10 +38,10 @@ class NcclCallback:
     def __init__(self, sync: NcclSync, index: int):
         self.sync, self.index = sync, index
 
-    def on_start(self, solver: Any = None) -> None:
+    def on_start(self, solver: Solver | None = None) -> None:
         self.sync.weights_down(self.index)
 
-    def on_gradient_ready(self, solver: Any = None) -> None:
+    def on_gradient_ready(self, solver: Solver | None = None) -> None:
         self.sync.grads_up(self.index)
 
 
@@ -107,13 +110,14 @@ class NcclSync(SyncGroup):
 
     def _all_reduce(self) -> None:
         reps = self._reps()
-        self.nccl.all_reduce([r.flat.grad for r in reps], streams=[r.stream for r in reps])
+        grads = [r.flat.grad for r in reps if r.flat.grad is not None]
+        self.nccl.all_reduce(grads, streams=[r.stream for r in reps])
         root = reps[0]
         if root.stream is None:
-            root.flat.grad.mul_(1.0 / self.n)
+            grads[0].mul_(1.0 / self.n)
             return
         with torch.cuda.device(root.device), torch.cuda.stream(root.stream):
-            root.flat.grad.mul_(1.0 / self.n)
+            grads[0].mul_(1.0 / self.n)
 
     def _broadcast_weights(self) -> None:
         reps = self._reps()

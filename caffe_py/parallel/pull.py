@@ -34,6 +34,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 if TYPE_CHECKING:
+    from ..net import Net
     from .sync import Signal, SyncGroup
 
 
@@ -173,7 +174,7 @@ class LayerWaits:
     """Forward pre-hooks on a replica's TRAIN net: the first layer that reads a unit waits for
     it (see the module docstring). ``unit_of`` maps a tensor's data pointer to its unit."""
 
-    def __init__(self, net: Any, unit_of: dict[int, int], pull_of: Any):
+    def __init__(self, net: Net, unit_of: dict[int, int], pull_of: Any):
         """``pull_of()`` returns the replica's current :class:`Pull` (the mode may swap it)."""
         self.pull_of = pull_of
         self.first_needs = first_needs(net, unit_of)
@@ -194,7 +195,7 @@ class LayerWaits:
             handle.remove()
 
 
-def first_needs(net: Any, unit_of: dict[int, int]) -> list[list[int]]:
+def first_needs(net: Net, unit_of: dict[int, int]) -> list[list[int]]:
     """Per layer (forward order): the units it is the first to read.
 
     A layer reads its own blobs and, when a build-time pass folded two layers together

@@ -27,7 +27,7 @@ import threading
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
@@ -35,6 +35,11 @@ from ..errors import CaffePyError, SolverError
 from .flat import DEFAULT_BUCKET_BYTES, FlatParams
 from .pull import LayerWaits, Pull, Unit
 from .topology import Tree, build_tree, peer_matrix
+
+if TYPE_CHECKING:
+    from ..net import Net
+    from ..solver.callbacks import Callback
+    from ..solver.solver import Solver
 
 DEFAULT_TIMEOUT_S = 900.0
 _POLL_S = 0.05
@@ -146,7 +151,8 @@ class ReplicaState:
 
 
 class SyncGroup:
-    """What all replicas of one run share: devices, buffers, the stop event, the first failure."""
+    """What all replicas of one run share: devices, buffers, the stop event, the first failure.
+    A subclass moves weights and gradients: :meth:`callback` is replica i's side of it."""
 
     def __init__(self, devices: Sequence[torch.device], *, timeout: float = DEFAULT_TIMEOUT_S,
                  bucket_bytes: int = DEFAULT_BUCKET_BYTES, root_scale: bool = True):
@@ -173,6 +179,10 @@ class SyncGroup:
                            stream)
         self.replicas[i] = rep
         return rep
+
+    def callback(self, i: int) -> Callback:
+        """Replica ``i``'s solver callback (on_start, on_gradient_ready)."""
+        raise NotImplementedError
 
     def replica(self, i: int) -> ReplicaState:
         rep = self.replicas[i]
@@ -223,11 +233,11 @@ class TreeCallback:
     def __init__(self, sync: TreeSync, index: int):
         self.sync, self.index = sync, index
 
-    def on_start(self, solver: Any = None) -> None:
+    def on_start(self, solver: Solver | None = None) -> None:
         param = getattr(solver, "param", None)
         self.sync.weights_down(self.index, passes=getattr(param, "iter_size", 1))
 
-    def on_gradient_ready(self, solver: Any = None) -> None:
+    def on_gradient_ready(self, solver: Solver | None = None) -> None:
         self.sync.grads_up(self.index)
 
 
@@ -267,8 +277,10 @@ class TreeSync(SyncGroup):
                 self._parent_units(i, weight_units), weight_units(rep), strict=True)])
         if not self.gradients:
             return rep
+        grad = rep.flat.grad
+        assert grad is not None   # learnable params' buffers carry gradients
         for child in self.tree.children(i):
-            rep.inbox[child] = torch.zeros_like(rep.flat.grad)
+            rep.inbox[child] = torch.zeros_like(grad)
         buckets = rep.flat.buckets
         rep.grads = [Signal() for _ in buckets]
         rep.done = [False] * len(buckets)
@@ -297,7 +309,7 @@ class TreeSync(SyncGroup):
         parent = self.tree.parent(i)
         return units(self.replica(i if parent is None else parent))
 
-    def watch_layers(self, i: int, net: Any) -> LayerWaits:
+    def watch_layers(self, i: int, net: Net) -> LayerWaits:
         """Per-layer waits (mshadow-ps's PullWait) on replica ``i``'s TRAIN net: its forward of
         a layer waits only for the weight units that layer reads, not for the whole model."""
         rep = self.replica(i)
@@ -368,6 +380,7 @@ class TreeSync(SyncGroup):
             wait_event(stream, ready)
             for event in events:
                 wait_event(stream, event)
+            assert rep.flat.grad is not None
             grad = rep.flat.bucket(rep.flat.grad, b)
             for c in kids:
                 grad.add_(rep.flat.bucket(rep.inbox[c], b))

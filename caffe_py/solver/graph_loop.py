@@ -8,7 +8,10 @@ iteration without a new capture). Small nets are bound by the host's launches, s
 iterations go into one graph (a *chunk*): per chunk the host only copies the next batches into
 their slots, copies the rates, replays, and does the bookkeeping Caffe does after each
 iteration (display, test, snapshot and signals happen at chunk boundaries, which the chunk
-length divides).
+length divides). That bookkeeping is the Solver's own Step: a chunk is
+``begin_iteration()``, the replay in place of ``passes()`` and the update, and
+``end_iteration(losses, outputs, count=chunk, planned=rates)``; the rates come from
+``Solver.plan_rates``, so the loop keeps no state of the Solver's.
 
 The first iterations run eagerly (warm-up: cuDNN picks its kernels, lazy handles are made),
 then a graph of one iteration is captured (capture runs nothing, so no state moves); the next
@@ -18,18 +21,29 @@ the loop says why in one line and runs the eager iteration instead.
 """
 from __future__ import annotations
 
+import contextlib
 import logging
 import math
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Protocol
 
 import torch
 
 from ..errors import SolverError
-from ..io.feeds import feed_of, swap_feed
-from .graphs import register_generators
-from .lr_policy import learning_rate
+from .graphs import (
+    StaticFeed,
+    capture_blocker,
+    install_static_feeds,
+    register_generators,
+    reinstall_feeds,
+    restore_feeds,
+)
 from .roles import AutoCompile
+
+if TYPE_CHECKING:
+    from ..net import NetOutput
+    from .solver import Solver
 
 log = logging.getLogger(__name__)
 
@@ -44,41 +58,22 @@ SLOT_BYTES_MAX = 256 << 20
 """The static batch slots of a chunk take at most this much device memory."""
 
 
-class SlotFeed:
-    """What a Data layer reads inside the graphs: static batch slots, filled from the real
-    feed before each replay; the n-th ``next()`` of a capture returns slot n."""
-
-    def __init__(self, real: Any, shapes: list[tuple[int, ...]], slots: int,
-                 device: torch.device):
-        self.real = real
-        self.data = torch.zeros((slots, *shapes[0]), dtype=torch.float32, device=device)
-        label_shape = shapes[1] if len(shapes) > 1 else (shapes[0][0],)
-        self.label = torch.zeros((slots, *label_shape), dtype=torch.int64, device=device)
-        self.cursor = 0
-
-    def next(self) -> tuple[torch.Tensor, torch.Tensor]:
-        slot = self.cursor % len(self.data)
-        self.cursor += 1
-        return self.data[slot], self.label[slot]
-
-    def fill(self, slots: int) -> None:
-        """Copy the real feed's next ``slots`` batches into slots 0 .. slots-1."""
-        for k in range(slots):
-            data, label = self.real.next()
-            self.data[k].copy_(data, non_blocking=True)
-            self.label[k].copy_(label, non_blocking=True)
+class _Replayable(Protocol):
+    def replay(self) -> None: ...
 
 
 @dataclass
 class _Graph:
-    """One captured chunk of ``length`` iterations."""
+    """One captured chunk of ``length`` iterations: a graph per member solver."""
 
     length: int
-    graph: Any
-    losses: torch.Tensor
-    """(length,) each iteration's mean loss, written by the replay."""
-    first_out: Any
-    """The first iteration's NetOutput (static tensors: what display shows)."""
+    graphs: Sequence[_Replayable]
+    """One per member (CUDA), or one stand-in running every member's iterations (emulated)."""
+    losses: list[torch.Tensor]
+    """Per member, (length,) each iteration's mean loss, written by the replay."""
+    first_out: list[list[NetOutput]]
+    """Per member, [the first iteration's outputs]: static tensors, what display shows (made
+    by the capture; the CPU emulation makes it anew at each replay)."""
 
 
 @dataclass
@@ -88,21 +83,31 @@ class _Scales:
 
     device: torch.Tensor
     host: list[torch.Tensor]
-    done: list[Any] = field(default_factory=lambda: [None, None])
+    done: list[torch.cuda.Event | None] = field(default_factory=lambda: [None, None])
     turn: int = 0
+    rows: list[list[float]] = field(default_factory=list)
+    """The last rows put, as host floats (what the CPU emulation's updates use)."""
+
+    @classmethod
+    def on(cls, device: torch.device, slots: int, groups: int) -> _Scales:
+        pinned = device.type == "cuda"
+        return cls(torch.zeros((slots, groups), device=device),
+                   [torch.zeros((slots, groups), pin_memory=pinned) for _ in range(2)])
 
     def put(self, rows: list[list[float]]) -> None:
+        self.rows = rows
         k = self.turn % 2
         self.turn += 1
-        if self.done[k] is not None:
-            self.done[k].synchronize()   # the copy that last read this buffer has finished
+        done = self.done[k]
+        if done is not None:
+            done.synchronize()   # the copy that last read this buffer has finished
         buf = self.host[k]
         buf[:len(rows)] = torch.tensor(rows, dtype=torch.float32)
         on_cuda = self.device.is_cuda
         self.device[:len(rows)].copy_(buf[:len(rows)], non_blocking=on_cuda)
         if on_cuda:
-            self.done[k] = torch.cuda.Event()
-            self.done[k].record()
+            done = self.done[k] = torch.cuda.Event()
+            done.record()
 
 
 class GraphedLoop:
@@ -113,6 +118,11 @@ class GraphedLoop:
     (None: chosen from the measured step time and the solver's display/test/snapshot
     intervals). ``emulate=True`` records nothing and calls the recorded function at each
     replay instead (the same host logic on a CPU: what the CPU tests run).
+
+    The loop captures the iterations of its *members*: the solver it runs, or (a subclass,
+    parallel/captured.py) every replica of a run, each member's iteration in a graph of its
+    own device, with :meth:`between` run after every member's passes and before the updates
+    (there the replicas' gradients are summed).
     """
 
     def __init__(self, chunk: int | None = None, emulate: bool = False,
@@ -128,32 +138,70 @@ class GraphedLoop:
         """Iterations per replay (0: not chosen yet)."""
         self.fallback: str | None = None
         self.graphs: dict[int, _Graph] = {}
-        self.feeds: list[SlotFeed] = []
-        self.scales: _Scales | None = None
+        self.feeds: list[list[StaticFeed]] = []
+        """Per member, its Data layers' static feeds."""
+        self.scales: list[_Scales] = []
+        """Per member, its update multipliers on its device."""
         self._warm = 0
         self._replay_ms: list[float] = []
+        self._capturing: list[torch.cuda.Stream] | None = None
+        """While recording on CUDA: each member's capture stream."""
+        self._paused = False
+        """The real feeds are back in the Data layers (between two ``step`` calls)."""
         self.slots = 1
         """Batch slots per Data layer, in iterations: the longest chunk memory allows."""
 
+    # --- the members (one solver here; every replica in parallel/captured.py) ----------------
+    def members(self, s: Solver) -> list[Solver]:
+        """The solvers whose iterations this loop captures, the one it runs first."""
+        return [s]
+
+    def between(self, streams: list[torch.cuda.Stream] | None) -> None:
+        """After every member's passes, before their updates, in each member's stream order
+        (``streams``: the members' capture streams while recording, else None: their current
+        streams). One solver: nothing."""
+
+    @contextlib.contextmanager
+    def on_member(self, i: int, s: Solver) -> Iterator[None]:
+        """Member ``i``'s device and stream (its capture stream while recording)."""
+        if s.device.type != "cuda":
+            yield
+            return
+        with torch.cuda.device(s.device):
+            if self._capturing is None:
+                yield
+                return
+            with torch.cuda.stream(self._capturing[i]):
+                yield
+
     # --- the loop ---------------------------------------------------------------------------
-    def run(self, s: Any, stop_iter: int) -> None:
+    def pause(self, s: Solver) -> None:
+        """Between two ``step`` calls the Data layers read their real feeds (the final
+        forward of ``solve`` reads the next batch, as the eager loop's does)."""
+        if self.feeds and not self._paused:
+            for m, feeds in zip(self.members(s), self.feeds, strict=True):
+                restore_feeds(m, feeds)
+            self._paused = True
+
+    def run(self, s: Solver, stop_iter: int) -> None:
+        if self._paused:
+            for m, feeds in zip(self.members(s), self.feeds, strict=True):
+                reinstall_feeds(m, feeds)
+            self._paused = False
         if self.fallback is not None:
-            s.iteration()
+            self._eager_iteration(s)
             return
         if not self.graphs:
             if self._warm < WARMUP_ITERATIONS:
                 self._warm += 1
-                s.iteration()
+                self._eager_iteration(s)
                 return
             self._capture(s)
             if self.fallback is not None:
-                s.iteration()
+                self._eager_iteration(s)
                 return
-        s.start()
-        if s.test_due():
-            s.test_all()
-            if s.stop_requested:
-                return
+        if not self._begin(s):
+            return
         if len(self._replay_ms) < TIMED_REPLAYS and self.chunk_cap is None:
             self._timed_replay(s)
             if len(self._replay_ms) == TIMED_REPLAYS and self.auto_compile is not None:
@@ -163,54 +211,77 @@ class GraphedLoop:
             self._add_chunk(s)
         self._replay(s, self._length(s, stop_iter))
 
-    def _length(self, s: Any, stop_iter: int) -> int:
+    def _begin(self, s: Solver) -> bool:
+        """Every member's begin_iteration (the first's may test, and a signal stop it)."""
+        members = self.members(s)
+        if not members[0].begin_iteration():
+            return False
+        for m in members[1:]:
+            m.begin_iteration()   # True: only the first member tests
+        return True
+
+    def _eager_iteration(self, s: Solver) -> None:
+        """One iteration of every member, uncaptured: the warm-up, or the fallback."""
+        members = self.members(s)
+        if len(members) == 1:
+            s.iteration()
+            return
+        if not self._begin(s):
+            return
+        plan = s.plan_rates(1)
+        results = []
+        for i, m in enumerate(members):
+            with self.on_member(i, m):
+                results.append(m.passes())
+        self.between(None)
+        for i, m in enumerate(members):
+            with self.on_member(i, m):
+                m.apply_scales(m.updater.scales(plan.rates[0], plan.first_iter))
+        for m, (loss, out) in reversed(list(zip(members, results, strict=True))):
+            m.end_iteration(loss, out, planned=plan)   # the first member's last: it snapshots
+
+    def _length(self, s: Solver, stop_iter: int) -> int:
         """The chunk when it fits before the next boundary, else one iteration."""
         k = self.chunk
         return k if k > 1 and s.iter % k == 0 and s.iter + k <= stop_iter else 1
 
-    def _replay(self, s: Any, length: int) -> None:
+    def _replay(self, s: Solver, length: int) -> None:
+        """``length`` iterations' passes and updates of every member as one replay each,
+        between the Solvers' ``begin_iteration`` (done) and ``end_iteration``."""
         g = self.graphs[length]
-        display = s.display_due()
-        for feed in self.feeds:
-            feed.fill(length * s.param.iter_size)
-        rates = self._put_scales(s, length)
-        g.graph.replay()
-        s.monitor.record_many(s.iter, g.losses)
-        if display:
-            s.display(g.first_out if g.first_out is not None else g.graph.outs[0])
-            s.show_rate(rates[0])
-        s.finish_iteration(length)
-
-    def _put_scales(self, s: Any, length: int) -> list[float]:
-        """Compute the next ``length`` iterations' rates on the host (advancing current_step
-        as Caffe does) and copy each group's multiplier to the device."""
-        rows, rates = [], []
-        current = s.current_step
-        for j in range(length):
-            rate, current = learning_rate(s.param, s.iter + j, current)
-            rates.append(rate)
-            rows.append(s.updater.scales(rate, s.iter + j))
-        s.current_step = current
-        assert self.scales is not None
-        self.scales.put(rows)
-        return rates
+        members = self.members(s)
+        for feeds in self.feeds:
+            for feed in feeds:
+                feed.fill(length * s.param.iter_size)
+        plan = s.plan_rates(length)
+        rows = [s.updater.scales(rate, plan.first_iter + j) for j, rate in enumerate(plan.rates)]
+        for scales in self.scales:
+            scales.put(rows)
+        for i, (m, graph) in enumerate(zip(members, g.graphs, strict=False)):
+            with self.on_member(i, m):
+                graph.replay()
+        for m, losses, out in reversed(list(zip(members, g.losses, g.first_out, strict=True))):
+            m.end_iteration(losses, out[0], count=length, planned=plan)
 
     # --- capture, timing, the chunk ---------------------------------------------------------
-    def _timed_replay(self, s: Any) -> None:
+    def _timed_replay(self, s: Solver) -> None:
         """A real iteration replayed alone, its device time noted (CPU emulation: 0)."""
         if s.device.type != "cuda":
             self._replay(s, 1)
             self._replay_ms.append(0.0)
             return
+        members = self.members(s)
         start = torch.cuda.Event(enable_timing=True)
         end = torch.cuda.Event(enable_timing=True)
         start.record()
         self._replay(s, 1)
+        for m in members[1:]:   # the chunk waits for the slowest member
+            torch.cuda.current_stream(s.device).wait_stream(torch.cuda.current_stream(m.device))
         end.record()
         end.synchronize()
         self._replay_ms.append(start.elapsed_time(end))
 
-    def _consider_compiling(self, s: Any, stop_iter: int) -> None:
+    def _consider_compiling(self, s: Solver, stop_iter: int) -> None:
         """Once: compile the net when the measured step says the run is long (AutoCompile);
         then drop the graphs and go back to the warm-up, which runs (and compiles) the
         compiled step before it is captured."""
@@ -222,26 +293,26 @@ class GraphedLoop:
         log.info(f"Compiling the net with torch.compile: {left} iterations left at "
                  f"{step_ms:.1f} ms make about {left * step_ms / 60000:.0f} min "
                  "(--compile off skips this)")
-        if not self.emulate:
-            torch.cuda.synchronize(s.device)
+        self._synchronize(s)
         self._restore_feeds(s)
         self.graphs.clear()
-        self.scales, self.chunk, self._warm, self._replay_ms = None, 0, 0, []
+        self.scales, self.chunk, self._warm, self._replay_ms = [], 0, 0, []
         s.step_fn = policy.step(s.net)
 
-    def _add_chunk(self, s: Any) -> None:
+    def _add_chunk(self, s: Solver) -> None:
         """Choose the chunk length and capture its graph (once)."""
         self.chunk = self._chunk_length(s)
         if self.chunk not in self.graphs:
             self.graphs[self.chunk] = self._record(s, self.chunk)
 
-    def _capture(self, s: Any) -> None:
-        reason = capture_blocker(s, self.emulate)
+    def _capture(self, s: Solver) -> None:
+        reason = next((r for m in self.members(s) if (r := capture_blocker(
+            m, whole_iteration=True, emulate=self.emulate)) is not None), None)
         if reason is None:
             try:
                 self._build(s)
             except RuntimeError as exc:   # a layer did something a graph cannot hold
-                torch.cuda.synchronize(s.device)
+                self._synchronize(s)
                 self._restore_feeds(s)
                 self.graphs.clear()
                 reason = f"capture failed: {str(exc).splitlines()[0]}"
@@ -250,37 +321,38 @@ class GraphedLoop:
                 raise SolverError(f"--graphs on: the iteration on {s.device} cannot be "
                                   f"captured: {reason}; use --graphs auto to run it eagerly")
             self.fallback = reason
-            log.info(f"CUDA graphs off ({s.device}): {reason}; running eagerly")
+            log.info(f"CUDA graphs off ({self._where(s)}): {reason}; running eagerly")
 
-    def _build(self, s: Any) -> None:
-        """Static slots, the rates' buffers, fixed gradients, and the one-iteration graph."""
-        self.slots = self._max_chunk(s)
-        passes = s.param.iter_size
-        self.feeds = [SlotFeed(feed_of(layer), layer.top_shapes, self.slots * passes, s.device)
-                      for layer in s.net.data_layers()]
-        for layer, feed in zip(s.net.data_layers(), self.feeds, strict=True):
-            swap_feed(layer, feed)
-        groups = len(s.updater.groups)
-        pinned = s.device.type == "cuda"
-        self.scales = _Scales(torch.zeros((self.slots, groups), device=s.device),
-                              [torch.zeros((self.slots, groups), pin_memory=pinned)
-                               for _ in range(2)])
-        s.grads_in_place = True
-        for w in s.updater.params:   # every gradient at a fixed address, zero to start
-            if w.grad is None:
-                w.grad = torch.zeros_like(w)
+    def _where(self, s: Solver) -> str:
+        return ", ".join(str(m.device) for m in self.members(s))
+
+    def _synchronize(self, s: Solver) -> None:
         if not self.emulate:
-            torch.cuda.synchronize(s.device)
+            for m in self.members(s):
+                torch.cuda.synchronize(m.device)
+
+    def _build(self, s: Solver) -> None:
+        """Static slots, the rates' buffers, fixed gradients, and the one-iteration graph."""
+        members = self.members(s)
+        self.slots = self._max_chunk(s)
+        self.feeds = [install_static_feeds(m, self.slots * s.param.iter_size) for m in members]
+        self.scales = [_Scales.on(m.device, self.slots, len(m.updater.groups)) for m in members]
+        for m in members:
+            m.grads_in_place = True
+            for w in m.updater.params:   # every gradient at a fixed address, zero to start
+                if w.grad is None:
+                    w.grad = torch.zeros_like(w)
+        self._synchronize(s)
         self.graphs[1] = self._record(s, 1)
 
-    def _max_chunk(self, s: Any) -> int:
+    def _max_chunk(self, s: Solver) -> int:
         """The longest chunk the batch slots' memory allows (the given chunk, else CHUNK_MAX)."""
         k = self.chunk_cap if self.chunk_cap is not None else CHUNK_MAX
         slot_bytes = sum(4 * math.prod(layer.top_shapes[0]) + 8 * layer.top_shapes[0][0]
                          for layer in s.net.data_layers()) * s.param.iter_size
         return min(k, max(1, SLOT_BYTES_MAX // slot_bytes)) if slot_bytes else k
 
-    def _chunk_length(self, s: Any) -> int:
+    def _chunk_length(self, s: Solver) -> int:
         """Iterations per replay: about CHUNK_TARGET_MS of device time by the timed replays (or
         the chunk given), within the slots, dividing every interval at which the host must step
         in between iterations."""
@@ -296,67 +368,86 @@ class GraphedLoop:
             k = max(d for d in range(1, k + 1) if common % d == 0)
         return k
 
-    def _record(self, s: Any, length: int) -> _Graph:
-        losses = torch.zeros(length, device=s.device)
-        assert self.scales is not None
-        scales = [self.scales.device[j] for j in range(length)]  # one row: a rate per group
-        outs: list[Any] = []
+    def _record(self, s: Solver, length: int) -> _Graph:
+        members = self.members(s)
+        losses = [torch.zeros(length, device=m.device) for m in members]
+        scales = [[sc.device[j] for j in range(length)] for sc in self.scales]  # rows by member
+        outs: list[list[NetOutput]] = [[] for _ in members]
+
+        def rates(i: int, j: int) -> torch.Tensor | list[float]:
+            """A graph reads the rates from its device buffer; the CPU emulation updates with
+            the host's floats, the eager update's arithmetic, so that it matches the eager
+            loop bit for bit (tests/solver/test_rules.py holds the two forms together)."""
+            return self.scales[i].rows[j] if self.emulate else scales[i][j]
 
         def iterations() -> None:
-            for feed in self.feeds:
-                feed.cursor = 0
+            for feeds in self.feeds:
+                for feed in feeds:
+                    feed.cursor = 0
             for j in range(length):
-                s.zero_grads()
-                loss, out = s.step_fn(s)
-                losses[j].copy_(loss)
-                s.updater.apply_scales(scales[j])
-                if j == 0:
-                    outs[:] = [out]
+                for i, m in enumerate(members):
+                    with self.on_member(i, m):
+                        loss, out = m.passes()
+                        losses[i][j].copy_(loss)
+                        if j == 0:
+                            outs[i][:] = [out]
+                self.between(self._capturing)
+                for i, m in enumerate(members):
+                    with self.on_member(i, m):
+                        m.apply_scales(rates(i, j))
 
         if self.emulate:
-            return _Graph(length, _Emulated(iterations, outs), losses, None)
-        graph = torch.cuda.CUDAGraph()
-        register_generators(graph, _device_generators(s))
-        capture = torch.cuda.Stream(s.device)
-        capture.wait_stream(torch.cuda.current_stream(s.device))
-        with torch.cuda.graph(graph, stream=capture, capture_error_mode="thread_local"):
+            return _Graph(length, [_Emulated(iterations)], losses, outs)
+        graphs = [torch.cuda.CUDAGraph() for _ in members]
+        streams = [torch.cuda.Stream(m.device) for m in members]
+        for m, graph, stream in zip(members, graphs, streams, strict=True):
+            register_generators(graph, _device_generators(m))
+            stream.wait_stream(torch.cuda.current_stream(m.device))
+        self._capturing = streams
+        begun: list[torch.cuda.CUDAGraph] = []
+        try:
+            for m, graph, stream in zip(members, graphs, streams, strict=True):
+                with torch.cuda.device(m.device), torch.cuda.stream(stream):
+                    # relaxed: the members' captures are open at once in this one thread
+                    graph.capture_begin(capture_error_mode="relaxed")
+                    begun.append(graph)
             iterations()
-        torch.cuda.current_stream(s.device).wait_stream(capture)
-        return _Graph(length, graph, losses, outs[0])
+        except BaseException:
+            self._end_captures(members, begun, streams, quiet=True)   # the first error stands
+            raise
+        self._end_captures(members, begun, streams)
+        for m, stream in zip(members, streams, strict=True):
+            torch.cuda.current_stream(m.device).wait_stream(stream)
+        return _Graph(length, graphs, losses, outs)
 
-    def _restore_feeds(self, s: Any) -> None:
-        for layer, feed in zip(s.net.data_layers(), self.feeds, strict=True):
-            swap_feed(layer, feed.real)
-        self.feeds = []
+    def _end_captures(self, members: list[Solver], begun: list[torch.cuda.CUDAGraph],
+                      streams: list[torch.cuda.Stream], quiet: bool = False) -> None:
+        self._capturing = None
+        for m, graph, stream in zip(members, begun, streams, strict=False):
+            with torch.cuda.device(m.device), torch.cuda.stream(stream):
+                try:
+                    graph.capture_end()
+                except RuntimeError:
+                    if not quiet:
+                        raise
+
+    def _restore_feeds(self, s: Solver) -> None:
+        if not self._paused:
+            for m, feeds in zip(self.members(s), self.feeds, strict=False):
+                restore_feeds(m, feeds)
+        self.feeds, self._paused = [], False
 
 
 class _Emulated:
     """A stand-in for a captured graph: :meth:`replay` runs the recorded function again."""
 
-    def __init__(self, fn: Any, outs: list[Any]):
-        self.fn, self.outs = fn, outs
+    def __init__(self, fn: Callable[[], None]):
+        self.fn = fn
 
     def replay(self) -> None:
         self.fn()
 
 
-def capture_blocker(s: Any, emulate: bool = False) -> str | None:
-    """Why ``s``'s whole iteration cannot be captured (None when it can)."""
-    if s.device.type != "cuda" and not emulate:
-        return f"the net runs on {s.device}, not CUDA"
-    if s.callbacks:
-        return "callbacks run between the forward and the update"
-    for layer in s.net.layers:
-        for name, gen in layer.generators().items():
-            if gen.device.type != s.device.type:
-                return f"layer '{layer.name}' draws from a host generator ({name})"
-        if not layer.capturable:
-            return f"layer '{layer.name}' ({layer.spec.type}) runs host code every forward"
-        if layer.spec.type == "Data" and feed_of(layer) is None:
-            return f"Data layer '{layer.name}' has no feed attached"
-    return None
-
-
-def _device_generators(s: Any) -> list[torch.Generator]:
+def _device_generators(s: Solver) -> list[torch.Generator]:
     return [g for layer in s.net.layers for g in layer.generators().values()
             if g.device.type == "cuda"]

@@ -11,7 +11,7 @@ What makes a step capturable here:
   views into a replica's flat gradient buffer), so the backward's in-place accumulation is
   captured and a tree/NCCL sync reads them as usual;
 * every Data layer reads from a :class:`StaticFeed`: before each replay the real feed's next
-  batch is copied into the static tensors the graph was captured with;
+  batches are copied into the static slots the graph was captured with;
 * no host work inside: the loss layers check labels on the device, DummyData draws from a
   generator on the device (registered with the graph, so each replay draws anew); a layer
   that runs host code (a generator on the host, a Python layer) keeps the replica eager, and
@@ -22,19 +22,25 @@ records; BatchNorm's running sums are restored after them and the gradients clea
 captured run sees the same state as an eager one.
 
 ``Solver(param, step=GraphedStep())`` uses it; a step that cannot be captured says why in one
-line and runs :func:`~caffe_py.solver.roles.eager_step` instead.
+line and runs :func:`~caffe_py.solver.roles.eager_step` instead. The single-device loop that
+captures whole iterations (:mod:`.graph_loop`) uses the same static feed and the same capture
+check (:func:`capture_blocker`).
 """
 from __future__ import annotations
 
 import logging
 import threading
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
 from ..errors import SolverError
-from ..io.feeds import feed_of, swap_feed
+from ..io.feed.feeds import feed_of, swap_feed
 from .roles import eager_step
+
+if TYPE_CHECKING:
+    from ..net import NetOutput
+    from .solver import Solver
 
 log = logging.getLogger(__name__)
 
@@ -43,30 +49,64 @@ _CAPTURE_LOCK = threading.Lock()   # one capture at a time: captures are rare, e
 
 
 class StaticFeed:
-    """The feed a Data layer sees inside the graph: fixed tensors refilled from the real feed."""
+    """What a Data layer reads inside a graph: ``slots`` static batches, filled from the real
+    feed before each replay; the n-th ``next()`` of a capture returns slot n (mod slots)."""
 
-    def __init__(self, real: Any, shapes: list[tuple[int, ...]], device: torch.device):
+    def __init__(self, real: Any, shapes: list[tuple[int, ...]], device: torch.device,
+                 slots: int = 1):
         self.real = real
-        self.data = torch.zeros(shapes[0], dtype=torch.float32, device=device)
+        self.data = torch.zeros((slots, *shapes[0]), dtype=torch.float32, device=device)
         label_shape = shapes[1] if len(shapes) > 1 else (shapes[0][0],)
-        self.label = torch.zeros(label_shape, dtype=torch.int64, device=device)
+        self.label = torch.zeros((slots, *label_shape), dtype=torch.int64, device=device)
+        self.cursor = 0
 
     def next(self) -> tuple[torch.Tensor, torch.Tensor]:
-        return self.data, self.label
+        slot = self.cursor % len(self.data)
+        self.cursor += 1
+        return self.data[slot], self.label[slot]
 
-    def refill(self) -> None:
-        data, label = self.real.next()
-        self.data.copy_(data, non_blocking=True)
-        self.label.copy_(label, non_blocking=True)
+    def fill(self, slots: int = 1) -> None:
+        """Copy the real feed's next ``slots`` batches into slots 0 .. slots-1."""
+        for k in range(slots):
+            data, label = self.real.next()
+            self.data[k].copy_(data, non_blocking=True)
+            self.label[k].copy_(label, non_blocking=True)
 
 
-def uncapturable_reason(solver: Any) -> str | None:
-    """Why ``solver``'s TRAIN step cannot be captured (None when it can)."""
-    if solver.device.type != "cuda":
-        return f"the replica runs on {solver.device}, not CUDA"
-    for layer in solver.net.layers:
+def install_static_feeds(s: Solver, slots: int = 1) -> list[StaticFeed]:
+    """Every Data layer of the TRAIN net reading from static slots (its real feed behind)."""
+    feeds = []
+    for layer in s.net.data_layers():
+        feed = StaticFeed(feed_of(layer), layer.top_shapes, s.device, slots)
+        swap_feed(layer, feed)
+        feeds.append(feed)
+    return feeds
+
+
+def restore_feeds(s: Solver, feeds: list[StaticFeed]) -> None:
+    """The Data layers' real feeds back in place of the static ones."""
+    for layer, feed in zip(s.net.data_layers(), feeds, strict=True):
+        swap_feed(layer, feed.real)
+
+
+def reinstall_feeds(s: Solver, feeds: list[StaticFeed]) -> None:
+    """The static feeds of :func:`install_static_feeds` in place again, after a restore."""
+    for layer, feed in zip(s.net.data_layers(), feeds, strict=True):
+        swap_feed(layer, feed)
+
+
+def capture_blocker(s: Solver, *, whole_iteration: bool = False,
+                    emulate: bool = False) -> str | None:
+    """Why ``s``'s TRAIN passes (with ``whole_iteration``: also the update, with no callback
+    between) cannot be captured; None when they can. ``emulate`` (the graph loop's CPU
+    stand-in) asks about everything but the device."""
+    if s.device.type != "cuda" and not emulate:
+        return f"the net runs on {s.device}, not CUDA"
+    if whole_iteration and s.callbacks:
+        return "callbacks run between the forward and the update"
+    for layer in s.net.layers:
         for name, gen in layer.generators().items():
-            if gen.device.type != "cuda":
+            if gen.device.type != s.device.type:
                 return f"layer '{layer.name}' draws from a host generator ({name})"
         if not layer.capturable:
             return f"layer '{layer.name}' ({layer.spec.type}) runs host code every forward"
@@ -91,7 +131,7 @@ class GraphedStep:
         self.static_out: Any = None
         self.fallback: str | None = None
 
-    def __call__(self, solver: Any) -> tuple[torch.Tensor, Any]:
+    def __call__(self, solver: Solver) -> tuple[torch.Tensor, NetOutput]:
         if self.fallback is not None:
             return eager_step(solver)
         if self.graph is None:
@@ -103,26 +143,26 @@ class GraphedStep:
             # the static loss is read (copied into the solver's loss ring) in stream order
             # before the next replay overwrites it: no per-step allocation or sum
             for feed in self.feeds:
-                feed.refill()
+                feed.fill()
             self.graph.replay()
             return self.static_loss, self.static_out
         total = torch.zeros((), device=solver.device)
         for _ in range(solver.param.iter_size):
             for feed in self.feeds:
-                feed.refill()
+                feed.fill()
             self.graph.replay()
             total += self.static_loss
         return total / solver.param.iter_size, self.static_out
 
     # --- capture ------------------------------------------------------------------------------
-    def _capture(self, s: Any) -> None:
-        reason = uncapturable_reason(s)
+    def _capture(self, s: Solver) -> None:
+        reason = capture_blocker(s)
         if reason is not None:
             self._give_up(s, reason)
             return
         net = s.net
         s.grads_in_place = True   # the captured backward accumulates into fixed tensors
-        self._install_static_feeds(s)
+        self.feeds = install_static_feeds(s)
         state = [t for blobs in net.layer_blobs().values() for t in blobs
                  if not isinstance(t, torch.nn.Parameter)]   # BatchNorm's running sums
         saved = [t.detach().clone() for t in state]
@@ -145,22 +185,11 @@ class GraphedStep:
             torch.cuda.synchronize(s.device)
             _restore(state, saved)      # the eager step starts from where capture began
             s.zero_grads()
-            self._restore_feeds(s)
+            restore_feeds(s, self.feeds)
+            self.feeds = []
             self._give_up(s, f"capture failed: {str(exc).splitlines()[0]}")
 
-    def _install_static_feeds(self, s: Any) -> None:
-        self.feeds = []
-        for layer in s.net.data_layers():
-            feed = StaticFeed(feed_of(layer), layer.top_shapes, s.device)
-            swap_feed(layer, feed)
-            self.feeds.append(feed)
-
-    def _restore_feeds(self, s: Any) -> None:
-        for layer, feed in zip(s.net.data_layers(), self.feeds, strict=True):
-            swap_feed(layer, feed.real)
-        self.feeds = []
-
-    def _give_up(self, s: Any, reason: str) -> None:
+    def _give_up(self, s: Solver, reason: str) -> None:
         if self.required:
             raise SolverError(f"--graphs on: replica {s.replica} ({s.device}) cannot be "
                               f"captured: {reason}; use --graphs auto to run it eagerly")
@@ -169,16 +198,16 @@ class GraphedStep:
                  "running eagerly")
 
 
-def _pass(s: Any) -> tuple[torch.Tensor, Any]:
+def _pass(s: Solver) -> tuple[torch.Tensor, NetOutput]:
     """One forward and backward, as captured (the loss as float32)."""
     with s.autocast():
         out = s.net()
     if out.loss.requires_grad:
-        out.loss.backward()
+        s.backward(out.loss)
     return out.loss.detach().float(), out
 
 
-def _warm_up(s: Any) -> None:
+def _warm_up(s: Solver) -> None:
     """The passes capture needs first, on a side stream (cuDNN and allocator warm-up)."""
     current = torch.cuda.current_stream(s.device)
     side = torch.cuda.Stream(s.device)
@@ -189,7 +218,7 @@ def _warm_up(s: Any) -> None:
     current.wait_stream(side)
 
 
-def register_generators(graph: Any, generators: list[torch.Generator]) -> None:
+def register_generators(graph: torch.cuda.CUDAGraph, generators: list[torch.Generator]) -> None:
     """Make each replay of ``graph`` draw anew from these device generators."""
     if generators and not hasattr(graph, "register_generator_state"):
         raise RuntimeError("this torch cannot replay a layer's own generator in a graph")

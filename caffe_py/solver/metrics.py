@@ -15,17 +15,20 @@ import math
 import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
 from ..errors import CaffePyError
 from ..fileio import write_error
 
+if TYPE_CHECKING:
+    from ..net import Net
+
 FIXED = ["iteration", "seconds", "phase", "lr", "loss"]
 
 
-def output_columns(net: Any, phase: str) -> list[str]:
+def output_columns(net: Net, phase: str) -> list[str]:
     """``phase/<name>`` (or ``phase/<name>[i]``) per value of each of ``net``'s outputs."""
     shapes: dict[str, tuple[int, ...]] = {}
     for layer in net.layers:

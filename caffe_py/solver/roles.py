@@ -6,8 +6,9 @@ replica: the root applies the update, tests, displays and snapshots; the others 
 (Caffe's WorkerSolver). With several hosts, the root of every other host is a ``HOST_ROOT``: it
 applies the same update as the leading root, but tests, displays and snapshots nothing. When
 the replicas average their weights every K iterations instead of summing gradients
-(``model_average_period``), every worker is an ``AVERAGING_WORKER``: it applies its own update
-between the averaging points.
+(``model_average_period``), every worker is an ``UPDATING_WORKER``: it applies its own update
+between the averaging points (so it is when the whole iterations of every replica are captured
+as CUDA graphs, each replica updating its copy of the weights with the same summed gradient).
 """
 from __future__ import annotations
 
@@ -21,7 +22,7 @@ import torch
 from ..errors import CaffePyError
 
 if TYPE_CHECKING:
-    from ..net import NetOutput
+    from ..net import Net, NetOutput
     from .solver import Solver
 
 log = logging.getLogger(__name__)
@@ -43,7 +44,10 @@ class Role:
 ROOT = Role()
 WORKER = Role(applies_updates=False, tests=False, reports=False, seeds_rng=False)
 HOST_ROOT = Role(applies_updates=True, tests=False, reports=False, seeds_rng=True)
-AVERAGING_WORKER = Role(applies_updates=True, tests=False, reports=False, seeds_rng=False)
+UPDATING_WORKER = Role(applies_updates=True, tests=False, reports=False, seeds_rng=False)
+"""A worker that applies its own update: between model-averaging points, or when every
+replica updates its copy of the weights with the same all-reduced gradient (captured whole
+iterations, parallel/captured.py)."""
 
 
 @dataclass(frozen=True)
@@ -67,7 +71,8 @@ class StepFn(Protocol):
     def __call__(self, solver: Solver) -> tuple[torch.Tensor, NetOutput]: ...
 
 
-def eager_step(solver: Solver, net: Any = None) -> tuple[torch.Tensor, NetOutput]:
+def eager_step(solver: Solver, net: Callable[[], NetOutput] | None = None,
+               ) -> tuple[torch.Tensor, NetOutput]:
     """The plain step: iter_size forward and backward passes, op by op (through ``net``, a
     compiled form of the solver's net, when given); the backward passes run on this thread
     when the solver's :attr:`~caffe_py.solver.solver.Solver.backward_in_caller` says so."""
@@ -81,7 +86,7 @@ def _passes(solver: Solver, forward: Callable[[], NetOutput]) -> tuple[torch.Ten
         with solver.autocast():
             out = forward()
         if out.loss.requires_grad:
-            out.loss.backward()
+            solver.backward(out.loss)
         loss = out.loss.detach()
         return (loss if loss.dtype == torch.float32 else loss.float()), out
     total = torch.zeros((), device=solver.device)
@@ -90,7 +95,7 @@ def _passes(solver: Solver, forward: Callable[[], NetOutput]) -> tuple[torch.Ten
         with solver.autocast():
             last = forward()
         if last.loss.requires_grad:
-            last.loss.backward()
+            solver.backward(last.loss)
         total += last.loss.detach().float()
     assert last is not None  # iter_size >= 1 (the schema's minimum)
     return total / solver.param.iter_size, last
@@ -105,9 +110,11 @@ class CompiledStep:
     log line and the step runs the plain net from then on; the batch the failed call read is
     not trained on (the data positions count it, so nothing is read twice)."""
 
-    def __init__(self, net: Any, *, fallback: bool = False,
+    def __init__(self, net: Net | None = None, *, fallback: bool = False,
                  compiler: Any = torch.compile):
-        self.net = compiler(net)
+        self.compiler = compiler
+        self.net = compiler(net) if net is not None else None
+        """The compiled net: ``net`` compiled now, or (None) the solver's at the first call."""
         self.fallback = fallback
         self.failed: str | None = None
         """Why compiling failed (the step then runs the plain net)."""
@@ -115,6 +122,8 @@ class CompiledStep:
     def __call__(self, solver: Solver) -> tuple[torch.Tensor, NetOutput]:
         if self.failed is not None:
             return eager_step(solver)
+        if self.net is None:
+            self.net = self.compiler(solver.net)
         if not self.fallback:
             return eager_step(solver, self.net)
         try:
@@ -144,5 +153,5 @@ class AutoCompile:
     def worth(self, iterations_left: int, step_ms: float) -> bool:
         return iterations_left * step_ms / 1000.0 > self.min_seconds
 
-    def step(self, net: Any) -> CompiledStep:
+    def step(self, net: Net) -> CompiledStep:
         return CompiledStep(net, fallback=True, compiler=self.compiler)

@@ -141,6 +141,20 @@ def load_state(path: str | Path) -> dict[str, Any]:
     return state
 
 
+def state_seed(path: str | Path) -> int | None:
+    """The run's seed a solver state was trained with (None: the state does not say, e.g.
+    one of Caffe's)."""
+    seed = load_state(path).get("random_seed")
+    return seed if isinstance(seed, int) and seed >= 0 else None
+
+
+def iteration_of(state_path: str | Path) -> int | str:
+    """N of a ``<prefix>_iter_<N>.solverstate...`` file name (the name itself otherwise)."""
+    name = Path(state_path).name
+    digits = name.split("_iter_")[-1].split(".")[0]
+    return int(digits) if "_iter_" in name and digits.isdigit() else name.split(".")[0]
+
+
 def weights_path_of(state: Mapping[str, Any], state_path: str | Path) -> Path:
     """The weights file a state goes with (saved by name, found next to the state file)."""
     return Path(state_path).parent / str(state.get("learned_net", ""))

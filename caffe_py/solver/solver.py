@@ -2,22 +2,24 @@
 
 One Solver drives one replica on one device: it builds the TRAIN net (and, when its role
 tests, the TEST nets, which share the TRAIN net's weights), attaches the data feeds, and runs
-Caffe's Step loop as a sequence of public seams::
+Caffe's Step. The Step is one composition of public seams, which every loop calls: the eager
+:meth:`Solver.iteration`, the CUDA-graph loop (:mod:`.graph_loop`, whose replay holds the passes
+and the update of several iterations) and a driver that issues several replicas' iterations
+from one thread (parallel/lockstep.py)::
 
-    iteration():
-        test_all()                    when due (role.tests)
-        callbacks.on_start            weights flow down (parallel training)
-        zero_grads()
-        forward_backward()            the step function: eager, or a CUDA graph replay
-        record_loss()                 the smoothed loss, on the device
-        callbacks.on_gradient_ready   gradients flow up (parallel training)
-        apply_update()                rate -> clip -> normalize -> regularize -> rule (role)
-        update_applied()              callbacks.on_update_applied, where a callback has it
-        finish_iteration()            it += 1, signals, scheduled snapshot
+    begin_iteration()                 readers started; test_all() when due (role.tests);
+                                      callbacks.on_start (weights flow down)
+    passes()                          zero_grads(), then the step function's iter_size forward
+                                      and backward passes: (mean loss, outputs)
+    end_iteration(loss, outputs)      record the loss (on the device); display when due;
+                                      callbacks.on_gradient_ready (gradients flow up);
+                                      the update (role.applies_updates: rate -> clip ->
+                                      normalize -> regularize -> rule), or the one a replay
+                                      applied (``planned``); callbacks.on_update_applied;
+                                      finish_iteration(): it += count, signals, snapshot
 
 The solver never knows how many devices exist: parallel training builds one Solver per replica
-with a :class:`~caffe_py.solver.roles.Role` and plugs in through the callbacks; a driver that
-issues several replicas' iterations from one thread calls the seams itself.
+with a :class:`~caffe_py.solver.roles.Role` and plugs in through the callbacks.
 
 Per-iteration cost is kept to the math: the loss is accumulated on the device, and the only
 host syncs are at display, test and snapshot time (non-finite losses are recorded on the device
@@ -31,6 +33,7 @@ import os
 import time
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import AbstractContextManager
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -43,6 +46,7 @@ from . import snapshot as snap
 from .callbacks import Callback
 from .detection_eval import detection_outputs, run_detection_batches
 from .evaluate import format_output_lines, output_means, run_batches
+from .loss_scale import LossScale
 from .lr_policy import learning_rate
 from .metrics import FIXED, MetricsFile, metrics_path, output_columns
 from .monitor import Monitor
@@ -54,11 +58,47 @@ log = logging.getLogger(__name__)
 
 
 class Runner(Protocol):
-    """Something that runs a Solver's iterations instead of :meth:`Solver.iteration`."""
+    """Something that runs a Solver's iterations instead of :meth:`Solver.iteration` (the
+    CUDA-graph loop), through the same Step seams."""
 
     def run(self, solver: Solver, stop_iter: int) -> None:
         """Run at least one iteration (none past ``stop_iter``), with Caffe's bookkeeping."""
         ...
+
+    def pause(self, solver: Solver) -> None:
+        """The iterations stop for now (a ``step`` call ends): put back what the runner
+        swapped in, so that the nets outside it (the final forward, a user's) read the real
+        data; the next ``run`` swaps it in again."""
+        ...
+
+
+@dataclass(frozen=True)
+class RatePlan:
+    """The learning rates of the updates of ``len(rates)`` iterations from ``first_iter``,
+    worked out before they run (a replay applies several updates at once), and Caffe's
+    ``current_step`` after them (GetLearningRate moves it at each multistep boundary)."""
+
+    first_iter: int
+    rates: list[float]
+    current_step: int
+
+
+class TestBatches(Protocol):
+    """Runs TEST net ``k`` (``net``, the root's) for ``iterations`` batches; the mean of
+    every output (``__loss__`` too), or None when ``between`` stopped it (a signal). The
+    default is :func:`~caffe_py.solver.evaluate.run_batches` on ``net`` itself; parallel
+    training may spread the batches over its replicas (parallel/captured.py)."""
+
+    def __call__(self, k: int, net: Net, iterations: int, *,
+                 autocast: Callable[[], AbstractContextManager[Any]],
+                 between: Callable[[], bool]) -> dict[str, torch.Tensor] | None: ...
+
+
+def own_test_batches(k: int, net: Net, iterations: int, *,
+                     autocast: Callable[[], AbstractContextManager[Any]],
+                     between: Callable[[], bool]) -> dict[str, torch.Tensor] | None:
+    """Every test batch on this replica's own net (Caffe: the root tests alone)."""
+    return run_batches(net, iterations, autocast=autocast, between=between)
 
 
 class Progress(Protocol):
@@ -82,7 +122,7 @@ many channels (see :func:`memory_format_for`)."""
 
 
 def memory_format_for(name: str, device: torch.device | str = "cpu",
-                      net: Any = None) -> torch.memory_format:
+                      net: Net | None = None) -> torch.memory_format:
     """The solver's ``memory_format`` field for ``net`` on ``device``.
 
     AUTO is channels_last on CPUs (oneDNN's convolutions and the poolings run up to 1.7x
@@ -100,7 +140,7 @@ def memory_format_for(name: str, device: torch.device | str = "cpu",
         else torch.contiguous_format
 
 
-def _widest_convolution(net: Any) -> int:
+def _widest_convolution(net: Net) -> int:
     """The most channels a (de)convolution of ``net`` reads (0: it has none)."""
     widths = [0]
     for layer in net.layers:
@@ -118,13 +158,16 @@ class Solver:
     model and the seed itself for the data; ``pool`` is a shared reader pool (parallel
     training) for the TRAIN net, else the solver reads through a pool of its own; ``action``
     returns what a signal asks for after each iteration (see signals.py); ``step`` computes the
-    forward and backward passes (default: :func:`~caffe_py.solver.roles.eager_step`).
+    forward and backward passes (default: :func:`~caffe_py.solver.roles.eager_step`);
+    ``runner`` runs the iterations in place of :meth:`iteration` (the CUDA-graph loop);
+    ``test_batches`` runs a TEST net's batches (default: on this replica's net).
     """
 
     def __init__(self, param: SolverParameter, *, device: str | torch.device = "cpu",
                  replica: int = 0, role: Role = ROOT, seeds: Seeds | None = None,
                  callbacks: Sequence[Callback] = (), pool: Any = None,
-                 action: Callable[[], str] = no_action, step: StepFn = eager_step):
+                 action: Callable[[], str] = no_action, step: StepFn = eager_step,
+                 runner: Runner | None = None, test_batches: TestBatches = own_test_batches):
         self.param = param
         self.device = torch.device(device)
         self.replica = replica
@@ -132,8 +175,10 @@ class Solver:
         self.callbacks = list(callbacks)
         self.action = action
         self.step_fn = step
-        self.runner: Runner | None = None
+        """The passes' step function; the graph loop's automatic compile swaps it once."""
+        self.runner = runner
         """Runs iterations in place of :meth:`iteration` (e.g. a CUDA-graph loop), if set."""
+        self.test_batches = test_batches
         self.grads_in_place = False
         """Gradients keep their tensors between iterations (set by whoever binds them: a
         parallel sync's flat buffers, a CUDA graph's capture)."""
@@ -172,6 +217,9 @@ class Solver:
         learnable = self.net.learnable_params()
         self.updater = Updater(param, [lp.param for lp in learnable],
                                [(lp.lr_mult, lp.decay_mult) for lp in learnable])
+        self.loss_scale = (LossScale(param.loss_scale, param.loss_scale_window, self.device)
+                           if param.precision == "FLOAT16" else None)
+        """float16's dynamic loss scale (loss_scale.py); None for other precisions."""
         self.pool = self._attach(self.net, pool)
         self.test_nets: list[Net] = []
         self._test_pool = self.pool if self.pool in self._pools else None
@@ -292,32 +340,59 @@ class Solver:
                 self.iteration()
             else:
                 self.runner.run(self, stop_iter)
+        if self.runner is not None:
+            self.runner.pause(self)
 
     def iteration(self) -> None:
-        """One iteration of Caffe's Step loop (test if due, train, update, act, snapshot)."""
+        """One iteration of Caffe's Step: the module docstring's three seams, eagerly."""
+        if self.begin_iteration():
+            self.end_iteration(*self.passes())
+
+    # --- the Step, as seams ---------------------------------------------------------------------
+    def begin_iteration(self) -> bool:
+        """Caffe's Step before the passes: the readers started, the TEST nets when due, every
+        callback's ``on_start``. False when a signal during the test stopped the run (the
+        iteration does not happen)."""
         self.start()
         if self.test_due():
             self.test_all()
             if self.stop_requested:
-                return
+                return False
         for cb in self.callbacks:
             cb.on_start(self)
-        display = self.display_due()
+        return True
+
+    def passes(self) -> tuple[torch.Tensor, NetOutput]:
+        """The gradients cleared, then this iteration's forward and backward passes."""
         self.zero_grads()
-        loss, out = self.forward_backward()
-        self.record_loss(loss)
+        return self.forward_backward()
+
+    def end_iteration(self, loss: torch.Tensor, out: NetOutput, *, count: int = 1,
+                      planned: RatePlan | None = None) -> None:
+        """Caffe's Step after the passes, for ``count`` iterations whose passes ran: their
+        losses recorded (a scalar, or one per iteration), the display of the first when due,
+        ``on_gradient_ready``, the update (``planned``: the one a replay applied with those
+        rates), ``on_update_applied`` and the count, signals and snapshot of
+        :meth:`finish_iteration`."""
+        display = self.display_due()
+        if loss.dim() == 0:
+            self.record_loss(loss)
+        else:
+            self.monitor.record_many(self.iter, loss)
         if display:
             self.display(out)
         for cb in self.callbacks:
             cb.on_gradient_ready(self)
-        if self.role.applies_updates:
+        rate = None
+        if planned is not None:
+            self.current_step, rate = planned.current_step, planned.rates[0]
+        elif self.role.applies_updates:
             rate = self.apply_update()
-            if display:
-                self.show_rate(rate)
+        if display and rate is not None:
+            self.show_rate(rate)
         self.update_applied()
-        self.finish_iteration()
+        self.finish_iteration(count)
 
-    # --- the seams ----------------------------------------------------------------------------
     def test_due(self) -> bool:
         """Whether the TEST nets run before this iteration (Caffe: every test_interval)."""
         p = self.param
@@ -351,9 +426,35 @@ class Solver:
 
     def apply_update(self) -> float:
         """Caffe's ApplyUpdate on the current gradients; returns the learning rate used."""
-        rate, self.current_step = learning_rate(self.param, self.iter, self.current_step)
-        self.updater.apply(rate, self.iter)
-        return rate
+        plan = self.plan_rates(1)
+        self.apply_scales(self.updater.scales(plan.rates[0], self.iter))
+        self.current_step = plan.current_step
+        return plan.rates[0]
+
+    def apply_scales(self, scales: Sequence[float] | torch.Tensor) -> None:
+        """The update with each parameter group's multiplier given (host floats, or a device
+        row a CUDA graph reads); with FLOAT16 the gradients are unscaled first and an
+        overflowing iteration changes nothing but the loss scale (no host sync)."""
+        scale = self.loss_scale
+        if scale is None:
+            self.updater.apply_scales(scales)
+            return
+        skip = scale.unscale(self.updater.gradients())
+        self.updater.apply_scales(scales, skip=skip)
+        scale.update()
+
+    def backward(self, loss: torch.Tensor) -> None:
+        """Backward from a pass's loss (scaled first with FLOAT16)."""
+        (loss if self.loss_scale is None else self.loss_scale.scaled(loss)).backward()
+
+    def plan_rates(self, count: int) -> RatePlan:
+        """The learning rates of the next ``count`` updates, from this iteration on; nothing
+        changes until :meth:`end_iteration` is told they were applied."""
+        rates, step = [], self.current_step
+        for j in range(count):
+            rate, step = learning_rate(self.param, self.iter + j, step)
+            rates.append(rate)
+        return RatePlan(self.iter, rates, step)
 
     def update_applied(self) -> None:
         """Call every callback's optional ``on_update_applied`` (after the update, before the
@@ -379,9 +480,10 @@ class Solver:
             self.stop_requested = True
 
     def autocast(self) -> AbstractContextManager[Any]:
-        """The forward passes' precision context (bf16 autocast for precision BF16)."""
-        if self.param.precision == "BF16":  # no weight-cast cache: a CUDA graph cannot hold one
-            return torch.autocast(device_type=self.device.type, dtype=torch.bfloat16,
+        """The forward passes' precision context (autocast for BF16 and FLOAT16)."""
+        dtype = {"BF16": torch.bfloat16, "FLOAT16": torch.float16}.get(self.param.precision)
+        if dtype is not None:  # no weight-cast cache: a CUDA graph cannot hold one
+            return torch.autocast(device_type=self.device.type, dtype=dtype,
                                   cache_enabled=False)
         return contextlib.nullcontext()
 
@@ -403,6 +505,8 @@ class Solver:
         values = {name: t.detach().float().reshape(-1) for name, t in out.outputs.items()}
         for line in format_output_lines("Train net output", values, self.net.loss_weights):
             log.info(f"    {line}")
+        if self.loss_scale is not None:
+            log.info(f"    {self.loss_scale.describe()}")
         if self.metrics is not None:
             self.metrics.row(self.iter, "train", self.current_rate(), self.smoothed_loss(),
                              output_means(values))
@@ -440,14 +544,14 @@ class Solver:
                                   f"({', '.join(detection_outputs(net))}), which only "
                                   "eval_type: detection turns into a score; set eval_type: "
                                   "detection in the solver")
-            if self.param.eval_type == "detection":
+            if self.param.eval_type == "detection":  # every batch's rows, on this net
                 means = run_detection_batches(
                     net, self.param.test_iter[k], self.param.ap_version,
                     per_class=self.param.show_per_class_result, autocast=self.autocast,
                     between=self._test_action)
             else:
-                means = run_batches(net, self.param.test_iter[k], autocast=self.autocast,
-                                    between=self._test_action)
+                means = self.test_batches(k, net, self.param.test_iter[k],
+                                          autocast=self.autocast, between=self._test_action)
             if means is None:  # stopped by a signal
                 return self.last_test
             self.last_test.append(means)
@@ -522,11 +626,14 @@ class Solver:
         return {
             "iter": self.iter,
             "current_step": self.current_step,
+            "random_seed": self.seeds.data,
             "learned_net": learned_net,
             "type": self.param.type,
             "history": [h.detach().cpu() for h in self.updater.history],
             "rng": self._rng_state(),
             "data": self.pool.state_dict() if self.pool is not None else None,
+            "loss_scale": (self.loss_scale.state_dict() if self.loss_scale is not None
+                           else None),
             "test_data": (self._test_pool.state_dict() if self._test_pool not in (None, self.pool)
                           else None),
         }
@@ -550,6 +657,9 @@ class Solver:
         self.iter, self.current_step = state["iter"], state["current_step"]
         with _damaged_entry(path, "rng"):
             self._load_rng_state(state.get("rng") or {})
+        if self.loss_scale is not None and state.get("loss_scale"):
+            with _damaged_entry(path, "loss_scale"):
+                self.loss_scale.load_state_dict(state["loss_scale"])
         if self.pool is not None and state.get("data"):
             with _damaged_entry(path, "data"):
                 self.pool.load_state_dict(state["data"])

@@ -22,7 +22,7 @@ import yaml
 from ..errors import SpecError
 from . import yamlio
 from .net_spec import NetParameter, parse_net
-from .schema import Source
+from .schema import Source, to_data
 from .solver_spec import SolverParameter, parse_solver
 
 NET_PREFIX = "net."
@@ -141,11 +141,27 @@ def _plain(node: Any) -> Any:
     return node
 
 
-def resolved_specs(resolved: Resolved, seed: int, prefix: str) -> tuple[str, str | None]:
-    """The YAML text of the solver (the seed used filled in, its net the resolved net file
-    ``<prefix>_net.yaml``) and of the net, with relative paths made absolute."""
+def resolved_of(param: SolverParameter) -> Resolved:
+    """A solver parsed elsewhere (or built in code) with the YAML data it stands for: the
+    fields written or changed, its inline net apart, as if read from a solver and a net file."""
+    solver = to_data(param)
+    net = None
+    if param.net_param is not None:
+        solver.pop("net_param", None)
+        net = to_data(param.net_param)
+    return Resolved(param, solver, net)
+
+
+def resolved_specs(resolved: Resolved, param: SolverParameter,
+                   stem: str | None = None) -> tuple[str, str | None]:
+    """The YAML text of the solver as the run uses it (``param``: the seed drawn and the
+    precision chosen filled in; its net the resolved net file ``<stem>_net.yaml``, the stem by
+    default the snapshot prefix) and of the net, with relative paths made absolute."""
+    prefix = stem or param.snapshot_prefix
     solver = copy.deepcopy(resolved.solver)
-    solver["random_seed"] = seed
+    solver["random_seed"] = param.random_seed
+    if param.precision != resolved.param.precision:
+        solver["precision"] = param.precision
     net_text = None
     if resolved.net is not None:
         solver["net"] = f"{Path(prefix).name}_net.yaml"

@@ -35,11 +35,20 @@ from ..errors import SpecError, one_line
 from .yamlio import MarkedDict, MarkedList
 
 
-def field(default: Any = MISSING, doc: str = "", *, choices: Iterable[str] | None = None,
+def field(default: Any = MISSING, doc: str = "", *,
+          choices: Iterable[str] | typing.Mapping[str, int | None] | None = None,
           path: bool = False, min: float | None = None, max: float | None = None) -> Any:
-    """A message field. Mutable defaults (lists) are copied per instance."""
+    """A message field. Mutable defaults (lists) are copied per instance.
+
+    ``choices`` as a mapping is a Caffe enum: each name with its number in caffe.proto (None
+    for a name caffe-py adds), so that a spec may write the number, as protobuf's text format
+    allows (``operation: 1`` is SUM); as a plain list of names, only the names are accepted.
+    """
+    numbers = None
+    if isinstance(choices, typing.Mapping):
+        numbers = {number: name for name, number in choices.items() if number is not None}
     meta = {"doc": doc, "choices": tuple(choices) if choices else None, "path": path,
-            "min": min, "max": max}
+            "min": min, "max": max, "numbers": numbers}
     if isinstance(default, list):
         return dataclasses.field(default_factory=lambda d=default: list(d), metadata=meta)
     if dataclasses.is_dataclass(default):
@@ -265,6 +274,13 @@ def convert(raw: Any, tp: Any, meta: typing.Mapping, src: Source, path: str, lin
     if tp is str:
         if isinstance(raw, bool) or raw is None or isinstance(raw, (dict, list)):
             fail(f"expected a string, got {_show(raw)}")
+        numbers = meta.get("numbers")
+        if numbers and isinstance(raw, int):  # an enum written as its number
+            if raw not in numbers:
+                fail(f"{raw} is not a value of this enum",
+                     "use one of " + ", ".join(f"{name} ({number})"
+                                               for number, name in sorted(numbers.items())))
+            raw = numbers[raw]
         value = str(raw)
         choices = meta.get("choices")
         if choices and value not in choices:
@@ -349,3 +365,38 @@ def to_dict(msg: Any) -> dict:
             value = [to_dict(v) if dataclasses.is_dataclass(v) else v for v in value]
         out[f.name] = value
     return out
+
+
+def to_data(msg: Any) -> dict[str, Any]:
+    """A message as the YAML data that parses back to an equal message: every field the spec
+    wrote or code changed since (:func:`is_set`), and, for a message built in code, every field
+    that differs from its default; nested messages likewise (a layer's ``params`` blocks
+    under their own keys)."""
+    out: dict[str, Any] = {}
+    for f in dataclasses.fields(msg):
+        if f.name.startswith("_"):
+            continue
+        value = getattr(msg, f.name)
+        if isinstance(value, dict) and f.name == "params":  # LayerParameter's type blocks
+            out.update({key: data for key, block in value.items() if (data := to_data(block))})
+            continue
+        if not _written(msg, f, value):
+            continue
+        if dataclasses.is_dataclass(value):
+            out[f.name] = to_data(value)
+        elif isinstance(value, list):
+            out[f.name] = [to_data(v) if dataclasses.is_dataclass(v) else v for v in value]
+        else:
+            out[f.name] = value
+    return out
+
+
+def _written(msg: Any, f: dataclasses.Field, value: Any) -> bool:
+    if getattr(msg, "_origin", None) is not None:
+        return is_set(msg, f.name)
+    if f.default is not dataclasses.MISSING:
+        return bool(value != f.default)
+    if f.default_factory is not dataclasses.MISSING:
+        return bool(value != f.default_factory())
+    return True
+

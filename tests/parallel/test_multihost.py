@@ -15,9 +15,9 @@ import pytest
 import torch
 from support import snapshot_names
 
+from caffe_py.devices import world_size
 from caffe_py.io import feed_of
 from caffe_py.parallel import HostSlice, ReplicatedRun
-from caffe_py.parallel.multihost import world_size
 from caffe_py.solver.roles import HOST_ROOT
 from caffe_py.solver.snapshot import load_weights
 from caffe_py.solver.solver import Solver

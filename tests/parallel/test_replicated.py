@@ -139,7 +139,8 @@ def test_train_replicated_logs_batches_and_tree_and_snapshots(tmp_path, db, capl
     caplog.set_level(logging.INFO, logger="caffe_py")
     param = _param(tmp_path, db, batch=B, snap="true", name="cli")
     root = train(param, [torch.device("cpu")] * 3, TrainOptions())
-    lines = caplog.messages
+    lines = caplog.messages   # after the run layer's lines (devices, seed, resolved specs)
+    lines = lines[next(i for i, m in enumerate(lines) if m.startswith("Batch: ")):]
     assert lines[:4] == [
         "Batch: 4 per replica x 3 replicas x iter_size 1 = 12 per update (effective batch 12; "
         "devices cpu#0, cpu#1, cpu#2; reduction tree; precision FLOAT32)",

@@ -10,7 +10,8 @@ import pytest
 import torch
 
 from caffe_py.errors import SolverError
-from caffe_py.solver.graph_loop import GraphedLoop, capture_blocker
+from caffe_py.solver.graph_loop import GraphedLoop
+from caffe_py.solver.graphs import capture_blocker
 from caffe_py.solver.solver import Solver
 
 
@@ -123,7 +124,7 @@ def test_callbacks_keep_the_eager_loop_and_say_why(ws, caplog):
     assert ("CUDA graphs off (cpu): callbacks run between the forward and the update; running "
             "eagerly") in caplog.messages
     with Solver(ws.load(max_iter=4)) as solver:
-        assert capture_blocker(solver) == "the net runs on cpu, not CUDA"
+        assert capture_blocker(solver, whole_iteration=True) == "the net runs on cpu, not CUDA"
 
 
 def test_without_a_given_chunk_three_timed_single_replays_size_it(ws):
@@ -220,3 +221,17 @@ def test_a_failing_automatic_compile_trains_the_plain_net(ws, caplog):
         solver.step_fn = CompiledStep(solver.net, compiler=_Compiler(RuntimeError("boom")))
         with pytest.raises(RuntimeError, match="^boom$"):
             solver.solve()
+
+
+def test_the_final_forward_reads_the_next_real_batch_as_the_eager_loop(ws, caplog):
+    """Between step calls the Data layers read their real feeds again: solve's last line (a
+    forward of the next batch) and a user's forward see what the eager loop's see."""
+    caplog.set_level(logging.INFO, logger="caffe_py")
+    ws.net(ws.LMDB_NET, batch=2)
+    common = {"max_iter": 12, "display": 4, "lr_policy": "fixed"}
+    trained(ws.load(**common))
+    eager = [m for m in caplog.messages if m.startswith("Iteration 12, loss = ")]
+    caplog.clear()
+    trained(ws.load(**common, snapshot_prefix="g/t"), GraphedLoop(chunk=4, emulate=True))
+    assert [m for m in caplog.messages if m.startswith("Iteration 12, loss = ")] == eager
+    assert len(eager) == 1

@@ -10,7 +10,7 @@ import torch
 from caffe_py.errors import SolverError
 from caffe_py.options import TrainOptions
 from caffe_py.parallel import ReplicatedRun
-from caffe_py.solver.graphs import GraphedStep, uncapturable_reason
+from caffe_py.solver.graphs import GraphedStep, capture_blocker
 from caffe_py.solver.solver import Solver
 from caffe_py.spec.solver_spec import load_solver
 
@@ -41,14 +41,14 @@ def _param(tmp_path, filler):
 
 def test_reasons_a_step_cannot_be_captured(tmp_path):
     solver = Solver(_param(tmp_path, "gaussian"))
-    assert uncapturable_reason(solver) == "the replica runs on cpu, not CUDA"
+    assert capture_blocker(solver) == "the net runs on cpu, not CUDA"
     solver.device = torch.device("cuda", 0)   # only the reason is asked: nothing runs there
     # the net was built on the CPU: its DummyData draws from a host generator (on a GPU the
     # generator lives there and each replay draws anew)
-    assert uncapturable_reason(solver) == "layer 'data' draws from a host generator (_gen)"
+    assert capture_blocker(solver) == "layer 'data' draws from a host generator (_gen)"
     solver = Solver(_param(tmp_path, "constant"))
     solver.device = torch.device("cuda", 0)
-    assert uncapturable_reason(solver) is None
+    assert capture_blocker(solver) is None
 
 
 def test_a_step_that_cannot_be_captured_says_why_and_trains_as_the_eager_one(tmp_path, caplog):
@@ -57,14 +57,14 @@ def test_a_step_that_cannot_be_captured_says_why_and_trains_as_the_eager_one(tmp
         solver.solve()
         graphed = [lp.param.detach().clone() for lp in solver.net.learnable_params()]
     assert [m for m in caplog.messages if m.startswith("CUDA graphs")] == [
-        "CUDA graphs off for replica 0 (cpu): the replica runs on cpu, not CUDA; running "
+        "CUDA graphs off for replica 0 (cpu): the net runs on cpu, not CUDA; running "
         "eagerly"]
     with Solver(_param(tmp_path, "uniform")) as solver:
         solver.solve()
         eager = [lp.param.detach() for lp in solver.net.learnable_params()]
     assert all(torch.equal(a, b) for a, b in zip(graphed, eager, strict=True))
     with pytest.raises(SolverError, match=r"^--graphs on: replica 0 \(cpu\) cannot be captured: "
-                                          r"the replica runs on cpu, not CUDA; use --graphs "
+                                          r"the net runs on cpu, not CUDA; use --graphs "
                                           r"auto to run it eagerly$"):
         with Solver(_param(tmp_path, "uniform"), step=GraphedStep(required=True)) as solver:
             solver.solve()

@@ -231,7 +231,7 @@ def test_train_rejects_unwritable_snapshot_dir_before_training(ws):
 def test_train_rejects_weights_with_snapshot_and_swapped_files(ws):
     p = ws.load()
     cpu = [torch.device("cpu")]
-    with pytest.raises(SolverError, match="--weights and --snapshot are both given"):
+    with pytest.raises(SolverError, match="--weights and --snapshot are exclusive"):
         train(p, cpu, TrainOptions(weights=["a.pt"], snapshot="a.solverstate.pt"))
     with pytest.raises(SolverError, match=r"^x\.solverstate\.pt is a solver state, not weights"):
         train(p, cpu, TrainOptions(weights=["x.solverstate.pt"]))

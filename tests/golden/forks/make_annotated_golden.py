@@ -73,7 +73,7 @@ def fork_convert(out: Path, db: str, encoded: bool) -> None:
 
 
 def cpy_convert(out: Path, db: Path, encoded: bool) -> None:
-    from caffe_py.io.annoset import AnnosetOptions, convert_annoset
+    from caffe_py.tools.annoset import AnnosetOptions, convert_annoset
 
     options = AnnosetOptions(label_map_file=str(out / "labelmap.prototxt"), encoded=encoded,
                              encode_type="png" if encoded else "")

@@ -10,7 +10,7 @@ compiles them as host C++ (``CUDA_KERNEL_LOOP`` becomes a loop over the thread i
 atomic add a plain add, the device math functions their float overloads), and calls them with
 the arguments the layer's Forward_gpu/Backward_gpu pass; the few element-wise steps between
 kernel calls (a difference, a product, a sum) are done in float32 as caffe_gpu_* does. The
-results go into the fixture format of make_golden.py, compared by test_forks.py.
+results go into the fixture format of make_golden.py, compared by test_fork_golden.py.
 
     python tests/golden/forks/make_kernel_golden.py \\
         --fast-rcnn /path/to/caffe-fast-rcnn[.git] --rfcn /path/to/caffe-rfcn[.git]

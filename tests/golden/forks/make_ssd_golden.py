@@ -1,7 +1,7 @@
 """Write a Caffe fork's golden fixtures: every case of ``<fork>_cases.py`` run forward and
 backward by the fork's own pycaffe, saved as tests/golden/forks/<fork>/<Type>.npz in the
 format of tests/golden/fixtures (make_golden.py, whose net building and case running this
-reuses; tests/golden/forks/test_forks.py compares caffe-py with them).
+reuses; tests/golden/forks/test_fork_golden.py compares caffe-py with them).
 
 SSD's Caffe (weiliu89/caffe, branch ssd, commit 4817bf8), built CPU-only by
 tools/oracles/ssd/build_ssd.sh into /opt/ssd, on CPython 3.11 with numpy 2, from the

@@ -16,11 +16,11 @@ import numpy as np
 import pytest
 import yaml
 
-from caffe_py.io.annoset import AnnosetOptions, convert_annoset
-from caffe_py.io.lmdb_store import open_db
+from caffe_py.io.db.lmdb_store import open_db
 from caffe_py.net import Net
 from caffe_py.solver.evaluate import fed
 from caffe_py.spec.net_spec import load_net
+from caffe_py.tools.annoset import AnnosetOptions, convert_annoset
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
