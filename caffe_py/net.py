@@ -390,8 +390,26 @@ class Net(WeightsMixin, nn.Module):
             setattr(ref.layer, ref.attr, theirs.view(mine.shape))
 
     # --- forward ----------------------------------------------------------------------------
-    def forward(self, inputs: Mapping[str, torch.Tensor] | None = None) -> NetOutput:
-        """Run every layer in order; ``inputs`` maps each net input name to its tensor."""
+    @overload
+    def forward(self, inputs: Mapping[str, torch.Tensor] | None = None) -> NetOutput: ...
+
+    @overload
+    def forward(self, inputs: torch.Tensor) -> torch.Tensor | dict[str, torch.Tensor]: ...
+
+    def forward(self, inputs: Mapping[str, torch.Tensor] | torch.Tensor | None = None
+                ) -> NetOutput | torch.Tensor | dict[str, torch.Tensor]:
+        """Run every layer in order; ``inputs`` maps each net input name to its tensor.
+
+        A net of one input also takes the tensor alone, as a PyTorch module does
+        (``net(x)``), and then returns its output: the tensor of a net with one output, else
+        the outputs by name."""
+        if isinstance(inputs, torch.Tensor):
+            if len(self.input_names) != 1:
+                raise NetError(f"net '{self.name}' has {len(self.input_names)} inputs "
+                               f"({', '.join(self.input_names) or 'none'}), so a tensor alone "
+                               "does not say which it is; pass a dict {name: tensor}")
+            out = self._forward({self.input_names[0]: inputs}, _global_hooks()).outputs
+            return next(iter(out.values())) if len(out) == 1 else out
         return self._forward(inputs, _global_hooks())
 
     def _forward(self, inputs: Mapping[str, torch.Tensor] | None, hooked: bool) -> NetOutput:
