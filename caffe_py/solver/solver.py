@@ -46,7 +46,7 @@ from . import snapshot as snap
 from .callbacks import Callback
 from .evaluate import format_output_lines, output_means, run_batches
 from .lr_policy import learning_rate
-from .metrics import FIXED, MetricsFile, metrics_path, output_columns
+from .metrics import FIXED, MetricsFile, metrics_path, output_columns, seconds_at
 from .monitor import Monitor
 from .roles import ROOT, Role, Seeds, StepFn, eager_step
 from .rules import Updater
@@ -172,6 +172,9 @@ class Solver:
         self.snapshot_on_stop = False  # a snapshot-stop signal: the end writes a snapshot
         self.last_snapshot: Path | str | None = None  # the newest whole solver state
         self.metrics: MetricsFile | None = None  # the run's CSV table (the reporting solver's)
+        self.seconds_before = 0.0
+        """The seconds the run had trained when its restored state was written (0 for a new
+        run): the metrics table's clock goes on from there."""
         self.last_test: list[dict[str, torch.Tensor]] = []
         self._pools: list[Any] = []
         self._started = False
@@ -257,7 +260,13 @@ class Solver:
         for k, net in enumerate(self.test_nets):
             columns += output_columns(net, f"test{k}")
         return MetricsFile(metrics_path(self.param.snapshot_prefix), columns, resume=resume,
-                           tensorboard=tensorboard)
+                           tensorboard=tensorboard, seconds=self.seconds_before)
+
+    def seconds(self) -> float:
+        """Seconds of training so far, over every resume: the metrics table's clock."""
+        if self.metrics is not None:
+            return self.metrics.seconds()
+        return self.seconds_before
 
     def current_rate(self) -> float:
         """The learning rate this iteration's update uses."""
@@ -294,9 +303,14 @@ class Solver:
         self.check_finite()
         if p.display and self.iter % p.display == 0:
             with torch.no_grad(), self.autocast():
-                loss = self.net().loss.detach().float()
-            self.record_loss(loss)
+                out = self.net()
+            self.record_loss(out.loss.detach().float())
             log.info(f"Iteration {self.iter}, loss = {self.smoothed_loss():g}")
+            if self.metrics is not None:  # the final iteration's row
+                values = {name: t.detach().float().reshape(-1)
+                          for name, t in out.outputs.items()}
+                self.metrics.row(self.iter, "train", self.current_rate(), self.smoothed_loss(),
+                                 output_means(values))
         if p.test_interval and self.iter % p.test_interval == 0:
             self.test_all()
         log.info("Optimization Done.")
@@ -564,6 +578,7 @@ class Solver:
             "iter": self.iter,
             "current_step": self.current_step,
             "random_seed": self.seeds.data,
+            "seconds": self.seconds(),
             "learned_net": learned_net,
             "type": self.param.type,
             "history": [h.detach().cpu() for h in self.updater.history],
@@ -590,6 +605,9 @@ class Solver:
         self.net.copy_from(snap.load_weights(weights), source=weights)
         self.updater.load_history(state["history"], str(path))
         self.iter, self.current_step = state["iter"], state["current_step"]
+        seconds = state.get("seconds")  # none in Caffe's states: the table's own record
+        self.seconds_before = float(seconds) if isinstance(seconds, (int, float)) else \
+            seconds_at(metrics_path(self.param.snapshot_prefix), self.iter)
         with _damaged_entry(path, "rng"):
             self._load_rng_state(state.get("rng") or {})
         if self.pool is not None and state.get("data"):
