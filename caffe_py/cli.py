@@ -15,7 +15,7 @@ from typing import Any
 import click
 
 from . import configs_dir
-from .commands.output import logging_to_console
+from .commands.output import log_user_error, logging_to_console
 from .errors import CaffePyError
 from .spec import yamlio
 
@@ -46,8 +46,13 @@ class _Group(click.Group):
         yamlio.FOREIGN.setdefault(".prototxt", _prototxt_as_yaml)
         try:
             with logging_to_console():
-                return super().invoke(ctx)
-        except CaffePyError as exc:
+                try:
+                    return super().invoke(ctx)
+                except CaffePyError as exc:
+                    message = printable(str(exc))
+                    log_user_error(message)  # the log files keep it too, as Caffe's do
+                    raise click.ClickException(message) from None
+        except CaffePyError as exc:  # before the command ran (a GLOG_* variable)
             raise click.ClickException(printable(str(exc))) from None
 
     def main(self, *args: Any, **kwargs: Any) -> Any:

@@ -51,7 +51,7 @@ def test_caffe_train_command_line_on_bvlc_prototxts(tmp_path, monkeypatch):
     result = CliRunner().invoke(cli, ["train", "-solver", "examples/mnist/lenet_solver.prototxt",
                                       "-gpu", "cpu"])
     assert result.exit_code == 0, result.output
-    lines = result.stdout.splitlines()
+    lines = result.stderr.splitlines()
     assert lines[0] == ("Note: examples/mnist/lenet_solver.prototxt is a Caffe prototxt, read "
                         "in memory as its YAML spec (cpy import-prototxt "
                         "examples/mnist/lenet_solver.prototxt OUT.yaml writes it)")
@@ -61,4 +61,4 @@ def test_caffe_train_command_line_on_bvlc_prototxts(tmp_path, monkeypatch):
                                       "examples/mnist/lenet_train_test.prototxt", "-weights",
                                       "examples/mnist/lenet_iter_4.pt", "-iterations", "2"])
     assert result.exit_code == 0, result.output
-    assert any(line.startswith("accuracy = ") for line in result.stdout.splitlines())
+    assert any(line.startswith("accuracy = ") for line in result.stderr.splitlines())

@@ -33,7 +33,7 @@ def test_the_metrics_file_holds_what_the_log_prints(tmp_path, monkeypatch):
     assert [(r[0], r[2]) for r in table[1:]] == [
         ("0", "test0"), ("0", "train"), ("5", "train"), ("10", "test0"), ("10", "train"),
         ("15", "train"), ("20", "train"), ("20", "test0")]
-    lines = result.stdout.splitlines()
+    lines = result.stderr.splitlines()
     printed = [line.split(" = ")[1].split()[0] for line in lines if "Train net output #0" in line]
     assert [r[5] for r in table[1:] if r[2] == "train"][:-1] == printed
     smoothed = [line.rsplit(" = ", 1)[1] for line in lines

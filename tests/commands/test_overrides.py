@@ -6,6 +6,7 @@ import yaml
 from click.testing import CliRunner
 from support import TINY_NET as NET
 from support import TINY_SOLVER as SOLVER
+from support import error_line
 
 from caffe_py.cli import cli
 
@@ -25,7 +26,7 @@ def test_overrides_reach_the_run_and_the_resolved_files_repeat_it(tmp_path, monk
     first = run("train", "--solver", "solver.yaml", "--set", "base_lr=0.02", "--set",
                 "net.ip.inner_product_param.num_output=5", "--set", "max_iter=10")
     assert first.exit_code == 0, first.output
-    lines = first.stdout.splitlines()
+    lines = first.stderr.splitlines()
     seed = int(lines[lines.index(next(x for x in lines if x.startswith("Random seed: ")))]
                .split(": ")[1])
     assert "Initializing solver from parameters:" in lines
@@ -38,7 +39,7 @@ def test_overrides_reach_the_run_and_the_resolved_files_repeat_it(tmp_path, monk
     assert [line for line in lines if ", lr = " in line][0] == "Iteration 0, lr = 0.02"
     again = run("train", "--solver", "snaps/tiny_solver.yaml")
     assert again.exit_code == 0, again.output
-    assert losses(again.stdout) == losses(first.stdout) and len(losses(first.stdout)) == 2
+    assert losses(again.stderr) == losses(first.stderr) and len(losses(first.stderr)) == 2
 
 
 def test_bad_overrides_are_one_line_named_after_the_flag(tmp_path, monkeypatch):
@@ -59,12 +60,12 @@ def test_bad_overrides_are_one_line_named_after_the_flag(tmp_path, monkeypatch):
     }
     for flag, message in cases.items():
         result = run("train", "--solver", "solver.yaml", "--set", flag)
-        assert (result.exit_code, result.stderr.strip()) == (1, message)
+        assert (result.exit_code, error_line(result.stderr)) == (1, message)
     result = run("time", "--model", "net.yaml", "--iterations", "1", "--set",
                  "net.ip.inner_product_param.num_output=7")
     assert result.exit_code == 0, result.output
     result = run("time", "--model", "net.yaml", "--set", "base_lr=1")
-    assert (result.exit_code, result.stderr.strip()) == (
+    assert (result.exit_code, error_line(result.stderr)) == (
         1, "Error: --set base_lr: this command takes a net, so only net fields: --set "
            "net.LAYER.FIELD=VALUE")
 
@@ -101,7 +102,7 @@ def test_a_name_two_layers_share_is_refused_until_one_is_picked(tmp_path, monkey
     (tmp_path / "solver.yaml").write_text(SOLVER)
     key = "dummy_data_param.data_filler"
     result = run("train", "--solver", "solver.yaml", "--set", f"net.data.{key}={{type: xavier}}")
-    assert (result.exit_code, result.stderr.strip()) == (1, (
+    assert (result.exit_code, error_line(result.stderr)) == (1, (
         f"Error: --set net.data.{key}: 2 layers of {tmp_path / 'net.yaml'} are named 'data' "
         f"(lines 3 and 8: TRAIN, TEST); pick one: net.data@TRAIN.{key} or "
         f"net.data@TEST.{key}"))
@@ -119,7 +120,7 @@ def test_a_name_two_layers_share_is_refused_until_one_is_picked(tmp_path, monkey
     assert (train["dummy_data_param"]["data_filler"]["value"], "data_filler" in
             test["dummy_data_param"]) == (1, False)
     result = run("train", "--solver", "solver.yaml", "--set", f"net.data@2.{key}=[]")
-    assert (result.exit_code, result.stderr.strip()) == (1, (
+    assert (result.exit_code, error_line(result.stderr)) == (1, (
         f"Error: --set net.data@2.{key}: {tmp_path / 'net.yaml'} has 2 layer(s) named 'data'; "
         "pick one of net.data@0 .. net.data@1"))
 
@@ -153,7 +154,7 @@ def test_list_indices_set_one_entry(tmp_path, monkeypatch):
     }
     for flag, message in cases.items():
         result = run("train", "--solver", "solver.yaml", "--overwrite", "--set", flag)
-        assert (result.exit_code, result.stderr.strip()) == (1, message)
+        assert (result.exit_code, error_line(result.stderr)) == (1, message)
 
 
 def test_the_net_field_and_paths_on_the_command_line_are_from_here(tmp_path, monkeypatch):
@@ -173,6 +174,6 @@ def test_the_net_field_and_paths_on_the_command_line_are_from_here(tmp_path, mon
     net = yaml.safe_load((tmp_path / "runs" / "other_net.yaml").read_text())
     assert net["layer"][1]["inner_product_param"]["num_output"] == 4
     result = run("train", "--solver", "conf/solver.yaml", "--set", "net=missing.yaml")
-    assert (result.exit_code, result.stderr.strip()) == (1, (
+    assert (result.exit_code, error_line(result.stderr)) == (1, (
         f"Error: {tmp_path / 'missing.yaml'}: file not found; check the path (relative to the "
         "current directory)"))
