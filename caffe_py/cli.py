@@ -84,20 +84,29 @@ def _prototxt_as_yaml(path: Any) -> str:
     return prototxt_as_yaml(path)
 
 
-# Caffe's tools/caffe.cpp flags (gflags: one dash) -> cpy's options
-CAFFE_FLAGS = {"-solver": "--solver", "-gpu": "--gpus", "-weights": "--weights",
-               "-snapshot": "--snapshot", "-model": "--model", "-iterations": "--iterations",
-               "-sigint_effect": "--sigint-effect", "-sighup_effect": "--sighup-effect"}
+# Caffe's tools/caffe.cpp flags (gflags: one dash or two, ``-gpu 0``, ``--gpu=0,1``) -> cpy's
+CAFFE_FLAGS = {"solver": "--solver", "gpu": "--gpus", "weights": "--weights",
+               "snapshot": "--snapshot", "model": "--model", "iterations": "--iterations",
+               "sigint_effect": "--sigint-effect", "sighup_effect": "--sighup-effect",
+               "phase": "--phase", "level": "--level", "stage": "--stage"}
 COMMAND_ALIASES = {"device_query": "device-query"}  # Caffe's action names
+CAFFE_TOOLS = ("convert_imageset", "compute_image_mean", "convert_mnist_data",
+               "upgrade_net_proto_text", "extract_features")
+"""Caffe's tools, commands of their own that read their flags as gflags does."""
 
 
 def caffe_spellings(args: list[str]) -> list[str]:
-    """Caffe's single-dash flags (``-solver x``, ``-gpu=0``) and action names as cpy's."""
+    """Caffe's flags as gflags spells them (``-solver x``, ``-gpu=0``, ``--gpu 0,1``) and
+    Caffe's action names, as cpy's; the arguments of Caffe's tools (``cpy convert_imageset
+    ...``) are left to those commands, which read them as gflags does."""
+    if args and args[0] in CAFFE_TOOLS:
+        return list(args)
     out = []
     for arg in args:
         flag, eq, value = arg.partition("=")
-        if flag in CAFFE_FLAGS:
-            out.append(CAFFE_FLAGS[flag] + (f"={value}" if eq else ""))
+        name = flag[2:] if flag.startswith("--") else flag[1:] if flag.startswith("-") else ""
+        if name in CAFFE_FLAGS:
+            out.append(CAFFE_FLAGS[name] + (f"={value}" if eq else ""))
         else:
             out.append(COMMAND_ALIASES.get(arg, arg) if not out else arg)
     return out

@@ -561,10 +561,13 @@ class Solver:
         return weights, state
 
     def _write_snapshot(self, weights: Path, state: Path) -> None:
-        log.info(f"Snapshotting to {weights}")
+        # Caffe's own words for its formats (solver.cpp, sgd_solver.cpp)
+        kind = {"caffemodel": "binary proto file ", "HDF5": "HDF5 file "}.get(
+            self.param.snapshot_format, "")
+        log.info(f"Snapshotting to {kind}{weights}")
         types = {layer.name: layer.spec.type for layer in self.net.layers}
         snap.save_weights(self.net.layer_blobs(), weights, types, self.net.name)
-        log.info(f"Snapshotting solver state to {state}")
+        log.info(f"Snapshotting solver state to {kind}{state}")
         # Caffe's formats name the weights relative to the current directory, as Caffe writes
         # them (Caffe opens that path on --snapshot); caffe-py looks for the name next to the
         # state whatever the path says

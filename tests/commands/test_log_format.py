@@ -11,9 +11,9 @@ import subprocess
 import sys
 
 import pytest
+from support import ROOT, cli_process
 from support import TINY_NET as NET
 from support import TINY_SOLVER as SOLVER
-from support import ROOT, cli_process
 
 from caffe_py.commands.output import GLOG_PREFIX
 
