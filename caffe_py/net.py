@@ -537,6 +537,24 @@ class Net(WeightsMixin, nn.Module):
         """Every condition the layers watch on the device (read by the solver's monitor)."""
         return [check for layer in self.layers for check in layer.device_checks]
 
+    def source_states(self) -> dict[str, dict[str, Any]]:
+        """Layer name -> read position of every data source that keeps its own (MemoryData,
+        a DatasetLayer): what a solver state saves so that a resume reads on exactly."""
+        states = {layer.name: layer.source_state() for layer in self.layers}
+        return {name: state for name, state in states.items() if state is not None}
+
+    def load_source_states(self, states: Mapping[str, Mapping[str, Any]]) -> None:
+        """Give each source layer named in ``states`` its read position back."""
+        for layer in self.layers:
+            if layer.name in states:
+                layer.load_source_state(states[layer.name])
+
+    def bind_sources(self, seed: int, replica: int = 0, replicas: int = 1) -> None:
+        """The run's data seed and this replica's share of the records, for the source layers
+        that read by themselves (see :meth:`Layer.bind_source`)."""
+        for layer in self.layers:
+            layer.bind_source(seed, replica, replicas)
+
     def data_layers(self) -> list[Layer]:
         """The layers the data pipeline feeds (Data, ImageData, WindowData, HDF5Data), in
         order: it attaches a feed to each."""

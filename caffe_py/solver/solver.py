@@ -31,7 +31,7 @@ import contextlib
 import logging
 import os
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from pathlib import Path
@@ -133,14 +133,17 @@ class Solver:
     training) for the TRAIN net, else the solver reads through a pool of its own; ``action``
     returns what a signal asks for after each iteration (see signals.py); ``step`` computes the
     forward and backward passes (default: :func:`~caffe_py.solver.roles.eager_step`);
-    ``runner`` runs the iterations in place of :meth:`iteration` (the CUDA-graph loop).
+    ``runner`` runs the iterations in place of :meth:`iteration` (the CUDA-graph loop);
+    ``inputs`` / ``test_inputs`` are arrays by top name for the nets' in-memory sources
+    (:meth:`feed`).
     """
 
     def __init__(self, param: SolverParameter, *, device: str | torch.device = "cpu",
                  replica: int = 0, role: Role = ROOT, seeds: Seeds | None = None,
                  callbacks: Sequence[Callback] = (), pool: Any = None,
                  action: Callable[[], str] = no_action, step: StepFn = eager_step,
-                 runner: Runner | None = None):
+                 runner: Runner | None = None, inputs: Mapping[str, Any] | None = None,
+                 test_inputs: Mapping[str, Any] | None = None):
         self.param = param
         self.device = torch.device(device)
         self.replica = replica
@@ -201,6 +204,8 @@ class Solver:
                 net.share_weights_with(self.net)
                 self.test_nets.append(net)
                 self._test_pool = self._attach(net, self._test_pool)
+        for net in (self.net, *self.test_nets):
+            net.bind_sources(self.seeds.data)  # a run of several replicas shards them later
         checks = [c for net in (self.net, *self.test_nets) for c in net.device_checks()]
         self.monitor = Monitor(self.device, param.average_loss, checks)
         self._last_display = (time.perf_counter(), 0)
@@ -209,6 +214,8 @@ class Solver:
                 log.info(f"Note: {note}")
         if param.weights:  # Caffe 1.0's SolverParameter.weights: loaded as the net is made
             self.load_weights(param.weights)
+        if inputs is not None or test_inputs is not None:
+            self.feed(inputs, test_inputs)
 
     # --- building -----------------------------------------------------------------------------
     def _build(self, spec, phase: str, state) -> Net:
@@ -239,6 +246,39 @@ class Solver:
         replica = 0 if pool in self._pools else self.replica
         attach_feeds(net, pool, replica=replica, device=self.device, seed=self.seeds.data)
         return pool
+
+    def feed(self, inputs: Mapping[str, Any] | None,
+             test_inputs: Mapping[str, Any] | None = None) -> None:
+        """Arrays by top name (numpy arrays or tensors, N rows each) for the TRAIN net's
+        in-memory source, a MemoryData layer whose tops they name (``{"data": x, "label":
+        y}``), and ``test_inputs`` for the TEST nets' (each net that has such a layer)."""
+        if inputs is not None:
+            self._feed_net(self.net, inputs, "inputs")
+        if test_inputs is not None and self.test_nets:
+            fed = [self._feed_net(net, test_inputs, "test_inputs", required=False)
+                   for net in self.test_nets]
+            if not any(fed):
+                raise SolverError(f"test_inputs {', '.join(test_inputs)}: no TEST net has a "
+                                  "MemoryData layer with those tops; name the tops of one")
+
+    @staticmethod
+    def _feed_net(net: Net, arrays: Mapping[str, Any], what: str, required: bool = True) -> bool:
+        """Hand ``arrays`` to the MemoryData layer of ``net`` whose tops they name."""
+        names = set(arrays)
+        for layer in net.layers:
+            if layer.spec.type == "MemoryData" and set(layer.spec.top) == names:
+                data, labels = (arrays[top] for top in layer.spec.top)
+                layer.reset(data, labels)
+                return True
+        if not required:
+            return False
+        memory = [f"'{layer.name}' ({', '.join(layer.spec.top)})" for layer in net.layers
+                  if layer.spec.type == "MemoryData"]
+        have = f"its MemoryData layers: {'; '.join(memory)}" if memory else \
+            "it has none: give it one, e.g. {name: data, type: MemoryData, top: [data, label], " \
+            "memory_data_param: {batch_size: 64, channels: 1, height: 28, width: 28}}"
+        raise SolverError(f"{what} {', '.join(arrays)}: the {net.phase} net '{net.name}' has no "
+                          f"MemoryData layer with exactly those tops; {have}")
 
     def start(self) -> None:
         """Start the readers this solver owns (after any restore); idempotent."""
@@ -589,7 +629,12 @@ class Solver:
             "data": self.pool.state_dict() if self.pool is not None else None,
             "test_data": (self._test_pool.state_dict() if self._test_pool not in (None, self.pool)
                           else None),
+            "sources": {tag: net.source_states() for tag, net in self._nets()},
         }
+
+    def _nets(self) -> list[tuple[str, Net]]:
+        """The nets by the tag a solver state keys them with: train, test0, test1..."""
+        return [("train", self.net)] + [(f"test{k}", n) for k, n in enumerate(self.test_nets)]
 
     def restore(self, path: str) -> None:
         """Caffe's Restore: weights, iteration, current_step, history, RNGs, data positions."""
@@ -618,13 +663,16 @@ class Solver:
                 self.pool.load_state_dict(state["data"])
         if self._test_pool not in (None, self.pool) and state.get("test_data"):
             self._test_pool.load_state_dict(state["test_data"])
+        with _damaged_entry(path, "sources"):
+            sources = state.get("sources") or {}
+            for tag, net in self._nets():
+                net.load_source_states(sources.get(tag) or {})
         self._last_display = (time.perf_counter(), self.iter)
 
     def _generators(self) -> dict[str, torch.Generator]:
         """Every generator a layer keeps for itself (DummyData...), by net and layer."""
-        nets = [("train", self.net)] + [(f"test{k}", n) for k, n in enumerate(self.test_nets)]
         return {f"{tag}/{layer.name}.{attr}": value
-                for tag, net in nets for layer in net.layers
+                for tag, net in self._nets() for layer in net.layers
                 for attr, value in layer.generators().items()}
 
     def _rng_state(self) -> dict[str, Any]:
