@@ -28,6 +28,8 @@ COMMANDS = {
     "plot": "plot",
     "export": "export", "draw": "export",
     "build-ext": "ext",
+    # Caffe's tools under their own names, their flags read as gflags reads them
+    "upgrade_net_proto_text": "caffe_tools",
 }
 
 
@@ -90,8 +92,7 @@ CAFFE_FLAGS = {"solver": "--solver", "gpu": "--gpus", "weights": "--weights",
                "sigint_effect": "--sigint-effect", "sighup_effect": "--sighup-effect",
                "phase": "--phase", "level": "--level", "stage": "--stage"}
 COMMAND_ALIASES = {"device_query": "device-query"}  # Caffe's action names
-CAFFE_TOOLS = ("convert_imageset", "compute_image_mean", "convert_mnist_data",
-               "upgrade_net_proto_text", "extract_features")
+CAFFE_TOOLS = tuple(name for name, module in COMMANDS.items() if module == "caffe_tools")
 """Caffe's tools, commands of their own that read their flags as gflags does."""
 
 
