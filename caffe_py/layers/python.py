@@ -163,8 +163,8 @@ class DatasetLayer(TorchLayer):
                                                   .manual_seed(self.seed * 1_000_003 + epoch))}
         return int(self._orders[epoch][i])
 
-    def forward(self) -> torch.Tensor | tuple[torch.Tensor, ...]:
-        rows = []
+    def forward(self, *bottoms: torch.Tensor) -> torch.Tensor | tuple[torch.Tensor, ...]:
+        rows = []  # a source: no bottoms
         for k in range(self.batch_size):
             position = (self.position + k) * self.replicas + self.replica
             rows.append(self._fields(self._record_at(position)))

@@ -268,13 +268,14 @@ class Solver:
         for layer in net.layers:
             if layer.spec.type == "MemoryData" and set(layer.spec.top) == names:
                 data, labels = (arrays[top] for top in layer.spec.top)
-                layer.reset(data, labels)
+                memory: Any = layer  # a MemoryData (the layer library is not imported here)
+                memory.reset(data, labels)
                 return True
         if not required:
             return False
-        memory = [f"'{layer.name}' ({', '.join(layer.spec.top)})" for layer in net.layers
+        layers = [f"'{layer.name}' ({', '.join(layer.spec.top)})" for layer in net.layers
                   if layer.spec.type == "MemoryData"]
-        have = f"its MemoryData layers: {'; '.join(memory)}" if memory else \
+        have = f"its MemoryData layers: {'; '.join(layers)}" if layers else \
             "it has none: give it one, e.g. {name: data, type: MemoryData, top: [data, label], " \
             "memory_data_param: {batch_size: 64, channels: 1, height: 28, width: 28}}"
         raise SolverError(f"{what} {', '.join(arrays)}: the {net.phase} net '{net.name}' has no "
