@@ -12,7 +12,7 @@ from .solver.signals import EFFECTS, SNAPSHOT, SNAPSHOT_STOP, STOP
 if TYPE_CHECKING:
     from .solver.solver import ProgressFactory
 
-REDUCTIONS = ("tree", "nccl")
+REDUCTIONS = ("auto", "tree", "nccl")
 GRAPHS = ("auto", "on", "off")
 COMPILES = ("auto", "on", "off")
 DIST_BACKENDS = ("nccl", "gloo")
@@ -37,8 +37,11 @@ class TrainOptions:
     """What SIGTERM (a cluster's preemption) does: by default a snapshot, then the end."""
     precision: str | None = None
     """Overrides the solver's ``precision`` (FLOAT32 | BF16) when set."""
-    reduction: str = "tree"
-    """Multi-device gradient reduction: 'tree' (Caffe rc3's P2PSync) or 'nccl'."""
+    reduction: str = "auto"
+    """Multi-device gradient reduction: 'tree' (Caffe rc3's P2PSync: the root sums, updates
+    and sends the weights down), 'nccl' (NCCL's all-reduce), or 'auto': on GPUs of one host
+    with CUDA graphs, every replica's whole iteration captured with NCCL's all-reduce inside
+    (parallel/captured.py), else the tree."""
     graphs: str = "auto"
     """CUDA graphs: 'auto' (capture whenever the net allows it, else say why and run eagerly),
     'on' (as auto, but a net that cannot be captured is an error), 'off' (eager)."""

@@ -117,7 +117,7 @@ def test_one_and_two_replicas_train_through_the_same_entry_point(monkeypatch, tm
 
 
 def test_bad_options_are_refused_when_made():
-    with pytest.raises(SolverError, match="^reduction 'ring' is not one of tree, nccl$"):
+    with pytest.raises(SolverError, match="^reduction 'ring' is not one of auto, tree, nccl$"):
         TrainOptions(reduction="ring")
     with pytest.raises(SolverError, match="^sigint_effect 'kill' is not one of stop, snapshot, "
                                           "snapshot-stop, none$"):

@@ -84,8 +84,11 @@ def set_option(command: Any) -> Any:
               help="what SIGTERM (preemption) does (after the current iteration)")
 @click.option("--precision", type=click.Choice(PRECISIONS), default=None,
               help="override the solver's precision")
-@click.option("--reduction", type=click.Choice(REDUCTIONS), default="tree",
-              show_default=True, help="multi-device gradient reduction")
+@click.option("--reduction", type=click.Choice(REDUCTIONS), default="auto",
+              show_default=True,
+              help="multi-device gradient reduction: tree (Caffe's P2PSync), nccl, or auto "
+                   "(GPUs with graphs: whole iterations captured with NCCL's all-reduce; "
+                   "else the tree)")
 @click.option("--graphs", type=click.Choice(GRAPHS), default=None,
               help="CUDA graphs: auto (the default: capture whenever the net allows it), on "
                    "(an error when it does not), off (eager)")

@@ -89,6 +89,12 @@ def restore_feeds(s: Solver, feeds: list[StaticFeed]) -> None:
         swap_feed(layer, feed.real)
 
 
+def reinstall_feeds(s: Solver, feeds: list[StaticFeed]) -> None:
+    """The static feeds of :func:`install_static_feeds` in place again, after a restore."""
+    for layer, feed in zip(s.net.data_layers(), feeds, strict=True):
+        swap_feed(layer, feed)
+
+
 def capture_blocker(s: Solver, *, whole_iteration: bool = False,
                     emulate: bool = False) -> str | None:
     """Why ``s``'s TRAIN passes (with ``whole_iteration``: also the update, with no callback

@@ -63,6 +63,12 @@ class Runner(Protocol):
         """Run at least one iteration (none past ``stop_iter``), with Caffe's bookkeeping."""
         ...
 
+    def pause(self, solver: Solver) -> None:
+        """The iterations stop for now (a ``step`` call ends): put back what the runner
+        swapped in, so that the nets outside it (the final forward, a user's) read the real
+        data; the next ``run`` swaps it in again."""
+        ...
+
 
 @dataclass(frozen=True)
 class RatePlan:
@@ -364,6 +370,8 @@ class Solver:
                 self.iteration()
             else:
                 self.runner.run(self, stop_iter)
+        if self.runner is not None:
+            self.runner.pause(self)
 
     def iteration(self) -> None:
         """One iteration of Caffe's Step: the module docstring's three seams, eagerly."""
