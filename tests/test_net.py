@@ -1,9 +1,15 @@
 """The Net's own semantics, on toy layers (conftest) plus Input and DummyData."""
 from __future__ import annotations
 
+import ast
+import inspect
+import textwrap
+
 import pytest
 import torch
+import torch.nn.modules.module as module_hooks
 
+from caffe_py import net as net_module
 from caffe_py.errors import NetError
 from caffe_py.net import Net
 
@@ -388,6 +394,64 @@ def test_run_skips_the_module_call_unless_a_hook_needs_it(spec_of):
     net.run(inputs)
     assert len(seen) == 6  # nothing more once the hooks are gone
     assert all(torch.equal(plain[k], hooked[k]) for k in plain)
+
+
+# What net.py reads of torch's private hook registries to skip nn.Module.__call__ for a layer
+# without hooks: nn.Module._call_impl's own test for "no hook, just call forward".
+TORCH_HOOK_REGISTRIES = {
+    "self._forward_hooks", "self._forward_pre_hooks", "self._backward_hooks",
+    "self._backward_pre_hooks", "_global_forward_hooks", "_global_forward_pre_hooks",
+    "_global_backward_hooks", "_global_backward_pre_hooks"}
+
+
+def test_the_hook_registries_the_net_reads_are_the_ones_torch_checks():
+    """net.py skips nn.Module.__call__ when torch itself would run no hook, reading torch's
+    private registries to know (net._global_hooks, net._hooked, Net._forward_plan). This fails
+    when a new torch renames them, checks another one before calling forward, or registers
+    hooks elsewhere: then net.py's skip must change with it."""
+    source = textwrap.dedent(inspect.getsource(torch.nn.Module._call_impl))
+    fast_path = next((node.test.operand for node in ast.walk(ast.parse(source))
+                      if isinstance(node, ast.If) and isinstance(node.test, ast.UnaryOp)
+                      and isinstance(node.test.op, ast.Not)
+                      and isinstance(node.test.operand, ast.BoolOp)), None)
+    assert fast_path is not None, "torch's nn.Module call has no 'if not (hooks...)' fast " \
+        "path any more: check what net.py's skip of it relies on"
+    assert {ast.unparse(value) for value in fast_path.values} == TORCH_HOOK_REGISTRIES, \
+        "torch's nn.Module call checks other hook registries now: update net.py's skip"
+
+
+@pytest.mark.parametrize("register", [
+    lambda m: m.register_forward_hook(lambda *a: None),
+    lambda m: m.register_forward_pre_hook(lambda *a: None),
+    lambda m: m.register_full_backward_hook(lambda *a: None),
+    lambda m: m.register_full_backward_pre_hook(lambda *a: None),
+    lambda m: m.register_forward_hook(lambda *a, **k: None, with_kwargs=True),
+    lambda m: m.register_forward_hook(lambda *a: None, always_call=True),
+], ids=["forward", "forward_pre", "full_backward", "full_backward_pre", "with_kwargs",
+        "always_call"])
+def test_every_kind_of_layer_hook_is_seen(register):
+    layer = torch.nn.Linear(1, 1)
+    assert not net_module._hooked(layer)
+    handle = register(layer)
+    assert net_module._hooked(layer)
+    handle.remove()
+    assert not net_module._hooked(layer)
+
+
+@pytest.mark.parametrize("register", [
+    lambda: module_hooks.register_module_forward_hook(lambda *a: None),
+    lambda: module_hooks.register_module_forward_pre_hook(lambda *a: None),
+    lambda: module_hooks.register_module_full_backward_hook(lambda *a: None),
+    lambda: module_hooks.register_module_full_backward_pre_hook(lambda *a: None),
+], ids=["forward", "forward_pre", "full_backward", "full_backward_pre"])
+def test_every_kind_of_global_hook_is_seen(register):
+    assert not net_module._global_hooks()
+    handle = register()
+    try:
+        assert net_module._global_hooks()
+    finally:
+        handle.remove()
+    assert not net_module._global_hooks()
 
 
 def test_forward_follows_a_layer_put_in_place_of_another(spec_of):

@@ -9,18 +9,18 @@ from pathlib import Path
 
 import click
 
-from ..io.convert import (
+from ..io.db.db import BACKENDS
+from ..io.db.partial import partial_path
+from ..io.formats.images import ENCODE_TYPES
+from ..tools.convert import (
     ImagesetOptions,
     convert_cifar,
     convert_idx,
     convert_imageset,
     terminal_progress,
 )
-from ..io.db import BACKENDS
-from ..io.dbinfo import db_info
-from ..io.images import ENCODE_TYPES
-from ..io.mean import compute_mean
-from ..io.partial import partial_path
+from ..tools.dbinfo import db_info
+from ..tools.mean import compute_mean
 
 _RESUME_HELP = "continue an interrupted conversion (DB.partial) after its last committed record"
 backend_option = click.option(

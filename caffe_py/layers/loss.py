@@ -25,7 +25,7 @@ import torch
 import torch.nn.functional as F
 
 from ..errors import DataError
-from ..io.blobproto import read_blob_file
+from ..io.formats.blobproto import read_blob_file
 from ..kernels import build, functions
 from ..spec.layer_params.loss import AccuracyParameter, LossParameter
 from ..spec.schema import is_set, message_at

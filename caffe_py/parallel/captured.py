@@ -22,17 +22,24 @@ same sequence eagerly.
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterator, Sequence
-from typing import TYPE_CHECKING
+import logging
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import AbstractContextManager
+from typing import TYPE_CHECKING, Any
 
 import torch
 
 from ..errors import CaffePyError
+from ..io import feed_of, swap_feed
+from ..net import Net
+from ..solver.evaluate import raise_device_problems, run_batches
 from ..solver.graph_loop import GraphedLoop
 from .sync import StopReplica, SyncGroup
 
 if TYPE_CHECKING:
     from ..solver.solver import Solver
+
+log = logging.getLogger(__name__)
 
 
 class AllReduceGroup(SyncGroup):
@@ -65,6 +72,15 @@ class AllReduceGroup(SyncGroup):
         for g, stream in zip(grads, use, strict=True):
             with torch.cuda.device(g.device), torch.cuda.stream(stream):
                 g.mul_(1.0 / self.n)
+
+    def spread_state(self) -> None:
+        """Every replica takes the root's state blobs (BatchNorm's running sums: each replica
+        gathers its own while training; a test pass uses the root's, as Caffe's does)."""
+        root = self.replica(0)
+        if root.state.numel:
+            with torch.no_grad():
+                for i in range(1, self.n):
+                    self.replica(i).state.data.copy_(root.state.data)
 
     def spread_root(self, solvers: Sequence[Solver]) -> None:
         """Every replica takes the root's weights, state blobs and update history (at the
@@ -111,3 +127,95 @@ class CapturedReplicas(GraphedLoop):
                 raise
             self.group.fail(i, exc)
             raise StopReplica(f"replica {i} failed") from exc
+
+
+class _Handoff:
+    """A worker's TEST Data layer feed: the batch the root's feed gave for it."""
+
+    def __init__(self) -> None:
+        self.batch: tuple[torch.Tensor, torch.Tensor] | None = None
+
+    def next(self) -> tuple[torch.Tensor, torch.Tensor]:
+        assert self.batch is not None
+        batch, self.batch = self.batch, None
+        return batch
+
+
+class SplitTests:
+    """The root's test passes spread over every replica (the root's ``test_batches``; every
+    replica holds the root's weights when whole iterations are captured). Batch b of a test
+    pass runs on replica b mod N: the root's feed reads the batches in order, as on one device,
+    and hands each worker's batch to its TEST net on its device; every batch's outputs are
+    summed in batch order on the root, as one device sums them, so the pass prints the one
+    device's numbers while the N devices compute at once. A TEST net with a source the root's
+    feed cannot hand over (DummyData, a Python layer, an Input) tests on the root alone, and
+    says so once."""
+
+    def __init__(self, group: AllReduceGroup, solvers: Sequence[Solver]):
+        self.group, self.solvers = group, solvers
+        self._nets: dict[int, list[Net] | None] = {}
+        """Per TEST net: every replica's copy (the root's first), or None: the root alone."""
+        self._handoffs: dict[int, list[list[_Handoff]]] = {}
+
+    def __call__(self, k: int, net: Net, iterations: int, *,
+                 autocast: Callable[[], AbstractContextManager[Any]],
+                 between: Callable[[], bool]) -> dict[str, torch.Tensor] | None:
+        nets = self._replica_nets(k, net)
+        if nets is None:
+            return run_batches(net, iterations, autocast=autocast, between=between)
+        self.group.spread_state()
+        n, root_feeds = len(nets), [feed_of(layer) for layer in net.data_layers()]
+        sums: dict[str, torch.Tensor] = {}
+        loss_sum = torch.zeros((), device=net.device)
+        with torch.no_grad():
+            for b in range(iterations):
+                if between():
+                    return None
+                r = b % n
+                if r:
+                    for feed, hand in zip(root_feeds, self._handoffs[k][r], strict=True):
+                        assert feed is not None
+                        data, label = feed.next()
+                        hand.batch = (data.to(nets[r].device, non_blocking=True),
+                                      label.to(nets[r].device, non_blocking=True))
+                with _on_device(nets[r].device), autocast():
+                    out = nets[r]()
+                loss_sum += out.loss.detach().float().to(net.device)
+                for name, value in out.outputs.items():
+                    flat = value.detach().float().reshape(-1).to(net.device)
+                    sums[name] = sums[name] + flat if name in sums else flat.clone()
+        means = {name: (s / iterations).cpu() for name, s in sums.items()}
+        means["__loss__"] = (loss_sum / iterations).cpu().reshape(1)
+        for replica_net in nets:
+            raise_device_problems(replica_net)
+        return means
+
+    def _replica_nets(self, k: int, net: Net) -> list[Net] | None:
+        if k in self._nets:
+            return self._nets[k]
+        root = self.solvers[0]
+        fed = {id(layer) for layer in net.data_layers()}
+        own = [layer for layer in net.layers if not layer.spec.bottom and id(layer) not in fed]
+        if own:
+            log.info(f"Note: test net #{k} runs on the root alone: layer '{own[0].name}' "
+                     f"({own[0].spec.type}) makes its own data, which the root's feed cannot "
+                     "hand to the other replicas")
+            self._nets[k] = None
+            return None
+        spec, state = root.param.test_net_specs()[k]
+        nets, handoffs = [net], [[]]
+        for worker in self.solvers[1:]:
+            copy = Net(spec, state.phase, stages=state.stage, level=state.level,
+                       device=worker.device, seed=worker.seeds.model)
+            copy.share_weights_with(worker.net)
+            hands = [_Handoff() for _ in copy.data_layers()]
+            for layer, hand in zip(copy.data_layers(), hands, strict=True):
+                swap_feed(layer, hand)
+            nets.append(copy)
+            handoffs.append(hands)
+        self._nets[k], self._handoffs[k] = nets, handoffs
+        return nets
+
+
+def _on_device(device: torch.device) -> AbstractContextManager[Any]:
+    return torch.cuda.device(device) if device.type == "cuda" else contextlib.nullcontext()

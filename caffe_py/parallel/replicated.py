@@ -32,7 +32,7 @@ from ..solver.signals import no_action
 from ..solver.solver import Solver, resolve_seed
 from ..spec.solver_spec import SolverParameter
 from .averaging import AveragingSync, Model
-from .captured import AllReduceGroup, CapturedReplicas
+from .captured import AllReduceGroup, CapturedReplicas, SplitTests
 from .flat import DEFAULT_BUCKET_BYTES
 from .hostavg import HostExchange
 from .lockstep import LockstepRoot
@@ -182,6 +182,7 @@ class ReplicatedRun:
             assert isinstance(self.sync, AllReduceGroup)
             kw["runner"] = CapturedReplicas(self.sync, self.solvers,
                                             required=self.options.graphs == "on")
+            kw["test_batches"] = SplitTests(self.sync, self.solvers)
         try:
             solver = Solver(self.param, device=self.devices[i], replica=i, role=role,
                             seeds=Seeds(model=base_seed + self.hosts.offset + i, data=base_seed),
@@ -192,8 +193,9 @@ class ReplicatedRun:
             # sources that read by themselves: replica i's share of the one global order
             solver.net.bind_sources(base_seed, self.hosts.offset + i,
                                     self.hosts.total or len(self.devices))
+            scale = solver.loss_scale.tensors() if solver.loss_scale is not None else []
             self.sync.setup(i, [lp.param for lp in solver.net.learnable_params()],
-                            state_blobs(solver.net))
+                            [*state_blobs(solver.net), *scale])   # the root's flows down
             solver.grads_in_place = True   # views into the flat gradient buffer
             # a sync's gradient hooks keep the engine's threads; captured iterations have none
             solver.backward_in_caller = self.captured

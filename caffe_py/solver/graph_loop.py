@@ -236,7 +236,7 @@ class GraphedLoop:
         self.between(None)
         for i, m in enumerate(members):
             with self.on_member(i, m):
-                m.updater.apply(plan.rates[0], plan.first_iter)
+                m.apply_scales(m.updater.scales(plan.rates[0], plan.first_iter))
         for m, (loss, out) in reversed(list(zip(members, results, strict=True))):
             m.end_iteration(loss, out, planned=plan)   # the first member's last: it snapshots
 
@@ -394,7 +394,7 @@ class GraphedLoop:
                 self.between(self._capturing)
                 for i, m in enumerate(members):
                     with self.on_member(i, m):
-                        m.updater.apply_scales(rates(i, j))
+                        m.apply_scales(rates(i, j))
 
         if self.emulate:
             return _Graph(length, [_Emulated(iterations)], losses, outs)

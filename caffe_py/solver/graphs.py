@@ -35,7 +35,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from ..errors import SolverError
-from ..io.feeds import feed_of, swap_feed
+from ..io.feed.feeds import feed_of, swap_feed
 from .roles import eager_step
 
 if TYPE_CHECKING:
@@ -203,7 +203,7 @@ def _pass(s: Solver) -> tuple[torch.Tensor, NetOutput]:
     with s.autocast():
         out = s.net()
     if out.loss.requires_grad:
-        out.loss.backward()
+        s.backward(out.loss)
     return out.loss.detach().float(), out
 
 

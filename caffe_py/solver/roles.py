@@ -86,7 +86,7 @@ def _passes(solver: Solver, forward: Callable[[], NetOutput]) -> tuple[torch.Ten
         with solver.autocast():
             out = forward()
         if out.loss.requires_grad:
-            out.loss.backward()
+            solver.backward(out.loss)
         loss = out.loss.detach()
         return (loss if loss.dtype == torch.float32 else loss.float()), out
     total = torch.zeros((), device=solver.device)
@@ -95,7 +95,7 @@ def _passes(solver: Solver, forward: Callable[[], NetOutput]) -> tuple[torch.Ten
         with solver.autocast():
             last = forward()
         if last.loss.requires_grad:
-            last.loss.backward()
+            solver.backward(last.loss)
         total += last.loss.detach().float()
     assert last is not None  # iter_size >= 1 (the schema's minimum)
     return total / solver.param.iter_size, last

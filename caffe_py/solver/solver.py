@@ -45,6 +45,7 @@ from ..spec.solver_spec import SolverParameter
 from . import snapshot as snap
 from .callbacks import Callback
 from .evaluate import format_output_lines, output_means, run_batches
+from .loss_scale import LossScale
 from .lr_policy import learning_rate
 from .metrics import FIXED, MetricsFile, metrics_path, output_columns, seconds_at
 from .monitor import Monitor
@@ -79,6 +80,24 @@ class RatePlan:
     first_iter: int
     rates: list[float]
     current_step: int
+
+
+class TestBatches(Protocol):
+    """Runs TEST net ``k`` (``net``, the root's) for ``iterations`` batches; the mean of
+    every output (``__loss__`` too), or None when ``between`` stopped it (a signal). The
+    default is :func:`~caffe_py.solver.evaluate.run_batches` on ``net`` itself; parallel
+    training may spread the batches over its replicas (parallel/captured.py)."""
+
+    def __call__(self, k: int, net: Net, iterations: int, *,
+                 autocast: Callable[[], AbstractContextManager[Any]],
+                 between: Callable[[], bool]) -> dict[str, torch.Tensor] | None: ...
+
+
+def own_test_batches(k: int, net: Net, iterations: int, *,
+                     autocast: Callable[[], AbstractContextManager[Any]],
+                     between: Callable[[], bool]) -> dict[str, torch.Tensor] | None:
+    """Every test batch on this replica's own net (Caffe: the root tests alone)."""
+    return run_batches(net, iterations, autocast=autocast, between=between)
 
 
 class Progress(Protocol):
@@ -140,6 +159,7 @@ class Solver:
     returns what a signal asks for after each iteration (see signals.py); ``step`` computes the
     forward and backward passes (default: :func:`~caffe_py.solver.roles.eager_step`);
     ``runner`` runs the iterations in place of :meth:`iteration` (the CUDA-graph loop);
+    ``test_batches`` runs a TEST net's batches (default: on this replica's net);
     ``inputs`` / ``test_inputs`` are arrays by top name for the nets' in-memory sources
     (:meth:`feed`).
     """
@@ -148,7 +168,8 @@ class Solver:
                  replica: int = 0, role: Role = ROOT, seeds: Seeds | None = None,
                  callbacks: Sequence[Callback] = (), pool: Any = None,
                  action: Callable[[], str] = no_action, step: StepFn = eager_step,
-                 runner: Runner | None = None, inputs: Mapping[str, Any] | None = None,
+                 runner: Runner | None = None, test_batches: TestBatches = own_test_batches,
+                 inputs: Mapping[str, Any] | None = None,
                  test_inputs: Mapping[str, Any] | None = None):
         self.param = param
         self.device = torch.device(device)
@@ -160,6 +181,7 @@ class Solver:
         """The passes' step function; the graph loop's automatic compile swaps it once."""
         self.runner = runner
         """Runs iterations in place of :meth:`iteration` (e.g. a CUDA-graph loop), if set."""
+        self.test_batches = test_batches
         self.grads_in_place = False
         """Gradients keep their tensors between iterations (set by whoever binds them: a
         parallel sync's flat buffers, a CUDA graph's capture)."""
@@ -201,6 +223,9 @@ class Solver:
         learnable = self.net.learnable_params()
         self.updater = Updater(param, [lp.param for lp in learnable],
                                [(lp.lr_mult, lp.decay_mult) for lp in learnable])
+        self.loss_scale = (LossScale(param.loss_scale, param.loss_scale_window, self.device)
+                           if param.precision == "FLOAT16" else None)
+        """float16's dynamic loss scale (loss_scale.py); None for other precisions."""
         self.pool = self._attach(self.net, pool)
         self.test_nets: list[Net] = []
         self._test_pool = self.pool if self.pool in self._pools else None
@@ -457,9 +482,25 @@ class Solver:
     def apply_update(self) -> float:
         """Caffe's ApplyUpdate on the current gradients; returns the learning rate used."""
         plan = self.plan_rates(1)
-        self.updater.apply(plan.rates[0], self.iter)
+        self.apply_scales(self.updater.scales(plan.rates[0], self.iter))
         self.current_step = plan.current_step
         return plan.rates[0]
+
+    def apply_scales(self, scales: Sequence[float] | torch.Tensor) -> None:
+        """The update with each parameter group's multiplier given (host floats, or a device
+        row a CUDA graph reads); with FLOAT16 the gradients are unscaled first and an
+        overflowing iteration changes nothing but the loss scale (no host sync)."""
+        scale = self.loss_scale
+        if scale is None:
+            self.updater.apply_scales(scales)
+            return
+        skip = scale.unscale(self.updater.gradients())
+        self.updater.apply_scales(scales, skip=skip)
+        scale.update()
+
+    def backward(self, loss: torch.Tensor) -> None:
+        """Backward from a pass's loss (scaled first with FLOAT16)."""
+        (loss if self.loss_scale is None else self.loss_scale.scaled(loss)).backward()
 
     def plan_rates(self, count: int) -> RatePlan:
         """The learning rates of the next ``count`` updates, from this iteration on; nothing
@@ -494,9 +535,10 @@ class Solver:
             self.stop_requested = True
 
     def autocast(self) -> AbstractContextManager[Any]:
-        """The forward passes' precision context (bf16 autocast for precision BF16)."""
-        if self.param.precision == "BF16":  # no weight-cast cache: a CUDA graph cannot hold one
-            return torch.autocast(device_type=self.device.type, dtype=torch.bfloat16,
+        """The forward passes' precision context (autocast for BF16 and FLOAT16)."""
+        dtype = {"BF16": torch.bfloat16, "FLOAT16": torch.float16}.get(self.param.precision)
+        if dtype is not None:  # no weight-cast cache: a CUDA graph cannot hold one
+            return torch.autocast(device_type=self.device.type, dtype=dtype,
                                   cache_enabled=False)
         return contextlib.nullcontext()
 
@@ -518,6 +560,8 @@ class Solver:
         values = {name: t.detach().float().reshape(-1) for name, t in out.outputs.items()}
         for line in format_output_lines("Train net output", values, self.net.loss_weights):
             log.info(f"    {line}")
+        if self.loss_scale is not None:
+            log.info(f"    {self.loss_scale.describe()}")
         if self.metrics is not None:
             self.metrics.row(self.iter, "train", self.current_rate(), self.smoothed_loss(),
                              output_means(values))
@@ -550,8 +594,8 @@ class Solver:
         self.last_test = []
         for k, net in enumerate(self.test_nets):
             log.info(f"Iteration {self.iter}, Testing net (#{k})")
-            means = run_batches(net, self.param.test_iter[k], autocast=self.autocast,
-                                between=self._test_action)
+            means = self.test_batches(k, net, self.param.test_iter[k],
+                                      autocast=self.autocast, between=self._test_action)
             if means is None:  # stopped by a signal
                 return self.last_test
             self.last_test.append(means)
@@ -636,6 +680,8 @@ class Solver:
             "history": [h.detach().cpu() for h in self.updater.history],
             "rng": self._rng_state(),
             "data": self.pool.state_dict() if self.pool is not None else None,
+            "loss_scale": (self.loss_scale.state_dict() if self.loss_scale is not None
+                           else None),
             "test_data": (self._test_pool.state_dict() if self._test_pool not in (None, self.pool)
                           else None),
             "sources": {tag: net.source_states() for tag, net in self._nets()},
@@ -667,6 +713,9 @@ class Solver:
             seconds_at(metrics_path(self.param.snapshot_prefix), self.iter)
         with _damaged_entry(path, "rng"):
             self._load_rng_state(state.get("rng") or {})
+        if self.loss_scale is not None and state.get("loss_scale"):
+            with _damaged_entry(path, "loss_scale"):
+                self.loss_scale.load_state_dict(state["loss_scale"])
         if self.pool is not None and state.get("data"):
             with _damaged_entry(path, "data"):
                 self.pool.load_state_dict(state["data"])

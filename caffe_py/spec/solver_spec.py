@@ -22,7 +22,7 @@ from .schema import Check, Message, Source, field, is_set, location, parse_messa
 
 SOLVER_TYPES = ("SGD", "Nesterov", "AdaGrad", "RMSProp", "AdaDelta", "Adam")
 LR_POLICIES = ("fixed", "step", "exp", "inv", "multistep", "poly", "sigmoid")
-PRECISIONS = ("FLOAT32", "BF16")
+PRECISIONS = ("FLOAT32", "BF16", "FLOAT16")
 MEMORY_FORMATS = ("AUTO", "CONTIGUOUS", "CHANNELS_LAST")
 SNAPSHOT_FORMATS = ("pt", "caffemodel", "BINARYPROTO", "HDF5")
 # caffe.proto's old SolverType enum (solver_type) -> the type string (UpgradeSolverType)
@@ -127,9 +127,18 @@ class SolverParameter(Message):
                                           "reduce each layer's gradients during backward; "
                                           "caffe-py's parallel sync chooses its own overlap "
                                           "(docs/parallel.md)")
-    precision: str = field("FLOAT32", "FLOAT32, or BF16: forward/backward under bfloat16 "
-                                      "autocast, weights and update in float32",
+    precision: str = field("FLOAT32", "FLOAT32; BF16: forward/backward under bfloat16 "
+                                      "autocast, weights and update in float32; FLOAT16: "
+                                      "under float16 autocast with dynamic loss scaling (see "
+                                      "loss_scale)",
                            choices=PRECISIONS)
+    loss_scale: float = field(65536.0, "FLOAT16: the loss scale to start from; the loss is "
+                                       "multiplied by it before backward and the gradients "
+                                       "divided by it before the update. An iteration whose "
+                                       "gradients overflow (inf or NaN) is not applied and "
+                                       "halves the scale", min=1e-30)
+    loss_scale_window: int = field(2000, "FLOAT16: the scale doubles after this many "
+                                         "iterations in a row without an overflow", min=1)
     memory_format: str = field("AUTO", "layout of 4-D weights and activations: CHANNELS_LAST "
                                        "(what cuDNN's fastest convolutions want), CONTIGUOUS "
                                        "(NCHW, Caffe's), or AUTO: CHANNELS_LAST on CPUs and, "
@@ -161,6 +170,10 @@ class SolverParameter(Message):
                                f"(got {self.momentum:g})", "remove momentum or set it to 0")
         if self.type == "AdaDelta" and not is_set(self, "momentum"):
             v.fail("type", "AdaDelta needs momentum (its decay rate)", "add e.g. momentum: 0.95")
+        if self.precision == "FLOAT16" and self.model_average_period:
+            v.fail("precision", "precision FLOAT16 with model_average_period: each replica "
+                                "would scale its loss on its own and the scales drift apart",
+                   "use BF16 (no loss scale needed), or model_average_period: 0")
         if self.host_average_async and self.host_average_period == 0:
             v.fail("host_average_async", "host_average_async needs host_average_period > 0 "
                                          "(the iterations an exchange may overlap)",

@@ -141,7 +141,7 @@ def test_db_info_missing_and_corrupt(tmp_path):
 ])
 def test_ctrl_c_says_how_to_resume(idx, tmp_path, monkeypatch, calls, message):
     from caffe_py.commands import data as commands
-    from caffe_py.io.convert import convert_idx
+    from caffe_py.tools.convert import convert_idx
 
     def interrupted(*args, **kwargs):
         kwargs["progress"] = lambda total, name: _Interrupt(calls)

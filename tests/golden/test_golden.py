@@ -19,7 +19,7 @@ import numpy as np
 import pytest
 import torch
 
-from caffe_py.io.blobproto import blob_from_array, write_blob_file
+from caffe_py.io.formats.blobproto import blob_from_array, write_blob_file
 from caffe_py.layers import BuildContext, Layer, lookup, registry
 from caffe_py.spec.net_spec import parse_layer
 from caffe_py.spec.schema import Source

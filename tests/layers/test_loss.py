@@ -377,7 +377,7 @@ def test_infogain_loss_with_a_third_bottom(mode, ignore):
 
 
 def test_infogain_loss_reads_h_from_a_binaryproto(tmp_path):
-    from caffe_py.io.blobproto import blob_from_array, write_blob_file
+    from caffe_py.io.formats.blobproto import blob_from_array, write_blob_file
     h = np.arange(16, dtype=np.float32).reshape(4, 4) / 10
     write_blob_file(tmp_path / "h.binaryproto", blob_from_array(h))
     block = f"    infogain_loss_param: {{source: {tmp_path / 'h.binaryproto'}}}\n"

@@ -9,10 +9,10 @@ from pathlib import Path
 
 import pytest
 import torch
+from support import write_db
 
 from caffe_py.errors import SpecError
-from caffe_py.io.datum import Datum, encode_datum
-from caffe_py.io.lmdb_store import LmdbWriter
+from caffe_py.io.formats.datum import Datum
 from caffe_py.layers import registry
 from caffe_py.layers.base import Layer
 from caffe_py.net import Net
@@ -34,6 +34,9 @@ def one(type_name: str, bottom: str | list[str] = "x", top: str | list[str] = "o
     return [{"name": "under_test", "type": type_name, "bottom": bottom, "top": top, **params}]
 
 
+PLACEHOLDER = "set by the test"
+"""The file a data layer's block names: every such block gets a real path under tmp_path."""
+
 ACTIVATIONS = ("ReLU", "PReLU", "ELU", "Sigmoid", "TanH", "AbsVal", "Power", "BNLL", "Exp",
                "Log", "Threshold", "Clip", "Swish", "GELU")
 
@@ -44,16 +47,16 @@ MINIMAL: dict[str, list[dict]] = {
                    "dummy_data_param": {"shape": {"dim": [2, 3]},
                                         "data_filler": {"type": "gaussian"}}}],
     "Data": [{"name": "under_test", "type": "Data", "top": ["out", "out_label"],
-              "data_param": {"source": "set by the test", "batch_size": 2}}],
+              "data_param": {"source": PLACEHOLDER, "batch_size": 2}}],
     "ImageData": [{"name": "under_test", "type": "ImageData", "top": ["out", "out_label"],
-                   "image_data_param": {"source": "set by the test", "batch_size": 2}}],
+                   "image_data_param": {"source": PLACEHOLDER, "batch_size": 2}}],
     "WindowData": [{"name": "under_test", "type": "WindowData", "top": ["out", "out_label"],
-                    "window_data_param": {"source": "set by the test", "batch_size": 2},
+                    "window_data_param": {"source": PLACEHOLDER, "batch_size": 2},
                     "transform_param": {"crop_size": 3}}],
     "HDF5Data": [{"name": "under_test", "type": "HDF5Data", "top": ["out", "out_label"],
-                  "hdf5_data_param": {"source": "set by the test", "batch_size": 2}}],
+                  "hdf5_data_param": {"source": PLACEHOLDER, "batch_size": 2}}],
     "HDF5Output": [{"name": "under_test", "type": "HDF5Output", "bottom": ["x", "label"],
-                    "hdf5_output_param": {"file_name": "set by the test"}}],
+                    "hdf5_output_param": {"file_name": PLACEHOLDER}}],
     "MemoryData": [{"name": "under_test", "type": "MemoryData", "top": ["out", "out_label"],
                     "memory_data_param": {"batch_size": 2, "channels": 1, "height": 4,
                                           "width": 4}}],
@@ -137,10 +140,8 @@ def make_inputs(gen: torch.Generator) -> dict[str, torch.Tensor]:
     return out
 
 
-def write_db(path: Path) -> None:
-    with LmdbWriter(path) as db:
-        for i in range(3):
-            db.put(b"%08d" % i, encode_datum(Datum(1, 4, 4, data=bytes(range(16)), label=i)))
+def write_three_records(path: Path) -> None:
+    write_db(path, [Datum(1, 4, 4, data=bytes(range(16)), label=i) for i in range(3)])
 
 
 def write_sources(type_name: str, layer: dict, tmp: Path) -> None:
@@ -151,7 +152,7 @@ def write_sources(type_name: str, layer: dict, tmp: Path) -> None:
     block = next(key for key in layer if key.endswith("_param") and key != "transform_param")
     path = tmp / "source"
     if type_name == "Data":
-        write_db(path)
+        write_three_records(path)
     elif type_name in ("ImageData", "WindowData"):
         Image.fromarray(np.zeros((4, 4), np.uint8)).save(tmp / "a.png")
         path.write_text("a.png 1\n" if type_name == "ImageData" else
@@ -173,7 +174,7 @@ def test_type_builds_and_runs_in_a_minimal_net(type_name, tmp_path):
         pytest.fail(f"layer type '{type_name}' has no minimal spec: add one to MINIMAL in "
                     "tests/layers/test_registry.py")
     layers = [dict(lp) for lp in MINIMAL[type_name]]
-    if "source" in str(layers[0]):
+    if PLACEHOLDER in str(layers[0]):  # a source, or HDF5Output's file_name
         write_sources(type_name, layers[0], tmp_path)
     spec = parse_net({"name": f"minimal_{type_name}", "input": list(INPUTS),
                       "input_shape": [{"dim": list(s)} for s in INPUTS.values()],

@@ -7,6 +7,7 @@ from __future__ import annotations
 import logging
 
 import pytest
+import torch
 
 from caffe_py.errors import SolverError
 from caffe_py.parallel import ReplicatedRun, Tuning
@@ -169,3 +170,84 @@ def test_a_workers_failure_names_it_and_stops_the_run(tmp_path, db, monkeypatch)
                                               r"outside \[0, 3\)$"):
             run.run()
         assert run.root.iter == 5
+
+
+TESTED = """
+net_param:
+  name: tested
+  layer:
+    - {{name: data, type: Data, top: [data, label], include: {{phase: TRAIN}},
+       transform_param: {{scale: 0.00390625}}, data_param: {{source: {db}, batch_size: 4}}}}
+    - {{name: data, type: Data, top: [data, label], include: {{phase: TEST}},
+       transform_param: {{scale: 0.00390625}}, data_param: {{source: {db}, batch_size: 5}}}}
+    - {{name: conv, type: Convolution, bottom: data, top: conv,
+       convolution_param: {{num_output: 2, kernel_size: 3, weight_filler: {{type: xavier}}}}}}
+    - {{name: bn, type: BatchNorm, bottom: conv, top: conv}}
+    - {{name: ip, type: InnerProduct, bottom: conv, top: ip,
+       inner_product_param: {{num_output: 3, weight_filler: {{type: xavier}}}}}}
+    - {{name: acc, type: Accuracy, bottom: [ip, label], top: acc, include: {{phase: TEST}}}}
+    - {{name: loss, type: SoftmaxWithLoss, bottom: [ip, label], top: loss}}
+base_lr: 0.05
+momentum: 0.9
+max_iter: 8
+test_iter: {test_iter}
+test_interval: 4
+random_seed: 7
+solver_mode: CPU
+snapshot_after_train: false
+snapshot_prefix: {prefix}
+"""
+
+
+@pytest.mark.parametrize("n, test_iter", [(2, 7), (3, 7), (3, 2)])
+def test_a_test_pass_spread_over_the_replicas_prints_one_devices_numbers(tmp_path, db, n,
+                                                                        test_iter, caplog):
+    """Batch b of a test pass runs on replica b mod N (BatchNorm's running sums are the
+    root's), the sums in batch order: the same numbers, to the bit, as the root testing
+    alone (the tree, where only the root tests)."""
+    caplog.set_level(logging.INFO, logger="caffe_py")
+
+    def tests(name, captured):
+        path = tmp_path / f"{name}.yaml"
+        path.write_text(TESTED.format(db=db, test_iter=test_iter, prefix=tmp_path / name / "s"))
+        caplog.clear()
+        with ReplicatedRun(load_solver(path), ["cpu"] * n, tuning=Tuning(captured=captured)) \
+                as run:
+            run.run()
+            lines = [m for m in caplog.messages if m.startswith(("Test", "    Test"))]
+            return lines, run.root.last_test, run
+
+    alone, alone_means, _ = tests("tree", False)
+    split, split_means, run = tests("cap", True)
+    assert len(alone) == 3 * 2 and split == alone   # tests at 0, 4 and 8: acc and loss
+    assert all(a[k].equal(b[k]) for a, b in zip(split_means, alone_means, strict=True)
+               for k in a)
+    nets = run.root.test_batches._nets[0]
+    assert len(nets) == n and [net.device for net in nets] == [torch.device("cpu")] * n
+
+
+def test_a_test_net_that_makes_its_own_data_tests_on_the_root(tmp_path, caplog):
+    caplog.set_level(logging.INFO, logger="caffe_py")
+    path = tmp_path / "s.yaml"
+    path.write_text("""
+net_param:
+  name: dummy
+  layer:
+    - {name: data, type: DummyData, top: [data, label],
+       dummy_data_param: {shape: [{dim: [4, 3]}, {dim: [4]}],
+                          data_filler: [{type: gaussian}, {type: constant}]}}
+    - {name: ip, type: InnerProduct, bottom: data, top: ip,
+       inner_product_param: {num_output: 2, weight_filler: {type: xavier}}}
+    - {name: loss, type: SoftmaxWithLoss, bottom: [ip, label], top: loss}
+base_lr: 0.1
+max_iter: 2
+test_iter: 3
+test_interval: 2
+solver_mode: CPU
+snapshot_after_train: false
+snapshot_prefix: """ + str(tmp_path / "s") + "\n")
+    with ReplicatedRun(load_solver(path), ["cpu"] * 2, tuning=Tuning(captured=True)) as run:
+        run.run()
+    assert ("Note: test net #0 runs on the root alone: layer 'data' (DummyData) makes its own "
+            "data, which the root's feed cannot hand to the other replicas") in caplog.messages
+    assert sum("Testing net (#0)" in m for m in caplog.messages) == 2

@@ -11,10 +11,9 @@ import logging
 import numpy as np
 import pytest
 import torch
+from support import write_records
 
 from caffe_py.devices import DeviceError, check_devices
-from caffe_py.io.datum import datum_from_array, encode_datum
-from caffe_py.io.lmdb_store import LmdbWriter
 from caffe_py.options import TrainOptions
 from caffe_py.parallel import ReplicatedRun, Tuning
 from caffe_py.spec.solver_spec import load_solver
@@ -57,11 +56,8 @@ def exact_float32():
 def db(tmp_path_factory):
     path = tmp_path_factory.mktemp("lmdb") / "gpu_lmdb"
     rng = np.random.default_rng(1)
-    with LmdbWriter(path) as writer:
-        for i in range(200):
-            image = rng.integers(0, 256, (1, 8, 8), dtype=np.uint8)
-            writer.put(b"%08d" % i, encode_datum(datum_from_array(image, int(i % 3))))
-    return str(path)
+    return write_records(path, ((rng.integers(0, 256, (1, 8, 8), dtype=np.uint8), i % 3)
+                                for i in range(200)))
 
 
 def _train(tmp_path, db, devices, batch, options=None, caplog=None, fields=None, **tuning):
@@ -226,5 +222,5 @@ def test_captured_whole_iterations_give_the_graphed_trees_weights_bit_for_bit(tm
            "applies the update" in caplog.messages
     assert all(torch.equal(a, b) for a, b in zip(captured[1], captured[0], strict=True))
     assert _rel(captured[0], graphed) < 1e-6, [(a - b).abs().max().item()
-                                               for a, b in zip(captured[0], graphed)]
+                                               for a, b in zip(captured[0], graphed, strict=True)]
     assert _rel(captured[0], eager) < 1e-6

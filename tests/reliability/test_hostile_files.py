@@ -13,11 +13,10 @@ import zipfile
 import numpy as np
 import pytest
 import torch
-from support import ROOT, error_line, snapshot_names, tiny_net, write_records
+from support import ROOT, error_line, snapshot_names, tiny_net, write_db, write_records
 
 from caffe_py.commands.output import GLOG_PREFIX
-from caffe_py.io.datum import Datum, encode_datum
-from caffe_py.io.lmdb_store import LmdbWriter
+from caffe_py.io.formats.datum import Datum
 from caffe_py.solver import snapshot as snap
 
 NET = tiny_net(data="""\
@@ -84,9 +83,7 @@ def test_a_foreign_data_file_is_one_line(work):
 
 def test_records_without_data_are_refused(work):
     shutil.rmtree(work / "db")
-    with LmdbWriter(work / "db") as writer:
-        for i in range(5):
-            writer.put(b"%08d" % i, encode_datum(Datum(0, 0, 0, data=b"", label=0)))
+    write_db(work / "db", [Datum(0, 0, 0, data=b"", label=0)] * 5)
     line = one_line_error(cpy(work, "train", "--solver", "solver.yaml"))
     assert line.endswith("db: record '00000000' holds no data (0 x 0 x 0); convert the data "
                          "again (the records must hold the images)")
