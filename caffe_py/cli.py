@@ -29,7 +29,9 @@ COMMANDS = {
     "export": "export", "draw": "export",
     "build-ext": "ext",
     # Caffe's tools under their own names, their flags read as gflags reads them
-    "upgrade_net_proto_text": "caffe_tools",
+    "convert_imageset": "caffe_tools", "compute_image_mean": "caffe_tools",
+    "convert_mnist_data": "caffe_tools", "upgrade_net_proto_text": "caffe_tools",
+    "extract_features": "caffe_tools",
 }
 
 
