@@ -28,6 +28,7 @@ COMMANDS = {
     "plot": "plot",
     "export": "export", "draw": "export",
     "build-ext": "ext",
+    "pycaffe": "pycaffe",
     # Caffe's tools under their own names, their flags read as gflags reads them
     "convert_imageset": "caffe_tools", "compute_image_mean": "caffe_tools",
     "convert_mnist_data": "caffe_tools", "upgrade_net_proto_text": "caffe_tools",
@@ -98,11 +99,16 @@ CAFFE_TOOLS = tuple(name for name, module in COMMANDS.items() if module == "caff
 """Caffe's tools, commands of their own that read their flags as gflags does."""
 
 
+VERBATIM = (*CAFFE_TOOLS, "pycaffe")
+"""Commands whose arguments are theirs to read: Caffe's tools (as gflags reads them) and a
+pycaffe script's own (classify.py has its own --gpu)."""
+
+
 def caffe_spellings(args: list[str]) -> list[str]:
     """Caffe's flags as gflags spells them (``-solver x``, ``-gpu=0``, ``--gpu 0,1``) and
-    Caffe's action names, as cpy's; the arguments of Caffe's tools (``cpy convert_imageset
-    ...``) are left to those commands, which read them as gflags does."""
-    if args and args[0] in CAFFE_TOOLS:
+    Caffe's action names, as cpy's; the arguments of :data:`VERBATIM` commands are left as
+    they are."""
+    if args and args[0] in VERBATIM:
         return list(args)
     out = []
     for arg in args:

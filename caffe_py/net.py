@@ -9,8 +9,11 @@ sharing). The loss is Caffe's: the sum over weighted tops of ``loss_weight * top
 """
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import dataclasses
 import logging
+import types
 from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any, cast, overload
@@ -32,6 +35,21 @@ from .spec.schema import is_set, location, message_at, place, suggest
 log = logging.getLogger(__name__)
 AUTOMATIC = "(automatic)"
 """The name Caffe gives the top it adds to a loss layer written without one (AutoTopBlobs)."""
+
+
+_DEFAULT_OPTIONS: contextvars.ContextVar[Mapping[str, Any]] = contextvars.ContextVar(
+    "net_options", default=types.MappingProxyType({}))
+
+
+@contextlib.contextmanager
+def default_options(options: Mapping[str, Any]) -> Iterator[None]:
+    """Net options for every net built inside the block (those built by a Solver included),
+    under each net's own ``options``."""
+    token = _DEFAULT_OPTIONS.set({**_DEFAULT_OPTIONS.get(), **options})
+    try:
+        yield
+    finally:
+        _DEFAULT_OPTIONS.reset(token)
 
 
 @dataclass
@@ -148,7 +166,7 @@ class Net(WeightsMixin, nn.Module):
         self.device = torch.device(device)
         self.ctx = BuildContext(phase=phase, device=self.device,
                                 generator=torch.Generator().manual_seed(seed),
-                                options=dict(options or {}))
+                                options={**_DEFAULT_OPTIONS.get(), **(options or {})})
         self.layers = LayerList()
         self._plan: list = []
         self._plan_key = -1
@@ -492,6 +510,12 @@ class Net(WeightsMixin, nn.Module):
             loss = term if loss is None else loss + term
         return loss if loss is not None else torch.zeros((), device=self.device)
 
+    def bind_shared(self) -> None:
+        """Re-point shared blobs before running layers one by one outside :meth:`forward`
+        (as pycaffe's Net does): what :meth:`forward` does first."""
+        if self._rebinds or self._views:
+            self._bind_shared()
+
     def _bind_shared(self) -> None:
         """Re-point shared blobs (a layer may have rebound its own attribute since)."""
         for layer, attr, src, src_attr in self._rebinds:
@@ -605,7 +629,7 @@ def _param_spec(ref: _Blob) -> ParamSpec | None:
     return specs[ref.index] if ref.index < len(specs) else None
 
 
-__all__ = ["Net", "NetOutput", "LearnableParam", "SummaryRow", "CopyResult"]
+__all__ = ["Net", "NetOutput", "LearnableParam", "SummaryRow", "CopyResult", "default_options"]
 
 
 # --- state_dict keys by layer name -----------------------------------------------------------

@@ -58,6 +58,8 @@ for _i, _room in enumerate(IO_ORDER):
                        "<- reader <- feed)" for later in IO_ORDER[_i + 1:]}
 NESTED = {"io"}  # rooms whose subpackages are rooms of their own
 CLICK_ROOMS = {"commands", "cli"}  # the command line; the library never calls click
+PYCAFFE_USERS = {"pycaffe", "commands", "cli"}
+"""pycaffe/ is pycaffe's interface over the library: only it and the command line use it."""
 
 
 @dataclass(frozen=True)
@@ -187,6 +189,9 @@ def _broken_rule(room: str | None, target: str, rooms: _Rooms) -> str | None:
             return f"imports click ({target}): only commands/ and cli.py may"
         why = _why(room, top)
         return f"{rooms.shown(room)} imports {top} ({target}): {why}" if why else None
+    if target_room == "pycaffe" and room not in PYCAFFE_USERS:
+        return f"{rooms.shown(room)} imports pycaffe/ ({target}): pycaffe's interface sits " \
+               "over the library, which never imports it"
     if target_room != room:
         why = _why(room, target_room)
         if why:
@@ -264,7 +269,7 @@ def test_the_package_keeps_its_layering():
 # --- the check itself, on planted trees -----------------------------------------------------
 def _tree(root: Path, files: dict[str, str]) -> Path:
     package = root / "caffe_py"
-    for name in ("solver", "parallel", "spec", "layers", "kernels", "io", "commands",
+    for name in ("solver", "parallel", "spec", "layers", "kernels", "io", "commands", "pycaffe",
                  *(f"io/{inner}" for inner in IO_ORDER)):
         (package / name).mkdir(parents=True, exist_ok=True)
         (package / name / "__init__.py").write_text("")
@@ -286,6 +291,8 @@ def test_a_clean_tree_passes(tmp_path):
         "spec/schema.py": "import yaml\nfrom ..errors import SpecError\nfrom ._marks import _x\n",
         "kernels/build.py": "import torch\nfrom ..errors import CaffePyError\n",
         "commands/net.py": "import click\nfrom ..net import Net\n",
+        "commands/pycaffe.py": "from ..pycaffe.runner import run_script\n",
+        "pycaffe/net.py": "from ..net import Net\nfrom ..solver import Solver\n",
         "cli.py": "import click\nfrom . import __version__\n",
         "io/feed/feeds.py": "import torch\nfrom ..reader import ReaderPool\n"
                             "from ..formats import x\n",
@@ -355,6 +362,9 @@ def test_privates_of_a_room_torch_and_self_are_not_reaches(tmp_path):
     ("commands/net.py", "from .. import _helpers\n",
      "caffe_py/commands/net.py:1: imports caffe_py's private name _helpers "
      "(caffe_py._helpers): use its public interface"),
+    ("solver/solver.py", "from ..pycaffe import Net\n",
+     "caffe_py/solver/solver.py:1: solver/ imports pycaffe/ (caffe_py.pycaffe.Net): pycaffe's "
+     "interface sits over the library, which never imports it"),
     ("net.py", "from .errors import _message\n",
      "caffe_py/net.py:1: imports errors's private name _message (caffe_py.errors._message): "
      "use its public interface"),

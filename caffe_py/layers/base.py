@@ -27,6 +27,10 @@ from ..spec.schema import message_at
 from . import fillers
 
 Shape = tuple[int, ...]
+RECORD_FILLERS = "record_fillers"
+"""A net option: a list that every :meth:`Layer.add_blob` appends (layer, blob name, filler,
+the blob made) to, in build order (caffe_py.pycaffe refills the blobs from Caffe's own random
+stream)."""
 
 
 @dataclass
@@ -140,6 +144,9 @@ class Layer(nn.Module):
         else:
             self.register_buffer(name, value)
         self.blob_names.append(name)
+        record = self.ctx.options.get(RECORD_FILLERS)
+        if record is not None:  # who fills what, in build order (pycaffe redraws them)
+            record.append((self, name, filler, getattr(self, name)))
         return getattr(self, name)
 
     def generators(self) -> dict[str, torch.Generator]:

@@ -203,7 +203,8 @@ class SplitTests:
             self._nets[k] = None
             return None
         spec, state = root.param.test_net_specs()[k]
-        nets, handoffs = [net], [[]]
+        nets: list[Net] = [net]
+        handoffs: list[list[_Handoff]] = [[]]
         for worker in self.solvers[1:]:
             copy = Net(spec, state.phase, stages=state.stage, level=state.level,
                        device=worker.device, seed=worker.seeds.model)

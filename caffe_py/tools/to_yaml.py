@@ -522,12 +522,13 @@ __all__ = ["Conversion", "ImportReport", "V1_LAYER_TYPES", "SOLVER_TYPES_V1", "c
            "detect_kind", "import_file"]
 
 
-def prototxt_as_yaml(path: Path) -> str:
-    """A Caffe prototxt (net or solver) as the YAML text `cpy import-prototxt` writes, its
-    relative paths (Caffe's, from the directory Caffe runs in: here, the current one)
-    rewritten for the prototxt's own directory, as a YAML file there would hold them."""
+def prototxt_as_yaml(path: Path, kind: str = "auto") -> str:
+    """A Caffe prototxt (net or solver, or as ``kind`` says) as the YAML text `cpy
+    import-prototxt` writes, its relative paths (Caffe's, from the directory Caffe runs in:
+    here, the current one) rewritten for the prototxt's own directory, as a YAML file there
+    would hold them."""
     msg = parse_file(path)
-    kind = detect_kind(msg, str(path))
+    kind = detect_kind(msg, str(path)) if kind == "auto" else kind
     conv = convert(msg, kind, source=str(path), root=Path.cwd().resolve(),
                    out=Path(path).resolve().with_suffix(".yaml"))
     logging.getLogger(__name__).info(

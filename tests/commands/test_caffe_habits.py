@@ -76,6 +76,10 @@ def test_gflags_spellings_of_caffes_flags():
     assert caffe_spellings(["time", "-phase", "TEST", "-level=1", "--stage", "a,b"]) == [
         "time", "--phase", "TEST", "--level=1", "--stage", "a,b"]
     assert caffe_spellings(["device_query", "-gpu", "0"]) == ["device-query", "--gpus", "0"]
+    # a pycaffe script's flags and a Caffe tool's are theirs
+    assert caffe_spellings(["pycaffe", "classify.py", "--gpu", "in.jpg"]) == [
+        "pycaffe", "classify.py", "--gpu", "in.jpg"]
+    assert caffe_spellings(["extract_features", "-gpu"]) == ["extract_features", "-gpu"]
 
 
 STAGED = """\
