@@ -307,7 +307,8 @@ class Softmax(Layer):
 # --- Dropout --------------------------------------------------------------------------------
 @register("Dropout")
 class Dropout(Layer):
-    """TRAIN: x * mask / (1 - ratio), mask ~ Bernoulli(1 - ratio); TEST: x.
+    """TRAIN: x * mask / (1 - ratio), mask ~ Bernoulli(1 - ratio); TEST: x (with SegNet's
+    ``sample_weights_test``, TEST draws masks as TRAIN does).
 
     The phase is the net's (fixed when built), not ``module.training``. Masks come from
     torch's default generator of the tensor's device, so ``torch.manual_seed`` repeats them,
@@ -326,10 +327,11 @@ class Dropout(Layer):
                             "use a value in [0, 1)")
         self.ratio = p.dropout_ratio
         self.scale_train = p.scale_train
+        self.sampling = self.phase == "TRAIN" or p.sample_weights_test
         return [bottom_shapes[0]]
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if self.phase == "TRAIN":
+        if self.sampling:
             if self.mask_source is not None:  # Caffe: x * mask * scale_, in float
                 kept = x * self.mask_source(tuple(x.shape)).to(x.device, x.dtype)
                 return kept * (1.0 / (1.0 - self.ratio)) if self.scale_train else kept

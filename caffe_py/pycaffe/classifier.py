@@ -19,16 +19,8 @@ class Classifier(Net):
                  raw_scale: float | None = None, channel_swap: Any = None):
         Net.__init__(self, model_file, TEST, weights=pretrained_file)
         in_ = self.inputs[0]
-        self.transformer = caffe_io.Transformer({in_: self.blobs[in_].data.shape})
-        self.transformer.set_transpose(in_, (2, 0, 1))
-        if mean is not None:
-            self.transformer.set_mean(in_, mean)
-        if input_scale is not None:
-            self.transformer.set_input_scale(in_, input_scale)
-        if raw_scale is not None:
-            self.transformer.set_raw_scale(in_, raw_scale)
-        if channel_swap is not None:
-            self.transformer.set_channel_swap(in_, channel_swap)
+        self.transformer = caffe_io.input_transformer(self, mean, input_scale, raw_scale,
+                                                      channel_swap)
         self.crop_dims = np.array(self.blobs[in_].data.shape[2:])
         if not image_dims:
             image_dims = self.crop_dims

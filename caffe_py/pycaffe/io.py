@@ -186,6 +186,24 @@ class Transformer:
 
 
 # --- images ----------------------------------------------------------------------------------
+def input_transformer(net: Any, mean: np.ndarray | None, input_scale: float | None,
+                      raw_scale: float | None, channel_swap: Any) -> Transformer:
+    """The Transformer of a net's first input as pycaffe's Classifier and Detector make it:
+    (H, W, K) images to (K, H, W), with each preprocessing step that is given."""
+    in_ = net.inputs[0]
+    transformer = Transformer({in_: net.blobs[in_].data.shape})
+    transformer.set_transpose(in_, (2, 0, 1))
+    if mean is not None:
+        transformer.set_mean(in_, mean)
+    if input_scale is not None:
+        transformer.set_input_scale(in_, input_scale)
+    if raw_scale is not None:
+        transformer.set_raw_scale(in_, raw_scale)
+    if channel_swap is not None:
+        transformer.set_channel_swap(in_, channel_swap)
+    return transformer
+
+
 def load_image(filename: str, color: bool = True) -> np.ndarray:
     """An image file as float32 in [0, 1]: H x W x 3 RGB (``color``), else H x W x 1
     intensity (a colour file made gray with ITU-R 709 luma, as scikit-image does); alpha is

@@ -24,7 +24,7 @@ SOLVER_TYPES = ("SGD", "Nesterov", "AdaGrad", "RMSProp", "AdaDelta", "Adam")
 LR_POLICIES = ("fixed", "step", "exp", "inv", "multistep", "poly", "sigmoid")
 PRECISIONS = ("FLOAT32", "BF16", "FLOAT16")
 MEMORY_FORMATS = ("AUTO", "CONTIGUOUS", "CHANNELS_LAST")
-SNAPSHOT_FORMATS = ("pt", "caffemodel", "BINARYPROTO", "HDF5")
+SNAPSHOT_FORMATS = {"pt": None, "caffemodel": None, "BINARYPROTO": 1, "HDF5": 0}
 # caffe.proto's old SolverType enum (solver_type) -> the type string (UpgradeSolverType)
 SOLVER_TYPE_ENUM = {"SGD": "SGD", "NESTEROV": "Nesterov", "ADAGRAD": "AdaGrad",
                     "RMSPROP": "RMSProp", "ADADELTA": "AdaDelta", "ADAM": "Adam"}
@@ -85,7 +85,7 @@ class SolverParameter(Message):
     type: str = field("SGD", "the update rule", choices=SOLVER_TYPES)
     solver_type: str = field("SGD", "the old enum form of type (SGD, NESTEROV, ADAGRAD, "
                                     "RMSPROP, ADADELTA, ADAM); sets type, as Caffe upgrades it",
-                             choices=tuple(SOLVER_TYPE_ENUM))
+                             choices={name: number for number, name in enumerate(SOLVER_TYPE_ENUM)})
     momentum: float = field(0.0, "SGD/Nesterov momentum; AdaDelta decay; Adam beta1",
                             min=0, max=1)
     momentum2: float = field(0.999, "Adam beta2", min=0, max=1)
@@ -118,7 +118,7 @@ class SolverParameter(Message):
     # --- machine ---------------------------------------------------------------------------
     random_seed: int = field(-1, "seed for fillers, dropout and data order (-1: the clock)")
     solver_mode: str = field("GPU", "CPU or GPU (cpy train --gpus decides when given)",
-                             choices=("CPU", "GPU"))
+                             choices={"CPU": 0, "GPU": 1})
     device_id: int = field(0, "the GPU to use when --gpus is not given", min=0)
     debug_info: bool = field(False, "accepted, changes nothing: Caffe's per-blob debug lines "
                                     "(mean |data| and |diff| of every blob each iteration) are "

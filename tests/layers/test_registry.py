@@ -108,6 +108,46 @@ MINIMAL: dict[str, list[dict]] = {
     "InfogainLoss": one("InfogainLoss", ["v", "label", "h"]),
     "MultinomialLogisticLoss": one("MultinomialLogisticLoss", ["prob", "label"]),
     "Python": one("Python", python_param={"module": "python_layers", "layer": "SimpleLayer"}),
+    # segmentation forks
+    "BN": one("BN", bn_param={"bn_mode": "LEARN", "scale_filler": {"type": "constant",
+                                                                   "value": 1}}),
+    "Upsample": [{"name": "pool", "type": "Pooling", "bottom": "x", "top": ["p", "mask"],
+                  "pooling_param": {"kernel_size": 2, "stride": 2}},
+                 *one("Upsample", ["p", "mask"], upsample_param={"scale": 2})],
+    "Interp": one("Interp", interp_param={"zoom_factor": 2}),
+    "MatWrite": [{"name": "under_test", "type": "MatWrite", "bottom": "x",
+                  "mat_write_param": {"prefix": PLACEHOLDER}}],
+    "SegAccuracy": [{"name": "seg", "type": "DummyData", "top": "seg",
+                     "dummy_data_param": {"shape": {"dim": [2, 1, 4, 4]}}},
+                    *one("SegAccuracy", ["x", "seg"])],
+    "ConvolutionDepthwise": one("ConvolutionDepthwise", convolution_param={
+        "kernel_size": 3, "pad": 1, "weight_filler": {"type": "xavier"}}),
+    "ShuffleChannel": one("ShuffleChannel", shuffle_channel_param={"group": 3}),
+    "Axpy": [{"name": "squeeze", "type": "Pooling", "bottom": "x", "top": "a",
+              "pooling_param": {"pool": "AVE", "global_pooling": True}},
+             *one("Axpy", ["a", "x", "y"])],
+    "MarginInnerProduct": one("MarginInnerProduct", ["v", "label"], ["out", "lambda"],
+                              margin_inner_product_param={"num_output": 3, "type": "DOUBLE",
+                                                          "weight_filler": {"type": "xavier"}}),
+    "LabelSpecificAdd": one("LabelSpecificAdd", ["v", "label"],
+                            label_specific_add_param={"bias": -0.35}),
+    "CenterLoss": one("CenterLoss", ["v", "label"],
+                      center_loss_param={"num_output": 3, "center_filler": {"type": "xavier"}}),
+    "Lstm": one("Lstm", "seq", lstm_param={"num_output": 3,
+                                           "weight_filler": {"type": "gaussian"}}),
+    "Reverse": one("Reverse", "seq"),
+    "Transpose": one("Transpose", "seq", transpose_param={"dim": [1, 0, 2]}),
+    "CTCGreedyDecoder": one("CTCGreedyDecoder", "seq"),
+    "WarpCTCLoss": [{"name": "labels", "type": "DummyData", "top": "ctc_labels",
+                     "dummy_data_param": {"shape": {"dim": [2, 2]},
+                                          "data_filler": {"type": "constant", "value": 1}}},
+                    *one("WarpCTCLoss", ["seq", "ctc_labels"])],
+    "DenseImageData": [{"name": "under_test", "type": "DenseImageData", "top": ["out", "lab"],
+                        "dense_image_data_param": {"source": PLACEHOLDER,
+                                                   "batch_size": 2}}],
+    "ImageSegData": [{"name": "under_test", "type": "ImageSegData", "top": ["out", "lab"],
+                      "image_data_param": {"source": PLACEHOLDER, "batch_size": 2,
+                                           "label_type": "PIXEL"}}],
 }
 
 
@@ -157,6 +197,10 @@ def write_sources(type_name: str, layer: dict, tmp: Path) -> None:
         Image.fromarray(np.zeros((4, 4), np.uint8)).save(tmp / "a.png")
         path.write_text("a.png 1\n" if type_name == "ImageData" else
                         f"# 0\n{tmp / 'a.png'}\n3 4 4\n2\n1 0.9 0 0 3 3\n0 0.1 1 1 2 2\n")
+    elif type_name in ("DenseImageData", "ImageSegData"):
+        Image.fromarray(np.zeros((4, 4), np.uint8)).save(tmp / "a.png")
+        Image.fromarray(np.ones((4, 4), np.uint8)).save(tmp / "b.png")
+        path.write_text("a.png b.png\n")
     elif type_name == "HDF5Data":
         import h5py
 
@@ -164,6 +208,9 @@ def write_sources(type_name: str, layer: dict, tmp: Path) -> None:
             f["out"] = np.zeros((3, 1, 4, 4), np.float32)
             f["out_label"] = np.arange(3, dtype=np.float32)
         path.write_text("a.h5\n")
+    if type_name == "MatWrite":
+        layer[block] = {**layer[block], "prefix": f"{tmp}/features/"}
+        return
     key = "file_name" if type_name == "HDF5Output" else "source"
     layer[block] = {**layer[block], key: str(path)}
 
@@ -201,7 +248,8 @@ def test_every_minimal_spec_names_a_real_parameter_block():
     """Entries for types not registered yet are allowed; a wrong block name is not."""
     for type_name in sorted(set(MINIMAL) & set(library_types())):
         cls = registry.lookup(type_name)
-        for key in MINIMAL[type_name][0]:
+        under_test = next(lp for lp in MINIMAL[type_name] if lp["name"] == "under_test")
+        for key in under_test:
             if key.endswith("_param"):
                 assert key in cls.params, f"{type_name} takes no {key}"
 

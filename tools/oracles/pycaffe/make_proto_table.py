@@ -6,7 +6,8 @@ format's own: they are what makes a message Caffe reads).
 Run with BVLC Caffe 1.0's sources at hand (Debian's `caffe` source package, the code of BVLC
 master 9b89154, unpacked to /opt/caffe-src by ../shared/caffe/build_caffe.sh):
 
-    python tools/oracles/pycaffe/make_proto_table.py /opt/caffe-src/caffe/src/caffe/proto/caffe.proto
+    python tools/oracles/pycaffe/make_proto_table.py \
+        /opt/caffe-src/caffe/src/caffe/proto/caffe.proto
 
 The parser reads the proto2 subset caffe.proto uses: top-level messages and enums, enums
 nested in messages, fields `label type name = number [default = v, packed = true];`.
@@ -137,7 +138,8 @@ def main() -> None:
     lines += ["}", "", "MESSAGES: dict[str, tuple[dict[str, Values], tuple[Field, ...]]] = {"]
     for name, body in messages.items():
         lines.append(f"    {name!r}: (")
-        lines.append(f"        {{{', '.join(f'{k!r}: {tuple(v)!r}' for k, v in body['enums'].items())}}},")
+        enums = ", ".join(f"{k!r}: {tuple(v)!r}" for k, v in body["enums"].items())
+        lines.append(f"        {{{enums}}},")
         lines.append("        (")
         for f in body["fields"]:
             lines.append(f"            {tuple(f)!r},")
