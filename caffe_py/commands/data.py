@@ -17,6 +17,7 @@ from ..tools.convert import (
     convert_cifar,
     convert_idx,
     convert_imageset,
+    folder_list,
     terminal_progress,
 )
 from ..tools.dbinfo import db_info
@@ -64,8 +65,11 @@ def convert_idx_command(images: str, labels: str, db: str, resume: bool, backend
 
 @convert_group.command("imageset")
 @click.argument("root", type=click.Path(file_okay=False))
-@click.argument("listfile", type=click.Path(dir_okay=False))
-@click.argument("db", type=click.Path())
+@click.argument("paths", nargs=-1, metavar="[LISTFILE] DB", type=click.Path())
+@click.option("--from-folders", is_flag=True,
+              help="no LISTFILE: ROOT's sub-folders are the classes (torchvision ImageFolder's "
+                   "rule: sorted names -> labels 0..K-1); writes labels.txt and DB_list.txt "
+                   "beside DB")
 @click.option("--gray", is_flag=True, help="store one gray channel instead of BGR")
 @click.option("--shuffle", is_flag=True, help="shuffle the list before writing")
 @click.option("--seed", type=int, default=0, show_default=True, help="the shuffle's seed")
@@ -79,17 +83,28 @@ def convert_idx_command(images: str, labels: str, db: str, resume: bool, backend
               help="with --encoded: re-encode to this format (default: keep each file's own)")
 @click.option("--resume", is_flag=True, help=_RESUME_HELP)
 @backend_option
-def convert_imageset_command(root: str, listfile: str, db: str, gray: bool, shuffle: bool,
-                             seed: int, resize_width: int, resize_height: int, check_size: bool,
-                             encoded: bool, encode_type: str | None, resume: bool,
-                             backend: str) -> None:
+def convert_imageset_command(root: str, paths: tuple[str, ...], from_folders: bool, gray: bool,
+                             shuffle: bool, seed: int, resize_width: int, resize_height: int,
+                             check_size: bool, encoded: bool, encode_type: str | None,
+                             resume: bool, backend: str) -> None:
     """Images named in LISTFILE ('path label' lines, paths relative to ROOT) into DB, keys
-    %08d_<path>, pixels in BGR order as Caffe's convert_imageset stores them."""
+    %08d_<path>, pixels in BGR order as Caffe's convert_imageset stores them; with
+    --from-folders, the images of ROOT's class folders (ROOT/cat/1.jpg, ROOT/dog/2.jpg)."""
     if encode_type and not encoded:
         raise click.UsageError("--encode-type needs --encoded")
+    if len(paths) != (1 if from_folders else 2):
+        raise click.ClickException("give ROOT DB with --from-folders" if from_folders else
+                                   "give ROOT LISTFILE DB (or ROOT DB with --from-folders)")
+    db = paths[-1]
     options = ImagesetOptions(gray=gray, shuffle=shuffle, seed=seed, resize_width=resize_width,
                               resize_height=resize_height, check_size=check_size,
                               encoded=encoded, encode_type=encode_type or "")
+    listfile = paths[0]
+    if from_folders:
+        options.check()  # before anything is written
+        folders = folder_list(root, db)
+        listfile = str(folders.list_file)
+        click.echo(folders.line())
     with resumable(db):
         result = convert_imageset(root, listfile, db, options, resume=resume,
                                   progress=terminal_progress(), backend=backend)
