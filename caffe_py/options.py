@@ -2,8 +2,9 @@
 flags), shared by the run layer (caffe_py/train.py) and the strategies in caffe_py/parallel/."""
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from .errors import SolverError
 from .solver.signals import EFFECTS, SNAPSHOT, SNAPSHOT_STOP, STOP
@@ -61,6 +62,12 @@ class TrainOptions:
     """A directory for TensorBoard event files (the metrics table's values as scalars)."""
     progress: ProgressFactory | None = None
     """The command's progress display (a terminal bar), advanced once per iteration."""
+    inputs: Mapping[str, Any] | None = None
+    """From Python (``train_solver(..., inputs={"data": x, "label": y})``): arrays by top name
+    for the TRAIN net's in-memory source, a MemoryData layer with those tops (see
+    :meth:`~caffe_py.solver.solver.Solver.feed`)."""
+    test_inputs: Mapping[str, Any] | None = None
+    """The same for the TEST nets' MemoryData layers."""
 
     def __post_init__(self) -> None:
         if isinstance(self.compile, bool):

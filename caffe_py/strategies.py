@@ -87,8 +87,8 @@ class SingleDevice:
             auto = opts.compile == "auto" and not opts.deterministic
             runner = GraphedLoop(required=opts.graphs == "on",
                                  auto_compile=AutoCompile() if auto else None)
-        with Solver(param, device=self.device, action=action, step=step,
-                    runner=runner) as solver:
+        with Solver(param, device=self.device, action=action, step=step, runner=runner,
+                    inputs=opts.inputs, test_inputs=opts.test_inputs) as solver:
             batch = solver.batch_size()
             log.info(f"Batch: {batch} per replica x 1 replica x iter_size {param.iter_size} = "
                      f"{batch * param.iter_size} per update (device {self.device}, precision "

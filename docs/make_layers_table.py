@@ -175,7 +175,7 @@ def fork_proofs() -> dict[str, str]:
     """Type -> how it is proven: its fork's fixtures (cases, largest error), its data batches,
     or the test module of its plain reference."""
     sys.path.insert(0, str(ROOT / "tests" / "golden" / "forks"))
-    from test_fork_golden import DATA_CASES, DATA_TYPES, FORK_REFERENCES, summary
+    from test_fork_golden import DATA_CASES, DATA_TYPES, FORK_REFERENCES, OTHER_PROOFS, summary
 
     out: dict[str, str] = {}
     for (fork, type_name), (n, err) in sorted(summary().items()):
@@ -186,6 +186,8 @@ def fork_proofs() -> dict[str, str]:
         out[type_name] = f"{n} batch sequences against {fork}'s fork, equal"
     for type_name, module in FORK_REFERENCES.items():
         out[type_name] = f"reference from the fork's source ({module})"
+    for type_name, (fork, what, module) in OTHER_PROOFS.items():
+        out[type_name] = f"{what} against {fork}'s fork ({module})"
     return out
 
 
@@ -242,9 +244,14 @@ fork's semantics (forward, and backward where the fork has one; its module's doc
 how). Two forks that use one name for two layers (`BN`, `Upsample`) are told apart by the
 fields the layer writes (or its bottoms), and a layer that fits neither is an error naming
 both. "Proof": the genuine fork's fixtures (`tests/golden/forks`: the fork built by
-`tools/oracles/build_fork.sh`, run on seeded inputs; the cases and the largest error, 1e-5 at
-most) or, for a fork not built here, the test module that holds the type to a plain reference
-written from the fork's source and a float64 gradcheck. Fork fields on BVLC types (DeepLab
+`tools/oracles/build_fork.sh` or `tools/oracles/ssd`, run on seeded inputs; for Faster
+R-CNN's and R-FCN's GPU-only layers, the forks' own CUDA kernels compiled for the CPU; the
+cases and the largest error, 1e-5 at most) or, for a fork not built here, the test module that
+holds the type to a plain reference written from the fork's source and a float64 gradcheck.
+Where a fork's backward is not the exact derivative of its forward, caffe-py computes the
+fork's (SSD's Normalize with one scale per channel, MultiBoxLoss's
+`encode_variance_in_target`, a one-weight SmoothL1Loss, ROIPooling's inverted regions;
+[detection.md](detection.md) lists them). Fork fields on BVLC types (DeepLab
 v1's `convolution_param.hole`, a fork's `pooling_param.ceil_mode`, Faster R-CNN's
 `dropout_param.scale_train`, R-FCN's `loss_param.pre_fixed_normalizer`, SegNet's
 `loss_param.class_weighting`) are in those types' tables above."""

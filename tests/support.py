@@ -47,12 +47,12 @@ def cli_process(workdir: Path, *args: str) -> subprocess.Popen:
 
 
 def wait_for(proc: subprocess.Popen, needle: str, seen: list[str], timeout: float = 60) -> str:
-    """Read ``proc``'s stdout lines (without glog's prefix) into ``seen`` until one holds
+    """Read ``proc``'s log lines (stderr, without glog's prefix) into ``seen`` until one holds
     ``needle`` (returned); the process is killed and the test fails when it ends or
     ``timeout`` passes first."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
-        line = proc.stdout.readline()
+        line = proc.stderr.readline()
         if not line:
             break
         line = bare(line.rstrip("\n"))
@@ -129,6 +129,21 @@ snapshot_after_train: false
 snapshot_prefix: snaps/tiny
 random_seed: 3
 """
+
+
+def error_line(stderr: str) -> str:
+    """The one-line error that ends a failed command's stderr (where Caffe's log lines come
+    before it): exactly one ``Error: ...`` line, last, and no traceback."""
+    lines = stderr.strip().splitlines()
+    assert lines and lines[-1].startswith("Error: "), stderr[-2000:]
+    assert sum(line.startswith("Error: ") for line in lines) == 1, stderr[-2000:]
+    assert "Traceback" not in stderr, stderr[-2000:]
+    return lines[-1]
+
+
+def log_lines(stderr: str) -> list[str]:
+    """A command's log lines (stderr), without glog's prefix and without a final error line."""
+    return [bare(line) for line in stderr.splitlines() if not line.startswith("Error: ")]
 
 
 TREE_CACHES = {"__pycache__", ".pytest_cache", ".ruff_cache", ".mypy_cache", ".hypothesis"}

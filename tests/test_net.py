@@ -63,6 +63,24 @@ def test_inputs_are_checked_by_name(spec_of):
                               "input(s) x; pass them in the net's inputs, keyed by top name")
 
 
+
+def test_a_one_input_net_takes_the_tensor_alone(spec_of):
+    """``net(x)`` as a PyTorch module: the output tensor, or the outputs by name."""
+    net = Net(spec_of("name: n\ninput: x\ninput_shape: {dim: [2, 3]}\nlayer:\n"
+                      "  - {name: a, type: ToyScale, bottom: x, top: a, toy_param: {value: 3}}\n"))
+    assert net(torch.ones(2, 3)).tolist() == [[3.0] * 3] * 2
+    two = Net(spec_of("name: n\ninput: x\ninput_shape: {dim: [2, 3]}\nlayer:\n"
+                      "  - {name: a, type: ToyScale, bottom: x, top: a}\n"
+                      "  - {name: b, type: ToyScale, bottom: x, top: b, toy_param: {value: 2}}\n"))
+    out = two(torch.ones(2, 3))
+    assert sorted(out) == ["a", "b"] and out["b"].tolist() == [[2.0] * 3] * 2
+    pair = Net(spec_of("name: n\ninput: [x, y]\ninput_dim: [2, 3, 1, 1, 4, 1, 1, 1]\n"))
+    with pytest.raises(NetError) as err:
+        pair(torch.ones(2, 3, 1, 1))
+    assert str(err.value) == ("net 'n' has 2 inputs (x, y), so a tensor alone does not say "
+                              "which it is; pass a dict {name: tensor}")
+
+
 IN_PLACE = """
 name: inplace
 input: data

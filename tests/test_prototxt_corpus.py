@@ -72,7 +72,9 @@ def python_layers(monkeypatch):
     monkeypatch.syspath_prepend(str(CORPUS / "pylayers"))
     yield
     for name in ("_base", "pyloss", "voc_layers", "siftflow_layers", "sequence_input_layer",
-                 "spatial_dropout"):
+                 "spatial_dropout", "roi_data_layer", "roi_data_layer.layer", "rpn",
+                 "rpn._params", "rpn.anchor_target_layer", "rpn.proposal_layer",
+                 "rpn.proposal_target_layer"):
         sys.modules.pop(name, None)
 
 

@@ -217,8 +217,9 @@ class _Both:
 
         self.monkeypatch.chdir(self.root / "cli")
         result = CliRunner().invoke(cli, ["train", "--solver", "solver.yaml", *args])
-        error = result.stderr.strip().removeprefix("Error: ")
-        return result.exit_code, result.stdout.splitlines(), error if result.exit_code else ""
+        lines = result.stderr.strip().splitlines()
+        error = lines.pop().removeprefix("Error: ") if result.exit_code else ""
+        return result.exit_code, lines, error
 
     def api(self, **options):
         """(exit status, lines, error) of ``train_solver("solver.yaml", **options)``."""

@@ -112,6 +112,21 @@ class Layer(nn.Module):
         """Check bottom shapes, create blobs, return top shapes."""
         raise NotImplementedError(f"{type(self).__name__}.setup")
 
+    # --- data sources that keep their own read position (MemoryData, a dataset layer) --------
+    def source_state(self) -> dict[str, Any] | None:
+        """Where this layer reads next, as plain values, when it is a data source that keeps
+        its own position (a solver state saves it, so that a resume reads on exactly); None
+        for every other layer."""
+        return None
+
+    def load_source_state(self, state: Mapping[str, Any]) -> None:
+        """Read on from where :meth:`source_state` was."""
+
+    def bind_source(self, seed: int, replica: int = 0, replicas: int = 1) -> None:
+        """The run's data seed (shuffled orders) and this replica's share of the records:
+        records ``replica``, ``replica + replicas``, ... of the one order, as Caffe's
+        DataReader hands them out. A no-op for layers that are not such sources."""
+
     # --- helpers for subclasses -------------------------------------------------------------
     def param(self, key: str | None = None) -> Any:
         """This layer's parameter block (the first declared one when ``key`` is None)."""

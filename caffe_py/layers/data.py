@@ -327,7 +327,9 @@ class MemoryData(Layer):
 
     :meth:`reset` (pycaffe's ``set_input_arrays``) takes N rows (N a multiple of batch_size);
     each ``forward`` returns the next B of them, wrapping to the first after the last. As
-    Caffe's ``Reset``, the arrays are not transformed.
+    Caffe's ``Reset``, the arrays are not transformed. In a run of several replicas, replica
+    ``i`` of ``R`` takes rows i, i+R, ... (:meth:`bind_source`); the position is saved in the
+    solver state (:meth:`source_state`).
     """
 
     bottoms = (0, 0)
@@ -343,7 +345,9 @@ class MemoryData(Layer):
         self._data: torch.Tensor | None = None
         self._labels: torch.Tensor | None = None
         self.position = 0
-        """The first row the next forward returns."""
+        """The rows this replica has read since the arrays were given (its next row: row
+        ``position * replicas + replica``, modulo N)."""
+        self.replica, self.replicas = 0, 1
         return [(p.batch_size, *self.row_shape), (p.batch_size,)]
 
     def reset(self, data: np.ndarray | torch.Tensor, labels: np.ndarray | torch.Tensor) -> None:
@@ -377,7 +381,22 @@ class MemoryData(Layer):
         if self._data is None or self._labels is None:
             raise self.fail("has no arrays", "call reset(data, labels) (or the net's "
                                              "set_input_arrays) before running the net")
-        batch = self.param().batch_size
-        rows = slice(self.position, self.position + batch)
-        self.position = (self.position + batch) % self._data.shape[0]
-        return self._data[rows], self._labels[rows]
+        batch, n = self.param().batch_size, self._data.shape[0]
+        first = self.position
+        self.position = (self.position + batch) % n if self.replicas == 1 else \
+            self.position + batch
+        if self.replicas == 1:
+            rows = slice(first, first + batch)
+            return self._data[rows], self._labels[rows]
+        index = ((first + torch.arange(batch)) * self.replicas + self.replica) % n
+        index = index.to(self._data.device)
+        return self._data[index], self._labels[index]
+
+    def source_state(self) -> dict[str, Any]:
+        return {"position": int(self.position)}
+
+    def load_source_state(self, state: Mapping[str, Any]) -> None:
+        self.position = int(state.get("position", 0))
+
+    def bind_source(self, seed: int, replica: int = 0, replicas: int = 1) -> None:
+        self.replica, self.replicas = replica, replicas

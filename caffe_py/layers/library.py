@@ -1,14 +1,18 @@
 """Imports every layer family so that each registers its types."""
 from . import (  # noqa: F401  (importing registers every layer family)
     activation,
+    annotated_data,
     common,
     data,
+    detection,
     face,
     loss,
     margin_loss,
     mobile,
+    multibox,
     normalization,
     python,
+    rcnn,
     recurrent,
     seg_sources,
     segmentation,

@@ -25,8 +25,26 @@ from typing import Any
 
 import numpy as np
 
-TRAIN = 0
-TEST = 1
+
+class Phase(int):
+    """A phase: the int caffe_pb2 gives it (TRAIN 0, TEST 1) that prints as its name, as the
+    enum Faster R-CNN's pycaffe exposes does (its layers look up ``cfg[str(self.phase)]``)."""
+
+    name: str
+
+    def __new__(cls, value: int, name: str) -> Phase:
+        obj = super().__new__(cls, value)
+        obj.name = name
+        return obj
+
+    def __str__(self) -> str:
+        return self.name
+
+    __repr__ = __str__
+
+
+TRAIN = Phase(0, "TRAIN")
+TEST = Phase(1, "TEST")
 
 
 class Blob:

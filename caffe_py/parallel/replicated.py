@@ -187,8 +187,12 @@ class ReplicatedRun:
             solver = Solver(self.param, device=self.devices[i], replica=i, role=role,
                             seeds=Seeds(model=base_seed + self.hosts.offset + i, data=base_seed),
                             pool=self.pool, callbacks=[*self._sync_callbacks(i), *extra],
-                            step=step, **kw)
+                            step=step, inputs=self.options.inputs,
+                            test_inputs=self.options.test_inputs if i == 0 else None, **kw)
             self.solvers.append(solver)
+            # sources that read by themselves: replica i's share of the one global order
+            solver.net.bind_sources(base_seed, self.hosts.offset + i,
+                                    self.hosts.total or len(self.devices))
             scale = solver.loss_scale.tensors() if solver.loss_scale is not None else []
             self.sync.setup(i, [lp.param for lp in solver.net.learnable_params()],
                             [*state_blobs(solver.net), *scale])   # the root's flows down
@@ -271,8 +275,10 @@ class ReplicatedRun:
             self.root.load_weights(opts.weights)
         if opts.snapshot:
             self.root.restore(opts.snapshot)
+            sources = self.root.net.source_states()  # every replica read as many records
             for worker in self.solvers[1:]:
                 worker.iter, worker.current_step = self.root.iter, self.root.current_step
+                worker.net.load_source_states(sources)
         self.share_root_model()
         if self.averaging is not None and self.schedule.averages_replicas:
             self.averaging.spread()

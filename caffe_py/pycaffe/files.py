@@ -22,7 +22,7 @@ from . import mode
 from .errors import PycaffeError, missing
 
 TRAIN, TEST = standin.TRAIN, standin.TEST
-PHASES = {TRAIN: "TRAIN", TEST: "TEST"}
+PHASES: dict[int, str] = {TRAIN: "TRAIN", TEST: "TEST"}
 NET_OPTIONS = {BATCHNORM_SCALE: False, BIAS_ACTIVATION: False}
 """A pycaffe net runs every layer by itself: no build-time fusion hides a blob."""
 

@@ -68,6 +68,13 @@ class SolverParameter(Message):
     test_initialization: bool = field(True, "also test before the first iteration")
     test_compute_loss: bool = field(False, "also print each test pass's mean loss "
                                            "('Test loss: ...')")
+    eval_type: str = field("classification", "SSD's fork: 'detection' turns the outputs of "
+                                             "DetectionEvaluate layers into their mAP",
+                           choices=("classification", "detection"))
+    ap_version: str = field("Integral", "SSD's fork: how the mAP integrates precision over "
+                                        "recall", choices=("11point", "MaxIntegral",
+                                                           "Integral"))
+    show_per_class_result: bool = field(False, "SSD's fork: also print each class's AP")
     # --- schedule and display --------------------------------------------------------------
     base_lr: float = field(0.0, "the base learning rate", min=0)
     display: int = field(0, "print the loss every this many iterations (0: never)", min=0)

@@ -1,6 +1,7 @@
 """Converters into Caffe's databases (LMDB or LevelDB), record for record and byte for byte
 what Caffe's tools write: ``convert_mnist_data`` (IDX files), ``convert_imageset`` (an image
-list) and ``convert_cifar_data`` (CIFAR-10 binary batches).
+list, or a folder per class as torchvision's ImageFolder reads them: :func:`folder_list`) and
+``convert_cifar_data`` (CIFAR-10 binary batches).
 
 Each input is a :class:`RecordSource`: a count, the key of record ``i``, and the records from index
 ``start`` on. :func:`write_source` puts them through the backend's writer
@@ -11,6 +12,7 @@ from __future__ import annotations
 
 import gzip
 import logging
+import os
 import struct
 import sys
 import time
@@ -345,6 +347,87 @@ def convert_imageset(root: str | Path, listfile: str | Path, db: str | Path,
     """``cpy convert imageset``: the images a list file names, under ``root``."""
     source = ImagesetSource(root, listfile, options or ImagesetOptions())
     return write_source(source, db, resume=resume, progress=progress, backend=backend)
+
+
+IMAGE_EXTENSIONS = (".jpg", ".jpeg", ".png", ".ppm", ".bmp", ".pgm", ".tif", ".tiff", ".webp")
+"""The files a class folder's walk takes: torchvision's IMG_EXTENSIONS (any case)."""
+
+
+@dataclass
+class FolderList:
+    """What :func:`folder_list` wrote: the class names (label k is ``classes[k]``), the
+    ``labels.txt`` beside the database and the list file of ``path label`` lines."""
+
+    classes: list[str]
+    images: int
+    labels_file: Path
+    list_file: Path
+
+    def line(self) -> str:
+        return (f"{self.list_file}: {self.images} images of {len(self.classes)} classes "
+                f"(labels 0..{len(self.classes) - 1} in {self.labels_file})")
+
+
+def folder_entries(root: str | Path) -> tuple[list[str], list[tuple[str, int]]]:
+    """torchvision ImageFolder's rule: the sorted sub-folders of ``root`` are the classes,
+    labels 0..K-1; each class's images are the files with an image extension anywhere under
+    its folder (links followed), walked in sorted order. Returns (classes, [(path relative to
+    root, label)])."""
+    root = Path(root)
+    if not root.is_dir():
+        raise DataError(f"{root}: not a folder; give the folder whose sub-folders are the classes "
+                        "(ROOT/cat/1.jpg, ROOT/dog/2.jpg)")
+    classes = sorted(entry.name for entry in os.scandir(root) if entry.is_dir())
+    if not classes:
+        raise DataError(f"{root}: no class folders; put each class's images in a sub-folder "
+                        "(ROOT/cat/1.jpg, ROOT/dog/2.jpg)")
+    entries: list[tuple[str, int]] = []
+    empty = []
+    for label, name in enumerate(classes):
+        before = len(entries)
+        for directory, _, files in sorted(os.walk(root / name, followlinks=True)):
+            for file in sorted(files):
+                if file.lower().endswith(IMAGE_EXTENSIONS):
+                    path = (Path(directory) / file).relative_to(root).as_posix()
+                    if "\n" in path or "\r" in path:
+                        raise DataError(f"{root / path!r}: a file name with a line break "
+                                        "cannot go into a list file; rename it")
+                    entries.append((path, label))
+        if len(entries) == before:
+            empty.append(name)
+    if empty:
+        raise DataError(f"{root}: no image in the class folder(s) {', '.join(empty)} (image "
+                        f"files end in {', '.join(IMAGE_EXTENSIONS)}); add images or remove "
+                        "the folder")
+    return classes, entries
+
+
+def folder_list(root: str | Path, db: str | Path) -> FolderList:
+    """The list file ``<DB>_list.txt`` (``path label`` lines, paths relative to ``root``: an
+    ImageData layer reads it with ``root_folder: ROOT/``) and ``labels.txt`` (class k's
+    folder name on line k) beside the database ``db``, from the class folders of ``root``
+    (:func:`folder_entries`). A ``labels.txt`` already there that names other classes (another
+    dataset's) is refused, not replaced."""
+    classes, entries = folder_entries(root)
+    db = Path(db)
+    labels_file = db.parent / "labels.txt"
+    list_file = db.parent / f"{db.name}_list.txt"
+    text = "".join(f"{name}\n" for name in classes)
+    if labels_file.is_file():
+        found = labels_file.read_text(encoding="utf-8", errors="replace")
+        if found != text:
+            raise DataError(f"{labels_file} lists other classes ({len(found.splitlines())} "
+                            f"lines, the folders of {root} make {len(classes)}); convert into "
+                            "another directory, or remove it")
+    try:
+        db.parent.mkdir(parents=True, exist_ok=True)
+        list_file.write_text("".join(f"{path} {label}\n" for path, label in entries),
+                             encoding="utf-8")
+        labels_file.write_text(text, encoding="utf-8")
+    except OSError as exc:
+        raise DataError(f"cannot write {list_file} ({(exc.strerror or str(exc)).lower()}); "
+                        "check the directory is writable") from None
+    return FolderList(classes, len(entries), labels_file, list_file)
 
 
 # ---------------------------------------------------------------------------------------------

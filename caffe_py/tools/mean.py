@@ -40,9 +40,10 @@ class MeanResult:
         return rows
 
 
-def compute_mean(db: str | os.PathLike, out: str | os.PathLike, *,
+def compute_mean(db: str | os.PathLike, out: str | os.PathLike | None, *,
                  progress: ProgressFactory = no_progress, backend: str = "lmdb") -> MeanResult:
-    """Average every record of ``db`` (decoded, in key order) and write the mean file."""
+    """Average every record of ``db`` (decoded, in key order) and write the mean file (none
+    when ``out`` is None: Caffe's compute_image_mean without OUTPUT_FILE only prints)."""
     began = time.perf_counter()
     total: np.ndarray | None = None
     count = 0
@@ -57,5 +58,7 @@ def compute_mean(db: str | os.PathLike, out: str | os.PathLike, *,
     if total is None:
         raise DataError(f"{db}: the database is empty; there is no mean to compute")
     mean = (total / count).astype(np.float32)
-    write_blob_file(out, blob_from_array(mean[None], legacy=True))
-    return MeanResult(Path(out), count, mean, time.perf_counter() - began)
+    if out is not None:
+        write_blob_file(out, blob_from_array(mean[None], legacy=True))
+    return MeanResult(Path(out if out is not None else db), count, mean,
+                      time.perf_counter() - began)

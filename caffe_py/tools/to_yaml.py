@@ -534,10 +534,12 @@ class _Converter:
         return out
 
     def default_backend(self, layer: Message) -> Message:
-        """A Data layer whose data_param gives no backend reads LEVELDB in Caffe (caffe.proto's
-        default); caffe-py's YAML defaults to LMDB, so the import writes Caffe's default out."""
+        """A Data (or SSD's AnnotatedData) layer whose data_param gives no backend reads
+        LEVELDB in Caffe (caffe.proto's default); caffe-py's YAML defaults to LMDB, so the
+        import writes Caffe's default out."""
         type_field, found = layer.first("type"), _block_field(layer.fields, "data_param")
-        if type_field is None or type_field.value not in ("Data", "DATA") or found is None:
+        if type_field is None or type_field.value not in ("Data", "DATA", "AnnotatedData") \
+                or found is None:
             return layer
         data, data_msg = found
         if data_msg.first("backend") is not None:

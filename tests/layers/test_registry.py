@@ -34,6 +34,21 @@ def one(type_name: str, bottom: str | list[str] = "x", top: str | list[str] = "o
     return [{"name": "under_test", "type": type_name, "bottom": bottom, "top": top, **params}]
 
 
+def predictions(n: int) -> list[dict]:
+    """SSD's predictions for n images of x's 16 cells, one prior each: loc (n, 64), conf (n,
+    48) in [0, 1), priors."""
+    return [
+        {"name": "loc", "type": "DummyData", "top": "loc", "dummy_data_param": {
+            "shape": {"dim": [n, 64]}, "data_filler": {"type": "gaussian", "std": 0.1}}},
+        {"name": "conf", "type": "DummyData", "top": "conf", "dummy_data_param": {
+            "shape": {"dim": [n, 48]}, "data_filler": {"type": "uniform"}}},
+        {"name": "priors", "type": "PriorBox", "bottom": ["x", "y"], "top": "priors",
+         "prior_box_param": {"min_size": [2.0]}}]
+
+
+# one region (batch index 0, x1, y1, x2, y2 in pixels) for ROIPooling and PSROIPooling
+ROIS = {"name": "rois", "type": "DummyData", "top": "rois", "dummy_data_param": {
+    "shape": {"dim": [1, 5]}, "data_filler": {"type": "constant", "value": 0}}}
 PLACEHOLDER = "set by the test"
 """The file a data layer's block names: every such block gets a real path under tmp_path."""
 
@@ -148,6 +163,36 @@ MINIMAL: dict[str, list[dict]] = {
     "ImageSegData": [{"name": "under_test", "type": "ImageSegData", "top": ["out", "lab"],
                       "image_data_param": {"source": PLACEHOLDER, "batch_size": 2,
                                            "label_type": "PIXEL"}}],
+    # detection forks (SSD, Faster R-CNN, R-FCN)
+    "AnnotatedData": [{"name": "under_test", "type": "AnnotatedData", "top": ["out", "out_label"],
+                       "data_param": {"source": PLACEHOLDER, "batch_size": 2,
+                                      "backend": "LMDB"}}],
+    "Normalize": one("Normalize"),
+    "Permute": one("Permute", permute_param={"order": [0, 2, 3, 1]}),
+    "PriorBox": one("PriorBox", ["x", "y"], prior_box_param={"min_size": [2.0],
+                                                             "aspect_ratio": [2.0]}),
+    "DetectionOutput": [  # nothing passes the threshold: the fork's row of -1 for the image
+        *predictions(1),
+        *one("DetectionOutput", ["loc", "conf", "priors"], detection_output_param={
+            "num_classes": 3, "confidence_threshold": 1.0, "nms_param": {"top_k": 5}})],
+    "DetectionEvaluate": [
+        {"name": "det", "type": "DummyData", "top": "det", "dummy_data_param": {
+            "shape": {"dim": [1, 1, 2, 7]}, "data_filler": {"type": "constant", "value": -1}}},
+        {"name": "gt", "type": "DummyData", "top": "gt", "dummy_data_param": {
+            "shape": {"dim": [1, 1, 1, 8]}, "data_filler": {"type": "constant", "value": -1}}},
+        *one("DetectionEvaluate", ["det", "gt"], detection_evaluate_param={"num_classes": 3})],
+    "MultiBoxLoss": [  # ground truth: image 1, label 1, a box at the corner
+        *predictions(2),
+        {"name": "gt", "type": "DummyData", "top": "gt", "dummy_data_param": {
+            "shape": {"dim": [1, 1, 1, 8]}, "data_filler": {"type": "constant", "value": 1}}},
+        *one("MultiBoxLoss", ["loc", "conf", "priors", "gt"], multibox_loss_param={
+            "num_classes": 3, "overlap_threshold": 0.5})],
+    "ROIPooling": [ROIS, *one("ROIPooling", ["x", "rois"], roi_pooling_param={
+        "pooled_h": 2, "pooled_w": 2, "spatial_scale": 1.0})],
+    "PSROIPooling": [ROIS, *one("PSROIPooling", ["x", "rois"], psroi_pooling_param={
+        "output_dim": 3, "group_size": 1, "spatial_scale": 1.0})],
+    "SmoothL1Loss": one("SmoothL1Loss", ["x", "y"], smooth_l1_loss_param={"sigma": 3.0},
+                        loss_param={"normalization": "BATCH_SIZE"}),
 }
 
 
@@ -201,6 +246,12 @@ def write_sources(type_name: str, layer: dict, tmp: Path) -> None:
         Image.fromarray(np.zeros((4, 4), np.uint8)).save(tmp / "a.png")
         Image.fromarray(np.ones((4, 4), np.uint8)).save(tmp / "b.png")
         path.write_text("a.png b.png\n")
+    elif type_name == "AnnotatedData":  # records without boxes: the label top is (N,)
+        from caffe_py.io.formats.annotated import AnnotatedDatum, encode_annotated
+
+        write_db(path, [encode_annotated(AnnotatedDatum(datum=Datum(1, 4, 4, data=bytes(range(16)),
+                                                                    label=i)))
+                        for i in range(3)])
     elif type_name == "HDF5Data":
         import h5py
 

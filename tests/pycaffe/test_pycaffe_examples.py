@@ -21,9 +21,9 @@ ORACLE = Path(__file__).resolve().parents[2] / "tools" / "oracles" / "pycaffe"
 FIXTURES = Path(__file__).resolve().parent / "fixtures"
 sys.path.insert(0, str(ORACLE))
 
-from cases import CASES  # noqa: E402
 from compare import compare  # noqa: E402
 from prep import digest, prepare  # noqa: E402
+from pycaffe_cases import CASES  # noqa: E402
 from runs import run_case  # noqa: E402
 
 pytest.importorskip("google.protobuf")

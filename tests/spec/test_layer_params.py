@@ -74,25 +74,25 @@ def test_a_fork_type_names_its_fork_and_the_bvlc_form():
 
 
 def test_a_fork_type_is_not_suggested_toward_a_bvlc_type():
-    # 'Upsample' is close to no BVLC name, 'Normalize' to none either: the fork is named
-    message = type_error("name: n\nlayer:\n  - {name: a, type: Normalize}\n")
-    assert message.startswith("net.yaml:3: layer[0].type: 'Normalize' is a layer of the SSD, "
-                              "NVIDIA (NVCaffe), Intel and MobileNet-YOLO Caffe forks")
+    # 'Correlation' is close to no BVLC name: the fork is named
+    message = type_error("name: n\nlayer:\n  - {name: a, type: Correlation}\n")
+    assert message.startswith("net.yaml:3: layer[0].type: 'Correlation' is a layer of "
+                              "FlowNet 2.0's Caffe fork")
     assert "did you mean" not in message
 
 
 def test_every_unsupported_type_of_a_file_in_one_error():
     assert type_error(
         "name: n\nlayer:\n"
-        "  - {name: a, type: PriorBox}\n"
+        "  - {name: a, type: Yolov3DetectionOutput}\n"
         "  - {name: b, type: Convolution, convolution_param: {num_output: 1}}\n"
-        "  - {name: c, type: PriorBox}\n"
+        "  - {name: c, type: Yolov3DetectionOutput}\n"
         "  - {name: d, type: Convlution}\n"
         "  - {name: e, type: Zebra}\n") == (
         "net.yaml:3: layer[0].type: the net uses 3 layer types caffe-py does not have: "
-        "'PriorBox' (the SSD, NVIDIA (NVCaffe), Intel and MobileNet-YOLO Caffe forks; lines "
-        "3, 5), 'Convlution' (unknown; did you mean 'Convolution'?; line 6), 'Zebra' (unknown; "
-        "line 7); replace them with BVLC Caffe 1.0 layers (docs/layers.md) or port them as "
+        "'Yolov3DetectionOutput' (MobileNet-YOLO's Caffe fork; lines 3, 5), 'Convlution' "
+        "(unknown; did you mean 'Convolution'?; line 6), 'Zebra' (unknown; line 7); replace "
+        "them with BVLC Caffe 1.0 layers (docs/layers.md) or port them as "
         "Python layers (type: Python)")
 
 

@@ -114,6 +114,7 @@ def test_every_block_of_caffes_layer_parameter_is_known():
     assert own <= layer_params.CAFFE_LAYER_BLOCKS
     assert len(layer_params.CAFFE_LAYER_BLOCKS) == 49
     assert layer_params.caffe_block("bn_param")  # the forks' BN takes it
+    assert layer_params.caffe_block("multibox_loss_param")  # SSD's MultiBoxLoss takes it
     assert not layer_params.caffe_block("domain_transform_param")  # a fork's, not here
 
 

@@ -15,7 +15,6 @@ import torch
 if TYPE_CHECKING:
     from ..reader.reader import ReaderPool
     from ..reader.records import FeedSpec
-    from .prefetch import Prefetcher
 
 
 class Feed(Protocol):
@@ -34,10 +33,11 @@ class NetWithData(Protocol):
 
 
 def attach_feeds(net: NetWithData, pool: ReaderPool, *, replica: int = 0,
-                 device: str | torch.device = "cpu", seed: int) -> list[Prefetcher]:
+                 device: str | torch.device = "cpu", seed: int) -> list[Any]:
     """Give every Data layer of ``net`` a feed of replica ``replica``'s records from ``pool``,
     transformed on ``device``; ``seed`` draws the random crops and mirrors (and the rand_skip
-    start). Call before ``pool.start()``. Returns the feeds (Prefetchers), in layer order.
+    start). Call before ``pool.start()``. Returns the feeds (Prefetchers, or a layer's own
+    feed where its FeedSpec has ``make_feed``), in layer order.
 
     Every replica of a run passes the run's seed: a record's crop and mirror are a function of
     (seed, stream position), so N replicas of batch B then see exactly the images one replica
@@ -53,9 +53,15 @@ def attach_feeds(net: NetWithData, pool: ReaderPool, *, replica: int = 0,
         spec: FeedSpec = layer.feed_spec(seed, draws)
         stream = f"{layer.phase}/{layer.name}"
         queue = pool.subscribe(spec, stream, replica=replica, seed=seed)
+        on = torch.device(device)
+        if spec.make_feed is not None:  # the layer's own feed (AnnotatedData's)
+            own = spec.make_feed(queue, on, seed, f"{stream}#{replica}")
+            pool.manage(own)
+            layer.attach(own)
+            feeds.append(own)
+            continue
         transformer = Transformer(spec.transform, layer.phase, spec.record_shape, seed=seed,
                                   where=f"layer '{layer.name}' ({spec.source}): ")
-        on = torch.device(device)
         images = (BatchImages(spec.source, spec.record_shape, spec.color, pool.workers,
                               pool.decode, on, pool.processes, pool.replicas)
                   if spec.encoded else None)

@@ -50,6 +50,10 @@ class FeedSpec:
     encoded: bool = False
     """The records are image files (JPEG/PNG Datums): decoded in parallel, in the reader or,
     for a database too big to keep decoded, in each replica's feed (CPU threads or nvJPEG)."""
+    make_feed: Callable[[Any, Any, int, str], Any] | None = None
+    """Builds the layer's own feed from its record queue (queue, device, seed, name) instead
+    of a Prefetcher (AnnotatedData: images and box lists,
+    :mod:`caffe_py.io.feed.annotated_feed`)."""
 
 
 @dataclass

@@ -55,6 +55,19 @@ from .data import (
     TransformationParameter,
     WindowDataParameter,
 )
+from .detection import (
+    ANNOTATED_DATA_BLOCKS,
+    AnnotatedTransformationParameter,
+    DetectionEvaluateParameter,
+    DetectionOutputParameter,
+    MultiBoxLossParameter,
+    NormalizeParameter,
+    PermuteParameter,
+    PriorBoxParameter,
+    PSROIPoolingParameter,
+    ROIPoolingParameter,
+    SmoothL1LossParameter,
+)
 from .face import CenterLossParameter, LabelSpecificAddParameter, MarginInnerProductParameter
 from .forks import PORT, fix_for, origin
 from .loss import AccuracyParameter, InfogainLossParameter, LossParameter
@@ -168,6 +181,19 @@ LAYER_PARAMS: dict[str, dict[str, type]] = {
     "LSTMUnit": {},
     # python
     "Python": {"python_param": PythonParameter},
+    # detection (SSD's Caffe fork)
+    "AnnotatedData": dict(ANNOTATED_DATA_BLOCKS),
+    "PriorBox": {"prior_box_param": PriorBoxParameter},
+    "Permute": {"permute_param": PermuteParameter},
+    "Normalize": {"norm_param": NormalizeParameter},
+    "DetectionOutput": {"detection_output_param": DetectionOutputParameter,
+                        "transform_param": AnnotatedTransformationParameter},
+    "MultiBoxLoss": {"multibox_loss_param": MultiBoxLossParameter, "loss_param": LossParameter},
+    "DetectionEvaluate": {"detection_evaluate_param": DetectionEvaluateParameter},
+    # region-based detection (Faster R-CNN's and R-FCN's Caffe forks)
+    "ROIPooling": {"roi_pooling_param": ROIPoolingParameter},
+    "PSROIPooling": {"psroi_pooling_param": PSROIPoolingParameter},
+    "SmoothL1Loss": {"smooth_l1_loss_param": SmoothL1LossParameter, "loss_param": LossParameter},
     # segmentation forks (SegNet, PSPNet / DeepLab v2)
     "BN": {"bn_param": BNParameter},
     "Upsample": {"upsample_param": UpsampleParameter},

@@ -124,3 +124,4 @@ def origin(type_name: str) -> str | None:
     if len(forks) == 1:
         return f"{forks[0]}'s Caffe fork"
     return f"the {', '.join(forks[:-1])} and {forks[-1]} Caffe forks"
+

@@ -3,6 +3,13 @@ the fork's pycaffe (tools/oracles builds the forks), compared with caffe-py's la
 bottoms and blobs (test_golden.py's comparison: every array within 1e-5 relative, float32), and
 the forks' data layers' batches from the same inputs and seed.
 
+The detection forks' fixtures (ssd/, fast_rcnn/, rfcn/) are compared the same way: SSD's from
+its pycaffe (make_ssd_golden.py), Faster R-CNN's and R-FCN's from the forks' own CUDA kernels
+compiled for the CPU (make_kernel_golden.py: those forks have no CPU code for these layers);
+on a CUDA machine every case runs on the GPU too. AnnotatedData is held to SSD's fork by its
+batches and databases (test_annotated_golden.py), and SSD training by the fork's losses
+(test_ssd_training_golden.py).
+
 Types of forks not built here have no fixture; FORK_REFERENCES names the test that holds each
 to a plain reference from its fork's source and a float64 gradcheck.
 
@@ -33,7 +40,7 @@ from caffe_py.spec.net_spec import parse_net  # noqa: E402
 from caffe_py.spec.schema import Source  # noqa: E402
 
 INPUTS = HERE / "inputs"
-FORKS = ("segnet", "pspnet")
+FORKS = ("segnet", "pspnet", "ssd", "fast_rcnn", "rfcn")
 # Fork types with no fixture of a built fork: the module whose tests compare them with a plain
 # reference written from the fork's source (and gradcheck them in float64).
 FORK_REFERENCES: dict[str, str] = {
@@ -52,6 +59,11 @@ FORK_REFERENCES: dict[str, str] = {
 }
 # The data layers: compared by their batches (DATA_CASES), not by the layer cases.
 DATA_TYPES = {"DenseImageData": "segnet", "ImageSegData": "pspnet"}
+# Types held to their fork by a test of their own: type -> (fork, what is compared, module).
+OTHER_PROOFS: dict[str, tuple[str, str, str]] = {
+    "AnnotatedData": ("ssd", "batches and LMDB bytes",
+                      "tests/golden/forks/test_annotated_golden.py"),
+}
 
 
 def load_cases() -> list[tuple[str, str, str]]:
@@ -76,6 +88,20 @@ def test_layer_matches_its_fork(fork, type_name, case, tmp_path):
     errors = run_case(type_name, case, tmp_path, fixtures=HERE / fork)
     worst = {name: e for name, e in errors.items() if not e <= TOLERANCE}
     assert not worst, f"{fork} {type_name}/{case}: errors above {TOLERANCE}: {worst}"
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+@pytest.mark.parametrize(("fork", "type_name", "case"), CASES,
+                         ids=[f"{f}/{t}/{c}" for f, t, c in CASES])
+def test_layer_matches_its_fork_on_cuda(fork, type_name, case, tmp_path, monkeypatch):
+    """The same on a CUDA net (DetectionOutput's decoding and NMS, the R-CNN poolings run
+    there as tensor operations), TF32 off."""
+    monkeypatch.setattr(torch.backends.cudnn, "allow_tf32", False)
+    monkeypatch.setattr(torch.backends.cuda.matmul, "allow_tf32", False)
+    errors = run_case(type_name, case, tmp_path, device="cuda", fixtures=HERE / fork)
+    worst = {name: e for name, e in errors.items() if not e <= TOLERANCE}
+    assert not worst, f"{fork} {type_name}/{case} on CUDA: errors above {TOLERANCE}: {worst}"
 
 
 def data_cases() -> list[tuple[str, str]]:
@@ -121,7 +147,8 @@ def test_data_layer_gives_its_forks_batches(fork, name, inputs):
 def test_every_fork_type_has_fixtures_or_a_reference():
     library = {t for t in registry.known_types()
                if registry.lookup(t).__module__.startswith("caffe_py.layers.")} - BVLC_TYPES
-    covered = {t for _, t, _ in CASES} | set(FORK_REFERENCES) | set(DATA_TYPES)
+    covered = ({t for _, t, _ in CASES} | set(FORK_REFERENCES) | set(DATA_TYPES)
+               | set(OTHER_PROOFS))
     missing = library - covered
     assert not missing, (f"fork layer types with neither fixtures nor a reference: "
                          f"{', '.join(sorted(missing))}")
@@ -174,6 +201,8 @@ def test_training_gives_segnets_losses(tmp_path, monkeypatch):
                                       "--weights", str(fork / "segnet_toy_init.caffemodel")])
     assert result.exit_code == 0, result.output
     with (tmp_path / "toy" / "snaps" / "toy_metrics.csv").open(newline="") as f:
-        ours = [float(row["train/loss"]) for row in csv.DictReader(f) if row["phase"] == "train"]
+        # the rows of the 8 steps (the table's last row is the final iteration's, after them)
+        ours = [float(row["train/loss"]) for row in csv.DictReader(f)
+                if row["phase"] == "train" and int(row["iteration"]) < 8]
     with np.load(fork / "train.npz") as theirs:
         np.testing.assert_allclose(ours, theirs["losses"], rtol=1e-5)

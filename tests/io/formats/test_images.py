@@ -6,8 +6,27 @@ import pytest
 from synthetic import write_png
 
 from caffe_py.errors import DataError
+from caffe_py.io.formats import images
 from caffe_py.io.formats.datum import decode_image
-from caffe_py.io.formats.images import encode_image, extension_type, load_image, resize_linear
+from caffe_py.io.formats.images import (
+    encode_image,
+    extension_type,
+    load_image,
+    resize_linear,
+    resize_linear_numpy,
+)
+
+
+@pytest.fixture(autouse=True, params=["cv2", "numpy"])
+def resize_path(request, monkeypatch):
+    """Each test of the resize runs on OpenCV's cv2.resize (where installed) and on the numpy
+    path."""
+    if request.param == "cv2":
+        if images._CV2 is None:
+            pytest.skip("opencv-python(-headless) is not installed")
+    else:
+        monkeypatch.setattr(images, "_CV2", None)
+    return request.param
 
 
 def test_halving_averages_two_by_two_blocks():
@@ -79,10 +98,14 @@ def test_extension_type():
         "jpg", "png", "jpg", ""]
 
 
-def test_resize_equals_cv2_on_random_images_and_sizes():
+def test_resize_equals_cv2_on_random_images_and_sizes(resize_path):
     """Where OpenCV's Python package is installed: 300 random shapes, up and down, 1 or 3
-    channels, halving included (the genuine Caffe's resizes are held in tests/golden)."""
+    channels, halving included; cv2.resize itself, the numpy path and resize_linear (which
+    takes cv2 when present) give the same bits (the genuine Caffe's resizes are held in
+    tests/golden)."""
     cv2 = pytest.importorskip("cv2")
+    if resize_path == "numpy":
+        pytest.skip("compares the two paths once")
     rng = np.random.default_rng(1)
     for case in range(300):
         h, w = (int(v) for v in rng.integers(1, 40, 2))
@@ -92,5 +115,8 @@ def test_resize_equals_cv2_on_random_images_and_sizes():
         a = rng.integers(0, 256, (c, h, w), dtype=np.uint8)
         theirs = cv2.resize(np.ascontiguousarray(a.transpose(1, 2, 0)), (tw, th))
         theirs = theirs.reshape(th, tw, c).transpose(2, 0, 1)
-        np.testing.assert_array_equal(resize_linear(a, th, tw), theirs,
-                                      err_msg=f"{(c, h, w)} -> {(th, tw)}")
+        numpy_path = resize_linear_numpy(a, th, tw)
+        np.testing.assert_array_equal(numpy_path, theirs, err_msg=f"{(c, h, w)} -> {(th, tw)}")
+        got = resize_linear(a, th, tw)
+        assert got.dtype == np.uint8 and got.flags.c_contiguous
+        np.testing.assert_array_equal(got, numpy_path, err_msg=f"{(c, h, w)} -> {(th, tw)}")

@@ -1,4 +1,4 @@
-"""Write tests/pycaffe/fixtures/: each example of cases.py run under BVLC's pycaffe.
+"""Write tests/pycaffe/fixtures/: each example of pycaffe_cases.py run under BVLC's pycaffe.
 
     GLOG_minloglevel=2 python tools/oracles/pycaffe/make_fixtures.py [--only a,b] [--check]
 
@@ -26,9 +26,9 @@ import numpy as np
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 
-from cases import CASES  # noqa: E402
 from compare import compare  # noqa: E402
 from prep import digest, prepare  # noqa: E402
+from pycaffe_cases import CASES  # noqa: E402
 from runs import REPO, run_case  # noqa: E402
 
 FIXTURES = REPO / "tests" / "pycaffe" / "fixtures"

@@ -1,6 +1,6 @@
 """The prep step: a workspace in which one exported pycaffe example runs, offline.
 
-    python tools/oracles/pycaffe/prep.py CASE DIR       # CASE: see CASES in cases.py
+    python tools/oracles/pycaffe/prep.py CASE DIR       # CASE: see CASES in pycaffe_cases.py
 
 copies caffe_tree/ (the exported scripts and BVLC's files they read) to DIR, makes there what
 the example would download (all of it small, made from seeded numpy and Pillow, identical on
@@ -364,8 +364,8 @@ def make_api(work: Path) -> None:
 
 # --- the cases ------------------------------------------------------------------------------
 def prepare(case: str, work: Path) -> None:
-    """Make ``work`` the workspace of ``case`` (see cases.py)."""
-    from cases import CASES  # noqa: PLC0415 (a sibling module of this script)
+    """Make ``work`` the workspace of ``case`` (see pycaffe_cases.py)."""
+    from pycaffe_cases import CASES  # noqa: PLC0415 (a sibling module of this script)
 
     spec = CASES[case]
     if work.exists():

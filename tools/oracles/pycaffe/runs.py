@@ -1,4 +1,4 @@
-"""Running one example of cases.py in a prepared workspace, under either pycaffe.
+"""Running one example of pycaffe_cases.py in a prepared workspace, under either pycaffe.
 
 :func:`run_case` runs ``record.py`` around the case's script and collects what it printed,
 what record.py kept, and the files the case names, into one directory: stdout.txt,

@@ -6,8 +6,9 @@ weights files, caffe.io's messages, and a solver's steps, updates, tests and sna
 Every array goes to api_arrays.npz, every fact to stdout."""
 import os
 
-import caffe
 import numpy as np
+
+import caffe
 from caffe import layers as L
 from caffe import params as P
 from caffe.proto import caffe_pb2
@@ -146,7 +147,7 @@ keep("forward_all_prob", all_out["prob"])
 net.save("blobs.caffemodel")
 again = caffe.Net("blobs.prototxt", caffe.TEST, weights="blobs.caffemodel")
 print("reloaded", [bool(np.array_equal(a.data, b.data)) for k in net.params
-                   for a, b in zip(net.params[k], again.params[k], strict=True)])
+                   for a, b in zip(net.params[k], again.params[k])])
 older = caffe.Net("blobs.prototxt", "blobs.caffemodel", caffe.TEST)
 fresh = caffe.Net("blobs.prototxt", caffe.TEST)
 fresh.copy_from("blobs.caffemodel")
