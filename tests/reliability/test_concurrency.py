@@ -11,7 +11,7 @@ import time
 from pathlib import Path
 
 import pytest
-from support import bare_lines, cli_process, tiny_net, wait_for
+from support import cli_process, error_line, log_lines, tiny_net, wait_for
 
 import caffe_py
 from caffe_py.errors import SolverError
@@ -44,11 +44,11 @@ def refusal(work: Path, pid: int) -> str:
 
 
 def finish(proc) -> list[str]:
-    """Stop a live run with SIGINT (Caffe's stop: a final snapshot); its stdout lines."""
+    """Stop a live run with SIGINT (Caffe's stop: a final snapshot); its log lines."""
     proc.send_signal(signal.SIGINT)
-    out, err = proc.communicate(timeout=60)
+    _, err = proc.communicate(timeout=60)
     assert proc.returncode == 0, err
-    return bare_lines(out)
+    return log_lines(err)
 
 
 @pytest.mark.slow
@@ -63,7 +63,7 @@ def test_two_runs_started_together_on_one_prefix(tmp_path):
         winner = next(p for p in procs if p is not loser)
         _, err = loser.communicate(timeout=60)
         assert loser.returncode == 1
-        assert err.strip() == refusal(work, winner.pid)
+        assert error_line(err) == refusal(work, winner.pid)
         wait_for(winner, "Iteration 40 (", [])
         lines = finish(winner)
     finally:
@@ -111,10 +111,10 @@ def test_runs_refused_by_a_live_run_touch_none_of_its_files(tmp_path):
         seconds = [cli_process(work, "train", "--solver", "solver.yaml", *extra)
                    for extra in extras]
         for extra, second in zip(extras, seconds, strict=True):
-            out, err = second.communicate(timeout=60)
+            _, err = second.communicate(timeout=60)
             assert second.returncode == 1, (extra, err)
-            assert err.strip() == refusal(work, live.pid), extra
-            assert "Removed" not in out
+            assert error_line(err) == refusal(work, live.pid), extra
+            assert "Removed" not in err
         after = {p.name: p.read_bytes() for p in snaps.iterdir()
                  if p.name in before}
         assert after == before
@@ -214,7 +214,7 @@ def test_a_second_conversion_into_a_live_ones_database_is_refused(stalled_conver
         second = cli_process(work, "convert", "imageset", "images", "list.txt", "db", *extra)
         _, err = second.communicate(timeout=60)
         assert second.returncode == 1
-        assert err.strip() == (f"Error: database db is in use by another process (pid "
+        assert error_line(err) == (f"Error: database db is in use by another process (pid "
                                f"{live.pid}, holding db.lock); wait for that conversion to "
                                "end, or write to another path")
     release()
@@ -232,7 +232,7 @@ def test_a_partial_database_deleted_under_a_live_conversion_is_one_line(stalled_
     release()
     _, err = live.communicate(timeout=60)
     assert live.returncode == 1
-    assert err.strip() == ("Error: db.partial was removed while this conversion wrote it; "
+    assert error_line(err) == ("Error: db.partial was removed while this conversion wrote it; "
                            "convert again")
 
 

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from support import ROOT, bare, bare_lines, cli_process, tiny_net, write_records
+from support import ROOT, bare, cli_process, error_line, log_lines, tiny_net, write_records
 
 from caffe_py.solver import snapshot as snap
 
@@ -36,11 +36,10 @@ def cpy(cwd, *args, timeout=120, **kwargs) -> subprocess.CompletedProcess:
 
 
 def one_line_error(done: subprocess.CompletedProcess) -> str:
-    """The command failed with exit 1 and exactly one line, 'Error: ...', on stderr."""
+    """The command failed with exit 1 and one line, 'Error: ...', ending stderr (after the
+    log lines), no traceback."""
     assert done.returncode == 1, (done.returncode, done.stderr[-2000:])
-    lines = done.stderr.strip().splitlines()
-    assert len(lines) == 1 and lines[0].startswith("Error: "), done.stderr[-2000:]
-    return lines[0]
+    return error_line(done.stderr)
 
 
 def mounted_tmpfs(path, size: str):
@@ -104,7 +103,7 @@ def test_a_full_log_disk_is_one_line(tiny_run):
     assert one_line_error(done) == (f"Error: no space left on device writing the log file "
                                     f"{logs / 'run.log'}; free space or give --log-file a "
                                     "place with room")
-    assert "Iteration 100, " in done.stdout   # it stopped in the middle, not at the start
+    assert "Iteration 100, " in done.stderr   # it stopped in the middle, not at the start
 
 
 # --- the limits a shared machine sets ---------------------------------------------------------
@@ -404,7 +403,7 @@ def test_sigterm_acts_within_a_second_while_the_input_stalls(tmp_path):
     finally:
         run.kill()
     assert run.returncode == 0, err[-2000:]
-    rest = bare_lines(out)
+    rest = log_lines(err)
     last = shown[-1] + 1   # the iterations finished: the displayed ones, counted from 0
     state = tmp_path / "snaps" / f"t_iter_{last}.solverstate.pt"
     assert rest[-1] == "Optimization stopped early."
@@ -415,19 +414,19 @@ def test_sigterm_acts_within_a_second_while_the_input_stalls(tmp_path):
 
 
 def _until_quiet(proc, quiet: float, timeout: float) -> list[str]:
-    """``proc``'s stdout lines (glog prefix removed) until none comes for ``quiet`` s."""
+    """``proc``'s log lines (stderr, glog prefix removed) until none comes for ``quiet`` s."""
     import selectors
 
     lines: list[str] = []
     deadline = time.monotonic() + timeout
     with selectors.DefaultSelector() as sel:
-        sel.register(proc.stdout, selectors.EVENT_READ)
+        sel.register(proc.stderr, selectors.EVENT_READ)
         while time.monotonic() < deadline:
             if not sel.select(quiet):
                 if lines:
                     return lines
                 continue
-            line = proc.stdout.readline()
+            line = proc.stderr.readline()
             if not line:
                 break
             lines.append(bare(line.rstrip("\n")))
