@@ -9,6 +9,7 @@
 from __future__ import annotations
 
 import json
+import shutil
 import sys
 from pathlib import Path
 
@@ -37,6 +38,13 @@ def records(path: Path) -> list[tuple[bytes, bytes]]:
         return [(bytes(k), bytes(v)) for k, v in zip(keys, values, strict=True)]
 
 
+def fork_db(tmp: Path, encoded: bool) -> Path:
+    """A copy of the fork's database: a Data layer takes LMDB's reader lock, which creates
+    lock.mdb beside data.mdb, and the checkout stays as it is."""
+    name = "fork_png_lmdb" if encoded else "fork_raw_lmdb"
+    return Path(shutil.copytree(SET / name, tmp / name))
+
+
 def convert(tmp: Path, encoded: bool) -> Path:
     db = tmp / ("cpy_png_lmdb" if encoded else "cpy_raw_lmdb")
     options = AnnosetOptions(label_map_file=str(SET / "labelmap.prototxt"), encoded=encoded,
@@ -48,7 +56,7 @@ def convert(tmp: Path, encoded: bool) -> Path:
 @pytest.mark.parametrize("encoded", [True, False], ids=["png", "raw"])
 def test_convert_annoset_writes_the_forks_bytes(encoded, tmp_path):
     ours = records(convert(tmp_path, encoded))
-    theirs = records(SET / ("fork_png_lmdb" if encoded else "fork_raw_lmdb"))
+    theirs = records(fork_db(tmp_path, encoded))
     assert [k for k, _ in ours] == [k for k, _ in theirs]
     for (key, mine), (_, fork) in zip(ours, theirs, strict=True):
         assert mine == fork, f"record {key!r} differs from the fork's"
@@ -82,7 +90,7 @@ def test_annotated_data_matches_fork(case, who, tmp_path):
         expected = [npz[f"{case['name']}__{who}__{k}"] for k in range(4)]
         assert json.loads(str(npz[f"{case['name']}__spec"])) == case
     if who == "fork_db":
-        source = SET / ("fork_png_lmdb" if case["encoded"] else "fork_raw_lmdb")
+        source = fork_db(tmp_path, case["encoded"])
     else:
         source = convert(tmp_path, case["encoded"])
     ours = run_layer(case, source, tmp_path)
