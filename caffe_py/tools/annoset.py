@@ -24,6 +24,7 @@ import numpy as np
 
 from ..errors import DataError
 from ..io.db.db import open_db
+from ..io.db.image_list import read_list_text
 from ..io.formats.annotated import (
     BBOX,
     AnnotatedDatum,
@@ -84,10 +85,7 @@ class AnnosetEntry:
 def read_annoset_list(listfile: str | Path) -> list[AnnosetEntry]:
     """``image annotation`` lines (split at the last space); blank lines skipped."""
     listfile = Path(listfile)
-    try:
-        text = listfile.read_text(encoding="utf-8")
-    except FileNotFoundError:
-        raise DataError(f"{listfile}: list file not found") from None
+    text = read_list_text(listfile)
     entries = []
     for number, line in enumerate(text.splitlines(), start=1):
         if not line.strip():
