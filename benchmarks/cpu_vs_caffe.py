@@ -14,7 +14,8 @@ foreach ops, its batches sliced from the training images in memory (no data load
 ``--save FILE`` replaces the section between ``<!-- bench:cpu-lenet -->`` markers.
 
 ``--busy``: every round also runs each row beside a competing process, a Python busy loop
-started before the row and ended after it (``--busy-pin CPU`` pins it to one CPU), and adds
+started before the row and ended after it (``--busy-pin CPU`` pins it to one CPU,
+``--busy-nice N`` lowers its priority), and adds
 two rows of ``cpy train`` with the thread count fixed by ``OMP_NUM_THREADS``: 1 (what one free
 core gives) and the machine's cores (no following of the load: what every run did before
 caffe_py/cpu_threads.py). Each run's "other load" is the CPU time the machine spent outside
@@ -139,14 +140,16 @@ class Run:
 
 
 @contextlib.contextmanager
-def competing(busy: bool, pin: int | None) -> Iterator[None]:
-    """A busy-loop process for the duration of the block (nothing when not ``busy``)."""
+def competing(busy: bool, pin: int | None, nice: int = 0) -> Iterator[None]:
+    """A busy-loop process for the duration of the block (nothing when not ``busy``), pinned
+    to CPU ``pin`` unless None, at niceness ``nice``."""
     if not busy:
         yield
         return
     code = "import os, sys\nif sys.argv[1] != '-': os.sched_setaffinity(0, {int(sys.argv[1])})" \
-           "\nwhile True: pass"
-    proc = subprocess.Popen([sys.executable, "-c", code, "-" if pin is None else str(pin)])
+           "\nos.nice(int(sys.argv[2]))\nwhile True: pass"
+    proc = subprocess.Popen([sys.executable, "-c", code, "-" if pin is None else str(pin),
+                             str(nice)])
     try:
         time.sleep(0.5)  # running before the row starts
         yield
@@ -156,11 +159,11 @@ def competing(busy: bool, pin: int | None) -> Iterator[None]:
 
 
 def timed(cmd: list[str], env: dict[str, str], log: Path, busy: bool,
-          pin: int | None) -> Run:
+          pin: int | None, nice: int = 0) -> Run:
     """Wall seconds of ``cmd`` (its output to ``log``), beside a busy loop when ``busy``;
     a failure stops the benchmark."""
     wall0, busy0, own0 = time.perf_counter(), busy_seconds(), children_seconds()
-    with competing(busy, pin), log.open("w") as out:
+    with competing(busy, pin, nice), log.open("w") as out:
         start = time.perf_counter()
         done = subprocess.run(cmd, stdout=out, stderr=subprocess.STDOUT, env=env, check=False)
         seconds = time.perf_counter() - start
@@ -186,6 +189,17 @@ NAMES = {
 }
 
 
+def row_name(key: str, cores: int) -> str:
+    """The table's name of a row (``cpy@spin=N`` and ``cpy_all@spin=N``: --spin's rows)."""
+    base, _, spin = key.partition("@spin=")
+    name = NAMES[base].format(cores=cores)
+    return f"{name}, `GOMP_SPINCOUNT={spin}`" if spin else name
+
+
+def spin_flag(args: argparse.Namespace) -> str:
+    return f" --spin {args.spin}" if args.spin else ""
+
+
 def machine_line(args: argparse.Namespace, loads: tuple[float, float]) -> str:
     date = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
     return (f"Machine: {platform.processor() or platform.machine()}, {os.cpu_count()} cores "
@@ -198,13 +212,15 @@ def table(best: dict[str, Run], args: argparse.Namespace, loads: tuple[float, fl
     rows = [
         (NAMES["caffe"], caffe, best["caffe"].loss, "1.00x"),
         (NAMES["cpy"], cpy, best["cpy"].loss, f"{caffe / cpy:.2f}x"),
+        *[(row_name(key, os.cpu_count() or 1), run.seconds, run.loss,
+           f"{caffe / run.seconds:.2f}x") for key, run in best.items() if "@spin=" in key],
         (NAMES["plain"], plain, "-", f"{caffe / plain:.2f}x"),
     ]
     lines = [
         machine_line(args, loads),
         f"Command: `python benchmarks/cpu_vs_caffe.py --iters {args.iters} "
-        f"--repeats {args.repeats}`; LeNet, batch 64, {args.iters} iterations, whole "
-        "processes, fastest of the repeats.", "",
+        f"--repeats {args.repeats}{spin_flag(args)}`; LeNet, batch 64, {args.iters} "
+        "iterations, whole processes, fastest of the repeats.", "",
         "| run | seconds | last displayed loss | speed vs Caffe |", "|---|---:|---|---:|"]
     lines += [f"| {name} | {s:.1f} | {loss} | {ratio} |" for name, s, loss, ratio in rows]
     lines += ["", f"`cpy train` against the plain loop: {plain / cpy:.2f}x its speed "
@@ -218,25 +234,27 @@ def busy_table(best: dict[tuple[str, bool], Run], args: argparse.Namespace,
     condition."""
     cores = os.cpu_count() or 1
     pin = "" if args.busy_pin is None else f" --busy-pin {args.busy_pin}"
+    pin += f" --busy-nice {args.busy_nice}" if args.busy_nice else ""
     where = "unpinned" if args.busy_pin is None else f"pinned to CPU {args.busy_pin}"
+    where += f", nice {args.busy_nice}" if args.busy_nice else ""
     lines = [
         machine_line(args, loads),
         f"Command: `python benchmarks/cpu_vs_caffe.py --busy{pin} --iters {args.iters} "
-        f"--repeats {args.repeats}`; LeNet, batch 64, {args.iters} iterations, whole "
-        f"processes (start-up included), fastest of the repeats; busy: beside one Python busy "
-        f"loop ({where}). Other load: CPUs the machine kept busy outside the benchmark's "
-        "processes during the kept run.", "",
+        f"--repeats {args.repeats}{spin_flag(args)}`; LeNet, batch 64, {args.iters} "
+        f"iterations, whole processes (start-up included), fastest of the repeats; busy: "
+        f"beside one Python busy loop ({where}). Other load: CPUs the machine kept busy "
+        "outside the benchmark's processes during the kept run.", "",
         "| run | quiet: s | it/s | vs Caffe | other load | busy: s | it/s | vs Caffe | "
         "other load | busy / quiet |",
         "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
-    for key in ("caffe", "cpy", "cpy_one", "cpy_all", "plain"):
+    for key in dict.fromkeys(name for name, _ in best):
         quiet, busy = best[key, False], best[key, True]
         cells = []
         for run, condition in ((quiet, False), (busy, True)):
             caffe = best["caffe", condition].seconds
             cells += [f"{run.seconds:.1f}", f"{args.iters / run.seconds:.1f}",
                       f"{caffe / run.seconds:.2f}x", f"{run.other_load:.2f}"]
-        lines.append(f"| {NAMES[key].format(cores=cores)} | {' | '.join(cells)} | "
+        lines.append(f"| {row_name(key, cores)} | {' | '.join(cells)} | "
                      f"{quiet.seconds / busy.seconds:.2f} |")
     cpy, one = best["cpy", True].seconds, best["cpy_one", True].seconds
     lines += ["", f"Busy: `cpy train` with no flag at {one / cpy:.2f}x the rate of one core "
@@ -265,6 +283,13 @@ def main() -> None:
                          "the thread count fixed")
     ap.add_argument("--busy-pin", type=int, metavar="CPU",
                     help="pin the busy loop to this CPU (default: unpinned)")
+    ap.add_argument("--busy-nice", type=int, default=0, metavar="N",
+                    help="the busy loop's niceness (default 0: the rows' own priority)")
+    ap.add_argument("--spin", metavar="LIST",
+                    help="comma-separated GOMP_SPINCOUNT values: each adds a `cpy train` row "
+                         "with it (and with --busy one of the fixed count), libgomp's wait "
+                         "before a thread sleeps (its default: 300000, OMP_WAIT_POLICY=PASSIVE: "
+                         "0)")
     ap.add_argument("--only", help="comma-separated rows to run (caffe,cpy,cpy_one,cpy_all,"
                                    "plain), for a quick look; no table")
     ap.add_argument("--save", type=Path)
@@ -278,7 +303,8 @@ def main() -> None:
         work = Path(tmp)
         caffe_solver, cpy_solver = make_files(args.fmnist, work, args.iters)
         env = {k: v for k, v in os.environ.items()
-               if k not in ("OMP_NUM_THREADS", "MKL_NUM_THREADS")}
+               if k not in ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "GOMP_SPINCOUNT",
+                            "OMP_WAIT_POLICY")}
         cpy = [sys.executable, str(ROOT / "cli.py"), "train", "--solver", str(cpy_solver)]
         runs = {
             "caffe": ([args.caffe, "train", f"--solver={caffe_solver}"],
@@ -291,6 +317,11 @@ def main() -> None:
         }
         names = ["caffe", "cpy", "cpy_one", "cpy_all", "plain"] if args.busy else \
             ["caffe", "cpy", "plain"]
+        for spin in args.spin.split(",") if args.spin else []:
+            for base in ("cpy", "cpy_all") if args.busy else ("cpy",):
+                cmd, base_env = runs[base]
+                runs[f"{base}@spin={spin}"] = (cmd, {**base_env, "GOMP_SPINCOUNT": spin})
+                names.insert(names.index("plain"), f"{base}@spin={spin}")
         if args.only:
             names = [n for n in args.only.split(",") if n in runs]
         conditions = (False, True) if args.busy else (False,)
@@ -300,7 +331,7 @@ def main() -> None:
                 for name in names:
                     cmd, run_env = runs[name]
                     log = work / f"{name}_{'busy' if busy else 'quiet'}_{r}.log"
-                    run = timed(cmd, run_env, log, busy, args.busy_pin)
+                    run = timed(cmd, run_env, log, busy, args.busy_pin, args.busy_nice)
                     print(f"{name} {'busy' if busy else 'quiet'} run {r + 1}: {run.seconds:.1f} "
                           f"s, other load {run.other_load:.2f} CPUs, load average "
                           f"{os.getloadavg()[0]:.1f}", flush=True)
