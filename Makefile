@@ -13,7 +13,7 @@ help:
 	@echo "make train   install, fetch and convert Fashion-MNIST, train LeNet on it (CPU)"
 	@echo "make test    install and run the test suite"
 	@echo "make data    fetch Fashion-MNIST and convert it to LMDB under data/fashion_mnist"
-	@echo "make lint    ruff over the package, tests and scripts"
+	@echo "make lint    ruff over the package, tests, benchmarks, data and oracle scripts"
 	@echo "make typecheck  mypy over the package against .ci/mypy_baseline (settings in setup.cfg)"
 
 install: $(STAMP)/installed
@@ -37,7 +37,7 @@ test-gpu: install
 	$(PYTHON) -m pytest -q -m gpu
 
 lint: install
-	$(PYTHON) -m ruff check caffe_py tests benchmarks data cli.py
+	$(PYTHON) -m ruff check caffe_py tests benchmarks data tools cli.py
 
 # mypy over the package against a baseline count that may only fall (.ci/mypy_baseline; zero
 # is the goal): more errors fail, fewer ask for the baseline to be lowered.

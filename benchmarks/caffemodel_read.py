@@ -46,7 +46,7 @@ def write_vgg16(path: Path) -> int:
     """The caffemodel, one layer at a time (caffe-py's encoder); returns its float count."""
     import torch
 
-    from caffe_py.io.wire import len_field
+    from caffe_py.io.formats.wire import len_field
     from caffe_py.solver.caffemodel import encode_net
 
     rng = np.random.default_rng(0)

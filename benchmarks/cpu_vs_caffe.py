@@ -68,7 +68,7 @@ def make_files(fmnist: Path, work: Path, iters: int) -> tuple[Path, Path]:
     import yaml
 
     sys.path.insert(0, str(ROOT))
-    from caffe_py.io.convert import convert_idx
+    from caffe_py.tools.convert import convert_idx
 
     for split, stem in (("train", "train"), ("test", "t10k")):
         convert_idx(fmnist / f"{stem}-images-idx3-ubyte.gz",

@@ -38,9 +38,10 @@ from torch import nn  # noqa: E402
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from caffe_py.io import ReaderPool, attach_feeds  # noqa: E402
-from caffe_py.io.datum import datum_from_array, encode_datum  # noqa: E402
-from caffe_py.io.lmdb_store import LmdbWriter  # noqa: E402
-from caffe_py.io.transformer import Choices  # noqa: E402
+from caffe_py.io.db.lmdb_store import LmdbWriter  # noqa: E402
+from caffe_py.io.feed.transformer import Choices  # noqa: E402
+from caffe_py.io.formats.datum import datum_from_array, encode_datum  # noqa: E402
+from caffe_py.io.reader import FeedSpec  # noqa: E402
 from caffe_py.layers import BuildContext, lookup  # noqa: E402
 from caffe_py.spec.net_spec import parse_layer  # noqa: E402
 from caffe_py.spec.schema import Source  # noqa: E402
@@ -122,8 +123,7 @@ def take_records(queue, n: int) -> list[Record]:
 def decode_rate(db: str, kind: Kind, seconds: float) -> float:
     """Records/s through the producer thread alone (read, decode, queue)."""
     with ReaderPool() as pool:
-        queue = pool.subscribe(db, "bench", replica=0, batch_size=kind.batch, prefetch=4,
-                               record_shape=kind.shape)
+        queue = pool.subscribe(FeedSpec(db, kind.batch, 4, kind.shape), "bench", replica=0)
         pool.start()
         take_records(queue, kind.batch)
         n, start = 0, time.perf_counter()

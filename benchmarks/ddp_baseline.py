@@ -149,7 +149,8 @@ def main() -> None:
     ap.add_argument("--iters", type=int, default=30)
     ap.add_argument("--channels-last", action="store_true")
     ap.add_argument("--torchvision", action="store_true",
-                    help="with --plain: torchvision's resnet50 at the solver net's batch")
+                    help="torchvision's resnet50 at the solver net's batch (one GPU with "
+                         "--plain, else under DDP)")
     ap.add_argument("--json", type=Path, help="also append the result line to this file")
     ap.add_argument("--cpu", action="store_true", help="smoke test on CPU (gloo for DDP)")
     ap.add_argument("--peer-workers", type=int, default=0,
@@ -182,18 +183,20 @@ def main() -> None:
         else:
             device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", rank)))
             torch.cuda.set_device(device)
-        module = LossOf(build_net(param, device, channels_last=args.channels_last))
+        net = build_net(param, device, channels_last=args.channels_last)
+        module: nn.Module = LossOf(net)
+        if args.torchvision:
+            module = TorchvisionLoss(batch_size(net), device, channels_last=args.channels_last)
         model = DDP(module, device_ids=[device.index] if device.type == "cuda" else None,
                     gradient_as_bucket_view=True)
-        fed = (peer_fed(module.net, args.peer_workers, device) if args.peer_workers
+        fed = (peer_fed(net, args.peer_workers, device) if args.peer_workers
                else nullcontext())
         with fed:
             seconds = timed_loop(model, sgd(param, model), param, device, args.warmup,
                                  args.iters, sync=dist.barrier)
-        name = f"torchrun DDP x{world}" + (f", DataLoader ({args.peer_workers} workers per "
-                                           "GPU)" if args.peer_workers else "")
-    if not args.plain:
-        net = model.module.net
+        name = (f"torchrun DDP x{world}" + (", torchvision resnet50" if args.torchvision else "")
+                + (f", DataLoader ({args.peer_workers} workers per GPU)" if args.peer_workers
+                   else ""))
     batch = batch_size(net)
     if rank == 0:
         line = json.dumps({"kind": "throughput", "model": net.name, "run": name,

@@ -47,9 +47,9 @@ sys.path.insert(0, str(ROOT))
 
 from multigpu import constant_dummy_data, write_solver  # noqa: E402
 
-from caffe_py.io.convert import convert_idx  # noqa: E402
 from caffe_py.options import TrainOptions  # noqa: E402
 from caffe_py.spec.solver_spec import load_solver  # noqa: E402
+from caffe_py.tools.convert import convert_idx  # noqa: E402
 from caffe_py.train import train  # noqa: E402
 
 

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # caffe-py data parallelism vs PyTorch on one multi-GPU host (written for 4 x H200).
-# One command, about 6 minutes (runs stop at BUDGET_S=380 s; the table is printed last):
+# One command, about 15 minutes (runs stop at BUDGET_S=900 s; the table is printed last):
 #     OUT=/some/dir bash benchmarks/gpu_multigpu.sh
 # Logs, JSON results, the profile and the markdown table go to $OUT (default: a temp dir);
 # the table is printed last. Rows: ResNet-50 (configs/resnet50_dummy.yaml, batch 256 per GPU,
@@ -26,7 +26,7 @@ LOG=$OUT/multigpu_log.txt
 : > "$JSON"
 : > "$LOG"
 START=$(date +%s)
-BUDGET=${BUDGET_S:-380}            # seconds for all runs: a run is cut to what is left of it,
+BUDGET=${BUDGET_S:-900}            # seconds for all runs: a run is cut to what is left of it,
                                    # and skipped when less than a third of its limit is left
 NGPU=$("$PY" -c "import torch; print(torch.cuda.device_count())")
 WARM=${WARMUP:-15}
@@ -83,6 +83,13 @@ T=(--warmup "$WARM" --iters "$ITERS" --json "$JSON")
 
 run "GPU tests (tests/parallel -m gpu)" 150 "$PY" -m pytest -q -m gpu tests/parallel
 
+# the default itself: `cpy train --gpus 0..N-1` with no flag against torchrun DDP, 1..N GPUs,
+# with the goals' verdicts (its own table: $OUT/scale/scale_default.md)
+if [[ "${CPU_SMOKE:-0}" != 1 ]]; then
+    run "cpy train, no flag, 1-$N GPUs vs DDP (benchmarks/scale_default.py)" 540 "$PY" \
+        benchmarks/scale_default.py --out "$OUT/scale" --max-gpus "$N"
+fi
+
 # the most telling rows first: a later row is skipped if the time budget runs out
 run "ResNet-50 PyTorch 1-GPU loop" 150 \
     "$PY" benchmarks/ddp_baseline.py --solver "$R" --plain --channels-last "${T[@]}" "${CPU[@]}"
@@ -132,3 +139,4 @@ run "ResNet-50 caffe-py tree x$N, profiled" 150 "$PY" benchmarks/multigpu.py caf
 
 echo "== done in $(( $(date +%s) - START ))s; logs, results and profile in $OUT" | tee -a "$LOG"
 "$PY" benchmarks/multigpu.py table --json "$JSON" | tee "$OUT/multigpu_table.md"
+[[ -f "$OUT/scale/scale_default.md" ]] && cat "$OUT/scale/scale_default.md"

@@ -59,9 +59,10 @@ from data_pipeline import save  # noqa: E402
 from imagenet_peer import channel_means, peer_feed, peer_missing  # noqa: E402
 from multigpu import constant_dummy_data, report_phases, write_solver  # noqa: E402
 
-from caffe_py.io import ReaderPool, attach_feeds, libjpeg, nvjpeg, reader, swap_feed  # noqa: E402
-from caffe_py.io.feeds import feed_of  # noqa: E402
-from caffe_py.io.workers import DecodeOptions, usable_cores  # noqa: E402
+from caffe_py.io import ReaderPool, attach_feeds, feed_of, swap_feed  # noqa: E402
+from caffe_py.io.decoders import libjpeg, nvjpeg  # noqa: E402
+from caffe_py.io.decoders.workers import DecodeOptions, usable_cores  # noqa: E402
+from caffe_py.io.reader import reader  # noqa: E402
 from caffe_py.layers import BuildContext, lookup  # noqa: E402
 from caffe_py.solver.graph_loop import GraphedLoop  # noqa: E402
 from caffe_py.solver.solver import Solver  # noqa: E402
@@ -237,13 +238,13 @@ def report(row: tuple) -> None:
 def decode_only_rows(root: Path, s: Setup) -> list:
     """(decoder, threads, images/s) of the CPU workers alone: decode and crop a batch of files
     into a host buffer (no reader, no transform), over the first records, again and again."""
-    from caffe_py.io.datum import decode_datum
-    from caffe_py.io.decode_processes import DecodeProcesses
-    from caffe_py.io.image_batch import BatchImages
-    from caffe_py.io.lmdb_store import LmdbReader
-    from caffe_py.io.records import RecordBatch
-    from caffe_py.io.transformer import Transformer
-    from caffe_py.io.workers import DecodeWorkers
+    from caffe_py.io.db.lmdb_store import LmdbReader
+    from caffe_py.io.decoders.decode_processes import DecodeProcesses
+    from caffe_py.io.decoders.workers import DecodeWorkers
+    from caffe_py.io.feed.image_batch import BatchImages
+    from caffe_py.io.feed.transformer import Transformer
+    from caffe_py.io.formats.datum import decode_datum
+    from caffe_py.io.reader.records import RecordBatch
     from caffe_py.spec.net_spec import TransformationParameter
 
     with LmdbReader(root / "jpeg_lmdb") as db:
@@ -280,8 +281,8 @@ def pixel_agreement(root: Path, n: int = 256) -> str:
         return f"nvJPEG against PIL: not measured ({nvjpeg.unavailable()})."
     from torchvision.io import ImageReadMode, decode_jpeg
 
-    from caffe_py.io.datum import decode_datum, decode_image
-    from caffe_py.io.lmdb_store import LmdbReader
+    from caffe_py.io.db.lmdb_store import LmdbReader
+    from caffe_py.io.formats.datum import decode_datum, decode_image
 
     with LmdbReader(root / "jpeg_lmdb") as db:
         files = [decode_datum(value).data for _, (_, value) in zip(range(n), db,

@@ -22,7 +22,7 @@ import torch
 
 def channel_means(mean_file: str | Path) -> list[float]:
     """The mean file's per-channel means (B, G, R): what the peer's Normalize subtracts."""
-    from caffe_py.io.blobproto import read_mean_file
+    from caffe_py.io.formats.blobproto import read_mean_file
 
     mean = read_mean_file(mean_file)
     return [float(v) for v in mean.reshape(len(mean), -1).mean(1)]
@@ -75,7 +75,7 @@ class LmdbImages(torch.utils.data.Dataset):
     def __getitem__(self, index: int) -> tuple[torch.Tensor, int]:
         from PIL import Image
 
-        from caffe_py.io.datum import decode_datum
+        from caffe_py.io.formats.datum import decode_datum
 
         with self._txn() as txn:
             datum = decode_datum(txn.get(self.keys[index]))

@@ -38,9 +38,9 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from caffe_py.io.blobproto import blob_from_array, write_blob_file  # noqa: E402
-from caffe_py.io.datum import Datum, datum_from_array, encode_datum  # noqa: E402
-from caffe_py.io.lmdb_store import LmdbWriter  # noqa: E402
+from caffe_py.io.db.lmdb_store import LmdbWriter  # noqa: E402
+from caffe_py.io.formats.blobproto import blob_from_array, write_blob_file  # noqa: E402
+from caffe_py.io.formats.datum import Datum, datum_from_array, encode_datum  # noqa: E402
 
 CLASSES = 1000
 CHUNK = 64  # images per worker task

@@ -21,8 +21,9 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import imagenet_data as bench  # noqa: E402
 
-from caffe_py.io import raw_records, reader  # noqa: E402
-from caffe_py.io.workers import DecodeOptions  # noqa: E402
+from caffe_py.io.decoders.workers import DecodeOptions  # noqa: E402
+from caffe_py.io.formats import raw_records  # noqa: E402
+from caffe_py.io.reader import reader  # noqa: E402
 
 MODES = {"join": 1 << 62, "separate": raw_records.SEPARATE_COPY_BYTES}
 

@@ -2,8 +2,12 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from .errors import CaffePyError
+
+if TYPE_CHECKING:  # what mypy and IDEs see; at run time __getattr__ imports them on first use
+    from .api import deploy_spec, load_net, predict, train_solver
 
 __version__ = "0.1.0"
 
@@ -21,8 +25,9 @@ def configs_dir() -> Path:
     raise CaffePyError(f"no shipped configs in {package / 'configs'}: reinstall caffe-py")
 
 
-
 _API = ("load_net", "deploy_spec", "predict", "train_solver")
+__all__ = ["CaffePyError", "__version__", "configs_dir", "load_net", "deploy_spec", "predict",
+           "train_solver"]
 
 
 def __getattr__(name: str) -> object:
@@ -33,3 +38,8 @@ def __getattr__(name: str) -> object:
 
         return getattr(api, name)
     raise AttributeError(f"module 'caffe_py' has no attribute '{name}'")
+
+
+def __dir__() -> list[str]:
+    """The module's names with the API's, which load on first use."""
+    return sorted(set(globals()) | set(_API))

@@ -106,17 +106,24 @@ def predict(net: Net, **inputs: Any) -> dict[str, np.ndarray]:
 
 
 def train_solver(solver: str | Path, *, devices: str | Sequence[Any] | None = None,
-                 sets: Sequence[str] = (), **options: Any) -> Solver:
+                 sets: Sequence[str] = (), inputs: Mapping[str, Any] | None = None,
+                 test_inputs: Mapping[str, Any] | None = None, **options: Any) -> Solver:
     """Train as ``cpy train`` does, with the same checks, files and lines: the solver file with
     ``sets`` overrides (``KEY=VALUE``, as ``--set``) on ``devices`` (``--gpus`` text such as
     "0,1" or "cpu:2", a list of devices, or None: the solver's solver_mode and device_id, as
     the command); ``options`` are :class:`~caffe_py.options.TrainOptions` fields (weights,
-    snapshot="latest" or a state, overwrite=True, precision...). The log lines go to stderr
-    unless logging is configured (``logging.basicConfig`` or a handler on "caffe_py").
-    Returns the trained root Solver (its ``net``, ``iter``, ``last_test``)."""
+    snapshot="latest" or a state, overwrite=True, precision...). ``inputs`` trains on arrays
+    from Python: numpy arrays (or tensors) by top name for the TRAIN net's MemoryData layer,
+    e.g. ``{"data": x, "label": y}`` with x (N, C, H, W) and y (N,), N a multiple of its
+    batch_size (several replicas take rows i, i+R, ...; the read position is saved in the
+    solver state, so a resume reads on exactly); ``test_inputs`` the same for the TEST nets.
+    The log lines go to stderr unless logging is configured (``logging.basicConfig`` or a
+    handler on "caffe_py"). Returns the trained root Solver (its ``net``, ``iter``,
+    ``last_test``)."""
     from .logs import lines_to_stderr
     from .options import TrainOptions
     from .train import train
 
     with lines_to_stderr():
-        return train(solver, devices, TrainOptions(**options), sets=sets)
+        return train(solver, devices, TrainOptions(inputs=inputs, test_inputs=test_inputs,
+                                                   **options), sets=sets)

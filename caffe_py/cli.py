@@ -15,7 +15,7 @@ from typing import Any
 import click
 
 from . import configs_dir
-from .commands.output import logging_to_console
+from .commands.output import log_user_error, logging_to_console
 from .errors import CaffePyError
 from .spec import yamlio
 
@@ -28,6 +28,11 @@ COMMANDS = {
     "plot": "plot",
     "export": "export", "draw": "export",
     "build-ext": "ext",
+    "pycaffe": "pycaffe",
+    # Caffe's tools under their own names, their flags read as gflags reads them
+    "convert_imageset": "caffe_tools", "compute_image_mean": "caffe_tools",
+    "convert_mnist_data": "caffe_tools", "upgrade_net_proto_text": "caffe_tools",
+    "extract_features": "caffe_tools",
 }
 
 
@@ -46,8 +51,13 @@ class _Group(click.Group):
         yamlio.FOREIGN.setdefault(".prototxt", _prototxt_as_yaml)
         try:
             with logging_to_console():
-                return super().invoke(ctx)
-        except CaffePyError as exc:
+                try:
+                    return super().invoke(ctx)
+                except CaffePyError as exc:
+                    message = printable(str(exc))
+                    log_user_error(message)  # the log files keep it too, as Caffe's do
+                    raise click.ClickException(message) from None
+        except CaffePyError as exc:  # before the command ran (a GLOG_* variable)
             raise click.ClickException(printable(str(exc))) from None
 
     def main(self, *args: Any, **kwargs: Any) -> Any:
@@ -79,20 +89,33 @@ def _prototxt_as_yaml(path: Any) -> str:
     return prototxt_as_yaml(path)
 
 
-# Caffe's tools/caffe.cpp flags (gflags: one dash) -> cpy's options
-CAFFE_FLAGS = {"-solver": "--solver", "-gpu": "--gpus", "-weights": "--weights",
-               "-snapshot": "--snapshot", "-model": "--model", "-iterations": "--iterations",
-               "-sigint_effect": "--sigint-effect", "-sighup_effect": "--sighup-effect"}
+# Caffe's tools/caffe.cpp flags (gflags: one dash or two, ``-gpu 0``, ``--gpu=0,1``) -> cpy's
+CAFFE_FLAGS = {"solver": "--solver", "gpu": "--gpus", "weights": "--weights",
+               "snapshot": "--snapshot", "model": "--model", "iterations": "--iterations",
+               "sigint_effect": "--sigint-effect", "sighup_effect": "--sighup-effect",
+               "phase": "--phase", "level": "--level", "stage": "--stage"}
 COMMAND_ALIASES = {"device_query": "device-query"}  # Caffe's action names
+CAFFE_TOOLS = tuple(name for name, module in COMMANDS.items() if module == "caffe_tools")
+"""Caffe's tools, commands of their own that read their flags as gflags does."""
+
+
+VERBATIM = (*CAFFE_TOOLS, "pycaffe")
+"""Commands whose arguments are theirs to read: Caffe's tools (as gflags reads them) and a
+pycaffe script's own (classify.py has its own --gpu)."""
 
 
 def caffe_spellings(args: list[str]) -> list[str]:
-    """Caffe's single-dash flags (``-solver x``, ``-gpu=0``) and action names as cpy's."""
+    """Caffe's flags as gflags spells them (``-solver x``, ``-gpu=0``, ``--gpu 0,1``) and
+    Caffe's action names, as cpy's; the arguments of :data:`VERBATIM` commands are left as
+    they are."""
+    if args and args[0] in VERBATIM:
+        return list(args)
     out = []
     for arg in args:
         flag, eq, value = arg.partition("=")
-        if flag in CAFFE_FLAGS:
-            out.append(CAFFE_FLAGS[flag] + (f"={value}" if eq else ""))
+        name = flag[2:] if flag.startswith("--") else flag[1:] if flag.startswith("-") else ""
+        if name in CAFFE_FLAGS:
+            out.append(CAFFE_FLAGS[name] + (f"={value}" if eq else ""))
         else:
             out.append(COMMAND_ALIASES.get(arg, arg) if not out else arg)
     return out

@@ -9,8 +9,11 @@ sharing). The loss is Caffe's: the sum over weighted tops of ``loss_weight * top
 """
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import dataclasses
 import logging
+import types
 from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any, cast, overload
@@ -32,6 +35,21 @@ from .spec.schema import is_set, location, message_at, place, suggest
 log = logging.getLogger(__name__)
 AUTOMATIC = "(automatic)"
 """The name Caffe gives the top it adds to a loss layer written without one (AutoTopBlobs)."""
+
+
+_DEFAULT_OPTIONS: contextvars.ContextVar[Mapping[str, Any]] = contextvars.ContextVar(
+    "net_options", default=types.MappingProxyType({}))
+
+
+@contextlib.contextmanager
+def default_options(options: Mapping[str, Any]) -> Iterator[None]:
+    """Net options for every net built inside the block (those built by a Solver included),
+    under each net's own ``options``."""
+    token = _DEFAULT_OPTIONS.set({**_DEFAULT_OPTIONS.get(), **options})
+    try:
+        yield
+    finally:
+        _DEFAULT_OPTIONS.reset(token)
 
 
 @dataclass
@@ -148,7 +166,7 @@ class Net(WeightsMixin, nn.Module):
         self.device = torch.device(device)
         self.ctx = BuildContext(phase=phase, device=self.device,
                                 generator=torch.Generator().manual_seed(seed),
-                                options=dict(options or {}))
+                                options={**_DEFAULT_OPTIONS.get(), **(options or {})})
         self.layers = LayerList()
         self._plan: list = []
         self._plan_key = -1
@@ -390,8 +408,26 @@ class Net(WeightsMixin, nn.Module):
             setattr(ref.layer, ref.attr, theirs.view(mine.shape))
 
     # --- forward ----------------------------------------------------------------------------
-    def forward(self, inputs: Mapping[str, torch.Tensor] | None = None) -> NetOutput:
-        """Run every layer in order; ``inputs`` maps each net input name to its tensor."""
+    @overload
+    def forward(self, inputs: Mapping[str, torch.Tensor] | None = None) -> NetOutput: ...
+
+    @overload
+    def forward(self, inputs: torch.Tensor) -> torch.Tensor | dict[str, torch.Tensor]: ...
+
+    def forward(self, inputs: Mapping[str, torch.Tensor] | torch.Tensor | None = None
+                ) -> NetOutput | torch.Tensor | dict[str, torch.Tensor]:
+        """Run every layer in order; ``inputs`` maps each net input name to its tensor.
+
+        A net of one input also takes the tensor alone, as a PyTorch module does
+        (``net(x)``), and then returns its output: the tensor of a net with one output, else
+        the outputs by name."""
+        if isinstance(inputs, torch.Tensor):
+            if len(self.input_names) != 1:
+                raise NetError(f"net '{self.name}' has {len(self.input_names)} inputs "
+                               f"({', '.join(self.input_names) or 'none'}), so a tensor alone "
+                               "does not say which it is; pass a dict {name: tensor}")
+            out = self._forward({self.input_names[0]: inputs}, _global_hooks()).outputs
+            return next(iter(out.values())) if len(out) == 1 else out
         return self._forward(inputs, _global_hooks())
 
     def _forward(self, inputs: Mapping[str, torch.Tensor] | None, hooked: bool) -> NetOutput:
@@ -474,6 +510,12 @@ class Net(WeightsMixin, nn.Module):
             loss = term if loss is None else loss + term
         return loss if loss is not None else torch.zeros((), device=self.device)
 
+    def bind_shared(self) -> None:
+        """Re-point shared blobs before running layers one by one outside :meth:`forward`
+        (as pycaffe's Net does): what :meth:`forward` does first."""
+        if self._rebinds or self._views:
+            self._bind_shared()
+
     def _bind_shared(self) -> None:
         """Re-point shared blobs (a layer may have rebound its own attribute since)."""
         for layer, attr, src, src_attr in self._rebinds:
@@ -518,6 +560,24 @@ class Net(WeightsMixin, nn.Module):
     def device_checks(self) -> list[DeviceCheck]:
         """Every condition the layers watch on the device (read by the solver's monitor)."""
         return [check for layer in self.layers for check in layer.device_checks]
+
+    def source_states(self) -> dict[str, dict[str, Any]]:
+        """Layer name -> read position of every data source that keeps its own (MemoryData,
+        a DatasetLayer): what a solver state saves so that a resume reads on exactly."""
+        states = {layer.name: layer.source_state() for layer in self.layers}
+        return {name: state for name, state in states.items() if state is not None}
+
+    def load_source_states(self, states: Mapping[str, Mapping[str, Any]]) -> None:
+        """Give each source layer named in ``states`` its read position back."""
+        for layer in self.layers:
+            if layer.name in states:
+                layer.load_source_state(states[layer.name])
+
+    def bind_sources(self, seed: int, replica: int = 0, replicas: int = 1) -> None:
+        """The run's data seed and this replica's share of the records, for the source layers
+        that read by themselves (see :meth:`Layer.bind_source`)."""
+        for layer in self.layers:
+            layer.bind_source(seed, replica, replicas)
 
     def data_layers(self) -> list[Layer]:
         """The layers the data pipeline feeds (Data, ImageData, WindowData, HDF5Data), in
@@ -569,7 +629,7 @@ def _param_spec(ref: _Blob) -> ParamSpec | None:
     return specs[ref.index] if ref.index < len(specs) else None
 
 
-__all__ = ["Net", "NetOutput", "LearnableParam", "SummaryRow", "CopyResult"]
+__all__ = ["Net", "NetOutput", "LearnableParam", "SummaryRow", "CopyResult", "default_options"]
 
 
 # --- state_dict keys by layer name -----------------------------------------------------------

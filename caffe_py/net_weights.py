@@ -136,6 +136,23 @@ class WeightsMixin:
         self._bind_shared()
         return list(pairs)
 
+    def unshare(self) -> None:
+        """Undo :meth:`share_weights_with`: every blob it shared becomes a copy of its present
+        values, this net's own (blobs shared with one another inside this net stay shared:
+        one copy each). Caffe's TEST nets keep their own weights until a test pass shares
+        them (pycaffe scripts can see the difference)."""
+        copies: dict[int, torch.Tensor] = {}
+        for layer, attr, src, src_attr in self._rebinds:
+            value = getattr(src, src_attr)
+            own = copies.get(id(value))
+            if own is None:
+                own = value.detach().clone()
+                if isinstance(value, torch.nn.Parameter):
+                    own = torch.nn.Parameter(own, requires_grad=value.requires_grad)
+                copies[id(value)] = own
+            setattr(layer, attr, own)
+        self._rebinds.clear()
+
     def _first_by_name(self) -> dict[str, Layer]:
         """Layer name -> the first layer of that name (the one weights reach, as in Caffe)."""
         first: dict[str, Layer] = {}

@@ -2,8 +2,9 @@
 flags), shared by the run layer (caffe_py/train.py) and the strategies in caffe_py/parallel/."""
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from .errors import SolverError
 from .solver.signals import EFFECTS, SNAPSHOT, SNAPSHOT_STOP, STOP
@@ -11,7 +12,7 @@ from .solver.signals import EFFECTS, SNAPSHOT, SNAPSHOT_STOP, STOP
 if TYPE_CHECKING:
     from .solver.solver import ProgressFactory
 
-REDUCTIONS = ("tree", "nccl")
+REDUCTIONS = ("auto", "tree", "nccl")
 GRAPHS = ("auto", "on", "off")
 COMPILES = ("auto", "on", "off")
 DIST_BACKENDS = ("nccl", "gloo")
@@ -36,8 +37,11 @@ class TrainOptions:
     """What SIGTERM (a cluster's preemption) does: by default a snapshot, then the end."""
     precision: str | None = None
     """Overrides the solver's ``precision`` (FLOAT32 | BF16) when set."""
-    reduction: str = "tree"
-    """Multi-device gradient reduction: 'tree' (Caffe rc3's P2PSync) or 'nccl'."""
+    reduction: str = "auto"
+    """Multi-device gradient reduction: 'tree' (Caffe rc3's P2PSync: the root sums, updates
+    and sends the weights down), 'nccl' (NCCL's all-reduce), or 'auto': on GPUs of one host
+    with CUDA graphs, every replica's whole iteration captured with NCCL's all-reduce inside
+    (parallel/captured.py), else the tree."""
     graphs: str = "auto"
     """CUDA graphs: 'auto' (capture whenever the net allows it, else say why and run eagerly),
     'on' (as auto, but a net that cannot be captured is an error), 'off' (eager)."""
@@ -60,6 +64,12 @@ class TrainOptions:
     """A directory for TensorBoard event files (the metrics table's values as scalars)."""
     progress: ProgressFactory | None = None
     """The command's progress display (a terminal bar), advanced once per iteration."""
+    inputs: Mapping[str, Any] | None = None
+    """From Python (``train_solver(..., inputs={"data": x, "label": y})``): arrays by top name
+    for the TRAIN net's in-memory source, a MemoryData layer with those tops (see
+    :meth:`~caffe_py.solver.solver.Solver.feed`)."""
+    test_inputs: Mapping[str, Any] | None = None
+    """The same for the TEST nets' MemoryData layers."""
 
     def __post_init__(self) -> None:
         if isinstance(self.compile, bool):

@@ -91,6 +91,7 @@ class SingleDevice:
         # on the CPU, the thread count follows other processes' load (cpu_threads.py)
         governor = governor_for(self.device, opts.deterministic)
         with Solver(param, device=self.device, action=action, step=step, runner=runner,
+                    inputs=opts.inputs, test_inputs=opts.test_inputs,
                     callbacks=[governor] if governor else []) as solver:
             batch = solver.batch_size()
             log.info(f"Batch: {batch} per replica x 1 replica x iter_size {param.iter_size} = "

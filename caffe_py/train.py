@@ -89,7 +89,7 @@ def check_start_files(options: TrainOptions) -> None:
                           "<prefix>_iter_<N>.solverstate.pt file to --snapshot")
     for path in [*options.weights, *([options.snapshot] if options.snapshot else [])]:
         if not is_file(path):
-            raise SolverError(f"{path}: file not found; check the path")
+            raise snap.not_found(path)
 
 
 def resolve(solver: SolverSource, sets: Sequence[str] = ()) -> Resolved:

@@ -17,8 +17,8 @@ import time
 from pathlib import Path
 
 from caffe_py.errors import CaffePyError, DataError
-from caffe_py.io.convert import convert_idx, terminal_progress
-from caffe_py.io.lmdb_store import open_db, partial_path
+from caffe_py.io.db.lmdb_store import open_db, partial_path
+from caffe_py.tools.convert import convert_idx, terminal_progress
 
 DEBIAN_PACKAGE = "dataset-fashion-mnist"
 DEBIAN_DIR = Path("/usr/share/datasets/fashion-mnist")

@@ -23,7 +23,7 @@ from test_golden import NOT_COMPARED  # noqa: E402
 
 from caffe_py.layers import registry  # noqa: E402
 from caffe_py.spec import layer_params  # noqa: E402
-from caffe_py.spec.layer_params.forks import BVLC_TYPES  # noqa: E402
+from caffe_py.spec.layer_params.forks import BVLC_TYPES, REPOSITORIES, forks_of  # noqa: E402
 from caffe_py.spec.net_spec import LayerParameter  # noqa: E402
 from caffe_py.spec.schema import field_names  # noqa: E402
 
@@ -60,6 +60,21 @@ NOTES = {
                                          "1 / (1 - ratio) in TRAIN",
     ("LayerParameter", "blobs"): "not supported: weights come from a .caffemodel or a "
                                  "snapshot (--weights)",
+    ("ConvolutionParameter", "hole"): "caffe-py's own (DeepLab v1's fork): read as dilation",
+    ("ConvolutionParameter", "hole_h"): "caffe-py's own (DeepLab v1's fork): dilation along H",
+    ("ConvolutionParameter", "hole_w"): "caffe-py's own (DeepLab v1's fork): dilation along W",
+    ("LossParameter", "pre_fixed_normalizer"): "caffe-py's own (R-FCN's fork): the divisor of "
+                                               "normalization PRE_FIXED",
+    ("LossParameter", "weight_by_label_freqs"): "caffe-py's own (SegNet's fork): "
+                                                "SoftmaxWithLoss weights each position by "
+                                                "its label's class_weighting",
+    ("LossParameter", "class_weighting"): "caffe-py's own (SegNet's fork)",
+    ("SegAccuracyParameter", "metric"): "ignored: read but unused by the fork (the top always "
+                                        "holds all three metrics)",
+    ("LabelSpecificAddParameter", "transform_test"): "ignored: without effect in the fork",
+    ("DenseImageDataParameter", "mean_file"): "ignored: read but unused by the fork "
+                                              "(transform_param's mean applies)",
+    ("BNParameter", "engine"): "ignored: one implementation",
 }
 
 
@@ -151,8 +166,58 @@ def main() -> None:
         for key in keys:
             lines += [f"`{key}` ({blocks[key]}):", "", "| field | status |", "|---|---|",
                       *field_rows(blocks[key], ours.get(key) if ours else None, proto), ""]
+    lines += fork_lines()
     lines.append(TAIL)
     (ROOT / "docs" / "layers.md").write_text("\n".join(lines))
+
+
+def fork_proofs() -> dict[str, str]:
+    """Type -> how it is proven: its fork's fixtures (cases, largest error), its data batches,
+    or the test module of its plain reference."""
+    sys.path.insert(0, str(ROOT / "tests" / "golden" / "forks"))
+    from test_fork_golden import DATA_CASES, DATA_TYPES, FORK_REFERENCES, OTHER_PROOFS, summary
+
+    out: dict[str, str] = {}
+    for (fork, type_name), (n, err) in sorted(summary().items()):
+        proof = f"{n} cases against {fork}'s fork, max error {err:.1e}"
+        out[type_name] = f"{out[type_name]}; {proof}" if type_name in out else proof
+    for type_name, fork in DATA_TYPES.items():
+        n = sum(c["layer"]["type"] == type_name for c in DATA_CASES[fork].values())
+        out[type_name] = f"{n} batch sequences against {fork}'s fork, equal"
+    for type_name, module in FORK_REFERENCES.items():
+        out[type_name] = f"reference from the fork's source ({module})"
+    for type_name, (fork, what, module) in OTHER_PROOFS.items():
+        out[type_name] = f"{what} against {fork}'s fork ({module})"
+    return out
+
+
+def fork_lines() -> list[str]:
+    """The section of the forks' types caffe-py has: the table, then each type's fields."""
+    ours = sorted((t for t in layer_params.LAYER_PARAMS if t not in BVLC_TYPES
+                   and registry.lookup(t).__module__.startswith("caffe_py.layers.")),
+                  key=str.lower)
+    proofs = fork_proofs()
+    lines = ["", FORK_HEAD, "", "| type | forks (repository) | module | blocks | proof |",
+             "|---|---|---|---|---|"]
+    for type_name in ours:
+        forks = ", ".join(f"{f} ({REPOSITORIES[f]})" for f in forks_of(type_name))
+        module = registry.lookup(type_name).__module__.replace(".", "/") + ".py"
+        blocks = ", ".join(layer_params.LAYER_PARAMS[type_name]) or "-"
+        lines.append(f"| [{type_name}](#{type_name.lower()}) | {forks} | {module} | {blocks} | "
+                     f"{proofs.get(type_name, '-')} |")
+    lines.append("")
+    for type_name in ours:
+        cls = registry.lookup(type_name)
+        lines += [f"### {type_name}", "", (cls.__doc__ or "").strip().split("\n\n")[0], ""]
+        blocks = layer_params.LAYER_PARAMS[type_name]
+        if not blocks:
+            lines += ["No parameter block.", ""]
+        for key, message in blocks.items():
+            rows = [f"| `{name}` | {NOTES.get((message.__name__, name), 'supported')} |"
+                    for name in field_names(message)]
+            lines += [f"`{key}` ({message.__name__}):", "", "| field | status |", "|---|---|",
+                      *rows, ""]
+    return lines
 
 
 HEAD = """# Layers
@@ -171,6 +236,25 @@ caffe.proto, caffe-py's spec table and the golden fixtures); change the script, 
 
 ## Types
 """
+
+FORK_HEAD = """## Types of Caffe forks
+
+Layer types BVLC Caffe never had, from the forks of Caffe that published nets use, each with its
+fork's semantics (forward, and backward where the fork has one; its module's docstring says
+how). Two forks that use one name for two layers (`BN`, `Upsample`) are told apart by the
+fields the layer writes (or its bottoms), and a layer that fits neither is an error naming
+both. "Proof": the genuine fork's fixtures (`tests/golden/forks`: the fork built by
+`tools/oracles/build_fork.sh` or `tools/oracles/ssd`, run on seeded inputs; for Faster
+R-CNN's and R-FCN's GPU-only layers, the forks' own CUDA kernels compiled for the CPU; the
+cases and the largest error, 1e-5 at most) or, for a fork not built here, the test module that
+holds the type to a plain reference written from the fork's source and a float64 gradcheck.
+Where a fork's backward is not the exact derivative of its forward, caffe-py computes the
+fork's (SSD's Normalize with one scale per channel, MultiBoxLoss's
+`encode_variance_in_target`, a one-weight SmoothL1Loss, ROIPooling's inverted regions;
+[detection.md](detection.md) lists them). Fork fields on BVLC types (DeepLab
+v1's `convolution_param.hole`, a fork's `pooling_param.ceil_mode`, Faster R-CNN's
+`dropout_param.scale_train`, R-FCN's `loss_param.pre_fixed_normalizer`, SegNet's
+`loss_param.class_weighting`) are in those types' tables above."""
 
 NOT_COMPARED_NOTE = "Types with no golden case:"
 
@@ -220,12 +304,13 @@ naming the layer, the module and the file and line where it was raised.
 ## Types caffe-py does not have
 
 A net that uses types caffe-py lacks fails to load with one error naming every such type and
-the lines using it. A type of a known Caffe fork is named with its fork ("'BN' is a layer of
-the SegNet and PSPNet Caffe forks, not of BVLC Caffe; use BatchNorm followed by Scale with
+the lines using it. A type of a known Caffe fork is named with its fork ("'MKLBatchNorm' is a
+layer of Intel's Caffe fork, not of BVLC Caffe; use BatchNorm followed by Scale with
 bias_term: true, or port it as a Python layer"), read from the forks' sources: SSD, SegNet,
-Fast/Faster R-CNN, R-FCN, PSPNet, OpenPose (CPM), FlowNet 2.0, NVIDIA's NVCaffe, Intel's Caffe,
-SphereFace, center loss, ShuffleNet, DepthwiseConvolution and MobileNet-YOLO
-(`caffe_py/spec/layer_params/forks.py`). A near miss of a caffe-py type gets a did-you-mean.
+Fast/Faster R-CNN, R-FCN, PSPNet, DeepLab v2, OpenPose (CPM), FlowNet 2.0, NVIDIA's NVCaffe,
+Intel's Caffe, SphereFace, center loss, AM-Softmax, ShuffleNet, caffe-mobilenet, SENet,
+DepthwiseConvolution and MobileNet-YOLO (`caffe_py/spec/layer_params/forks.py`). A near miss
+of a caffe-py type gets a did-you-mean.
 
 ## Proof against Caffe
 

@@ -1,5 +1,6 @@
-"""Shared fixtures: toy layer types (to test the Net apart from the layer library), specs, and
-the check that a test leaves no thread behind; the CPU thread count fixed for the suite.
+"""Shared fixtures: toy layer types (to test the Net apart from the layer library), specs, the
+check that a test leaves no thread behind, the check that the suite leaves the checkout as it
+found it, and the CPU thread count fixed for the suite.
 
 The toy types are declared in the spec's table and registered only while a test module that
 asks for ``toy_layers`` runs, and removed afterwards, so the registry test and other modules
@@ -14,6 +15,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from support import ROOT, tree_changes, tree_state
 
 from caffe_py.layers import registry
 from caffe_py.layers.base import Layer, Shape
@@ -145,3 +147,17 @@ def no_stray_threads():
     yield
     left = [t.name for t in threading.enumerate() if t.ident not in before and t.is_alive()]
     assert left == []
+
+
+@pytest.fixture(scope="session", autouse=True)
+def working_tree_unchanged():
+    """Tests write only under tmp_path: after the session every file of the checkout (ignored
+    ones included, caches aside) is as it was before it, or the last test's teardown fails
+    naming what changed. (Editing files while the suite runs trips it too.)"""
+    before = tree_state(ROOT)
+    yield
+    after = tree_state(ROOT)
+    changed = tree_changes(before, after) if before is not None and after is not None else []
+    if changed:
+        pytest.fail(f"the tests changed {len(changed)} file(s) of the checkout (write under "
+                    f"tmp_path instead): {', '.join(changed[:10])}", pytrace=False)

@@ -5,16 +5,29 @@ import os
 import subprocess
 import sys
 import time
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 
 import numpy as np
 
 from caffe_py.commands.output import GLOG_PREFIX
-from caffe_py.io.datum import datum_from_array, encode_datum
-from caffe_py.io.lmdb_store import LmdbWriter
+from caffe_py.io.db import open_writer
+from caffe_py.io.formats.datum import Datum, datum_from_array, encode_datum
 
 ROOT = Path(__file__).resolve().parent.parent
+
+
+def write_db(path: str | Path, values: Iterable[Datum | bytes], *,
+             keys: Sequence[bytes] | None = None, key: bytes = b"%08d",
+             backend: str = "lmdb") -> str:
+    """A database (``backend`` lmdb or leveldb) of ``values``: a Datum is stored encoded, bytes
+    as given (corrupt or hand-made records). Record i's key is ``keys[i]``, else ``key % i``.
+    Returns the path as a string, as specs name it."""
+    with open_writer(path, backend) as writer:
+        for i, value in enumerate(values):
+            data = encode_datum(value) if isinstance(value, Datum) else value
+            writer.put(keys[i] if keys is not None else key % i, data)
+    return str(path)
 
 
 def write_records(path: str | Path, records: Iterable[tuple[np.ndarray, int]],
@@ -22,11 +35,8 @@ def write_records(path: str | Path, records: Iterable[tuple[np.ndarray, int]],
     """An LMDB of Datum records as Caffe's converters write them: record i is (array (C, H, W),
     label), key ``%08d``; ``replace`` stores other bytes at some indices (corrupt records).
     Returns the path as a string, as specs name it."""
-    with LmdbWriter(path) as writer:
-        for i, (array, label) in enumerate(records):
-            value = encode_datum(datum_from_array(array, label))
-            writer.put(b"%08d" % i, (replace or {}).get(i, value))
-    return str(path)
+    return write_db(path, ((replace or {}).get(i, datum_from_array(array, label))
+                           for i, (array, label) in enumerate(records)))
 
 
 def cli_process(workdir: Path, *args: str) -> subprocess.Popen:
@@ -37,12 +47,12 @@ def cli_process(workdir: Path, *args: str) -> subprocess.Popen:
 
 
 def wait_for(proc: subprocess.Popen, needle: str, seen: list[str], timeout: float = 60) -> str:
-    """Read ``proc``'s stdout lines (without glog's prefix) into ``seen`` until one holds
+    """Read ``proc``'s log lines (stderr, without glog's prefix) into ``seen`` until one holds
     ``needle`` (returned); the process is killed and the test fails when it ends or
     ``timeout`` passes first."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
-        line = proc.stdout.readline()
+        line = proc.stderr.readline()
         if not line:
             break
         line = bare(line.rstrip("\n"))
@@ -119,3 +129,52 @@ snapshot_after_train: false
 snapshot_prefix: snaps/tiny
 random_seed: 3
 """
+
+
+def error_line(stderr: str) -> str:
+    """The one-line error that ends a failed command's stderr (where Caffe's log lines come
+    before it): exactly one ``Error: ...`` line, last, and no traceback."""
+    lines = stderr.strip().splitlines()
+    assert lines and lines[-1].startswith("Error: "), stderr[-2000:]
+    assert sum(line.startswith("Error: ") for line in lines) == 1, stderr[-2000:]
+    assert "Traceback" not in stderr, stderr[-2000:]
+    return lines[-1]
+
+
+def log_lines(stderr: str) -> list[str]:
+    """A command's log lines (stderr), without glog's prefix and without a final error line."""
+    return [bare(line) for line in stderr.splitlines() if not line.startswith("Error: ")]
+
+
+TREE_CACHES = {"__pycache__", ".pytest_cache", ".ruff_cache", ".mypy_cache", ".hypothesis"}
+"""Tool caches inside the checkout (hypothesis keeps its example database in .hypothesis)."""
+
+
+def tree_state(root: Path) -> dict[str, tuple[int, int]] | None:
+    """Every file of the checkout at ``root`` that git reports changed, untracked or ignored
+    (caches aside), with its size and modification time (-1, -1: deleted); None when ``root``
+    is not a git checkout (a test run from an unpacked sdist)."""
+    try:
+        out = subprocess.run(["git", "status", "--porcelain=v1", "-z", "--no-renames",
+                              "--ignored", "--untracked-files=all"], cwd=root,
+                             capture_output=True, check=True, timeout=60).stdout
+    except (OSError, subprocess.SubprocessError):
+        return None
+    state = {}
+    for entry in out.decode(errors="surrogateescape").split("\0"):
+        path = entry[3:]
+        if not path or TREE_CACHES.intersection(Path(path).parts):
+            continue
+        try:
+            stat = (root / path).stat()
+        except FileNotFoundError:
+            state[path] = (-1, -1)
+        else:
+            state[path] = (stat.st_size, stat.st_mtime_ns)
+    return state
+
+
+def tree_changes(before: dict[str, tuple[int, int]], after: dict[str, tuple[int, int]]
+                 ) -> list[str]:
+    """The paths written, made or deleted between two :func:`tree_state` looks."""
+    return sorted(p for p in before.keys() | after.keys() if before.get(p) != after.get(p))

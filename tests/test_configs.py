@@ -7,13 +7,13 @@ from collections import Counter
 from pathlib import Path
 
 import torch
+from support import write_db
 
-from caffe_py.io.datum import Datum, encode_datum
-from caffe_py.io.lmdb_store import LmdbWriter
-from caffe_py.io.mean import compute_mean
+from caffe_py.io.formats.datum import Datum
 from caffe_py.net import Net
 from caffe_py.spec import yamlio
 from caffe_py.spec.net_spec import load_net
+from caffe_py.tools.mean import compute_mean
 
 CONFIGS = Path(__file__).resolve().parents[1] / "configs"
 
@@ -25,11 +25,10 @@ def generator():
     return module
 
 
-def write_db(path: Path, shape: tuple[int, int, int], n: int = 4) -> None:
-    with LmdbWriter(path) as db:
-        for i in range(n):
-            pixels = bytes((i * 7 + j) % 256 for j in range(shape[0] * shape[1] * shape[2]))
-            db.put(b"%08d" % i, encode_datum(Datum(*shape, data=pixels, label=i % 10)))
+def write_shaped_db(path: Path, shape: tuple[int, int, int], n: int = 4) -> None:
+    size = shape[0] * shape[1] * shape[2]
+    write_db(path, [Datum(*shape, data=bytes((i * 7 + j) % 256 for j in range(size)),
+                          label=i % 10) for i in range(n)])
 
 
 def copy_config(name: str, root: Path) -> Path:
@@ -69,7 +68,7 @@ def test_lenet_reads_fashion_mnist_next_to_the_repository():
 def test_lenet_shapes_and_parameters(tmp_path):
     config = copy_config("lenet.yaml", tmp_path)
     for split in ("train", "test"):
-        write_db(tmp_path / "data" / "fashion_mnist" / f"{split}_lmdb", (1, 28, 28))
+        write_shaped_db(tmp_path / "data" / "fashion_mnist" / f"{split}_lmdb", (1, 28, 28))
     train = Net(load_net(config), "TRAIN")
     assert rows(train) == [
         ("mnist", [(64, 1, 28, 28), (64,)], 0),
@@ -95,7 +94,7 @@ def test_cifar10_quick_shapes_and_parameters(tmp_path):
     config = copy_config("cifar10_quick.yaml", tmp_path)
     data = tmp_path / "data" / "cifar10"
     for split in ("train", "test"):
-        write_db(data / f"cifar10_{split}_lmdb", (3, 32, 32))
+        write_shaped_db(data / f"cifar10_{split}_lmdb", (3, 32, 32))
     compute_mean(data / "cifar10_train_lmdb", data / "mean.binaryproto")
     net = Net(load_net(config), "TEST")
     assert [(name, shapes[0], n) for name, shapes, n in rows(net)[1:]] == [
@@ -152,7 +151,7 @@ def test_cpy_net_prints_the_layer_table(tmp_path):
 
     config = copy_config("lenet.yaml", tmp_path)
     for split in ("train", "test"):
-        write_db(tmp_path / "data" / "fashion_mnist" / f"{split}_lmdb", (1, 28, 28))
+        write_shaped_db(tmp_path / "data" / "fashion_mnist" / f"{split}_lmdb", (1, 28, 28))
     result = CliRunner().invoke(cli, ["net", str(config), "--phase", "TEST", "--stage", "s",
                                       "--level", "2"])
     assert (result.exit_code, result.stderr) == (0, "")

@@ -26,7 +26,7 @@ def expected_prints(code: str) -> list[str]:
 def test_the_python_page_runs_and_prints_what_it_says(monkeypatch, tmp_path):
     monkeypatch.chdir(ROOT)
     blocks = BLOCK.findall((ROOT / "docs" / "python.md").read_text())
-    assert len(blocks) == 5
+    assert len(blocks) == 7
     namespace: dict = {}
     for code in blocks:
         printed = io.StringIO()

@@ -1,9 +1,15 @@
 """The Net's own semantics, on toy layers (conftest) plus Input and DummyData."""
 from __future__ import annotations
 
+import ast
+import inspect
+import textwrap
+
 import pytest
 import torch
+import torch.nn.modules.module as module_hooks
 
+from caffe_py import net as net_module
 from caffe_py.errors import NetError
 from caffe_py.net import Net
 
@@ -55,6 +61,24 @@ def test_inputs_are_checked_by_name(spec_of):
         net()
     assert str(err.value) == ("net.yaml:2: input: layer 'input' (Input): no tensor given for "
                               "input(s) x; pass them in the net's inputs, keyed by top name")
+
+
+
+def test_a_one_input_net_takes_the_tensor_alone(spec_of):
+    """``net(x)`` as a PyTorch module: the output tensor, or the outputs by name."""
+    net = Net(spec_of("name: n\ninput: x\ninput_shape: {dim: [2, 3]}\nlayer:\n"
+                      "  - {name: a, type: ToyScale, bottom: x, top: a, toy_param: {value: 3}}\n"))
+    assert net(torch.ones(2, 3)).tolist() == [[3.0] * 3] * 2
+    two = Net(spec_of("name: n\ninput: x\ninput_shape: {dim: [2, 3]}\nlayer:\n"
+                      "  - {name: a, type: ToyScale, bottom: x, top: a}\n"
+                      "  - {name: b, type: ToyScale, bottom: x, top: b, toy_param: {value: 2}}\n"))
+    out = two(torch.ones(2, 3))
+    assert sorted(out) == ["a", "b"] and out["b"].tolist() == [[2.0] * 3] * 2
+    pair = Net(spec_of("name: n\ninput: [x, y]\ninput_dim: [2, 3, 1, 1, 4, 1, 1, 1]\n"))
+    with pytest.raises(NetError) as err:
+        pair(torch.ones(2, 3, 1, 1))
+    assert str(err.value) == ("net 'n' has 2 inputs (x, y), so a tensor alone does not say "
+                              "which it is; pass a dict {name: tensor}")
 
 
 IN_PLACE = """
@@ -370,6 +394,64 @@ def test_run_skips_the_module_call_unless_a_hook_needs_it(spec_of):
     net.run(inputs)
     assert len(seen) == 6  # nothing more once the hooks are gone
     assert all(torch.equal(plain[k], hooked[k]) for k in plain)
+
+
+# What net.py reads of torch's private hook registries to skip nn.Module.__call__ for a layer
+# without hooks: nn.Module._call_impl's own test for "no hook, just call forward".
+TORCH_HOOK_REGISTRIES = {
+    "self._forward_hooks", "self._forward_pre_hooks", "self._backward_hooks",
+    "self._backward_pre_hooks", "_global_forward_hooks", "_global_forward_pre_hooks",
+    "_global_backward_hooks", "_global_backward_pre_hooks"}
+
+
+def test_the_hook_registries_the_net_reads_are_the_ones_torch_checks():
+    """net.py skips nn.Module.__call__ when torch itself would run no hook, reading torch's
+    private registries to know (net._global_hooks, net._hooked, Net._forward_plan). This fails
+    when a new torch renames them, checks another one before calling forward, or registers
+    hooks elsewhere: then net.py's skip must change with it."""
+    source = textwrap.dedent(inspect.getsource(torch.nn.Module._call_impl))
+    fast_path = next((node.test.operand for node in ast.walk(ast.parse(source))
+                      if isinstance(node, ast.If) and isinstance(node.test, ast.UnaryOp)
+                      and isinstance(node.test.op, ast.Not)
+                      and isinstance(node.test.operand, ast.BoolOp)), None)
+    assert fast_path is not None, "torch's nn.Module call has no 'if not (hooks...)' fast " \
+        "path any more: check what net.py's skip of it relies on"
+    assert {ast.unparse(value) for value in fast_path.values} == TORCH_HOOK_REGISTRIES, \
+        "torch's nn.Module call checks other hook registries now: update net.py's skip"
+
+
+@pytest.mark.parametrize("register", [
+    lambda m: m.register_forward_hook(lambda *a: None),
+    lambda m: m.register_forward_pre_hook(lambda *a: None),
+    lambda m: m.register_full_backward_hook(lambda *a: None),
+    lambda m: m.register_full_backward_pre_hook(lambda *a: None),
+    lambda m: m.register_forward_hook(lambda *a, **k: None, with_kwargs=True),
+    lambda m: m.register_forward_hook(lambda *a: None, always_call=True),
+], ids=["forward", "forward_pre", "full_backward", "full_backward_pre", "with_kwargs",
+        "always_call"])
+def test_every_kind_of_layer_hook_is_seen(register):
+    layer = torch.nn.Linear(1, 1)
+    assert not net_module._hooked(layer)
+    handle = register(layer)
+    assert net_module._hooked(layer)
+    handle.remove()
+    assert not net_module._hooked(layer)
+
+
+@pytest.mark.parametrize("register", [
+    lambda: module_hooks.register_module_forward_hook(lambda *a: None),
+    lambda: module_hooks.register_module_forward_pre_hook(lambda *a: None),
+    lambda: module_hooks.register_module_full_backward_hook(lambda *a: None),
+    lambda: module_hooks.register_module_full_backward_pre_hook(lambda *a: None),
+], ids=["forward", "forward_pre", "full_backward", "full_backward_pre"])
+def test_every_kind_of_global_hook_is_seen(register):
+    assert not net_module._global_hooks()
+    handle = register()
+    try:
+        assert net_module._global_hooks()
+    finally:
+        handle.remove()
+    assert not net_module._global_hooks()
 
 
 def test_forward_follows_a_layer_put_in_place_of_another(spec_of):

@@ -69,5 +69,35 @@ def test_the_wheel_carries_code_kernel_sources_and_configs(tmp_path):
     sources = {f"caffe_py/kernels/csrc/{p.name}" for p in csrc.iterdir()}
     modules = {p.relative_to(ROOT).as_posix() for p in (ROOT / "caffe_py").rglob("*.py")}
     assert configs | sources | modules <= names
+    assert {"caffe_py/py.typed", "caffe_py/__main__.py"} <= names
     assert "caffe_py/configs/mnist.yaml" in configs
     assert "cpy = caffe_py.cli:main" in entry_points
+
+
+def test_python_dash_m_caffe_py_runs_the_command_line():
+    result = subprocess.run([sys.executable, "-m", "caffe_py", "--version"], cwd=ROOT,
+                            capture_output=True, text=True, timeout=60)
+    assert (result.returncode, result.stdout) == (0, f"cpy, version {caffe_py.__version__}\n")
+    result = subprocess.run([sys.executable, "-m", "caffe_py", "train", "--solver",
+                             "missing.yaml"], cwd=ROOT, capture_output=True, text=True,
+                            timeout=60)
+    assert result.returncode == 1
+    assert result.stderr.splitlines()[-1].startswith("Error: ")
+
+
+def test_the_api_names_are_listed_and_typed_for_checkers():
+    import ast
+
+    api = {"load_net", "deploy_spec", "predict", "train_solver"}
+    assert api <= set(dir(caffe_py)) and api <= set(caffe_py.__all__)
+    assert {"configs_dir", "CaffePyError"} <= set(dir(caffe_py))
+    # mypy and IDEs read plain imports under TYPE_CHECKING (at run time they load on use)
+    tree = ast.parse((ROOT / "caffe_py" / "__init__.py").read_text())
+    guarded = [node for node in tree.body if isinstance(node, ast.If)
+               and ast.unparse(node.test) == "TYPE_CHECKING"]
+    imported = {alias.name for node in guarded for stmt in node.body
+                if isinstance(stmt, ast.ImportFrom) and stmt.module == "api"
+                for alias in stmt.names}
+    assert imported == api
+    assert (ROOT / "caffe_py" / "py.typed").is_file()
+    assert caffe_py.load_net.__module__ == "caffe_py.api"

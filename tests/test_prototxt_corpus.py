@@ -2,11 +2,12 @@
 
 Each file is imported with ``cpy import-prototxt``'s library and built for its phases and
 stages without its databases (the net option ``record_shapes``, as ``cpy net`` does). Where
-the genuine Caffe 1.0 built the file (``caffe``), the learnable values and every blob's name
-and shape must equal Caffe's; where a published count exists (``published``), the count
-must equal it. A file that needs layer types caffe-py does not have yet (``needs``, as far
-as the spec's table lacks them) is expected to fail until they exist; a file of external/
-that has not been collected is skipped.
+the genuine Caffe 1.0 (or, for a net of a fork, the genuine fork: ``fork``) built the file
+(``caffe``), the learnable values and every blob's name and shape must equal its; where a
+published count exists (``published``), the count must equal it. A file that needs layer
+types caffe-py does not have yet (``needs``, as far as the spec's table lacks them) is
+expected to fail until they exist; a file of external/ that has not been collected is
+skipped. ``templates`` are filled before the import, as the project's scripts fill them.
 """
 from __future__ import annotations
 
@@ -70,7 +71,10 @@ def python_layers(monkeypatch):
     """The corpus's stand-in Python layer modules are importable (as on Caffe's PYTHONPATH)."""
     monkeypatch.syspath_prepend(str(CORPUS / "pylayers"))
     yield
-    for name in ("_base", "pyloss", "voc_layers", "siftflow_layers", "sequence_input_layer"):
+    for name in ("_base", "pyloss", "voc_layers", "siftflow_layers", "sequence_input_layer",
+                 "spatial_dropout", "roi_data_layer", "roi_data_layer.layer", "rpn",
+                 "rpn._params", "rpn.anchor_target_layer", "rpn.proposal_layer",
+                 "rpn.proposal_target_layer"):
         sys.modules.pop(name, None)
 
 
@@ -81,6 +85,12 @@ def test_prototxt_imports_and_builds(entry, tmp_path):
     if not path.is_file():
         pytest.skip("not collected: python tests/fixtures/prototxts/collect.py --mirror DIR")
     assert hashlib.sha256(path.read_bytes()).hexdigest() == entry["sha256"]
+    if "templates" in entry:  # filled as the project's scripts fill them before Caffe runs
+        text = path.read_text()
+        for name, value in entry["templates"].items():
+            text = text.replace("${" + name + "}", str(value))
+        path = tmp_path / path.name
+        path.write_text(text)
     import_file(path, tmp_path / "net.yaml", root=path.parent)
     spec = load_net(tmp_path / "net.yaml")
     shapes = {name: tuple(shape) for name, shape in entry.get("record_shapes", {}).items()}

@@ -2,21 +2,21 @@
 
 The first use compiles csrc/ with nvcc and ninja into the cache directory
 (``$TORCH_EXTENSIONS_DIR/caffe_py`` when that is set, else ``~/.cache/caffe_py/torch_extensions``,
-one subdirectory per PyTorch and CUDA version) and says so on stderr; later uses load the built
+one subdirectory per PyTorch and CUDA version) and says so in the log; later uses load the built
 module, and cpp_extension rebuilds it when a source or flag changes. ``cpy build-ext`` builds
 ahead of time. Set TORCH_CUDA_ARCH_LIST (e.g. "9.0") to build for fewer GPU architectures.
 
 :func:`load` raises :class:`BuildError` (one line) when the build fails; :func:`available`
-turns that into False with one warning per process, so layers fall back to PyTorch's ops.
+turns that into False with one logged warning per process, so layers fall back to PyTorch's
+ops. Both messages go through the ``caffe_py`` logger, as every line of the package does.
 """
 from __future__ import annotations
 
+import logging
 import os
 import re
-import sys
 import threading
 import time
-import warnings
 from pathlib import Path
 from types import ModuleType
 
@@ -35,9 +35,7 @@ class BuildError(CaffePyError):
     """The CUDA extension did not build or load."""
 
 
-class KernelFallbackWarning(RuntimeWarning):
-    """The CUDA kernels are unavailable; the activation layers use PyTorch's ops."""
-
+log = logging.getLogger(__name__)
 
 _module: ModuleType | None = None
 _failure: BuildError | None = None
@@ -80,8 +78,8 @@ def _compile(verbose: bool) -> ModuleType:
     directory.mkdir(parents=True, exist_ok=True)
     if _needs_compile(directory):
         arch = os.environ.get("TORCH_CUDA_ARCH_LIST", "the visible GPUs")
-        print(f"caffe_py: compiling the CUDA activation kernels for {arch} in {directory} "
-              "(first use only; about a minute)...", file=sys.stderr, flush=True)
+        log.info("Compiling the CUDA kernels for %s in %s (first use only; about a minute)",
+                 arch, directory)
     try:
         module = cpp_extension.load(
             name=NAME, sources=[str(CSRC / s) for s in SOURCES],
@@ -145,7 +143,7 @@ def build(verbose: bool = False) -> tuple[Path, float]:
 
 
 def available() -> bool:
-    """Whether the kernels can be used; a failed build warns once per process."""
+    """Whether the kernels can be used; a failed build logs a warning once per process."""
     global _warned
     try:
         load()
@@ -154,9 +152,8 @@ def available() -> bool:
         with _lock:
             first, _warned = not _warned, True
         if first:
-            warnings.warn(f"caffe_py: the CUDA activation kernels are unavailable ({exc}); "
-                          "the activation layers use PyTorch's ops instead",
-                          KernelFallbackWarning, stacklevel=2)
+            log.warning("The CUDA activation kernels are unavailable (%s); the activation "
+                        "layers use PyTorch's ops instead", exc)
         return False
 
 

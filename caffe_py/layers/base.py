@@ -27,6 +27,10 @@ from ..spec.schema import message_at
 from . import fillers
 
 Shape = tuple[int, ...]
+RECORD_FILLERS = "record_fillers"
+"""A net option: a list that every :meth:`Layer.add_blob` appends (layer, blob name, filler,
+the blob made) to, in build order (caffe_py.pycaffe refills the blobs from Caffe's own random
+stream)."""
 
 
 @dataclass
@@ -108,6 +112,21 @@ class Layer(nn.Module):
         """Check bottom shapes, create blobs, return top shapes."""
         raise NotImplementedError(f"{type(self).__name__}.setup")
 
+    # --- data sources that keep their own read position (MemoryData, a dataset layer) --------
+    def source_state(self) -> dict[str, Any] | None:
+        """Where this layer reads next, as plain values, when it is a data source that keeps
+        its own position (a solver state saves it, so that a resume reads on exactly); None
+        for every other layer."""
+        return None
+
+    def load_source_state(self, state: Mapping[str, Any]) -> None:
+        """Read on from where :meth:`source_state` was."""
+
+    def bind_source(self, seed: int, replica: int = 0, replicas: int = 1) -> None:
+        """The run's data seed (shuffled orders) and this replica's share of the records:
+        records ``replica``, ``replica + replicas``, ... of the one order, as Caffe's
+        DataReader hands them out. A no-op for layers that are not such sources."""
+
     # --- helpers for subclasses -------------------------------------------------------------
     def param(self, key: str | None = None) -> Any:
         """This layer's parameter block (the first declared one when ``key`` is None)."""
@@ -125,6 +144,9 @@ class Layer(nn.Module):
         else:
             self.register_buffer(name, value)
         self.blob_names.append(name)
+        record = self.ctx.options.get(RECORD_FILLERS)
+        if record is not None:  # who fills what, in build order (pycaffe redraws them)
+            record.append((self, name, filler, getattr(self, name)))
         return getattr(self, name)
 
     def generators(self) -> dict[str, torch.Generator]:

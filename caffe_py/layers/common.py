@@ -8,6 +8,7 @@ tensors it gets, so a batch size other than the build one is fine.
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -306,12 +307,18 @@ class Softmax(Layer):
 # --- Dropout --------------------------------------------------------------------------------
 @register("Dropout")
 class Dropout(Layer):
-    """TRAIN: x * mask / (1 - ratio), mask ~ Bernoulli(1 - ratio); TEST: x.
+    """TRAIN: x * mask / (1 - ratio), mask ~ Bernoulli(1 - ratio); TEST: x (with SegNet's
+    ``sample_weights_test``, TEST draws masks as TRAIN does).
 
     The phase is the net's (fixed when built), not ``module.training``. Masks come from
-    torch's default generator of the tensor's device, so ``torch.manual_seed`` repeats them.
+    torch's default generator of the tensor's device, so ``torch.manual_seed`` repeats them,
+    unless :attr:`mask_source` is set.
     """
 
+    mask_source: Callable[[tuple[int, ...]], torch.Tensor] | None = None
+    """Where TRAIN masks come from instead: called with the input's shape, it returns a 0/1
+    mask of that shape (caffe_py.pycaffe draws Caffe's own random stream here, so that a
+    pycaffe script's dropout keeps exactly Caffe's units)."""
 
     def setup(self, bottom_shapes: list[Shape]) -> list[Shape]:
         p = self.param()
@@ -320,10 +327,14 @@ class Dropout(Layer):
                             "use a value in [0, 1)")
         self.ratio = p.dropout_ratio
         self.scale_train = p.scale_train
+        self.sampling = self.phase == "TRAIN" or p.sample_weights_test
         return [bottom_shapes[0]]
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if self.phase == "TRAIN":
+        if self.sampling:
+            if self.mask_source is not None:  # Caffe: x * mask * scale_, in float
+                kept = x * self.mask_source(tuple(x.shape)).to(x.device, x.dtype)
+                return kept * (1.0 / (1.0 - self.ratio)) if self.scale_train else kept
             if self.scale_train:
                 return F.dropout(x, self.ratio, training=True)  # one fused op
             return x * torch.empty_like(x).bernoulli_(1.0 - self.ratio)

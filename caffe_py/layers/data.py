@@ -28,9 +28,10 @@ from .registry import register
 log = logging.getLogger(__name__)
 
 if TYPE_CHECKING:
-    from ..io.caffe_rng import GlobalDraws
-    from ..io.db import KeyValueDatabase
-    from ..io.feeds import Feed, FeedSpec
+    from ..io.db.caffe_rng import GlobalDraws
+    from ..io.db.db import KeyValueDatabase
+    from ..io.feed.feeds import Feed
+    from ..io.reader.records import FeedSpec
 
 
 # --- Input ----------------------------------------------------------------------------------
@@ -235,7 +236,7 @@ class FedLayer(Layer):
     def checked_transformer(self, tp: TransformationParameter,
                             record_shape: tuple[int, int, int]) -> Any:
         """A Transformer of ``tp`` for these records; a bad crop or mean names the layer."""
-        from ..io.transformer import Transformer
+        from ..io.feed.transformer import Transformer
 
         try:
             return Transformer(tp, self.phase, record_shape, where="")
@@ -255,7 +256,7 @@ class Data(FedLayer):
     """
 
     def setup(self, bottom_shapes: list[Shape]) -> list[Shape]:
-        from ..io.transformer import force_color
+        from ..io.feed.transformer import force_color
 
         dp, tp = self.param("data_param"), self.param("transform_param")
         tp = self.transform = upgraded_transform(self, dp, tp)
@@ -274,7 +275,7 @@ class Data(FedLayer):
     def _read_first_record(self, dp: DataParameter) -> None:
         """The record shape and dtype (and whether records are image files), from the
         database's first record."""
-        from ..io.datum import datum_to_array, decode_record, format_key
+        from ..io.formats.datum import datum_to_array, decode_record, format_key
 
         with self.open_database() as db:  # missing: a DataError naming the path and the fix
             key, value = db.first()
@@ -294,18 +295,18 @@ class Data(FedLayer):
 
     def open_database(self) -> KeyValueDatabase:
         """data_param.source opened as data_param.backend says (the other kind: one line)."""
-        from ..io.db import open_db
+        from ..io.db.db import open_db
 
         dp = self.param("data_param")
         return open_db(dp.source, dp.backend,
                        switch=lambda found: f"set data_param.backend: {found.upper()}")
 
     def feed_spec(self, seed: int, draws: GlobalDraws) -> FeedSpec:
-        """What the data pipeline reads for this layer (see caffe_py.io.feeds); takes the
+        """What the data pipeline reads for this layer (see caffe_py.io.feed.feeds); takes the
         draws Caffe's setup of this layer takes (none it uses: its crops and mirrors are drawn
-        per record position, see caffe_py.io.transformer)."""
-        from ..io.caffe_rng import needs_rand
-        from ..io.feeds import FeedSpec
+        per record position, see caffe_py.io.feed.transformer)."""
+        from ..io.db.caffe_rng import needs_rand
+        from ..io.reader.records import FeedSpec
 
         dp = self.param("data_param")
         draws.prefetching_layer(needs_rand(self.transform.mirror, self.transform.crop_size,
@@ -323,7 +324,9 @@ class MemoryData(Layer):
 
     :meth:`reset` (pycaffe's ``set_input_arrays``) takes N rows (N a multiple of batch_size);
     each ``forward`` returns the next B of them, wrapping to the first after the last. As
-    Caffe's ``Reset``, the arrays are not transformed.
+    Caffe's ``Reset``, the arrays are not transformed. In a run of several replicas, replica
+    ``i`` of ``R`` takes rows i, i+R, ... (:meth:`bind_source`); the position is saved in the
+    solver state (:meth:`source_state`).
     """
 
     bottoms = (0, 0)
@@ -339,7 +342,9 @@ class MemoryData(Layer):
         self._data: torch.Tensor | None = None
         self._labels: torch.Tensor | None = None
         self.position = 0
-        """The first row the next forward returns."""
+        """The rows this replica has read since the arrays were given (its next row: row
+        ``position * replicas + replica``, modulo N)."""
+        self.replica, self.replicas = 0, 1
         return [(p.batch_size, *self.row_shape), (p.batch_size,)]
 
     def reset(self, data: np.ndarray | torch.Tensor, labels: np.ndarray | torch.Tensor) -> None:
@@ -373,7 +378,22 @@ class MemoryData(Layer):
         if self._data is None or self._labels is None:
             raise self.fail("has no arrays", "call reset(data, labels) (or the net's "
                                              "set_input_arrays) before running the net")
-        batch = self.param().batch_size
-        rows = slice(self.position, self.position + batch)
-        self.position = (self.position + batch) % self._data.shape[0]
-        return self._data[rows], self._labels[rows]
+        batch, n = self.param().batch_size, self._data.shape[0]
+        first = self.position
+        self.position = (self.position + batch) % n if self.replicas == 1 else \
+            self.position + batch
+        if self.replicas == 1:
+            rows = slice(first, first + batch)
+            return self._data[rows], self._labels[rows]
+        index = ((first + torch.arange(batch)) * self.replicas + self.replica) % n
+        index = index.to(self._data.device)
+        return self._data[index], self._labels[index]
+
+    def source_state(self) -> dict[str, Any]:
+        return {"position": int(self.position)}
+
+    def load_source_state(self, state: Mapping[str, Any]) -> None:
+        self.position = int(state.get("position", 0))
+
+    def bind_source(self, seed: int, replica: int = 0, replicas: int = 1) -> None:
+        self.replica, self.replicas = replica, replicas

@@ -25,7 +25,7 @@ import torch
 import torch.nn.functional as F
 
 from ..errors import DataError
-from ..io.blobproto import read_blob_file
+from ..io.formats.blobproto import read_blob_file
 from ..kernels import build, functions
 from ..spec.layer_params.loss import AccuracyParameter, LossParameter
 from ..spec.schema import is_set, message_at
@@ -46,12 +46,14 @@ def normalization_mode(p: LossParameter, default: str) -> str:
     return default
 
 
-def normalizer(mode: str, outer: int, inner: int,
-               valid: torch.Tensor | None) -> torch.Tensor | float:
-    """max(1, n) for the mode; VALID counts ``valid`` (all positions when nothing is ignored)."""
+def normalizer(mode: str, outer: int, inner: int, valid: torch.Tensor | None,
+               pre_fixed: float = 1.0) -> torch.Tensor | float:
+    """max(1, n) for the mode; VALID counts ``valid`` (all positions when nothing is ignored);
+    PRE_FIXED (R-FCN's fork) is ``pre_fixed``, loss_param.pre_fixed_normalizer."""
     if mode == "VALID" and valid is not None:
         return valid.sum().clamp(min=1)
-    n = {"FULL": outer * inner, "VALID": outer * inner, "BATCH_SIZE": outer, "NONE": 1}[mode]
+    n = {"FULL": outer * inner, "VALID": outer * inner, "BATCH_SIZE": outer, "NONE": 1,
+         "PRE_FIXED": pre_fixed}[mode]
     return float(max(1, n))
 
 
@@ -155,9 +157,17 @@ class SoftmaxWithLoss(Layer):
             self, bottom_shapes, self.param("softmax_param").axis)
         self.ignore_label = p.ignore_label
         self.mode = normalization_mode(p, "VALID")
+        self.pre_fixed = p.pre_fixed_normalizer
         self.labels = LabelRange(self, self.classes, "loss_param")
         # decided here, not in a forward: torch.compile would break its graph on the build
-        self._fused = bool(self.ctx.device.type == "cuda"
+        self._weights: torch.Tensor | None = None
+        if p.weight_by_label_freqs:  # SegNet's fork
+            if len(p.class_weighting) != self.classes:
+                raise self.fail(f"loss_param.class_weighting has {len(p.class_weighting)} "
+                                f"values for {self.classes} classes (weight_by_label_freqs)",
+                                "give one weight per class")
+            self._weights = torch.tensor(p.class_weighting, device=self.ctx.device)
+        self._fused = bool(self.ctx.device.type == "cuda" and self._weights is None
                            and self.ctx.options.get("fused_loss", True) and build.available())
         self._count_valid = self.mode == "VALID" and self.ignore_label is not None
         self._held: dict[tuple[int, int], tuple[torch.Tensor, torch.Tensor, float]] = {}
@@ -182,9 +192,11 @@ class SoftmaxWithLoss(Layer):
             target = torch.where(valid.squeeze(1), target, -1)   # nll_loss's ignore_index
         if scores3.shape[2] == 1:   # (outer, C): the plain kernels
             scores3, target = scores3.squeeze(2), target.squeeze(1)
-        norm = normalizer(self.mode, lab.shape[0], lab.shape[2], valid)
+        norm = normalizer(self.mode, lab.shape[0], lab.shape[2], valid, self.pre_fixed)
         every = None if valid is not None else lab.shape[0] * lab.shape[2]
-        loss, logp = _CaffeSoftmaxLoss.apply(scores3, target, norm, every)
+        weight = (None if self._weights is None else
+                  self._weights.to(scores3.dtype)[target.clamp(min=0)])
+        loss, logp = _CaffeSoftmaxLoss.apply(scores3, target, norm, every, weight)
         if len(self.top_shapes) == 2:  # Caffe's backward reads only the loss top's diff
             return loss, logp.detach().exp().reshape(scores.shape)
         return loss
@@ -216,7 +228,8 @@ class SoftmaxWithLoss(Layer):
         held = self._held.get(key)
         if held is None:
             n, device = x.shape[0], x.device
-            divisor = 1.0 if self._count_valid else float(normalizer(self.mode, n, 1, None))
+            divisor = 1.0 if self._count_valid else float(
+                normalizer(self.mode, n, 1, None, self.pre_fixed))
             held = self._held[key] = (torch.empty(2 * n, device=device),
                                       torch.zeros(1, dtype=torch.int32, device=device),
                                       divisor)
@@ -233,10 +246,14 @@ class _CaffeSoftmaxLoss(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx: Any, scores: torch.Tensor, target: torch.Tensor,
-                norm: torch.Tensor | float, every: int | None) -> tuple[torch.Tensor, torch.Tensor]:
+                norm: torch.Tensor | float, every: int | None,
+                weight: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
         logp = F.log_softmax(scores, dim=1)
         nll = F.nll_loss(logp, target, reduction="none", ignore_index=-1).clamp_(max=_MAX_NLL)
+        if weight is not None:  # SegNet's class weighting: each position times its class's
+            nll = nll * weight
         loss = nll.mean() if isinstance(norm, float) and norm == every else nll.sum() / norm
+        ctx.weight = weight
         ctx.save_for_backward(logp, target)
         ctx.norm, ctx.ignores = norm, every is None
         ctx.mark_non_differentiable(logp)
@@ -244,9 +261,10 @@ class _CaffeSoftmaxLoss(torch.autograd.Function):
         return loss, logp
 
     @staticmethod
-    def backward(ctx: Any, grad: torch.Tensor | None, _unused: Any) -> tuple[Any, None, None, None]:
+    def backward(ctx: Any, grad: torch.Tensor | None,
+                 _unused: Any) -> tuple[Any, None, None, None, None]:
         if grad is None:
-            return None, None, None, None
+            return None, None, None, None, None
         logp, target = ctx.saved_tensors
         dx = logp.exp()
         if not ctx.ignores:
@@ -256,8 +274,10 @@ class _CaffeSoftmaxLoss(torch.autograd.Function):
             kept = (target >= 0).unsqueeze(1).to(dx.dtype)
             dx.scatter_add_(1, index, -kept)
             dx.mul_(kept)
+        if ctx.weight is not None:
+            dx.mul_(ctx.weight.unsqueeze(1))
         scale = grad if isinstance(ctx.norm, float) and ctx.norm == 1.0 else grad / ctx.norm
-        return dx.mul_(scale), None, None, None
+        return dx.mul_(scale), None, None, None, None
 
 
 @register("EuclideanLoss")
@@ -304,6 +324,7 @@ class SigmoidCrossEntropyLoss(Layer):
         p: LossParameter = self.param()
         self.ignore_label = p.ignore_label
         self.mode = normalization_mode(p, "BATCH_SIZE")
+        self.pre_fixed = p.pre_fixed_normalizer
         return [()]
 
     def forward(self, x: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
@@ -311,10 +332,11 @@ class SigmoidCrossEntropyLoss(Layer):
         outer, inner = x.shape[0], x[0].numel()
         if self.ignore_label is None:
             total = F.binary_cross_entropy_with_logits(x, target, reduction="sum")
-            return total / normalizer(self.mode, outer, inner, None)
+            return total / normalizer(self.mode, outer, inner, None, self.pre_fixed)
         valid = target.long() != self.ignore_label  # Caffe compares int(target)
         per_value = F.binary_cross_entropy_with_logits(x, target * valid, reduction="none")
-        return (per_value * valid).sum() / normalizer(self.mode, outer, inner, valid)
+        return (per_value * valid).sum() / normalizer(self.mode, outer, inner, valid,
+                                                      self.pre_fixed)
 
 
 @register("Accuracy")
@@ -417,6 +439,7 @@ class InfogainLoss(Layer):
                             "(as Caffe)", "use loss_param.normalization")
         self.ignore_label = loss.ignore_label
         self.mode = normalization_mode(loss, "VALID")
+        self.pre_fixed = loss.pre_fixed_normalizer
         c2 = self.classes * self.classes
         if len(bottom_shapes) == 3:
             if count(bottom_shapes[2]) != c2:
@@ -467,5 +490,6 @@ class InfogainLoss(Layer):
         per_position = -(rows * logp3).sum(1, keepdim=True)  # (outer, 1, inner)
         if valid is not None:
             per_position = per_position * valid
-        loss = per_position.sum() / normalizer(self.mode, lab.shape[0], lab.shape[2], valid)
+        loss = per_position.sum() / normalizer(self.mode, lab.shape[0], lab.shape[2], valid,
+                                               self.pre_fixed)
         return (loss, logp.detach().exp()) if len(self.top_shapes) == 2 else loss

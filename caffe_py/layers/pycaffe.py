@@ -14,7 +14,9 @@ registered as ``caffe`` (sys.modules), so such a file runs unchanged: it provide
 (with ``blobs``, ``param_str``, ``phase``), ``TRAIN`` and ``TEST`` (0 and 1, as caffe_pb2), and
 blobs whose ``data`` / ``diff`` are numpy arrays with ``reshape``, ``shape``, ``count`` and the
 legacy ``num`` / ``channels`` / ``height`` / ``width``. Other pycaffe names (``caffe.Net``,
-``caffe.io``) are pycaffe's alone and raise an AttributeError saying so.
+``caffe.io``) are pycaffe's whole interface, :mod:`caffe_py.pycaffe` (which takes ``Layer``,
+``Blob``, ``TRAIN`` and ``TEST`` from here): an AttributeError says how to get it. Under
+``python -m caffe_py.pycaffe``, ``import caffe`` is that whole interface.
 """
 from __future__ import annotations
 
@@ -23,8 +25,26 @@ from typing import Any
 
 import numpy as np
 
-TRAIN = 0
-TEST = 1
+
+class Phase(int):
+    """A phase: the int caffe_pb2 gives it (TRAIN 0, TEST 1) that prints as its name, as the
+    enum Faster R-CNN's pycaffe exposes does (its layers look up ``cfg[str(self.phase)]``)."""
+
+    name: str
+
+    def __new__(cls, value: int, name: str) -> Phase:
+        obj = super().__new__(cls, value)
+        obj.name = name
+        return obj
+
+    def __str__(self) -> str:
+        return self.name
+
+    __repr__ = __str__
+
+
+TRAIN = Phase(0, "TRAIN")
+TEST = Phase(1, "TEST")
 
 
 class Blob:
@@ -112,4 +132,6 @@ class Layer:
 def __getattr__(name: str) -> Any:
     raise AttributeError(f"caffe.{name}: this 'caffe' is caffe-py's stand-in for pycaffe, "
                          "which gives Python layers Layer, TRAIN and TEST only; "
-                         f"'{name}' belongs to BVLC's pycaffe")
+                         f"'{name}' belongs to pycaffe's whole interface: run the script with "
+                         "python -m caffe_py.pycaffe (or cpy pycaffe), or use "
+                         "caffe_py.pycaffe")

@@ -14,6 +14,11 @@ takes one of two forms:
 - A torch-native layer (:class:`TorchLayer`): ``setup(bottom_shapes) -> top shapes`` and
   ``forward(*bottoms) -> top(s)`` on tensors under autograd, on the net's device; no copies,
   no hand-written backward: the fast form.
+- A torch-native data source (:class:`DatasetLayer`): batches from a map-style dataset (a
+  torch ``Dataset``, torchvision's included, or anything with ``len`` and ``[i]``), in order
+  or shuffled per epoch from the run's data seed, replica ``i`` of ``R`` taking records i,
+  i+R, ... as from Caffe's DataReader; its read position is saved in the solver state, so a
+  resume reads on exactly as from an LMDB.
 
 An error in the user's module (it does not import, lacks the class, or raises in setup,
 forward or backward) is one NetError naming the layer, the module and where it was raised.
@@ -23,12 +28,13 @@ from __future__ import annotations
 import importlib
 import sys
 import traceback
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import torch
+import yaml
 
 from ..errors import CaffePyError, NetError
 from ..spec.layer_params.shared import FillerParameter
@@ -83,6 +89,102 @@ class TorchLayer:
     def blobs(self) -> list[torch.Tensor]:
         """The blobs in Caffe order, as the net holds them now (weight sharing included)."""
         return self._host.blobs()
+
+
+class DatasetLayer(TorchLayer):
+    """Base of a torch-native data source: a Python layer without bottoms whose tops are the
+    fields of a dataset's records, batch by batch.
+
+    ::
+
+        from caffe_py.layers.python import DatasetLayer
+
+        class Fashion(DatasetLayer):
+            batch_size = 64                     # or python_param.param_str: "batch_size: 64"
+            shuffle = True                      # a new order each epoch, from the run's seed
+
+            def dataset(self):                  # len(d) records; d[i] -> (image, label)
+                return torchvision.datasets.FashionMNIST("data", train=self.phase == "TRAIN",
+                                                         transform=ToTensor())
+
+    A record is a tuple with one field per top (a tensor, an array or a number; one top: the
+    field alone); a top is the stacked field, float32 on the net's device, e.g. data
+    (B, 1, 28, 28) and label (B,). ``param_str`` may be a YAML mapping of ``batch_size``,
+    ``shuffle`` and the subclass's own attributes. Epoch ``e``'s order is a permutation drawn
+    from (data seed, e) when ``shuffle``, else the dataset's. The read position (records this
+    replica has read) is the layer's :meth:`source_state`: the solver state keeps it, and a
+    resume reads on from the next record, in the same order.
+    """
+
+    batch_size: int = 0
+    shuffle: bool = False
+
+    def dataset(self) -> Any:
+        """The records: an object with ``__len__`` and ``__getitem__`` (a torch Dataset)."""
+        raise NotImplementedError(f"{type(self).__name__}.dataset")
+
+    def setup(self, bottom_shapes: list[Shape]) -> list[Shape]:
+        if bottom_shapes:
+            raise ValueError(f"a data source takes no bottoms, got {len(bottom_shapes)}")
+        options = yaml.safe_load(self.param_str) if self.param_str.strip() else {}
+        if not isinstance(options, dict):
+            raise ValueError(f"param_str {self.param_str!r} is not a YAML mapping such as "
+                             "'batch_size: 64'")
+        for key, value in options.items():
+            setattr(self, str(key), value)
+        if not isinstance(self.batch_size, int) or self.batch_size < 1:
+            raise ValueError(f"batch_size is {self.batch_size!r}; set it (a class attribute, "
+                             "or param_str 'batch_size: 64') to a number >= 1")
+        self.records = self.dataset()
+        self.count = len(self.records)
+        if self.count == 0:
+            raise ValueError("the dataset has no records")
+        self.position, self.seed, self.replica, self.replicas = 0, 0, 0, 1
+        self._orders: dict[int, torch.Tensor] = {}
+        first = self._fields(0)
+        tops = len(self._host.spec.top) if self._host is not None else len(first)
+        if len(first) != tops:
+            raise ValueError(f"a record has {len(first)} field(s) for {tops} top(s)")
+        return [(self.batch_size, *f.shape) for f in first]
+
+    def _fields(self, index: int) -> list[torch.Tensor]:
+        record = self.records[index]
+        fields = record if isinstance(record, (tuple, list)) else (record,)
+        return [f.detach() if isinstance(f, torch.Tensor) else torch.as_tensor(np.asarray(f))
+                for f in fields]
+
+    def _record_at(self, position: int) -> int:
+        """The dataset index of record ``position`` of the one order (epoch after epoch)."""
+        epoch, i = divmod(position, self.count)
+        if not self.shuffle:
+            return i
+        if epoch not in self._orders:
+            self._orders = {epoch: torch.randperm(self.count, generator=torch.Generator()
+                                                  .manual_seed(self.seed * 1_000_003 + epoch))}
+        return int(self._orders[epoch][i])
+
+    def forward(self, *bottoms: torch.Tensor) -> torch.Tensor | tuple[torch.Tensor, ...]:
+        rows = []  # a source: no bottoms
+        for k in range(self.batch_size):
+            position = (self.position + k) * self.replicas + self.replica
+            rows.append(self._fields(self._record_at(position)))
+        self.position += self.batch_size
+        tops = tuple(torch.stack(column).to(self.device, torch.float32)
+                     for column in zip(*rows, strict=True))
+        return tops[0] if len(tops) == 1 else tops
+
+    def state_dict(self) -> dict[str, Any]:
+        """The read position (records this replica has read), saved in the solver state."""
+        return {"position": self.position}
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        self.position = int(state["position"])
+
+    def bind(self, seed: int, replica: int, replicas: int) -> None:
+        """The run's data seed and this replica's share (records replica, replica + replicas,
+        ... of the one order)."""
+        self.seed, self.replica, self.replicas = seed, replica, replicas
+        self._orders = {}
 
 
 @register("Python")
@@ -180,6 +282,20 @@ class Python(Layer):
             return self.impl.forward(bottoms)
         return self._call(self.impl.forward, "forward", *bottoms)
 
+    # --- a DatasetLayer: its read position in the solver state --------------------------------
+    def source_state(self) -> dict[str, Any] | None:
+        if not isinstance(self.impl, DatasetLayer):
+            return None
+        return dict(self._call(self.impl.state_dict, "state_dict"))
+
+    def load_source_state(self, state: Mapping[str, Any]) -> None:
+        if isinstance(self.impl, DatasetLayer):
+            self._call(self.impl.load_state_dict, "load_state_dict", state)
+
+    def bind_source(self, seed: int, replica: int = 0, replicas: int = 1) -> None:
+        if isinstance(self.impl, DatasetLayer):
+            self.impl.bind(seed, replica, replicas)
+
 
 def _is_missing(exc: ModuleNotFoundError, name: str) -> bool:
     """Whether ``exc`` is about ``name`` itself (or a package on its path), not something the
@@ -203,6 +319,7 @@ class _CaffeForm:
             obj.blobs = pycaffe.BlobVec()
         obj.param_str, obj.phase = param_str, pycaffe.TRAIN if host.phase == "TRAIN" else \
             pycaffe.TEST
+        obj.param_str_ = param_str  # pycaffe's name until 2016 (Faster R-CNN's layers read it)
         self.bottom = [pycaffe.Blob(s) for s in bottom_shapes]
         host._call(obj.setup, "setup", self.bottom, self.top)
         host._call(obj.reshape, "reshape", self.bottom, self.top)

@@ -6,7 +6,7 @@ to read in ``feed_spec`` (a database of :mod:`caffe_py.io`: an image list, sampl
 the rows of HDF5 files; and the decoder of its records), so they share the reader's producer,
 prefetching, round-robin over replicas, saved positions and resume. Where Caffe draws their
 order from its random streams (ImageData's shuffle, WindowData's sampling, HDF5Data's shuffle),
-they draw the same numbers for the same random_seed (:mod:`caffe_py.io.caffe_rng`).
+they draw the same numbers for the same random_seed (:mod:`caffe_py.io.db.caffe_rng`).
 """
 from __future__ import annotations
 
@@ -25,8 +25,8 @@ from .data import FedLayer, upgraded_transform
 from .registry import register
 
 if TYPE_CHECKING:
-    from ..io.caffe_rng import GlobalDraws
-    from ..io.feeds import FeedSpec
+    from ..io.db.caffe_rng import GlobalDraws
+    from ..io.reader.records import FeedSpec
 
 log = logging.getLogger(__name__)
 PREFETCH = 4  # Caffe's data_param.prefetch default, which these layers read too
@@ -44,7 +44,7 @@ class ImageData(FedLayer):
     """
 
     def setup(self, bottom_shapes: list[Shape]) -> list[Shape]:
-        from ..io.image_list import ImageDecoder, ImageListDatabase
+        from ..io.db.image_list import ImageDecoder, ImageListDatabase
 
         p = self.param()
         self.transform = upgraded_transform(self, p, self.param("transform_param"))
@@ -69,9 +69,9 @@ class ImageData(FedLayer):
     def feed_spec(self, seed: int, draws: GlobalDraws) -> FeedSpec:
         """The list, shuffled as Caffe shuffles it (the shuffle's seed and rand_skip's skip
         are this layer's draws of Caffe's stream), decoded by :class:`ImageDecoder`."""
-        from ..io.caffe_rng import needs_rand
-        from ..io.feeds import FeedSpec
-        from ..io.image_list import ImageDecoder, ImageListDatabase
+        from ..io.db.caffe_rng import needs_rand
+        from ..io.db.image_list import ImageDecoder, ImageListDatabase
+        from ..io.reader.records import FeedSpec
 
         p, tp = self.param(), self.transform
         own = draws.prefetching_layer(needs_rand(tp.mirror, tp.crop_size, self.phase),
@@ -104,7 +104,7 @@ class WindowData(FedLayer):
     """
 
     def setup(self, bottom_shapes: list[Shape]) -> list[Shape]:
-        from ..io.windows import read_window_file
+        from ..io.db.windows import read_window_file
 
         p = self.param()
         tp = upgraded_transform(self, p, self.param("transform_param"),
@@ -130,7 +130,7 @@ class WindowData(FedLayer):
         return shapes + [(p.batch_size,)] if len(self.spec.top) == 2 else shapes
 
     def _mean(self, tp: TransformationParameter) -> tuple[np.ndarray | None, np.ndarray | None]:
-        from ..io.transformer import read_mean_file
+        from ..io.feed.transformer import read_mean_file
 
         if tp.mean_file:
             return read_mean_file(tp.mean_file), None
@@ -146,9 +146,9 @@ class WindowData(FedLayer):
         """Windows sampled from an mt19937 seeded with this layer's draw of Caffe's stream,
         made into finished float32 records by :class:`WindowDecoder` (so the feed's own
         transform is the identity)."""
-        from ..io.caffe_rng import needs_rand
-        from ..io.feeds import FeedSpec
-        from ..io.windows import WarpParams, WindowDatabase, WindowDecoder
+        from ..io.db.caffe_rng import needs_rand
+        from ..io.db.windows import WarpParams, WindowDatabase, WindowDecoder
+        from ..io.reader.records import FeedSpec
 
         p, tp = self.param(), self.transform
         (sampling_seed,) = draws.prefetching_layer(
@@ -184,7 +184,7 @@ class HDF5Data(FedLayer):
     capturable = False  # the feed's record (B, 1, 1, width) is not the tops' shape
 
     def setup(self, bottom_shapes: list[Shape]) -> list[Shape]:
-        from ..io.hdf5_rows import Hdf5RowsDatabase
+        from ..io.db.hdf5_rows import Hdf5RowsDatabase
 
         p = self.param()
         given = self.ctx.options.get("record_shapes")
@@ -206,8 +206,8 @@ class HDF5Data(FedLayer):
     def feed_spec(self, seed: int, draws: GlobalDraws) -> FeedSpec:
         """The rows in Caffe's order (its shuffle draws from glibc's rand(), not from the
         seeded stream: HDF5DataLayer takes no draw of it)."""
-        from ..io.feeds import FeedSpec
-        from ..io.hdf5_rows import RowDecoder
+        from ..io.db.hdf5_rows import RowDecoder
+        from ..io.reader.records import FeedSpec
 
         p = self.param()
         return FeedSpec(p.source, p.batch_size, PREFETCH, self.record_shape,
@@ -239,7 +239,7 @@ class HDF5Output(Layer):
     capturable = False  # it writes a file
 
     def setup(self, bottom_shapes: list[Shape]) -> list[Shape]:
-        from ..io.hdf5_rows import h5py_module
+        from ..io.db.hdf5_rows import h5py_module
 
         for i, shape in enumerate(bottom_shapes[:2]):
             if len(shape) > 4 or len(shape) < 1:
@@ -259,7 +259,7 @@ class HDF5Output(Layer):
         return []
 
     def forward(self, data: torch.Tensor, label: torch.Tensor, *rest: torch.Tensor) -> tuple:
-        from ..io.hdf5_rows import h5py_module
+        from ..io.db.hdf5_rows import h5py_module
 
         h5py = h5py_module()
         with h5py.File(self.file, "a") as f:

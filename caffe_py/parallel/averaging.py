@@ -1,7 +1,7 @@
 """Model averaging through the tree (``model_average_period: K``): local SGD inside a host.
 
 Every replica applies its own update to its own weights on its own records (role
-``AVERAGING_WORKER``; the root is still ROOT or HOST_ROOT). At each local point ``t`` of the
+``UPDATING_WORKER``; the root is still ROOT or HOST_ROOT). At each local point ``t`` of the
 :class:`~.schedule.Schedule` (every K iterations, and before every test, snapshot and the end)
 the replicas' models are averaged through the same tree that sums gradients otherwise:
 

@@ -10,7 +10,7 @@ the others are Caffe's WorkerSolvers (role WORKER, seeds random_seed + replica i
 Data feeds all use random_seed itself, see :class:`~caffe_py.solver.roles.Seeds`). Weights and
 gradients move through :mod:`.sync` (the tree) or :mod:`.nccl` (the ring), plugged in as
 solver callbacks. With ``model_average_period: K`` every replica updates its own weights
-(role AVERAGING_WORKER) and :mod:`.averaging` averages the replicas' models through the tree
+(role UPDATING_WORKER) and :mod:`.averaging` averages the replicas' models through the tree
 at the points of the :class:`~.schedule.Schedule`.
 """
 from __future__ import annotations
@@ -27,15 +27,16 @@ from ..errors import SolverError
 from ..options import TrainOptions
 from ..solver.callbacks import Callback
 from ..solver.graphs import GraphedStep
-from ..solver.roles import AVERAGING_WORKER, HOST_ROOT, ROOT, WORKER, Seeds, StepFn, eager_step
+from ..solver.roles import HOST_ROOT, ROOT, UPDATING_WORKER, WORKER, Seeds, StepFn, eager_step
 from ..solver.signals import no_action
 from ..solver.solver import Solver, resolve_seed
 from ..spec.solver_spec import SolverParameter
 from .averaging import AveragingSync, Model
+from .captured import AllReduceGroup, CapturedReplicas, SplitTests
 from .flat import DEFAULT_BUCKET_BYTES
 from .hostavg import HostExchange
 from .lockstep import LockstepRoot
-from .nccl import NcclSync
+from .nccl import NcclSync, nccl_available
 from .schedule import Actions, Schedule
 from .sync import (
     DEFAULT_TIMEOUT_S,
@@ -79,7 +80,10 @@ class Tuning:
     ``average_history=False`` keeps each replica's update history out of model averaging (the
     variant measured against averaging it, docs/parallel.md; a resume then restarts every
     replica from the root's history); ``bucket_bytes`` is the size the flat buffers are cut
-    into buckets at (the units weights travel and are waited for in)."""
+    into buckets at (the units weights travel and are waited for in); ``captured`` has the
+    root's thread replay every replica's whole iterations as CUDA graphs (:mod:`.captured`;
+    None: so on GPUs of one host with graphs, reduction auto or nccl and no model averaging;
+    True on CPU replicas runs that sequence unrecorded, as the tests do)."""
 
     timeout: float = DEFAULT_TIMEOUT_S
     overlap: bool = True
@@ -88,6 +92,7 @@ class Tuning:
     layer_waits: bool = True
     average_history: bool = True
     bucket_bytes: int = DEFAULT_BUCKET_BYTES
+    captured: bool | None = None
 
 
 class ReplicatedRun:
@@ -117,10 +122,18 @@ class ReplicatedRun:
             raise SolverError("model_average_period averages the replicas through the tree; "
                               "use --reduction tree (or model_average_period: 0 with nccl)")
         graphs = self.options.graphs != "off" and all(d.type == "cuda" for d in self.devices)
+        captured = tuning.captured
+        if captured is None:
+            captured = graphs and self.options.reduction != "tree" and nccl_available()
+        self.captured = bool(captured) and not local and hosts.total is None
+        """Every replica's whole iterations replayed from the root's thread (.captured)."""
         # a graph replay runs no hooks: with graphs the tree reduces after backward; the root
         # divides the sum by N unless the hosts' roots sum theirs next
-        self.sync: SyncGroup = (NcclSync(self.devices, timeout=tuning.timeout,
-                                         bucket_bytes=tuning.bucket_bytes)
+        self.sync: SyncGroup = (AllReduceGroup(self.devices, timeout=tuning.timeout,
+                                               bucket_bytes=tuning.bucket_bytes)
+                                if self.captured
+                                else NcclSync(self.devices, timeout=tuning.timeout,
+                                              bucket_bytes=tuning.bucket_bytes)
                                 if self.options.reduction == "nccl"
                                 else TreeSync(self.devices, timeout=tuning.timeout,
                                               bucket_bytes=tuning.bucket_bytes,
@@ -148,7 +161,7 @@ class ReplicatedRun:
         try:
             for i in range(n):
                 step: StepFn = eager_step
-                if graphs:
+                if graphs and not self.captured:
                     self.graphs.append(GraphedStep(required=self.options.graphs == "on"))
                     step = self.graphs[-1]
                 self._add_replica(i, base_seed, step, action if i == 0 else None)
@@ -160,20 +173,32 @@ class ReplicatedRun:
     def _add_replica(self, i: int, base_seed: int, step: StepFn,
                      action: Callable[[], str] | None) -> None:
         """Replica i's Solver on its device, its params moved into flat buffers."""
-        worker = AVERAGING_WORKER if self.schedule.averages_replicas else WORKER
-        role = worker if i else (ROOT if self.hosts.lead else HOST_ROOT)
+        updating = self.schedule.averages_replicas or self.captured
+        role = (UPDATING_WORKER if updating else WORKER) if i else (
+            ROOT if self.hosts.lead else HOST_ROOT)
         extra = list(self.tuning.extra_callbacks(i)) if self.tuning.extra_callbacks else []
         kw: dict[str, Any] = {"action": action} if action else {}
+        if self.captured and i == 0:
+            assert isinstance(self.sync, AllReduceGroup)
+            kw["runner"] = CapturedReplicas(self.sync, self.solvers,
+                                            required=self.options.graphs == "on")
+            kw["test_batches"] = SplitTests(self.sync, self.solvers)
         try:
             solver = Solver(self.param, device=self.devices[i], replica=i, role=role,
                             seeds=Seeds(model=base_seed + self.hosts.offset + i, data=base_seed),
                             pool=self.pool, callbacks=[*self._sync_callbacks(i), *extra],
-                            step=step, **kw)
+                            step=step, inputs=self.options.inputs,
+                            test_inputs=self.options.test_inputs if i == 0 else None, **kw)
             self.solvers.append(solver)
+            # sources that read by themselves: replica i's share of the one global order
+            solver.net.bind_sources(base_seed, self.hosts.offset + i,
+                                    self.hosts.total or len(self.devices))
+            scale = solver.loss_scale.tensors() if solver.loss_scale is not None else []
             self.sync.setup(i, [lp.param for lp in solver.net.learnable_params()],
-                            state_blobs(solver.net))
+                            [*state_blobs(solver.net), *scale])   # the root's flows down
             solver.grads_in_place = True   # views into the flat gradient buffer
-            solver.backward_in_caller = False  # its sync's gradient hooks keep the engine's threads
+            # a sync's gradient hooks keep the engine's threads; captured iterations have none
+            solver.backward_in_caller = self.captured
             if isinstance(self.sync, TreeSync) and self.tuning.layer_waits and not self.graphs:
                 self.sync.watch_layers(i, solver.net)
             if self.averaging is not None and (self.schedule.averages_replicas or i == 0):
@@ -186,6 +211,8 @@ class ReplicatedRun:
     def _sync_callbacks(self, i: int) -> list[Callback]:
         """Replica i's sync callbacks: the tree's (or ring's), or model averaging's; the root
         of a run where only the hosts average also hands its model to the hosts' exchange."""
+        if self.captured:   # the sum happens inside the captured iterations
+            return []
         averaging = self.averaging
         inner: Callback
         if averaging is not None and self.schedule.averages_replicas:
@@ -204,6 +231,13 @@ class ReplicatedRun:
         return None
 
     @property
+    def reduction(self) -> str:
+        """The reduction the run uses (the ``auto`` option resolved)."""
+        if isinstance(self.sync, AllReduceGroup):
+            return "all-reduce, captured"
+        return "nccl" if isinstance(self.sync, NcclSync) else "tree"
+
+    @property
     def root(self) -> Solver:
         return self.solvers[0]
 
@@ -214,11 +248,16 @@ class ReplicatedRun:
         names = [_name(d, i) for i, d in enumerate(self.devices)]
         lines = [f"Batch: {batch} per replica x {n} replicas x iter_size {p.iter_size} = "
                  f"{batch * n * p.iter_size} per update (effective batch {batch * n}; "
-                 f"devices {', '.join(names)}; reduction {self.options.reduction}; precision "
+                 f"devices {', '.join(names)}; reduction {self.reduction}; precision "
                  f"{p.precision})"]
         if isinstance(self.sync, TreeSync):
             on_gpus = any(d.type == "cuda" for d in self.devices)
             lines += self.sync.tree.describe(names, links=on_gpus).splitlines()
+        elif isinstance(self.sync, AllReduceGroup):
+            total = "NCCL's all-reduce" if self.sync.collectives is not None else "a host sum"
+            lines.append(f"whole iterations captured on every replica ({', '.join(names)}), "
+                         f"issued by one thread; gradients summed by {total} inside them; "
+                         "every replica applies the update")
         else:
             lines.append(f"NCCL ring all-reduce over {', '.join(names)}; root {names[0]}")
         if self.schedule.averages_replicas:
@@ -236,11 +275,15 @@ class ReplicatedRun:
             self.root.load_weights(opts.weights)
         if opts.snapshot:
             self.root.restore(opts.snapshot)
+            sources = self.root.net.source_states()  # every replica read as many records
             for worker in self.solvers[1:]:
                 worker.iter, worker.current_step = self.root.iter, self.root.current_step
+                worker.net.load_source_states(sources)
         self.share_root_model()
         if self.averaging is not None and self.schedule.averages_replicas:
             self.averaging.spread()
+        if isinstance(self.sync, AllReduceGroup):   # each replica updates its own copy
+            self.sync.spread_root(self.solvers)
         self.pool.start()
         for solver in self.solvers:
             solver.start()
@@ -264,7 +307,8 @@ class ReplicatedRun:
 
         targets = ([solve] if self.hosts.lead else [steps(self.root)]) + [
             steps(s) for s in self.solvers[1:]]
-        run_replicas(self.sync, targets[:1] if self.lockstep else targets)
+        one_thread = self.lockstep or self.captured
+        run_replicas(self.sync, targets[:1] if one_thread else targets)
         return self.root
 
     def close(self) -> None:

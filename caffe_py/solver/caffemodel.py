@@ -29,9 +29,9 @@ import numpy as np
 import torch
 
 from ..errors import DataError, SolverError
-from ..io.blobproto import blob_from_array, encode_blob
-from ..io.wire import LEN, VARINT, WireError, WireStream, as_int32, len_field, varint
-from ..io.wire import tag as wire_tag
+from ..io.formats.blobproto import blob_from_array, encode_blob
+from ..io.formats.wire import LEN, VARINT, WireError, WireStream, as_int32, len_field, varint
+from ..io.formats.wire import tag as wire_tag
 
 EXTRAS_FIELD = 1000
 

@@ -21,11 +21,12 @@ the loop says why in one line and runs the eager iteration instead.
 """
 from __future__ import annotations
 
+import contextlib
 import logging
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol
 
 import torch
 
@@ -35,6 +36,7 @@ from .graphs import (
     capture_blocker,
     install_static_feeds,
     register_generators,
+    reinstall_feeds,
     restore_feeds,
 )
 from .roles import AutoCompile
@@ -56,17 +58,22 @@ SLOT_BYTES_MAX = 256 << 20
 """The static batch slots of a chunk take at most this much device memory."""
 
 
+class _Replayable(Protocol):
+    def replay(self) -> None: ...
+
+
 @dataclass
 class _Graph:
-    """One captured chunk of ``length`` iterations."""
+    """One captured chunk of ``length`` iterations: a graph per member solver."""
 
     length: int
-    graph: torch.cuda.CUDAGraph | _Emulated
-    losses: torch.Tensor
-    """(length,) each iteration's mean loss, written by the replay."""
-    first_out: list[NetOutput]
-    """[the first iteration's outputs]: static tensors, what display shows (made by the
-    capture; the CPU emulation makes it anew at each replay)."""
+    graphs: Sequence[_Replayable]
+    """One per member (CUDA), or one stand-in running every member's iterations (emulated)."""
+    losses: list[torch.Tensor]
+    """Per member, (length,) each iteration's mean loss, written by the replay."""
+    first_out: list[list[NetOutput]]
+    """Per member, [the first iteration's outputs]: static tensors, what display shows (made
+    by the capture; the CPU emulation makes it anew at each replay)."""
 
 
 @dataclass
@@ -78,8 +85,17 @@ class _Scales:
     host: list[torch.Tensor]
     done: list[torch.cuda.Event | None] = field(default_factory=lambda: [None, None])
     turn: int = 0
+    rows: list[list[float]] = field(default_factory=list)
+    """The last rows put, as host floats (what the CPU emulation's updates use)."""
+
+    @classmethod
+    def on(cls, device: torch.device, slots: int, groups: int) -> _Scales:
+        pinned = device.type == "cuda"
+        return cls(torch.zeros((slots, groups), device=device),
+                   [torch.zeros((slots, groups), pin_memory=pinned) for _ in range(2)])
 
     def put(self, rows: list[list[float]]) -> None:
+        self.rows = rows
         k = self.turn % 2
         self.turn += 1
         done = self.done[k]
@@ -102,6 +118,11 @@ class GraphedLoop:
     (None: chosen from the measured step time and the solver's display/test/snapshot
     intervals). ``emulate=True`` records nothing and calls the recorded function at each
     replay instead (the same host logic on a CPU: what the CPU tests run).
+
+    The loop captures the iterations of its *members*: the solver it runs, or (a subclass,
+    parallel/captured.py) every replica of a run, each member's iteration in a graph of its
+    own device, with :meth:`between` run after every member's passes and before the updates
+    (there the replicas' gradients are summed).
     """
 
     def __init__(self, chunk: int | None = None, emulate: bool = False,
@@ -117,28 +138,69 @@ class GraphedLoop:
         """Iterations per replay (0: not chosen yet)."""
         self.fallback: str | None = None
         self.graphs: dict[int, _Graph] = {}
-        self.feeds: list[StaticFeed] = []
-        self.scales: _Scales | None = None
+        self.feeds: list[list[StaticFeed]] = []
+        """Per member, its Data layers' static feeds."""
+        self.scales: list[_Scales] = []
+        """Per member, its update multipliers on its device."""
         self._warm = 0
         self._replay_ms: list[float] = []
+        self._capturing: list[torch.cuda.Stream] | None = None
+        """While recording on CUDA: each member's capture stream."""
+        self._paused = False
+        """The real feeds are back in the Data layers (between two ``step`` calls)."""
         self.slots = 1
         """Batch slots per Data layer, in iterations: the longest chunk memory allows."""
 
+    # --- the members (one solver here; every replica in parallel/captured.py) ----------------
+    def members(self, s: Solver) -> list[Solver]:
+        """The solvers whose iterations this loop captures, the one it runs first."""
+        return [s]
+
+    def between(self, streams: list[torch.cuda.Stream] | None) -> None:
+        """After every member's passes, before their updates, in each member's stream order
+        (``streams``: the members' capture streams while recording, else None: their current
+        streams). One solver: nothing."""
+
+    @contextlib.contextmanager
+    def on_member(self, i: int, s: Solver) -> Iterator[None]:
+        """Member ``i``'s device and stream (its capture stream while recording)."""
+        if s.device.type != "cuda":
+            yield
+            return
+        with torch.cuda.device(s.device):
+            if self._capturing is None:
+                yield
+                return
+            with torch.cuda.stream(self._capturing[i]):
+                yield
+
     # --- the loop ---------------------------------------------------------------------------
+    def pause(self, s: Solver) -> None:
+        """Between two ``step`` calls the Data layers read their real feeds (the final
+        forward of ``solve`` reads the next batch, as the eager loop's does)."""
+        if self.feeds and not self._paused:
+            for m, feeds in zip(self.members(s), self.feeds, strict=True):
+                restore_feeds(m, feeds)
+            self._paused = True
+
     def run(self, s: Solver, stop_iter: int) -> None:
+        if self._paused:
+            for m, feeds in zip(self.members(s), self.feeds, strict=True):
+                reinstall_feeds(m, feeds)
+            self._paused = False
         if self.fallback is not None:
-            s.iteration()
+            self._eager_iteration(s)
             return
         if not self.graphs:
             if self._warm < WARMUP_ITERATIONS:
                 self._warm += 1
-                s.iteration()
+                self._eager_iteration(s)
                 return
             self._capture(s)
             if self.fallback is not None:
-                s.iteration()
+                self._eager_iteration(s)
                 return
-        if not s.begin_iteration():
+        if not self._begin(s):
             return
         if len(self._replay_ms) < TIMED_REPLAYS and self.chunk_cap is None:
             self._timed_replay(s)
@@ -149,23 +211,57 @@ class GraphedLoop:
             self._add_chunk(s)
         self._replay(s, self._length(s, stop_iter))
 
+    def _begin(self, s: Solver) -> bool:
+        """Every member's begin_iteration (the first's may test, and a signal stop it)."""
+        members = self.members(s)
+        if not members[0].begin_iteration():
+            return False
+        for m in members[1:]:
+            m.begin_iteration()   # True: only the first member tests
+        return True
+
+    def _eager_iteration(self, s: Solver) -> None:
+        """One iteration of every member, uncaptured: the warm-up, or the fallback."""
+        members = self.members(s)
+        if len(members) == 1:
+            s.iteration()
+            return
+        if not self._begin(s):
+            return
+        plan = s.plan_rates(1)
+        results = []
+        for i, m in enumerate(members):
+            with self.on_member(i, m):
+                results.append(m.passes())
+        self.between(None)
+        for i, m in enumerate(members):
+            with self.on_member(i, m):
+                m.apply_scales(m.updater.scales(plan.rates[0], plan.first_iter))
+        for m, (loss, out) in reversed(list(zip(members, results, strict=True))):
+            m.end_iteration(loss, out, planned=plan)   # the first member's last: it snapshots
+
     def _length(self, s: Solver, stop_iter: int) -> int:
         """The chunk when it fits before the next boundary, else one iteration."""
         k = self.chunk
         return k if k > 1 and s.iter % k == 0 and s.iter + k <= stop_iter else 1
 
     def _replay(self, s: Solver, length: int) -> None:
-        """``length`` iterations' passes and updates as one replay, between the Solver's
-        ``begin_iteration`` (done) and ``end_iteration``."""
+        """``length`` iterations' passes and updates of every member as one replay each,
+        between the Solvers' ``begin_iteration`` (done) and ``end_iteration``."""
         g = self.graphs[length]
-        for feed in self.feeds:
-            feed.fill(length * s.param.iter_size)
+        members = self.members(s)
+        for feeds in self.feeds:
+            for feed in feeds:
+                feed.fill(length * s.param.iter_size)
         plan = s.plan_rates(length)
-        assert self.scales is not None
-        self.scales.put([s.updater.scales(rate, plan.first_iter + j)
-                         for j, rate in enumerate(plan.rates)])
-        g.graph.replay()
-        s.end_iteration(g.losses, g.first_out[0], count=length, planned=plan)
+        rows = [s.updater.scales(rate, plan.first_iter + j) for j, rate in enumerate(plan.rates)]
+        for scales in self.scales:
+            scales.put(rows)
+        for i, (m, graph) in enumerate(zip(members, g.graphs, strict=False)):
+            with self.on_member(i, m):
+                graph.replay()
+        for m, losses, out in reversed(list(zip(members, g.losses, g.first_out, strict=True))):
+            m.end_iteration(losses, out[0], count=length, planned=plan)
 
     # --- capture, timing, the chunk ---------------------------------------------------------
     def _timed_replay(self, s: Solver) -> None:
@@ -174,10 +270,13 @@ class GraphedLoop:
             self._replay(s, 1)
             self._replay_ms.append(0.0)
             return
+        members = self.members(s)
         start = torch.cuda.Event(enable_timing=True)
         end = torch.cuda.Event(enable_timing=True)
         start.record()
         self._replay(s, 1)
+        for m in members[1:]:   # the chunk waits for the slowest member
+            torch.cuda.current_stream(s.device).wait_stream(torch.cuda.current_stream(m.device))
         end.record()
         end.synchronize()
         self._replay_ms.append(start.elapsed_time(end))
@@ -194,11 +293,10 @@ class GraphedLoop:
         log.info(f"Compiling the net with torch.compile: {left} iterations left at "
                  f"{step_ms:.1f} ms make about {left * step_ms / 60000:.0f} min "
                  "(--compile off skips this)")
-        if not self.emulate:
-            torch.cuda.synchronize(s.device)
+        self._synchronize(s)
         self._restore_feeds(s)
         self.graphs.clear()
-        self.scales, self.chunk, self._warm, self._replay_ms = None, 0, 0, []
+        self.scales, self.chunk, self._warm, self._replay_ms = [], 0, 0, []
         s.step_fn = policy.step(s.net)
 
     def _add_chunk(self, s: Solver) -> None:
@@ -208,12 +306,13 @@ class GraphedLoop:
             self.graphs[self.chunk] = self._record(s, self.chunk)
 
     def _capture(self, s: Solver) -> None:
-        reason = capture_blocker(s, whole_iteration=True, emulate=self.emulate)
+        reason = next((r for m in self.members(s) if (r := capture_blocker(
+            m, whole_iteration=True, emulate=self.emulate)) is not None), None)
         if reason is None:
             try:
                 self._build(s)
             except RuntimeError as exc:   # a layer did something a graph cannot hold
-                torch.cuda.synchronize(s.device)
+                self._synchronize(s)
                 self._restore_feeds(s)
                 self.graphs.clear()
                 reason = f"capture failed: {str(exc).splitlines()[0]}"
@@ -222,23 +321,28 @@ class GraphedLoop:
                 raise SolverError(f"--graphs on: the iteration on {s.device} cannot be "
                                   f"captured: {reason}; use --graphs auto to run it eagerly")
             self.fallback = reason
-            log.info(f"CUDA graphs off ({s.device}): {reason}; running eagerly")
+            log.info(f"CUDA graphs off ({self._where(s)}): {reason}; running eagerly")
+
+    def _where(self, s: Solver) -> str:
+        return ", ".join(str(m.device) for m in self.members(s))
+
+    def _synchronize(self, s: Solver) -> None:
+        if not self.emulate:
+            for m in self.members(s):
+                torch.cuda.synchronize(m.device)
 
     def _build(self, s: Solver) -> None:
         """Static slots, the rates' buffers, fixed gradients, and the one-iteration graph."""
+        members = self.members(s)
         self.slots = self._max_chunk(s)
-        self.feeds = install_static_feeds(s, self.slots * s.param.iter_size)
-        groups = len(s.updater.groups)
-        pinned = s.device.type == "cuda"
-        self.scales = _Scales(torch.zeros((self.slots, groups), device=s.device),
-                              [torch.zeros((self.slots, groups), pin_memory=pinned)
-                               for _ in range(2)])
-        s.grads_in_place = True
-        for w in s.updater.params:   # every gradient at a fixed address, zero to start
-            if w.grad is None:
-                w.grad = torch.zeros_like(w)
-        if not self.emulate:
-            torch.cuda.synchronize(s.device)
+        self.feeds = [install_static_feeds(m, self.slots * s.param.iter_size) for m in members]
+        self.scales = [_Scales.on(m.device, self.slots, len(m.updater.groups)) for m in members]
+        for m in members:
+            m.grads_in_place = True
+            for w in m.updater.params:   # every gradient at a fixed address, zero to start
+                if w.grad is None:
+                    w.grad = torch.zeros_like(w)
+        self._synchronize(s)
         self.graphs[1] = self._record(s, 1)
 
     def _max_chunk(self, s: Solver) -> int:
@@ -265,35 +369,73 @@ class GraphedLoop:
         return k
 
     def _record(self, s: Solver, length: int) -> _Graph:
-        losses = torch.zeros(length, device=s.device)
-        assert self.scales is not None
-        scales = [self.scales.device[j] for j in range(length)]  # one row: a rate per group
-        outs: list[NetOutput] = []
+        members = self.members(s)
+        losses = [torch.zeros(length, device=m.device) for m in members]
+        scales = [[sc.device[j] for j in range(length)] for sc in self.scales]  # rows by member
+        outs: list[list[NetOutput]] = [[] for _ in members]
+
+        def rates(i: int, j: int) -> torch.Tensor | list[float]:
+            """A graph reads the rates from its device buffer; the CPU emulation updates with
+            the host's floats, the eager update's arithmetic, so that it matches the eager
+            loop bit for bit (tests/solver/test_rules.py holds the two forms together)."""
+            return self.scales[i].rows[j] if self.emulate else scales[i][j]
 
         def iterations() -> None:
-            for feed in self.feeds:
-                feed.cursor = 0
+            for feeds in self.feeds:
+                for feed in feeds:
+                    feed.cursor = 0
             for j in range(length):
-                loss, out = s.passes()
-                losses[j].copy_(loss)
-                s.updater.apply_scales(scales[j])
-                if j == 0:
-                    outs[:] = [out]
+                for i, m in enumerate(members):
+                    with self.on_member(i, m):
+                        loss, out = m.passes()
+                        losses[i][j].copy_(loss)
+                        if j == 0:
+                            outs[i][:] = [out]
+                self.between(self._capturing)
+                for i, m in enumerate(members):
+                    with self.on_member(i, m):
+                        m.apply_scales(rates(i, j))
 
         if self.emulate:
-            return _Graph(length, _Emulated(iterations), losses, outs)
-        graph = torch.cuda.CUDAGraph()
-        register_generators(graph, _device_generators(s))
-        capture = torch.cuda.Stream(s.device)
-        capture.wait_stream(torch.cuda.current_stream(s.device))
-        with torch.cuda.graph(graph, stream=capture, capture_error_mode="thread_local"):
+            return _Graph(length, [_Emulated(iterations)], losses, outs)
+        graphs = [torch.cuda.CUDAGraph() for _ in members]
+        streams = [torch.cuda.Stream(m.device) for m in members]
+        for m, graph, stream in zip(members, graphs, streams, strict=True):
+            register_generators(graph, _device_generators(m))
+            stream.wait_stream(torch.cuda.current_stream(m.device))
+        self._capturing = streams
+        begun: list[torch.cuda.CUDAGraph] = []
+        try:
+            for m, graph, stream in zip(members, graphs, streams, strict=True):
+                with torch.cuda.device(m.device), torch.cuda.stream(stream):
+                    # relaxed: the members' captures are open at once in this one thread
+                    graph.capture_begin(capture_error_mode="relaxed")
+                    begun.append(graph)
             iterations()
-        torch.cuda.current_stream(s.device).wait_stream(capture)
-        return _Graph(length, graph, losses, outs)
+        except BaseException:
+            self._end_captures(members, begun, streams, quiet=True)   # the first error stands
+            raise
+        self._end_captures(members, begun, streams)
+        for m, stream in zip(members, streams, strict=True):
+            torch.cuda.current_stream(m.device).wait_stream(stream)
+        return _Graph(length, graphs, losses, outs)
+
+    def _end_captures(self, members: list[Solver], begun: list[torch.cuda.CUDAGraph],
+                      streams: list[torch.cuda.Stream], quiet: bool = False) -> None:
+        self._capturing = None
+        for m, graph, stream in zip(members, begun, streams, strict=False):
+            with torch.cuda.device(m.device), torch.cuda.stream(stream):
+                try:
+                    graph.capture_end()
+                except RuntimeError:
+                    if not quiet:
+                        raise
 
     def _restore_feeds(self, s: Solver) -> None:
-        restore_feeds(s, self.feeds)
-        self.feeds = []
+        if not self._paused:
+            for m, feeds in zip(self.members(s), self.feeds, strict=False):
+                restore_feeds(m, feeds)
+        self.feeds, self._paused = [], False
 
 
 class _Emulated:

@@ -35,7 +35,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from ..errors import SolverError
-from ..io.feeds import feed_of, swap_feed
+from ..io.feed.feeds import feed_of, swap_feed
 from .roles import eager_step
 
 if TYPE_CHECKING:
@@ -87,6 +87,12 @@ def restore_feeds(s: Solver, feeds: list[StaticFeed]) -> None:
     """The Data layers' real feeds back in place of the static ones."""
     for layer, feed in zip(s.net.data_layers(), feeds, strict=True):
         swap_feed(layer, feed.real)
+
+
+def reinstall_feeds(s: Solver, feeds: list[StaticFeed]) -> None:
+    """The static feeds of :func:`install_static_feeds` in place again, after a restore."""
+    for layer, feed in zip(s.net.data_layers(), feeds, strict=True):
+        swap_feed(layer, feed)
 
 
 def capture_blocker(s: Solver, *, whole_iteration: bool = False,
@@ -197,7 +203,7 @@ def _pass(s: Solver) -> tuple[torch.Tensor, NetOutput]:
     with s.autocast():
         out = s.net()
     if out.loss.requires_grad:
-        out.loss.backward()
+        s.backward(out.loss)
     return out.loss.detach().float(), out
 
 

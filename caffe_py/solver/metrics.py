@@ -5,8 +5,10 @@ test pass of each TEST net (phase ``test0``, ``test1``...: its mean outputs); ev
 iteration, the seconds since the run started and the learning rate. The columns are fixed when
 the run starts, from the nets' output blobs: ``train/<name>`` and ``test<k>/<name>``, one per
 value (``<name>[i]`` for an output of several values, e.g. per-class accuracies); a row leaves
-the other phases' columns empty. A resumed run appends to the file when its columns are the
-same, and starts it afresh otherwise.
+the other phases' columns empty. The last row of a run is its final iteration's (the loss
+Caffe prints after the last update). A resumed run appends to the file when its columns are
+the same, and starts it afresh otherwise; its ``seconds`` go on from the time the solver state
+records (or, for a state without it, from the table's last row at or before its iteration).
 """
 from __future__ import annotations
 
@@ -33,7 +35,8 @@ def output_columns(net: Net, phase: str) -> list[str]:
     shapes: dict[str, tuple[int, ...]] = {}
     for layer in net.layers:
         for top, shape in zip(layer.spec.top, layer.top_shapes, strict=True):
-            shapes[top] = tuple(shape)
+            # a DetectionEvaluate top is reported as its mAP (detection_eval.py): one value
+            shapes[top] = () if layer.spec.type == "DetectionEvaluate" else tuple(shape)
     columns = []
     for name in sorted(net.output_names):  # Caffe numbers outputs by name
         count = math.prod(shapes.get(name, ()))
@@ -46,9 +49,11 @@ class MetricsFile:
     """Rows into the CSV file (flushed each, so a killed run keeps what it wrote)."""
 
     def __init__(self, path: str | Path, columns: Sequence[str], *, resume: bool,
-                 tensorboard: str | Path | None = None):
+                 tensorboard: str | Path | None = None, seconds: float = 0.0):
         self.path, self.columns = Path(path), list(columns)
-        self.start = time.perf_counter()
+        self.start = time.perf_counter() - seconds
+        """When the run would have started, trained without a break (``seconds``: the time
+        trained before a resume)."""
         self.board = _board(tensorboard) if tensorboard else None
         try:
             self.path.parent.mkdir(parents=True, exist_ok=True)
@@ -70,8 +75,7 @@ class MetricsFile:
     def row(self, iteration: int, phase: str, lr: float, loss: float | None,
             values: Mapping[str, torch.Tensor]) -> None:
         """One row: ``values`` maps output names to their values (flattened in order)."""
-        cells: dict[str, Any] = {"iteration": iteration,
-                                 "seconds": f"{time.perf_counter() - self.start:.3f}",
+        cells: dict[str, Any] = {"iteration": iteration, "seconds": f"{self.seconds():.3f}",
                                  "phase": phase, "lr": f"{lr:g}",
                                  "loss": "" if loss is None else f"{loss:g}"}
         for name, value in values.items():
@@ -86,6 +90,10 @@ class MetricsFile:
                 if column not in ("iteration", "seconds", "phase") and cell != "":
                     self.board.add_scalar(column, float(cell), iteration)
             self.board.flush()
+
+    def seconds(self) -> float:
+        """Seconds since the run started (resumes included)."""
+        return time.perf_counter() - self.start
 
     def _write(self, cells: Sequence[Any]) -> None:
         try:
@@ -119,3 +127,19 @@ def _board(directory: str | Path) -> Any:
 def metrics_path(snapshot_prefix: str) -> Path:
     return Path(f"{snapshot_prefix}_metrics.csv")
 
+
+
+def seconds_at(path: str | Path, iteration: int) -> float:
+    """The ``seconds`` of the table's last row at or before ``iteration`` (0.0: none)."""
+    found = 0.0
+    try:
+        with Path(path).open(newline="", encoding="utf-8") as f:
+            for row in csv.DictReader(f):
+                try:
+                    if int(row["iteration"]) <= iteration:
+                        found = float(row["seconds"])
+                except (KeyError, TypeError, ValueError):
+                    continue
+    except OSError:
+        return 0.0
+    return found

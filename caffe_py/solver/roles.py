@@ -6,8 +6,9 @@ replica: the root applies the update, tests, displays and snapshots; the others 
 (Caffe's WorkerSolver). With several hosts, the root of every other host is a ``HOST_ROOT``: it
 applies the same update as the leading root, but tests, displays and snapshots nothing. When
 the replicas average their weights every K iterations instead of summing gradients
-(``model_average_period``), every worker is an ``AVERAGING_WORKER``: it applies its own update
-between the averaging points.
+(``model_average_period``), every worker is an ``UPDATING_WORKER``: it applies its own update
+between the averaging points (so it is when the whole iterations of every replica are captured
+as CUDA graphs, each replica updating its copy of the weights with the same summed gradient).
 """
 from __future__ import annotations
 
@@ -43,7 +44,10 @@ class Role:
 ROOT = Role()
 WORKER = Role(applies_updates=False, tests=False, reports=False, seeds_rng=False)
 HOST_ROOT = Role(applies_updates=True, tests=False, reports=False, seeds_rng=True)
-AVERAGING_WORKER = Role(applies_updates=True, tests=False, reports=False, seeds_rng=False)
+UPDATING_WORKER = Role(applies_updates=True, tests=False, reports=False, seeds_rng=False)
+"""A worker that applies its own update: between model-averaging points, or when every
+replica updates its copy of the weights with the same all-reduced gradient (captured whole
+iterations, parallel/captured.py)."""
 
 
 @dataclass(frozen=True)
@@ -82,7 +86,7 @@ def _passes(solver: Solver, forward: Callable[[], NetOutput]) -> tuple[torch.Ten
         with solver.autocast():
             out = forward()
         if out.loss.requires_grad:
-            out.loss.backward()
+            solver.backward(out.loss)
         loss = out.loss.detach()
         return (loss if loss.dtype == torch.float32 else loss.float()), out
     total = torch.zeros((), device=solver.device)
@@ -91,7 +95,7 @@ def _passes(solver: Solver, forward: Callable[[], NetOutput]) -> tuple[torch.Ten
         with solver.autocast():
             last = forward()
         if last.loss.requires_grad:
-            last.loss.backward()
+            solver.backward(last.loss)
         total += last.loss.detach().float()
     assert last is not None  # iter_size >= 1 (the schema's minimum)
     return total / solver.param.iter_size, last

@@ -206,6 +206,8 @@ class Updater:
                       [h for hs in self._hist for h in hs[0]],
                       [k for k, g in enumerate(self.groups) for _ in g.indices],
                       [self.p.weight_decay * g.decay_mult for g in self.groups])
+        self._undo: Tensors = []
+        """The weights and history as they were, for an update a device flag may skip."""
         self.fused = fused
         """Whether SGD runs as one CUDA kernel (:func:`~caffe_py.kernels.functions.sgd_update`)
         instead of op by op: None decides at the first update (SGD on float32 CUDA parameters
@@ -216,22 +218,49 @@ class Updater:
         """One update at ``rate`` for iteration ``it`` (before it is incremented)."""
         self.apply_scales(self.scales(rate, it))
 
+    def gradients(self) -> Tensors:
+        """Every parameter's gradient (zeros where no loss reached it), in parameter order."""
+        return [self._grad(i) for i in range(len(self.params))]
+
     def scales(self, rate: float, it: int) -> list[float]:
         """Each group's multiplier for the update at ``rate`` in iteration ``it``."""
         return [self.rule.scale(rate * g.lr_mult, it) for g in self.groups]
 
     @torch.no_grad()
-    def apply_scales(self, scales: Sequence[Scale] | torch.Tensor) -> None:
+    def apply_scales(self, scales: Sequence[Scale] | torch.Tensor,
+                     skip: torch.Tensor | None = None) -> None:
         """One update with each group's multiplier given (see :meth:`scales`): host floats, or
-        a 1-D device tensor of one multiplier per group (read when the update runs)."""
+        a 1-D device tensor of one multiplier per group (read when the update runs).
+        ``skip``, a device flag (float16's loss scaling: the gradients overflowed), leaves
+        every weight and history tensor as it was when it is set, with no host sync."""
         grads = [self._grad(i) for i in self._order]
         if not grads:
             return
         self._clip(grads)
+        if skip is not None:
+            self._masked(grads, scales, skip)
+            return
         if self.fused is None:
             self.fused = self._fusable()
         if self.fused and self._fused_sgd(grads, scales):
             return
+        self._pipeline(grads, scales)
+
+    def _masked(self, grads: Tensors, scales: Sequence[Scale] | torch.Tensor,
+                skip: torch.Tensor) -> None:
+        """The op-by-op update, then each weight and history tensor put back where ``skip``
+        is set (a select, not arithmetic: an overflowed update holds inf and NaN)."""
+        kept = [self.params[i] for i in self._order] + list(self.history)
+        if not self._undo:
+            self._undo = [torch.empty_like(t) for t in kept]
+        torch._foreach_copy_(self._undo, kept)
+        self._pipeline(grads, scales)
+        flag = skip.bool()
+        for t, before in zip(kept, self._undo, strict=True):
+            t.copy_(torch.where(flag, before, t))
+
+    def _pipeline(self, grads: Tensors, scales: Sequence[Scale] | torch.Tensor) -> None:
+        """Caffe's update op by op: normalize -> regularize -> rule -> w -= update."""
         if isinstance(scales, torch.Tensor):
             scales = list(scales.unbind())
         start = 0

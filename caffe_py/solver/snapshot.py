@@ -45,6 +45,30 @@ def snapshot_paths(prefix: str, iteration: int, fmt: str = "pt") -> tuple[Path, 
     return Path(f"{stem}.{fmt}"), Path(f"{stem}{STATE_SUFFIX}.{fmt}")
 
 
+WEIGHTS_SUFFIXES = {".pt": "pt", ".caffemodel": "caffemodel", ".caffemodel.h5": "HDF5"}
+STATE_SUFFIXES = {".solverstate.pt": "pt", ".solverstate": "caffemodel",
+                  ".solverstate.h5": "HDF5"}
+"""The snapshot files of one iteration in each snapshot_format (solver_spec's names)."""
+
+
+def not_found(path: str | Path) -> SolverError:
+    """A snapshot file that is not there; when the same snapshot exists in another format
+    (``-weights x.caffemodel`` where the run wrote ``x.pt``), the error names that file."""
+    path = Path(path)
+    table = STATE_SUFFIXES if is_state_path(path) else WEIGHTS_SUFFIXES
+    name = path.name
+    given = max((suffix for suffix in table if name.endswith(suffix)), key=len, default="")
+    stem = name[:len(name) - len(given)] if given else name
+    for suffix, fmt in table.items():
+        sibling = path.with_name(stem + suffix)
+        if suffix != given and is_file(sibling):
+            wanted = f", or train with snapshot_format: {table[given]} for {given} files" \
+                if given else ""
+            return SolverError(f"{path}: file not found; that snapshot is {sibling} "
+                               f"(snapshot_format: {fmt}): give that file{wanted}")
+    return SolverError(f"{path}: file not found; check the path")
+
+
 def is_state_path(path: str | Path) -> bool:
     """Whether the file name says solver state (``*.solverstate`` or ``*.solverstate.<ext>``)."""
     name = Path(path).name
@@ -93,6 +117,8 @@ def load_weights(path: str | Path) -> dict[str, list[torch.Tensor]]:
     if is_state_path(path):
         raise SolverError(f"{path} is a solver state, not weights; pass it to --snapshot to "
                           "resume training, or give the matching weights file to --weights")
+    if not exists(path):
+        raise not_found(path)
     if hdf5_snapshot.is_hdf5(path) or path.suffix == ".h5":  # by content, as H5Fis_hdf5
         return hdf5_snapshot.load_weights(path)
     if path.suffix == ".caffemodel":
@@ -127,6 +153,8 @@ def load_state(path: str | Path) -> dict[str, Any]:
         raise SolverError(f"{path} is not a solver state (its name has no '.solverstate'); "
                           "pass weights to --weights, or give the <prefix>_iter_<N>.solverstate"
                           ".pt file to --snapshot")
+    if not exists(path):
+        raise not_found(path)
     if hdf5_snapshot.is_hdf5(path) or path.suffix == ".h5":
         state = hdf5_snapshot.load_state(path)
         state.setdefault("type", None)
@@ -183,7 +211,7 @@ def one_line_reason(exc: BaseException) -> str:
 
 def _load(path: Path, want: str) -> dict[str, Any]:
     if not is_file(path):
-        raise SolverError(f"{path}: file not found; check the path")
+        raise not_found(path)
     verify_checksums(path)
     try:
         with warnings.catch_warnings():  # a foreign pickle's protocol warning is noise here

@@ -31,7 +31,7 @@ import contextlib
 import logging
 import os
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from pathlib import Path
@@ -44,9 +44,11 @@ from ..net import Net, NetOutput
 from ..spec.solver_spec import SolverParameter
 from . import snapshot as snap
 from .callbacks import Callback
+from .detection_eval import detection_outputs, run_detection_batches
 from .evaluate import format_output_lines, output_means, run_batches
+from .loss_scale import LossScale
 from .lr_policy import learning_rate
-from .metrics import FIXED, MetricsFile, metrics_path, output_columns
+from .metrics import FIXED, MetricsFile, metrics_path, output_columns, seconds_at
 from .monitor import Monitor
 from .roles import ROOT, Role, Seeds, StepFn, eager_step
 from .rules import Updater
@@ -63,6 +65,12 @@ class Runner(Protocol):
         """Run at least one iteration (none past ``stop_iter``), with Caffe's bookkeeping."""
         ...
 
+    def pause(self, solver: Solver) -> None:
+        """The iterations stop for now (a ``step`` call ends): put back what the runner
+        swapped in, so that the nets outside it (the final forward, a user's) read the real
+        data; the next ``run`` swaps it in again."""
+        ...
+
 
 @dataclass(frozen=True)
 class RatePlan:
@@ -73,6 +81,24 @@ class RatePlan:
     first_iter: int
     rates: list[float]
     current_step: int
+
+
+class TestBatches(Protocol):
+    """Runs TEST net ``k`` (``net``, the root's) for ``iterations`` batches; the mean of
+    every output (``__loss__`` too), or None when ``between`` stopped it (a signal). The
+    default is :func:`~caffe_py.solver.evaluate.run_batches` on ``net`` itself; parallel
+    training may spread the batches over its replicas (parallel/captured.py)."""
+
+    def __call__(self, k: int, net: Net, iterations: int, *,
+                 autocast: Callable[[], AbstractContextManager[Any]],
+                 between: Callable[[], bool]) -> dict[str, torch.Tensor] | None: ...
+
+
+def own_test_batches(k: int, net: Net, iterations: int, *,
+                     autocast: Callable[[], AbstractContextManager[Any]],
+                     between: Callable[[], bool]) -> dict[str, torch.Tensor] | None:
+    """Every test batch on this replica's own net (Caffe: the root tests alone)."""
+    return run_batches(net, iterations, autocast=autocast, between=between)
 
 
 class Progress(Protocol):
@@ -133,14 +159,19 @@ class Solver:
     training) for the TRAIN net, else the solver reads through a pool of its own; ``action``
     returns what a signal asks for after each iteration (see signals.py); ``step`` computes the
     forward and backward passes (default: :func:`~caffe_py.solver.roles.eager_step`);
-    ``runner`` runs the iterations in place of :meth:`iteration` (the CUDA-graph loop).
+    ``runner`` runs the iterations in place of :meth:`iteration` (the CUDA-graph loop);
+    ``test_batches`` runs a TEST net's batches (default: on this replica's net);
+    ``inputs`` / ``test_inputs`` are arrays by top name for the nets' in-memory sources
+    (:meth:`feed`).
     """
 
     def __init__(self, param: SolverParameter, *, device: str | torch.device = "cpu",
                  replica: int = 0, role: Role = ROOT, seeds: Seeds | None = None,
                  callbacks: Sequence[Callback] = (), pool: Any = None,
                  action: Callable[[], str] = no_action, step: StepFn = eager_step,
-                 runner: Runner | None = None):
+                 runner: Runner | None = None, test_batches: TestBatches = own_test_batches,
+                 inputs: Mapping[str, Any] | None = None,
+                 test_inputs: Mapping[str, Any] | None = None):
         self.param = param
         self.device = torch.device(device)
         self.replica = replica
@@ -151,6 +182,7 @@ class Solver:
         """The passes' step function; the graph loop's automatic compile swaps it once."""
         self.runner = runner
         """Runs iterations in place of :meth:`iteration` (e.g. a CUDA-graph loop), if set."""
+        self.test_batches = test_batches
         self.grads_in_place = False
         """Gradients keep their tensors between iterations (set by whoever binds them: a
         parallel sync's flat buffers, a CUDA graph's capture)."""
@@ -172,6 +204,9 @@ class Solver:
         self.snapshot_on_stop = False  # a snapshot-stop signal: the end writes a snapshot
         self.last_snapshot: Path | str | None = None  # the newest whole solver state
         self.metrics: MetricsFile | None = None  # the run's CSV table (the reporting solver's)
+        self.seconds_before = 0.0
+        """The seconds the run had trained when its restored state was written (0 for a new
+        run): the metrics table's clock goes on from there."""
         self.last_test: list[dict[str, torch.Tensor]] = []
         self._pools: list[Any] = []
         self._started = False
@@ -189,6 +224,9 @@ class Solver:
         learnable = self.net.learnable_params()
         self.updater = Updater(param, [lp.param for lp in learnable],
                                [(lp.lr_mult, lp.decay_mult) for lp in learnable])
+        self.loss_scale = (LossScale(param.loss_scale, param.loss_scale_window, self.device)
+                           if param.precision == "FLOAT16" else None)
+        """float16's dynamic loss scale (loss_scale.py); None for other precisions."""
         self.pool = self._attach(self.net, pool)
         self.test_nets: list[Net] = []
         self._test_pool = self.pool if self.pool in self._pools else None
@@ -198,6 +236,8 @@ class Solver:
                 net.share_weights_with(self.net)
                 self.test_nets.append(net)
                 self._test_pool = self._attach(net, self._test_pool)
+        for net in (self.net, *self.test_nets):
+            net.bind_sources(self.seeds.data)  # a run of several replicas shards them later
         checks = [c for net in (self.net, *self.test_nets) for c in net.device_checks()]
         self.monitor = Monitor(self.device, param.average_loss, checks)
         self._last_display = (time.perf_counter(), 0)
@@ -206,6 +246,8 @@ class Solver:
                 log.info(f"Note: {note}")
         if param.weights:  # Caffe 1.0's SolverParameter.weights: loaded as the net is made
             self.load_weights(param.weights)
+        if inputs is not None or test_inputs is not None:
+            self.feed(inputs, test_inputs)
 
     # --- building -----------------------------------------------------------------------------
     def _build(self, spec, phase: str, state) -> Net:
@@ -237,6 +279,40 @@ class Solver:
         attach_feeds(net, pool, replica=replica, device=self.device, seed=self.seeds.data)
         return pool
 
+    def feed(self, inputs: Mapping[str, Any] | None,
+             test_inputs: Mapping[str, Any] | None = None) -> None:
+        """Arrays by top name (numpy arrays or tensors, N rows each) for the TRAIN net's
+        in-memory source, a MemoryData layer whose tops they name (``{"data": x, "label":
+        y}``), and ``test_inputs`` for the TEST nets' (each net that has such a layer)."""
+        if inputs is not None:
+            self._feed_net(self.net, inputs, "inputs")
+        if test_inputs is not None and self.test_nets:
+            fed = [self._feed_net(net, test_inputs, "test_inputs", required=False)
+                   for net in self.test_nets]
+            if not any(fed):
+                raise SolverError(f"test_inputs {', '.join(test_inputs)}: no TEST net has a "
+                                  "MemoryData layer with those tops; name the tops of one")
+
+    @staticmethod
+    def _feed_net(net: Net, arrays: Mapping[str, Any], what: str, required: bool = True) -> bool:
+        """Hand ``arrays`` to the MemoryData layer of ``net`` whose tops they name."""
+        names = set(arrays)
+        for layer in net.layers:
+            if layer.spec.type == "MemoryData" and set(layer.spec.top) == names:
+                data, labels = (arrays[top] for top in layer.spec.top)
+                memory: Any = layer  # a MemoryData (the layer library is not imported here)
+                memory.reset(data, labels)
+                return True
+        if not required:
+            return False
+        layers = [f"'{layer.name}' ({', '.join(layer.spec.top)})" for layer in net.layers
+                  if layer.spec.type == "MemoryData"]
+        have = f"its MemoryData layers: {'; '.join(layers)}" if layers else \
+            "it has none: give it one, e.g. {name: data, type: MemoryData, top: [data, label], " \
+            "memory_data_param: {batch_size: 64, channels: 1, height: 28, width: 28}}"
+        raise SolverError(f"{what} {', '.join(arrays)}: the {net.phase} net '{net.name}' has no "
+                          f"MemoryData layer with exactly those tops; {have}")
+
     def start(self) -> None:
         """Start the readers this solver owns (after any restore); idempotent."""
         if not self._started:
@@ -257,7 +333,13 @@ class Solver:
         for k, net in enumerate(self.test_nets):
             columns += output_columns(net, f"test{k}")
         return MetricsFile(metrics_path(self.param.snapshot_prefix), columns, resume=resume,
-                           tensorboard=tensorboard)
+                           tensorboard=tensorboard, seconds=self.seconds_before)
+
+    def seconds(self) -> float:
+        """Seconds of training so far, over every resume: the metrics table's clock."""
+        if self.metrics is not None:
+            return self.metrics.seconds()
+        return self.seconds_before
 
     def current_rate(self) -> float:
         """The learning rate this iteration's update uses."""
@@ -294,9 +376,14 @@ class Solver:
         self.check_finite()
         if p.display and self.iter % p.display == 0:
             with torch.no_grad(), self.autocast():
-                loss = self.net().loss.detach().float()
-            self.record_loss(loss)
+                out = self.net()
+            self.record_loss(out.loss.detach().float())
             log.info(f"Iteration {self.iter}, loss = {self.smoothed_loss():g}")
+            if self.metrics is not None:  # the final iteration's row
+                values = {name: t.detach().float().reshape(-1)
+                          for name, t in out.outputs.items()}
+                self.metrics.row(self.iter, "train", self.current_rate(), self.smoothed_loss(),
+                                 output_means(values))
         if p.test_interval and self.iter % p.test_interval == 0:
             self.test_all()
         log.info("Optimization Done.")
@@ -309,6 +396,8 @@ class Solver:
                 self.iteration()
             else:
                 self.runner.run(self, stop_iter)
+        if self.runner is not None:
+            self.runner.pause(self)
 
     def iteration(self) -> None:
         """One iteration of Caffe's Step: the module docstring's three seams, eagerly."""
@@ -394,9 +483,25 @@ class Solver:
     def apply_update(self) -> float:
         """Caffe's ApplyUpdate on the current gradients; returns the learning rate used."""
         plan = self.plan_rates(1)
-        self.updater.apply(plan.rates[0], self.iter)
+        self.apply_scales(self.updater.scales(plan.rates[0], self.iter))
         self.current_step = plan.current_step
         return plan.rates[0]
+
+    def apply_scales(self, scales: Sequence[float] | torch.Tensor) -> None:
+        """The update with each parameter group's multiplier given (host floats, or a device
+        row a CUDA graph reads); with FLOAT16 the gradients are unscaled first and an
+        overflowing iteration changes nothing but the loss scale (no host sync)."""
+        scale = self.loss_scale
+        if scale is None:
+            self.updater.apply_scales(scales)
+            return
+        skip = scale.unscale(self.updater.gradients())
+        self.updater.apply_scales(scales, skip=skip)
+        scale.update()
+
+    def backward(self, loss: torch.Tensor) -> None:
+        """Backward from a pass's loss (scaled first with FLOAT16)."""
+        (loss if self.loss_scale is None else self.loss_scale.scaled(loss)).backward()
 
     def plan_rates(self, count: int) -> RatePlan:
         """The learning rates of the next ``count`` updates, from this iteration on; nothing
@@ -431,9 +536,10 @@ class Solver:
             self.stop_requested = True
 
     def autocast(self) -> AbstractContextManager[Any]:
-        """The forward passes' precision context (bf16 autocast for precision BF16)."""
-        if self.param.precision == "BF16":  # no weight-cast cache: a CUDA graph cannot hold one
-            return torch.autocast(device_type=self.device.type, dtype=torch.bfloat16,
+        """The forward passes' precision context (autocast for BF16 and FLOAT16)."""
+        dtype = {"BF16": torch.bfloat16, "FLOAT16": torch.float16}.get(self.param.precision)
+        if dtype is not None:  # no weight-cast cache: a CUDA graph cannot hold one
+            return torch.autocast(device_type=self.device.type, dtype=dtype,
                                   cache_enabled=False)
         return contextlib.nullcontext()
 
@@ -455,6 +561,8 @@ class Solver:
         values = {name: t.detach().float().reshape(-1) for name, t in out.outputs.items()}
         for line in format_output_lines("Train net output", values, self.net.loss_weights):
             log.info(f"    {line}")
+        if self.loss_scale is not None:
+            log.info(f"    {self.loss_scale.describe()}")
         if self.metrics is not None:
             self.metrics.row(self.iter, "train", self.current_rate(), self.smoothed_loss(),
                              output_means(values))
@@ -487,8 +595,19 @@ class Solver:
         self.last_test = []
         for k, net in enumerate(self.test_nets):
             log.info(f"Iteration {self.iter}, Testing net (#{k})")
-            means = run_batches(net, self.param.test_iter[k], autocast=self.autocast,
-                                between=self._test_action)
+            if self.param.eval_type != "detection" and detection_outputs(net):
+                raise SolverError(f"test net #{k} outputs DetectionEvaluate rows "
+                                  f"({', '.join(detection_outputs(net))}), which only "
+                                  "eval_type: detection turns into a score; set eval_type: "
+                                  "detection in the solver")
+            if self.param.eval_type == "detection":  # every batch's rows, on this net
+                means = run_detection_batches(
+                    net, self.param.test_iter[k], self.param.ap_version,
+                    per_class=self.param.show_per_class_result, autocast=self.autocast,
+                    between=self._test_action)
+            else:
+                means = self.test_batches(k, net, self.param.test_iter[k],
+                                          autocast=self.autocast, between=self._test_action)
             if means is None:  # stopped by a signal
                 return self.last_test
             self.last_test.append(means)
@@ -547,10 +666,13 @@ class Solver:
         return weights, state
 
     def _write_snapshot(self, weights: Path, state: Path) -> None:
-        log.info(f"Snapshotting to {weights}")
+        # Caffe's own words for its formats (solver.cpp, sgd_solver.cpp)
+        kind = {"caffemodel": "binary proto file ", "HDF5": "HDF5 file "}.get(
+            self.param.snapshot_format, "")
+        log.info(f"Snapshotting to {kind}{weights}")
         types = {layer.name: layer.spec.type for layer in self.net.layers}
         snap.save_weights(self.net.layer_blobs(), weights, types, self.net.name)
-        log.info(f"Snapshotting solver state to {state}")
+        log.info(f"Snapshotting solver state to {kind}{state}")
         # Caffe's formats name the weights relative to the current directory, as Caffe writes
         # them (Caffe opens that path on --snapshot); caffe-py looks for the name next to the
         # state whatever the path says
@@ -564,14 +686,22 @@ class Solver:
             "iter": self.iter,
             "current_step": self.current_step,
             "random_seed": self.seeds.data,
+            "seconds": self.seconds(),
             "learned_net": learned_net,
             "type": self.param.type,
             "history": [h.detach().cpu() for h in self.updater.history],
             "rng": self._rng_state(),
             "data": self.pool.state_dict() if self.pool is not None else None,
+            "loss_scale": (self.loss_scale.state_dict() if self.loss_scale is not None
+                           else None),
             "test_data": (self._test_pool.state_dict() if self._test_pool not in (None, self.pool)
                           else None),
+            "sources": {tag: net.source_states() for tag, net in self._nets()},
         }
+
+    def _nets(self) -> list[tuple[str, Net]]:
+        """The nets by the tag a solver state keys them with: train, test0, test1..."""
+        return [("train", self.net)] + [(f"test{k}", n) for k, n in enumerate(self.test_nets)]
 
     def restore(self, path: str) -> None:
         """Caffe's Restore: weights, iteration, current_step, history, RNGs, data positions."""
@@ -590,20 +720,29 @@ class Solver:
         self.net.copy_from(snap.load_weights(weights), source=weights)
         self.updater.load_history(state["history"], str(path))
         self.iter, self.current_step = state["iter"], state["current_step"]
+        seconds = state.get("seconds")  # none in Caffe's states: the table's own record
+        self.seconds_before = float(seconds) if isinstance(seconds, (int, float)) else \
+            seconds_at(metrics_path(self.param.snapshot_prefix), self.iter)
         with _damaged_entry(path, "rng"):
             self._load_rng_state(state.get("rng") or {})
+        if self.loss_scale is not None and state.get("loss_scale"):
+            with _damaged_entry(path, "loss_scale"):
+                self.loss_scale.load_state_dict(state["loss_scale"])
         if self.pool is not None and state.get("data"):
             with _damaged_entry(path, "data"):
                 self.pool.load_state_dict(state["data"])
         if self._test_pool not in (None, self.pool) and state.get("test_data"):
             self._test_pool.load_state_dict(state["test_data"])
+        with _damaged_entry(path, "sources"):
+            sources = state.get("sources") or {}
+            for tag, net in self._nets():
+                net.load_source_states(sources.get(tag) or {})
         self._last_display = (time.perf_counter(), self.iter)
 
     def _generators(self) -> dict[str, torch.Generator]:
         """Every generator a layer keeps for itself (DummyData...), by net and layer."""
-        nets = [("train", self.net)] + [(f"test{k}", n) for k, n in enumerate(self.test_nets)]
         return {f"{tag}/{layer.name}.{attr}": value
-                for tag, net in nets for layer in net.layers
+                for tag, net in self._nets() for layer in net.layers
                 for attr, value in layer.generators().items()}
 
     def _rng_state(self) -> dict[str, Any]:

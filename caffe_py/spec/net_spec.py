@@ -33,7 +33,7 @@ from .schema import (
     unknown_key_error,
 )
 
-PHASES = ("TRAIN", "TEST")
+PHASES = {"TRAIN": 0, "TEST": 1}  # caffe.proto's Phase
 log = logging.getLogger(__name__)
 
 
@@ -43,7 +43,7 @@ class ParamSpec(Message):
 
     name: str = field("", "share this blob with every other blob of the same name")
     share_mode: str = field("STRICT", "STRICT: shapes must match; PERMISSIVE: counts must",
-                            choices=("STRICT", "PERMISSIVE"))
+                            choices={"STRICT": 0, "PERMISSIVE": 1})
     lr_mult: float = field(1.0, "multiplier on the solver's learning rate (0 freezes the blob)")
     decay_mult: float = field(1.0, "multiplier on the solver's weight_decay")
 

@@ -35,11 +35,20 @@ from ..errors import SpecError, one_line
 from .yamlio import MarkedDict, MarkedList
 
 
-def field(default: Any = MISSING, doc: str = "", *, choices: Iterable[str] | None = None,
+def field(default: Any = MISSING, doc: str = "", *,
+          choices: Iterable[str] | typing.Mapping[str, int | None] | None = None,
           path: bool = False, min: float | None = None, max: float | None = None) -> Any:
-    """A message field. Mutable defaults (lists) are copied per instance."""
+    """A message field. Mutable defaults (lists) are copied per instance.
+
+    ``choices`` as a mapping is a Caffe enum: each name with its number in caffe.proto (None
+    for a name caffe-py adds), so that a spec may write the number, as protobuf's text format
+    allows (``operation: 1`` is SUM); as a plain list of names, only the names are accepted.
+    """
+    numbers = None
+    if isinstance(choices, typing.Mapping):
+        numbers = {number: name for name, number in choices.items() if number is not None}
     meta = {"doc": doc, "choices": tuple(choices) if choices else None, "path": path,
-            "min": min, "max": max}
+            "min": min, "max": max, "numbers": numbers}
     if isinstance(default, list):
         return dataclasses.field(default_factory=lambda d=default: list(d), metadata=meta)
     if dataclasses.is_dataclass(default):
@@ -265,6 +274,13 @@ def convert(raw: Any, tp: Any, meta: typing.Mapping, src: Source, path: str, lin
     if tp is str:
         if isinstance(raw, bool) or raw is None or isinstance(raw, (dict, list)):
             fail(f"expected a string, got {_show(raw)}")
+        numbers = meta.get("numbers")
+        if numbers and isinstance(raw, int):  # an enum written as its number
+            if raw not in numbers:
+                fail(f"{raw} is not a value of this enum",
+                     "use one of " + ", ".join(f"{name} ({number})"
+                                               for number, name in sorted(numbers.items())))
+            raw = numbers[raw]
         value = str(raw)
         choices = meta.get("choices")
         if choices and value not in choices:

@@ -22,9 +22,9 @@ from .schema import Check, Message, Source, field, is_set, location, parse_messa
 
 SOLVER_TYPES = ("SGD", "Nesterov", "AdaGrad", "RMSProp", "AdaDelta", "Adam")
 LR_POLICIES = ("fixed", "step", "exp", "inv", "multistep", "poly", "sigmoid")
-PRECISIONS = ("FLOAT32", "BF16")
+PRECISIONS = ("FLOAT32", "BF16", "FLOAT16")
 MEMORY_FORMATS = ("AUTO", "CONTIGUOUS", "CHANNELS_LAST")
-SNAPSHOT_FORMATS = ("pt", "caffemodel", "BINARYPROTO", "HDF5")
+SNAPSHOT_FORMATS = {"pt": None, "caffemodel": None, "BINARYPROTO": 1, "HDF5": 0}
 # caffe.proto's old SolverType enum (solver_type) -> the type string (UpgradeSolverType)
 SOLVER_TYPE_ENUM = {"SGD": "SGD", "NESTEROV": "Nesterov", "ADAGRAD": "AdaGrad",
                     "RMSPROP": "RMSProp", "ADADELTA": "AdaDelta", "ADAM": "Adam"}
@@ -68,6 +68,13 @@ class SolverParameter(Message):
     test_initialization: bool = field(True, "also test before the first iteration")
     test_compute_loss: bool = field(False, "also print each test pass's mean loss "
                                            "('Test loss: ...')")
+    eval_type: str = field("classification", "SSD's fork: 'detection' turns the outputs of "
+                                             "DetectionEvaluate layers into their mAP",
+                           choices=("classification", "detection"))
+    ap_version: str = field("Integral", "SSD's fork: how the mAP integrates precision over "
+                                        "recall", choices=("11point", "MaxIntegral",
+                                                           "Integral"))
+    show_per_class_result: bool = field(False, "SSD's fork: also print each class's AP")
     # --- schedule and display --------------------------------------------------------------
     base_lr: float = field(0.0, "the base learning rate", min=0)
     display: int = field(0, "print the loss every this many iterations (0: never)", min=0)
@@ -85,7 +92,7 @@ class SolverParameter(Message):
     type: str = field("SGD", "the update rule", choices=SOLVER_TYPES)
     solver_type: str = field("SGD", "the old enum form of type (SGD, NESTEROV, ADAGRAD, "
                                     "RMSPROP, ADADELTA, ADAM); sets type, as Caffe upgrades it",
-                             choices=tuple(SOLVER_TYPE_ENUM))
+                             choices={name: number for number, name in enumerate(SOLVER_TYPE_ENUM)})
     momentum: float = field(0.0, "SGD/Nesterov momentum; AdaDelta decay; Adam beta1",
                             min=0, max=1)
     momentum2: float = field(0.999, "Adam beta2", min=0, max=1)
@@ -118,7 +125,7 @@ class SolverParameter(Message):
     # --- machine ---------------------------------------------------------------------------
     random_seed: int = field(-1, "seed for fillers, dropout and data order (-1: the clock)")
     solver_mode: str = field("GPU", "CPU or GPU (cpy train --gpus decides when given)",
-                             choices=("CPU", "GPU"))
+                             choices={"CPU": 0, "GPU": 1})
     device_id: int = field(0, "the GPU to use when --gpus is not given", min=0)
     debug_info: bool = field(False, "accepted, changes nothing: Caffe's per-blob debug lines "
                                     "(mean |data| and |diff| of every blob each iteration) are "
@@ -127,9 +134,18 @@ class SolverParameter(Message):
                                           "reduce each layer's gradients during backward; "
                                           "caffe-py's parallel sync chooses its own overlap "
                                           "(docs/parallel.md)")
-    precision: str = field("FLOAT32", "FLOAT32, or BF16: forward/backward under bfloat16 "
-                                      "autocast, weights and update in float32",
+    precision: str = field("FLOAT32", "FLOAT32; BF16: forward/backward under bfloat16 "
+                                      "autocast, weights and update in float32; FLOAT16: "
+                                      "under float16 autocast with dynamic loss scaling (see "
+                                      "loss_scale)",
                            choices=PRECISIONS)
+    loss_scale: float = field(65536.0, "FLOAT16: the loss scale to start from; the loss is "
+                                       "multiplied by it before backward and the gradients "
+                                       "divided by it before the update. An iteration whose "
+                                       "gradients overflow (inf or NaN) is not applied and "
+                                       "halves the scale", min=1e-30)
+    loss_scale_window: int = field(2000, "FLOAT16: the scale doubles after this many "
+                                         "iterations in a row without an overflow", min=1)
     memory_format: str = field("AUTO", "layout of 4-D weights and activations: CHANNELS_LAST "
                                        "(what cuDNN's fastest convolutions want), CONTIGUOUS "
                                        "(NCHW, Caffe's), or AUTO: CHANNELS_LAST on CPUs and, "
@@ -161,6 +177,10 @@ class SolverParameter(Message):
                                f"(got {self.momentum:g})", "remove momentum or set it to 0")
         if self.type == "AdaDelta" and not is_set(self, "momentum"):
             v.fail("type", "AdaDelta needs momentum (its decay rate)", "add e.g. momentum: 0.95")
+        if self.precision == "FLOAT16" and self.model_average_period:
+            v.fail("precision", "precision FLOAT16 with model_average_period: each replica "
+                                "would scale its loss on its own and the scales drift apart",
+                   "use BF16 (no loss scale needed), or model_average_period: 0")
         if self.host_average_async and self.host_average_period == 0:
             v.fail("host_average_async", "host_average_async needs host_average_period > 0 "
                                          "(the iterations an exchange may overlap)",

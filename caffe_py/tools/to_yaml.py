@@ -61,6 +61,21 @@ V1_LAYER_TYPES = {
     "SOFTMAX": "Softmax", "SOFTMAX_LOSS": "SoftmaxWithLoss", "SPLIT": "Split", "SLICE": "Slice",
     "TANH": "TanH", "WINDOW_DATA": "WindowData", "THRESHOLD": "Threshold",
 }
+# V1 layer types of Caffe forks whose nets caffe-py reads (DeconvNet's V1 prototxts): the
+# type string each becomes. DeconvNet's UNPOOLING (MAX, with the pooling mask) is SegNet's
+# Upsample: each value goes to the position its mask names (see _unpooling_block).
+FORK_V1_LAYER_TYPES = {"BN": "BN", "UNPOOLING": "Upsample"}
+# caffe.proto's numbering of V1LayerParameter.LayerType (a prototxt may write `type: 4`).
+V1_LAYER_NUMBERS = {
+    0: "NONE", 1: "ACCURACY", 2: "BNLL", 3: "CONCAT", 4: "CONVOLUTION", 5: "DATA", 6: "DROPOUT",
+    7: "EUCLIDEAN_LOSS", 8: "FLATTEN", 9: "HDF5_DATA", 10: "HDF5_OUTPUT", 11: "IM2COL",
+    12: "IMAGE_DATA", 13: "INFOGAIN_LOSS", 14: "INNER_PRODUCT", 15: "LRN",
+    16: "MULTINOMIAL_LOGISTIC_LOSS", 17: "POOLING", 18: "RELU", 19: "SIGMOID", 20: "SOFTMAX",
+    21: "SOFTMAX_LOSS", 22: "SPLIT", 23: "TANH", 24: "WINDOW_DATA", 25: "ELTWISE", 26: "POWER",
+    27: "SIGMOID_CROSS_ENTROPY_LOSS", 28: "HINGE_LOSS", 29: "MEMORY_DATA", 30: "ARGMAX",
+    31: "THRESHOLD", 32: "DUMMY_DATA", 33: "SLICE", 34: "MVN", 35: "ABSVAL", 36: "SILENCE",
+    37: "CONTRASTIVE_LOSS", 38: "EXP", 39: "DECONVOLUTION",
+}
 # V1LayerParameter's per-blob repeated fields -> the ParamSpec field each one sets, by index.
 _V1_PARAM_FIELDS = {"param": "name", "blob_share_mode": "share_mode", "blobs_lr": "lr_mult",
                     "weight_decay": "decay_mult"}
@@ -413,7 +428,13 @@ class _Converter:
         counts = dict.fromkeys(_V1_PARAM_FIELDS, 0)
         spec_at, v1_type = None, None
         for f in m.fields:
-            if f.name == "type" and isinstance(f.value, Ident):
+            if f.name == "type" and type(f.value) is int and f.value in V1_LAYER_NUMBERS:
+                f = dataclasses.replace(f, value=Ident(V1_LAYER_NUMBERS[f.value]))
+            if f.name == "type" and isinstance(f.value, Ident) and \
+                    f.value in FORK_V1_LAYER_TYPES:
+                v1_type = str(f.value)
+                f = dataclasses.replace(f, value=FORK_V1_LAYER_TYPES[v1_type])
+            elif f.name == "type" and isinstance(f.value, Ident):
                 v1_type = self.v1_type(f)
                 f = dataclasses.replace(f, value=V1_LAYER_TYPES[v1_type])
             elif f.name in _V1_PARAM_FIELDS:
@@ -430,7 +451,42 @@ class _Converter:
         fields = [x for f in out for x in ([f] if f is not None else params)]
         if v1_type in _V1_DATA_BLOCKS:
             fields = self.move_transform(fields, _V1_DATA_BLOCKS[v1_type])
+        if v1_type == "UNPOOLING":
+            fields = self.unpooling_block(m, fields)
         return dataclasses.replace(m, fields=fields)
+
+    def unpooling_block(self, m: Message, fields: list[Field]) -> list[Field]:
+        """DeconvNet's unpooling_param -> SegNet's upsample_param: MAX unpooling of a pooling
+        mask into unpool_size (or unpool_h x unpool_w) is SegNet's Upsample exactly."""
+        found = _block_field(fields, "unpooling_param")
+        at = found[0] if found is not None else m
+        block = found[1] if found is not None else Message([], line=m.line)
+        method = block.first("unpool")
+        if method is not None and str(method.value) not in ("MAX", "0"):
+            raise self.fail(method, f"DeconvNet's UNPOOLING with unpool: {method.value} has no "
+                                    "caffe-py form (MAX unpooling is SegNet's Upsample)",
+                            "use unpool: MAX with the pooling mask as the second bottom")
+        if len(m.all("bottom")) != 2:
+            raise self.fail(at, "DeconvNet's UNPOOLING without the pooling mask as its second "
+                                "bottom has no caffe-py form",
+                            "give the Pooling layer's mask top as the second bottom")
+        size, height, width = (block.first(k) for k in ("unpool_size", "unpool_h", "unpool_w"))
+        if size is None and (height is None or width is None):
+            raise self.fail(at, "DeconvNet's UNPOOLING gives no unpool_size (nor unpool_h and "
+                                "unpool_w); its size from the kernel and stride has no caffe-py "
+                                "form", "give unpool_size: the pooling layer's input size")
+        h_field = height if size is None else size
+        w_field = width if size is None else size
+        assert h_field is not None and w_field is not None
+        upsample = Field("upsample_param", Message(
+            [dataclasses.replace(h_field, name="upsample_h", comments=[]),
+             dataclasses.replace(w_field, name="upsample_w", comments=[])],
+            line=at.line, one_line=True), at.line, at.column)
+        self.notes.append("read DeconvNet's UNPOOLING (MAX, with the pooling mask) as SegNet's "
+                          "Upsample, which unpools the same way")
+        if found is None:
+            return [*fields, upsample]
+        return [upsample if f is found[0] else f for f in fields]
 
     def v1_type(self, f: Field) -> str:
         if not isinstance(f.value, str) or f.value not in V1_LAYER_TYPES:
@@ -477,10 +533,12 @@ class _Converter:
         return out
 
     def default_backend(self, layer: Message) -> Message:
-        """A Data layer whose data_param gives no backend reads LEVELDB in Caffe (caffe.proto's
-        default); caffe-py's YAML defaults to LMDB, so the import writes Caffe's default out."""
+        """A Data (or SSD's AnnotatedData) layer whose data_param gives no backend reads
+        LEVELDB in Caffe (caffe.proto's default); caffe-py's YAML defaults to LMDB, so the
+        import writes Caffe's default out."""
         type_field, found = layer.first("type"), _block_field(layer.fields, "data_param")
-        if type_field is None or type_field.value not in ("Data", "DATA") or found is None:
+        if type_field is None or type_field.value not in ("Data", "DATA", "AnnotatedData") \
+                or found is None:
             return layer
         data, data_msg = found
         if data_msg.first("backend") is not None:
@@ -503,11 +561,14 @@ class _Converter:
         if msg.first("type") is not None:
             raise self.fail(old, "both solver_type (the old enum) and type are given; Caffe "
                                  "refuses this too", "keep type")
+        if type(old.value) is int and 0 <= old.value < len(SOLVER_TYPES_V1):  # the enum's number
+            old = dataclasses.replace(old, value=list(SOLVER_TYPES_V1)[old.value])
         if old.value not in SOLVER_TYPES_V1:
             raise self.fail(old, f"unknown solver_type '{old.value}'",
                             f"use one of {', '.join(SOLVER_TYPES_V1)}")
         new = dataclasses.replace(old, name="type", value=SOLVER_TYPES_V1[old.value])
-        return dataclasses.replace(msg, fields=[new if f is old else f for f in msg.fields])
+        return dataclasses.replace(msg, fields=[new if f.name == "solver_type" else f
+                                                for f in msg.fields])
 
 
 def _block_field(fields: list[Field], name: str) -> tuple[Field, Message] | None:
@@ -522,12 +583,13 @@ __all__ = ["Conversion", "ImportReport", "V1_LAYER_TYPES", "SOLVER_TYPES_V1", "c
            "detect_kind", "import_file"]
 
 
-def prototxt_as_yaml(path: Path) -> str:
-    """A Caffe prototxt (net or solver) as the YAML text `cpy import-prototxt` writes, its
-    relative paths (Caffe's, from the directory Caffe runs in: here, the current one)
-    rewritten for the prototxt's own directory, as a YAML file there would hold them."""
+def prototxt_as_yaml(path: Path, kind: str = "auto") -> str:
+    """A Caffe prototxt (net or solver, or as ``kind`` says) as the YAML text `cpy
+    import-prototxt` writes, its relative paths (Caffe's, from the directory Caffe runs in:
+    here, the current one) rewritten for the prototxt's own directory, as a YAML file there
+    would hold them."""
     msg = parse_file(path)
-    kind = detect_kind(msg, str(path))
+    kind = detect_kind(msg, str(path)) if kind == "auto" else kind
     conv = convert(msg, kind, source=str(path), root=Path.cwd().resolve(),
                    out=Path(path).resolve().with_suffix(".yaml"))
     logging.getLogger(__name__).info(

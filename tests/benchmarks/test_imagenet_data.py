@@ -14,9 +14,9 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from caffe_py.io.blobproto import read_mean_file
-from caffe_py.io.datum import decode_datum
-from caffe_py.io.lmdb_store import LmdbReader
+from caffe_py.io.db.lmdb_store import LmdbReader
+from caffe_py.io.formats.blobproto import read_mean_file
+from caffe_py.io.formats.datum import decode_datum
 
 BENCHMARKS = Path(__file__).resolve().parents[2] / "benchmarks"
 

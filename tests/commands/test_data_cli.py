@@ -141,7 +141,7 @@ def test_db_info_missing_and_corrupt(tmp_path):
 ])
 def test_ctrl_c_says_how_to_resume(idx, tmp_path, monkeypatch, calls, message):
     from caffe_py.commands import data as commands
-    from caffe_py.io.convert import convert_idx
+    from caffe_py.tools.convert import convert_idx
 
     def interrupted(*args, **kwargs):
         kwargs["progress"] = lambda total, name: _Interrupt(calls)
@@ -198,3 +198,92 @@ def test_imageset_of_several_shapes_is_written_with_a_warning(tmp_path):
             "records have several shapes, which a Data layer cannot batch: resize with "
             "--resize-width/--resize-height (or crop every record with "
             "transform_param.crop_size)") in result.output.splitlines()
+
+
+def _class_folders(root):
+    """ROOT/<class>/... as torchvision's ImageFolder reads them: nested files, upper-case
+    extensions, a non-image file left out."""
+    rng = np.random.default_rng(5)
+    files = {"dog/b.png": 0, "dog/a.jpg": 0, "cat/z.PNG": 0, "cat/deep/m.png": 0,
+             "cat/deep/a.bmp": 0, "emu/1.png": 0}
+    for name in files:
+        path = root / name
+        path.parent.mkdir(parents=True, exist_ok=True)
+        Image.fromarray(rng.integers(0, 256, (4, 5, 3), dtype=np.uint8)).save(path)
+    (root / "dog" / "notes.txt").write_text("not an image")
+    (root / "stray.png").write_bytes(b"")  # files in ROOT itself are no class
+
+
+def test_convert_imageset_from_class_folders(tmp_path):
+    """ImageFolder's rule: sorted folders -> labels 0..K-1, each class's images in sorted
+    walk order; labels.txt and the list file beside the database; ImageData reads the list."""
+    from caffe_py.io.db.lmdb_store import open_db
+    from caffe_py.io.formats.datum import datum_to_array, decode_datum
+    from caffe_py.io.formats.images import load_image
+
+    root = tmp_path / "images"
+    _class_folders(root)
+    db = tmp_path / "out" / "train_lmdb"
+    result = _run("convert", "imageset", "--from-folders", root, db)
+    assert result.exit_code == 0, result.output
+    listed = tmp_path / "out" / "train_lmdb_list.txt"
+    lines = result.stdout.splitlines()
+    assert lines[0] == (f"{listed}: 6 images of 3 classes (labels 0..2 in "
+                        f"{tmp_path / 'out' / 'labels.txt'})")
+    assert lines[1].startswith(f"{db}: 6 records, ")
+    assert (tmp_path / "out" / "labels.txt").read_text() == "cat\ndog\nemu\n"
+    # os.walk's (folder, files) tuples sorted: a folder's own files before its sub-folders'
+    expected = [("cat/z.PNG", 0), ("cat/deep/a.bmp", 0), ("cat/deep/m.png", 0),
+                ("dog/a.jpg", 1), ("dog/b.png", 1), ("emu/1.png", 2)]
+    assert listed.read_text() == "".join(f"{p} {label}\n" for p, label in expected)
+    with open_db(db) as reader:
+        records = list(reader)
+    assert [k for k, _ in records] == [f"{i:08d}_{p}".encode() for i, (p, _) in
+                                       enumerate(expected)]
+    for (_, value), (path, label) in zip(records, expected, strict=True):
+        datum = decode_datum(value)
+        assert datum.label == label
+        np.testing.assert_array_equal(datum_to_array(datum), load_image(root / path, color=True))
+    # the list serves an ImageData layer with root_folder: ROOT/
+    from caffe_py.io import ReaderPool, attach_feeds
+    from caffe_py.net import Net
+    from caffe_py.spec.net_spec import parse_net
+    from caffe_py.spec.schema import Source
+
+    spec = parse_net({"name": "n", "layer": [{
+        "name": "d", "type": "ImageData", "top": ["data", "label"],
+        "image_data_param": {"source": str(listed), "root_folder": f"{root}/",
+                             "batch_size": 6}}]}, Source())
+    net = Net(spec, "TEST")
+    with ReaderPool() as pool:
+        attach_feeds(net, pool, seed=0)
+        pool.start()
+        batch = net().outputs
+    assert batch["label"].tolist() == [0, 0, 0, 1, 1, 2]
+    assert batch["data"][0].tolist() == load_image(root / "cat/z.PNG", color=True).tolist()
+
+
+def test_from_folders_refuses_what_imagefolder_refuses(tmp_path):
+    root = tmp_path / "images"
+    _class_folders(root)
+    (root / "empty").mkdir()
+    result = _run("convert", "imageset", "--from-folders", root, tmp_path / "db")
+    assert (result.exit_code, result.stderr) == (1, (
+        f"Error: {root}: no image in the class folder(s) empty (image files end in .jpg, "
+        ".jpeg, .png, .ppm, .bmp, .pgm, .tif, .tiff, .webp); add images or remove the folder\n"))
+    (root / "empty").rmdir()
+    (tmp_path / "labels.txt").write_text("airplane\n")
+    result = _run("convert", "imageset", "--from-folders", root, tmp_path / "db")
+    assert (result.exit_code, result.stderr) == (1, (
+        f"Error: {tmp_path / 'labels.txt'} lists other classes (1 lines, the folders of {root} "
+        "make 3); convert into another directory, or remove it\n"))
+    result = _run("convert", "imageset", "--from-folders", root, "list.txt", tmp_path / "db")
+    assert (result.exit_code, result.stderr) == (
+        1, "Error: give ROOT DB with --from-folders\n")
+    result = _run("convert", "imageset", root, tmp_path / "db")
+    assert (result.exit_code, result.stderr) == (
+        1, "Error: give ROOT LISTFILE DB (or ROOT DB with --from-folders)\n")
+    result = _run("convert", "imageset", "--from-folders", tmp_path / "none", tmp_path / "db")
+    assert (result.exit_code, result.stderr) == (1, (
+        f"Error: {tmp_path / 'none'}: not a folder; give the folder whose sub-folders are the "
+        "classes (ROOT/cat/1.jpg, ROOT/dog/2.jpg)\n"))

@@ -4,12 +4,16 @@ expressions are the scripts' own (parse_log.py, extract_seconds.py, parse_log.sh
 from __future__ import annotations
 
 import datetime
+import os
 import re
+import socket
+import subprocess
+import sys
 
 import pytest
+from support import ROOT, cli_process
 from support import TINY_NET as NET
 from support import TINY_SOLVER as SOLVER
-from support import cli_process
 
 from caffe_py.commands.output import GLOG_PREFIX
 
@@ -37,7 +41,8 @@ def log(tmp_path):
     proc = cli_process(tmp_path, "train", "--solver", "solver.yaml", "--log-file", "run.log")
     out, err = proc.communicate(timeout=120)
     assert proc.returncode == 0, err
-    return tmp_path, out.splitlines()
+    assert out == ""  # the log is on stderr, as Caffe's
+    return tmp_path, err.splitlines()
 
 
 def test_every_line_of_a_piped_log_has_glogs_prefix_and_the_scripts_read_it(log):
@@ -69,8 +74,70 @@ def test_plain_format_and_unprefixed_errors(tmp_path):
     (tmp_path / "net.yaml").write_text(NET)
     (tmp_path / "solver.yaml").write_text(SOLVER)
     proc = cli_process(tmp_path, "train", "--solver", "solver.yaml", "--log-format", "plain")
-    out, _ = proc.communicate(timeout=120)
-    assert out.splitlines()[0] == "Using cpu" and out.splitlines()[-1] == "Optimization Done."
+    _, err = proc.communicate(timeout=120)
+    assert err.splitlines()[0] == "Using cpu" and err.splitlines()[-1] == "Optimization Done."
     proc = cli_process(tmp_path, "train", "--solver", "missing.yaml")
     out, err = proc.communicate(timeout=120)
     assert proc.returncode == 1 and err.startswith("Error: ") and len(err.splitlines()) == 1
+
+
+def test_glogs_environment_variables_act_as_on_caffes_tools(tmp_path):
+    """GLOG_minloglevel drops lines below a severity, GLOG_log_dir writes glog's files (one
+    per severity, with its header and the cpy.<SEVERITY> links), GLOG_logtostderr keeps the
+    lines on stderr only; an error is in the files too, as Caffe's failed CHECK is."""
+    (tmp_path / "net.yaml").write_text(NET)
+    (tmp_path / "solver.yaml").write_text(SOLVER)
+    env = {**os.environ, "GLOG_log_dir": str(tmp_path / "logs")}
+    done = subprocess.run([sys.executable, str(ROOT / "cli.py"), "train", "--solver",
+                           "solver.yaml"], cwd=tmp_path, env=env, capture_output=True,
+                          text=True, timeout=120)
+    assert done.returncode == 0, done.stderr[-2000:]
+    info = tmp_path / "logs" / "cpy.INFO"
+    name = re.fullmatch(rf"cpy\.{re.escape(socket.gethostname())}\.[^.]+\.log\.INFO\."
+                        r"\d{8}-\d{6}\.\d+", os.readlink(info))
+    assert name is not None, os.readlink(info)
+    text = info.read_text().splitlines()
+    assert text[0].startswith("Log file created at: ") and text[1].startswith(
+        "Running on machine: ")
+    assert text[2] == "Log line format: [IWEF]mmdd hh:mm:ss.uuuuuu threadid file:line] msg"
+    assert text[3:] == done.stderr.splitlines()  # the same prefixed lines as the pipe's
+    assert sorted(p.name for p in (tmp_path / "logs").iterdir() if p.is_symlink()) == \
+        ["cpy.INFO"]  # no warning or error line: no such file
+
+    quiet = subprocess.run([sys.executable, str(ROOT / "cli.py"), "train", "--solver",
+                            "solver.yaml", "--overwrite"], cwd=tmp_path, capture_output=True,
+                           text=True, timeout=120,
+                           env={**env, "GLOG_minloglevel": "1", "GLOG_logtostderr": "1",
+                                "GLOG_log_dir": str(tmp_path / "quiet")})
+    assert (quiet.returncode, quiet.stderr, quiet.stdout) == (0, "", "")
+    assert not (tmp_path / "quiet").exists()
+
+    failed = subprocess.run([sys.executable, str(ROOT / "cli.py"), "train", "--solver",
+                             "solver.yaml", "--weights", "nope.pt"], cwd=tmp_path, env=env,
+                            capture_output=True, text=True, timeout=120)
+    assert (failed.returncode, failed.stderr) == (1, "Error: nope.pt: file not found; check "
+                                                     "the path\n")
+    for severity in ("INFO", "WARNING", "ERROR"):
+        last = (tmp_path / "logs" / f"cpy.{severity}").read_text().splitlines()[-1]
+        assert GLOG_PREFIX.match(last) and last.startswith("E")
+        assert last.endswith("] nope.pt: file not found; check the path")
+
+    bad = subprocess.run([sys.executable, str(ROOT / "cli.py"), "train", "--solver",
+                          "solver.yaml"], cwd=tmp_path, capture_output=True, text=True,
+                         timeout=120, env={**os.environ, "GLOG_minloglevel": "x"})
+    assert (bad.returncode, bad.stderr) == (1, "Error: GLOG_minloglevel 'x' is not a number; use "
+                                               "0 (INFO), 1 (WARNING), 2 (ERROR) or 3 (FATAL)\n")
+
+
+def test_an_error_is_the_last_line_of_the_log_file(tmp_path):
+    (tmp_path / "net.yaml").write_text(NET)
+    (tmp_path / "solver.yaml").write_text(SOLVER)
+    proc = cli_process(tmp_path, "train", "--solver", "solver.yaml", "--log-file", "run.log",
+                       "--snapshot", "latest")
+    _, err = proc.communicate(timeout=120)
+    assert proc.returncode == 1
+    *log, error = err.splitlines()
+    assert error.startswith("Error: --snapshot latest: no solver state") and log
+    lines = (tmp_path / "run.log").read_text().splitlines()
+    assert lines[:-1] == log  # the log file holds what stderr showed, then the error
+    assert lines[-1].startswith("E") and lines[-1].endswith(f"] {error[len('Error: '):]}")

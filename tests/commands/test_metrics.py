@@ -1,15 +1,18 @@
 """<snapshot_prefix>_metrics.csv: one row per display and per test pass, the numbers the log
-prints, columns fixed by the nets' outputs; a resume appends."""
+prints, columns fixed by the nets' outputs, the final iteration's row last; a resume appends,
+its seconds going on from the solver state's."""
 from __future__ import annotations
 
 import csv
 
 import pytest
+import torch
 from click.testing import CliRunner
 from support import TINY_NET as NET
 from support import TINY_SOLVER as SOLVER
 
 from caffe_py.cli import cli
+from caffe_py.solver.metrics import seconds_at
 
 
 def rows(path):
@@ -29,13 +32,14 @@ def test_the_metrics_file_holds_what_the_log_prints(tmp_path, monkeypatch):
                         "test0/acc", "test0/loss"]
     assert [(r[0], r[2]) for r in table[1:]] == [
         ("0", "test0"), ("0", "train"), ("5", "train"), ("10", "test0"), ("10", "train"),
-        ("15", "train"), ("20", "test0")]
-    lines = result.stdout.splitlines()
+        ("15", "train"), ("20", "train"), ("20", "test0")]
+    lines = result.stderr.splitlines()
     printed = [line.split(" = ")[1].split()[0] for line in lines if "Train net output #0" in line]
-    assert [r[5] for r in table[1:] if r[2] == "train"] == printed
+    assert [r[5] for r in table[1:] if r[2] == "train"][:-1] == printed
     smoothed = [line.rsplit(" = ", 1)[1] for line in lines
-                if line.startswith("Iteration ") and "iter/s" in line]
+                if line.startswith("Iteration ") and ("iter/s" in line or ", loss = " in line)]
     assert [r[4] for r in table[1:] if r[2] == "train"] == smoothed
+    assert f"Iteration 20, loss = {table[-2][4]}" in lines  # the final row's loss
     accuracy = [line.split(" = ")[1].split()[0] for line in lines if "Test net output #0" in line]
     assert [r[6] for r in table[1:] if r[2] == "test0"] == accuracy
     assert all(r[3] == "0.05" for r in table[1:])
@@ -50,7 +54,20 @@ def test_the_metrics_file_holds_what_the_log_prints(tmp_path, monkeypatch):
     assert again[:len(table)] == table
     assert [(r[0], r[2]) for r in again[len(table):]] == [
         ("10", "test0"), ("10", "train"), ("15", "train"), ("20", "test0"), ("20", "train"),
-        ("25", "train"), ("30", "test0")]
+        ("25", "train"), ("30", "train"), ("30", "test0")]
+    # the resumed rows' clock goes on from the time the state recorded
+    state = torch.load(tmp_path / "snaps" / "tiny_iter_10.solverstate.pt", weights_only=True)
+    assert float(table[5][1]) >= state["seconds"] > float(table[3][1])  # iteration 10's
+    resumed = [float(r[1]) for r in again[len(table):]]
+    assert resumed == sorted(resumed) and state["seconds"] <= resumed[0] < state["seconds"] + 5
+
+
+def test_seconds_of_a_state_without_them_come_from_the_table(tmp_path):
+    """Caffe's own solver states keep no clock: the table's row at or before the iteration."""
+    path = tmp_path / "m.csv"
+    path.write_text("iteration,seconds,phase\n0,0.5,test0\n10,2.250,train\n20,4.0,train\n")
+    assert (seconds_at(path, 10), seconds_at(path, 15), seconds_at(path, 25)) == (2.25, 2.25, 4.0)
+    assert (seconds_at(path, -1), seconds_at(tmp_path / "none.csv", 5)) == (0.0, 0.0)
 
 
 def test_tensorboard_gets_the_tables_values(tmp_path, monkeypatch):

@@ -5,10 +5,10 @@ import shutil
 from pathlib import Path
 
 from click.testing import CliRunner
+from support import write_db
 
 from caffe_py.cli import cli
-from caffe_py.io.datum import Datum, encode_datum
-from caffe_py.io.lmdb_store import LmdbWriter
+from caffe_py.io.formats.datum import Datum
 
 CONFIGS = Path(__file__).resolve().parents[2] / "configs"
 CIFAR_DATA = """
@@ -62,8 +62,7 @@ def test_the_crop_decides_the_shape_and_no_mean_file_is_read(tmp_path):
 def test_an_existing_database_gives_the_record_shape(tmp_path):
     config = tmp_path / "crop.yaml"
     config.write_text(CIFAR_DATA.replace(", mean_file: missing_mean.binaryproto", ""))
-    with LmdbWriter(tmp_path / "no_such_lmdb") as db:
-        db.put(b"%08d" % 0, encode_datum(Datum(3, 30, 28, data=bytes(3 * 30 * 28), label=1)))
+    write_db(tmp_path / "no_such_lmdb", [Datum(3, 30, 28, data=bytes(3 * 30 * 28), label=1)])
     result = run(str(config), "--phase", "TRAIN")
     assert result.exit_code == 0, result.output
     assert result.stdout.splitlines()[2].split() == CROPPED

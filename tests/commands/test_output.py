@@ -1,5 +1,5 @@
-"""The console side of the one logger: lines as Caffe prints them, restored after a command,
-above a progress bar, and quiet once the reader of stdout has gone."""
+"""The console side of the one logger: lines as Caffe prints them (on stderr), restored after a
+command, above a progress bar, and quiet once the reader of the stream has gone."""
 from __future__ import annotations
 
 import logging
@@ -7,13 +7,13 @@ import logging
 from caffe_py.commands import output
 
 
-def test_lines_go_to_stdout_or_stderr_and_the_logger_is_restored(capsys):
+def test_lines_go_to_stderr_or_stdout_and_the_logger_is_restored(capsys):
     logger = logging.getLogger("caffe_py")
     before = (logger.level, logger.propagate, list(logger.handlers))
     with output.logging_to_console() as handler:
-        logging.getLogger("caffe_py.solver.solver").info("Iteration 0, lr = 0.01")
-        handler.err = True
         logging.getLogger("caffe_py.x").info("to stderr")
+        handler.err = False
+        logging.getLogger("caffe_py.solver.solver").info("Iteration 0, lr = 0.01")
         logging.getLogger("caffe_py.x").debug("not shown")
         assert output.console_handler() is handler
     assert (logger.level, logger.propagate, list(logger.handlers)) == before
@@ -48,7 +48,7 @@ def test_a_broken_pipe_silences_the_handler_instead_of_raising(monkeypatch):
             raise ValueError("no descriptor")
 
     with output.logging_to_console() as handler:
-        monkeypatch.setattr("sys.stdout", Gone())
+        monkeypatch.setattr("sys.stderr", Gone())
         logging.getLogger("caffe_py").info("first")
         logging.getLogger("caffe_py").info("second")
         assert handler.closed is True

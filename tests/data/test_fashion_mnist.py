@@ -10,7 +10,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from caffe_py.io.lmdb_store import LmdbWriter, open_db, partial_path
+from caffe_py.io.db.lmdb_store import LmdbWriter, open_db, partial_path
 
 SCRIPT = Path(__file__).resolve().parents[2] / "data" / "fashion_mnist.py"
 

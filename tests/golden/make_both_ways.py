@@ -37,8 +37,8 @@ LOSS_LINE = re.compile(r"Iteration (\d+)(?: \([^)]*\))?, loss = (\S+)")
 def write_inputs() -> None:
     import yaml
 
-    from caffe_py.io.datum import datum_from_array, encode_datum
-    from caffe_py.io.lmdb_store import LmdbWriter
+    from caffe_py.io.db.lmdb_store import LmdbWriter
+    from caffe_py.io.formats.datum import datum_from_array, encode_datum
 
     rng = np.random.default_rng(3)
     with LmdbWriter(HERE / "records_lmdb") as db:

@@ -91,8 +91,8 @@ def caffe_tools(out: Path) -> None:
 
 def caffe_py_tools(out: Path) -> None:
     """The same databases and mean written by caffe-py (for Caffe to read)."""
-    from caffe_py.io.convert import ImagesetOptions, convert_imageset
-    from caffe_py.io.mean import compute_mean
+    from caffe_py.tools.convert import ImagesetOptions, convert_imageset
+    from caffe_py.tools.mean import compute_mean
 
     for backend in ("lmdb", "leveldb"):
         convert_imageset(out, out / "images.txt", out / f"ours_{backend}",

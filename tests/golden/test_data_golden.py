@@ -73,9 +73,9 @@ def test_data_layer_gives_caffes_batches_on_cuda(name, caffe, inputs):
 def test_databases_caffe_py_writes_are_the_ones_caffe_read(tmp_path):
     """cpy convert imageset and compute-mean write today what the committed files (which Caffe
     read into the data_ours_* batches) hold, record for record."""
-    from caffe_py.io.convert import ImagesetOptions, convert_imageset
-    from caffe_py.io.db import open_db
-    from caffe_py.io.mean import compute_mean
+    from caffe_py.io.db.db import open_db
+    from caffe_py.tools.convert import ImagesetOptions, convert_imageset
+    from caffe_py.tools.mean import compute_mean
 
     for backend in ("lmdb", "leveldb"):
         convert_imageset(INPUTS, INPUTS / "images.txt", tmp_path / backend,
@@ -91,7 +91,7 @@ def test_databases_caffe_py_writes_are_the_ones_caffe_read(tmp_path):
 
 def test_caffes_and_caffe_py_s_databases_hold_the_same_records(inputs):
     """convert_imageset and cpy convert imageset: the same keys and Datum bytes."""
-    from caffe_py.io.db import open_db
+    from caffe_py.io.db.db import open_db
 
     for backend in ("lmdb", "leveldb"):
         with open_db(inputs / f"images_{backend}", backend) as caffe_db, \

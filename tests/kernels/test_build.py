@@ -2,8 +2,9 @@
 `cpy build-ext`. The compiler itself is replaced here; the GPU tests build for real."""
 from __future__ import annotations
 
+import logging
 import types
-import warnings
+from pathlib import Path
 
 import pytest
 import torch
@@ -48,7 +49,7 @@ def test_cpu_only_torch_is_a_build_error():
     assert str(err.value) == f"this PyTorch ({torch.__version__}) was built without CUDA"
 
 
-def test_a_failed_build_is_tried_once_and_warned_once(monkeypatch):
+def test_a_failed_build_is_tried_once_and_warned_once(monkeypatch, caplog, capsys):
     calls = []
 
     def fail(verbose):
@@ -56,14 +57,41 @@ def test_a_failed_build_is_tried_once_and_warned_once(monkeypatch):
         raise build.BuildError("no CUDA toolkit found (nvcc)")
 
     monkeypatch.setattr(build, "_compile", fail)
-    with warnings.catch_warnings(record=True) as caught:
-        warnings.simplefilter("always")
+    with caplog.at_level(logging.WARNING, logger="caffe_py"):
         assert build.available() is False
         assert build.available() is False
     with pytest.raises(build.BuildError, match="no CUDA toolkit"):
         build.load()
     assert calls == [False]
-    assert len(caught) == 1 and caught[0].category is build.KernelFallbackWarning
+    assert [(r.name, r.levelname, r.getMessage()) for r in caplog.records] == [
+        ("caffe_py.kernels.build", "WARNING", "The CUDA activation kernels are unavailable (no "
+         "CUDA toolkit found (nvcc)); the activation layers use PyTorch's ops instead")]
+    assert capsys.readouterr() == ("", "")  # through the logger only
+
+
+def test_the_first_compile_is_announced_in_the_log(monkeypatch, tmp_path, caplog, capsys):
+    from torch.utils import cpp_extension
+
+    monkeypatch.setenv("TORCH_EXTENSIONS_DIR", str(tmp_path))
+    monkeypatch.setenv("TORCH_CUDA_ARCH_LIST", "9.0")
+    monkeypatch.setattr(torch.version, "cuda", "12.4")
+    monkeypatch.setattr(cpp_extension, "CUDA_HOME", "/usr/local/cuda")
+    monkeypatch.setattr(build, "_smoke_test", lambda module: None)
+    module = types.ModuleType("caffe_py_kernels")
+
+    def load(name, sources, extra_cflags, extra_cuda_cflags, build_directory, verbose):
+        (Path(build_directory) / f"{name}.so").write_bytes(b"")  # what a build leaves
+        return module
+
+    monkeypatch.setattr(cpp_extension, "load", load)
+    with caplog.at_level(logging.INFO, logger="caffe_py"):
+        assert build.load() is module
+        build.reset()
+        assert build.load() is module  # built: loaded without a word
+    assert [(r.levelname, r.getMessage()) for r in caplog.records] == [
+        ("INFO", f"Compiling the CUDA kernels for 9.0 in {build.build_dir()} (first use only; "
+                 "about a minute)")]
+    assert capsys.readouterr() == ("", "")
 
 
 def test_a_successful_build_is_loaded_once(monkeypatch):

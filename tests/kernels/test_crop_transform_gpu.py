@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 import torch
 
-from caffe_py.io.transformer import Transformer
+from caffe_py.io.feed.transformer import Transformer
 from caffe_py.kernels import functions
 from caffe_py.spec.net_spec import TransformationParameter
 

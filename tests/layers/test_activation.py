@@ -3,7 +3,7 @@ values against numpy, float64 gradcheck, the engine choice, the build fallback a
 use."""
 from __future__ import annotations
 
-import warnings
+import logging
 
 import numpy as np
 import pytest
@@ -255,17 +255,15 @@ def failing_build(monkeypatch):
     build.reset()
 
 
-def test_failed_build_falls_back_with_one_warning(failing_build):
+def test_failed_build_falls_back_with_one_warning(failing_build, caplog):
     x = away_from_zero(2, 3, 4, 5, seed=5).float()
-    with warnings.catch_warnings(record=True) as caught:
-        warnings.simplefilter("always")
+    with caplog.at_level(logging.WARNING, logger="caffe_py"):
         relu = make(layer_yaml("ReLU", "relu_param: {negative_slope: 0.1}"), device="cuda")
         elu = make(layer_yaml("ELU"), device="cuda")
         forced = make(layer_yaml("Sigmoid", "sigmoid_param: {engine: CUDA}"), device="cuda")
-    assert [w.category for w in caught] == [build.KernelFallbackWarning]
-    assert str(caught[0].message) == (
-        "caffe_py: the CUDA activation kernels are unavailable (nvcc: exit status 1); the "
-        "activation layers use PyTorch's ops instead")
+    assert [(r.levelname, r.getMessage()) for r in caplog.records] == [(
+        "WARNING", "The CUDA activation kernels are unavailable (nvcc: exit status 1); the "
+        "activation layers use PyTorch's ops instead")]
     assert failing_build == [False]  # one build attempt per process
     assert (relu.backend, elu.backend, forced.backend) == ("torch", "torch", "torch")
     # The layers run PyTorch's ops (on the CPU tensors given here).

@@ -383,6 +383,17 @@ def test_dropout_without_train_scaling_scales_at_test():
     torch.testing.assert_close(test(x), x * 0.5)
 
 
+def test_dropout_sample_weights_test_of_segnet_drops_in_test_too():
+    torch.manual_seed(2)
+    test = build(dropout_yaml("{dropout_ratio: 0.5, sample_weights_test: true}"), [(20, 20)],
+                 "TEST")
+    x = torch.rand(20, 20) + 1.0
+    y = test(x)
+    kept = y != 0
+    assert 0 < int(kept.sum()) < 400
+    torch.testing.assert_close(y[kept], x[kept] * 2)
+
+
 def test_dropout_ratio_one_is_a_spec_error():
     with pytest.raises(SpecError) as err:
         build(dropout_yaml("{dropout_ratio: 1.0}"), [(2,)])

@@ -4,7 +4,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
-from support import write_records
+from support import write_db, write_records
 
 from caffe_py.errors import DataError, NetError
 from caffe_py.layers import BuildContext, lookup
@@ -184,13 +184,10 @@ class OneLayerNet:
 
 
 def make_leveldb(path, shape=(3, 10, 12), n=3) -> str:
-    from caffe_py.io.datum import datum_from_array, encode_datum
-    from caffe_py.io.db import open_writer
+    from caffe_py.io.formats.datum import datum_from_array
 
-    with open_writer(path, "leveldb") as writer:
-        for i in range(n):
-            writer.put(b"%08d" % i, encode_datum(datum_from_array(np.full(shape, i, np.uint8), i)))
-    return str(path)
+    return write_db(path, [datum_from_array(np.full(shape, i, np.uint8), i) for i in range(n)],
+                    backend="leveldb")
 
 
 def test_data_reads_leveldb_as_lmdb_and_names_the_other_kind(tmp_path):

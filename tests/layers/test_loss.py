@@ -64,6 +64,17 @@ def test_softmax_loss_normalizations_with_spatial_labels(mode, ignore):
                                         rel=1e-12)
 
 
+def test_pre_fixed_normalizer_of_r_fcn_divides_the_loss():
+    rng = np.random.default_rng(2)
+    scores = rng.normal(size=(3, 4))
+    labels = np.array([0, 3, 1], dtype=np.float32)
+    block = "    loss_param: {normalization: PRE_FIXED, pre_fixed_normalizer: 128}\n"
+    layer = build(spec("SoftmaxWithLoss", block), [scores.shape, labels.shape])
+    loss = layer(torch.from_numpy(scores), torch.from_numpy(labels))
+    assert float(loss) == pytest.approx(np_softmax_loss(scores, labels, 1, "NONE", None) / 128,
+                                        rel=1e-12)
+
+
 @pytest.mark.parametrize("legacy,mode", [("true", "VALID"), ("false", "BATCH_SIZE")])
 def test_softmax_loss_legacy_normalize_flag(legacy, mode):
     rng = np.random.default_rng(1)
@@ -377,7 +388,7 @@ def test_infogain_loss_with_a_third_bottom(mode, ignore):
 
 
 def test_infogain_loss_reads_h_from_a_binaryproto(tmp_path):
-    from caffe_py.io.blobproto import blob_from_array, write_blob_file
+    from caffe_py.io.formats.blobproto import blob_from_array, write_blob_file
     h = np.arange(16, dtype=np.float32).reshape(4, 4) / 10
     write_blob_file(tmp_path / "h.binaryproto", blob_from_array(h))
     block = f"    infogain_loss_param: {{source: {tmp_path / 'h.binaryproto'}}}\n"

@@ -185,7 +185,8 @@ def test_the_stand_in_caffe_module_says_what_it_lacks():
     build(python("SimpleLayer"), [(2,)])
     import caffe
     assert caffe is pycaffe and caffe.TRAIN == 0 and caffe.TEST == 1
-    with pytest.raises(AttributeError, match="'Net' belongs to BVLC's pycaffe"):
+    with pytest.raises(AttributeError, match="'Net' belongs to pycaffe's whole interface: run "
+                                             "the script with python -m caffe_py.pycaffe"):
         caffe.Net  # noqa: B018
     blob = pycaffe.Blob((2, 3, 4))
     assert (blob.num, blob.channels, blob.height, blob.width, blob.count) == (2, 3, 4, 1, 24)

@@ -9,10 +9,10 @@ from pathlib import Path
 
 import pytest
 import torch
+from support import write_db
 
 from caffe_py.errors import SpecError
-from caffe_py.io.datum import Datum, encode_datum
-from caffe_py.io.lmdb_store import LmdbWriter
+from caffe_py.io.formats.datum import Datum
 from caffe_py.layers import registry
 from caffe_py.layers.base import Layer
 from caffe_py.net import Net
@@ -34,6 +34,24 @@ def one(type_name: str, bottom: str | list[str] = "x", top: str | list[str] = "o
     return [{"name": "under_test", "type": type_name, "bottom": bottom, "top": top, **params}]
 
 
+def predictions(n: int) -> list[dict]:
+    """SSD's predictions for n images of x's 16 cells, one prior each: loc (n, 64), conf (n,
+    48) in [0, 1), priors."""
+    return [
+        {"name": "loc", "type": "DummyData", "top": "loc", "dummy_data_param": {
+            "shape": {"dim": [n, 64]}, "data_filler": {"type": "gaussian", "std": 0.1}}},
+        {"name": "conf", "type": "DummyData", "top": "conf", "dummy_data_param": {
+            "shape": {"dim": [n, 48]}, "data_filler": {"type": "uniform"}}},
+        {"name": "priors", "type": "PriorBox", "bottom": ["x", "y"], "top": "priors",
+         "prior_box_param": {"min_size": [2.0]}}]
+
+
+# one region (batch index 0, x1, y1, x2, y2 in pixels) for ROIPooling and PSROIPooling
+ROIS = {"name": "rois", "type": "DummyData", "top": "rois", "dummy_data_param": {
+    "shape": {"dim": [1, 5]}, "data_filler": {"type": "constant", "value": 0}}}
+PLACEHOLDER = "set by the test"
+"""The file a data layer's block names: every such block gets a real path under tmp_path."""
+
 ACTIVATIONS = ("ReLU", "PReLU", "ELU", "Sigmoid", "TanH", "AbsVal", "Power", "BNLL", "Exp",
                "Log", "Threshold", "Clip", "Swish", "GELU")
 
@@ -44,16 +62,16 @@ MINIMAL: dict[str, list[dict]] = {
                    "dummy_data_param": {"shape": {"dim": [2, 3]},
                                         "data_filler": {"type": "gaussian"}}}],
     "Data": [{"name": "under_test", "type": "Data", "top": ["out", "out_label"],
-              "data_param": {"source": "set by the test", "batch_size": 2}}],
+              "data_param": {"source": PLACEHOLDER, "batch_size": 2}}],
     "ImageData": [{"name": "under_test", "type": "ImageData", "top": ["out", "out_label"],
-                   "image_data_param": {"source": "set by the test", "batch_size": 2}}],
+                   "image_data_param": {"source": PLACEHOLDER, "batch_size": 2}}],
     "WindowData": [{"name": "under_test", "type": "WindowData", "top": ["out", "out_label"],
-                    "window_data_param": {"source": "set by the test", "batch_size": 2},
+                    "window_data_param": {"source": PLACEHOLDER, "batch_size": 2},
                     "transform_param": {"crop_size": 3}}],
     "HDF5Data": [{"name": "under_test", "type": "HDF5Data", "top": ["out", "out_label"],
-                  "hdf5_data_param": {"source": "set by the test", "batch_size": 2}}],
+                  "hdf5_data_param": {"source": PLACEHOLDER, "batch_size": 2}}],
     "HDF5Output": [{"name": "under_test", "type": "HDF5Output", "bottom": ["x", "label"],
-                    "hdf5_output_param": {"file_name": "set by the test"}}],
+                    "hdf5_output_param": {"file_name": PLACEHOLDER}}],
     "MemoryData": [{"name": "under_test", "type": "MemoryData", "top": ["out", "out_label"],
                     "memory_data_param": {"batch_size": 2, "channels": 1, "height": 4,
                                           "width": 4}}],
@@ -105,6 +123,76 @@ MINIMAL: dict[str, list[dict]] = {
     "InfogainLoss": one("InfogainLoss", ["v", "label", "h"]),
     "MultinomialLogisticLoss": one("MultinomialLogisticLoss", ["prob", "label"]),
     "Python": one("Python", python_param={"module": "python_layers", "layer": "SimpleLayer"}),
+    # segmentation forks
+    "BN": one("BN", bn_param={"bn_mode": "LEARN", "scale_filler": {"type": "constant",
+                                                                   "value": 1}}),
+    "Upsample": [{"name": "pool", "type": "Pooling", "bottom": "x", "top": ["p", "mask"],
+                  "pooling_param": {"kernel_size": 2, "stride": 2}},
+                 *one("Upsample", ["p", "mask"], upsample_param={"scale": 2})],
+    "Interp": one("Interp", interp_param={"zoom_factor": 2}),
+    "MatWrite": [{"name": "under_test", "type": "MatWrite", "bottom": "x",
+                  "mat_write_param": {"prefix": PLACEHOLDER}}],
+    "SegAccuracy": [{"name": "seg", "type": "DummyData", "top": "seg",
+                     "dummy_data_param": {"shape": {"dim": [2, 1, 4, 4]}}},
+                    *one("SegAccuracy", ["x", "seg"])],
+    "ConvolutionDepthwise": one("ConvolutionDepthwise", convolution_param={
+        "kernel_size": 3, "pad": 1, "weight_filler": {"type": "xavier"}}),
+    "ShuffleChannel": one("ShuffleChannel", shuffle_channel_param={"group": 3}),
+    "Axpy": [{"name": "squeeze", "type": "Pooling", "bottom": "x", "top": "a",
+              "pooling_param": {"pool": "AVE", "global_pooling": True}},
+             *one("Axpy", ["a", "x", "y"])],
+    "MarginInnerProduct": one("MarginInnerProduct", ["v", "label"], ["out", "lambda"],
+                              margin_inner_product_param={"num_output": 3, "type": "DOUBLE",
+                                                          "weight_filler": {"type": "xavier"}}),
+    "LabelSpecificAdd": one("LabelSpecificAdd", ["v", "label"],
+                            label_specific_add_param={"bias": -0.35}),
+    "CenterLoss": one("CenterLoss", ["v", "label"],
+                      center_loss_param={"num_output": 3, "center_filler": {"type": "xavier"}}),
+    "Lstm": one("Lstm", "seq", lstm_param={"num_output": 3,
+                                           "weight_filler": {"type": "gaussian"}}),
+    "Reverse": one("Reverse", "seq"),
+    "Transpose": one("Transpose", "seq", transpose_param={"dim": [1, 0, 2]}),
+    "CTCGreedyDecoder": one("CTCGreedyDecoder", "seq"),
+    "WarpCTCLoss": [{"name": "labels", "type": "DummyData", "top": "ctc_labels",
+                     "dummy_data_param": {"shape": {"dim": [2, 2]},
+                                          "data_filler": {"type": "constant", "value": 1}}},
+                    *one("WarpCTCLoss", ["seq", "ctc_labels"])],
+    "DenseImageData": [{"name": "under_test", "type": "DenseImageData", "top": ["out", "lab"],
+                        "dense_image_data_param": {"source": PLACEHOLDER,
+                                                   "batch_size": 2}}],
+    "ImageSegData": [{"name": "under_test", "type": "ImageSegData", "top": ["out", "lab"],
+                      "image_data_param": {"source": PLACEHOLDER, "batch_size": 2,
+                                           "label_type": "PIXEL"}}],
+    # detection forks (SSD, Faster R-CNN, R-FCN)
+    "AnnotatedData": [{"name": "under_test", "type": "AnnotatedData", "top": ["out", "out_label"],
+                       "data_param": {"source": PLACEHOLDER, "batch_size": 2,
+                                      "backend": "LMDB"}}],
+    "Normalize": one("Normalize"),
+    "Permute": one("Permute", permute_param={"order": [0, 2, 3, 1]}),
+    "PriorBox": one("PriorBox", ["x", "y"], prior_box_param={"min_size": [2.0],
+                                                             "aspect_ratio": [2.0]}),
+    "DetectionOutput": [  # nothing passes the threshold: the fork's row of -1 for the image
+        *predictions(1),
+        *one("DetectionOutput", ["loc", "conf", "priors"], detection_output_param={
+            "num_classes": 3, "confidence_threshold": 1.0, "nms_param": {"top_k": 5}})],
+    "DetectionEvaluate": [
+        {"name": "det", "type": "DummyData", "top": "det", "dummy_data_param": {
+            "shape": {"dim": [1, 1, 2, 7]}, "data_filler": {"type": "constant", "value": -1}}},
+        {"name": "gt", "type": "DummyData", "top": "gt", "dummy_data_param": {
+            "shape": {"dim": [1, 1, 1, 8]}, "data_filler": {"type": "constant", "value": -1}}},
+        *one("DetectionEvaluate", ["det", "gt"], detection_evaluate_param={"num_classes": 3})],
+    "MultiBoxLoss": [  # ground truth: image 1, label 1, a box at the corner
+        *predictions(2),
+        {"name": "gt", "type": "DummyData", "top": "gt", "dummy_data_param": {
+            "shape": {"dim": [1, 1, 1, 8]}, "data_filler": {"type": "constant", "value": 1}}},
+        *one("MultiBoxLoss", ["loc", "conf", "priors", "gt"], multibox_loss_param={
+            "num_classes": 3, "overlap_threshold": 0.5})],
+    "ROIPooling": [ROIS, *one("ROIPooling", ["x", "rois"], roi_pooling_param={
+        "pooled_h": 2, "pooled_w": 2, "spatial_scale": 1.0})],
+    "PSROIPooling": [ROIS, *one("PSROIPooling", ["x", "rois"], psroi_pooling_param={
+        "output_dim": 3, "group_size": 1, "spatial_scale": 1.0})],
+    "SmoothL1Loss": one("SmoothL1Loss", ["x", "y"], smooth_l1_loss_param={"sigma": 3.0},
+                        loss_param={"normalization": "BATCH_SIZE"}),
 }
 
 
@@ -137,10 +225,8 @@ def make_inputs(gen: torch.Generator) -> dict[str, torch.Tensor]:
     return out
 
 
-def write_db(path: Path) -> None:
-    with LmdbWriter(path) as db:
-        for i in range(3):
-            db.put(b"%08d" % i, encode_datum(Datum(1, 4, 4, data=bytes(range(16)), label=i)))
+def write_three_records(path: Path) -> None:
+    write_db(path, [Datum(1, 4, 4, data=bytes(range(16)), label=i) for i in range(3)])
 
 
 def write_sources(type_name: str, layer: dict, tmp: Path) -> None:
@@ -151,11 +237,21 @@ def write_sources(type_name: str, layer: dict, tmp: Path) -> None:
     block = next(key for key in layer if key.endswith("_param") and key != "transform_param")
     path = tmp / "source"
     if type_name == "Data":
-        write_db(path)
+        write_three_records(path)
     elif type_name in ("ImageData", "WindowData"):
         Image.fromarray(np.zeros((4, 4), np.uint8)).save(tmp / "a.png")
         path.write_text("a.png 1\n" if type_name == "ImageData" else
                         f"# 0\n{tmp / 'a.png'}\n3 4 4\n2\n1 0.9 0 0 3 3\n0 0.1 1 1 2 2\n")
+    elif type_name in ("DenseImageData", "ImageSegData"):
+        Image.fromarray(np.zeros((4, 4), np.uint8)).save(tmp / "a.png")
+        Image.fromarray(np.ones((4, 4), np.uint8)).save(tmp / "b.png")
+        path.write_text("a.png b.png\n")
+    elif type_name == "AnnotatedData":  # records without boxes: the label top is (N,)
+        from caffe_py.io.formats.annotated import AnnotatedDatum, encode_annotated
+
+        write_db(path, [encode_annotated(AnnotatedDatum(datum=Datum(1, 4, 4, data=bytes(range(16)),
+                                                                    label=i)))
+                        for i in range(3)])
     elif type_name == "HDF5Data":
         import h5py
 
@@ -163,6 +259,9 @@ def write_sources(type_name: str, layer: dict, tmp: Path) -> None:
             f["out"] = np.zeros((3, 1, 4, 4), np.float32)
             f["out_label"] = np.arange(3, dtype=np.float32)
         path.write_text("a.h5\n")
+    if type_name == "MatWrite":
+        layer[block] = {**layer[block], "prefix": f"{tmp}/features/"}
+        return
     key = "file_name" if type_name == "HDF5Output" else "source"
     layer[block] = {**layer[block], key: str(path)}
 
@@ -173,7 +272,7 @@ def test_type_builds_and_runs_in_a_minimal_net(type_name, tmp_path):
         pytest.fail(f"layer type '{type_name}' has no minimal spec: add one to MINIMAL in "
                     "tests/layers/test_registry.py")
     layers = [dict(lp) for lp in MINIMAL[type_name]]
-    if "source" in str(layers[0]):
+    if PLACEHOLDER in str(layers[0]):  # a source, or HDF5Output's file_name
         write_sources(type_name, layers[0], tmp_path)
     spec = parse_net({"name": f"minimal_{type_name}", "input": list(INPUTS),
                       "input_shape": [{"dim": list(s)} for s in INPUTS.values()],
@@ -200,7 +299,8 @@ def test_every_minimal_spec_names_a_real_parameter_block():
     """Entries for types not registered yet are allowed; a wrong block name is not."""
     for type_name in sorted(set(MINIMAL) & set(library_types())):
         cls = registry.lookup(type_name)
-        for key in MINIMAL[type_name][0]:
+        under_test = next(lp for lp in MINIMAL[type_name] if lp["name"] == "under_test")
+        for key in under_test:
             if key.endswith("_param"):
                 assert key in cls.params, f"{type_name} takes no {key}"
 

@@ -67,6 +67,27 @@ def test_image_data_shuffle_and_skip_resume_exactly(tmp_path):
     assert_resumes(tmp_path, image_data(shuffle=True, rand_skip=4))
 
 
+def test_image_data_resizes_with_cv2_as_with_numpy(tmp_path, monkeypatch):
+    """new_height/new_width: cv2.resize where OpenCV is installed, the numpy path otherwise;
+    the batches are the same to the bit."""
+    from caffe_py.io.formats import images as image_files
+
+    if image_files._CV2 is None:
+        pytest.skip("opencv-python(-headless) is not installed")
+    images(tmp_path, sizes=((9, 7), (4, 5), (12, 3), (5, 5), (8, 6), (3, 9), (6, 6)))
+    layer = image_data(new_height=5, new_width=4, shuffle=True)
+    calls = []
+    real = image_files._CV2.resize
+    monkeypatch.setattr(image_files._CV2, "resize", lambda *a, **k: calls.append(1) or
+                        real(*a, **k))
+    with_cv2, _ = batches(tmp_path, layer, 3)
+    assert len(calls) >= 7 and with_cv2[0]["data"].shape == (3, 3, 5, 4)
+    monkeypatch.setattr(image_files, "_CV2", None)
+    with_numpy, _ = batches(tmp_path, layer, 3)
+    for a, b in zip(with_cv2, with_numpy, strict=True):
+        assert torch.equal(a["data"], b["data"]) and torch.equal(a["label"], b["label"])
+
+
 def test_image_data_errors(tmp_path):
     with pytest.raises(DataError, match=r"list.txt: list file not found"):
         net(tmp_path, image_data())

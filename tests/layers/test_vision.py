@@ -370,6 +370,27 @@ def test_pooling_ceil_mode_of_a_fork_reads_as_round_mode(caplog):
                               "round_mode are both set; keep round_mode (Caffe 1.0's field)")
 
 
+def test_convolution_hole_of_deeplab_v1_is_dilation(caplog):
+    caplog.set_level(logging.INFO, "caffe_py")
+    x = rand(1, 2, 9, 9, seed=4).float()
+    holed = build(conv_yaml("{num_output: 3, kernel_size: 3, pad: 2, hole: 2}"), [x.shape])
+    dilated = build(conv_yaml("{num_output: 3, kernel_size: 3, pad: 2, dilation: 2}"),
+                    [x.shape])
+    assert holed.top_shapes == dilated.top_shapes == [(1, 3, 9, 9)]
+    dilated.load_state_dict(holed.state_dict())
+    assert torch.equal(holed(x), dilated(x))
+    assert caplog.records[0].getMessage() == (
+        "note: <string>:5: layer[0].convolution_param.hole: hole (DeepLab v1's fork) read as "
+        "dilation: [2]")
+    hw = build(conv_yaml("{num_output: 1, kernel_size: 3, hole_h: 2, hole_w: 3}"), [x.shape])
+    assert hw.top_shapes == [(1, 1, 5, 3)]
+    with pytest.raises(SpecError) as err:
+        build(conv_yaml("{num_output: 1, kernel_size: 3, hole: 2, dilation: 2}"), [x.shape])
+    assert str(err.value) == ("<string>:5: layer[0].convolution_param.hole: hole (DeepLab v1's "
+                              "dilation) and dilation are both set; keep dilation (Caffe 1.0's "
+                              "field)")
+
+
 def test_pooling_cifar10_quick_32_to_16():
     layer = build(pool_yaml("{pool: MAX, kernel_size: 3, stride: 2}"), [(100, 32, 32, 32)])
     assert layer.top_shapes == [(100, 32, 16, 16)]

@@ -11,10 +11,9 @@ import logging
 import numpy as np
 import pytest
 import torch
+from support import write_records
 
 from caffe_py.devices import DeviceError, check_devices
-from caffe_py.io.datum import datum_from_array, encode_datum
-from caffe_py.io.lmdb_store import LmdbWriter
 from caffe_py.options import TrainOptions
 from caffe_py.parallel import ReplicatedRun, Tuning
 from caffe_py.spec.solver_spec import load_solver
@@ -57,14 +56,13 @@ def exact_float32():
 def db(tmp_path_factory):
     path = tmp_path_factory.mktemp("lmdb") / "gpu_lmdb"
     rng = np.random.default_rng(1)
-    with LmdbWriter(path) as writer:
-        for i in range(200):
-            image = rng.integers(0, 256, (1, 8, 8), dtype=np.uint8)
-            writer.put(b"%08d" % i, encode_datum(datum_from_array(image, int(i % 3))))
-    return str(path)
+    return write_records(path, ((rng.integers(0, 256, (1, 8, 8), dtype=np.uint8), i % 3)
+                                for i in range(200)))
 
 
 def _train(tmp_path, db, devices, batch, options=None, caplog=None, fields=None, **tuning):
+    """Train on ``devices``; the tree unless ``options`` say otherwise."""
+    options = options or TrainOptions(reduction="tree")
     path = tmp_path / f"s{len(devices)}_{batch}.yaml"
     path.write_text(SOLVER.format(db=db, batch=batch, iters=ITERS, prefix=tmp_path / "snap"))
     if caplog is not None:
@@ -82,11 +80,13 @@ def _rel(a, b):
 
 
 @two_gpus
-@pytest.mark.parametrize("reduction", ["tree", "nccl"])
-def test_gpus_equal_one_gpu_with_the_whole_batch(tmp_path, db, reduction):
+@pytest.mark.parametrize("reduction, graphs", [("tree", "auto"), ("nccl", "off"),
+                                               ("auto", "auto")])
+def test_gpus_equal_one_gpu_with_the_whole_batch(tmp_path, db, reduction, graphs):
     n = min(torch.cuda.device_count(), 4)
     devices = [torch.device("cuda", i) for i in range(n)]
-    got, _ = _train(tmp_path, db, devices, B, options=TrainOptions(reduction=reduction))
+    got, _ = _train(tmp_path, db, devices, B,
+                    options=TrainOptions(reduction=reduction, graphs=graphs))
     ref, _ = _train(tmp_path, db, devices[:1], n * B)
     assert _rel(got, ref) < 1e-5
 
@@ -105,7 +105,8 @@ def test_tree_runs_are_bit_identical(tmp_path, db):
 
 def test_cuda_graphs_match_eager(tmp_path, db, caplog):
     devices = [torch.device("cuda", i) for i in range(min(torch.cuda.device_count(), 2))]
-    graphed, notes = _train(tmp_path, db, devices, B, TrainOptions(graphs="on"), caplog)
+    graphed, notes = _train(tmp_path, db, devices, B,
+                            TrainOptions(graphs="on", reduction="tree"), caplog)
     assert not [m for m in notes if m.startswith("CUDA graphs off")]
     eager, _ = _train(tmp_path, db, devices, B)
     assert _rel(graphed, eager) < 1e-5
@@ -114,7 +115,7 @@ def test_cuda_graphs_match_eager(tmp_path, db, caplog):
 @two_gpus
 def test_graphs_in_lockstep_match_graphs_in_threads(tmp_path, db, caplog):
     devices = [torch.device("cuda", i) for i in range(min(torch.cuda.device_count(), 4))]
-    graphs = TrainOptions(graphs="on")
+    graphs = TrainOptions(graphs="on", reduction="tree")
     lockstep, notes = _train(tmp_path, db, devices, B, graphs, caplog)
     assert not [m for m in notes if m.startswith("CUDA graphs off")]
     threads, _ = _train(tmp_path, db, devices, B, graphs, lockstep=False)
@@ -142,7 +143,7 @@ def test_layer_waits_change_no_bit_on_gpus(tmp_path, db, deterministic, period):
     """Every blob its own bucket (64-byte buckets): the copies run on each replica's copy
     stream and each layer's forward waits on its own units' events only."""
     devices = [torch.device("cuda", i) for i in range(min(torch.cuda.device_count(), 4))]
-    fields, eager = {"model_average_period": period}, TrainOptions(graphs="off")
+    fields, eager = {"model_average_period": period}, TrainOptions(graphs="off", reduction="tree")
     on, _ = _train(tmp_path, db, devices, B, eager, fields=fields, bucket_bytes=64)
     off, _ = _train(tmp_path, db, devices, B, eager, fields=fields, bucket_bytes=64,
                     layer_waits=False)
@@ -184,3 +185,42 @@ def test_averaging_every_iteration_equals_the_tree_on_gpus(tmp_path, db):
     tree, _ = _train(tmp_path, db, devices, B)
     averaged, _ = _train(tmp_path, db, devices, B, fields={"model_average_period": 1})
     assert _rel(averaged, tree) < 1e-5
+
+
+@two_gpus
+def test_captured_whole_iterations_give_the_graphed_trees_weights_bit_for_bit(tmp_path, db,
+                                                                              caplog):
+    """Two GPUs, no flag: every replica's whole iteration is captured with NCCL's all-reduce
+    inside. Against the tree whose replicas' passes are graphs too (the same kernels) and whose
+    root updates with SGD's kernel (the same with host or device rates), the weights are
+    equal bit for bit, and the worker holds the root's; against the eager tree they differ
+    only by what cuDNN does differently inside a graph (deterministic convolutions in every
+    run)."""
+    devices = [torch.device("cuda", i) for i in range(2)]
+    saved = torch.backends.cudnn.deterministic, torch.backends.cudnn.benchmark
+    torch.backends.cudnn.deterministic, torch.backends.cudnn.benchmark = True, False
+    fields = {"max_iter": 12}
+    try:
+        path = tmp_path / "s.yaml"
+        path.write_text(SOLVER.format(db=db, batch=B, iters=12, prefix=tmp_path / "snap"))
+        caplog.set_level(logging.INFO, logger="caffe_py")
+        with ReplicatedRun(load_solver(path), devices, TrainOptions()) as run:
+            assert run.captured and run.reduction == "all-reduce, captured"
+            run.root.runner.chunk_cap = 4
+            run.run()
+            captured = [[lp.param.detach().cpu() for lp in s.net.learnable_params()]
+                        for s in run.solvers]
+            assert run.root.runner.fallback is None and sorted(run.root.runner.graphs) == [1, 4]
+        graphed, _ = _train(tmp_path, db, devices, B,
+                            TrainOptions(graphs="on", reduction="tree"), fields=fields)
+        eager, _ = _train(tmp_path, db, devices, B,
+                          TrainOptions(graphs="off", reduction="tree"), fields=fields)
+    finally:
+        torch.backends.cudnn.deterministic, torch.backends.cudnn.benchmark = saved
+    assert "whole iterations captured on every replica (cuda:0, cuda:1), issued by one " \
+           "thread; gradients summed by NCCL's all-reduce inside them; every replica " \
+           "applies the update" in caplog.messages
+    assert all(torch.equal(a, b) for a, b in zip(captured[1], captured[0], strict=True))
+    assert _rel(captured[0], graphed) < 1e-6, [(a - b).abs().max().item()
+                                               for a, b in zip(captured[0], graphed, strict=True)]
+    assert _rel(captured[0], eager) < 1e-6

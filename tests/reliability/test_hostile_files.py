@@ -13,10 +13,10 @@ import zipfile
 import numpy as np
 import pytest
 import torch
-from support import ROOT, snapshot_names, tiny_net, write_records
+from support import ROOT, error_line, snapshot_names, tiny_net, write_db, write_records
 
-from caffe_py.io.datum import Datum, encode_datum
-from caffe_py.io.lmdb_store import LmdbWriter
+from caffe_py.commands.output import GLOG_PREFIX
+from caffe_py.io.formats.datum import Datum
 from caffe_py.solver import snapshot as snap
 
 NET = tiny_net(data="""\
@@ -43,11 +43,13 @@ def cpy(cwd, *args) -> subprocess.CompletedProcess:
 
 
 def one_line_error(done: subprocess.CompletedProcess) -> str:
-    """The run failed with exit 1 and exactly one line, 'Error: ...', on stderr."""
+    """The run failed with exit 1 and exactly one line, 'Error: ...', on stderr, after the
+    log lines (each with glog's prefix: the stream is a pipe)."""
     assert done.returncode == 1, (done.returncode, done.stderr[-2000:])
     lines = done.stderr.strip().splitlines()
-    assert len(lines) == 1 and lines[0].startswith("Error: "), done.stderr[-2000:]
-    return lines[0]
+    assert lines[-1].startswith("Error: "), done.stderr[-2000:]
+    assert all(GLOG_PREFIX.match(line) for line in lines[:-1]), done.stderr[-2000:]
+    return lines[-1]
 
 
 @pytest.fixture
@@ -81,9 +83,7 @@ def test_a_foreign_data_file_is_one_line(work):
 
 def test_records_without_data_are_refused(work):
     shutil.rmtree(work / "db")
-    with LmdbWriter(work / "db") as writer:
-        for i in range(5):
-            writer.put(b"%08d" % i, encode_datum(Datum(0, 0, 0, data=b"", label=0)))
+    write_db(work / "db", [Datum(0, 0, 0, data=b"", label=0)] * 5)
     line = one_line_error(cpy(work, "train", "--solver", "solver.yaml"))
     assert line.endswith("db: record '00000000' holds no data (0 x 0 x 0); convert the data "
                          "again (the records must hold the images)")
@@ -165,7 +165,7 @@ def test_a_full_disk_stops_with_the_previous_snapshot_intact(work, monkeypatch):
     result = CliRunner().invoke(cli, ["train", "--solver", "solver.yaml"])
     assert result.exit_code == 1
     state = work / "snaps" / "t_iter_2.solverstate.pt"
-    assert result.stderr.strip() == (
+    assert error_line(result.stderr) == (
         f"Error: no space left on device writing {work / 'snaps' / 't_iter_4.pt'}; free space "
         f"or write elsewhere (nothing was replaced); the previous snapshot {state} is intact "
         f"(resume with --snapshot {state})")

@@ -12,6 +12,7 @@ import pytest
 import torch
 import yaml
 from click.testing import CliRunner
+from support import error_line
 
 from caffe_py.cli import cli
 
@@ -20,8 +21,10 @@ LENET = Path(ROOT, "configs", "lenet.yaml").read_text()
 
 
 def cpy(*args: str) -> tuple[int, str]:
+    """(exit status, the error line, or the whole stderr of a run that succeeded)."""
     result = CliRunner().invoke(cli, list(args))
-    return result.exit_code, result.stderr.strip()
+    return result.exit_code, error_line(result.stderr) if result.exit_code else \
+        result.stderr.strip()
 
 
 def lenet(tmp_path, change) -> str:

@@ -5,9 +5,9 @@ import textwrap
 from pathlib import Path
 
 import pytest
+from support import write_db
 
-from caffe_py.io.datum import Datum, encode_datum
-from caffe_py.io.lmdb_store import LmdbWriter
+from caffe_py.io.formats.datum import Datum
 from caffe_py.spec.solver_spec import load_solver
 
 DUMMY_NET = """\
@@ -70,10 +70,8 @@ layer:
 
 def write_lmdb(path: Path, n: int = 13) -> None:
     """n records of 1 x 3 x 3 pixels, labels 0..2, keys in order."""
-    with LmdbWriter(path) as db:
-        for i in range(n):
-            pixels = bytes((i * 37 + j * 11) % 256 for j in range(9))
-            db.put(b"%08d" % i, encode_datum(Datum(1, 3, 3, data=pixels, label=i % 3)))
+    write_db(path, [Datum(1, 3, 3, data=bytes((i * 37 + j * 11) % 256 for j in range(9)),
+                          label=i % 3) for i in range(n)])
 
 
 class Workspace:

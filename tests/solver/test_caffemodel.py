@@ -111,7 +111,7 @@ def test_read_net_takes_double_and_unpacked_data_and_refuses_truncation(tmp_path
     import struct
 
     from caffe_py.errors import SolverError
-    from caffe_py.io.wire import len_field, tag, varint
+    from caffe_py.io.formats.wire import len_field, tag, varint
 
     unpacked = b"".join(tag(5, 5) + struct.pack("<f", v) for v in (1.0, 2.0))
     doubles = len_field(8, struct.pack("<2d", 0.5, 0.25))

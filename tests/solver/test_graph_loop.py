@@ -221,3 +221,17 @@ def test_a_failing_automatic_compile_trains_the_plain_net(ws, caplog):
         solver.step_fn = CompiledStep(solver.net, compiler=_Compiler(RuntimeError("boom")))
         with pytest.raises(RuntimeError, match="^boom$"):
             solver.solve()
+
+
+def test_the_final_forward_reads_the_next_real_batch_as_the_eager_loop(ws, caplog):
+    """Between step calls the Data layers read their real feeds again: solve's last line (a
+    forward of the next batch) and a user's forward see what the eager loop's see."""
+    caplog.set_level(logging.INFO, logger="caffe_py")
+    ws.net(ws.LMDB_NET, batch=2)
+    common = {"max_iter": 12, "display": 4, "lr_policy": "fixed"}
+    trained(ws.load(**common))
+    eager = [m for m in caplog.messages if m.startswith("Iteration 12, loss = ")]
+    caplog.clear()
+    trained(ws.load(**common, snapshot_prefix="g/t"), GraphedLoop(chunk=4, emulate=True))
+    assert [m for m in caplog.messages if m.startswith("Iteration 12, loss = ")] == eager
+    assert len(eager) == 1

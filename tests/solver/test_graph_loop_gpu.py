@@ -71,7 +71,7 @@ def test_deterministic_runs_of_the_default_path_are_bit_identical(ws):
     try:
         for _ in range(2):
             root = train(ws.load(max_iter=40, display=0), ["cuda:0"],
-                         TrainOptions(deterministic=True))
+                         TrainOptions(deterministic=True, overwrite=True))
             runs.append([lp.param.detach().cpu() for lp in root.net.learnable_params()])
     finally:
         torch.use_deterministic_algorithms(False)

@@ -136,7 +136,7 @@ def test_reads_caffe_written_protobuf_by_hand():
     plus a legacy V1 'layers' (2) {name = 4, blobs = 6 with num/channels/height/width}."""
     import struct
 
-    from caffe_py.io.wire import len_field, tag, varint
+    from caffe_py.io.formats.wire import len_field, tag, varint
 
     data = struct.pack("<3f", 1.0, 2.0, 3.0)
     shape = len_field(7, len_field(1, varint(1) + varint(3)))

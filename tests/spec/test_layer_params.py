@@ -59,9 +59,9 @@ def type_error(text: str) -> str:
 
 
 def test_a_fork_type_names_its_fork_and_the_bvlc_form():
-    assert type_error("name: n\nlayer:\n  - {name: a, type: BN}\n") == (
-        "net.yaml:3: layer[0].type: 'BN' is a layer of the SegNet and PSPNet Caffe forks, not "
-        "of BVLC Caffe; use BatchNorm followed by Scale with bias_term: true, or port it as a "
+    assert type_error("name: n\nlayer:\n  - {name: a, type: MKLBatchNorm}\n") == (
+        "net.yaml:3: layer[0].type: 'MKLBatchNorm' is a layer of Intel's Caffe fork, not of "
+        "BVLC Caffe; use BatchNorm followed by Scale with bias_term: true, or port it as a "
         "Python layer (type: Python, python_param: {module, layer})")
     assert type_error("name: n\nlayer:\n  - {name: a, type: ReLU6}\n") == (
         "net.yaml:3: layer[0].type: 'ReLU6' is a layer of MobileNet-YOLO's Caffe fork, not of "
@@ -74,25 +74,25 @@ def test_a_fork_type_names_its_fork_and_the_bvlc_form():
 
 
 def test_a_fork_type_is_not_suggested_toward_a_bvlc_type():
-    # 'Upsample' is close to no BVLC name, 'Normalize' to none either: the fork is named
-    message = type_error("name: n\nlayer:\n  - {name: a, type: Normalize}\n")
-    assert message.startswith("net.yaml:3: layer[0].type: 'Normalize' is a layer of the SSD, "
-                              "NVIDIA (NVCaffe), Intel and MobileNet-YOLO Caffe forks")
+    # 'Correlation' is close to no BVLC name: the fork is named
+    message = type_error("name: n\nlayer:\n  - {name: a, type: Correlation}\n")
+    assert message.startswith("net.yaml:3: layer[0].type: 'Correlation' is a layer of "
+                              "FlowNet 2.0's Caffe fork")
     assert "did you mean" not in message
 
 
 def test_every_unsupported_type_of_a_file_in_one_error():
     assert type_error(
         "name: n\nlayer:\n"
-        "  - {name: a, type: PriorBox}\n"
+        "  - {name: a, type: Yolov3DetectionOutput}\n"
         "  - {name: b, type: Convolution, convolution_param: {num_output: 1}}\n"
-        "  - {name: c, type: PriorBox}\n"
+        "  - {name: c, type: Yolov3DetectionOutput}\n"
         "  - {name: d, type: Convlution}\n"
         "  - {name: e, type: Zebra}\n") == (
         "net.yaml:3: layer[0].type: the net uses 3 layer types caffe-py does not have: "
-        "'PriorBox' (the SSD, NVIDIA (NVCaffe), Intel and MobileNet-YOLO Caffe forks; lines "
-        "3, 5), 'Convlution' (unknown; did you mean 'Convolution'?; line 6), 'Zebra' (unknown; "
-        "line 7); replace them with BVLC Caffe 1.0 layers (docs/layers.md) or port them as "
+        "'Yolov3DetectionOutput' (MobileNet-YOLO's Caffe fork; lines 3, 5), 'Convlution' "
+        "(unknown; did you mean 'Convolution'?; line 6), 'Zebra' (unknown; line 7); replace "
+        "them with BVLC Caffe 1.0 layers (docs/layers.md) or port them as "
         "Python layers (type: Python)")
 
 
@@ -111,6 +111,16 @@ def test_a_bvlc_type_caffe_py_lacks_says_so(monkeypatch):
 
 
 def test_the_fork_table_holds_no_bvlc_type():
-    from caffe_py.spec.layer_params.forks import BVLC_TYPES, FORKS
+    from caffe_py.spec.layer_params.forks import BVLC_TYPES, FORKS, REPOSITORIES
     for fork, types in FORKS.items():
         assert not set(types) & BVLC_TYPES, fork
+    assert set(REPOSITORIES) == set(FORKS)
+
+
+def test_every_type_caffe_py_has_beyond_bvlc_names_its_fork():
+    """The table says whose every non-BVLC type is (docs/layers.md names it); no fix is kept
+    for a type caffe-py has."""
+    from caffe_py.spec.layer_params.forks import BVLC_TYPES, FIXES, forks_of
+    ours = set(layer_params.LAYER_PARAMS) - BVLC_TYPES
+    assert [t for t in sorted(ours) if not forks_of(t)] == []
+    assert not set(FIXES) & set(layer_params.LAYER_PARAMS)

@@ -105,13 +105,17 @@ def test_a_block_caffe_knows_for_another_type_is_ignored_with_a_warning(spec_of,
 
 
 def test_every_block_of_caffes_layer_parameter_is_known():
-    """The table of caffe.proto's blocks holds every block caffe-py's own types take."""
+    """The table of caffe.proto's blocks holds every block caffe-py's BVLC types take; a
+    fork's block is known when caffe-py has a type that takes it."""
     from caffe_py.spec import layer_params
-    own = {key for blocks in layer_params.LAYER_PARAMS.values() for key in blocks
-           if not key.startswith("toy")}
+    from caffe_py.spec.layer_params.forks import BVLC_TYPES
+    own = {key for name, blocks in layer_params.LAYER_PARAMS.items() for key in blocks
+           if not key.startswith("toy") and name in BVLC_TYPES}
     assert own <= layer_params.CAFFE_LAYER_BLOCKS
     assert len(layer_params.CAFFE_LAYER_BLOCKS) == 49
-    assert not layer_params.caffe_block("bn_param")  # a fork's block is unknown
+    assert layer_params.caffe_block("bn_param")  # the forks' BN takes it
+    assert layer_params.caffe_block("multibox_loss_param")  # SSD's MultiBoxLoss takes it
+    assert not layer_params.caffe_block("domain_transform_param")  # a fork's, not here
 
 
 def test_unknown_type_suggests_the_nearest(spec_of):

@@ -113,3 +113,59 @@ def test_is_set_and_key_line():
     m = parse("rate: 0.5\n\ncount: 0\n")
     assert is_set(m, "rate") and is_set(m, "count") and not is_set(m, "mode")
     assert location(m, "count").line == 3 and location(m, "mode").line == 1
+
+
+@dataclass
+class Numbered:
+    """Caffe enums with caffe.proto's numbers, and one name caffe-py adds."""
+
+    op: str = field("SUM", "an enum", choices={"SUM": 1, "ASUM": 2, "MEAN": 4})
+    engine: str = field("DEFAULT", "an enum", choices={"DEFAULT": 0, "CUDNN": 2, "TORCH": None})
+
+
+def numbered(text: str) -> Numbered:
+    return parse_message(Numbered, loads(text, "n.yaml"), Source("n.yaml"), "msg")
+
+
+def test_an_enum_written_as_its_number_reads_as_its_name():
+    m = numbered("op: 4\nengine: 2\n")
+    assert (m.op, m.engine) == ("MEAN", "CUDNN")
+    assert numbered("op: ASUM\nengine: TORCH\n").op == "ASUM"
+    with pytest.raises(SpecError) as err:
+        numbered("op: 3\n")
+    assert str(err.value) == ("n.yaml:1: msg.op: 3 is not a value of this enum; use one of "
+                              "SUM (1), ASUM (2), MEAN (4)")
+
+
+def test_a_plain_list_of_choices_takes_no_numbers():
+    assert "'1' is not one of MAX, AVE, STOCHASTIC" in error_of("mode: 1\n")
+
+
+def test_every_caffe_enum_takes_caffe_proto_numbers():
+    from caffe_py.spec.net_spec import parse_net
+
+    text = """
+layer:
+  - {name: x, type: Input, top: x, input_param: {shape: {dim: [2, 3, 4, 4]}}, phase: 1}
+  - {name: e, type: Eltwise, bottom: [x, x], top: e, eltwise_param: {operation: 0}}
+  - {name: p, type: Pooling, bottom: e, top: p,
+     pooling_param: {pool: 1, kernel_size: 2, round_mode: 1, engine: 2}}
+  - {name: n, type: LRN, bottom: p, top: n, lrn_param: {norm_region: 1}}
+  - {name: r, type: Reduction, bottom: n, top: r, reduction_param: {operation: 3}}
+  - {name: c, type: Convolution, bottom: x, top: c, param: {share_mode: 1},
+     convolution_param: {num_output: 1, kernel_size: 1,
+                         weight_filler: {type: xavier, variance_norm: 2}}}
+  - {name: l, type: SoftmaxWithLoss, bottom: [c, c], top: l, loss_param: {normalization: 3},
+     include: {phase: 0}}
+"""
+    net = parse_net(loads(text, "net.yaml"), Source("net.yaml"))
+    x, e, p, n, r, c, loss = net.layer
+    assert x.phase == "TEST" and loss.include[0].phase == "TRAIN"
+    assert e.params["eltwise_param"].operation == "PROD"
+    pool = p.params["pooling_param"]
+    assert (pool.pool, pool.round_mode, pool.engine) == ("AVE", "FLOOR", "CUDNN")
+    assert n.params["lrn_param"].norm_region == "WITHIN_CHANNEL"
+    assert r.params["reduction_param"].operation == "SUMSQ"
+    assert c.param[0].share_mode == "PERMISSIVE"
+    assert c.params["convolution_param"].weight_filler.variance_norm == "AVERAGE"
+    assert loss.params["loss_param"].normalization == "NONE"

@@ -123,7 +123,8 @@ def test_inline_net_param_and_explicit_test_nets(tmp_path):
     ("net: net.yaml\nbase_lr: 0.1\niter_size: 0\n",
      "solver.yaml:3: iter_size: 0 is below the minimum 1; use a value >= 1"),
     ("net: net.yaml\nbase_lr: 0.1\nprecision: fp16\n",
-     "solver.yaml:3: precision: 'fp16' is not one of FLOAT32, BF16; use one of FLOAT32, BF16"),
+     "solver.yaml:3: precision: 'fp16' is not one of FLOAT32, BF16, FLOAT16; use one of "
+     "FLOAT32, BF16, FLOAT16"),
     ("net: net.yaml\nbase_lr: 0.1\nhost_average_async: true\n",
      "solver.yaml:3: host_average_async: host_average_async needs host_average_period > 0 "
      "(the iterations an exchange may overlap); add e.g. 'host_average_period: 16', or remove "

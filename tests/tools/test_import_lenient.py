@@ -14,27 +14,27 @@ from caffe_py.spec import yamlio
 from caffe_py.spec.net_spec import load_net
 from caffe_py.tools.to_yaml import import_file
 
-# SSD's AnnotatedData and Normalize are types of a Caffe fork: caffe-py will never have them.
+# FlowNet 2.0's CustomData and Correlation are types of a Caffe fork caffe-py does not have.
 SSD_LIKE = """\
-name: "ssd_like"
+name: "flow_like"
 layer {
   name: "data"
-  type: "AnnotatedData"
+  type: "CustomData"
   top: "data"
   transform_param { mean_file: "data/mean.binaryproto" }
-  data_param { source: "data/VOC0712/trainval_lmdb" batch_size: 2 }
-  annotated_data_param { label_map_file: "data/labelmap_voc.prototxt" }
+  data_param { source: "data/FlyingChairs/train_lmdb" batch_size: 2 }
+  custom_data_param { label_map_file: "data/labelmap.prototxt" }
 }
 layer { name: "relu" type: "ReLU" bottom: "data" top: "data" }
 layer {
   name: "norm"
-  type: "Normalize"
+  type: "Correlation"
   bottom: "data"
   top: "norm"
 }
 layer {
   name: "norm2"
-  type: "Normalize"
+  type: "Correlation"
   bottom: "norm"
   top: "norm2"
 }
@@ -65,19 +65,19 @@ def test_unsupported_types_are_written_with_their_paths_moved(ssd, tmp_path, cap
     assert report.warnings == [
         f"{out}:24: layer[4].data_param: 'data_param' does not apply to a Convolution layer, so "
         "it is ignored (as Caffe ignores it); a Convolution layer takes convolution_param",
-        f"the net uses layer type(s) caffe-py does not have yet: AnnotatedData ('data' at "
-        f"{ssd}:3), Normalize (2 layers, first 'norm' at {ssd}:12); the rest was checked, and "
+        f"the net uses layer type(s) caffe-py does not have yet: CustomData ('data' at "
+        f"{ssd}:3), Correlation (2 layers, first 'norm' at {ssd}:12); the rest was checked, and "
         "`cpy net` / `cpy train` will build it once those types exist"]
     assert caplog.records == []  # the import reports them itself
     layers = yamlio.load(out)["layer"]
-    assert layers[0]["data_param"]["source"] == "../data/VOC0712/trainval_lmdb"
+    assert layers[0]["data_param"]["source"] == "../data/FlyingChairs/train_lmdb"
     assert layers[0]["transform_param"]["mean_file"] == "../data/mean.binaryproto"
     # a fork's own block is carried as written: caffe-py cannot know which fields are paths
-    assert layers[0]["annotated_data_param"] == {"label_map_file": "data/labelmap_voc.prototxt"}
+    assert layers[0]["custom_data_param"] == {"label_map_file": "data/labelmap.prototxt"}
     # a block Caffe knows on a layer of another type: ignored by Caffe, still moved
     assert layers[4]["data_param"]["source"] == "../data/other_lmdb"
     with pytest.raises(SpecError, match="the net uses 2 layer types caffe-py does not have: "
-                                        "'AnnotatedData' "):
+                                        "'CustomData' "):
         load_net(out)
 
 
@@ -99,7 +99,7 @@ def test_the_command_exits_0_with_a_warning(ssd, tmp_path, monkeypatch):
         "warning: ssd.yaml:24: layer[4].data_param: 'data_param' does not apply to a "
         "Convolution layer, so it is ignored (as Caffe ignores it); a Convolution layer takes "
         "convolution_param",
-        "warning: the net uses layer type(s) caffe-py does not have yet: AnnotatedData ('data' "
-        "at models/ssd.prototxt:3), Normalize (2 layers, first 'norm' at "
+        "warning: the net uses layer type(s) caffe-py does not have yet: CustomData ('data' "
+        "at models/ssd.prototxt:3), Correlation (2 layers, first 'norm' at "
         "models/ssd.prototxt:12); the rest was checked, and `cpy net` / `cpy train` will build "
         "it once those types exist"]

@@ -270,6 +270,29 @@ def test_solver_type_enum_is_upgraded():
     assert loaded["type"] == "Nesterov" and loaded["net"] == "n.yaml"
 
 
+def test_enums_written_as_numbers_are_read_as_caffe_reads_them():
+    """protobuf's text format takes an enum's number: Caffe reads `operation: 1` as SUM, a V1
+    `type: 4` as CONVOLUTION and `solver_type: 1` as NESTEROV."""
+    conv = convert(parse('net: "n.prototxt" base_lr: 0.1 solver_type: 1 momentum: 0.9'),
+                   "solver", source="s")
+    assert yamlio.loads(conv.text)["type"] == "Nesterov"
+    v1 = convert(parse('layers { name: "c" type: 4 bottom: "x" top: "c" }'), "net",
+                 source="s")
+    assert yamlio.loads(v1.text)["layer"][0]["type"] == "Convolution"
+    net = convert(parse('layer { name: "c" type: "Input" top: "c" } '
+                        'layer { name: "e" type: "Eltwise" bottom: "c" bottom: "c" top: "e" '
+                        'eltwise_param { operation: 1 } }'), "net", source="s")
+    spec = load_net_text(net.text)
+    assert spec.layer[1].params["eltwise_param"].operation == "SUM"
+
+
+def load_net_text(text: str) -> NetParameter:
+    from caffe_py.spec.net_spec import parse_net
+    from caffe_py.spec.schema import Source
+
+    return parse_net(yamlio.loads(text), Source())
+
+
 def test_inline_solver_nets_are_converted_as_nets():
     conv = convert(parse('base_lr: 0.1 net_param { name: "inline" layers { name: "r" '
                          'type: RELU bottom: "x" top: "x" } }'), "solver", source="s")
@@ -424,3 +447,24 @@ def test_a_data_layer_without_backend_reads_leveldb_as_in_caffe():
     assert conv.notes == ["a Data layer's data_param gives no backend, so Caffe reads LEVELDB "
                           "(caffe.proto's default); the YAML says backend: LEVELDB (write LMDB "
                           "there if the database is an LMDB)"]
+
+
+def test_deconvnets_v1_unpooling_is_segnets_upsample():
+    from caffe_py.net import Net
+
+    text = ('input: "data" input_dim: 1 input_dim: 2 input_dim: 6 input_dim: 6 '
+            'layers { name: "pool" type: POOLING bottom: "data" top: "pool" top: "pool_mask" '
+            'pooling_param { pool: MAX kernel_size: 2 stride: 2 } } '
+            'layers { name: "bn" type: BN bottom: "pool" top: "pool" '
+            'bn_param { scale_filler { type: "constant" value: 1 } } } '
+            'layers { name: "unpool" type: UNPOOLING bottom: "pool" bottom: "pool_mask" '
+            'top: "unpool" unpooling_param { unpool: MAX kernel_size: 2 stride: 2 '
+            'unpool_size: 6 } }')
+    conv = convert(parse(text), "net", source="s")
+    layers = yamlio.loads(conv.text)["layer"]
+    assert [layer["type"] for layer in layers[-2:]] == ["BN", "Upsample"]
+    assert layers[-1]["upsample_param"] == {"upsample_h": 6, "upsample_w": 6}
+    net = Net(load_net_text(conv.text), "TEST")
+    assert net.blobs["unpool"] == (1, 2, 6, 6)
+    with pytest.raises(PrototxtError, match="unpool: AVE has no caffe-py form"):
+        convert(parse(text.replace("unpool: MAX", "unpool: AVE")), "net", source="s")

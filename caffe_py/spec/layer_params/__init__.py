@@ -55,12 +55,44 @@ from .data import (
     TransformationParameter,
     WindowDataParameter,
 )
+from .detection import (
+    ANNOTATED_DATA_BLOCKS,
+    AnnotatedTransformationParameter,
+    DetectionEvaluateParameter,
+    DetectionOutputParameter,
+    MultiBoxLossParameter,
+    NormalizeParameter,
+    PermuteParameter,
+    PriorBoxParameter,
+    PSROIPoolingParameter,
+    ROIPoolingParameter,
+    SmoothL1LossParameter,
+)
+from .face import CenterLossParameter, LabelSpecificAddParameter, MarginInnerProductParameter
 from .forks import PORT, fix_for, origin
 from .loss import AccuracyParameter, InfogainLossParameter, LossParameter
 from .margin_loss import ContrastiveLossParameter, HingeLossParameter
+from .mobile import ShuffleChannelParameter
 from .normalization import BatchNormParameter, BiasParameter, MVNParameter, ScaleParameter
 from .python import PythonParameter
 from .recurrent import RecurrentParameter
+from .segmentation import (
+    BNParameter,
+    DenseImageDataParameter,
+    ImageSegDataParameter,
+    InterpParameter,
+    MatWriteParameter,
+    SegAccuracyParameter,
+    SegTransformationParameter,
+    UpsampleParameter,
+)
+from .sequence import (
+    CTCDecoderParameter,
+    CTCLossParameter,
+    LstmParameter,
+    ReverseParameter,
+    TransposeParameter,
+)
 from .spatial import SPPParameter
 from .utility import (
     ArgMaxParameter,
@@ -149,6 +181,43 @@ LAYER_PARAMS: dict[str, dict[str, type]] = {
     "LSTMUnit": {},
     # python
     "Python": {"python_param": PythonParameter},
+    # detection (SSD's Caffe fork)
+    "AnnotatedData": dict(ANNOTATED_DATA_BLOCKS),
+    "PriorBox": {"prior_box_param": PriorBoxParameter},
+    "Permute": {"permute_param": PermuteParameter},
+    "Normalize": {"norm_param": NormalizeParameter},
+    "DetectionOutput": {"detection_output_param": DetectionOutputParameter,
+                        "transform_param": AnnotatedTransformationParameter},
+    "MultiBoxLoss": {"multibox_loss_param": MultiBoxLossParameter, "loss_param": LossParameter},
+    "DetectionEvaluate": {"detection_evaluate_param": DetectionEvaluateParameter},
+    # region-based detection (Faster R-CNN's and R-FCN's Caffe forks)
+    "ROIPooling": {"roi_pooling_param": ROIPoolingParameter},
+    "PSROIPooling": {"psroi_pooling_param": PSROIPoolingParameter},
+    "SmoothL1Loss": {"smooth_l1_loss_param": SmoothL1LossParameter, "loss_param": LossParameter},
+    # segmentation forks (SegNet, PSPNet / DeepLab v2)
+    "BN": {"bn_param": BNParameter},
+    "Upsample": {"upsample_param": UpsampleParameter},
+    "Interp": {"interp_param": InterpParameter},
+    "SegAccuracy": {"seg_accuracy_param": SegAccuracyParameter},
+    "DenseImageData": {"dense_image_data_param": DenseImageDataParameter,
+                       "transform_param": TransformationParameter},
+    "ImageSegData": {"image_data_param": ImageSegDataParameter,
+                     "transform_param": SegTransformationParameter},
+    "MatWrite": {"mat_write_param": MatWriteParameter},
+    # mobile and attention nets' forks (caffe-mobilenet, ShuffleNet, SENet)
+    "ConvolutionDepthwise": {"convolution_param": ConvolutionParameter},
+    "ShuffleChannel": {"shuffle_channel_param": ShuffleChannelParameter},
+    "Axpy": {},
+    # face-recognition forks (SphereFace, AM-Softmax, caffe-face)
+    "MarginInnerProduct": {"margin_inner_product_param": MarginInnerProductParameter},
+    "LabelSpecificAdd": {"label_specific_add_param": LabelSpecificAddParameter},
+    "CenterLoss": {"center_loss_param": CenterLossParameter, "loss_param": LossParameter},
+    # OCR forks' sequence layers (CRNN / CTPN ports)
+    "Lstm": {"lstm_param": LstmParameter},
+    "Reverse": {"reverse_param": ReverseParameter},
+    "Transpose": {"transpose_param": TransposeParameter},
+    "CTCGreedyDecoder": {"ctc_decoder_param": CTCDecoderParameter},
+    "WarpCTCLoss": {"ctc_loss_param": CTCLossParameter, "loss_param": LossParameter},
 }
 
 

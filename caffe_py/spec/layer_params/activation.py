@@ -5,9 +5,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from ..schema import Check, Message, field
-from .shared import FillerParameter
+from .shared import ENGINE_NUMBERS, FillerParameter
 
-ENGINES = ("DEFAULT", "CAFFE", "CUDNN", "CUDA", "TORCH")
+ENGINES = {**ENGINE_NUMBERS, "CUDA": None, "TORCH": None}  # caffe.proto's, then caffe-py's
 _ENGINE_DOC = ("implementation: DEFAULT/CAFFE/CUDNN pick the faster of the CUDA kernels and "
                "PyTorch's op on a GPU net (measured per layer kind), CUDA requires the kernels, "
                "TORCH uses PyTorch's ops")

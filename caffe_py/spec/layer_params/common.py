@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from ..schema import Check, Message, field, is_set
-from .shared import FillerParameter
+from .shared import ENGINE_NUMBERS, FillerParameter
 
 
 @dataclass
@@ -84,7 +84,8 @@ class SliceParameter(Message):
 class EltwiseParameter(Message):
     """How an Eltwise layer combines its bottoms (Caffe's EltwiseParameter)."""
 
-    operation: str = field("SUM", "element-wise PROD, SUM or MAX", choices=("PROD", "SUM", "MAX"))
+    operation: str = field("SUM", "element-wise PROD, SUM or MAX",
+                           choices={"PROD": 0, "SUM": 1, "MAX": 2})
     coeff: list[float] = field([], "SUM only: one coefficient per bottom (none: all 1)")
     stable_prod_grad: bool = field(True, "PROD: Caffe's choice of gradient formula; autograd's "
                                          "product of the other bottoms is the stable one")
@@ -100,7 +101,7 @@ class SoftmaxParameter(Message):
     """Softmax and SoftmaxWithLoss: the axis the probabilities sum to 1 over."""
 
     axis: int = field(1, "the class axis (negative counts from the end)")
-    engine: str = field("DEFAULT", "implementation", choices=("DEFAULT", "CAFFE", "CUDNN", "TORCH"))
+    engine: str = field("DEFAULT", "implementation", choices={**ENGINE_NUMBERS, "TORCH": None})
 
 
 @dataclass
@@ -111,6 +112,8 @@ class DropoutParameter(Message):
                                  min=0.0)
     scale_train: bool = field(True, "scale kept elements by 1/(1-ratio) in TRAIN (false: "
                                     "scale by (1-ratio) in TEST instead)")
+    sample_weights_test: bool = field(False, "SegNet's fork (Bayesian SegNet): drop at "
+                                             "random in TEST too (Monte Carlo dropout)")
 
     def check(self, v: Check) -> None:
         if self.dropout_ratio >= 1.0:

@@ -62,7 +62,7 @@ class DataParameter(Message):
     backend: str = field("LMDB", "database kind: LMDB or LEVELDB (caffe-py's YAML defaults to "
                                  "LMDB; cpy import-prototxt writes LEVELDB, Caffe's default, "
                                  "where a prototxt leaves it out)",
-                         choices=("LEVELDB", "LMDB"))
+                         choices={"LEVELDB": 0, "LMDB": 1})
     prefetch: int = field(4, "batches buffered ahead per replica", min=1)
     rand_skip: int = field(0, "skip up to this many records at the start (random)", min=0)
     mean_file: str = field("", "deprecated; use transform_param.mean_file", path=True)

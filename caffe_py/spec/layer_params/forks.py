@@ -1,15 +1,19 @@
-"""Layer types that are not BVLC Caffe's: what an unknown ``type`` is, for the error about it.
+"""Layer types that are not BVLC Caffe's: where each comes from, for the error about a type
+caffe-py lacks and for docs/layers.md's table of the fork types it has.
 
 Prototxts from public Caffe projects often use types that only a project's own fork of Caffe
 registers (SSD's PriorBox, SegNet's BN, Faster R-CNN's ROIPooling...). Naming the fork tells
 the user why the net does not build, where a did-you-mean toward a BVLC type would mislead.
+caffe-py has some of these types (the spec's LAYER_PARAMS declares them; the table still says
+whose they are); the error is only ever raised for the others.
 
 FORKS lists, per fork, the types its sources register (``REGISTER_LAYER_CLASS`` /
 ``REGISTER_LAYER_CREATOR`` beyond BVLC's), read from each repository: weiliu89/caffe (branch
 ssd), alexgkendall/caffe-segnet, rbgirshick/caffe-fast-rcnn (branch faster-rcnn) and
-ShaoqingRen/caffe, daijifeng001/caffe-rfcn, hszhao/PSPNet, NVIDIA/caffe, intel/caffe,
-CMU-Perceptual-Computing-Lab/caffe_train and caffe_rtpose, lmb-freiburg/flownet2,
-wy1iu/sphereface, ydwen/caffe-face, farmingyard/ShuffleNet,
+ShaoqingRen/caffe, daijifeng001/caffe-rfcn, hszhao/PSPNet, DeepLab v2 (deeplab-public-ver2),
+NVIDIA/caffe, intel/caffe, CMU-Perceptual-Computing-Lab/caffe_train and caffe_rtpose,
+lmb-freiburg/flownet2, wy1iu/sphereface, ydwen/caffe-face, happynear/caffe-windows (AM-Softmax),
+farmingyard/ShuffleNet and caffe-mobilenet, hujie-frank/SENet, senlinuc/caffe_ocr (CRNN),
 yonghenglh6/DepthwiseConvolution and eric612/MobileNet-YOLO.
 """
 from __future__ import annotations
@@ -34,6 +38,9 @@ FORKS: dict[str, tuple[str, ...]] = {
     "PSPNet": ("AdaptiveBiasChannel", "BN", "BiasChannel", "DenseCRF", "DomainTransform",
                "DomainTransformForwardOnly", "ImageSegData", "Interp", "MatRead", "MatWrite",
                "SegAccuracy", "SpatialProduct", "UniqueLabel"),
+    "DeepLab v2": ("AdaptiveBiasChannel", "BiasChannel", "DenseCRF", "DomainTransform",
+                   "DomainTransformForwardOnly", "ImageSegData", "Interp", "MatRead",
+                   "MatWrite", "SegAccuracy", "SpatialProduct", "UniqueLabel"),
     "OpenPose (CPM)": ("CPMData", "ImResize", "Nms", "Maximum", "EuclideanmaskLoss"),
     "FlowNet 2.0": ("Accum", "BlackAugmentation", "ChannelNorm", "Correlation",
                     "Correlation1D", "CustomData", "DataAugmentation", "DisparityData",
@@ -51,8 +58,13 @@ FORKS: dict[str, tuple[str, ...]] = {
               "SpatialDropout", "VideoData"),
     "SphereFace": ("MarginInnerProduct",),
     "center-loss (caffe-face)": ("CenterLoss",),
+    "AM-Softmax": ("LabelSpecificAdd",),
     "ShuffleNet": ("ShuffleChannel",),
+    "caffe-mobilenet": ("ConvolutionDepthwise",),
+    "SENet": ("Axpy",),
     "DepthwiseConvolution": ("DepthwiseConvolution",),
+    "caffe_ocr (CRNN)": ("CTCGreedyDecoder", "Lstm", "Reverse", "ReverseTime", "Transpose",
+                         "WarpCTCLoss"),
     "MobileNet-YOLO": ("AnnotatedData", "AssistedExcitation", "Axpy", "DepthwiseConvolution",
                        "DetectionEvaluate", "DetectionOutput", "GaussianYolov3", "LaneData",
                        "MultiBoxLoss", "Normalize", "Permute", "PriorBox", "ReLU6",
@@ -61,15 +73,28 @@ FORKS: dict[str, tuple[str, ...]] = {
                        "Yolov3DetectionOutput"),
 }
 
+# Fork -> the repository its sources were read from (for the docs).
+REPOSITORIES: dict[str, str] = {
+    "SSD": "weiliu89/caffe (ssd)", "SegNet": "alexgkendall/caffe-segnet",
+    "Fast/Faster R-CNN": "rbgirshick/caffe-fast-rcnn", "R-FCN": "daijifeng001/caffe-rfcn",
+    "PSPNet": "hszhao/PSPNet", "DeepLab v2": "deeplab-public-ver2",
+    "OpenPose (CPM)": "CMU-Perceptual-Computing-Lab/caffe_train",
+    "FlowNet 2.0": "lmb-freiburg/flownet2", "NVIDIA (NVCaffe)": "NVIDIA/caffe",
+    "Intel": "intel/caffe", "SphereFace": "wy1iu/sphereface",
+    "center-loss (caffe-face)": "ydwen/caffe-face", "ShuffleNet": "farmingyard/ShuffleNet",
+    "AM-Softmax": "happynear/caffe-windows (ms)", "caffe-mobilenet": "farmingyard/caffe-mobilenet",
+    "SENet": "hujie-frank/SENet", "caffe_ocr (CRNN)": "senlinuc/caffe_ocr",
+    "DepthwiseConvolution": "yonghenglh6/DepthwiseConvolution",
+    "MobileNet-YOLO": "eric612/MobileNet-YOLO",
+}
+
 PORT = "port it as a Python layer (type: Python, python_param: {module, layer})"
 
 # The fix an error gives for a fork's type, where a BVLC form exists (else: port it).
 FIXES: dict[str, str] = {
-    "BN": f"use BatchNorm followed by Scale with bias_term: true, or {PORT}",
     "MKLBatchNorm": f"use BatchNorm followed by Scale with bias_term: true, or {PORT}",
     "ReLU6": f"use Clip with clip_param {{min: 0, max: 6}}, or {PORT}",
     "DepthwiseConvolution": f"use Convolution with group equal to the input channels, or {PORT}",
-    "Interp": f"use Deconvolution with a bilinear weight_filler (integer zoom factors), or {PORT}",
     # registered by several Faster R-CNN forks; py-faster-rcnn has it as a Python layer
     "Proposal": "use py-faster-rcnn's Python layer: type: Python, python_param {module: "
                 "rpn.proposal_layer, layer: ProposalLayer}",
@@ -99,3 +124,4 @@ def origin(type_name: str) -> str | None:
     if len(forks) == 1:
         return f"{forks[0]}'s Caffe fork"
     return f"the {', '.join(forks[:-1])} and {forks[-1]} Caffe forks"
+

@@ -11,9 +11,17 @@ class LossParameter(Message):
     """Shared by loss layers: which label to ignore and how to normalise."""
 
     ignore_label: int | None = field(None, "positions with this label add no loss or gradient")
-    normalization: str = field("VALID", "what the summed loss is divided by",
-                               choices=("FULL", "VALID", "BATCH_SIZE", "NONE"))
+    normalization: str = field("VALID", "what the summed loss is divided by (PRE_FIXED: "
+                                        "pre_fixed_normalizer, R-FCN's fork, which numbers it "
+                                        "3 where Caffe numbers NONE: write it by name)",
+                               choices={"FULL": 0, "VALID": 1, "BATCH_SIZE": 2, "NONE": 3,
+                                        "PRE_FIXED": None})
     normalize: bool | None = field(None, "legacy: true means VALID, false BATCH_SIZE")
+    pre_fixed_normalizer: float = field(1.0, "R-FCN's fork: the divisor of normalization "
+                                             "PRE_FIXED")
+    weight_by_label_freqs: bool = field(False, "SegNet's fork: weight each position's loss "
+                                               "and gradient by its label's class_weighting")
+    class_weighting: list[float] = field([], "SegNet's fork: one weight per class")
 
 
 @dataclass

@@ -20,4 +20,4 @@ class HingeLossParameter(Message):
     """Caffe's HingeLossParameter."""
 
     norm: str = field("L1", "L1: sum of the hinges; L2: sum of their squares",
-                      choices=("L1", "L2"))
+                      choices={"L1": 1, "L2": 2})

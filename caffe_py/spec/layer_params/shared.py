@@ -5,6 +5,10 @@ from dataclasses import dataclass
 
 from ..schema import Check, Message, field
 
+# caffe.proto's numbering of the enums several messages share (a spec may write the number)
+ENGINE_NUMBERS = {"DEFAULT": 0, "CAFFE": 1, "CUDNN": 2}
+POOL_METHODS = {"MAX": 0, "AVE": 1, "STOCHASTIC": 2}
+
 
 @dataclass
 class BlobShape(Message):
@@ -31,7 +35,7 @@ class FillerParameter(Message):
     std: float = field(1.0, "gaussian: standard deviation", min=0)
     sparse: int = field(-1, "gaussian: expected non-zeros per output (-1: dense)")
     variance_norm: str = field("FAN_IN", "xavier/msra: the n in the variance",
-                               choices=("FAN_IN", "FAN_OUT", "AVERAGE"))
+                               choices={"FAN_IN": 0, "FAN_OUT": 1, "AVERAGE": 2})
 
     def check(self, v: Check) -> None:
         if self.type == "uniform" and self.min > self.max:

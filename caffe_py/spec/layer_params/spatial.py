@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from ..schema import Message, field
+from .shared import ENGINE_NUMBERS, POOL_METHODS
 
 
 @dataclass
@@ -13,6 +14,6 @@ class SPPParameter(Message):
 
     pyramid_height: int = field(0, "levels: level i pools a 2^i x 2^i grid (required, >= 1)",
                                 min=0)
-    pool: str = field("MAX", "pooling method", choices=("MAX", "AVE", "STOCHASTIC"))
+    pool: str = field("MAX", "pooling method", choices=POOL_METHODS)
     engine: str = field("DEFAULT", "implementation (all map to torch's pooling)",
-                        choices=("DEFAULT", "CAFFE", "CUDNN"))
+                        choices=ENGINE_NUMBERS)

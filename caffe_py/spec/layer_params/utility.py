@@ -31,7 +31,7 @@ class ReductionParameter(Message):
     """Reduce every axis from ``axis`` on to one value (Caffe's ReductionParameter)."""
 
     operation: str = field("SUM", "SUM, ASUM (sum of |x|), SUMSQ (sum of x^2) or MEAN",
-                           choices=("SUM", "ASUM", "SUMSQ", "MEAN"))
+                           choices={"SUM": 1, "ASUM": 2, "SUMSQ": 3, "MEAN": 4})
     axis: int = field(0, "the first axis reduced; the top keeps the axes before it "
                          "(0: a scalar)")
     coeff: float = field(1.0, "multiplies the result")

@@ -6,7 +6,7 @@ from dataclasses import dataclass
 
 from ...errors import one_line
 from ..schema import Check, Message, field, is_set
-from .shared import FillerParameter
+from .shared import ENGINE_NUMBERS, POOL_METHODS, FillerParameter
 
 log = logging.getLogger(__name__)
 
@@ -32,16 +32,39 @@ class ConvolutionParameter(Message):
     weight_filler: FillerParameter | None = field(None, "weight init (none: zeros, as Caffe)")
     bias_filler: FillerParameter | None = field(None, "bias init (none: zeros, as Caffe)")
     engine: str = field("DEFAULT", "implementation (all map to torch's convolution)",
-                        choices=("DEFAULT", "CAFFE", "CUDNN"))
+                        choices=ENGINE_NUMBERS)
     axis: int = field(1, "the channel axis; the axes after it are spatial")
     force_nd_im2col: bool = field(False, "accepted for compatibility; has no effect")
+    hole: int | None = field(None, "DeepLab v1's fork: the kernel's dilation on both axes (its "
+                                   "atrous 'hole'); read as dilation", min=1)
+    hole_h: int | None = field(None, "DeepLab v1's fork: dilation along H", min=1)
+    hole_w: int | None = field(None, "DeepLab v1's fork: dilation along W", min=1)
+
+    def check(self, v: Check) -> None:
+        holes = [key for key in ("hole", "hole_h", "hole_w") if getattr(self, key) is not None]
+        if not holes:
+            return
+        if is_set(self, "dilation"):
+            v.fail(holes[0], f"{holes[0]} (DeepLab v1's dilation) and dilation are both set",
+                   "keep dilation (Caffe 1.0's field)")
+        if self.hole is not None and len(holes) > 1:
+            v.fail(holes[1], f"hole and {holes[1]} are both set", "give hole, or hole_h and "
+                                                                  "hole_w")
+        if self.hole is not None:
+            self.dilation = [self.hole]
+        else:
+            self.dilation = [self.hole_h or 1, self.hole_w or 1]
+        log.info("note: " + one_line(
+            f"{', '.join(holes)} (DeepLab v1's fork) read as dilation: {self.dilation}",
+            file=v.src.file, line=v.node.line_of(holes[0]),
+            path=f"{v.path}.{holes[0]}" if v.path else holes[0]))
 
 
 @dataclass
 class PoolingParameter(Message):
     """Pooling settings (Caffe's PoolingParameter)."""
 
-    pool: str = field("MAX", "pooling method", choices=("MAX", "AVE", "STOCHASTIC"))
+    pool: str = field("MAX", "pooling method", choices=POOL_METHODS)
     pad: int = field(0, "padding on each side (MAX and AVE only)", min=0)
     pad_h: int = field(0, "padding along H (instead of pad)", min=0)
     pad_w: int = field(0, "padding along W (instead of pad)", min=0)
@@ -52,10 +75,10 @@ class PoolingParameter(Message):
     stride_h: int = field(0, "step along H (instead of stride)", min=0)
     stride_w: int = field(0, "step along W (instead of stride)", min=0)
     engine: str = field("DEFAULT", "implementation (all map to torch's pooling)",
-                        choices=("DEFAULT", "CAFFE", "CUDNN"))
+                        choices=ENGINE_NUMBERS)
     global_pooling: bool = field(False, "pool over the whole H x W (no kernel, pad 0, stride 1)")
     round_mode: str = field("CEIL", "how the output size (H + 2 pad - kernel) / stride + 1 is "
-                                    "rounded", choices=("CEIL", "FLOOR"))
+                                    "rounded", choices={"CEIL": 0, "FLOOR": 1})
     ceil_mode: bool | None = field(
         None, "a fork's older spelling of round_mode (BVLC pull request 3057): true is CEIL, "
               "false is FLOOR")
@@ -83,8 +106,8 @@ class LRNParameter(Message):
     alpha: float = field(1.0, "scale of the sum of squares")
     beta: float = field(0.75, "exponent")
     norm_region: str = field("ACROSS_CHANNELS", "normalise over nearby channels or a spatial "
-                                                "window", choices=("ACROSS_CHANNELS",
-                                                                   "WITHIN_CHANNEL"))
+                                                "window", choices={"ACROSS_CHANNELS": 0,
+                                                                   "WITHIN_CHANNEL": 1})
     k: float = field(1.0, "ACROSS_CHANNELS: the constant added (WITHIN_CHANNEL uses 1)")
     engine: str = field("DEFAULT", "implementation (all map to torch)",
-                        choices=("DEFAULT", "CAFFE", "CUDNN"))
+                        choices=ENGINE_NUMBERS)

@@ -1,0 +1,199 @@
+"""`cpy train --gpus 0..N-1` with no other flag against torchrun DDP, in one run: the scaling
+goals of the multi-GPU default.
+
+    python benchmarks/scale_default.py --out DIR [--max-gpus 4] [--models resnet50,lenet]
+    python benchmarks/scale_default.py --out DIR --cpu          # a smoke run on CPU replicas
+
+Models: ResNet-50 (configs/resnet50_dummy.yaml with constant DummyData, bf16 autocast,
+channels_last by the solver's AUTO memory format, batch 256 per GPU) and LeNet (configs/
+lenet.yaml on constant DummyData, fp32, batch 64 per GPU). Each `cpy train` is a fresh process
+as a user runs it, on a solver file that fixes max_iter and display; its rate is the median of
+Caffe's display lines ("Iteration I (R iter/s, ...)") after the first two, in images/s = R x
+batch x N. Baselines in the same run: torchrun DDP over torchvision's resnet50 (ResNet-50) or
+over caffe-py's net as an nn.Module (LeNet), same batch per GPU (benchmarks/ddp_baseline.py),
+and the plain 1-GPU torchvision loop; "of linear" is the rate over N x the same model's 1-GPU
+`cpy train` rate. The table (with the goals' verdicts) is printed last and written to
+DIR/scale_default.md; every result is a JSON line in DIR/scale_default.jsonl.
+"""
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import os
+import platform
+import re
+import statistics
+import subprocess
+import sys
+from pathlib import Path
+
+import yaml
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT / "benchmarks"))
+
+from multigpu import constant_dummy_data, lenet_dummy, write_solver  # noqa: E402
+
+RATE = re.compile(r"Iteration (\d+) \(([\d.e+]+) iter/s")
+MODELS = {
+    # name: (display interval, max_iter, DDP warm-up/iterations)
+    "resnet50": (10, 80, (15, 30)),
+    "lenet": (1000, 8000, (200, 2000)),
+}
+
+
+def solver_for(model: str, out: Path, cpu: bool) -> Path:
+    """The model's solver with max_iter and display fixed (nothing left to a flag)."""
+    if model == "resnet50" and not cpu:
+        net = constant_dummy_data(yaml.safe_load((ROOT / "configs/resnet50_dummy.yaml")
+                                                 .read_text()))
+        path = write_solver(net, out, model, "BF16")
+    else:   # LeNet (and the CPU smoke run's stand-in for ResNet-50)
+        net = lenet_dummy(yaml.safe_load((ROOT / "configs/lenet.yaml").read_text()), 64)
+        path = write_solver(net, out, model, "FLOAT32")
+    display, max_iter, _ = MODELS[model]
+    if cpu:
+        display, max_iter = 5, 30
+    solver = yaml.safe_load(path.read_text())
+    solver.update(display=display, max_iter=max_iter)
+    path.write_text(yaml.safe_dump(solver, sort_keys=False))
+    return path
+
+
+def batch_of(solver: Path) -> int:
+    net = yaml.safe_load(Path(yaml.safe_load(solver.read_text())["net"]).read_text())
+    data = next(layer for layer in net["layer"] if layer["type"] == "DummyData")
+    return int(data["dummy_data_param"]["shape"][0]["dim"][0])
+
+
+def cpy_train(solver: Path, n: int, out: Path, cpu: bool) -> dict:
+    """One `cpy train --gpus ...` process; its display rates."""
+    gpus = f"cpu:{n}" if cpu else ",".join(str(i) for i in range(n))
+    prefix = out / f"snap_{solver.stem}_{n}"
+    subprocess.run(["rm", "-rf", str(prefix)], check=False)
+    solver_copy = out / f"{solver.stem}_{n}.yaml"
+    spec = yaml.safe_load(solver.read_text())
+    spec["snapshot_prefix"] = str(prefix / "s")
+    solver_copy.write_text(yaml.safe_dump(spec, sort_keys=False))
+    done = subprocess.run([sys.executable, str(ROOT / "cli.py"), "train", "--solver",
+                           str(solver_copy), "--gpus", gpus, "--log-format", "plain"],
+                          capture_output=True, text=True, timeout=900, cwd=out)
+    text = done.stdout + done.stderr
+    (out / f"cpy_{solver.stem}_{n}.log").write_text(text)
+    rates = [float(m.group(2)) for m in RATE.finditer(text)]
+    notes = [line for line in text.splitlines() if "CUDA graphs off" in line
+             or line.startswith(("whole iterations", "reduction tree"))]
+    if done.returncode != 0 or len(rates) < 3:
+        tail = " | ".join(text.strip().splitlines()[-3:])
+        return {"ok": False, "why": f"exit {done.returncode}: {tail}"}
+    per_s = statistics.median(rates[2:])
+    return {"ok": True, "iter_per_s": per_s, "images_per_s": per_s * batch_of(solver) * n,
+            "notes": notes}
+
+
+def ddp(solver: Path, n: int, model: str, out: Path, cpu: bool) -> dict:
+    """torchrun DDP (n > 1) or the plain 1-GPU loop (n = 1) on the same batch per GPU."""
+    warmup, iters = MODELS[model][2]
+    if cpu:
+        warmup, iters = 2, 5
+    result = out / f"ddp_{model}_{n}.jsonl"
+    result.unlink(missing_ok=True)
+    common = ["--solver", str(solver), "--warmup", str(warmup), "--iters", str(iters),
+              "--json", str(result), *(["--cpu"] if cpu else [])]
+    if model == "resnet50" and not cpu:
+        common += ["--torchvision", "--channels-last"]
+    if n == 1:
+        cmd = [sys.executable, str(ROOT / "benchmarks/ddp_baseline.py"), "--plain", *common]
+    else:
+        cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone",
+               "--nproc_per_node", str(n), str(ROOT / "benchmarks/ddp_baseline.py"), *common]
+    done = subprocess.run(cmd, capture_output=True, text=True, timeout=900)
+    (out / f"ddp_{model}_{n}.log").write_text(done.stdout + done.stderr)
+    if done.returncode != 0 or not result.exists():
+        return {"ok": False, "why": f"exit {done.returncode}"}
+    return {"ok": True, **json.loads(result.read_text().splitlines()[-1])}
+
+
+def verdicts(model: str, n: int, ratio_ddp: float | None, of_linear: float | None,
+             speedup: float | None) -> str:
+    goals = []
+    if model == "resnet50" and n >= 2:
+        if ratio_ddp is not None:
+            goals.append(f"vs DDP >= 1.05: {'met' if ratio_ddp >= 1.05 else 'NOT met'}")
+        if of_linear is not None:
+            goals.append(f">= 99% of linear: {'met' if of_linear >= 0.99 else 'NOT met'}")
+    if model == "resnet50" and n == 1 and ratio_ddp is not None:
+        goals.append(f">= 1.10x torchvision: {'met' if ratio_ddp >= 1.10 else 'NOT met'}")
+    if model == "lenet" and n in (2, 4) and speedup is not None:
+        want = 1.8 if n == 2 else 3.0
+        goals.append(f">= {want}x one GPU: {'met' if speedup >= want else 'NOT met'}")
+    return "; ".join(goals)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--out", type=Path, required=True)
+    ap.add_argument("--max-gpus", type=int, default=4)
+    ap.add_argument("--models", default="resnet50,lenet")
+    ap.add_argument("--gpus", default=None, metavar="LIST",
+                    help="GPU counts to run, e.g. 1,3,4 (default: 1..max-gpus; 1 is needed "
+                         "for 'of linear')")
+    ap.add_argument("--cpu", action="store_true", help="smoke run on CPU replicas")
+    ap.add_argument("--ddp-models", default="resnet50,lenet",
+                    help="models that get the DDP baseline rows")
+    args = ap.parse_args()
+    out = args.out.resolve()
+    out.mkdir(parents=True, exist_ok=True)
+    if args.cpu:
+        gpus = args.max_gpus
+    else:
+        import torch
+
+        gpus = min(args.max_gpus, torch.cuda.device_count())
+    counts = [int(c) for c in args.gpus.split(",")] if args.gpus else list(range(1, gpus + 1))
+    jsonl = out / "scale_default.jsonl"
+    rows = []
+    for model in args.models.split(","):
+        solver = solver_for(model, out, args.cpu)
+        one = None
+        for n in counts:
+            cpy = cpy_train(solver, n, out, args.cpu)
+            base = (ddp(solver, n, model, out, args.cpu) if model in args.ddp_models.split(",")
+                    else {"ok": False})
+            if n == 1 and cpy["ok"]:
+                one = cpy["images_per_s"]
+            ratio = (cpy["images_per_s"] / base["images_per_s"]
+                     if cpy["ok"] and base["ok"] else None)
+            linear = cpy["images_per_s"] / (one * n) if cpy["ok"] and one else None
+            speedup = cpy["images_per_s"] / one if cpy["ok"] and one else None
+            record = {"model": model, "gpus": n, "cpy": cpy, "baseline": base,
+                      "vs_baseline": ratio, "of_linear": linear}
+            with jsonl.open("a") as f:
+                f.write(json.dumps(record) + "\n")
+            rows.append((model, n, cpy, base, ratio, linear,
+                         verdicts(model, n, ratio, linear, speedup)))
+            print(json.dumps(record), flush=True)
+    lines = [f"Machine: {platform.node()}, {gpus} {'CPU replicas' if args.cpu else 'GPUs'}; "
+             f"{datetime.datetime.now(datetime.timezone.utc):%Y-%m-%d %H:%M} UTC; "
+             f"`python benchmarks/scale_default.py --out DIR --max-gpus {args.max_gpus}"
+             f"{f' --gpus {args.gpus}' if args.gpus else ''}"
+             f"{f' --ddp-models {args.ddp_models}' if args.ddp_models != 'resnet50,lenet' else ''}"
+             f"{' --cpu' if args.cpu else ''}`", "",
+             "| model | GPUs | `cpy train`, no flag: img/s | baseline (n=1: plain loop; else "
+             "torchrun DDP): img/s | vs baseline | of linear | goals |",
+             "|---|---|---|---|---|---|---|"]
+    for model, n, cpy, base, ratio, linear, goal in rows:
+        got = f"{cpy['images_per_s']:,.0f}" if cpy["ok"] else f"failed ({cpy['why'][:80]})"
+        ref = f"{base['images_per_s']:,.0f}" if base.get("ok") else "-"
+        lines.append(f"| {model} | {n} | {got} | {ref} | "
+                     f"{f'{ratio:.3f}x' if ratio else '-'} | "
+                     f"{f'{linear:.1%}' if linear else '-'} | {goal} |")
+    table = "\n".join(lines)
+    (out / "scale_default.md").write_text(table + "\n")
+    print(table)
+
+
+if __name__ == "__main__":
+    os.environ.setdefault("NCCL_NVLS_ENABLE", "0")
+    main()

@@ -1,0 +1,287 @@
+"""LMDB databases in Caffe's layout: a directory holding data.mdb and lock.mdb, one record per
+key, read in key order.
+
+Writing goes into ``DB.partial`` and is renamed to ``DB`` when complete, so ``DB`` either does
+not exist or holds every record; nothing about the conversion's progress is stored among the
+records, which Caffe reads in key order. A leftover ``DB.partial`` (an interrupted conversion)
+is refused unless the caller resumes it: records are committed 1000 at a time, as Caffe's
+converters do, and resuming continues after the last committed key.
+
+The map starts small and doubles whenever LMDB reports it full (the batch is retried), so no
+conversion fails with MDB_MAP_FULL and no database reserves a terabyte of address space.
+"""
+from __future__ import annotations
+
+import os
+import struct
+import threading
+from collections.abc import Iterator, Sequence
+from itertools import islice
+from pathlib import Path
+
+import lmdb
+
+from ...errors import DataError
+from .partial import (  # noqa: F401 (partial_path, remove_partial, WriteSummary: re-exported)
+    COMMIT_EVERY,
+    PartialWriter,
+    WriteSummary,
+    cannot_create,
+    partial_path,
+    remove_partial,
+)
+
+INITIAL_MAP_SIZE = 64 << 20
+
+
+def missing_fix(path: str | os.PathLike) -> str:
+    """How to create a database that is not there."""
+    if "fashion_mnist" in Path(path).as_posix():
+        return "run `make data`"
+    return "create it with `cpy convert` or fix data_param.source"
+
+
+class LmdbWriter(PartialWriter):
+    """A :class:`~.partial.PartialWriter` into an LMDB: each batch is one write transaction;
+    the map starts at ``map_size`` and doubles whenever LMDB reports it full (the batch is
+    retried)."""
+
+    def __init__(self, path: str | os.PathLike, *, resume: bool = False,
+                 map_size: int = INITIAL_MAP_SIZE, commit_every: int = COMMIT_EVERY):
+        self.map_size = map_size
+        super().__init__(path, resume=resume, commit_every=commit_every)
+
+    def _open(self) -> None:
+        try:
+            self.partial.parent.mkdir(parents=True, exist_ok=True)
+            self._env = lmdb.open(str(self.partial), map_size=self.map_size, subdir=True,
+                                  readahead=False, meminit=False, max_dbs=0)
+        except OSError as exc:
+            raise cannot_create(self.partial, exc) from None
+        except lmdb.Error as exc:
+            raise DataError(f"{self.partial}: cannot open for writing ({_reason(exc)}); "
+                            "delete it and convert again") from None
+        self.map_size = int(self._env.info()["map_size"])
+        self.resumed = int(self._env.stat()["entries"])
+        with self._env.begin() as txn, txn.cursor() as cursor:
+            self.last_key = bytes(cursor.key()) if cursor.last() else None
+
+    def _write(self, pending: list[tuple[bytes, bytes]]) -> None:
+        while True:
+            try:
+                with self._env.begin(write=True) as txn:
+                    for key, value in pending:
+                        txn.put(key, value, overwrite=True)
+                return
+            except lmdb.MapFullError:
+                # The transaction was aborted on the way out of `with`; double and retry.
+                self.map_size *= 2
+                self._env.set_mapsize(self.map_size)
+            except lmdb.Error as exc:
+                raise DataError(f"{self.partial}: cannot write ({_reason(exc)}); free disk "
+                                "space or fix the folder's permissions, then run the same "
+                                "command with --resume") from None
+
+    def _close(self, *, sync: bool) -> None:
+        if sync:
+            self._env.sync(True)
+        self._env.close()
+
+    def __enter__(self) -> LmdbWriter:
+        return self
+
+
+class LmdbCursor:
+    """One reader's position in an LMDB (key order, in its own read transaction):
+    ``seek(index)``, then ``read(count)`` runs of records, wrapping to the first record after
+    the last.
+
+    Values come back as memoryviews of the database's map (no copy per record): they are
+    valid while the cursor is open, so the reader decodes (copies) them before it hands
+    anything on."""
+
+    def __init__(self, env: lmdb.Environment, size: int):
+        self.size = size
+        self._txn = env.begin(buffers=True)
+        self._cursor = self._txn.cursor()
+        self._cursor.first()
+
+    def seek(self, index: int) -> None:
+        """Stand on record ``index`` (mod the size), stepping over keys only."""
+        cursor = self._cursor
+        cursor.first()
+        for _ in range(index % self.size):
+            if not cursor.next():
+                cursor.first()
+
+    def read(self, count: int) -> tuple[Sequence[bytes], Sequence[memoryview]]:
+        """The next ``count`` records (fewer at the end of the database): keys (bytes) and
+        values (views of the map, valid while the cursor is open)."""
+        items = list(islice(self._cursor.iternext(), count))  # leaves the cursor on the last
+        if not self._cursor.next():
+            self._cursor.first()  # the end of the database: wrap to the first record
+        if not items:
+            return (), ()
+        keys, values = zip(*items, strict=True)
+        return tuple(map(bytes, keys)), values
+
+    def close(self) -> None:
+        self._txn.abort()
+
+
+class LmdbReader:
+    """A database opened read-only: ``len()``, iteration in key order, ``records(start_key)``,
+    ``cursor()`` (the reader's producer).
+
+    Opens without the lock file (``lock=False``), so many readers and read-only filesystems
+    work; the database must not be written while it is read. Readahead is on: records are read
+    sequentially.
+    """
+
+    fixed_order = True
+
+    def __init__(self, path: str | os.PathLike, *, fix: str | None = None):
+        self.path = Path(path)
+        self.source = str(path)
+        self._env = acquire_readonly(self.path, fix or missing_fix(self.path))
+        self._count = int(self._env.stat()["entries"])
+
+    def __len__(self) -> int:
+        return self._count
+
+    def __iter__(self) -> Iterator[tuple[bytes, bytes]]:
+        return self.records()
+
+    def records(self, start_key: bytes | None = None) -> Iterator[tuple[bytes, bytes]]:
+        """``(key, value)`` pairs in key order, from the first key >= ``start_key``."""
+        try:
+            with self._env.begin(buffers=False) as txn, txn.cursor() as cursor:
+                found = cursor.set_range(start_key) if start_key is not None else cursor.first()
+                if not found:
+                    return
+                yield from cursor
+        except lmdb.Error as exc:
+            raise DataError(f"{self.source}: corrupt LMDB database ({_reason(exc)}); delete it "
+                            "and convert the data again") from None
+
+    def get(self, key: bytes) -> bytes | None:
+        with self._env.begin(buffers=False) as txn:
+            return txn.get(key)
+
+    def first(self) -> tuple[bytes, bytes]:
+        """The first record; a :class:`DataError` if the database is empty."""
+        for item in self.records():
+            return item
+        raise DataError(f"{self.source}: the database is empty; convert the data again")
+
+    def cursor(self) -> LmdbCursor:
+        return LmdbCursor(self._env, self._count)
+
+    def close(self) -> None:
+        if self._env is not None:
+            release_readonly(self._env)
+            self._env = None
+
+    def __enter__(self) -> LmdbReader:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+
+def open_db(path: str | os.PathLike, *, fix: str | None = None) -> LmdbReader:
+    """Open a database for reading; a missing or corrupt one is a one-line :class:`DataError`."""
+    return LmdbReader(path, fix=fix)
+
+
+# LMDB allows one environment per database per process (py-lmdb refuses a second open), yet
+# several readers may want one database at once: a TRAIN and a TEST pool, db-info while a
+# reader runs. Read-only environments are therefore shared, with a reference count.
+_SHARED: dict[str, list] = {}  # real path -> [environment, references]
+_SHARED_LOCK = threading.Lock()
+
+
+def acquire_readonly(path: str | os.PathLike, fix: str | None = None) -> lmdb.Environment:
+    """The process's read-only environment of ``path``; hand it back with release_readonly."""
+    path = Path(path)
+    key = os.path.realpath(path)
+    with _SHARED_LOCK:
+        entry = _SHARED.get(key)
+        if entry is None:
+            entry = _SHARED[key] = [_open_readonly(path, fix or missing_fix(path)), 0]
+        entry[1] += 1
+        return entry[0]
+
+
+def release_readonly(env: lmdb.Environment) -> None:
+    """Drop one reference to a shared environment; the last one closes it."""
+    with _SHARED_LOCK:
+        for key, entry in _SHARED.items():
+            if entry[0] is env:
+                entry[1] -= 1
+                if entry[1] == 0:
+                    del _SHARED[key]
+                    env.close()
+                return
+
+
+def _open_readonly(path: Path, fix: str) -> lmdb.Environment:
+    if not path.exists():
+        partial = partial_path(path)
+        if partial.exists():
+            raise DataError(f"{path}: database not found; the conversion into {partial} was "
+                            "interrupted: run it again with --resume, or delete it and convert "
+                            "again")
+        raise DataError(f"{path}: database not found; {fix}")
+    if not path.is_dir():
+        raise DataError(f"{path}: not an LMDB database directory (Caffe's LMDBs are "
+                        f"directories holding data.mdb); {fix}")
+    if not (path / "data.mdb").is_file():
+        raise DataError(f"{path}: no data.mdb in this directory, not an LMDB database; {fix}")
+    check_data_file(path / "data.mdb")
+    try:
+        return lmdb.open(str(path), readonly=True, lock=False, readahead=True, subdir=True,
+                         max_readers=512)
+    except lmdb.Error as exc:
+        raise DataError(f"{path}: corrupt LMDB database ({_reason(exc)}); delete it and "
+                        "convert the data again") from None
+
+
+# data.mdb begins with two meta pages (LMDB's MDB_meta after a 16-byte page header, 64-bit
+# layout): magic and version, the map address and size, two 48-byte database records (the
+# free-page one's first 4 bytes hold the page size), the last used page and the transaction id.
+_META = struct.Struct("<16xII8xQ I44x 48x QQ")
+_MAGIC, _VERSION = 0xBEEFC0DE, 1
+
+
+def check_data_file(data: Path) -> None:
+    """Refuse a data.mdb that is not LMDB's or is shorter than its own newest meta page says
+    (a truncated copy would be mapped and then fault: a bus error, not an exception)."""
+    size = data.stat().st_size
+    with data.open("rb") as f:
+        head = f.read(_META.size)
+        metas = [_META.unpack(head)] if len(head) == _META.size else []
+        if metas and metas[0][0] == _MAGIC and 512 <= metas[0][3] <= 1 << 16:
+            f.seek(metas[0][3])
+            second = f.read(_META.size)
+            if len(second) == _META.size:
+                metas.append(_META.unpack(second))
+    metas = [m for m in metas if m[0] == _MAGIC]
+    where = f"{data.parent}: corrupt LMDB database"
+    if not metas:
+        raise DataError(f"{where} (data.mdb has no LMDB meta page: not an LMDB file, or "
+                        "damaged); delete it and convert the data again")
+    magic, version, _mapsize, psize, last_page, _txn = max(metas, key=lambda m: m[5])
+    if version != _VERSION or not 512 <= psize <= 1 << 16:
+        raise DataError(f"{where} (data.mdb meta page: version {version}, page size {psize}); "
+                        "delete it and convert the data again")
+    need = (last_page + 1) * psize
+    if size < need:
+        raise DataError(f"{where} (data.mdb is {size} bytes but its pages reach {need}: the "
+                        "file is truncated, e.g. an interrupted copy); copy it again, or "
+                        "delete it and convert the data again")
+
+
+def _reason(exc: lmdb.Error) -> str:
+    text = str(exc).strip()
+    return text.split(": ", 1)[-1] if ": " in text else text

@@ -1,0 +1,439 @@
+"""Decode processes: the feeds' image files decoded and cropped in worker processes.
+
+Threads share one GIL. However little of an image's decode holds it (PIL: opening the file
+and the array interface; torchvision's decoder: the call and the crop's copy), every image
+hands it over a few times, and the threads together stop near a rate set by those hand-overs,
+not by the cores: measured on a 16- and a 64-core machine, PIL's threads reach about 3,000
+256 x 256 JPEGs/s and torchvision's about 8,000, and both fall with more threads. One GPU
+trains ResNet-50 at about 4,000-5,000 images/s; four need about 19,000. Processes do not share
+a GIL, so they scale with the cores.
+
+How a batch goes (:meth:`ProcessCrops.submit`, called by a feed thread): the feed writes the
+batch's files end to end into its shared input buffer (:mod:`multiprocessing.shared_memory`),
+cuts the batch into parts (the processes over the feeds) and submits them; each process decodes its
+records with PIL (the reader's decoder: the same pixels, bit for bit) and writes each crop
+window, mirrored where the transform flips it and in Caffe's BGR order, into the feed's shared
+output buffer; the feed waits for every part and copies the crops into its batch slot. A feed
+keeps two batches in the processes (:data:`IN_FLIGHT`, each with its own buffers): it submits
+the next batch before it waits for the last, so the processes decode while it writes files and
+copies crops. Only a few numbers and names cross the pipes. A part that fails raises its
+record's error in the feed (the first by record order), as the threads do.
+
+The processes are forked at the first batch (see :func:`_context`) and use only numpy, PIL
+and this package's decode modules. They ignore SIGINT (the training process handles Ctrl-C
+and closes the pool), and each one ends itself when the process that started it is gone. A
+process that dies (out of memory, killed) stops the run with one line naming the database.
+"""
+from __future__ import annotations
+
+import logging
+import mmap
+import multiprocessing
+import os
+import signal
+import threading
+import time
+from collections import OrderedDict
+from concurrent.futures import Future, ProcessPoolExecutor
+from concurrent.futures import TimeoutError as FutureTimeout
+from concurrent.futures.process import BrokenProcessPool
+from dataclasses import dataclass
+from multiprocessing import shared_memory
+
+import numpy as np
+
+from ...errors import DataError
+from .file_crops import decode_crop
+from .workers import JOIN_TIMEOUT_S, WAIT_SLICE_S, as_data_error
+
+log = logging.getLogger(__name__)
+
+PARENT_POLL_S = 1.0
+"""How often a decode process checks that the process which started it is alive."""
+SHM_DIR = "/dev/shm"
+"""Where POSIX shared memory (multiprocessing.shared_memory) lives on Linux."""
+IN_FLIGHT = 2
+"""Batches a feed keeps in the decode processes at once (see :class:`ProcessCrops`)."""
+ATTACHED_BUFFERS = 32
+"""Shared buffers a decode process keeps mapped (two per batch in flight per feed; the oldest
+are let go)."""
+
+
+@dataclass(frozen=True)
+class Part:
+    """Records ``start .. stop-1`` of a feed's batch, for one decode process."""
+
+    files: str  # the feed's input buffer (files end to end)
+    crops: str  # the feed's output buffer: (batch, C, h, w) uint8
+    batch_shape: tuple[int, int, int, int]
+    start: int
+    stop: int
+    bounds: tuple[int, ...]  # the part's files: bytes bounds[k] .. bounds[k+1] of the input
+    keys: tuple[bytes, ...]
+    offsets: tuple[tuple[int, int], ...]
+    flips: tuple[bool, ...]
+    path: str
+    record_shape: tuple[int, int, int]
+    color: bool | None
+
+
+class DecodeProcesses:
+    """``count`` worker processes shared by a pool's feeds (started at the first batch)."""
+
+    def __init__(self, count: int):
+        self.count = count
+        self.feeds = 0
+        """The feeds sharing the processes (each cuts its batches into count // feeds parts:
+        every process busy, no part waiting for one, and as few parts as that takes, since
+        each costs the training process a few pickles and thread wake-ups)."""
+        self._executor: ProcessPoolExecutor | None = None
+        self._lock = threading.Lock()
+        self._closed = threading.Event()
+
+    def submit(self, part: Part, where: str) -> Future:
+        with self._lock:
+            if self._closed.is_set():
+                raise DataError(f"{where}: the decode processes were closed")
+            if self._executor is None:
+                self._executor = ProcessPoolExecutor(
+                    self.count, mp_context=_context(), initializer=_process_start,
+                    initargs=(os.getpid(),))
+            try:
+                return self._executor.submit(_decode_part, part)
+            except BrokenProcessPool as exc:
+                raise _died(where, exc) from None
+            except OSError as exc:  # the fork failed (memory, process limits)
+                raise DataError(f"{where}: cannot start {self.count} decode processes "
+                                f"({exc.strerror or exc}); set CPY_DECODE_WORKERS lower, or "
+                                "CPY_DECODE_PROCESSES=off") from None
+
+    def wait(self, futures: list[Future], where: str) -> None:
+        """Every part's end; the first failing part's error (by record order) is raised after
+        the others have finished."""
+        errors: dict[int, BaseException] = {}
+        for index, future in enumerate(futures):
+            while True:
+                if self._closed.is_set():
+                    raise DataError(f"{where}: the decode processes were closed")
+                try:
+                    future.result(timeout=WAIT_SLICE_S)
+                except FutureTimeout:
+                    continue
+                except BrokenProcessPool as exc:
+                    errors[index] = _died(where, exc)
+                except BaseException as exc:  # noqa: BLE001 (the part's own error)
+                    errors[index] = exc
+                break
+        if errors:
+            raise as_data_error(errors[min(errors)], where)
+
+    def close(self) -> None:
+        """Stop the processes (idempotent); a waiting feed raises."""
+        with self._lock:
+            self._closed.set()
+            executor, self._executor = self._executor, None
+        if executor is None:
+            return
+        # A process stuck in a decode would hold shutdown(); after a while it is terminated
+        # (the executor keeps its processes in a private map; there is no public one).
+        processes = list((getattr(executor, "_processes", None) or {}).values())
+        stuck = threading.Timer(JOIN_TIMEOUT_S, _terminate, (processes,))
+        stuck.start()
+        executor.shutdown(wait=True, cancel_futures=True)
+        stuck.cancel()
+        stuck.join()
+
+
+class NoSharedMemory(DataError):
+    """The shared-memory file system cannot hold a feed's buffers."""
+
+
+def _terminate(processes: list) -> None:
+    for process in processes:
+        if process.is_alive():
+            process.terminate()
+
+
+def _context():
+    """fork, as torch's DataLoader starts its workers: a decode process runs only the loop
+    that decodes parts (never CUDA, never the training process's threads, which fork does not
+    copy), and fork imports nothing again (spawn and forkserver import the program's main
+    module in each process, which runs a script without a ``__main__`` guard again)."""
+    return multiprocessing.get_context("fork")
+
+
+def _died(where: str, exc: BaseException) -> DataError:
+    return DataError(f"{where}: a decode process died ({' '.join(str(exc).split())}); see the "
+                     "log for what killed it (memory?), or set CPY_DECODE_PROCESSES=off")
+
+
+class ProcessCrops:
+    """One feed's side of the decode processes: its shared buffers and its batches' parts.
+
+    A feed keeps up to :data:`IN_FLIGHT` batches in the processes (:meth:`submit`, then
+    :meth:`InFlight.wait` in submission order), each with its own pair of buffers: while the
+    feed writes the next batch's files and copies the last one's crops, the processes decode.
+    A submit while every pair is busy first collects the oldest batch into its ``out``."""
+
+    def __init__(self, processes: DecodeProcesses, path: str,
+                 record_shape: tuple[int, int, int], color: bool | None):
+        self.processes, self.path = processes, path
+        self.record_shape, self.color = record_shape, color
+        processes.feeds += 1
+        self._counted = True  # in processes.feeds, until close()
+        self._buffers: list[dict[str, shared_memory.SharedMemory]] = [
+            {} for _ in range(IN_FLIGHT)]
+        """Per batch in flight: "files" (the batch's files end to end) and "crops"
+        ((B, C, h, w) uint8)."""
+        self._turn = 0  # the buffer pair the next batch takes
+        self.depth = IN_FLIGHT
+        """Batches kept in flight (1 where shared memory holds only one pair of buffers)."""
+        self._flying: list[InFlight] = []  # submitted, not yet waited for (oldest first)
+        self.seconds = {"send": 0.0, "wait": 0.0, "copy": 0.0}
+        """Where the feed thread's time went, summed over :attr:`batches`: writing the files
+        and submitting the parts, waiting for them, copying the crops out (for benchmarks)."""
+        self.batches = 0
+
+    def submit(self, files, keys, offsets: list, flips: list, out: np.ndarray) -> InFlight:
+        """Start decoding ``files`` into ``out`` (B, C, h, w) uint8, each record's crop window at
+        ``offsets`` (y, x), mirrored where ``flips``; the batch is in ``out`` after
+        :meth:`InFlight.wait`. Raises :class:`NoSharedMemory` (nothing submitted) where the
+        buffers cannot be made."""
+        if len(self._flying) >= self.depth:  # every pair of buffers is busy: the oldest first
+            self.collect(self._flying[0])
+        started = time.perf_counter()
+        n = len(files)
+        sums = np.zeros(n + 1, np.int64)
+        np.cumsum([len(f) for f in files], out=sums[1:])
+        marks = sums.tolist()
+        inputs, crops_buffer = self._pair(marks[-1], out.nbytes)
+        into = inputs.buf
+        assert into is not None  # a created SharedMemory has its buffer
+        for file, at, end in zip(files, marks, marks[1:], strict=False):
+            into[at:end] = file
+        # every feed's parts at once find a process each: with more parts than processes
+        # (ceil), the parts left over run after a whole part's time, doubling their batch's wait
+        count = max(1, min(n, self.processes.count // max(1, self.processes.feeds)))
+        cuts = [n * i // count for i in range(count + 1)] if n else [0]
+        shape = tuple(out.shape)
+        futures = [self.processes.submit(Part(
+            inputs.name, crops_buffer.name, shape, a, b, tuple(marks[a:b + 1]),
+            tuple(keys[a:b]), tuple(tuple(o) for o in offsets[a:b]), tuple(flips[a:b]),
+            self.path, self.record_shape, self.color), self.path)
+            for a, b in zip(cuts, cuts[1:], strict=False)]
+        self._turn = (self._turn + 1) % self.depth
+        flight = InFlight(self, futures, crops_buffer, out)
+        self._flying.append(flight)
+        self.seconds["send"] += time.perf_counter() - started
+        return flight
+
+    def _pair(self, files_size: int, crops_size: int) -> tuple[shared_memory.SharedMemory,
+                                                                shared_memory.SharedMemory]:
+        """The next batch's buffers (pair :attr:`_turn`), grown where too small. Where shared
+        memory holds the first pair but not the second, the feed goes on with one batch in
+        flight (one log line); where it cannot hold the first, :class:`NoSharedMemory`."""
+        turn = self._turn
+        try:
+            return (self._grown(turn, "files", files_size),
+                    self._grown(turn, "crops", crops_size))
+        except NoSharedMemory as exc:
+            if turn == 0:
+                raise
+            self._release_pair(turn)
+            self.depth, self._turn = 1, 0
+            log.warning("%s; this feed keeps one batch in the decode processes instead of %d "
+                        "(give it more room, e.g. docker run --shm-size=1g)", exc, IN_FLIGHT)
+            self.collect_all()  # their buffers are the ones the next batch takes
+            return self._grown(0, "files", files_size), self._grown(0, "crops", crops_size)
+
+    def summary(self) -> str:
+        """Where the feed thread's time went per batch (:attr:`seconds`), in one line."""
+        each = {k: 1e3 * v / max(1, self.batches) for k, v in self.seconds.items()}
+        return (f"{self.batches} batches; per batch: write files and submit "
+                f"{each['send']:.1f} ms, wait for the processes {each['wait']:.1f} ms, copy "
+                f"the crops out {each['copy']:.1f} ms")
+
+    @property
+    def in_flight(self) -> int:
+        """Batches submitted and not yet waited for (or cancelled)."""
+        return len(self._flying)
+
+    def collect(self, flight: InFlight) -> None:
+        """Wait for every part of ``flight`` and copy its crops into its ``out``; the first
+        failing part's error (by record order) is raised after the others have finished.
+        Once: a later call returns at once, or raises the same error."""
+        if flight.error is not None:
+            raise flight.error
+        if flight.done:
+            return
+        if flight not in self._flying:
+            raise RuntimeError(f"{self.path}: a decode batch was waited for after it was "
+                               "cancelled")
+        self._flying.remove(flight)
+        started = time.perf_counter()
+        try:
+            self.processes.wait(flight.futures, self.path)
+        except BaseException as exc:
+            flight.error = exc
+            raise
+        finally:
+            self.seconds["wait"] += time.perf_counter() - started
+        waited = time.perf_counter()
+        crops = np.ndarray(flight.out.shape, np.uint8, buffer=flight.crops.buf)
+        flight.out[...] = crops
+        del crops
+        self.seconds["copy"] += time.perf_counter() - waited
+        self.batches += 1
+        flight.done = True
+
+    def collect_all(self) -> None:
+        """:meth:`collect` every batch in flight, oldest first."""
+        while self._flying:
+            self.collect(self._flying[0])
+
+    def drop(self, flight: InFlight) -> None:
+        """Forget ``flight``: its parts not yet started are cancelled (the running ones finish
+        into buffers no one reads)."""
+        if flight in self._flying:
+            self._flying.remove(flight)
+            for future in flight.futures:
+                future.cancel()
+
+    def _grown(self, turn: int, kind: str, size: int) -> shared_memory.SharedMemory:
+        """The ``kind`` buffer of pair ``turn``, made anew half as large again as ``size``
+        where it is too small, its pages reserved: a shared-memory file system too small for it
+        (a container's 64 MB /dev/shm) is a :class:`NoSharedMemory` error here, not a SIGBUS
+        at the first write."""
+        buffers = self._buffers[turn]
+        buffer = buffers.get(kind)
+        if buffer is not None and buffer.size >= size:
+            return buffer
+        if buffer is not None:
+            _release(buffers.pop(kind))
+        want = max(1, size + size // 2)
+        created = None
+        try:
+            created = shared_memory.SharedMemory(create=True, size=want)
+            fd = os.open(_path(created.name), os.O_RDWR)
+            try:
+                os.posix_fallocate(fd, 0, want)
+            finally:
+                os.close(fd)
+        except OSError as exc:
+            if created is not None:
+                _release(created)
+            raise NoSharedMemory(
+                f"{self.path}: the decode processes need {_mb(want)} of shared memory for a "
+                f"batch and {SHM_DIR} cannot hold it ({exc.strerror}; {_mb(_free(SHM_DIR))} "
+                "free)") from None
+        buffers[kind] = created
+        return created
+
+    def close(self) -> None:
+        """Let go of the buffers: batches still in flight are cancelled (their parts that
+        are running finish into buffers no one reads)."""
+        for flight in list(self._flying):
+            self.drop(flight)
+        if self._counted:
+            self._counted = False
+            self.processes.feeds -= 1
+        for turn in range(IN_FLIGHT):
+            self._release_pair(turn)
+
+    def _release_pair(self, turn: int) -> None:
+        buffers = self._buffers[turn]
+        while buffers:
+            _release(buffers.popitem()[1])
+
+
+class InFlight:
+    """A batch submitted to the decode processes (:meth:`ProcessCrops.submit`): ``wait()``
+    puts its crops in ``out`` (once), ``cancel()`` drops it."""
+
+    def __init__(self, owner: ProcessCrops, futures: list[Future],
+                 crops: shared_memory.SharedMemory, out: np.ndarray):
+        self.owner, self.futures, self.crops, self.out = owner, futures, crops, out
+        self.done = False
+        """Whether the crops are in ``out``."""
+        self.error: BaseException | None = None
+        """The error waiting for the batch raised (raised again by a later wait)."""
+
+    def wait(self) -> None:
+        self.owner.collect(self)
+
+    def cancel(self) -> None:
+        self.owner.drop(self)
+
+
+def _release(buffer: shared_memory.SharedMemory) -> None:
+    buffer.close()
+    buffer.unlink()
+
+
+def _free(path: str) -> int:
+    try:
+        stat = os.statvfs(path)
+    except OSError:
+        return 0
+    return stat.f_bavail * stat.f_frsize
+
+
+def _mb(size: int) -> str:
+    return f"{size / 2**20:,.0f} MB"
+
+
+# --- in a decode process ----------------------------------------------------------------------
+_attached: OrderedDict[str, mmap.mmap] = OrderedDict()
+
+
+def _process_start(parent: int) -> None:
+    """A decode process: Ctrl-C is the parent's to handle, SIGTERM ends it (not the training
+    process's handler, which fork copied); exit when the parent is gone."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
+
+    def watch() -> None:
+        while os.getppid() == parent:
+            threading.Event().wait(PARENT_POLL_S)
+        os.kill(os.getpid(), signal.SIGKILL)  # an orphan: nothing of its own to save
+
+    threading.Thread(target=watch, name="cpy-decode-parent", daemon=True).start()
+
+
+def _buffer(name: str) -> mmap.mmap:
+    """A feed's shared buffer, mapped. Opened as a file of /dev/shm, not through
+    SharedMemory: that registers each buffer with multiprocessing's resource tracker under a
+    lock, which another thread of the training process may have held when this process was
+    forked (a copy of a held lock never opens)."""
+    buffer = _attached.get(name)
+    if buffer is None:
+        # a feed makes a buffer anew when a batch outgrows it and unlinks the old one: its
+        # pages stay in use while mapped here, so those are let go first
+        gone = [old for old in _attached if not os.path.exists(_path(old))]
+        while gone or len(_attached) >= ATTACHED_BUFFERS:
+            unmapped = _attached.pop(gone.pop()) if gone else _attached.popitem(last=False)[1]
+            try:
+                unmapped.close()
+            except BufferError:  # an array of it lives on in a traceback: unmapped with it
+                pass
+        fd = os.open(_path(name), os.O_RDWR)
+        try:
+            buffer = _attached[name] = mmap.mmap(fd, 0)
+        finally:
+            os.close(fd)
+    else:
+        _attached.move_to_end(name)
+    return buffer
+
+
+def _path(name: str) -> str:
+    return os.path.join(SHM_DIR, name.lstrip("/"))
+
+
+def _decode_part(part: Part) -> None:
+    files = _buffer(part.files)
+    crops = np.ndarray(part.batch_shape, np.uint8, buffer=_buffer(part.crops))
+    for k, i in enumerate(range(part.start, part.stop)):
+        decode_crop(part.path, part.record_shape, part.color,
+                    files[part.bounds[k]:part.bounds[k + 1]], part.keys[k], crops[i],
+                    part.offsets[k], part.flips[k])

@@ -1,0 +1,444 @@
+"""Prefetch: a thread per feed assembles the next batches while the training loop computes.
+
+Per batch the thread takes ``batch_size`` records from its reader queue (a slice of the
+producer's chunks). On CUDA it crops them into one slot of a ring of pinned host buffers (the
+records' own dtype, uint8 for pixels, with the labels after them), copies the slot to its
+device buffer on a side CUDA stream (``non_blocking``) and runs the rest of the transform there
+(float conversion, mean, scale; new tensors every batch); an event marks the batch ready.
+:meth:`Prefetcher.next` makes the compute stream wait on it and records the tensors on that
+stream, so the caching allocator never hands their memory out early. A slot is refilled only
+after its event. On the CPU the thread runs the whole transform with numpy (a torch CPU op
+there would start a second OpenMP team spinning against the loop's).
+
+The training loop of a small net is in Python nearly all the time, and any Python this thread
+runs, and every wake-up, takes the GIL from it: so nothing here is done per record, the
+hand-overs are C queues, and while the loop has batches waiting the thread refills two slots
+per wake (docs/data_pipeline.md, "The training thread's GIL").
+
+Encoded records of a database too big to keep decoded reach the feed as image files: the
+thread has them decoded and cropped (:mod:`.image_batch`) by the decode workers into the slot,
+or on CUDA by nvJPEG on the device, and goes on as for decoded records. A batch of the decode
+processes is finished (waited for, copied, sent to the device) only after the thread has
+handed them the next one, so they are never idle while it works.
+
+Once the stream's database is kept decoded (the reader's cache, complete after the first pass)
+and a batch of records is small (``DIRECT_BYTES``), no thread is needed at all: :meth:`next`
+stops this feed's thread, takes its queue off the producer, and from then on gathers each batch
+in the training thread from the decoded database (:mod:`.gather`). This switch happens in the
+middle of a run, at whatever iteration the first pass ends (see the comment in :meth:`next`
+and README.md); the batches are the ones the threads would have made, bit for bit.
+
+Records with random crops that are not much bigger than their crops (ImageNet's 256 x 256
+records, 224 crops) cross to the device whole: the thread copies each run of records the
+reader delivered into the slot in one call, and the device crops and flips them, subtracts the
+mean and scales in one pass (:meth:`~.transformer.Transformer.device_transform`: on CUDA one
+kernel), the same values the host path makes.
+
+The feed reads its queue through the reader's consumer calls only: ``get_batch``,
+``get_runs``, ``mark_consumed``, ``detach`` and ``decoded``.
+"""
+from __future__ import annotations
+
+import queue
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from functools import partial
+
+import numpy as np
+import torch
+
+from ...errors import DataError
+from ..decoders.decode_processes import InFlight
+from ..reader.reader import JOIN_TIMEOUT_S, STALL_TIMEOUT_S, WAIT_SLICE_S, Detached, RecordQueue
+from ..reader.records import DecodedView, RecordBatch
+from .gather import HostGather, loop_gather
+from .image_batch import BatchImages
+from .transformer import Choices, Transformer
+
+WHOLE_RATIO = 2.0
+"""On CUDA, records with random crops cross to the device whole and are cropped there (one
+gather) when a record is at most this many times its crop's bytes (ImageNet's 256 -> 224:
+1.31x): the host then copies each run of records in one call, instead of one window copy per
+record, each a GIL hand-over beside the training loop."""
+SLOTS = 4
+"""Batches a feed assembles ahead of the training loop (its ring of host buffers on CUDA).
+While two or more are ready the thread waits for two free slots and fills both in one wake:
+every wake takes the GIL from the training loop, so it wakes about once per two batches."""
+DIRECT_BYTES = 1 << 20
+"""A feed whose batch of records is at most this many bytes gathers its batches in the training
+thread once the database is kept decoded (a gather of up to a few hundred microseconds);
+bigger batches stay on the threads, whose copies run outside the GIL beside the loop."""
+
+
+@dataclass
+class _Batch:
+    data: torch.Tensor  # (B, C, h, w) float32 on the device
+    label: torch.Tensor  # (B,) int64 on the device
+    ready: torch.cuda.Event | None  # CUDA: the side stream's work for this batch
+    records: int
+    slot: int  # the ring slot (a token the loop hands back when it takes the batch)
+
+
+@dataclass
+class _Failure:
+    error: BaseException
+
+
+@dataclass
+class _Pending:
+    """A batch of image files the decode processes are decoding (the feed submits the next
+    batch before it waits for this one: see :meth:`Prefetcher._run`)."""
+
+    flight: InFlight
+    make: Callable[[], _Batch]  # the batch, from the decoded crops
+
+    def finish(self) -> _Batch:
+        self.flight.wait()
+        return self.make()
+
+
+class _HostSlot:
+    """One slot of the CUDA ring: a pinned host buffer holding a batch's records (B, C, h, w)
+    and, after them, its labels (B,) int64, so one copy moves both; a device buffer of the
+    same bytes it is copied into (read only by this slot's own transform, which is ordered
+    after the copy on the side stream); and the event marking the batch done there."""
+
+    def __init__(self, shape: tuple[int, ...], dtype: np.dtype, device: torch.device):
+        count = int(np.prod(shape))
+        data_bytes = -(-count * dtype.itemsize // 8) * 8  # the labels start 8-aligned
+        self.host = torch.empty(data_bytes + 8 * shape[0], dtype=torch.uint8, pin_memory=True)
+        raw = self.host.numpy()
+        self.data = raw[:count * dtype.itemsize].view(dtype).reshape(shape)
+        self.label = raw[data_bytes:].view(np.int64)
+        self.label_at = data_bytes
+        self.device = torch.empty_like(self.host, device=device)
+        tdtype = torch.from_numpy(np.zeros(0, dtype=dtype)).dtype
+        self.device_data = self.device[:count * dtype.itemsize].view(tdtype).view(shape)
+        self.device_label = self.device[data_bytes:].view(torch.int64)
+        self.done = torch.cuda.Event()
+        self.used = False
+
+    def wait_free(self) -> None:
+        """Block until the previous batch of this slot has left the host buffer."""
+        if self.used and not self.done.query():
+            self.done.synchronize()
+
+
+class Prefetcher:
+    """The feed of one Data layer on one replica: ``next()`` -> (data, label) on ``device``.
+
+    ``start`` and ``close`` are the reader pool's to call (:meth:`ReaderPool.manage`)."""
+
+    def __init__(self, records: RecordQueue, transformer: Transformer, batch_size: int, *,
+                 device: torch.device, name: str = "feed",
+                 stop: threading.Event | None = None, images: BatchImages | None = None):
+        self.records, self.transformer, self.batch_size = records, transformer, batch_size
+        self.images = images
+        """Decodes batches of image files (encoded records the reader hands over as files)."""
+        self.device, self.name = _with_index(torch.device(device)), name
+        self.stop = stop if stop is not None else threading.Event()
+        self.thread: threading.Thread | None = None
+        self.delivered = 0
+        """Batches handed to the training loop."""
+        self.mean: torch.Tensor | None = None
+        """The transform's mean on the device (set by :meth:`start`)."""
+        # C-implemented queues: a hand-over is one call, no Python lock or condition.
+        self._ready: queue.SimpleQueue[_Batch | _Failure] = queue.SimpleQueue()
+        self._free: queue.SimpleQueue[int] = queue.SimpleQueue()
+        self._cuda = self.device.type == "cuda"
+        self._slots: list[_HostSlot] = []
+        self._side: torch.cuda.Stream | None = None
+        record_bytes = int(np.prod(records.record_shape)) * np.dtype(records.dtype).itemsize
+        self._may_gather = batch_size * record_bytes <= DIRECT_BYTES
+        crop_bytes = int(np.prod(transformer.out_shape)) * np.dtype(records.dtype).itemsize
+        self._whole = (self._cuda and images is None and transformer.random
+                       and bool(transformer.tp.crop_size)
+                       and record_bytes <= WHOLE_RATIO * crop_bytes)
+        """Decoded records cross whole and are cropped on the device (see WHOLE_RATIO)."""
+        self._loop: HostGather | None = None  # set once the loop gathers its own batches
+        self._halt = False  # tells the thread to stop (the loop gathers from now on)
+        self._pending: _Pending | None = None  # the thread's batch in the decode processes
+
+    # --- lifetime -----------------------------------------------------------------------------
+    def start(self) -> None:
+        self.mean = self.transformer.device_mean(self.device)
+        if self._cuda:
+            self._slots = [_HostSlot(self._host_shape(), self._host_dtype(), self.device)
+                           for _ in range(SLOTS)]
+            self._side = torch.cuda.Stream(self.device)
+            self._side.wait_stream(torch.cuda.current_stream(self.device))  # the mean's copy
+        for slot in range(SLOTS):
+            self._free.put(slot)
+        self.thread = threading.Thread(target=self._run, name=f"cpy-prefetch:{self.name}",
+                                       daemon=True)
+        self.thread.start()
+
+    def _host_shape(self) -> tuple[int, ...]:
+        shape = self.transformer.record_shape if self._whole else self.transformer.out_shape
+        return (self.batch_size, *shape)
+
+    def _host_dtype(self) -> np.dtype:
+        """The records' own dtype: uint8 pixels cross to the device as bytes."""
+        return np.dtype(self.records.dtype)
+
+    def close(self) -> None:
+        self.stop.set()
+        self._free.put(-1)  # wakes a thread waiting for a slot now, not a wait slice later
+        if self.thread is not None:
+            self.thread.join(JOIN_TIMEOUT_S)
+        if self.images is not None and (self.thread is None or not self.thread.is_alive()):
+            self.images.close()
+
+    # --- the thread ---------------------------------------------------------------------------
+    def _run(self) -> None:
+        try:
+            if self._cuda:
+                torch.cuda.set_device(self.device)
+                # This thread's current stream, once: no stream context per batch.
+                torch.cuda.set_stream(self._side)
+            while not self._halt:
+                slots = [self._take_free()]
+                if self._ready.qsize() >= 2:  # the loop has batches: refill two at once
+                    slots.append(self._take_free())
+                if None in slots:
+                    return
+                for slot in slots:
+                    # A batch of the decode processes is finished only after the next one is
+                    # theirs: they decode while this thread writes files and copies crops.
+                    item = self._assemble(slot)
+                    self._finish_pending()
+                    if isinstance(item, _Pending):
+                        self._pending = item
+                    else:
+                        self._ready.put(item)
+        except Detached:
+            return  # the training loop gathers its own batches now
+        except BaseException as exc:  # noqa: BLE001 (re-raised in the training loop)
+            self._ready.put(_Failure(exc))
+        finally:
+            if self._pending is not None:  # stopped: the loop never takes it
+                self._pending.flight.cancel()
+                self._pending = None
+
+    def _finish_pending(self) -> None:
+        if self._pending is not None:
+            pending, self._pending = self._pending, None
+            self._ready.put(pending.finish())
+
+    def _take_free(self) -> int | None:
+        """A ring slot the training loop has taken the batch of (None once stopped)."""
+        if self._pending is not None:
+            try:
+                slot = self._free.get_nowait()
+            except queue.Empty:  # the loop has every other slot: it waits for this batch
+                self._finish_pending()
+            else:
+                return None if slot < 0 else slot
+        while not (self.stop.is_set() or self._halt):
+            try:
+                slot = self._free.get(timeout=WAIT_SLICE_S)
+            except queue.Empty:
+                continue
+            return None if slot < 0 else slot
+        return None
+
+    def _assemble(self, index: int) -> _Batch | _Pending:
+        if self._whole:
+            return self._assemble_whole(self.records.get_runs(self.batch_size), index)
+        batch = self.records.get_batch(self.batch_size)
+        transformer = self.transformer
+        choices = transformer.choices_for(batch.first, batch.step, len(batch))
+        pixels = batch.pixels
+        if pixels is None:
+            return self._assemble_files(batch, choices, index)
+        if not self._cuda:
+            # The whole transform by numpy, into a fresh array per batch (the loop keeps the
+            # last one): numpy releases the GIL in its loops, and a torch CPU op here would
+            # start a second OpenMP team that spins against the training loop's.
+            values = transformer.numpy(pixels, choices)
+            return _Batch(torch.from_numpy(values), torch.from_numpy(batch.labels.copy()),
+                          None, len(batch), index)
+        slot = self._slots[index]
+        slot.wait_free()
+        # uint8 flips are cheaper on the GPU than strided host copies
+        transformer.host(pixels, choices, slot.data, mirror=False)
+        slot.label[:] = batch.labels
+        # Four calls on the side stream (this thread's current one): one copy of records and
+        # labels, the transform (float, mean, scale: one op without a mean), fresh tensors
+        # for the loop (it may keep them), and the event.
+        slot.device.copy_(slot.host, non_blocking=True)
+        data = transformer.device(slot.device_data, choices, self.mean, mirror=True)
+        return self._sent(slot, data, len(batch), index)
+
+    def _assemble_whole(self, runs: list[RecordBatch], index: int) -> _Batch:
+        """A batch of whole records: each run copied into the slot in one call, one copy to
+        the device, crops and flips there in one gather, then the transform's values."""
+        transformer, first = self.transformer, runs[0]
+        n = sum(len(run) for run in runs)
+        choices = transformer.choices_for(first.first, first.step, n)
+        slot = self._slots[index]
+        slot.wait_free()
+        at = 0
+        for run in runs:
+            np.copyto(slot.data[at:at + len(run)], run.pixels)
+            slot.label[at:at + len(run)] = run.labels
+            at += len(run)
+        slot.device.copy_(slot.host, non_blocking=True)
+        data = transformer.device_transform(slot.device_data, choices, self.mean)
+        return self._sent(slot, data, n, index)
+
+    def _assemble_files(self, batch: RecordBatch, choices: Choices,
+                        index: int) -> _Batch | _Pending:
+        """A batch of image files: decoded and cropped (and mirrored) by the decode workers,
+        into the slot on CUDA, or by nvJPEG on the device; then the transform's values. With
+        the decode processes, the batch is :class:`_Pending` until they are done."""
+        transformer, images = self.transformer, self.images
+        if images is None:
+            raise DataError(f"{self.records.path}: the data feed {self.name} got image files "
+                            "but its records are not encoded")
+        if not self._cuda:
+            host = np.empty((len(batch), *transformer.out_shape), np.uint8)
+            finish = partial(self._host_values, host, batch, choices, index)
+            flight = images.start_host(batch, choices, host)
+            return finish() if flight is None else _Pending(flight, finish)
+        slot = self._slots[index]
+        slot.wait_free()
+        slot.label[:] = batch.labels
+        decoded = images.on_device(batch)  # on the side stream (this thread's)
+        if decoded is None:  # the CPU workers: crops into the slot, one copy with the labels
+            finish = partial(self._slot_values, slot, len(batch), choices, index)
+            flight = images.start_host(batch, choices, slot.data)
+            return finish() if flight is None else _Pending(flight, finish)
+        # whole images (RGB or gray): crop, mirror, BGR, mean and scale in one pass
+        at = slot.label_at
+        slot.device[at:].copy_(slot.host[at:], non_blocking=True)
+        data = transformer.device_transform(decoded, choices, self.mean,
+                                            reverse_channels=images.rgb)
+        return self._sent(slot, data, len(batch), index)
+
+    def _host_values(self, host: np.ndarray, batch: RecordBatch, choices: Choices,
+                     index: int) -> _Batch:
+        """CPU: the transform's values of a batch of crops."""
+        values = self.transformer.numpy_values(host, choices)
+        return _Batch(torch.from_numpy(values), torch.from_numpy(batch.labels.copy()),
+                      None, len(batch), index)
+
+    def _slot_values(self, slot: _HostSlot, records: int, choices: Choices,
+                     index: int) -> _Batch:
+        """CUDA: the slot's crops and labels to the device in one copy, then the values."""
+        slot.device.copy_(slot.host, non_blocking=True)
+        data = self.transformer.device(slot.device_data, choices, self.mean, mirror=False)
+        return self._sent(slot, data, records, index)
+
+    def _sent(self, slot: _HostSlot, data: torch.Tensor, records: int, index: int) -> _Batch:
+        """The batch whose values ``data`` the side stream is making: its labels' copy and
+        the slot's event (the slot is refilled after it)."""
+        label = slot.device_label.clone()
+        slot.done.record(self._side)
+        slot.used = True
+        return _Batch(data, label, slot.done, records, index)
+
+    # --- the consumer -------------------------------------------------------------------------
+    def next(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """The next batch: data (B, C, h, w) float32 and labels (B,) int64 on the device."""
+        if self._loop is not None:
+            return self._gathered()
+        if self.thread is None:
+            raise DataError(f"{self.records.path}: the data feed {self.name} has not "
+                            "started; call ReaderPool.start() before the first forward")
+        if self._may_gather:
+            # The switch to the in-loop gather, once and mid-run: the first next() after the
+            # reader has kept this stream's database decoded (a small database, once its first
+            # pass is read: whatever iteration that is) stops this feed's thread, takes the
+            # queue off the producer and from then on makes each batch here, in the training
+            # thread (_go_direct). The batches and the saved positions are the thread's, bit
+            # for bit; what changes is who runs: no feed thread, no producer reads for this
+            # replica, and on CUDA the batches are made on the compute stream.
+            view = self.records.decoded()
+            if view is not None:
+                self._go_direct(view)
+                return self._gathered()
+        item = self._take()
+        if isinstance(item, _Failure):
+            self._ready.put(item)  # every next() after a failure raises the same error
+            raise item.error
+        if item.ready is not None:
+            current = torch.cuda.current_stream(self.device)
+            current.wait_event(item.ready)
+            item.data.record_stream(current)
+            item.label.record_stream(current)
+        self._free.put(item.slot)
+        self.records.mark_consumed(item.records)
+        self.delivered += 1
+        return item.data, item.label
+
+    # --- gathering in the training thread ----------------------------------------------------
+    @property
+    def gathers_in_loop(self) -> bool:
+        """Whether batches are now gathered in the training thread (no feed thread)."""
+        return self._loop is not None
+
+    @property
+    def gatherer(self) -> HostGather | None:
+        """The in-loop gather once :attr:`gathers_in_loop` (its ``k``: batches per stage)."""
+        return self._loop
+
+    def _go_direct(self, view: DecodedView) -> None:
+        """Stop the thread, take the queue off the producer, and gather from ``view`` (the
+        stream's decoded database) from now on. What the thread assembled ahead is dropped:
+        the positions count only what the loop took, so nothing is skipped or repeated."""
+        self._halt = True
+        self.records.detach()  # wakes the thread if it waits for records
+        self._free.put(-1)  # ... or for a free slot
+        self.thread.join(JOIN_TIMEOUT_S)
+        if self.thread.is_alive():
+            raise DataError(f"{self.records.path}: the data feed {self.name} did not "
+                            f"stop within {JOIN_TIMEOUT_S:.0f} s")
+        while not self._ready.empty():
+            item = self._ready.get_nowait()
+            if isinstance(item, _Failure):  # it failed before it stopped: report that
+                self._ready.put(item)
+                raise item.error
+        if self._cuda:  # the tensors the thread handed out were made on the side stream
+            torch.cuda.current_stream(self.device).wait_stream(self._side)
+            self._slots = []  # the thread's ring (the pinned allocator waits for its copies)
+        self._loop = loop_gather(view, self.batch_size, self.transformer, self.device,
+                                 self.mean)
+
+    def _gathered(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """The next batch from the decoded database, in this (the training) thread."""
+        if self.stop.is_set():
+            raise DataError(f"{self.records.path}: the data feed {self.name} "
+                            "stopped (the data reader was closed)")
+        records = self.records
+        data, label = self._loop.next(records.consumed)
+        records.mark_consumed(self.batch_size)
+        self.delivered += 1
+        return data, label
+
+    def _take(self) -> _Batch | _Failure:
+        try:
+            return self._ready.get_nowait()  # the usual case: the batch is waiting
+        except queue.Empty:
+            pass
+        waited_since = time.monotonic()
+        while True:
+            try:
+                return self._ready.get(timeout=WAIT_SLICE_S)
+            except queue.Empty:
+                pass
+            if not self.thread.is_alive() and self._ready.empty():
+                raise DataError(f"{self.records.path}: the data feed {self.name} "
+                                "stopped (the data reader was closed)")
+            if time.monotonic() - waited_since > STALL_TIMEOUT_S + 5 * WAIT_SLICE_S:
+                raise DataError(f"{self.records.path}: no batch for the data feed "
+                                f"{self.name} in {STALL_TIMEOUT_S:.0f} s")
+
+
+def _with_index(device: torch.device) -> torch.device:
+    """``cuda`` -> ``cuda:<current>``: the feed thread sets its device, which needs an index."""
+    if device.type == "cuda" and device.index is None:
+        return torch.device("cuda", torch.cuda.current_device())
+    return device

@@ -1,0 +1,135 @@
+"""Decoding a chunk of one stream's records into arrays.
+
+Raw uint8 records take a fast path of a few numpy operations for the whole chunk
+(:mod:`~caffe_py.io.formats.raw_records`); anything else (encoded images, float_data, negative
+labels, other field orders) goes through the full Datum decoder, record by record, split between the
+decode workers (:mod:`~caffe_py.io.decoders.workers`) when there are several. The reader's producer
+hands a :class:`ChunkDecoder` the keys and values it read, in key order, and gets pixels and labels
+back in the same order.
+
+Encoded records of a stream the reader does not keep decoded are not decoded here: the chunk comes
+back as the records' image files (:mod:`~caffe_py.io.formats.envelope`: a few byte comparisons per
+record), and each replica's feed decodes its own share, on its GPU or with the workers
+(:mod:`~caffe_py.io.feed.image_batch`). """
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import numpy as np
+
+from ...errors import DataError
+from ..db.db import PartialChunk
+from ..decoders.file_crops import check_record
+from ..decoders.workers import DecodeWorkers
+from ..formats.datum import datum_to_array, decode_record, format_key
+from ..formats.envelope import image_file
+from ..formats.raw_records import raw_chunk, raw_prefix
+from .records import ImageFiles
+
+
+class ChunkDecoder:
+    """Decodes records of database ``path`` that must all be ``dtype`` ``record_shape``
+    (C, H, W); ``color`` forces encoded images to 3 channels (True) or 1 (False). ``encoded``:
+    the records are image files (the first one is); ``workers`` decode them in parallel."""
+
+    def __init__(self, path: str, record_shape: Sequence[int], dtype: np.dtype,
+                 color: bool | None, *, encoded: bool = False,
+                 workers: DecodeWorkers | None = None):
+        self.path = path
+        self.record_shape: tuple[int, int, int] = tuple(int(d) for d in record_shape)
+        self.dtype = np.dtype(dtype)
+        self.color = color
+        self.encoded = encoded
+        self.workers = workers
+        self.keep_encoded = False
+        """Hand encoded records over as their image files (the feeds decode them): set by the
+        reader for a stream it does not keep decoded."""
+        self.raw_prefix = raw_prefix(self.record_shape) if self.dtype == np.uint8 else None
+        """What every raw record of record_shape starts with (None: no fast path)."""
+
+    takes_views = True
+    """:meth:`decode` accepts values that are views of the database's map (it copies what it
+    keeps); the reader hands other decoders bytes."""
+
+    @property
+    def record_bytes(self) -> int:
+        c, h, w = self.record_shape
+        return c * h * w * self.dtype.itemsize
+
+    def decode(self, keys: Sequence[bytes], values: Sequence[bytes],
+               wanted: np.ndarray | None = None) -> tuple[np.ndarray | ImageFiles, np.ndarray]:
+        """Pixels (k, C, H, W) and labels (k,) of ``values`` (with :attr:`keep_encoded`, the
+        image files (k,) instead of pixels); only the records ``wanted`` (when given; the rows
+        of the others are left undefined). A record that fails raises :class:`PartialChunk`
+        carrying the records before it."""
+        if self.keep_encoded:  # the files outlive the chunk: copies, not views of the map
+            return self._files(keys, _owned(values), wanted)
+        fast = None if self.raw_prefix is None else raw_chunk(values, self.raw_prefix,
+                                                               self.record_shape)
+        if fast is not None and fast[2] is None:
+            return fast[0], fast[1]
+        values = _owned(values)
+        pixels = np.empty((len(values), *self.record_shape), self.dtype)
+        labels = np.empty(len(values), np.int64)
+        ok = np.zeros(len(values), bool)
+        if fast is not None:
+            pixels[...], labels[...], ok = fast
+        todo = np.flatnonzero(~ok if wanted is None else ~ok & wanted).tolist()
+        failures: dict[int, DataError] = {}
+
+        def part(start: int, stop: int) -> None:  # records todo[start:stop], until one fails
+            for i in todo[start:stop]:
+                try:
+                    pixels[i], labels[i] = self._decode_one(keys[i], values[i])
+                except DataError as exc:
+                    failures[i] = exc
+                    return
+
+        if self.workers is None:
+            part(0, len(todo))
+        else:
+            self.workers.run(part, len(todo), where=self.path)
+        if failures:
+            first = min(failures)
+            raise PartialChunk((pixels[:first], labels[:first]), failures[first])
+        return pixels, labels
+
+    def _files(self, keys: Sequence[bytes], values: Sequence[bytes],
+               wanted: np.ndarray | None) -> tuple[ImageFiles, np.ndarray]:
+        """The image files and labels of encoded records (views of ``values``)."""
+        files: list = [None] * len(values)
+        labels = np.zeros(len(values), np.int64)
+        for i in range(len(values)) if wanted is None else np.flatnonzero(wanted).tolist():
+            found = image_file(values[i])
+            try:
+                files[i], labels[i] = found if found is not None else self._file_of(
+                    keys[i], values[i])
+            except DataError as exc:
+                raise PartialChunk((tuple(files[:i]), labels[:i]), exc) from None
+        return tuple(files), labels
+
+    def _file_of(self, key: bytes, value: bytes) -> tuple[bytes, int]:
+        """The full Datum decoder's way to a record's image file (other field layouts)."""
+        datum = decode_record(value, source=self.path, key=key)
+        if not datum.encoded:
+            raise DataError(f"{self.path}: record {format_key(key)} holds raw pixels but the "
+                            "first record is an encoded image; a Data layer reads records of "
+                            "one kind (convert the database again)")
+        return datum.data, int(datum.label)
+
+    def _decode_one(self, key: bytes, value: bytes) -> tuple[np.ndarray, int]:
+        datum = decode_record(value, source=self.path, key=key)
+        try:
+            array = datum_to_array(datum, color=self.color)
+        except DataError as exc:
+            raise DataError(f"{self.path}: record {format_key(key)}: {exc}") from None
+        check_record(self.path, key, array, self.record_shape, self.dtype)
+        return array, int(datum.label)
+
+
+def _owned(values: Sequence[bytes | memoryview]) -> Sequence[bytes]:
+    """``values`` as bytes objects (a copy of each view of the database's map)."""
+    if not any(isinstance(v, memoryview) for v in values):
+        return values  # type: ignore[return-value]
+    return [bytes(v) if isinstance(v, memoryview) else v for v in values]
+

@@ -1,0 +1,157 @@
+"""What a consumer asks the reader for (:class:`FeedSpec`, one data layer's stream) and what
+the reader hands it: runs of records (decoded, or image files the feeds decode), and the
+decoded database.
+
+No threads and no torch here: the data layers write the specs, the reader fills the records,
+the feeds read them.
+"""
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+if TYPE_CHECKING:
+    from ...spec.layer_params.data import TransformationParameter
+    from ..db.db import Database
+
+ImageFiles = tuple
+"""The image files (JPEG, PNG) of encoded records, one bytes-like object per record."""
+
+
+def _no_transform() -> TransformationParameter:
+    from ...spec.layer_params.data import TransformationParameter
+
+    return TransformationParameter()
+
+
+@dataclass(frozen=True)
+class FeedSpec:
+    """What a data layer's feed reads: ``source`` (the path the reader groups streams by),
+    ``batch_size``, ``prefetch`` (batches buffered per replica), ``rand_skip``, the records'
+    ``record_shape`` (C, H, W), ``dtype`` and ``color``, the effective ``transform``, how the
+    database opens (``opener``; None: ``source`` as an LMDB of Datum records) and what decodes
+    its records (``decoder`` makes a decoder; None: Datum records), and whether the records
+    are ``encoded`` image files. The reader reads all but ``transform``, which the feed
+    applies (default: none, as a layer without transform_param)."""
+
+    source: str
+    batch_size: int
+    prefetch: int
+    record_shape: tuple[int, int, int]
+    dtype: np.dtype = np.dtype(np.uint8)
+    transform: TransformationParameter = field(default_factory=_no_transform)
+    color: bool | None = None
+    rand_skip: int = 0
+    opener: Callable[[], Database] | None = None
+    decoder: Callable[[], Any] | None = None
+    encoded: bool = False
+    """The records are image files (JPEG/PNG Datums): decoded in parallel, in the reader or,
+    for a database too big to keep decoded, in each replica's feed (CPU threads or nvJPEG)."""
+    make_feed: Callable[[Any, Any, int, str], Any] | None = None
+    """Builds the layer's own feed from its record queue (queue, device, seed, name) instead
+    of a Prefetcher (AnnotatedData: images and box lists,
+    :mod:`caffe_py.io.feed.annotated_feed`)."""
+
+
+@dataclass
+class RecordBatch:
+    """Records of one replica in stream order: positions first, first + step, ... (step: every
+    replica of the round-robin), labels (n,) int64, and either pixels (n, C, H, W) or, for
+    encoded records the reader does not decode, their image ``files`` (the feed decodes them;
+    ``pixels`` is None). The arrays may be read-only views of the bytes read from the
+    database: copy before writing."""
+
+    first: int
+    step: int
+    pixels: np.ndarray | None
+    labels: np.ndarray
+    keys: tuple[bytes, ...]
+    files: ImageFiles | None = None
+
+    @classmethod
+    def of(cls, first: int, step: int, rows: np.ndarray | ImageFiles, labels: np.ndarray,
+           keys: tuple[bytes, ...]) -> RecordBatch:
+        """A batch of decoded rows (an array of pixels) or of image files (a tuple)."""
+        if isinstance(rows, np.ndarray):
+            return cls(first, step, rows, labels, keys)
+        return cls(first, step, None, labels, keys, rows)
+
+    def __len__(self) -> int:
+        return len(self.labels)
+
+    @property
+    def rows(self) -> np.ndarray | ImageFiles:
+        """The pixels, or the image files."""
+        if self.pixels is not None:
+            return self.pixels
+        return self.files if self.files is not None else ()
+
+    @property
+    def positions(self) -> np.ndarray:
+        return np.arange(self.first, self.first + self.step * len(self), self.step)
+
+    def split(self, n: int) -> tuple[RecordBatch, RecordBatch]:
+        """The first ``n`` records and the rest (views, no copy)."""
+        rows = self.rows
+        return (RecordBatch.of(self.first, self.step, rows[:n], self.labels[:n], self.keys[:n]),
+                RecordBatch.of(self.first + self.step * n, self.step, rows[n:],
+                               self.labels[n:], self.keys[n:]))
+
+
+def join(parts: Sequence[RecordBatch]) -> RecordBatch:
+    """Consecutive runs of one replica as one (a copy only when there are several)."""
+    if len(parts) == 1:
+        return parts[0]
+    first = parts[0]
+    rows = (np.concatenate([p.pixels for p in parts]) if first.pixels is not None
+            else tuple(f for p in parts for f in p.rows))
+    return RecordBatch.of(first.first, first.step, rows,
+                          np.concatenate([p.labels for p in parts]),
+                          tuple(k for p in parts for k in p.keys))
+
+
+class DecodedDatabase:
+    """Every record of a small database, decoded: pixels (N, C, H, W), labels (N,) int64 and
+    keys, in key order; filled by a stream's first pass and complete after it."""
+
+    def __init__(self, size: int, shape: tuple[int, int, int], dtype: np.dtype):
+        self.pixels = np.empty((size, *shape), dtype)
+        self.labels = np.empty(size, np.int64)
+        self.keys: list[bytes] = [b""] * size
+        self.size, self.stored = size, 0
+
+    @property
+    def complete(self) -> bool:
+        return self.stored >= self.size
+
+    def store(self, index: int, keys: Sequence[bytes], pixels: np.ndarray,
+              labels: np.ndarray) -> None:
+        """Records ``index`` .. of the database (each stored once: the first pass is
+        sequential)."""
+        end = index + len(labels)
+        self.pixels[index:end] = pixels
+        self.labels[index:end] = labels
+        self.keys[index:end] = keys[:len(labels)]
+        self.stored += len(labels)
+
+
+@dataclass(frozen=True)
+class DecodedView:
+    """One consumer's view of its stream's decoded database, for gathering batches in the
+    training thread: every record (``pixels`` (N, C, H, W), ``labels`` (N,) int64, key order)
+    and where the consumer's records lie in it. Its record number c (counted over everything
+    it consumed) is at stream position ``start + step c``, database record
+    ``(origin + start + step c) mod N``: exactly the record the reader would hand it."""
+
+    pixels: np.ndarray
+    labels: np.ndarray
+    origin: int
+    start: int
+    step: int
+
+    @property
+    def size(self) -> int:
+        return len(self.labels)

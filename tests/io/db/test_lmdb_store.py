@@ -1,0 +1,141 @@
+"""LmdbWriter / LmdbReader: key order, batched commits, map growth, .partial and resume."""
+from __future__ import annotations
+
+import pytest
+
+from caffe_py.errors import DataError
+from caffe_py.io.db.lmdb_store import LmdbReader, LmdbWriter, open_db, partial_path
+
+
+def _records(n: int, size: int = 10) -> list[tuple[bytes, bytes]]:
+    return [(b"%08d" % i, bytes([i % 256]) * size) for i in range(n)]
+
+
+def test_round_trip_in_key_order(tmp_path):
+    db = tmp_path / "db"
+    records = _records(25)
+    with LmdbWriter(db, commit_every=7) as writer:
+        for key, value in reversed(records):
+            writer.put(key, value)
+    assert writer.summary().records == 25 and writer.bytes == 25 * 18
+    assert db.is_dir() and not partial_path(db).exists()
+    with open_db(db) as reader:
+        assert len(reader) == 25
+        assert list(reader) == records
+        assert list(reader.records(start_key=b"00000020")) == records[20:]
+        assert reader.first() == records[0]
+        assert reader.get(b"00000003") == records[3][1]
+
+
+def test_map_grows_past_a_tiny_start(tmp_path):
+    db = tmp_path / "db"
+    records = _records(300, size=4000)  # 1.2 MB of values into a 64 KiB map
+    with LmdbWriter(db, map_size=64 << 10, commit_every=100) as writer:
+        for key, value in records:
+            writer.put(key, value)
+    assert writer.map_size >= 2 << 20 and writer.map_size % (64 << 10) == 0
+    with open_db(db) as reader:
+        assert list(reader) == records
+
+
+def test_interrupted_write_leaves_partial_and_is_refused(tmp_path):
+    db = tmp_path / "db"
+    records = _records(25)
+    with pytest.raises(KeyboardInterrupt):
+        with LmdbWriter(db, commit_every=10) as writer:
+            for key, value in records[:17]:
+                writer.put(key, value)
+            raise KeyboardInterrupt
+    assert not db.exists() and partial_path(db).is_dir()
+    with pytest.raises(DataError) as info:
+        LmdbWriter(db)
+    assert str(info.value) == (f"{db}.partial is left from an interrupted conversion; delete it, "
+                               "or pass --resume to continue it")
+    with pytest.raises(DataError) as info:
+        open_db(db)
+    assert str(info.value) == (f"{db}: database not found; the conversion into {db}.partial was "
+                               "interrupted: run it again with --resume, or delete it and "
+                               "convert again")
+
+
+def test_resume_continues_after_the_last_committed_key(tmp_path):
+    db = tmp_path / "db"
+    records = _records(25)
+    writer = LmdbWriter(db, commit_every=10)
+    for key, value in records[:17]:
+        writer.put(key, value)
+    writer.abandon()  # commits the 17 put so far
+    resumed = LmdbWriter(db, resume=True)
+    assert (resumed.resumed, resumed.last_key) == (17, b"00000016")
+    for key, value in records[resumed.resumed:]:
+        resumed.put(key, value)
+    summary = resumed.finish()
+    assert (summary.records, summary.written) == (25, 8)
+    with open_db(db) as reader:
+        assert list(reader) == records
+
+
+def test_existing_database_is_not_overwritten(tmp_path):
+    db = tmp_path / "db"
+    with LmdbWriter(db) as writer:
+        writer.put(b"a", b"1")
+    with pytest.raises(DataError) as info:
+        LmdbWriter(db)
+    assert str(info.value) == f"{db} already exists; delete it or write to another path"
+
+
+def test_missing_database_names_the_fix(tmp_path):
+    with pytest.raises(DataError) as info:
+        LmdbReader(tmp_path / "nope")
+    assert str(info.value) == (f"{tmp_path}/nope: database not found; create it with "
+                               "`cpy convert` or fix data_param.source")
+    with pytest.raises(DataError) as info:
+        open_db(tmp_path / "data/fashion_mnist/train_lmdb")
+    assert str(info.value).endswith("database not found; run `make data`")
+
+
+def test_not_a_database(tmp_path):
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(DataError, match=r"empty: no data.mdb in this directory, not an LMDB "):
+        open_db(tmp_path / "empty")
+    (tmp_path / "file").write_bytes(b"x")
+    with pytest.raises(DataError, match=r"file: not an LMDB database directory"):
+        open_db(tmp_path / "file")
+    corrupt = tmp_path / "corrupt"
+    corrupt.mkdir()
+    (corrupt / "data.mdb").write_bytes(b"\x00" * 10000)
+    with pytest.raises(DataError) as info:
+        open_db(corrupt)
+    message = str(info.value)
+    assert message.startswith(f"{corrupt}: corrupt LMDB database (")
+    assert message.endswith("); delete it and convert the data again")
+
+
+def test_empty_database_has_no_first_record(tmp_path):
+    with LmdbWriter(tmp_path / "db"):
+        pass
+    with open_db(tmp_path / "db") as reader:
+        assert len(reader) == 0 and list(reader) == []
+        with pytest.raises(DataError, match="the database is empty"):
+            reader.first()
+
+
+def test_unwritable_location(tmp_path):
+    (tmp_path / "file").write_bytes(b"x")
+    with pytest.raises(DataError) as info:
+        LmdbWriter(tmp_path / "file" / "db")
+    assert str(info.value) == (f"{tmp_path}/file/db.partial: cannot create ({tmp_path}/file "
+                               "is a file, not a folder); choose a writable path")
+
+
+def test_two_readers_of_one_database_share_its_environment(tmp_path):
+    with LmdbWriter(tmp_path / "db") as writer:
+        for key, value in _records(3):
+            writer.put(key, value)
+    first, second = open_db(tmp_path / "db"), open_db(tmp_path / "db")
+    first.close()
+    assert len(second) == 3
+    assert second.first() == _records(3)[0]
+    second.close()
+    with open_db(tmp_path / "db") as again:  # the last close released it; it opens anew
+        assert len(again) == 3

@@ -1,0 +1,474 @@
+"""The decode processes: the crops equal the reader decoder's; a process that dies, a closed
+pool and a parent that dies each end cleanly (one line, no hang, no process or shared buffer
+left behind); Ctrl-C is the training process's."""
+from __future__ import annotations
+
+import multiprocessing
+import os
+import re
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+from synthetic import image_file, write_encoded_db
+
+from caffe_py.errors import DataError
+from caffe_py.io import ReaderPool, attach_feeds
+from caffe_py.io.decoders.decode_processes import SHM_DIR, DecodeProcesses, ProcessCrops
+from caffe_py.io.decoders.workers import DecodeOptions
+from caffe_py.io.formats.datum import decode_image
+from caffe_py.io.reader import reader
+from caffe_py.layers import BuildContext, lookup
+from caffe_py.spec.net_spec import parse_layer
+from caffe_py.spec.schema import Source
+
+pytestmark = [pytest.mark.usefixtures("no_stray_threads"),
+              pytest.mark.skipif(not Path(SHM_DIR).is_dir(), reason="needs /dev/shm")]
+H, W = 12, 10
+
+
+def shared_buffers() -> set[str]:
+    return {p.name for p in Path(SHM_DIR).iterdir() if p.name.startswith("psm_")}
+
+
+def children() -> list:
+    return [p for p in multiprocessing.active_children() if p.is_alive()]
+
+
+def decode(crops: ProcessCrops, files, flips=None) -> np.ndarray:
+    out = np.zeros((len(files), 3, 7, 7), np.uint8)
+    crops.submit(files, [b"k%d" % i for i in range(len(files))],
+                 [[i % 3, i % 4] for i in range(len(files))],
+                 flips or [i % 2 == 1 for i in range(len(files))], out).wait()
+    return out
+
+
+def data_layer_over(tmp_path: Path, files: list[bytes], batch: int, **transform):
+    """A TRAIN Data layer over an encoded LMDB of ``files`` in ``tmp_path``, and a net of it
+    for attach_feeds."""
+    db = write_encoded_db(tmp_path / "db", files)
+    spec = parse_layer({"name": "data", "type": "Data", "top": ["data", "label"],
+                        "data_param": {"source": db, "batch_size": batch},
+                        "transform_param": transform}, Source(), "layer")
+    layer = lookup("Data")(spec, [], BuildContext(phase="TRAIN"))
+    return layer, type("Net", (), {"data_layers": lambda self: [layer]})()
+
+
+def refused(count: int, message: str) -> None:
+    """A batch for ``count`` processes fails with exactly ``message`` (a regex), and nothing
+    is left behind."""
+    before = shared_buffers()
+    processes = DecodeProcesses(count)
+    crops = ProcessCrops(processes, "db", (3, H, W), None)
+    try:
+        with pytest.raises(DataError, match=message):
+            decode(crops, [image_file(0), image_file(1)])
+    finally:
+        crops.close()
+        processes.close()
+    assert children() == [] and shared_buffers() == before
+
+
+def test_the_crops_are_the_reader_decoders_pixels():
+    files = [image_file(i) for i in range(11)]
+    before = shared_buffers()
+    processes = DecodeProcesses(3)
+    crops = ProcessCrops(processes, "db", (3, H, W), None)
+    try:
+        got = decode(crops, files)  # the first pair of buffers
+        again = decode(crops, files[:4])  # the second pair
+        same = decode(crops, files[:4])  # the first again: a smaller batch in its buffers
+        grown = decode(crops, files + files)  # the second, made anew for a bigger batch
+    finally:
+        crops.close()
+        processes.close()
+    for i, file in enumerate(files):
+        window = decode_image(file)[:, i % 3:i % 3 + 7, i % 4:i % 4 + 7]
+        assert np.array_equal(got[i], window[:, :, ::-1] if i % 2 else window)
+    assert np.array_equal(again, got[:4]) and np.array_equal(same, got[:4])
+    assert np.array_equal(grown[:11], got)
+    assert children() == [] and shared_buffers() == before
+    assert crops.batches == 4 and sorted(crops.seconds) == ["copy", "send", "wait"]
+    assert all(v > 0 for v in crops.seconds.values())
+    assert re.fullmatch(r"4 batches; per batch: write files and submit \d+\.\d ms, wait for "
+                        r"the processes \d+\.\d ms, copy the crops out \d+\.\d ms",
+                        crops.summary())
+
+
+def test_two_batches_in_flight_each_get_their_own_crops():
+    files = [image_file(i) for i in range(12)]
+    want = [decode_image(f)[:, :7, :7] for f in files]
+    before = shared_buffers()
+    processes = DecodeProcesses(2)
+    crops = ProcessCrops(processes, "db", (3, H, W), None)
+    first, second = (np.zeros((6, 3, 7, 7), np.uint8) for _ in range(2))
+    try:
+        def submit(part, out):
+            return crops.submit(part, [b"k"] * 6, [[0, 0]] * 6, [False] * 6, out)
+
+        a, b = submit(files[:6], first), submit(files[6:], second)
+        assert crops.in_flight == 2 and not a.done
+        third = np.zeros_like(first)
+        c = submit(files[:6], third)  # both pairs busy: a is collected first, c takes its pair
+        assert a.done and not b.done and crops.in_flight == 2
+        a.wait()  # once in out, a batch stays there
+        b.wait()
+        c.cancel()  # dropped (a stopped feed): its buffers are let go with the others
+        with pytest.raises(RuntimeError, match=r"^db: a decode batch was waited for after it "
+                                               r"was cancelled$"):
+            c.wait()
+    finally:
+        crops.close()
+        processes.close()
+    assert np.array_equal(first, np.stack(want[:6]))
+    assert np.array_equal(second, np.stack(want[6:]))
+    assert crops.batches == 2 and children() == [] and shared_buffers() == before
+    assert not third.any()  # c was cancelled before its crops were copied out
+
+
+def test_a_feed_submits_its_next_batch_before_it_waits(tmp_path, monkeypatch):
+    from caffe_py.io.decoders.decode_processes import InFlight
+
+    monkeypatch.setattr(reader, "CACHE_BYTES", 0)
+    layer, net = data_layer_over(tmp_path, [image_file(i) for i in range(10)], 2)
+    flying, wait = [], InFlight.wait
+
+    def counted(self):
+        flying.append(self.owner.in_flight)
+        wait(self)
+
+    monkeypatch.setattr(InFlight, "wait", counted)
+    with ReaderPool(decode=DecodeOptions(2, "off", processes="on")) as pool:
+        attach_feeds(net, pool, seed=1)
+        pool.start()
+        labels = [layer()[1].tolist() for _ in range(7)]
+    assert labels == [[7 * (2 * i % 10), 7 * ((2 * i + 1) % 10)] for i in range(7)]
+    assert max(flying) == 2 and flying.count(2) >= 6
+
+
+def test_a_process_lets_go_of_buffers_their_feed_has_unlinked():
+    """A buffer made anew for a bigger batch leaves the old one unlinked: a process that
+    mapped it unmaps it at its next new buffer (its pages are freed), keeping the others."""
+    from multiprocessing import shared_memory
+
+    from caffe_py.io.decoders import decode_processes
+
+    made = [shared_memory.SharedMemory(create=True, size=4096) for _ in range(3)]
+    try:
+        for buffer in made[:2]:
+            decode_processes._buffer(buffer.name)
+        made[0].close()
+        made[0].unlink()  # outgrown by the feed
+        decode_processes._buffer(made[2].name)
+        assert list(decode_processes._attached) == [made[1].name, made[2].name]
+    finally:
+        while decode_processes._attached:
+            decode_processes._attached.popitem()[1].close()
+        for buffer in made[1:]:
+            buffer.close()
+            buffer.unlink()
+
+
+def test_a_process_that_dies_stops_the_feed_with_one_line():
+    processes = DecodeProcesses(2)
+    crops = ProcessCrops(processes, "db", (3, H, W), None)
+    try:
+        decode(crops, [image_file(i) for i in range(4)])
+        os.kill(children()[0].pid, signal.SIGKILL)
+        with pytest.raises(DataError, match=r"^db: a decode process died \(.*\); see the log for "
+                                            r"what killed it \(memory\?\), or set "
+                                            r"CPY_DECODE_PROCESSES=off$"):
+            for _ in range(50):  # until the pool has seen the death
+                decode(crops, [image_file(i) for i in range(4)])
+                time.sleep(0.05)
+    finally:
+        crops.close()
+        processes.close()
+    assert children() == []
+
+
+def test_a_closed_pool_refuses_work_with_one_line():
+    processes = DecodeProcesses(2)
+    crops = ProcessCrops(processes, "db", (3, H, W), None)
+    decode(crops, [image_file(0), image_file(1)])
+    processes.close()
+    processes.close()  # idempotent
+    with pytest.raises(DataError, match=r"^db: the decode processes were closed$"):
+        decode(crops, [image_file(0), image_file(1)])
+    crops.close()
+    assert children() == []
+
+
+def test_ctrl_c_is_the_training_processes_to_handle():
+    processes = DecodeProcesses(2)
+    crops = ProcessCrops(processes, "db", (3, H, W), None)
+    try:
+        want = decode(crops, [image_file(i) for i in range(4)])
+        for child in children():
+            os.kill(child.pid, signal.SIGINT)
+        time.sleep(0.3)
+        assert len(children()) == 2
+        assert np.array_equal(decode(crops, [image_file(i) for i in range(4)]), want)
+    finally:
+        crops.close()
+        processes.close()
+
+
+@pytest.mark.slow
+def test_the_processes_end_when_the_training_process_is_killed(tmp_path):
+    script = textwrap.dedent(f"""
+        import os, signal, sys
+        sys.path.insert(0, {str(Path(__file__).parents[2])!r})
+        import multiprocessing
+        import numpy as np
+        from synthetic import image_file
+        from caffe_py.io.decoders.decode_processes import DecodeProcesses, ProcessCrops
+        crops = ProcessCrops(DecodeProcesses(2), "db", (3, 12, 10), None)
+        crops.submit([image_file(0)] * 2, [b"a", b"b"], [[0, 0]] * 2, [False] * 2,
+                     np.zeros((2, 3, 7, 7), np.uint8)).wait()
+        print(" ".join(str(p.pid) for p in multiprocessing.active_children()), flush=True)
+        os.kill(os.getpid(), signal.SIGKILL)
+    """)
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
+                          timeout=60)
+    pids = [int(p) for p in done.stdout.split()]
+    assert len(pids) == 2, done.stderr
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline and any(_alive(p) for p in pids):
+        time.sleep(0.1)
+    assert not any(_alive(p) for p in pids)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as stat:
+            return stat.read().split(")")[-1].split()[0] != "Z"
+    except FileNotFoundError:
+        return False
+
+
+def test_a_pool_with_processes_leaves_no_process_or_buffer(tmp_path, monkeypatch):
+    monkeypatch.setattr(reader, "CACHE_BYTES", 0)
+    layer, net = data_layer_over(tmp_path, [image_file(i) for i in range(10)], 4, crop_size=6)
+    before = shared_buffers()
+    with ReaderPool(decode=DecodeOptions(2, "off", processes="on")) as pool:
+        attach_feeds(net, pool, seed=1)
+        pool.start()
+        data, label = layer()
+        assert tuple(data.shape) == (4, 3, 6, 6) and label.tolist() == [0, 7, 14, 21]
+        assert len(children()) == 2
+    assert children() == [] and shared_buffers() == before
+
+
+def test_auto_leaves_nvjpeg_out_where_processes_decode(monkeypatch, caplog):
+    import logging
+
+    import torch
+
+    from caffe_py.io.decoders.workers import DecodeWorkers
+    from caffe_py.io.feed.image_batch import BatchImages
+
+    monkeypatch.setattr(BatchImages, "_gpu_decoder", lambda self: "nvJPEG")
+    caplog.set_level(logging.INFO, logger="caffe_py")
+    processes = DecodeProcesses(6)
+    for gpu, nvjpeg in (("auto", False), ("on", True)):
+        images = BatchImages("db", (3, H, W), None, DecodeWorkers(1),
+                             DecodeOptions(1, gpu, processes="on"), torch.device("cuda", 0),
+                             processes)
+        assert images.crops is not None and (images.gpu == "nvJPEG") is nvjpeg
+        images.close()
+    assert processes.feeds == 0
+    assert caplog.text.count("db: JPEG records are decoded in 6 CPU processes (faster than "
+                             "nvJPEG beside training; CPY_GPU_DECODE=on for nvJPEG)") == 1
+    processes.close()
+
+
+def _no_room(monkeypatch):
+    import errno
+
+    from caffe_py.io.decoders import decode_processes
+
+    def full(fd, offset, length):
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(decode_processes.os, "posix_fallocate", full)
+
+
+def test_too_little_shared_memory_is_one_line_not_a_crash(monkeypatch):
+    _no_room(monkeypatch)
+    refused(2, r"^db: the decode processes need 0 MB of shared memory for a batch and /dev/shm "
+               r"cannot hold it \(No space left on device; [\d,]+ MB free\)$")
+
+
+@pytest.mark.parametrize("processes", ["auto", "on"])
+def test_a_feed_without_room_decodes_on_threads_or_says_so(tmp_path, monkeypatch, caplog,
+                                                           processes):
+    import logging
+
+    from caffe_py.io.decoders import workers as workers_module
+
+    _no_room(monkeypatch)
+    monkeypatch.setattr(reader, "CACHE_BYTES", 0)
+    monkeypatch.setattr(workers_module, "usable_cores", lambda: 12)  # auto: processes
+    caplog.set_level(logging.WARNING, logger="caffe_py")
+    files = [image_file(i) for i in range(8)]
+    layer, net = data_layer_over(tmp_path, files, 4)
+    with ReaderPool(decode=DecodeOptions(2, "off", processes=processes)) as pool:
+        attach_feeds(net, pool, seed=1)
+        pool.start()
+        if processes == "on":
+            with pytest.raises(DataError, match=r"cannot hold it .*; give it more room \(docker "
+                                                r"run --shm-size=1g\) or set "
+                                                r"CPY_DECODE_PROCESSES=off$"):
+                layer()
+            return
+        first, second = layer(), layer()
+    assert np.array_equal(first[0].numpy(), np.stack([decode_image(f) for f in files[:4]]))
+    assert np.array_equal(second[0].numpy(), np.stack([decode_image(f) for f in files[4:]]))
+    assert caplog.text.count("this feed decodes on 2 CPU threads instead") == 1
+
+
+@pytest.mark.parametrize("processes", ["auto", "on"])
+def test_room_for_one_batch_in_flight_but_not_two(tmp_path, monkeypatch, caplog, processes):
+    """The second batch's buffers do not fit while the first is in the processes: the first
+    is collected and the feed goes on in the processes with one batch in flight."""
+    import errno
+    import logging
+
+    from caffe_py.io.decoders import decode_processes
+    from caffe_py.io.decoders import workers as workers_module
+
+    reserved = []
+
+    def first_pair_only(fd, offset, length):
+        reserved.append(length)
+        if len(reserved) > 2:  # the first pair's files and crops fit, nothing after them
+            raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(decode_processes.os, "posix_fallocate", first_pair_only)
+    monkeypatch.setattr(reader, "CACHE_BYTES", 0)
+    monkeypatch.setattr(workers_module, "usable_cores", lambda: 12)  # auto: processes
+    caplog.set_level(logging.WARNING, logger="caffe_py")
+    files = [image_file(i) for i in range(12)]
+    layer, net = data_layer_over(tmp_path, files, 3)
+    before = shared_buffers()
+    with ReaderPool(decode=DecodeOptions(2, "off", processes=processes)) as pool:
+        attach_feeds(net, pool, seed=1)
+        pool.start()
+        batches = [layer()[0].numpy() for _ in range(6)]
+        assert len(children()) == 2  # still the processes'
+    assert children() == [] and shared_buffers() == before
+    for k, batch in enumerate(batches):
+        want = np.stack([decode_image(files[(3 * k + i) % 12]) for i in range(3)])
+        assert np.array_equal(batch, want), k
+    assert len(reserved) == 3  # one pair made, the second refused once
+    assert re.search(r"db: the decode processes need 0 MB of shared memory for a batch and "
+                     r"/dev/shm cannot hold it \(No space left on device; [\d,]+ MB free\); "
+                     r"this feed keeps one batch in the decode processes instead of 2 \(give "
+                     r"it more room, e\.g\. docker run --shm-size=1g\)", caplog.text)
+    assert caplog.text.count("keeps one batch") == 1
+
+
+def test_a_batch_in_flight_finishes_when_the_next_leaves_for_the_threads(tmp_path, monkeypatch,
+                                                                        caplog):
+    """Batch 3's files outgrow the first pair's buffer and /dev/shm cannot hold a bigger one
+    while batch 2 is in the processes (auto): batch 2 finishes there, the threads go on."""
+    import errno
+    import logging
+
+    from caffe_py.io.decoders import decode_processes
+    from caffe_py.io.decoders import workers as workers_module
+
+    reserved = []
+
+    def two_pairs_only(fd, offset, length):
+        reserved.append(length)
+        if len(reserved) > 4:
+            raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(decode_processes.os, "posix_fallocate", two_pairs_only)
+    monkeypatch.setattr(reader, "CACHE_BYTES", 0)
+    monkeypatch.setattr(workers_module, "usable_cores", lambda: 12)  # auto: processes
+    caplog.set_level(logging.WARNING, logger="caffe_py")
+    # bytes after a JPEG's end are ignored by decoders: the last files are 20 KB longer
+    files = [image_file(i) + (b"\0" * 20000 if i >= 6 else b"") for i in range(12)]
+    layer, net = data_layer_over(tmp_path, files, 3)
+    before = shared_buffers()
+    with ReaderPool(decode=DecodeOptions(2, "off", processes="auto")) as pool:
+        attach_feeds(net, pool, seed=1)
+        pool.start()
+        batches = [layer()[0].numpy() for _ in range(6)]
+    assert children() == [] and shared_buffers() == before
+    for k, batch in enumerate(batches):
+        want = np.stack([decode_image(files[(3 * k + i) % 12]) for i in range(3)])
+        assert np.array_equal(batch, want), k
+    assert len(reserved) == 5 and caplog.text.count("decodes on 2 CPU threads instead") == 1
+
+
+def test_processes_that_cannot_start_are_one_line(monkeypatch):
+    import errno
+
+    def no_fork():
+        raise OSError(errno.EAGAIN, "Resource temporarily unavailable")
+
+    monkeypatch.setattr(os, "fork", no_fork)
+    refused(3, r"^db: cannot start 3 decode processes \(Resource temporarily unavailable\); "
+               r"set CPY_DECODE_WORKERS lower, or CPY_DECODE_PROCESSES=off$")
+
+
+def test_a_failing_process_part_is_one_line(monkeypatch):
+    from caffe_py.io.decoders import decode_processes
+
+    def broken(*args):
+        raise MemoryError("no room\nat all")
+
+    monkeypatch.setattr(decode_processes, "decode_crop", broken)  # forked with the processes
+    refused(2, r"^db: decoding failed \(MemoryError: no room at all\)$")
+
+
+class Counting(DecodeProcesses):
+    """Records the parts it is given instead of starting processes."""
+
+    def __init__(self, count):
+        super().__init__(count)
+        self.parts = []
+
+    def submit(self, part, where):
+        self.parts.append((part.start, part.stop))
+
+    def wait(self, futures, where):
+        pass
+
+
+@pytest.mark.parametrize(("count", "feeds", "batch", "parts"), [
+    (14, 1, 256, 14), (62, 4, 256, 15), (62, 5, 256, 12), (3, 4, 8, 1), (16, 1, 5, 5)])
+def test_a_batch_is_cut_so_every_feeds_parts_find_a_process(count, feeds, batch, parts):
+    processes = Counting(count)
+    feeds_crops = [ProcessCrops(processes, "db", (3, H, W), None) for _ in range(feeds)]
+    files = [image_file(0)] * batch
+    out = np.zeros((batch, 3, 7, 7), np.uint8)
+    feeds_crops[0].submit(files, [b"k"] * batch, [[0, 0]] * batch, [False] * batch, out).wait()
+    sizes = [stop - start for start, stop in processes.parts]
+    assert len(sizes) == parts and sum(sizes) == batch and max(sizes) - min(sizes) <= 1
+    assert processes.parts[0][0] == 0 and processes.parts[-1][1] == batch
+    for crops in feeds_crops:
+        crops.close()
+    assert processes.feeds == 0
+
+
+def test_shared_memory_that_cannot_be_made_is_one_line(monkeypatch):
+    import errno
+
+    from caffe_py.io.decoders import decode_processes
+
+    def refuse(*args, **kwargs):
+        raise OSError(errno.EMFILE, "Too many open files")
+
+    monkeypatch.setattr(decode_processes.shared_memory, "SharedMemory", refuse)
+    refused(2, r"^db: the decode processes need 0 MB of shared memory for a batch and /dev/shm "
+               r"cannot hold it \(Too many open files; [\d,]+ MB free\)$")

@@ -1,0 +1,253 @@
+"""Every replica's whole iterations from one thread (parallel/captured.py), on CPU replicas: the
+graph loop's host sequence runs unrecorded and the all-reduce is a host sum. Two replicas give
+the eager tree's weights bit for bit; every replica holds the root's weights; chunks, lines,
+snapshots and resume follow the eager run; a worker's failure names it."""
+from __future__ import annotations
+
+import logging
+
+import pytest
+import torch
+
+from caffe_py.errors import SolverError
+from caffe_py.parallel import ReplicatedRun, Tuning
+from caffe_py.parallel.captured import AllReduceGroup, CapturedReplicas
+from caffe_py.solver.roles import UPDATING_WORKER
+from caffe_py.spec.solver_spec import load_solver
+
+B = 4
+SOLVER = """
+net_param:
+  name: tiny
+  layer:
+    - {{name: data, type: Data, top: [data, label], transform_param: {{scale: 0.00390625}},
+       data_param: {{source: {db}, batch_size: {batch}}}}}
+    - {{name: conv, type: Convolution, bottom: data, top: conv,
+       convolution_param: {{num_output: 2, kernel_size: 3, weight_filler: {{type: xavier}},
+                           bias_filler: {{type: constant, value: 0.1}}}}}}
+    - {{name: ip, type: InnerProduct, bottom: conv, top: ip,
+       inner_product_param: {{num_output: 3, weight_filler: {{type: xavier}}}}}}
+    - {{name: loss, type: SoftmaxWithLoss, bottom: [ip, label], top: loss}}
+type: {type}
+base_lr: 0.05
+momentum: 0.9
+weight_decay: 0.001
+lr_policy: step
+gamma: 0.5
+stepsize: 5
+iter_size: {iter_size}
+max_iter: {iters}
+display: 4
+snapshot: {snapshot}
+random_seed: 7
+solver_mode: CPU
+snapshot_after_train: false
+snapshot_prefix: {prefix}
+"""
+
+pytestmark = pytest.mark.usefixtures("no_stray_threads")
+
+
+def _param(tmp_path, db, name, *, batch=B, type_="SGD", iter_size=1, iters=12, snapshot=0):
+    path = tmp_path / f"{name}.yaml"
+    path.write_text(SOLVER.format(db=db, batch=batch, type=type_, iter_size=iter_size,
+                                  iters=iters, snapshot=snapshot,
+                                  prefix=tmp_path / name / "s"))
+    return load_solver(path)
+
+
+def _weights(solver):
+    return [lp.param.detach().clone() for lp in solver.net.learnable_params()]
+
+
+def _run(param, n, *, captured, chunk=None, snapshot=None, callbacks=None):
+    from caffe_py.options import TrainOptions
+
+    tuning = Tuning(captured=captured, extra_callbacks=callbacks)
+    with ReplicatedRun(param, ["cpu"] * n, TrainOptions(snapshot=snapshot),
+                       tuning=tuning) as run:
+        if captured and chunk is not None:
+            run.root.runner.chunk_cap = chunk
+        run.run()
+        return run, [_weights(s) for s in run.solvers]
+
+
+@pytest.mark.parametrize("rule", [{}, {"type_": "Adam"}, {"iter_size": 2}])
+def test_two_captured_replicas_give_the_eager_trees_weights_bit_for_bit(tmp_path, db, rule):
+    eager, (want, _) = _run(_param(tmp_path, db, "tree", **rule), 2, captured=False)
+    run, (root, worker) = _run(_param(tmp_path, db, "cap", **rule), 2, captured=True, chunk=4)
+    assert isinstance(run.sync, AllReduceGroup) and not eager.captured
+    loop = run.root.runner
+    assert isinstance(loop, CapturedReplicas) and loop.fallback is None
+    assert loop.chunk == 4 and sorted(loop.graphs) == [1, 4]
+    assert run.solvers[1].role == UPDATING_WORKER
+    assert all(a.equal(b) for a, b in zip(root, want, strict=True))
+    assert all(a.equal(b) for a, b in zip(worker, root, strict=True))
+    assert run.root.iter == run.solvers[1].iter == 12
+    assert run.root.current_step == eager.root.current_step == 2
+
+
+def test_three_captured_replicas_train_as_one_with_three_times_the_batch(tmp_path, db):
+    from caffe_py.solver.solver import Solver
+
+    with Solver(_param(tmp_path, db, "one", batch=3 * B)) as one:
+        one.solve()
+        want = _weights(one)
+    _, (root, *workers) = _run(_param(tmp_path, db, "cap"), 3, captured=True)
+    assert max(((a - b).norm() / b.norm()).item() for a, b in zip(root, want, strict=True)) \
+        < 1e-5
+    assert all(a.equal(b) for w in workers for a, b in zip(w, root, strict=True))
+
+
+def test_lines_snapshots_and_resume_follow_the_eager_tree(tmp_path, db, caplog):
+    caplog.set_level(logging.INFO, logger="caffe_py")
+
+    def lines():
+        kept = [m for m in caplog.messages if m.startswith(("Iteration", "Snapshot"))]
+        caplog.clear()
+        return [m.split(" (")[0] if "iter/s" in m else m for m in kept]
+
+    _run(_param(tmp_path, db, "tree", snapshot=8), 2, captured=False)
+    want = [m.replace("/tree/", "/cap/") for m in lines()]
+    run, (root, _) = _run(_param(tmp_path, db, "cap", snapshot=8), 2, captured=True, chunk=4)
+    assert lines() == want
+    assert [m for m in caplog.messages if "captured" in m] == []
+    # a resume from iteration 8 gives the straight run's weights, on every replica
+    state = tmp_path / "cap" / "s_iter_8.solverstate.pt"
+    resumed, (again, worker) = _run(_param(tmp_path, db, "cap", snapshot=8), 2, captured=True,
+                                    chunk=4, snapshot=str(state))
+    assert resumed.root.iter == 12
+    assert all(a.equal(b) for a, b in zip(again, root, strict=True))
+    assert all(a.equal(b) for a, b in zip(worker, root, strict=True))
+
+
+def test_the_banner_says_how_the_replicas_reduce(tmp_path, db, caplog):
+    caplog.set_level(logging.INFO, logger="caffe_py")
+    _run(_param(tmp_path, db, "cap", iters=1), 2, captured=True)
+    assert caplog.messages[:2] == [
+        "Batch: 4 per replica x 2 replicas x iter_size 1 = 8 per update (effective batch 8; "
+        "devices cpu#0, cpu#1; reduction all-reduce, captured; precision FLOAT32)",
+        "whole iterations captured on every replica (cpu#0, cpu#1), issued by one thread; "
+        "gradients summed by a host sum inside them; every replica applies the update"]
+
+
+def test_callbacks_keep_the_iterations_eager_and_say_why(tmp_path, db, caplog):
+    caplog.set_level(logging.INFO, logger="caffe_py")
+
+    class Count:
+        calls = 0
+
+        def on_start(self, solver):
+            Count.calls += 1
+
+        def on_gradient_ready(self, solver):
+            pass
+
+    eager, (want, _) = _run(_param(tmp_path, db, "tree"), 2, captured=False)
+    run, (root, worker) = _run(_param(tmp_path, db, "cap"), 2, captured=True,
+                               callbacks=lambda i: [Count()])
+    assert run.root.runner.fallback == "callbacks run between the forward and the update"
+    assert ("CUDA graphs off (cpu, cpu): callbacks run between the forward and the update; "
+            "running eagerly") in caplog.messages
+    assert Count.calls == 2 * 12
+    assert all(a.equal(b) for a, b in zip(root, want, strict=True))
+    assert all(a.equal(b) for a, b in zip(worker, root, strict=True))
+
+
+def test_a_workers_failure_names_it_and_stops_the_run(tmp_path, db, monkeypatch):
+    param = _param(tmp_path, db, "cap", iters=20)
+    with ReplicatedRun(param, ["cpu"] * 2, tuning=Tuning(captured=True)) as run:
+        worker = run.solvers[1]
+        real = worker.step_fn
+
+        def bad_labels(solver):
+            if solver.iter >= 5:
+                raise SolverError("iteration 5: label 7 is outside [0, 3)")
+            return real(solver)
+
+        monkeypatch.setattr(worker, "step_fn", bad_labels)
+        with pytest.raises(SolverError, match=r"^replica 1 \(cpu\): iteration 5: label 7 is "
+                                              r"outside \[0, 3\)$"):
+            run.run()
+        assert run.root.iter == 5
+
+
+TESTED = """
+net_param:
+  name: tested
+  layer:
+    - {{name: data, type: Data, top: [data, label], include: {{phase: TRAIN}},
+       transform_param: {{scale: 0.00390625}}, data_param: {{source: {db}, batch_size: 4}}}}
+    - {{name: data, type: Data, top: [data, label], include: {{phase: TEST}},
+       transform_param: {{scale: 0.00390625}}, data_param: {{source: {db}, batch_size: 5}}}}
+    - {{name: conv, type: Convolution, bottom: data, top: conv,
+       convolution_param: {{num_output: 2, kernel_size: 3, weight_filler: {{type: xavier}}}}}}
+    - {{name: bn, type: BatchNorm, bottom: conv, top: conv}}
+    - {{name: ip, type: InnerProduct, bottom: conv, top: ip,
+       inner_product_param: {{num_output: 3, weight_filler: {{type: xavier}}}}}}
+    - {{name: acc, type: Accuracy, bottom: [ip, label], top: acc, include: {{phase: TEST}}}}
+    - {{name: loss, type: SoftmaxWithLoss, bottom: [ip, label], top: loss}}
+base_lr: 0.05
+momentum: 0.9
+max_iter: 8
+test_iter: {test_iter}
+test_interval: 4
+random_seed: 7
+solver_mode: CPU
+snapshot_after_train: false
+snapshot_prefix: {prefix}
+"""
+
+
+@pytest.mark.parametrize("n, test_iter", [(2, 7), (3, 7), (3, 2)])
+def test_a_test_pass_spread_over_the_replicas_prints_one_devices_numbers(tmp_path, db, n,
+                                                                        test_iter, caplog):
+    """Batch b of a test pass runs on replica b mod N (BatchNorm's running sums are the
+    root's), the sums in batch order: the same numbers, to the bit, as the root testing
+    alone (the tree, where only the root tests)."""
+    caplog.set_level(logging.INFO, logger="caffe_py")
+
+    def tests(name, captured):
+        path = tmp_path / f"{name}.yaml"
+        path.write_text(TESTED.format(db=db, test_iter=test_iter, prefix=tmp_path / name / "s"))
+        caplog.clear()
+        with ReplicatedRun(load_solver(path), ["cpu"] * n, tuning=Tuning(captured=captured)) \
+                as run:
+            run.run()
+            lines = [m for m in caplog.messages if m.startswith(("Test", "    Test"))]
+            return lines, run.root.last_test, run
+
+    alone, alone_means, _ = tests("tree", False)
+    split, split_means, run = tests("cap", True)
+    assert len(alone) == 3 * 2 and split == alone   # tests at 0, 4 and 8: acc and loss
+    assert all(a[k].equal(b[k]) for a, b in zip(split_means, alone_means, strict=True)
+               for k in a)
+    nets = run.root.test_batches._nets[0]
+    assert len(nets) == n and [net.device for net in nets] == [torch.device("cpu")] * n
+
+
+def test_a_test_net_that_makes_its_own_data_tests_on_the_root(tmp_path, caplog):
+    caplog.set_level(logging.INFO, logger="caffe_py")
+    path = tmp_path / "s.yaml"
+    path.write_text("""
+net_param:
+  name: dummy
+  layer:
+    - {name: data, type: DummyData, top: [data, label],
+       dummy_data_param: {shape: [{dim: [4, 3]}, {dim: [4]}],
+                          data_filler: [{type: gaussian}, {type: constant}]}}
+    - {name: ip, type: InnerProduct, bottom: data, top: ip,
+       inner_product_param: {num_output: 2, weight_filler: {type: xavier}}}
+    - {name: loss, type: SoftmaxWithLoss, bottom: [ip, label], top: loss}
+base_lr: 0.1
+max_iter: 2
+test_iter: 3
+test_interval: 2
+solver_mode: CPU
+snapshot_after_train: false
+snapshot_prefix: """ + str(tmp_path / "s") + "\n")
+    with ReplicatedRun(load_solver(path), ["cpu"] * 2, tuning=Tuning(captured=True)) as run:
+        run.run()
+    assert ("Note: test net #0 runs on the root alone: layer 'data' (DummyData) makes its own "
+            "data, which the root's feed cannot hand to the other replicas") in caplog.messages
+    assert sum("Testing net (#0)" in m for m in caplog.messages) == 2
