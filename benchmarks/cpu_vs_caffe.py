@@ -257,9 +257,10 @@ def busy_table(best: dict[tuple[str, bool], Run], args: argparse.Namespace,
         lines.append(f"| {row_name(key, cores)} | {' | '.join(cells)} | "
                      f"{quiet.seconds / busy.seconds:.2f} |")
     cpy, one = best["cpy", True].seconds, best["cpy_one", True].seconds
+    verdict = "met" if cpy <= one else "not met"
     lines += ["", f"Busy: `cpy train` with no flag at {one / cpy:.2f}x the rate of one core "
                   f"(`OMP_NUM_THREADS=1`), {best['cpy_all', True].seconds / cpy:.1f}x the rate "
-                  "of the fixed count."]
+                  f"of the fixed count. No lower than one free core's rate: {verdict}."]
     return "\n".join(lines)
 
 

@@ -216,6 +216,8 @@ def size_threads(limit: CpuLimit | None = None) -> int:
 
 
 # --- following other processes' load during a run -----------------------------------------------
+OPENING_S = 0.25
+"""The shortest net construction whose load the first step acts on (see ThreadGovernor)."""
 SETTLE_STEPS = 2
 """The first steps of a run, untimed (allocations, oneDNN's primitives)."""
 WINDOW_S = 1.0
@@ -223,7 +225,8 @@ WINDOW_S = 1.0
 MIN_STEPS = 4
 """Steps a window holds at least (a slow net's window is longer than WINDOW_S). The first
 window after the settling steps holds just these: a competing process that was there from the
-start is acted on after SETTLE_STEPS + MIN_STEPS steps."""
+start, unseen by a construction shorter than OPENING_S, is acted on after SETTLE_STEPS +
+MIN_STEPS steps."""
 SLOWER = 1.10
 """A changed count is kept unless its steps take this much longer than the ones before it."""
 HOLD_S = 30.0
@@ -288,8 +291,12 @@ class ThreadGovernor:
     """Follows other processes' load during one CPU run (the module docstring).
 
     A Solver callback: it times each step from ``on_start`` to ``on_update_applied`` (the
-    passes and the update; no test pass, no snapshot), the first SETTLE_STEPS untimed. At the
-    end of every window of steps (MIN_STEPS for the first, then WINDOW_S and MIN_STEPS) it
+    passes and the update; no test pass, no snapshot), the first SETTLE_STEPS untimed. The
+    first step first looks at the load since the governor was made (the net's construction,
+    when it took OPENING_S or more) and starts at the CPUs it left free: a process that was
+    there from the start costs no step at a count that waits for it. That change is no trial
+    (no step at the run's count to compare with); the later ones are. At the end of every
+    window of steps (MIN_STEPS for the first, then WINDOW_S and MIN_STEPS) it
     reads the load and sets the count to the CPUs that other processes left free since the
     last look (since it was made, the net's construction included, for the first). Every
     change is a trial: the next window's steps must not take SLOWER times as long as the
@@ -317,6 +324,7 @@ class ThreadGovernor:
         self._window_start = clock()
         self._steps: list[float] = []
         self._settling = SETTLE_STEPS
+        self._opening = True  # the first on_start looks at the construction's load
         self._first_window = True  # closes after MIN_STEPS steps, whatever their time
         self._skip_next = False  # the first step at a new count is not timed (new primitives)
         self._trial: tuple[int, float] | None = None  # (the count before, its mean step)
@@ -327,6 +335,9 @@ class ThreadGovernor:
 
     # --- the Solver's callback hooks
     def on_start(self, solver: Solver) -> None:
+        if self._opening:
+            self._opening = False
+            self._open(self._clock())
         self._step_start = self._clock()
 
     def on_gradient_ready(self, solver: Solver) -> None:
@@ -355,6 +366,20 @@ class ThreadGovernor:
             self.count = self.full
 
     # --- the decisions
+    def _open(self, now: float) -> None:
+        """The count for the first steps, from the load while the net was built."""
+        if now - self._window_start < OPENING_S:
+            return
+        others = self._others()
+        if others is None:
+            return
+        self._window_start = now
+        target = free_count(self.cpus, others, self.full)
+        if target != self.count:
+            self._change(target, f"other processes kept {others:.1f} of {self.cpus} CPUs busy "
+                                 "while the net was built")
+            self._skip_next = False  # the settling steps are untimed already
+
     def _close_window(self, now: float) -> None:
         steps, self._steps = self._steps, []
         self._window_start = now

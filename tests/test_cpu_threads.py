@@ -297,15 +297,45 @@ def test_the_count_follows_a_competing_process_and_goes_back_when_it_ends(caplog
     assert len(caplog.messages) == 2
 
 
-def test_a_competing_process_at_the_start_is_acted_on_after_six_steps():
-    """Two untimed steps, then a first window of four: its load includes the net's
-    construction."""
+def test_a_competing_process_during_the_construction_is_acted_on_at_the_first_step(caplog):
+    """The first step looks at the load while the net was built: no step waits at two
+    threads for a process that was there from the start."""
+    caplog.set_level(logging.INFO, logger="caffe_py")
     host = FakeHost()
     host.others = 1.0
     governor = _governor(host)
     host.advance(1.5, own_cpus=1.0)  # the net's construction
-    _steps(governor, host, 6 * 0.250, {2: 0.250, 1: 0.024})
-    assert _changes(governor) == [(2, 1)] and host.counts == [1]
+    governor.on_start(None)  # type: ignore[arg-type]
+    assert governor.changes == [(1.5, 2, 1)] and host.counts == [1]
+    assert caplog.messages == ["CPU threads: 2 -> 1 (other processes kept 1.0 of 2 CPUs busy "
+                               "while the net was built)"]
+    _steps(governor, host, 30, {2: 0.250, 1: 0.024})
+    assert _changes(governor) == [(2, 1)]
+
+
+def test_a_quiet_construction_changes_nothing_at_the_first_step():
+    host = FakeHost()
+    governor = _governor(host)
+    host.advance(1.5, own_cpus=1.0)
+    _steps(governor, host, 30, {2: 0.015, 1: 0.024})
+    assert governor.changes == [] and host.counts == []
+
+
+def test_a_short_construction_leaves_the_load_to_the_first_window():
+    """A construction under OPENING_S is too short a look: two untimed steps, then a first
+    window of four, whose load includes the construction."""
+    host = FakeHost()
+    host.others = 1.0
+    governor = _governor(host)
+    host.advance(0.2, own_cpus=1.0)
+    governor.on_start(None)  # type: ignore[arg-type]
+    assert governor.changes == []
+    host.advance(0.250, own_cpus=1.0)
+    governor.on_update_applied(None)  # type: ignore[arg-type]
+    _steps(governor, host, 4 * 0.250, {2: 0.250, 1: 0.024})
+    assert governor.changes == []
+    _steps(governor, host, 0.250, {2: 0.250, 1: 0.024})  # the sixth step
+    assert governor.changes == [(pytest.approx(1.7), 2, 1)] and host.counts == [1]
 
 
 def test_a_change_that_makes_the_steps_slower_is_undone_and_held_off(caplog):
@@ -370,22 +400,31 @@ snapshot_prefix: snaps/s
 """
 
 
-@pytest.mark.skipif(torch.get_num_threads() < 2, reason="one thread: nothing to follow")
-def test_a_cpu_training_run_follows_the_load_and_gives_its_count_back(
-        tmp_path, monkeypatch, caplog, no_user_env):
-    """train() on the CPU: a load of one CPU (faked) is acted on after the settling steps and
-    the first window (six steps), and the process has its count back when the run ends."""
+@pytest.fixture
+def one_cpu_of_load(monkeypatch, caplog, no_user_env):
+    """Other processes keep one CPU busy (faked), the run's count is caffe-py's; yields the
+    count the runs start with."""
     import time
-
-    from caffe_py.train import train
 
     start = torch.get_num_threads()
     monkeypatch.setattr(cpu_threads, "STARTING_COUNT", start)
     monkeypatch.setattr(cpu_threads, "_set_by_runs", None)
+    monkeypatch.setattr(cpu_threads, "cpu_limit", lambda: CpuLimit(start))  # no quota here
     monkeypatch.setattr(cpu_threads, "read_load", lambda cpus: LoadSample(
         time.process_time() + 1.0 * time.perf_counter(), time.process_time(),
         time.perf_counter()))
     caplog.set_level(logging.INFO, logger="caffe_py")
+    yield start
+
+
+@pytest.mark.skipif(torch.get_num_threads() < 2, reason="one thread: nothing to follow")
+def test_a_cpu_training_run_follows_the_load_and_gives_its_count_back(
+        tmp_path, caplog, one_cpu_of_load):
+    """train() on the CPU: a load of one CPU (faked) is acted on after the settling steps and
+    the first window (six steps), and the process has its count back when the run ends."""
+    from caffe_py.train import train
+
+    start = one_cpu_of_load
     solver = tmp_path / "solver.yaml"
     solver.write_text(SOLVER)
     train(solver, "cpu")
@@ -394,3 +433,25 @@ def test_a_cpu_training_run_follows_the_load_and_gives_its_count_back(
     assert changes[0] == (f"CPU threads: {start} -> {free_count(cpus, 1.0, start)} (other "
                           f"processes kept 1.0 of {cpus} CPUs busy)")
     assert torch.get_num_threads() == start
+
+
+@pytest.mark.skipif(torch.get_num_threads() < 2, reason="one thread: nothing to follow")
+@pytest.mark.parametrize("deterministic, env", [(True, {}), (False, {"OMP_NUM_THREADS": "2"}),
+                                                (False, {"MKL_NUM_THREADS": "2"})])
+def test_a_deterministic_run_or_the_users_count_keeps_the_count_under_load(
+        tmp_path, monkeypatch, caplog, one_cpu_of_load, deterministic, env):
+    """--deterministic (a CPU run's sums follow its thread count) and a count the user set keep
+    the count the run started with, whatever the load."""
+    from caffe_py import train as train_module
+    from caffe_py.options import TrainOptions
+
+    monkeypatch.setattr(train_module, "make_deterministic", lambda: None)  # process-wide
+    for name, value in env.items():
+        monkeypatch.setenv(name, value)
+    counts: list[int] = []
+    monkeypatch.setattr(torch, "set_num_threads", counts.append)
+    solver = tmp_path / "solver.yaml"
+    solver.write_text(SOLVER)
+    train_module.train(solver, "cpu", TrainOptions(deterministic=deterministic))
+    assert [m for m in caplog.messages if m.startswith("CPU threads:")] == []
+    assert counts == []
