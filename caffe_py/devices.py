@@ -16,6 +16,7 @@ from collections.abc import Sequence
 
 import torch
 
+from .cpu_threads import size_threads
 from .errors import CaffePyError
 
 log = logging.getLogger(__name__)
@@ -134,9 +135,11 @@ TRIM_THRESHOLD = 1 << 30
 
 
 def prepare_host(devices: Sequence[torch.device]) -> None:
-    """Host settings for a run on ``devices``: where one is the CPU, keep freed memory."""
+    """Host settings for a run on ``devices``: where one is the CPU, keep freed memory and size
+    torch's thread count to the CPUs the process may use (cpu_threads.py)."""
     if any(d.type == "cpu" for d in devices):
         keep_freed_host_memory()
+        size_threads()
 
 
 @functools.cache

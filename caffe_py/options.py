@@ -47,7 +47,9 @@ class TrainOptions:
     'on' (as auto, but a net that cannot be captured is an error), 'off' (eager)."""
     deterministic: bool = False
     """Bit-identical runs on GPUs too: deterministic cuDNN algorithms and PyTorch kernels
-    (slower on some nets; docs/performance.md says which step breaks it otherwise)."""
+    (slower on some nets; docs/performance.md says which step breaks it otherwise); on the
+    CPU, the thread count sized at the start is kept, not changed with other processes' load
+    (a CPU run's sums follow its thread count: caffe_py/cpu_threads.py)."""
     compile: str = "auto"
     """torch.compile (inductor) for the TRAIN net's forward and backward: 'on' (before the
     first iteration), 'off', or 'auto': on one GPU with graphs, once the step time is

@@ -22,6 +22,7 @@ from typing import Protocol
 
 import torch
 
+from .cpu_threads import governor_for
 from .devices import rank, world_size
 from .options import TrainOptions
 from .solver.solver import Solver
@@ -87,15 +88,22 @@ class SingleDevice:
             auto = opts.compile == "auto" and not opts.deterministic
             runner = GraphedLoop(required=opts.graphs == "on",
                                  auto_compile=AutoCompile() if auto else None)
+        # on the CPU, the thread count follows other processes' load (cpu_threads.py)
+        governor = governor_for(self.device, opts.deterministic)
         with Solver(param, device=self.device, action=action, step=step, runner=runner,
-                    inputs=opts.inputs, test_inputs=opts.test_inputs) as solver:
+                    inputs=opts.inputs, test_inputs=opts.test_inputs,
+                    callbacks=[governor] if governor else []) as solver:
             batch = solver.batch_size()
             log.info(f"Batch: {batch} per replica x 1 replica x iter_size {param.iter_size} = "
                      f"{batch * param.iter_size} per update (device {self.device}, precision "
                      f"{param.precision})")
             if opts.weights:
                 solver.load_weights(opts.weights)
-            solver.solve(opts.snapshot, opts.progress, opts.tensorboard)
+            try:
+                solver.solve(opts.snapshot, opts.progress, opts.tensorboard)
+            finally:
+                if governor is not None:
+                    governor.close()
             return solver
 
 

@@ -1,6 +1,6 @@
 """Shared fixtures: toy layer types (to test the Net apart from the layer library), specs, the
-check that a test leaves no thread behind, and the check that the suite leaves the checkout as
-it found it.
+check that a test leaves no thread behind, the check that the suite leaves the checkout as it
+found it, and the CPU thread count fixed for the suite.
 
 The toy types are declared in the spec's table and registered only while a test module that
 asks for ``toy_layers`` runs, and removed afterwards, so the registry test and other modules
@@ -8,6 +8,7 @@ see the real library alone.
 """
 from __future__ import annotations
 
+import os
 import threading
 from dataclasses import dataclass
 from pathlib import Path
@@ -22,6 +23,12 @@ from caffe_py.spec import layer_params
 from caffe_py.spec.net_spec import FillerParameter, NetParameter, parse_net
 from caffe_py.spec.schema import Message, Source, field
 from caffe_py.spec.yamlio import loads
+
+# A CPU run follows other processes' load with its thread count (caffe_py/cpu_threads.py),
+# and its numbers and lines follow the count: the suite fixes the count at torch's own, as a
+# user's OMP_NUM_THREADS does, so that what a run prints does not depend on what else the
+# machine runs (subprocesses inherit it). tests/test_cpu_threads.py tests the governor itself.
+os.environ.setdefault("OMP_NUM_THREADS", str(torch.get_num_threads()))
 
 
 @dataclass

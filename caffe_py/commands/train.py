@@ -95,7 +95,8 @@ def set_option(command: Any) -> Any:
 @click.option("--cuda-graphs/--no-cuda-graphs", "cuda_graphs", default=None, hidden=True,
               help="the older spelling of --graphs on / --graphs off")
 @click.option("--deterministic", is_flag=True,
-              help="bit-identical runs on GPUs too (deterministic cuDNN and kernels; slower)")
+              help="bit-identical runs on GPUs too (deterministic cuDNN and kernels; slower), "
+                   "and on a busy CPU (the thread count does not follow the load)")
 @click.option("--compile", "compile_net", type=click.Choice(COMPILES), default="auto",
               is_flag=False, flag_value="on", show_default=True,
               help="torch.compile the net: on (--compile alone: before the first iteration), "
