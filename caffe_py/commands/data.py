@@ -3,9 +3,10 @@
 LevelDB (``--backend``, lmdb by default as in Caffe's tools)."""
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
+from typing import Any, TypeVar
 
 import click
 
@@ -23,10 +24,31 @@ from ..tools.convert import (
 from ..tools.dbinfo import db_info
 from ..tools.mean import compute_mean
 
+F = TypeVar("F", bound=Callable[..., Any])
 _RESUME_HELP = "continue an interrupted conversion (DB.partial) after its last committed record"
 backend_option = click.option(
     "--backend", type=click.Choice(BACKENDS), default="lmdb", show_default=True,
     help="the database kind (Caffe's tools default to lmdb; plyvel reads and writes leveldb)")
+
+
+
+def image_list_options(command: F) -> F:
+    """The options convert_imageset and convert_annoset share: what each image becomes."""
+    options = [
+        click.option("--gray", is_flag=True, help="store one gray channel instead of BGR"),
+        click.option("--shuffle", is_flag=True, help="shuffle the list before writing"),
+        click.option("--seed", type=int, default=0, show_default=True,
+                     help="the shuffle's seed"),
+        click.option("--resize-width", type=int, default=0, show_default=True,
+                     help="resize every image to this width (with --resize-height)"),
+        click.option("--resize-height", type=int, default=0, show_default=True,
+                     help="resize every image to this height (with --resize-width)"),
+        click.option("--check-size", is_flag=True,
+                     help="require every image to have the same size"),
+    ]
+    for option in reversed(options):  # the decorators' order: --help lists them as written
+        command = option(command)
+    return command
 
 
 @contextmanager
@@ -70,14 +92,7 @@ def convert_idx_command(images: str, labels: str, db: str, resume: bool, backend
               help="no LISTFILE: ROOT's sub-folders are the classes (torchvision ImageFolder's "
                    "rule: sorted names -> labels 0..K-1); writes labels.txt and DB_list.txt "
                    "beside DB")
-@click.option("--gray", is_flag=True, help="store one gray channel instead of BGR")
-@click.option("--shuffle", is_flag=True, help="shuffle the list before writing")
-@click.option("--seed", type=int, default=0, show_default=True, help="the shuffle's seed")
-@click.option("--resize-width", type=int, default=0, show_default=True,
-              help="resize every image to this width (with --resize-height)")
-@click.option("--resize-height", type=int, default=0, show_default=True,
-              help="resize every image to this height (with --resize-width)")
-@click.option("--check-size", is_flag=True, help="require every image to have the same size")
+@image_list_options
 @click.option("--encoded", is_flag=True, help="store the image files (PNG/JPEG), not pixels")
 @click.option("--encode-type", type=click.Choice(ENCODE_TYPES), default=None,
               help="with --encoded: re-encode to this format (default: keep each file's own)")
@@ -133,14 +148,7 @@ def convert_cifar_command(directory: str, db_prefix: str, resume: bool, backend:
 @click.argument("db", type=click.Path())
 @click.option("--label-map-file", required=True, type=click.Path(dir_okay=False),
               help="the LabelMap prototxt giving each class name its label")
-@click.option("--gray", is_flag=True, help="store one gray channel instead of BGR")
-@click.option("--shuffle", is_flag=True, help="shuffle the list before writing")
-@click.option("--seed", type=int, default=0, show_default=True, help="the shuffle's seed")
-@click.option("--resize-width", type=int, default=0, show_default=True,
-              help="resize every image to this width (with --resize-height)")
-@click.option("--resize-height", type=int, default=0, show_default=True,
-              help="resize every image to this height (with --resize-width)")
-@click.option("--check-size", is_flag=True, help="require every image to have the same size")
+@image_list_options
 @click.option("--check-label", is_flag=True, help="refuse a label map naming a class twice")
 @click.option("--encoded", is_flag=True, help="store the image files (PNG/JPEG), not pixels")
 @click.option("--encode-type", type=click.Choice(ENCODE_TYPES), default=None,

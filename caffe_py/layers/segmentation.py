@@ -293,12 +293,15 @@ class Interp(Layer):
                             "give a positive height and width")
         self.eff = (h_eff, w_eff)
         rows, cols = interp_axis(h_eff, out_h), interp_axis(w_eff, out_w)
+        dev = self.ctx.device
         for name, (first, step, weight) in (("row", rows), ("col", cols)):
-            self.register_buffer(f"_{name}0", torch.from_numpy(first + self.begin),
+            self.register_buffer(f"_{name}0", torch.from_numpy(first + self.begin).to(dev),
                                  persistent=False)
-            self.register_buffer(f"_{name}1", torch.from_numpy(first + step + self.begin),
+            self.register_buffer(f"_{name}1",
+                                 torch.from_numpy(first + step + self.begin).to(dev),
                                  persistent=False)
-            self.register_buffer(f"_{name}w", torch.from_numpy(weight), persistent=False)
+            self.register_buffer(f"_{name}w", torch.from_numpy(weight).to(dev),
+                                 persistent=False)
         return [(n, c, out_h, out_w)]
 
     def _out_size(self, p: InterpParameter, h: int, w: int) -> tuple[int, int]:
@@ -354,9 +357,11 @@ class SegAccuracy(Layer):
                                        f"{[n, 1, h, w]} (one channel, the scores' size)")
         p: SegAccuracyParameter = self.param()
         self.classes, self.reset = c, p.reset
+        dev = self.ctx.device
         self.register_buffer("_ignored", torch.tensor(sorted(set(p.ignore_label)),
-                                                      dtype=torch.int64), persistent=False)
-        self.register_buffer("confusion", torch.zeros(c, c, dtype=torch.int64),
+                                                      dtype=torch.int64, device=dev),
+                             persistent=False)
+        self.register_buffer("confusion", torch.zeros(c, c, dtype=torch.int64, device=dev),
                              persistent=False)
         return [(1, 1, 1, 3)] + [(c,)] * (len(self.spec.top) - 1)
 

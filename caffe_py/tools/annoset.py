@@ -23,8 +23,8 @@ from pathlib import Path
 import numpy as np
 
 from ..errors import DataError
-from ..io.db.db import open_db, open_writer
-from ..io.db.partial import remove_partial
+from ..io.db.db import open_db
+from ..io.db.image_list import read_list_text
 from ..io.formats.annotated import (
     BBOX,
     AnnotatedDatum,
@@ -42,7 +42,7 @@ from ..io.formats.images import (
     resize_linear,
 )
 from ..io.formats.labelmap import name_to_label, read_label_map
-from .convert import MAX_KEY_BYTES, ConvertResult, ProgressFactory, no_progress
+from .convert import MAX_KEY_BYTES, ConvertResult, ProgressFactory, no_progress, write_source
 
 log = logging.getLogger(__name__)
 F32 = np.float32
@@ -85,10 +85,7 @@ class AnnosetEntry:
 def read_annoset_list(listfile: str | Path) -> list[AnnosetEntry]:
     """``image annotation`` lines (split at the last space); blank lines skipped."""
     listfile = Path(listfile)
-    try:
-        text = listfile.read_text(encoding="utf-8")
-    except FileNotFoundError:
-        raise DataError(f"{listfile}: list file not found") from None
+    text = read_list_text(listfile)
     entries = []
     for number, line in enumerate(text.splitlines(), start=1):
         if not line.strip():
@@ -165,6 +162,7 @@ class AnnosetSource:
     def __init__(self, root: str | Path, listfile: str | Path, options: AnnosetOptions):
         options.check()
         self.root, self.listfile, self.options = Path(root), Path(listfile), options
+        self.inputs = [self.listfile, Path(options.label_map_file)]
         self.labels = name_to_label(read_label_map(options.label_map_file),
                                     strict=options.check_label,
                                     source=options.label_map_file)
@@ -231,33 +229,8 @@ def convert_annoset(root: str | Path, listfile: str | Path, db: str | Path,
                     progress: ProgressFactory = no_progress,
                     backend: str = "lmdb") -> ConvertResult:
     """Write the AnnotatedDatum database (through ``db.partial``, as the other converters)."""
-    source = AnnosetSource(root, listfile, options)
-    began = time.perf_counter()
-    writer = open_writer(db, backend, resume=resume)
-    try:
-        if writer.resumed:
-            expected = source.key(writer.resumed - 1) if writer.resumed <= source.count \
-                else None
-            if expected != writer.last_key:
-                raise DataError(f"{writer.partial}: cannot resume: its last record is not "
-                                f"record {writer.resumed} of this list (a different list, "
-                                "order or --shuffle seed); delete it and convert again")
-        bar = progress(source.count, Path(db).name)
-        bar.update(writer.resumed)
-        try:
-            for key, record in source.records(writer.resumed):
-                writer.put(key, encode_annotated(record))
-                bar.update(1)
-        finally:
-            bar.close()
-    except BaseException:
-        writer.abandon()
-        if writer.records == 0:
-            remove_partial(db)
-        raise
-    summary = writer.finish()
-    return ConvertResult(summary.path, summary.records, summary.written, summary.bytes,
-                         time.perf_counter() - began)
+    return write_source(AnnosetSource(root, listfile, options), db, resume=resume,
+                        progress=progress, backend=backend, encode=encode_annotated)
 
 
 def is_annotated(path: str | Path, backend: str = "lmdb") -> bool:

@@ -20,7 +20,7 @@ import zlib
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Protocol
+from typing import Any, Protocol, TypeVar
 
 import numpy as np
 
@@ -101,21 +101,24 @@ class ConvertResult:
                 f"{self.bytes} bytes), {self.seconds:.1f} s (resumed after {resumed})")
 
 
-class RecordSource(Protocol):
+Record = TypeVar("Record", covariant=True)
+
+
+class RecordSource(Protocol[Record]):
     count: int
     inputs: list[Path]
     """The files the records come from (a resume checks it continues the same ones)."""
 
     def key(self, index: int) -> bytes: ...
 
-    def records(self, start: int) -> Iterator[tuple[bytes, Datum]]: ...
+    def records(self, start: int) -> Iterator[tuple[bytes, Record]]: ...
 
 
-def write_source(source: RecordSource, db: str | Path, *, resume: bool = False,
-                 progress: ProgressFactory = no_progress,
-                 backend: str = "lmdb") -> ConvertResult:
+def write_source(source: RecordSource[Any], db: str | Path, *, resume: bool = False,
+                 progress: ProgressFactory = no_progress, backend: str = "lmdb",
+                 encode: Callable[[Any], bytes] = encode_datum) -> ConvertResult:
     """Write every record of ``source`` into ``db``, a ``backend`` database (through
-    ``db.partial``)."""
+    ``db.partial``), each as ``encode`` makes its bytes (a Datum's by default)."""
     began = time.perf_counter()
     writer = open_writer(db, backend, resume=resume)
     try:
@@ -125,7 +128,7 @@ def write_source(source: RecordSource, db: str | Path, *, resume: bool = False,
         bar.update(writer.resumed)
         try:
             for key, datum in source.records(writer.resumed):
-                writer.put(key, encode_datum(datum))
+                writer.put(key, encode(datum))
                 bar.update(1)
         finally:
             bar.close()
@@ -137,7 +140,7 @@ def write_source(source: RecordSource, db: str | Path, *, resume: bool = False,
                          time.perf_counter() - began)
 
 
-def _check_resume_point(source: RecordSource, writer: PartialWriter) -> None:
+def _check_resume_point(source: RecordSource[Any], writer: PartialWriter) -> None:
     done = writer.resumed
     if not done:
         return

@@ -198,3 +198,44 @@ def test_convert_annoset_errors(tmp_path):
                                str(root / "map.prototxt")])
     assert done.exit_code == 1
     assert "list.txt:1: 'img/0.png' names no annotation" in done.output
+
+
+def test_convert_annoset_resumes_only_the_list_it_began(tmp_path):
+    root = small_set(tmp_path)
+    listfile = root / "list.txt"
+    options = AnnosetOptions(label_map_file=str(root / "map.prototxt"))
+
+    class Stop(Exception):
+        pass
+
+    class StopAfterOne:
+        def __init__(self):
+            self.seen = 0
+
+        def update(self, k):
+            self.seen += k
+            if self.seen >= 1:  # the first record is put (and kept) before this
+                raise Stop
+
+        def close(self):
+            pass
+
+    with pytest.raises(Stop):
+        convert_annoset(root, listfile, tmp_path / "db", options,
+                        progress=lambda total, what: StopAfterOne())
+    assert len(records(tmp_path / "db.partial")) == 1
+    # the same list file, its last two images swapped: record 0's key still matches
+    first, second, third = listfile.read_text().splitlines()
+    listfile.write_text("\n".join([first, third, second]) + "\n")
+    with pytest.raises(DataError) as caught:
+        convert_annoset(root, listfile, tmp_path / "db", options, resume=True)
+    size = listfile.stat().st_size
+    assert str(caught.value) == (
+        f"{tmp_path / 'db.partial'}: cannot resume: it was begun from {listfile} ({size:,} "
+        "bytes) as it was then (its first bytes have changed since); delete it and convert "
+        "again, or resume with the inputs it was begun from")
+    listfile.write_text("\n".join([first, second, third]) + "\n")
+    result = convert_annoset(root, listfile, tmp_path / "db", options, resume=True)
+    assert (result.records, result.written) == (3, 2)
+    assert [k for k, _ in records(tmp_path / "db")] == [
+        b"00000000_img/0.png", b"00000001_img/1.png", b"00000002_img/2.png"]

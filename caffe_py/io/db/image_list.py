@@ -32,17 +32,22 @@ class ListEntry:
     line: int  # 1-based line in the list file, for messages
 
 
-def read_image_list(listfile: str | Path) -> list[ListEntry]:
-    """Lines ``path label``, split at the last space (paths may hold spaces); blank lines are
-    skipped."""
-    listfile = Path(listfile)
+def read_list_text(listfile: Path) -> str:
+    """A list file's text: a missing file, or one that is not UTF-8, is one line."""
     try:
-        text = listfile.read_text(encoding="utf-8")
+        return listfile.read_text(encoding="utf-8")
     except FileNotFoundError:
         raise DataError(f"{listfile}: list file not found") from None
     except UnicodeDecodeError as exc:
         raise DataError(f"{listfile}: not UTF-8 text ({exc.reason} at byte {exc.start})") \
             from None
+
+
+def read_image_list(listfile: str | Path) -> list[ListEntry]:
+    """Lines ``path label``, split at the last space (paths may hold spaces); blank lines are
+    skipped."""
+    listfile = Path(listfile)
+    text = read_list_text(listfile)
     entries = []
     for number, line in enumerate(text.splitlines(), start=1):
         if not line.strip():

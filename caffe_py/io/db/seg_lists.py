@@ -29,7 +29,7 @@ from ...errors import DataError
 from ..formats.images import load_image, resize_linear
 from .caffe_rng import Mt19937, caffe_shuffle
 from .db import PartialChunk
-from .image_list import image_root
+from .image_list import image_root, read_list_text
 
 NO_LABEL = ""
 
@@ -48,13 +48,7 @@ def read_pairs(listfile: Path, *, tokens: bool, with_label: bool = True) -> list
     """The pairs of a list file. ``tokens``: SegNet's reading, whitespace-separated words taken
     two at a time (``infile >> image >> label``); else DeepLab's, the first one or two words of
     each line (blank lines are skipped)."""
-    try:
-        text = listfile.read_text(encoding="utf-8")
-    except FileNotFoundError:
-        raise DataError(f"{listfile}: list file not found") from None
-    except UnicodeDecodeError as exc:
-        raise DataError(f"{listfile}: not UTF-8 text ({exc.reason} at byte {exc.start})") \
-            from None
+    text = read_list_text(listfile)
     pairs: list[Pair] = []
     if tokens:
         tokens_at = [(w, n) for n, line in enumerate(text.splitlines(), 1) for w in line.split()]

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import csv
 import json
+import shutil
 from pathlib import Path
 
 import pytest
@@ -19,11 +20,17 @@ HERE = Path(__file__).resolve().parent / "ssd" / "training"
 @pytest.mark.slow
 def test_ssd_losses_match_the_fork(tmp_path, monkeypatch):
     expected = json.loads((HERE / "losses.json").read_text())["losses"]
-    monkeypatch.chdir(HERE)  # the prototxts' paths are relative to where Caffe ran
+    # the prototxts' paths are relative to where Caffe ran; a copy of both folders, because a
+    # Data layer takes LMDB's reader lock, which creates lock.mdb beside data.mdb
+    work = tmp_path / "ssd"
+    shutil.copytree(HERE, work / "training")
+    lmdb = HERE.parent / "annotated" / "fork_png_lmdb"
+    shutil.copytree(lmdb, work / "annotated" / lmdb.name)
+    monkeypatch.chdir(work / "training")
     monkeypatch.setitem(yamlio.FOREIGN, ".prototxt", prototxt_as_yaml)  # as the CLI reads them
     train_solver("solver.prototxt", weights=["init.caffemodel"],
-                 sets=[f"snapshot_prefix={tmp_path / 'ssd'}"])
-    with open(tmp_path / "ssd_metrics.csv", newline="") as f:
+                 sets=[f"snapshot_prefix={tmp_path / 'run'}"])
+    with open(tmp_path / "run_metrics.csv", newline="") as f:
         rows = [r for r in csv.DictReader(f) if r["phase"] == "train"]
     losses = [float(r["loss"]) for r in rows][:len(expected)]
     assert len(losses) == len(expected)

@@ -1,0 +1,144 @@
+"""How long a test pass takes on N GPUs, where the replicas split the test batches, against one
+GPU, with `cpy train --gpus 0..N-1` and no other flag: the goal is at most 1.1/N of one GPU's
+time, printing the same test outputs.
+
+    python benchmarks/split_test.py --out DIR [--max-gpus 4] [--models resnet50,lenet]
+    python benchmarks/split_test.py --out DIR --cpu          # a smoke run on CPU replicas
+
+Each run is benchmarks/scale_default.py's solver (ResNet-50 bf16 batch 256 per GPU, or LeNet
+fp32 batch 64, on constant DummyData) with a test pass every INTERVAL iterations over the same
+net in the TEST phase, and a base_lr of 0: the weights stay as initialised (the same seed on
+every N), so every pass on every N must print the same test outputs. A pass's time is from its
+"Testing net" line to its last "Test net output" line (the log's microsecond clock); the table
+keeps the median over the passes after the first (the first pays for warm-up). The table is
+printed last and written to DIR/split_test.md; each run is a JSON line in DIR/split_test.jsonl.
+"""
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import platform
+import re
+import statistics
+import subprocess
+import sys
+from pathlib import Path
+
+import yaml
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT / "benchmarks"))
+
+from scale_default import solver_for  # noqa: E402
+
+STAMP = re.compile(r"^[IWEF]\d{4} (\d\d):(\d\d):(\d\d\.\d+) ")
+TESTS = {
+    # name: (test_iter, test_interval, passes)
+    "resnet50": (100, 5, 4),
+    "lenet": (2000, 20, 4),
+}
+
+
+def seconds(line: str) -> float | None:
+    m = STAMP.match(line)
+    return None if m is None else int(m[1]) * 3600 + int(m[2]) * 60 + float(m[3])
+
+
+def test_passes(text: str) -> list[tuple[float, list[str]]]:
+    """Each test pass's duration and its output lines (as printed, without the prefix)."""
+    passes: list[tuple[float, list[str]]] = []
+    start: float | None = None
+    outputs: list[str] = []
+    last: float | None = None
+    for line in text.splitlines():
+        t = seconds(line)
+        if "Testing net" in line:
+            if start is not None and last is not None:
+                passes.append((last - start, outputs))
+            start, outputs, last = t, [], None
+        elif "Test net output" in line and start is not None:
+            outputs.append(line.split("]", 1)[1].strip())
+            last = t
+    if start is not None and last is not None:
+        passes.append((last - start, outputs))
+    return passes
+
+
+def run(model: str, n: int, out: Path, cpu: bool) -> dict:
+    test_iter, interval, count = TESTS[model]
+    if cpu:
+        test_iter, interval, count = 20, 2, 3
+    base = solver_for(model, out, cpu)
+    spec = yaml.safe_load(base.read_text())
+    spec.update(base_lr=0.0, test_net=spec["net"], test_iter=[test_iter], test_interval=interval,
+                test_initialization=False, max_iter=interval * count, display=0,
+                snapshot_prefix=str(out / f"snap_split_{model}_{n}" / "s"))
+    solver = out / f"split_{model}_{n}.yaml"
+    solver.write_text(yaml.safe_dump(spec, sort_keys=False))
+    gpus = f"cpu:{n}" if cpu else ",".join(str(i) for i in range(n))
+    done = subprocess.run([sys.executable, str(ROOT / "cli.py"), "train", "--solver",
+                           str(solver), "--gpus", gpus, "--overwrite"],
+                          capture_output=True, text=True, timeout=900, cwd=out)
+    text = done.stdout + done.stderr
+    (out / f"split_{model}_{n}.log").write_text(text)
+    passes = test_passes(text)
+    if done.returncode != 0 or len(passes) < 2:
+        tail = " | ".join(text.strip().splitlines()[-3:])
+        return {"ok": False, "why": f"exit {done.returncode}: {tail}"}
+    return {"ok": True, "pass_s": statistics.median(t for t, _ in passes[1:]),
+            "outputs": passes[-1][1], "same_every_pass": all(o == passes[0][1]
+                                                              for _, o in passes),
+            "test_iter": test_iter}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--out", type=Path, required=True)
+    ap.add_argument("--max-gpus", type=int, default=4)
+    ap.add_argument("--models", default="resnet50,lenet")
+    ap.add_argument("--cpu", action="store_true", help="smoke run on CPU replicas")
+    args = ap.parse_args()
+    out = args.out.resolve()
+    out.mkdir(parents=True, exist_ok=True)
+    if args.cpu:
+        machine = f"CPU ({platform.processor() or platform.machine()})"
+    else:
+        import torch
+        machine = f"{torch.cuda.device_count()} x {torch.cuda.get_device_name(0)}"
+    rows = []
+    with open(out / "split_test.jsonl", "w") as log:
+        for model in args.models.split(","):
+            one = None
+            for n in range(1, args.max_gpus + 1):
+                r = run(model, n, out, args.cpu)
+                log.write(json.dumps({"model": model, "gpus": n, **r}) + "\n")
+                log.flush()
+                if not r["ok"]:
+                    rows.append(f"| {model} | {n} | failed: {r['why']} | | | |")
+                    continue
+                if n == 1:
+                    one = r
+                share = r["pass_s"] / one["pass_s"] if one else None
+                same = one is not None and r["outputs"] == one["outputs"] \
+                    and r["same_every_pass"]
+                goal = "" if n == 1 or share is None else (
+                    f"<= {1.1 / n:.3f}: {'met' if share <= 1.1 / n else 'NOT met'}")
+                rows.append(f"| {model} | {n} | {r['test_iter']} | {r['pass_s']:.3f} | "
+                            f"{'' if share is None else f'{share:.3f}'} | "
+                            f"{'yes' if same else 'NO'} | {goal} |")
+                print(rows[-1], flush=True)
+    stamp = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
+    table = "\n".join([
+        f"Machine: {machine}; {stamp}; `python benchmarks/split_test.py "
+        f"--max-gpus {args.max_gpus} --models {args.models}{' --cpu' if args.cpu else ''}`",
+        "",
+        "| model | GPUs | test_iter | test pass (s) | of one GPU's | same outputs as 1 GPU "
+        "| goal |",
+        "|---|---|---|---|---|---|---|", *rows])
+    (out / "split_test.md").write_text(table + "\n")
+    print(table)
+
+
+if __name__ == "__main__":
+    main()
