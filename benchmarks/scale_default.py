@@ -2,6 +2,7 @@
 goals of the multi-GPU default.
 
     python benchmarks/scale_default.py --out DIR [--max-gpus 4] [--models resnet50,lenet]
+    python benchmarks/scale_default.py --out DIR --gpus 1,2,4,3 --compare-overlap --budget-s 300
     python benchmarks/scale_default.py --out DIR --cpu          # a smoke run on CPU replicas
 
 Models: ResNet-50 (configs/resnet50_dummy.yaml with constant DummyData, bf16 autocast,
@@ -14,6 +15,12 @@ over caffe-py's net as an nn.Module (LeNet), same batch per GPU (benchmarks/ddp_
 and the plain 1-GPU torchvision loop; "of linear" is the rate over N x the same model's 1-GPU
 `cpy train` rate. The table (with the goals' verdicts) is printed last and written to
 DIR/scale_default.md; every result is a JSON line in DIR/scale_default.jsonl.
+
+With --compare-overlap every run of several GPUs is made a second time with the solver's
+``layer_wise_reduce: false`` (the gradients all-reduced after backward instead of bucket by
+bucket during it), in the same run, and the table gains its rate and the ratio. The runs go
+GPU count by GPU count in the order --gpus gives, every model at each; with --budget-s a run
+that would start after that many seconds is skipped (and says so in the table).
 """
 from __future__ import annotations
 
@@ -26,6 +33,7 @@ import re
 import statistics
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import yaml
@@ -41,6 +49,15 @@ MODELS = {
     "resnet50": (10, 80, (15, 30)),
     "lenet": (1000, 8000, (200, 2000)),
 }
+
+
+def without_overlap(solver: Path) -> Path:
+    """The same solver with ``layer_wise_reduce: false``."""
+    spec = yaml.safe_load(solver.read_text())
+    spec["layer_wise_reduce"] = False
+    path = solver.with_name(f"{solver.stem}_after_backward.yaml")
+    path.write_text(yaml.safe_dump(spec, sort_keys=False))
+    return path
 
 
 def solver_for(model: str, out: Path, cpu: bool) -> Path:
@@ -67,7 +84,7 @@ def batch_of(solver: Path) -> int:
     return int(data["dummy_data_param"]["shape"][0]["dim"][0])
 
 
-def cpy_train(solver: Path, n: int, out: Path, cpu: bool) -> dict:
+def cpy_train(solver: Path, n: int, out: Path, cpu: bool, timeout: float = 900) -> dict:
     """One `cpy train --gpus ...` process; its display rates."""
     gpus = f"cpu:{n}" if cpu else ",".join(str(i) for i in range(n))
     prefix = out / f"snap_{solver.stem}_{n}"
@@ -76,14 +93,19 @@ def cpy_train(solver: Path, n: int, out: Path, cpu: bool) -> dict:
     spec = yaml.safe_load(solver.read_text())
     spec["snapshot_prefix"] = str(prefix / "s")
     solver_copy.write_text(yaml.safe_dump(spec, sort_keys=False))
-    done = subprocess.run([sys.executable, str(ROOT / "cli.py"), "train", "--solver",
-                           str(solver_copy), "--gpus", gpus, "--log-format", "plain"],
-                          capture_output=True, text=True, timeout=900, cwd=out)
+    try:
+        done = subprocess.run([sys.executable, str(ROOT / "cli.py"), "train", "--solver",
+                               str(solver_copy), "--gpus", gpus, "--log-format", "plain"],
+                              capture_output=True, text=True, timeout=timeout, cwd=out)
+    except subprocess.TimeoutExpired as exc:
+        text = _text(exc.stdout) + _text(exc.stderr)
+        (out / f"cpy_{solver.stem}_{n}.log").write_text(text)
+        return {"ok": False, "why": f"no end within {timeout:.0f} s"}
     text = done.stdout + done.stderr
     (out / f"cpy_{solver.stem}_{n}.log").write_text(text)
     rates = [float(m.group(2)) for m in RATE.finditer(text)]
     notes = [line for line in text.splitlines() if "CUDA graphs off" in line
-             or line.startswith(("whole iterations", "reduction tree"))]
+             or "whole iterations" in line or "reduction tree" in line]
     if done.returncode != 0 or len(rates) < 3:
         tail = " | ".join(text.strip().splitlines()[-3:])
         return {"ok": False, "why": f"exit {done.returncode}: {tail}"}
@@ -92,7 +114,11 @@ def cpy_train(solver: Path, n: int, out: Path, cpu: bool) -> dict:
             "notes": notes}
 
 
-def ddp(solver: Path, n: int, model: str, out: Path, cpu: bool) -> dict:
+def _text(output: str | bytes | None) -> str:
+    return output.decode(errors="replace") if isinstance(output, bytes) else output or ""
+
+
+def ddp(solver: Path, n: int, model: str, out: Path, cpu: bool, timeout: float = 900) -> dict:
     """torchrun DDP (n > 1) or the plain 1-GPU loop (n = 1) on the same batch per GPU."""
     warmup, iters = MODELS[model][2]
     if cpu:
@@ -108,7 +134,10 @@ def ddp(solver: Path, n: int, model: str, out: Path, cpu: bool) -> dict:
     else:
         cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone",
                "--nproc_per_node", str(n), str(ROOT / "benchmarks/ddp_baseline.py"), *common]
-    done = subprocess.run(cmd, capture_output=True, text=True, timeout=900)
+    try:
+        done = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
+    except subprocess.TimeoutExpired:
+        return {"ok": False, "why": f"no end within {timeout:.0f} s"}
     (out / f"ddp_{model}_{n}.log").write_text(done.stdout + done.stderr)
     if done.returncode != 0 or not result.exists():
         return {"ok": False, "why": f"exit {done.returncode}"}
@@ -137,12 +166,19 @@ def main() -> None:
     ap.add_argument("--max-gpus", type=int, default=4)
     ap.add_argument("--models", default="resnet50,lenet")
     ap.add_argument("--gpus", default=None, metavar="LIST",
-                    help="GPU counts to run, e.g. 1,3,4 (default: 1..max-gpus; 1 is needed "
-                         "for 'of linear')")
+                    help="GPU counts to run, in this order, e.g. 1,2,4,3 (default: 1..max-gpus; "
+                         "1 is needed for 'of linear')")
     ap.add_argument("--cpu", action="store_true", help="smoke run on CPU replicas")
     ap.add_argument("--ddp-models", default="resnet50,lenet",
                     help="models that get the DDP baseline rows")
+    ap.add_argument("--compare-overlap", action="store_true",
+                    help="also run every count > 1 with layer_wise_reduce: false")
+    ap.add_argument("--budget-s", type=float, default=None,
+                    help="skip the runs that would start after this many seconds")
+    ap.add_argument("--run-timeout-s", type=float, default=900,
+                    help="a run that has not ended after this many seconds fails")
     args = ap.parse_args()
+    started = time.monotonic()
     out = args.out.resolve()
     out.mkdir(parents=True, exist_ok=True)
     if args.cpu:
@@ -152,46 +188,75 @@ def main() -> None:
 
         gpus = min(args.max_gpus, torch.cuda.device_count())
     counts = [int(c) for c in args.gpus.split(",")] if args.gpus else list(range(1, gpus + 1))
+    models = args.models.split(",")
+    solvers = {model: solver_for(model, out, args.cpu) for model in models}
     jsonl = out / "scale_default.jsonl"
+    skipped = {"ok": False, "why": "skipped: the time budget was spent"}
+
+    def spent() -> bool:
+        return args.budget_s is not None and time.monotonic() - started > args.budget_s
+
+    ones: dict[str, float] = {}
     rows = []
-    for model in args.models.split(","):
-        solver = solver_for(model, out, args.cpu)
-        one = None
-        for n in counts:
-            cpy = cpy_train(solver, n, out, args.cpu)
-            base = (ddp(solver, n, model, out, args.cpu) if model in args.ddp_models.split(",")
-                    else {"ok": False})
+    t = args.run_timeout_s
+    for n in counts:
+        for model in models:
+            solver = solvers[model]
+            cpy = skipped if spent() else cpy_train(solver, n, out, args.cpu, t)
+            after: dict = {"ok": False}
+            if args.compare_overlap and n > 1:
+                after = skipped if spent() else cpy_train(without_overlap(solver), n, out,
+                                                          args.cpu, t)
+            base: dict = {"ok": False}
+            if model in args.ddp_models.split(","):
+                base = skipped if spent() else ddp(solver, n, model, out, args.cpu, t)
             if n == 1 and cpy["ok"]:
-                one = cpy["images_per_s"]
+                ones[model] = cpy["images_per_s"]
+            one = ones.get(model)
             ratio = (cpy["images_per_s"] / base["images_per_s"]
                      if cpy["ok"] and base["ok"] else None)
             linear = cpy["images_per_s"] / (one * n) if cpy["ok"] and one else None
             speedup = cpy["images_per_s"] / one if cpy["ok"] and one else None
-            record = {"model": model, "gpus": n, "cpy": cpy, "baseline": base,
-                      "vs_baseline": ratio, "of_linear": linear}
+            gain = (cpy["images_per_s"] / after["images_per_s"]
+                    if cpy["ok"] and after["ok"] else None)
+            record = {"model": model, "gpus": n, "cpy": cpy, "after_backward": after,
+                      "baseline": base, "vs_baseline": ratio, "of_linear": linear,
+                      "vs_after_backward": gain}
             with jsonl.open("a") as f:
                 f.write(json.dumps(record) + "\n")
-            rows.append((model, n, cpy, base, ratio, linear,
+            rows.append((model, n, cpy, after, base, ratio, linear, gain,
                          verdicts(model, n, ratio, linear, speedup)))
             print(json.dumps(record), flush=True)
+    rows.sort(key=lambda row: (models.index(row[0]), row[1]))
+    models_default = "resnet50,lenet"
+    command = (f"`python benchmarks/scale_default.py --out DIR --max-gpus {args.max_gpus}"
+               f"{f' --models {args.models}' if args.models != models_default else ''}"
+               f"{f' --gpus {args.gpus}' if args.gpus else ''}"
+               f"{f' --ddp-models {args.ddp_models}' if args.ddp_models != models_default else ''}"
+               f"{' --compare-overlap' if args.compare_overlap else ''}"
+               f"{f' --budget-s {args.budget_s:g}' if args.budget_s is not None else ''}"
+               f"{' --cpu' if args.cpu else ''}`")
     lines = [f"Machine: {platform.node()}, {gpus} {'CPU replicas' if args.cpu else 'GPUs'}; "
-             f"{datetime.datetime.now(datetime.timezone.utc):%Y-%m-%d %H:%M} UTC; "
-             f"`python benchmarks/scale_default.py --out DIR --max-gpus {args.max_gpus}"
-             f"{f' --gpus {args.gpus}' if args.gpus else ''}"
-             f"{f' --ddp-models {args.ddp_models}' if args.ddp_models != 'resnet50,lenet' else ''}"
-             f"{' --cpu' if args.cpu else ''}`", "",
-             "| model | GPUs | `cpy train`, no flag: img/s | baseline (n=1: plain loop; else "
-             "torchrun DDP): img/s | vs baseline | of linear | goals |",
-             "|---|---|---|---|---|---|---|"]
-    for model, n, cpy, base, ratio, linear, goal in rows:
-        got = f"{cpy['images_per_s']:,.0f}" if cpy["ok"] else f"failed ({cpy['why'][:80]})"
-        ref = f"{base['images_per_s']:,.0f}" if base.get("ok") else "-"
-        lines.append(f"| {model} | {n} | {got} | {ref} | "
+             f"{datetime.datetime.now(datetime.timezone.utc):%Y-%m-%d %H:%M} UTC; {command}",
+             "",
+             "| model | GPUs | `cpy train`, no flag: img/s | layer_wise_reduce false: img/s "
+             "| no flag vs false | baseline (n=1: plain loop; else torchrun DDP): img/s | "
+             "vs baseline | of linear | goals |",
+             "|---|---|---|---|---|---|---|---|---|"]
+    for model, n, cpy, after, base, ratio, linear, gain, goal in rows:
+        lines.append(f"| {model} | {n} | {_rate(cpy)} | {_rate(after)} | "
+                     f"{f'{gain:.3f}x' if gain else '-'} | {_rate(base)} | "
                      f"{f'{ratio:.3f}x' if ratio else '-'} | "
                      f"{f'{linear:.1%}' if linear else '-'} | {goal} |")
     table = "\n".join(lines)
     (out / "scale_default.md").write_text(table + "\n")
     print(table)
+
+
+def _rate(result: dict) -> str:
+    if result.get("ok"):
+        return f"{result['images_per_s']:,.0f}"
+    return f"failed ({result['why'][:80]})" if "why" in result else "-"
 
 
 if __name__ == "__main__":

@@ -4,10 +4,11 @@ several GPUs of one host).
 The one-device loop (:class:`~caffe_py.solver.graph_loop.GraphedLoop`) captures a Solver's whole
 iteration: its batch slots, forward and backward passes, loss and Caffe's update. Here its
 members are all the replicas of a run, each captured in a graph on its own device (the
-captures open at once in the root's thread), and between the passes and the updates the
-replicas' flat gradients are summed by an all-reduce: NCCL's, one group call over the devices'
-capture streams, which a graph holds because its kernels meet their peers through device
-memory, not through the host. Every replica then divides the sum by N and applies the same
+captures open at once in the root's thread), and before the updates the replicas' flat
+gradients are summed by NCCL's all-reduce, which a graph holds because its kernels meet their
+peers through device memory, not through the host: bucket by bucket on a side stream while
+backward still runs (Caffe's ``layer_wise_reduce``, the default; :class:`AllReduceGroup`), or
+the whole buffer after backward. Every replica then divides the sum by N and applies the same
 update (its own copy of the history), so the replicas' weights stay equal bit for bit without
 a broadcast (NCCL hands every device the same sum). Several iterations go into one replay when
 the step is short, as on one device; per chunk the host fills each replica's batch slots,
@@ -34,7 +35,8 @@ from ..io import feed_of, swap_feed
 from ..net import Net
 from ..solver.evaluate import raise_device_problems, run_batches
 from ..solver.graph_loop import GraphedLoop
-from .sync import StopReplica, SyncGroup
+from .flat import Bucket, plan_reduction
+from .sync import ReplicaState, StopReplica, SyncGroup
 
 if TYPE_CHECKING:
     from ..solver.solver import Solver
@@ -44,34 +46,145 @@ log = logging.getLogger(__name__)
 
 class AllReduceGroup(SyncGroup):
     """The replicas' flat parameter and gradient buffers, and the all-reduce of the gradients
-    that :class:`CapturedReplicas` runs between the passes and the updates."""
+    that :class:`CapturedReplicas` runs between the passes and the updates.
 
-    def __init__(self, devices: Sequence[torch.device], **kw: object):
+    With ``overlap`` (the default; the solver's ``layer_wise_reduce``, as in Caffe 1.0) each
+    replica's gradient is reduced in the buckets of :func:`~.flat.plan_reduction`, last layers
+    first: a post-accumulate-grad hook per parameter counts each bucket's gradients, and once
+    all are in (after the last of ``iter_size`` passes) it records an event on backward's
+    stream; a side stream per device waits for that event, runs NCCL's all-reduce of the
+    bucket and its 1/N, and the update's stream waits for the side stream. Captured, the hooks
+    run once, while recording, and the graph keeps the events as edges: in every replay a
+    bucket's all-reduce runs beside the rest of backward. A bucket whose hooks did not all
+    fire (a parameter without a gradient in this iteration) waits for the end of backward.
+    Without ``overlap`` the whole buffer is reduced after backward on the update's stream: the
+    plain order the overlapped one is tested against. Each element's sum is NCCL's either way:
+    on two replicas the same two operands, bit for bit; on more, its ring may add them in
+    another order (float rounding)."""
+
+    def __init__(self, devices: Sequence[torch.device], *, overlap: bool = True,
+                 **kw: object):
         super().__init__(devices, **kw)  # type: ignore[arg-type]
+        self.overlap = overlap
         self.collectives = None
         if all(d.type == "cuda" for d in self.devices):
             import torch.cuda.nccl as nccl
 
             self.collectives = nccl
+        self.plans: list[list[Bucket]] = [[] for _ in range(self.n)]
+        """Per replica, the buckets its gradient is reduced in (overlap only)."""
+        self._expected: list[list[int]] = [[] for _ in range(self.n)]
+        """Per replica and bucket: the parameters that get a gradient."""
+        self._fired: list[list[int]] = []
+        self._ready: list[list[Any]] = []
+        """Per replica and bucket this iteration: None until complete, then its event (CUDA)
+        or True (CPU)."""
+        self._passes = 1
+        self._collecting = False
+        self._side: list[torch.cuda.Stream] = []
+        self._held: list[torch.cuda.Event] = []
+        """Events recorded while a graph is being captured, kept until the next eager pass."""
+        self.in_backward = 0
+        """Buckets (over all replicas) that backward's hooks found complete in the last
+        iteration (a diagnostic; the rest waited for the end of backward)."""
+
+    def setup(self, i: int, params: Sequence[torch.Tensor],
+              state: Sequence[torch.Tensor] = ()) -> ReplicaState:
+        rep = super().setup(i, params, state)
+        if not self.overlap:
+            return rep
+        plan = self.plans[i] = plan_reduction(rep.flat, self.bucket_bytes)
+        self._expected[i] = [sum(rep.flat.tensors[k].requires_grad for k in b.members)
+                             for b in plan]
+        for b in plan:
+            for k in b.members:
+                if rep.flat.tensors[k].requires_grad:
+                    rep.flat.tensors[k].register_post_accumulate_grad_hook(
+                        lambda _p, i=i, b=b.index: self._on_grad(i, b))
+        if self.collectives is not None:
+            self._side.append(torch.cuda.Stream(rep.device))
+        return rep
+
+    def describe(self) -> str:
+        """How the banner says the gradients are summed."""
+        total = "NCCL's all-reduce" if self.collectives is not None else "a host sum"
+        if not self.overlap:
+            return f"gradients summed by {total} inside them after backward"
+        k = len(self.plans[0])
+        when = ", each started as soon as backward has finished it" \
+            if self.collectives is not None else ""
+        return f"gradients summed by {total} inside them in {k} bucket{'s' * (k != 1)}{when}"
+
+    def begin(self, passes: int, recording: bool) -> None:
+        """Before an iteration's passes: from here the hooks count each bucket's gradients,
+        complete after the last of ``passes`` backward passes (``recording``: a graph is being
+        captured, whose events must live until it is made)."""
+        self._passes = max(1, passes)
+        self._fired = [[0] * len(plan) for plan in self.plans]
+        self._ready = [[None] * len(plan) for plan in self.plans]
+        if not recording:
+            self._held.clear()
+        self._collecting = self.overlap
+
+    def _on_grad(self, i: int, b: int) -> None:
+        """Post-accumulate hook of a parameter of replica i in bucket b (backward's thread)."""
+        if not self._collecting:
+            return
+        self._fired[i][b] += 1
+        if self._fired[i][b] == self._expected[i][b] * self._passes:
+            self._mark_ready(i, b)
+
+    def _mark_ready(self, i: int, b: int) -> None:
+        """Replica i's bucket b holds its final gradient: on CUDA, once the work backward has
+        issued so far on its stream is done."""
+        if self.collectives is None:
+            self._ready[i][b] = True
+            return
+        event = torch.cuda.Event()
+        event.record(torch.cuda.current_stream(self.devices[i]))
+        self._held.append(event)
+        self._ready[i][b] = event
 
     def all_reduce(self, streams: Sequence[torch.cuda.Stream] | None) -> None:
         """Sum every replica's flat gradient into each, then divide by N, in each replica's
         stream order (``streams``: the capture streams while recording; None: the current
-        streams)."""
+        streams): bucket by bucket with ``overlap``, else the whole buffer at once."""
+        self._collecting = False
+        self.in_backward = sum(r is not None for ready in self._ready for r in ready)
         grads = [g for g in (self.replica(i).flat.grad for i in range(self.n)) if g is not None]
         if self.collectives is None:   # CPU replicas: the sum on the host, in replica order
-            total = grads[0].clone()
-            for g in grads[1:]:
-                total.add_(g)
-            for g in grads:
-                g.copy_(total).mul_(1.0 / self.n)
+            for start, end in self._spans():
+                _host_sum([g[start:end] for g in grads], self.n)
             return
-        current = [torch.cuda.current_stream(g.device) for g in grads]
-        use = list(streams) if streams is not None else current
-        self.collectives.all_reduce(grads, streams=use)
-        for g, stream in zip(grads, use, strict=True):
-            with torch.cuda.device(g.device), torch.cuda.stream(stream):
-                g.mul_(1.0 / self.n)
+        use = list(streams) if streams is not None else [
+            torch.cuda.current_stream(g.device) for g in grads]
+        if not self.overlap:
+            self.collectives.all_reduce(grads, streams=use)
+            for g, stream in zip(grads, use, strict=True):
+                with torch.cuda.device(g.device), torch.cuda.stream(stream):
+                    g.mul_(1.0 / self.n)
+            return
+        ends = []   # the end of every replica's backward: for buckets the hooks did not finish
+        for stream in use:
+            ends.append(torch.cuda.Event())
+            ends[-1].record(stream)
+        self._held.extend(ends)
+        for b, (start, end) in enumerate(self._spans()):
+            parts = [g[start:end] for g in grads]
+            for i, side in enumerate(self._side):
+                side.wait_event(self._ready[i][b] or ends[i])
+            self.collectives.all_reduce(parts, streams=self._side)
+            for part, side in zip(parts, self._side, strict=True):
+                with torch.cuda.device(part.device), torch.cuda.stream(side):
+                    part.mul_(1.0 / self.n)
+        for stream, side in zip(use, self._side, strict=True):
+            stream.wait_stream(side)
+
+    def _spans(self) -> list[tuple[int, int]]:
+        """[start, end) of each bucket the gradient is summed in (without overlap: one)."""
+        if not self.overlap:
+            return [(0, self.replica(0).flat.numel)]
+        return [(b.start, b.end) for b in self.plans[0]]
 
     def spread_state(self) -> None:
         """Every replica takes the root's state blobs (BatchNorm's running sums: each replica
@@ -111,6 +224,9 @@ class CapturedReplicas(GraphedLoop):
 
     def members(self, s: Solver) -> list[Solver]:
         return list(self.solvers)
+
+    def before(self, streams: list[torch.cuda.Stream] | None) -> None:
+        self.group.begin(self.solvers[0].param.iter_size, recording=streams is not None)
 
     def between(self, streams: list[torch.cuda.Stream] | None) -> None:
         self.group.all_reduce(streams)
@@ -216,6 +332,15 @@ class SplitTests:
             handoffs.append(hands)
         self._nets[k], self._handoffs[k] = nets, handoffs
         return nets
+
+
+def _host_sum(parts: Sequence[torch.Tensor], n: int) -> None:
+    """CPU replicas: each part becomes the sum of all (in replica order) divided by n."""
+    total = parts[0].clone()
+    for part in parts[1:]:
+        total.add_(part)
+    for part in parts:
+        part.copy_(total).mul_(1.0 / n)
 
 
 def _on_device(device: torch.device) -> AbstractContextManager[Any]:

@@ -20,6 +20,9 @@ import torch
 
 ALIGN_BYTES = 64
 DEFAULT_BUCKET_BYTES = 25 * 2**20
+REDUCTION_PARTS = 4
+"""A gradient smaller than this many default buckets is still reduced in about this many
+(:func:`plan_reduction`)."""
 
 
 @dataclass(frozen=True)
@@ -132,6 +135,22 @@ class FlatParams:
                     grad.copy_(t.grad)
                 t.grad = grad
                 self._grad_pairs.append((t, grad))
+
+
+def plan_reduction(flat: FlatParams, bucket_bytes: int = DEFAULT_BUCKET_BYTES,
+                   parts: int = REDUCTION_PARTS) -> list[Bucket]:
+    """The buckets a gradient is all-reduced in while backward runs, first ready first.
+
+    Buckets of at least ``bucket_bytes`` (ResNet-50's 102 MB: 4), or of a ``parts``-th of the
+    buffer when that is smaller, so that a small net's last layers are reduced while its first
+    layers still run backward (LeNet's 1.7 MB: the two InnerProducts, then the two
+    Convolutions). Cut at tensor boundaries in layout order, like :attr:`FlatParams.buckets`.
+    """
+    if not flat.tensors:
+        return []
+    size = flat.numel * flat.data.element_size()
+    return _cut(flat.tensors, flat.offsets, flat.numel,
+                min(bucket_bytes, max(1, size // max(1, parts))))
 
 
 def _layout(tensors: Sequence[torch.Tensor]) -> tuple[list[int], int]:

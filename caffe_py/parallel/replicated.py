@@ -71,10 +71,12 @@ class HostSlice:
 class Tuning:
     """Settings tests and benchmarks change; the defaults are what ``cpy train`` runs.
 
-    ``overlap=False`` makes the tree reduce only after backward (no Python hooks in backward's
-    thread); ``lockstep`` has the root's thread issue every replica's iteration (:mod:`.lockstep`;
-    None: on with CUDA graphs on GPUs, tree reduction only); ``extra_callbacks(i)`` gives
-    replica i more callbacks after the sync one (benchmarks time and profile steps with it);
+    ``overlap=False`` reduces only after backward, as the solver's ``layer_wise_reduce:
+    false`` does (the tree: no Python hooks in backward's thread; captured iterations: the
+    whole gradient in one all-reduce); ``lockstep`` has the root's thread issue every
+    replica's iteration (:mod:`.lockstep`; None: on with CUDA graphs on GPUs, tree reduction
+    only); ``extra_callbacks(i)`` gives replica i more callbacks after the sync one
+    (benchmarks time and profile steps with it);
     ``layer_waits=False`` makes a replica's forward wait for all of its weights at on_start
     instead of layer by layer (:mod:`.pull`; always so with CUDA graphs, which run no hooks);
     ``average_history=False`` keeps each replica's update history out of model averaging (the
@@ -129,15 +131,17 @@ class ReplicatedRun:
         """Every replica's whole iterations replayed from the root's thread (.captured)."""
         # a graph replay runs no hooks: with graphs the tree reduces after backward; the root
         # divides the sum by N unless the hosts' roots sum theirs next
+        overlap = tuning.overlap and param.layer_wise_reduce
         self.sync: SyncGroup = (AllReduceGroup(self.devices, timeout=tuning.timeout,
-                                               bucket_bytes=tuning.bucket_bytes)
+                                               bucket_bytes=tuning.bucket_bytes,
+                                               overlap=overlap)
                                 if self.captured
                                 else NcclSync(self.devices, timeout=tuning.timeout,
                                               bucket_bytes=tuning.bucket_bytes)
                                 if self.options.reduction == "nccl"
                                 else TreeSync(self.devices, timeout=tuning.timeout,
                                               bucket_bytes=tuning.bucket_bytes,
-                                              overlap=tuning.overlap and not graphs,
+                                              overlap=overlap and not graphs,
                                               gradients=not local,
                                               root_scale=(hosts.total is None
                                                           or self.schedule.averages_hosts)))
@@ -254,10 +258,9 @@ class ReplicatedRun:
             on_gpus = any(d.type == "cuda" for d in self.devices)
             lines += self.sync.tree.describe(names, links=on_gpus).splitlines()
         elif isinstance(self.sync, AllReduceGroup):
-            total = "NCCL's all-reduce" if self.sync.collectives is not None else "a host sum"
             lines.append(f"whole iterations captured on every replica ({', '.join(names)}), "
-                         f"issued by one thread; gradients summed by {total} inside them; "
-                         "every replica applies the update")
+                         f"issued by one thread; {self.sync.describe()}; every replica "
+                         "applies the update")
         else:
             lines.append(f"NCCL ring all-reduce over {', '.join(names)}; root {names[0]}")
         if self.schedule.averages_replicas:

@@ -121,8 +121,8 @@ class GraphedLoop:
 
     The loop captures the iterations of its *members*: the solver it runs, or (a subclass,
     parallel/captured.py) every replica of a run, each member's iteration in a graph of its
-    own device, with :meth:`between` run after every member's passes and before the updates
-    (there the replicas' gradients are summed).
+    own device, with :meth:`before` run before every member's passes and :meth:`between` after
+    them, before the updates (there the replicas' gradients are summed).
     """
 
     def __init__(self, chunk: int | None = None, emulate: bool = False,
@@ -155,6 +155,10 @@ class GraphedLoop:
     def members(self, s: Solver) -> list[Solver]:
         """The solvers whose iterations this loop captures, the one it runs first."""
         return [s]
+
+    def before(self, streams: list[torch.cuda.Stream] | None) -> None:
+        """Before every member's passes of an iteration (``streams`` as for :meth:`between`).
+        One solver: nothing."""
 
     def between(self, streams: list[torch.cuda.Stream] | None) -> None:
         """After every member's passes, before their updates, in each member's stream order
@@ -230,6 +234,7 @@ class GraphedLoop:
             return
         plan = s.plan_rates(1)
         results = []
+        self.before(None)
         for i, m in enumerate(members):
             with self.on_member(i, m):
                 results.append(m.passes())
@@ -385,6 +390,7 @@ class GraphedLoop:
                 for feed in feeds:
                     feed.cursor = 0
             for j in range(length):
+                self.before(self._capturing)
                 for i, m in enumerate(members):
                     with self.on_member(i, m):
                         loss, out = m.passes()

@@ -43,7 +43,6 @@ _INLINE_NETS = ("net_param", "train_net_param", "test_net_param")
 # SolverParameter fields caffe-py accepts but that change nothing, and why (a note when set).
 INERT_FIELDS = {
     "debug_info": "Caffe's per-blob debug lines are not printed",
-    "layer_wise_reduce": "caffe-py's parallel sync chooses its own overlap (docs/parallel.md)",
     "snapshot_diff": "no diffs are written into snapshots (nothing reads them back)",
 }
 
@@ -130,9 +129,9 @@ class SolverParameter(Message):
     debug_info: bool = field(False, "accepted, changes nothing: Caffe's per-blob debug lines "
                                     "(mean |data| and |diff| of every blob each iteration) are "
                                     "not printed")
-    layer_wise_reduce: bool = field(True, "accepted, changes nothing: Caffe 1.0's NCCL option to "
-                                          "reduce each layer's gradients during backward; "
-                                          "caffe-py's parallel sync chooses its own overlap "
+    layer_wise_reduce: bool = field(True, "several replicas: reduce the gradients bucket by "
+                                          "bucket while backward runs (Caffe 1.0's overlap); "
+                                          "false: all at once after backward, the plain order "
                                           "(docs/parallel.md)")
     precision: str = field("FLOAT32", "FLOAT32; BF16: forward/backward under bfloat16 "
                                       "autocast, weights and update in float32; FLOAT16: "

@@ -4,6 +4,7 @@ the eager tree's weights bit for bit; every replica holds the root's weights; ch
 snapshots and resume follow the eager run; a worker's failure names it."""
 from __future__ import annotations
 
+import dataclasses
 import logging
 
 import pytest
@@ -121,14 +122,82 @@ def test_lines_snapshots_and_resume_follow_the_eager_tree(tmp_path, db, caplog):
     assert all(a.equal(b) for a, b in zip(worker, root, strict=True))
 
 
-def test_the_banner_says_how_the_replicas_reduce(tmp_path, db, caplog):
+@pytest.mark.parametrize("layer_wise, how", [
+    (True, "in 2 buckets"), (False, "after backward")])
+def test_the_banner_says_how_the_replicas_reduce(tmp_path, db, caplog, layer_wise, how):
     caplog.set_level(logging.INFO, logger="caffe_py")
-    _run(_param(tmp_path, db, "cap", iters=1), 2, captured=True)
+    param = dataclasses.replace(_param(tmp_path, db, "cap", iters=1),
+                                layer_wise_reduce=layer_wise)
+    _run(param, 2, captured=True)
     assert caplog.messages[:2] == [
         "Batch: 4 per replica x 2 replicas x iter_size 1 = 8 per update (effective batch 8; "
         "devices cpu#0, cpu#1; reduction all-reduce, captured; precision FLOAT32)",
         "whole iterations captured on every replica (cpu#0, cpu#1), issued by one thread; "
-        "gradients summed by a host sum inside them; every replica applies the update"]
+        f"gradients summed by a host sum inside them {how}; every replica applies the update"]
+
+
+@pytest.mark.parametrize("n, rule", [(2, {}), (2, {"type_": "Adam"}), (2, {"iter_size": 2}),
+                                     (3, {"iter_size": 3})])
+def test_bucket_by_bucket_equals_the_whole_gradient_after_backward_bit_for_bit(tmp_path, db,
+                                                                             n, rule):
+    """The reference: ``layer_wise_reduce: false`` sums the whole buffer after backward."""
+    plain = dataclasses.replace(_param(tmp_path, db, "plain", **rule), layer_wise_reduce=False)
+    off, want = _run(plain, n, captured=True, chunk=4)
+    on, got = _run(_param(tmp_path, db, "cap", **rule), n, captured=True, chunk=4)
+    assert not off.sync.overlap and off.sync.plans == [[]] * n and off.sync.in_backward == 0
+    assert on.sync.overlap and [len(p) for p in on.sync.plans] == [2] * n
+    assert on.sync.in_backward == 2 * n   # every bucket completed by backward's hooks
+    assert all(a.equal(b) for w, v in zip(got, want, strict=True)
+               for a, b in zip(w, v, strict=True))
+
+
+def test_a_bucket_is_complete_only_after_the_last_pass_with_its_final_gradient(tmp_path, db,
+                                                                             monkeypatch):
+    """With iter_size 3 the hooks fire three times per parameter; a bucket counts as ready
+    once, in the last pass, when its gradient is what the sum then reads."""
+    with ReplicatedRun(_param(tmp_path, db, "cap", iter_size=3, iters=3), ["cpu"] * 2,
+                       tuning=Tuning(captured=True)) as run:
+        group = run.sync
+        assert isinstance(group, AllReduceGroup)
+        ready, summed = [], []
+        mark, reduce_ = group._mark_ready, group.all_reduce
+
+        def on_ready(i, b):
+            bk = group.plans[i][b]
+            ready.append((i, b, group._fired[i][b], group.replica(i).flat.grad[bk.start:bk.end]
+                          .clone()))
+            mark(i, b)
+
+        def on_sum(streams):
+            summed.append([group.replica(i).flat.grad.clone() for i in range(2)])
+            reduce_(streams)
+
+        monkeypatch.setattr(group, "_mark_ready", on_ready)
+        monkeypatch.setattr(group, "all_reduce", on_sum)
+        run.run()
+    assert len(summed) == 3 and len(ready) == 3 * 2 * 2
+    # per iteration: replica 0's buckets in backward order, then replica 1's
+    assert [(i, b) for i, b, _, _ in ready] == [(0, 0), (0, 1), (1, 0), (1, 1)] * 3
+    assert [fired for _, _, fired, _ in ready] == [6] * 12   # 2 blobs x 3 passes each
+    for k, (i, b, _, grad) in enumerate(ready):
+        bk = group.plans[i][b]
+        assert grad.equal(summed[k // 4][i][bk.start:bk.end])
+
+
+def test_a_bucket_of_frozen_blobs_waits_for_the_end_of_backward(tmp_path, db):
+    """conv's two blobs (lr_mult 0) get no gradient: their bucket is summed after backward."""
+    path = tmp_path / "frozen.yaml"
+    path.write_text(SOLVER.format(db=db, batch=B, type="SGD", iter_size=1, iters=6, snapshot=0,
+                                  prefix=tmp_path / "frozen" / "s").replace(
+        "{name: conv, type: Convolution, bottom: data, top: conv,",
+        "{name: conv, type: Convolution, bottom: data, top: conv, "
+        "param: [{lr_mult: 0}, {lr_mult: 0}],"))
+    on, got = _run(load_solver(path), 2, captured=True)
+    off, want = _run(dataclasses.replace(load_solver(path), layer_wise_reduce=False), 2,
+                     captured=True)
+    assert [len(p) for p in on.sync.plans] == [2, 2] and on.sync.in_backward == 2
+    assert all(a.equal(b) for w, v in zip(got, want, strict=True)
+               for a, b in zip(w, v, strict=True))
 
 
 def test_callbacks_keep_the_iterations_eager_and_say_why(tmp_path, db, caplog):

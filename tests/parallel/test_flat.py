@@ -123,3 +123,41 @@ def test_bucket_sizes_for_a_resnet50_sized_gradient():
     assert all(s >= DEFAULT_BUCKET_BYTES for s in sizes[:-1])
     assert [b.start for b in flat.buckets[1:]] == [b.end for b in flat.buckets[:-1]]
     assert flat.buckets[-1].end == flat.numel
+
+
+def _lenet_params():
+    # LeNet's learnable blobs: conv1, conv2, ip1, ip2 (weight, bias each)
+    shapes = [(20, 1, 5, 5), (20,), (50, 20, 5, 5), (50,), (500, 800), (500,), (10, 500), (10,)]
+    return [torch.zeros(s) for s in shapes]
+
+
+def test_a_small_gradient_is_reduced_in_parts_its_last_layers_first():
+    # LeNet's 1.7 MB is smaller than 4 x 25 MB: buckets of a quarter of it, cut at tensors.
+    # Layout (elements, 16-aligned): ip2.b 16, ip2.w 5008, ip1.b 512, ip1.w 400000 | conv2.b
+    # 64, conv2.w 25008, conv1.b 32, conv1.w 512: the InnerProducts, then the Convolutions
+    from caffe_py.parallel.flat import plan_reduction
+
+    flat = FlatParams(_lenet_params())
+    assert flat.numel == 431152
+    plan = plan_reduction(flat)
+    assert [(b.index, b.start, b.end, b.members) for b in plan] == [
+        (0, 0, 405536, (7, 6, 5, 4)), (1, 405536, 431152, (3, 2, 1, 0))]
+    assert [(b.start, b.end) for b in flat.buckets] == [(0, 431152)]   # the weights' units
+    # buckets smaller than a part: the bucket size rules (conv2 reaches 20,000 elements)
+    assert [(b.start, b.end) for b in plan_reduction(flat, bucket_bytes=20_000 * 4)] == [
+        (0, 405536), (405536, 430608), (430608, 431152)]
+    # one part: the whole buffer after backward
+    assert [(b.start, b.end) for b in plan_reduction(flat, parts=1)] == [(0, 431152)]
+    assert plan_reduction(FlatParams([])) == []
+
+
+def test_a_resnet50_sized_gradient_is_reduced_in_25_mb_buckets():
+    from caffe_py.parallel.flat import DEFAULT_BUCKET_BYTES, plan_reduction
+
+    shapes = [(64, 3, 7, 7), (64,), (64,)] + [(512, 512, 3, 3), (512,), (512,)] * 8 \
+        + [(2048, 512, 1, 1), (2048,), (2048,)] * 3 + [(1000, 2048), (1000,)] * 4
+    flat = FlatParams([torch.zeros(s) for s in shapes], with_grad=False)
+    assert flat.numel * 4 > 4 * DEFAULT_BUCKET_BYTES
+    plan = plan_reduction(flat)
+    assert [(b.start, b.end) for b in plan] == [(b.start, b.end) for b in flat.buckets]
+    assert [b.end for b in plan] == [8196032, 16074688, 23155648, 30236608, 30246144]

@@ -3,6 +3,7 @@ the Data layer and a tiny LMDB (the round-robin reader gives identical record se
 lockstep driver gives the threaded run's weights bit for bit."""
 from __future__ import annotations
 
+import dataclasses
 import logging
 
 import pytest
@@ -133,6 +134,19 @@ def test_two_runs_are_bit_identical(tmp_path, db):
     a, _ = _replicated(tmp_path, db, 3)
     b, _ = _replicated(tmp_path, db, 3)
     assert all(torch.equal(x, y) for x, y in zip(a, b, strict=True))
+
+
+def test_layer_wise_reduce_false_reduces_after_backward_with_the_same_weights(tmp_path, db):
+    """Caffe's switch: the tree then sums after backward only (no hooks), to the same bits."""
+    overlapped, on = _replicated(tmp_path, db, 3)
+    param = dataclasses.replace(_param(tmp_path, db, batch=B, name="rep"),
+                                layer_wise_reduce=False)
+    with ReplicatedRun(param, ["cpu"] * 3) as off:
+        off.run()
+        after = _weights(off.root)
+    assert on.sync.overlap and not off.sync.overlap
+    assert sum(off.sync.replica(i).early for i in range(3)) == 0
+    assert all(torch.equal(x, y) for x, y in zip(overlapped, after, strict=True))
 
 
 def test_train_replicated_logs_batches_and_tree_and_snapshots(tmp_path, db, caplog):

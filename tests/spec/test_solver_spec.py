@@ -214,9 +214,8 @@ def test_old_solver_type_enum_sets_type_and_inert_fields_say_so(tmp_path):
         """))
     assert (p.type, p.snapshot_format) == ("Nesterov", "HDF5")
     assert p.weights == [str(tmp_path / "a.caffemodel"), "/abs/b.caffemodel"]
+    assert p.layer_wise_reduce is False
     assert p.inert_notes() == [
-        "layer_wise_reduce: caffe-py's parallel sync chooses its own overlap "
-        "(docs/parallel.md); it changes nothing here",
         "snapshot_diff: no diffs are written into snapshots (nothing reads them back); it "
         "changes nothing here"]
     got = error_of(tmp_path, "net: net.yaml\nbase_lr: 0.1\ntype: Adam\nsolver_type: ADAM\n")
