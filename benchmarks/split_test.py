@@ -6,12 +6,16 @@ time, printing the same test outputs.
     python benchmarks/split_test.py --out DIR --cpu          # a smoke run on CPU replicas
 
 Each run is benchmarks/scale_default.py's solver (ResNet-50 bf16 batch 256 per GPU, or LeNet
-fp32 batch 64, on constant DummyData) with a test pass every INTERVAL iterations over the same
-net in the TEST phase, and a base_lr of 0: the weights stay as initialised (the same seed on
-every N), so every pass on every N must print the same test outputs. A pass's time is from its
-"Testing net" line to its last "Test net output" line (the log's microsecond clock); the table
-keeps the median over the passes after the first (the first pays for warm-up). The table is
-printed last and written to DIR/split_test.md; each run is a JSON line in DIR/split_test.jsonl.
+fp32 batch 64, training on constant DummyData) with a test pass every INTERVAL iterations over
+the same net whose DummyData is replaced by a Data layer on an LMDB of random raw Datums of the
+net's input shape, written here once per model (a DummyData test net makes its own data, which
+the root's feed cannot hand to the other replicas: it tests on the root alone). base_lr is 0,
+so the weights stay as initialised (the same seed on every N) and pass k must print the same
+test outputs on every N (ResNet-50's BatchNorm statistics still move between passes, the same
+way on every N). A pass's time is from its "Testing net" line to its last "Test net output"
+line (the log's microsecond clock); the table keeps the median over the passes after the first
+(the first pays for warm-up). The table is printed last and written to DIR/split_test.md; each
+run is a JSON line in DIR/split_test.jsonl.
 """
 from __future__ import annotations
 
@@ -25,12 +29,18 @@ import subprocess
 import sys
 from pathlib import Path
 
+import numpy as np
 import yaml
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
 from scale_default import solver_for  # noqa: E402
+
+from caffe_py.io.db import open_writer  # noqa: E402
+from caffe_py.io.formats.datum import Datum, encode_datum  # noqa: E402
+
+RECORDS = 1024
 
 STAMP = re.compile(r"^[IWEF]\d{4} (\d\d):(\d\d):(\d\d\.\d+) ")
 TESTS = {
@@ -65,13 +75,37 @@ def test_passes(text: str) -> list[tuple[float, list[str]]]:
     return passes
 
 
+def test_net(net_path: Path, out: Path) -> Path:
+    """The net with its DummyData replaced by a Data layer on an LMDB of random raw Datums of
+    the same shape (written once)."""
+    net = yaml.safe_load(net_path.read_text())
+    layers = net["layer"]
+    at = next(i for i, layer in enumerate(layers) if layer["type"] == "DummyData")
+    batch, channels, height, width = layers[at]["dummy_data_param"]["shape"][0]["dim"]
+    db = out / f"{net_path.stem}_test_lmdb"
+    if not db.exists():
+        rng = np.random.default_rng(0)
+        with open_writer(db) as writer:
+            for i in range(RECORDS):
+                pixels = rng.integers(0, 256, (channels, height, width), dtype=np.uint8)
+                writer.put(f"{i:08d}".encode(), encode_datum(Datum(
+                    channels, height, width, pixels.tobytes(), label=int(i % 10))))
+    layers[at] = {"name": "data", "type": "Data", "top": ["data", "label"],
+                  "transform_param": {"scale": 1 / 256},
+                  "data_param": {"source": str(db), "batch_size": batch, "backend": "LMDB"}}
+    path = out / f"{net_path.stem}_test.yaml"
+    path.write_text(yaml.safe_dump(net, sort_keys=False))
+    return path
+
+
 def run(model: str, n: int, out: Path, cpu: bool) -> dict:
     test_iter, interval, count = TESTS[model]
     if cpu:
         test_iter, interval, count = 20, 2, 3
     base = solver_for(model, out, cpu)
     spec = yaml.safe_load(base.read_text())
-    spec.update(base_lr=0.0, test_net=spec["net"], test_iter=[test_iter], test_interval=interval,
+    spec.update(base_lr=0.0, test_net=str(test_net(Path(spec["net"]), out)),
+                test_iter=[test_iter], test_interval=interval,
                 test_initialization=False, max_iter=interval * count, display=0,
                 snapshot_prefix=str(out / f"snap_split_{model}_{n}" / "s"))
     solver = out / f"split_{model}_{n}.yaml"
@@ -86,10 +120,10 @@ def run(model: str, n: int, out: Path, cpu: bool) -> dict:
     if done.returncode != 0 or len(passes) < 2:
         tail = " | ".join(text.strip().splitlines()[-3:])
         return {"ok": False, "why": f"exit {done.returncode}: {tail}"}
+    notes = [line.split("]", 1)[1].strip() for line in text.splitlines()
+             if "runs on the root alone" in line]
     return {"ok": True, "pass_s": statistics.median(t for t, _ in passes[1:]),
-            "outputs": passes[-1][1], "same_every_pass": all(o == passes[0][1]
-                                                              for _, o in passes),
-            "test_iter": test_iter}
+            "outputs": [o for _, o in passes], "test_iter": test_iter, "notes": notes}
 
 
 def main() -> None:
@@ -120,10 +154,11 @@ def main() -> None:
                 if n == 1:
                     one = r
                 share = r["pass_s"] / one["pass_s"] if one else None
-                same = one is not None and r["outputs"] == one["outputs"] \
-                    and r["same_every_pass"]
+                same = one is not None and r["outputs"] == one["outputs"]
                 goal = "" if n == 1 or share is None else (
                     f"<= {1.1 / n:.3f}: {'met' if share <= 1.1 / n else 'NOT met'}")
+                if r["notes"]:
+                    goal += " (tested on the root alone)"
                 rows.append(f"| {model} | {n} | {r['test_iter']} | {r['pass_s']:.3f} | "
                             f"{'' if share is None else f'{share:.3f}'} | "
                             f"{'yes' if same else 'NO'} | {goal} |")
@@ -133,7 +168,7 @@ def main() -> None:
         f"Machine: {machine}; {stamp}; `python benchmarks/split_test.py "
         f"--max-gpus {args.max_gpus} --models {args.models}{' --cpu' if args.cpu else ''}`",
         "",
-        "| model | GPUs | test_iter | test pass (s) | of one GPU's | same outputs as 1 GPU "
+        "| model | GPUs | test_iter | test pass (s) | of one GPU's | every pass prints 1 GPU's "
         "| goal |",
         "|---|---|---|---|---|---|---|", *rows])
     (out / "split_test.md").write_text(table + "\n")

@@ -259,13 +259,18 @@ class _Handoff:
 
 class SplitTests:
     """The root's test passes spread over every replica (the root's ``test_batches``; every
-    replica holds the root's weights when whole iterations are captured). Batch b of a test
-    pass runs on replica b mod N: the root's feed reads the batches in order, as on one device,
-    and hands each worker's batch to its TEST net on its device; every batch's outputs are
-    summed in batch order on the root, as one device sums them, so the pass prints the one
-    device's numbers while the N devices compute at once. A TEST net with a source the root's
-    feed cannot hand over (DummyData, a Python layer, an Input) tests on the root alone, and
-    says so once."""
+    replica holds the root's weights when whole iterations are captured). A pass runs in rounds
+    of N batches: the workers take the round's first N - 1 (worker r batch r - 1) and the root
+    the last, so the root's feed reads the batches in order, as on one device (the workers'
+    first, handed to each worker's TEST net on its device, then the root's own, read by its
+    Data layer as its net runs). Each batch's outputs stay on the device that computed them
+    until the pass ends, then are summed on the root in batch order, as one device sums them:
+    the pass prints the one device's numbers. Nothing in a round waits for another device's
+    forward of that round (a copy between two devices orders both devices' streams, so a
+    per-batch sum on the root, or the root's forward queued before a worker's batch is copied,
+    would run the devices one after another); a round waits only for the previous round. A
+    TEST net with a source the root's feed cannot hand over (DummyData, a Python layer, an
+    Input) tests on the root alone, and says so once."""
 
     def __init__(self, group: AllReduceGroup, solvers: Sequence[Solver]):
         self.group, self.solvers = group, solvers
@@ -281,25 +286,34 @@ class SplitTests:
             return run_batches(net, iterations, autocast=autocast, between=between)
         self.group.spread_state()
         n, root_feeds = len(nets), [feed_of(layer) for layer in net.data_layers()]
-        sums: dict[str, torch.Tensor] = {}
-        loss_sum = torch.zeros((), device=net.device)
+        batches: list[tuple[torch.Tensor, dict[str, torch.Tensor]]] = []
         with torch.no_grad():
-            for b in range(iterations):
+            for start in range(0, iterations, n):
                 if between():
                     return None
-                r = b % n
-                if r:
-                    for feed, hand in zip(root_feeds, self._handoffs[k][r], strict=True):
-                        assert feed is not None
-                        data, label = feed.next()
-                        hand.batch = (data.to(nets[r].device, non_blocking=True),
-                                      label.to(nets[r].device, non_blocking=True))
-                with _on_device(nets[r].device), autocast():
-                    out = nets[r]()
-                loss_sum += out.loss.detach().float().to(net.device)
-                for name, value in out.outputs.items():
-                    flat = value.detach().float().reshape(-1).to(net.device)
-                    sums[name] = sums[name] + flat if name in sums else flat.clone()
+                count = min(n, iterations - start)
+                # batches start .. start + count - 2 to workers 1 .. count - 1, the last to
+                # the root
+                for r in [*range(1, count), 0]:
+                    if r:
+                        for feed, hand in zip(root_feeds, self._handoffs[k][r], strict=True):
+                            assert feed is not None
+                            data, label = feed.next()
+                            hand.batch = (data.to(nets[r].device, non_blocking=True),
+                                          label.to(nets[r].device, non_blocking=True))
+                    with _on_device(nets[r].device), autocast():
+                        out = nets[r]()
+                    # copies: a top may be a buffer the net's next forward writes again
+                    batches.append((out.loss.detach().float().clone(),
+                                    {name: value.detach().float().reshape(-1).clone()
+                                     for name, value in out.outputs.items()}))
+        sums: dict[str, torch.Tensor] = {}
+        loss_sum = torch.zeros((), device=net.device)
+        for loss, outputs in batches:  # in batch order, on the root
+            loss_sum += loss.to(net.device)
+            for name, value in outputs.items():
+                flat = value.to(net.device)
+                sums[name] = sums[name] + flat if name in sums else flat
         means = {name: (s / iterations).cpu() for name, s in sums.items()}
         means["__loss__"] = (loss_sum / iterations).cpu().reshape(1)
         for replica_net in nets:

@@ -4,6 +4,7 @@ the eager tree's weights bit for bit; every replica holds the root's weights; ch
 snapshots and resume follow the eager run; a worker's failure names it."""
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import logging
 
@@ -271,10 +272,22 @@ snapshot_prefix: {prefix}
 @pytest.mark.parametrize("n, test_iter", [(2, 7), (3, 7), (3, 2)])
 def test_a_test_pass_spread_over_the_replicas_prints_one_devices_numbers(tmp_path, db, n,
                                                                         test_iter, caplog):
-    """Batch b of a test pass runs on replica b mod N (BatchNorm's running sums are the
-    root's), the sums in batch order: the same numbers, to the bit, as the root testing
-    alone (the tree, where only the root tests)."""
+    """A test pass runs in rounds of N batches, the workers' first and the root's last
+    (BatchNorm's running sums are the root's), the sums in batch order: the same numbers, to
+    the bit, as the root testing alone (the tree, where only the root tests)."""
     caplog.set_level(logging.INFO, logger="caffe_py")
+
+    def count_batches(run):
+        """One more pass: the replica of each batch, in the order they ran."""
+        nets = run.root.test_batches._nets[0]
+        ran = []
+        hooks = [net.register_forward_hook(lambda *_, r=r: ran.append(r))
+                 for r, net in enumerate(nets)]
+        run.root.test_batches(0, nets[0], test_iter, autocast=contextlib.nullcontext,
+                              between=lambda: False)
+        for hook in hooks:
+            hook.remove()
+        return ran
 
     def tests(name, captured):
         path = tmp_path / f"{name}.yaml"
@@ -284,15 +297,19 @@ def test_a_test_pass_spread_over_the_replicas_prints_one_devices_numbers(tmp_pat
                 as run:
             run.run()
             lines = [m for m in caplog.messages if m.startswith(("Test", "    Test"))]
-            return lines, run.root.last_test, run
+            return lines, run.root.last_test, run, count_batches(run) if captured else None
 
-    alone, alone_means, _ = tests("tree", False)
-    split, split_means, run = tests("cap", True)
+    alone, alone_means, _, _ = tests("tree", False)
+    split, split_means, run, ran = tests("cap", True)
     assert len(alone) == 3 * 2 and split == alone   # tests at 0, 4 and 8: acc and loss
     assert all(a[k].equal(b[k]) for a, b in zip(split_means, alone_means, strict=True)
                for k in a)
     nets = run.root.test_batches._nets[0]
     assert len(nets) == n and [net.device for net in nets] == [torch.device("cpu")] * n
+    # per round the workers one batch each and the root the last (the root's Data layer reads
+    # its batch after the workers' were handed over); a short last round likewise
+    rounds, rest = divmod(test_iter, n)
+    assert ran == [*range(1, n), 0] * rounds + ([*range(1, rest), 0] if rest else [])
 
 
 def test_a_test_net_that_makes_its_own_data_tests_on_the_root(tmp_path, caplog):
