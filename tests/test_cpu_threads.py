@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from support import tiny_net
 
 from caffe_py import cpu_threads
 from caffe_py.cpu_threads import (
@@ -383,21 +384,21 @@ def test_close_gives_the_starting_count_back():
 
 
 # --- in a run ------------------------------------------------------------------------------------
-SOLVER = """
-net_param:
-  name: tiny
-  layer:
-    - {name: data, type: DummyData, top: [data, label],
-       dummy_data_param: {shape: [{dim: [4, 3]}, {dim: [4]}],
-                          data_filler: [{type: gaussian}, {type: constant}]}}
-    - {name: ip, type: InnerProduct, bottom: data, top: ip,
-       inner_product_param: {num_output: 2, weight_filler: {type: xavier}}}
-    - {name: loss, type: SoftmaxWithLoss, bottom: [ip, label], top: loss}
+SOLVER = """\
+net: net.yaml
 base_lr: 0.1
 max_iter: 8
 snapshot_after_train: false
 snapshot_prefix: snaps/s
 """
+
+
+def write_solver(directory):
+    """The tiny DummyData net of the command-line tests and an 8-iteration solver over it."""
+    (directory / "net.yaml").write_text(tiny_net())
+    solver = directory / "solver.yaml"
+    solver.write_text(SOLVER)
+    return solver
 
 
 @pytest.fixture
@@ -425,8 +426,7 @@ def test_a_cpu_training_run_follows_the_load_and_gives_its_count_back(
     from caffe_py.train import train
 
     start = one_cpu_of_load
-    solver = tmp_path / "solver.yaml"
-    solver.write_text(SOLVER)
+    solver = write_solver(tmp_path)
     train(solver, "cpu")
     cpus = len(cpu_threads.affinity_cpus())
     changes = [m for m in caplog.messages if m.startswith("CPU threads:")]
@@ -450,8 +450,7 @@ def test_a_deterministic_run_or_the_users_count_keeps_the_count_under_load(
         monkeypatch.setenv(name, value)
     counts: list[int] = []
     monkeypatch.setattr(torch, "set_num_threads", counts.append)
-    solver = tmp_path / "solver.yaml"
-    solver.write_text(SOLVER)
+    solver = write_solver(tmp_path)
     train_module.train(solver, "cpu", TrainOptions(deterministic=deterministic))
     assert [m for m in caplog.messages if m.startswith("CPU threads:")] == []
     assert counts == []
