@@ -265,6 +265,9 @@ def busy_table(best: dict[tuple[str, bool], Run], args: argparse.Namespace,
 
 
 def save(path: Path, text: str, mark: str) -> None:
+    if not path.is_file():
+        sys.exit(f"{path}: no such file; --save names the document whose marked section the "
+                 "table replaces (docs/performance.md)")
     doc = path.read_text()
     if doc.count(mark) != 2:
         sys.exit(f"{path}: needs two '{mark}' lines around the section to replace")
