@@ -42,7 +42,15 @@ from ..io.formats.images import (
     resize_linear,
 )
 from ..io.formats.labelmap import name_to_label, read_label_map
-from .convert import MAX_KEY_BYTES, ConvertResult, ProgressFactory, no_progress, write_source
+from .convert import (
+    ConvertResult,
+    ProgressFactory,
+    check_image_options,
+    list_in_order,
+    list_key,
+    no_progress,
+    write_source,
+)
 
 log = logging.getLogger(__name__)
 F32 = np.float32
@@ -67,12 +75,7 @@ class AnnosetOptions:
         if not self.label_map_file:
             raise DataError("--label-map-file is required: the LabelMap prototxt that gives "
                             "each class name its label")
-        if (self.resize_width > 0) != (self.resize_height > 0):
-            raise DataError("--resize-width and --resize-height go together: give both "
-                            "(or neither)")
-        if self.encode_type and self.encode_type not in ENCODE_TYPES:
-            raise DataError(f"--encode-type {self.encode_type!r} is not one of "
-                            f"{', '.join(ENCODE_TYPES)}")
+        check_image_options(self.resize_width, self.resize_height, self.encode_type)
 
 
 @dataclass
@@ -166,18 +169,13 @@ class AnnosetSource:
         self.labels = name_to_label(read_label_map(options.label_map_file),
                                     strict=options.check_label,
                                     source=options.label_map_file)
-        self.entries = read_annoset_list(listfile)
-        if options.shuffle:
-            order = np.random.default_rng(options.seed).permutation(len(self.entries))
-            self.entries = [self.entries[i] for i in order]
+        self.entries = list_in_order(read_annoset_list(listfile), lambda e: e.image,
+                                     lambda e: e.line, self.listfile, options.shuffle,
+                                     options.seed)
         self.count = len(self.entries)
-        for index, entry in enumerate(self.entries):
-            if len(self.key(index)) > MAX_KEY_BYTES:
-                raise DataError(f"{self.listfile}:{entry.line}: the key for {entry.image!r} is "
-                                f"longer than LMDB's {MAX_KEY_BYTES} bytes; shorten the path")
 
     def key(self, index: int) -> bytes:
-        return f"{index:08d}_{self.entries[index].image}".encode()
+        return list_key(index, self.entries[index].image)
 
     def records(self, start: int) -> Iterator[tuple[bytes, AnnotatedDatum]]:
         reference = None

@@ -253,14 +253,41 @@ class ImagesetOptions:
     encode_type: str = ""  # png | jpg: re-encode to this; empty: keep each file's own
 
     def check(self) -> None:
-        if (self.resize_width > 0) != (self.resize_height > 0):
-            raise DataError("--resize-width and --resize-height go together: give both "
-                            "(or neither)")
-        if self.resize_width < 0 or self.resize_height < 0:
-            raise DataError("--resize-width and --resize-height must be positive")
-        if self.encode_type and self.encode_type not in ENCODE_TYPES:
-            raise DataError(f"--encode-type {self.encode_type!r} is not one of "
-                            f"{', '.join(ENCODE_TYPES)}")
+        check_image_options(self.resize_width, self.resize_height, self.encode_type)
+
+
+def check_image_options(resize_width: int, resize_height: int, encode_type: str) -> None:
+    """The flags convert_imageset and convert_annoset share: the resize pair and the format."""
+    if (resize_width > 0) != (resize_height > 0):
+        raise DataError("--resize-width and --resize-height go together: give both "
+                        "(or neither)")
+    if resize_width < 0 or resize_height < 0:
+        raise DataError("--resize-width and --resize-height must be positive")
+    if encode_type and encode_type not in ENCODE_TYPES:
+        raise DataError(f"--encode-type {encode_type!r} is not one of "
+                        f"{', '.join(ENCODE_TYPES)}")
+
+
+Entry = TypeVar("Entry")
+
+
+def list_in_order(entries: list[Entry], name: Callable[[Entry], str], line: Callable[[Entry], int],
+                  listfile: Path, shuffle: bool, seed: int) -> list[Entry]:
+    """A list file's entries in writing order (shuffled with ``seed`` when ``shuffle``), each
+    key ``%08d_<name>`` (:func:`list_key`) checked against LMDB's key size first."""
+    if shuffle:
+        order = np.random.default_rng(seed).permutation(len(entries))
+        entries = [entries[i] for i in order]
+    for index, entry in enumerate(entries):
+        if len(list_key(index, name(entry))) > MAX_KEY_BYTES:
+            raise DataError(f"{listfile}:{line(entry)}: the key for {name(entry)!r} is longer "
+                            f"than LMDB's {MAX_KEY_BYTES} bytes; shorten the path")
+    return entries
+
+
+def list_key(index: int, name: str) -> bytes:
+    """Caffe's key of a list's record: ``%08d_<name>`` (convert_imageset, convert_annoset)."""
+    return f"{index:08d}_{name}".encode()
 
 
 class ImagesetSource:
@@ -271,18 +298,13 @@ class ImagesetSource:
         options.check()
         self.root, self.listfile, self.options = Path(root), Path(listfile), options
         self.inputs = [self.listfile]
-        self.entries = read_image_list(listfile)
-        if options.shuffle:
-            order = np.random.default_rng(options.seed).permutation(len(self.entries))
-            self.entries = [self.entries[i] for i in order]
+        self.entries = list_in_order(read_image_list(listfile), lambda e: e.path,
+                                     lambda e: e.line, self.listfile, options.shuffle,
+                                     options.seed)
         self.count = len(self.entries)
-        for index, entry in enumerate(self.entries):
-            if len(self.key(index)) > MAX_KEY_BYTES:
-                raise DataError(f"{self.listfile}:{entry.line}: the key for {entry.path!r} is "
-                                f"longer than LMDB's {MAX_KEY_BYTES} bytes; shorten the path")
 
     def key(self, index: int) -> bytes:
-        return f"{index:08d}_{self.entries[index].path}".encode()
+        return list_key(index, self.entries[index].path)
 
     def records(self, start: int) -> Iterator[tuple[bytes, Datum]]:
         reference = None

@@ -239,3 +239,22 @@ def test_convert_annoset_resumes_only_the_list_it_began(tmp_path):
     assert (result.records, result.written) == (3, 2)
     assert [k for k, _ in records(tmp_path / "db")] == [
         b"00000000_img/0.png", b"00000001_img/1.png", b"00000002_img/2.png"]
+
+
+def test_annoset_options_are_checked_as_imageset_options_are():
+    with pytest.raises(DataError, match="^--resize-width and --resize-height must be positive$"):
+        AnnosetOptions(label_map_file="map.prototxt", resize_width=-8, resize_height=-6).check()
+    with pytest.raises(DataError, match="^--resize-width and --resize-height go together"):
+        AnnosetOptions(label_map_file="map.prototxt", resize_width=8).check()
+
+
+def test_a_key_past_lmdbs_size_names_the_list_line(tmp_path):
+    root = small_set(tmp_path)
+    name = "img/" + "x" * 520 + ".png"
+    (root / "list.txt").write_text(f"img/0.png xml/0.xml\n{name} xml/1.xml\n")
+    with pytest.raises(DataError) as caught:
+        convert_annoset(root, root / "list.txt", tmp_path / "db",
+                        AnnosetOptions(label_map_file=str(root / "map.prototxt")))
+    assert str(caught.value) == (f"{root / 'list.txt'}:2: the key for {name!r} is longer than "
+                                 "LMDB's 511 bytes; shorten the path")
+    assert not (tmp_path / "db").exists() and not (tmp_path / "db.partial").exists()
