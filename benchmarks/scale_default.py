@@ -21,6 +21,11 @@ With --compare-overlap every run of several GPUs is made a second time with the 
 bucket during it), in the same run, and the table gains its rate and the ratio. The runs go
 GPU count by GPU count in the order --gpus gives, every model at each; with --budget-s a run
 that would start after that many seconds is skipped (and says so in the table).
+
+With --apart every count N > 1 also runs as N one-GPU `cpy train` processes at once, GPU i
+each, which share nothing but the host (its power, memory bandwidth, PCIe, CPUs): their summed
+rate over N x the 1-GPU rate is what the host alone leaves of linear, the bound that any
+reduction's "of linear" is measured under.
 """
 from __future__ import annotations
 
@@ -87,30 +92,68 @@ def batch_of(solver: Path) -> int:
 def cpy_train(solver: Path, n: int, out: Path, cpu: bool, timeout: float = 900) -> dict:
     """One `cpy train --gpus ...` process; its display rates."""
     gpus = f"cpu:{n}" if cpu else ",".join(str(i) for i in range(n))
-    prefix = out / f"snap_{solver.stem}_{n}"
-    subprocess.run(["rm", "-rf", str(prefix)], check=False)
-    solver_copy = out / f"{solver.stem}_{n}.yaml"
-    spec = yaml.safe_load(solver.read_text())
-    spec["snapshot_prefix"] = str(prefix / "s")
-    solver_copy.write_text(yaml.safe_dump(spec, sort_keys=False))
     try:
-        done = subprocess.run([sys.executable, str(ROOT / "cli.py"), "train", "--solver",
-                               str(solver_copy), "--gpus", gpus, "--log-format", "plain"],
-                              capture_output=True, text=True, timeout=timeout, cwd=out)
+        done = subprocess.run(_train_command(solver, gpus, out, f"{n}"), capture_output=True,
+                              text=True, timeout=timeout, cwd=out)
     except subprocess.TimeoutExpired as exc:
         text = _text(exc.stdout) + _text(exc.stderr)
         (out / f"cpy_{solver.stem}_{n}.log").write_text(text)
         return {"ok": False, "why": f"no end within {timeout:.0f} s"}
     text = done.stdout + done.stderr
     (out / f"cpy_{solver.stem}_{n}.log").write_text(text)
+    return _rates(text, done.returncode, batch_of(solver) * n)
+
+
+def cpy_apart(solver: Path, n: int, out: Path, timeout: float = 900) -> dict:
+    """n one-GPU `cpy train` processes at once, GPU i each (CUDA_VISIBLE_DEVICES), sharing
+    nothing but the host: how far the host alone keeps N GPUs from N x one GPU's rate."""
+    procs = []
+    for i in range(n):
+        log = (out / f"cpy_{solver.stem}_apart{n}_{i}.log").open("w")
+        env = {**os.environ, "CUDA_VISIBLE_DEVICES": str(i)}
+        procs.append((subprocess.Popen(_train_command(solver, "0", out, f"apart{n}_{i}"),
+                                       stdout=log, stderr=subprocess.STDOUT, text=True,
+                                       cwd=out, env=env), log))
+    deadline = time.monotonic() + timeout
+    results = []
+    for i, (proc, log) in enumerate(procs):
+        try:
+            code = proc.wait(timeout=max(1.0, deadline - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            code = proc.wait()
+        log.close()
+        text = (out / f"cpy_{solver.stem}_apart{n}_{i}.log").read_text()
+        results.append(_rates(text, code, batch_of(solver)))
+    failed = [r for r in results if not r["ok"]]
+    if failed:
+        return failed[0]
+    return {"ok": True, "images_per_s": sum(r["images_per_s"] for r in results),
+            "per_gpu": [r["images_per_s"] for r in results]}
+
+
+def _train_command(solver: Path, gpus: str, out: Path, tag: str) -> list[str]:
+    """The `cpy train` command line on a copy of ``solver`` with its own snapshot prefix."""
+    prefix = out / f"snap_{solver.stem}_{tag}"
+    subprocess.run(["rm", "-rf", str(prefix)], check=False)
+    solver_copy = out / f"{solver.stem}_{tag}.yaml"
+    spec = yaml.safe_load(solver.read_text())
+    spec["snapshot_prefix"] = str(prefix / "s")
+    solver_copy.write_text(yaml.safe_dump(spec, sort_keys=False))
+    return [sys.executable, str(ROOT / "cli.py"), "train", "--solver", str(solver_copy),
+            "--gpus", gpus, "--log-format", "plain"]
+
+
+def _rates(text: str, code: int, images_per_iteration: int) -> dict:
+    """A run's result from its output: the median display rate after the first two."""
     rates = [float(m.group(2)) for m in RATE.finditer(text)]
     notes = [line for line in text.splitlines() if "CUDA graphs off" in line
              or "whole iterations" in line or "reduction tree" in line]
-    if done.returncode != 0 or len(rates) < 3:
+    if code != 0 or len(rates) < 3:
         tail = " | ".join(text.strip().splitlines()[-3:])
-        return {"ok": False, "why": f"exit {done.returncode}: {tail}"}
+        return {"ok": False, "why": f"exit {code}: {tail}"}
     per_s = statistics.median(rates[2:])
-    return {"ok": True, "iter_per_s": per_s, "images_per_s": per_s * batch_of(solver) * n,
+    return {"ok": True, "iter_per_s": per_s, "images_per_s": per_s * images_per_iteration,
             "notes": notes}
 
 
@@ -173,6 +216,8 @@ def main() -> None:
                     help="models that get the DDP baseline rows")
     ap.add_argument("--compare-overlap", action="store_true",
                     help="also run every count > 1 with layer_wise_reduce: false")
+    ap.add_argument("--apart", action="store_true",
+                    help="also run every count > 1 as that many one-GPU processes at once")
     ap.add_argument("--budget-s", type=float, default=None,
                     help="skip the runs that would start after this many seconds")
     ap.add_argument("--run-timeout-s", type=float, default=900,
@@ -207,6 +252,9 @@ def main() -> None:
             if args.compare_overlap and n > 1:
                 after = skipped if spent() else cpy_train(without_overlap(solver), n, out,
                                                           args.cpu, t)
+            apart: dict = {"ok": False}
+            if args.apart and n > 1 and not args.cpu:
+                apart = skipped if spent() else cpy_apart(solver, n, out, t)
             base: dict = {"ok": False}
             if model in args.ddp_models.split(","):
                 base = skipped if spent() else ddp(solver, n, model, out, args.cpu, t)
@@ -219,12 +267,14 @@ def main() -> None:
             speedup = cpy["images_per_s"] / one if cpy["ok"] and one else None
             gain = (cpy["images_per_s"] / after["images_per_s"]
                     if cpy["ok"] and after["ok"] else None)
+            apart_linear = apart["images_per_s"] / (one * n) if apart["ok"] and one else None
             record = {"model": model, "gpus": n, "cpy": cpy, "after_backward": after,
                       "baseline": base, "vs_baseline": ratio, "of_linear": linear,
-                      "vs_after_backward": gain}
+                      "vs_after_backward": gain, "apart": apart,
+                      "apart_of_linear": apart_linear}
             with jsonl.open("a") as f:
                 f.write(json.dumps(record) + "\n")
-            rows.append((model, n, cpy, after, base, ratio, linear, gain,
+            rows.append((model, n, cpy, after, base, ratio, linear, gain, apart, apart_linear,
                          verdicts(model, n, ratio, linear, speedup)))
             print(json.dumps(record), flush=True)
     rows.sort(key=lambda row: (models.index(row[0]), row[1]))
@@ -234,6 +284,7 @@ def main() -> None:
                f"{f' --gpus {args.gpus}' if args.gpus else ''}"
                f"{f' --ddp-models {args.ddp_models}' if args.ddp_models != models_default else ''}"
                f"{' --compare-overlap' if args.compare_overlap else ''}"
+               f"{' --apart' if args.apart else ''}"
                f"{f' --budget-s {args.budget_s:g}' if args.budget_s is not None else ''}"
                f"{' --cpu' if args.cpu else ''}`")
     lines = [f"Machine: {platform.node()}, {gpus} {'CPU replicas' if args.cpu else 'GPUs'}; "
@@ -241,13 +292,15 @@ def main() -> None:
              "",
              "| model | GPUs | `cpy train`, no flag: img/s | layer_wise_reduce false: img/s "
              "| no flag vs false | baseline (n=1: plain loop; else torchrun DDP): img/s | "
-             "vs baseline | of linear | goals |",
-             "|---|---|---|---|---|---|---|---|---|"]
-    for model, n, cpy, after, base, ratio, linear, gain, goal in rows:
+             "vs baseline | of linear | N one-GPU runs at once: img/s | theirs of linear | "
+             "goals |",
+             "|---|---|---|---|---|---|---|---|---|---|---|"]
+    for model, n, cpy, after, base, ratio, linear, gain, apart, apart_linear, goal in rows:
         lines.append(f"| {model} | {n} | {_rate(cpy)} | {_rate(after)} | "
                      f"{f'{gain:.3f}x' if gain else '-'} | {_rate(base)} | "
                      f"{f'{ratio:.3f}x' if ratio else '-'} | "
-                     f"{f'{linear:.1%}' if linear else '-'} | {goal} |")
+                     f"{f'{linear:.1%}' if linear else '-'} | {_rate(apart)} | "
+                     f"{f'{apart_linear:.1%}' if apart_linear else '-'} | {goal} |")
     table = "\n".join(lines)
     (out / "scale_default.md").write_text(table + "\n")
     print(table)

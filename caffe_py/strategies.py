@@ -25,7 +25,7 @@ import torch
 from .cpu_threads import governor_for
 from .devices import rank, world_size
 from .options import TrainOptions
-from .solver.solver import Solver
+from .solver.solver import Solver, own_test_batches
 from .spec.solver_spec import SolverParameter
 
 log = logging.getLogger(__name__)
@@ -79,6 +79,7 @@ class SingleDevice:
 
     def run(self, param: SolverParameter, action: Action) -> Solver:
         from .solver.graph_loop import GraphedLoop
+        from .solver.graphed_tests import GraphedTests
         from .solver.roles import AutoCompile, CompiledStep, StepFn, eager_step
 
         opts = self.options
@@ -90,8 +91,9 @@ class SingleDevice:
                                  auto_compile=AutoCompile() if auto else None)
         # on the CPU, the thread count follows other processes' load (cpu_threads.py)
         governor = governor_for(self.device, opts.deterministic)
+        tests = GraphedTests() if opts.graphs != "off" else own_test_batches
         with Solver(param, device=self.device, action=action, step=step, runner=runner,
-                    inputs=opts.inputs, test_inputs=opts.test_inputs,
+                    inputs=opts.inputs, test_inputs=opts.test_inputs, test_batches=tests,
                     callbacks=[governor] if governor else []) as solver:
             batch = solver.batch_size()
             log.info(f"Batch: {batch} per replica x 1 replica x iter_size {param.iter_size} = "

@@ -32,9 +32,10 @@ import torch
 
 from ..errors import CaffePyError
 from ..io import feed_of, swap_feed
-from ..net import Net
+from ..net import Net, NetOutput
 from ..solver.evaluate import raise_device_problems, run_batches
 from ..solver.graph_loop import GraphedLoop
+from ..solver.graphed_tests import GraphedForward
 from .flat import Bucket, plan_reduction
 from .sync import ReplicaState, StopReplica, SyncGroup
 
@@ -268,24 +269,38 @@ class SplitTests:
     the pass prints the one device's numbers. Nothing in a round waits for another device's
     forward of that round (a copy between two devices orders both devices' streams, so a
     per-batch sum on the root, or the root's forward queued before a worker's batch is copied,
-    would run the devices one after another); a round waits only for the previous round. A
-    TEST net with a source the root's feed cannot hand over (DummyData, a Python layer, an
-    Input) tests on the root alone, and says so once."""
+    would run the devices one after another); a round waits only for the previous round. With
+    ``graphed`` (GPUs with graphs on) every replica's forward is one CUDA graph replay
+    (:class:`~caffe_py.solver.graphed_tests.GraphedForward`): the one thread that launches
+    every replica's forward launches one graph each. A TEST net with a source the root's feed
+    cannot hand over (DummyData, a Python layer, an Input) tests on the root alone, and says
+    so once."""
 
-    def __init__(self, group: AllReduceGroup, solvers: Sequence[Solver]):
-        self.group, self.solvers = group, solvers
+    def __init__(self, group: AllReduceGroup, solvers: Sequence[Solver], *,
+                 graphed: bool = False):
+        self.group, self.solvers, self.graphed = group, solvers, graphed
         self._nets: dict[int, list[Net] | None] = {}
         """Per TEST net: every replica's copy (the root's first), or None: the root alone."""
         self._handoffs: dict[int, list[list[_Handoff]]] = {}
+        self._root_feeds: dict[int, list[Any]] = {}
+        """Per TEST net: the root's real feeds (its Data layers read static slots once
+        captured)."""
+        self._forwards: dict[int, list[GraphedForward]] = {}
 
     def __call__(self, k: int, net: Net, iterations: int, *,
                  autocast: Callable[[], AbstractContextManager[Any]],
                  between: Callable[[], bool]) -> dict[str, torch.Tensor] | None:
         nets = self._replica_nets(k, net)
+        forwards = self._forwards.get(k, [])
+        for forward in forwards:
+            forward.check_layout()
         if nets is None:
-            return run_batches(net, iterations, autocast=autocast, between=between)
+            return run_batches(net, iterations, autocast=autocast, between=between,
+                               forward=forwards[0] if forwards else None)
         self.group.spread_state()
-        n, root_feeds = len(nets), [feed_of(layer) for layer in net.data_layers()]
+        n, root_feeds = len(nets), self._root_feeds[k]
+        runs: list[Callable[[], NetOutput]] = (list(forwards) if forwards
+                                                else [replica.__call__ for replica in nets])
         batches: list[tuple[torch.Tensor, dict[str, torch.Tensor]]] = []
         with torch.no_grad():
             for start in range(0, iterations, n):
@@ -297,12 +312,11 @@ class SplitTests:
                 for r in [*range(1, count), 0]:
                     if r:
                         for feed, hand in zip(root_feeds, self._handoffs[k][r], strict=True):
-                            assert feed is not None
                             data, label = feed.next()
                             hand.batch = (data.to(nets[r].device, non_blocking=True),
                                           label.to(nets[r].device, non_blocking=True))
                     with _on_device(nets[r].device), autocast():
-                        out = nets[r]()
+                        out = runs[r]()
                     # copies: a top may be a buffer the net's next forward writes again
                     batches.append((out.loss.detach().float().clone(),
                                     {name: value.detach().float().reshape(-1).clone()
@@ -331,6 +345,8 @@ class SplitTests:
                      f"({own[0].spec.type}) makes its own data, which the root's feed cannot "
                      "hand to the other replicas")
             self._nets[k] = None
+            if self.graphed:
+                self._forwards[k] = [GraphedForward(net, f"test net #{k}")]
             return None
         spec, state = root.param.test_net_specs()[k]
         nets: list[Net] = [net]
@@ -344,7 +360,12 @@ class SplitTests:
                 swap_feed(layer, hand)
             nets.append(copy)
             handoffs.append(hands)
-        self._nets[k], self._handoffs[k] = nets, handoffs
+        root_feeds = [feed_of(layer) for layer in net.data_layers()]
+        assert all(feed is not None for feed in root_feeds)
+        self._nets[k], self._handoffs[k], self._root_feeds[k] = nets, handoffs, root_feeds
+        if self.graphed:
+            self._forwards[k] = [GraphedForward(replica, f"test net #{k} on replica {r}")
+                                 for r, replica in enumerate(nets)]
         return nets
 
 

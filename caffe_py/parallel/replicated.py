@@ -26,6 +26,7 @@ from ..devices import check_devices
 from ..errors import SolverError
 from ..options import TrainOptions
 from ..solver.callbacks import Callback
+from ..solver.graphed_tests import GraphedTests
 from ..solver.graphs import GraphedStep
 from ..solver.roles import HOST_ROOT, ROOT, UPDATING_WORKER, WORKER, Seeds, StepFn, eager_step
 from ..solver.signals import no_action
@@ -124,6 +125,8 @@ class ReplicatedRun:
             raise SolverError("model_average_period averages the replicas through the tree; "
                               "use --reduction tree (or model_average_period: 0 with nccl)")
         graphs = self.options.graphs != "off" and all(d.type == "cuda" for d in self.devices)
+        self.graphed_tests = graphs
+        """The root's test passes as CUDA graph replays (solver/graphed_tests.py)."""
         captured = tuning.captured
         if captured is None:
             captured = graphs and self.options.reduction != "tree" and nccl_available()
@@ -186,7 +189,10 @@ class ReplicatedRun:
             assert isinstance(self.sync, AllReduceGroup)
             kw["runner"] = CapturedReplicas(self.sync, self.solvers,
                                             required=self.options.graphs == "on")
-            kw["test_batches"] = SplitTests(self.sync, self.solvers)
+            kw["test_batches"] = SplitTests(self.sync, self.solvers,
+                                           graphed=self.graphed_tests)
+        elif self.graphed_tests and i == 0:
+            kw["test_batches"] = GraphedTests()
         try:
             solver = Solver(self.param, device=self.devices[i], replica=i, role=role,
                             seeds=Seeds(model=base_seed + self.hosts.offset + i, data=base_seed),

@@ -184,13 +184,13 @@ class GraphedLoop:
         forward of ``solve`` reads the next batch, as the eager loop's does)."""
         if self.feeds and not self._paused:
             for m, feeds in zip(self.members(s), self.feeds, strict=True):
-                restore_feeds(m, feeds)
+                restore_feeds(m.net, feeds)
             self._paused = True
 
     def run(self, s: Solver, stop_iter: int) -> None:
         if self._paused:
             for m, feeds in zip(self.members(s), self.feeds, strict=True):
-                reinstall_feeds(m, feeds)
+                reinstall_feeds(m.net, feeds)
             self._paused = False
         if self.fallback is not None:
             self._eager_iteration(s)
@@ -340,7 +340,8 @@ class GraphedLoop:
         """Static slots, the rates' buffers, fixed gradients, and the one-iteration graph."""
         members = self.members(s)
         self.slots = self._max_chunk(s)
-        self.feeds = [install_static_feeds(m, self.slots * s.param.iter_size) for m in members]
+        self.feeds = [install_static_feeds(m.net, m.device, self.slots * s.param.iter_size)
+                      for m in members]
         self.scales = [_Scales.on(m.device, self.slots, len(m.updater.groups)) for m in members]
         for m in members:
             m.grads_in_place = True
@@ -440,7 +441,7 @@ class GraphedLoop:
     def _restore_feeds(self, s: Solver) -> None:
         if not self._paused:
             for m, feeds in zip(self.members(s), self.feeds, strict=False):
-                restore_feeds(m, feeds)
+                restore_feeds(m.net, feeds)
         self.feeds, self._paused = [], False
 
 

@@ -39,7 +39,7 @@ from ..io.feed.feeds import feed_of, swap_feed
 from .roles import eager_step
 
 if TYPE_CHECKING:
-    from ..net import NetOutput
+    from ..net import Net, NetOutput
     from .solver import Solver
 
 log = logging.getLogger(__name__)
@@ -73,25 +73,25 @@ class StaticFeed:
             self.label[k].copy_(label, non_blocking=True)
 
 
-def install_static_feeds(s: Solver, slots: int = 1) -> list[StaticFeed]:
-    """Every Data layer of the TRAIN net reading from static slots (its real feed behind)."""
+def install_static_feeds(net: Net, device: torch.device, slots: int = 1) -> list[StaticFeed]:
+    """Every Data layer of ``net`` reading from static slots (its real feed behind)."""
     feeds = []
-    for layer in s.net.data_layers():
-        feed = StaticFeed(feed_of(layer), layer.top_shapes, s.device, slots)
+    for layer in net.data_layers():
+        feed = StaticFeed(feed_of(layer), layer.top_shapes, device, slots)
         swap_feed(layer, feed)
         feeds.append(feed)
     return feeds
 
 
-def restore_feeds(s: Solver, feeds: list[StaticFeed]) -> None:
+def restore_feeds(net: Net, feeds: list[StaticFeed]) -> None:
     """The Data layers' real feeds back in place of the static ones."""
-    for layer, feed in zip(s.net.data_layers(), feeds, strict=True):
+    for layer, feed in zip(net.data_layers(), feeds, strict=True):
         swap_feed(layer, feed.real)
 
 
-def reinstall_feeds(s: Solver, feeds: list[StaticFeed]) -> None:
+def reinstall_feeds(net: Net, feeds: list[StaticFeed]) -> None:
     """The static feeds of :func:`install_static_feeds` in place again, after a restore."""
-    for layer, feed in zip(s.net.data_layers(), feeds, strict=True):
+    for layer, feed in zip(net.data_layers(), feeds, strict=True):
         swap_feed(layer, feed)
 
 
@@ -104,9 +104,15 @@ def capture_blocker(s: Solver, *, whole_iteration: bool = False,
         return f"the net runs on {s.device}, not CUDA"
     if whole_iteration and s.callbacks:
         return "callbacks run between the forward and the update"
-    for layer in s.net.layers:
+    return net_capture_blocker(s.net, s.device)
+
+
+def net_capture_blocker(net: Net, device: torch.device) -> str | None:
+    """Why ``net``'s forward cannot be captured on ``device`` (whose kind its generators must
+    be on); None when it can."""
+    for layer in net.layers:
         for name, gen in layer.generators().items():
-            if gen.device.type != s.device.type:
+            if gen.device.type != device.type:
                 return f"layer '{layer.name}' draws from a host generator ({name})"
         if not layer.capturable:
             return f"layer '{layer.name}' ({layer.spec.type}) runs host code every forward"
@@ -162,14 +168,14 @@ class GraphedStep:
             return
         net = s.net
         s.grads_in_place = True   # the captured backward accumulates into fixed tensors
-        self.feeds = install_static_feeds(s)
+        self.feeds = install_static_feeds(net, s.device)
         state = [t for blobs in net.layer_blobs().values() for t in blobs
                  if not isinstance(t, torch.nn.Parameter)]   # BatchNorm's running sums
         saved = [t.detach().clone() for t in state]
         try:
             with _CAPTURE_LOCK:
                 _warm_up(s)
-                _restore(state, saved)
+                restore_tensors(state, saved)
                 s.zero_grads()
                 graph = torch.cuda.CUDAGraph()
                 register_generators(graph, [g for layer in net.layers   # DummyData
@@ -183,9 +189,9 @@ class GraphedStep:
             self.graph = graph
         except RuntimeError as exc:   # a layer did something a graph cannot hold
             torch.cuda.synchronize(s.device)
-            _restore(state, saved)      # the eager step starts from where capture began
+            restore_tensors(state, saved)      # the eager step starts from where capture began
             s.zero_grads()
-            restore_feeds(s, self.feeds)
+            restore_feeds(net, self.feeds)
             self.feeds = []
             self._give_up(s, f"capture failed: {str(exc).splitlines()[0]}")
 
@@ -227,6 +233,6 @@ def register_generators(graph: torch.cuda.CUDAGraph, generators: list[torch.Gene
 
 
 @torch.no_grad()
-def _restore(tensors: list[torch.Tensor], saved: list[torch.Tensor]) -> None:
+def restore_tensors(tensors: list[torch.Tensor], saved: list[torch.Tensor]) -> None:
     for t, v in zip(tensors, saved, strict=True):
         t.copy_(v)

@@ -287,3 +287,27 @@ def test_captured_buckets_on_more_gpus_match_the_sum_after_backward(tmp_path, db
     assert in_backward == 2 * len(devices)
     assert _rel(on[0], off[0]) < 1e-5
     assert all(torch.equal(a, b) for w in on[1:] for a, b in zip(w, on[0], strict=True))
+
+
+@two_gpus
+def test_a_test_pass_split_over_gpus_prints_one_gpus_numbers(tmp_path, db, caplog):
+    """The default on GPUs: each replica's test forward is a graph replay and the pass is split
+    over the replicas. With base_lr 0 the weights stay as initialised, so every pass of 7
+    batches prints one GPU's numbers (one GPU replays its pass as a graph too)."""
+    from caffe_py.train import train
+
+    caplog.set_level(logging.INFO, logger="caffe_py")
+    lines = {}
+    for n in (1, 2):
+        path = tmp_path / f"t{n}.yaml"
+        path.write_text(SOLVER.format(db=db, batch=B, iters=6, prefix=tmp_path / f"t{n}" / "s")
+                        + "test_iter: 7\ntest_interval: 3\n")
+        param = dataclasses.replace(load_solver(path), base_lr=0.0)
+        caplog.clear()
+        root = train(param, [f"cuda:{i}" for i in range(n)], TrainOptions(overwrite=True))
+        lines[n] = [m for m in caplog.messages if m.lstrip().startswith("Test net output")]
+        forwards = (root.test_batches._forwards[0] if n == 2
+                    else list(root.test_batches.forwards.values()))
+        assert len(forwards) == n and all(f.graph is not None for f in forwards)
+    assert len(lines[1]) == 3 and lines[2] == lines[1]   # iterations 0, 3 and 6: the loss
+    assert not [m for m in caplog.messages if m.startswith("CUDA graphs off")]
