@@ -24,10 +24,12 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import time
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import AbstractContextManager
 from typing import TYPE_CHECKING, Any
 
+import numpy as np
 import torch
 
 from ..errors import CaffePyError
@@ -265,20 +267,29 @@ class SplitTests:
     the last, so the root's feed reads the batches in order, as on one device (the workers'
     first, handed to each worker's TEST net on its device, then the root's own, read by its
     Data layer as its net runs). Each batch's outputs stay on the device that computed them
-    until the pass ends, then are summed on the root in batch order, as one device sums them:
-    the pass prints the one device's numbers. Nothing in a round waits for another device's
-    forward of that round (a copy between two devices orders both devices' streams, so a
-    per-batch sum on the root, or the root's forward queued before a worker's batch is copied,
-    would run the devices one after another); a round waits only for the previous round. With
-    ``graphed`` (GPUs with graphs on) every replica's forward is one CUDA graph replay
-    (:class:`~caffe_py.solver.graphed_tests.GraphedForward`): the one thread that launches
-    every replica's forward launches one graph each. A TEST net with a source the root's feed
+    until the pass ends; then each replica's come to the host in one copy, are summed there in
+    batch order (float32 adds, as one device sums them) and divided on the root as one device
+    divides them: the pass prints the one device's numbers. Nothing in a round waits for
+    another device's forward of that round (a copy between two devices orders both devices'
+    streams, so a per-batch sum on the root, or the root's forward queued before a worker's
+    batch is copied, would run the devices one after another); a round waits only for the
+    previous round. With ``graphed`` (GPUs with graphs on) every replica's forward is one CUDA
+    graph replay (:class:`~caffe_py.solver.graphed_tests.GraphedForward`): the one thread that
+    launches every replica's forward launches one graph each.
+
+    A split pass hands every worker batch over from the root's feed, which costs the host
+    more than a small net's forward takes on the device (LeNet: 0.1 ms). With ``split`` None
+    the passes choose by measurement: the first two on the root alone (the first captures),
+    the third split, then whichever of the second and third took less time a batch, said in
+    one line; True splits every pass, False none. A TEST net with a source the root's feed
     cannot hand over (DummyData, a Python layer, an Input) tests on the root alone, and says
     so once."""
 
     def __init__(self, group: AllReduceGroup, solvers: Sequence[Solver], *,
-                 graphed: bool = False):
+                 graphed: bool = False, split: bool | None = None,
+                 clock: Callable[[], float] = time.perf_counter):
         self.group, self.solvers, self.graphed = group, solvers, graphed
+        self.split, self.clock = split, clock
         self._nets: dict[int, list[Net] | None] = {}
         """Per TEST net: every replica's copy (the root's first), or None: the root alone."""
         self._handoffs: dict[int, list[list[_Handoff]]] = {}
@@ -286,6 +297,10 @@ class SplitTests:
         """Per TEST net: the root's real feeds (its Data layers read static slots once
         captured)."""
         self._forwards: dict[int, list[GraphedForward]] = {}
+        self._timed: dict[int, list[float]] = {}
+        """Per TEST net: seconds a batch of the passes that measure (root alone, split)."""
+        self._chosen: dict[int, bool] = {}
+        """Per TEST net: whether its passes are split, once measured."""
 
     def __call__(self, k: int, net: Net, iterations: int, *,
                  autocast: Callable[[], AbstractContextManager[Any]],
@@ -294,14 +309,50 @@ class SplitTests:
         forwards = self._forwards.get(k, [])
         for forward in forwards:
             forward.check_layout()
-        if nets is None:
-            return run_batches(net, iterations, autocast=autocast, between=between,
-                               forward=forwards[0] if forwards else None)
+        split = nets is not None and self._splits(k)
+        started = self.clock()
+        if not split:
+            means = run_batches(net, iterations, autocast=autocast, between=between,
+                                forward=forwards[0] if forwards else None)
+        else:
+            assert nets is not None
+            means = self._split_pass(k, net, nets, iterations, autocast, between)
+        if means is not None and nets is not None and k not in self._chosen:
+            self._measured(k, (self.clock() - started) / iterations, len(nets))
+        return means
+
+    def _splits(self, k: int) -> bool:
+        """Whether test net k's next pass is split."""
+        if self.split is not None:
+            return self.split
+        if k in self._chosen:
+            return self._chosen[k]
+        return len(self._timed.get(k, [])) == 2   # passes 1-2 root alone, pass 3 split
+
+    def _measured(self, k: int, per_batch: float, n: int) -> None:
+        if self.split is not None:
+            return
+        timed = self._timed.setdefault(k, [])
+        timed.append(per_batch)
+        if len(timed) == 3:
+            alone, split = timed[1], timed[2]   # the first pass paid for the root's capture
+            self._chosen[k] = split < alone
+            where = (f"split over {n} replicas" if split < alone
+                     else "on the root alone")
+            log.info(f"Test net #{k} tests {where}: {split * 1e3:.3g} ms a batch split over "
+                     f"{n}, {alone * 1e3:.3g} ms on the root alone")
+
+    def _split_pass(self, k: int, net: Net, nets: list[Net], iterations: int,
+                    autocast: Callable[[], AbstractContextManager[Any]],
+                    between: Callable[[], bool]) -> dict[str, torch.Tensor] | None:
         self.group.spread_state()
+        forwards = self._forwards.get(k, [])
         n, root_feeds = len(nets), self._root_feeds[k]
         runs: list[Callable[[], NetOutput]] = (list(forwards) if forwards
                                                 else [replica.__call__ for replica in nets])
-        batches: list[tuple[torch.Tensor, dict[str, torch.Tensor]]] = []
+        losses: list[list[torch.Tensor]] = [[] for _ in nets]
+        outputs: list[list[dict[str, torch.Tensor]]] = [[] for _ in nets]
+        order: list[int] = []   # the replica of each batch, in batch order
         with torch.no_grad():
             for start in range(0, iterations, n):
                 if between():
@@ -318,21 +369,13 @@ class SplitTests:
                     with _on_device(nets[r].device), autocast():
                         out = runs[r]()
                     # copies: a top may be a buffer the net's next forward writes again
-                    batches.append((out.loss.detach().float().clone(),
-                                    {name: value.detach().float().reshape(-1).clone()
-                                     for name, value in out.outputs.items()}))
-        sums: dict[str, torch.Tensor] = {}
-        loss_sum = torch.zeros((), device=net.device)
-        for loss, outputs in batches:  # in batch order, on the root
-            loss_sum += loss.to(net.device)
-            for name, value in outputs.items():
-                flat = value.to(net.device)
-                sums[name] = sums[name] + flat if name in sums else flat
-        means = {name: (s / iterations).cpu() for name, s in sums.items()}
-        means["__loss__"] = (loss_sum / iterations).cpu().reshape(1)
+                    losses[r].append(out.loss.detach().float().clone())
+                    outputs[r].append({name: value.detach().float().reshape(-1).clone()
+                                       for name, value in out.outputs.items()})
+                    order.append(r)
         for replica_net in nets:
             raise_device_problems(replica_net)
-        return means
+        return _host_means(order, losses, outputs, iterations, net.device)
 
     def _replica_nets(self, k: int, net: Net) -> list[Net] | None:
         if k in self._nets:
@@ -367,6 +410,35 @@ class SplitTests:
             self._forwards[k] = [GraphedForward(replica, f"test net #{k} on replica {r}")
                                  for r, replica in enumerate(nets)]
         return nets
+
+
+def _host_means(order: Sequence[int], losses: Sequence[Sequence[torch.Tensor]],
+                outputs: Sequence[Sequence[dict[str, torch.Tensor]]], iterations: int,
+                root: torch.device) -> dict[str, torch.Tensor]:
+    """The means of a split pass as :func:`~caffe_py.solver.evaluate.run_batches` computes
+    them on one device: each replica's values come to the host in one copy a name, are summed
+    in batch order (``order``: the replica of each batch) in float32, and are divided on
+    ``root`` (where one device divides, the same operation)."""
+    names = list(outputs[order[-1]][-1])
+    host_losses = [torch.stack(list(part)).cpu().numpy() if part else None for part in losses]
+    host_outputs = [{name: torch.stack([batch[name] for batch in part]).cpu().numpy()
+                     for name in names} if part else {} for part in outputs]
+    taken = [0] * len(losses)
+    loss_sum = np.zeros((), np.float32)
+    sums: dict[str, np.ndarray] = {}
+    for r in order:
+        i, taken[r] = taken[r], taken[r] + 1
+        part_loss = host_losses[r]
+        assert part_loss is not None
+        loss_sum = loss_sum + part_loss[i]
+        for name in names:
+            value = host_outputs[r][name][i]
+            sums[name] = sums[name] + value if name in sums else value.copy()
+    means = {name: (torch.from_numpy(s).to(root) / iterations).cpu()
+             for name, s in sums.items()}
+    means["__loss__"] = (torch.from_numpy(np.asarray(loss_sum)).to(root)
+                         / iterations).cpu().reshape(1)
+    return means
 
 
 def _host_sum(parts: Sequence[torch.Tensor], n: int) -> None:

@@ -86,7 +86,9 @@ class Tuning:
     into buckets at (the units weights travel and are waited for in); ``captured`` has the
     root's thread replay every replica's whole iterations as CUDA graphs (:mod:`.captured`;
     None: so on GPUs of one host with graphs, reduction auto or nccl and no model averaging;
-    True on CPU replicas runs that sequence unrecorded, as the tests do)."""
+    True on CPU replicas runs that sequence unrecorded, as the tests do); ``split_tests``
+    spreads the captured runs' test passes over the replicas always (True), never (False), or
+    where a pass measured so is the shorter (None; :class:`~.captured.SplitTests`)."""
 
     timeout: float = DEFAULT_TIMEOUT_S
     overlap: bool = True
@@ -96,6 +98,7 @@ class Tuning:
     average_history: bool = True
     bucket_bytes: int = DEFAULT_BUCKET_BYTES
     captured: bool | None = None
+    split_tests: bool | None = None
 
 
 class ReplicatedRun:
@@ -190,7 +193,8 @@ class ReplicatedRun:
             kw["runner"] = CapturedReplicas(self.sync, self.solvers,
                                             required=self.options.graphs == "on")
             kw["test_batches"] = SplitTests(self.sync, self.solvers,
-                                           graphed=self.graphed_tests)
+                                           graphed=self.graphed_tests,
+                                           split=self.tuning.split_tests)
         elif self.graphed_tests and i == 0:
             kw["test_batches"] = GraphedTests()
         try:

@@ -10,7 +10,9 @@ the static slots the graph reads, the replay, and the sums.
 :class:`GraphedForward` is one net's captured forward, called where ``net()`` was:
 its outputs are the graph's static tensors, overwritten by the next call, so a caller copies
 or sums them before calling again (:func:`~caffe_py.solver.evaluate.run_batches` sums them as
-it does the eager outputs). The capture happens at the first call, under the caller's
+it does the eager outputs). Once captured, the net's Data layers read the static slots: the
+net runs through this forward from then on (an eager ``net()`` would read the last batch
+again). The capture happens at the first call, under the caller's
 ``no_grad`` and autocast, after warm-up forwards on the zero-filled slots (which consume no
 records; BatchNorm's running sums and the layers' device generators are put back after them,
 so the first replay sees what an eager forward would). Before each pass the net's blobs are

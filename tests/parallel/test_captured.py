@@ -293,8 +293,8 @@ def test_a_test_pass_spread_over_the_replicas_prints_one_devices_numbers(tmp_pat
         path = tmp_path / f"{name}.yaml"
         path.write_text(TESTED.format(db=db, test_iter=test_iter, prefix=tmp_path / name / "s"))
         caplog.clear()
-        with ReplicatedRun(load_solver(path), ["cpu"] * n, tuning=Tuning(captured=captured)) \
-                as run:
+        tuning = Tuning(captured=captured, split_tests=True)
+        with ReplicatedRun(load_solver(path), ["cpu"] * n, tuning=tuning) as run:
             run.run()
             lines = [m for m in caplog.messages if m.startswith(("Test", "    Test"))]
             return lines, run.root.last_test, run, count_batches(run) if captured else None
@@ -310,6 +310,32 @@ def test_a_test_pass_spread_over_the_replicas_prints_one_devices_numbers(tmp_pat
     # its batch after the workers' were handed over); a short last round likewise
     rounds, rest = divmod(test_iter, n)
     assert ran == [*range(1, n), 0] * rounds + ([*range(1, rest), 0] if rest else [])
+
+
+@pytest.mark.parametrize("split_ms, chosen", [(2.0, True), (6.0, False)])
+def test_the_passes_measure_whether_a_split_pass_is_shorter(tmp_path, db, split_ms, chosen,
+                                                           caplog):
+    """Passes 1-2 on the root alone, pass 3 split, then the one that took less time a batch
+    (pass 2 against pass 3: the first paid for capture), said once; the numbers are the same
+    either way."""
+    caplog.set_level(logging.INFO, logger="caffe_py")
+    path = tmp_path / "s.yaml"
+    path.write_text(TESTED.format(db=db, test_iter=5, prefix=tmp_path / "m" / "s")
+                    .replace("max_iter: 8", "max_iter: 20"))
+    with ReplicatedRun(load_solver(path), ["cpu"] * 2, tuning=Tuning(captured=True)) as run:
+        tests = run.root.test_batches
+        # each pass reads the clock at its start and end (seconds): 5 batches a pass
+        ticks = iter([0.0, 0.05, 0.05, 0.05 + 5 * 5e-3, 0.08, 0.08 + 5 * split_ms * 1e-3])
+        tests.clock = lambda: next(ticks, 0.0)
+        run.run()
+        means = run.root.last_test
+    lines = [m for m in caplog.messages if m.startswith("Test net #0 tests")]
+    where = "split over 2 replicas" if chosen else "on the root alone"
+    assert lines == [f"Test net #0 tests {where}: {split_ms:g} ms a batch split over 2, "
+                     "5 ms on the root alone"]
+    assert tests._chosen == {0: chosen}
+    assert sum("Testing net (#0)" in m for m in caplog.messages) == 6   # 0, 4, ..., 20
+    assert set(means[0]) == {"acc", "loss", "__loss__"}
 
 
 def test_a_test_net_that_makes_its_own_data_tests_on_the_root(tmp_path, caplog):
