@@ -9,10 +9,11 @@ Each run is benchmarks/scale_default.py's solver (ResNet-50 bf16 batch 256 per G
 fp32 batch 64) with a test pass every INTERVAL iterations over
 the same net whose DummyData is replaced by a Data layer on an LMDB of random raw Datums of the
 net's input shape, written here once per model (a DummyData test net makes its own data, which
-the root's feed cannot hand to the other replicas: it tests on the root alone), training on
-gaussian DummyData. base_lr is 0, so the weights stay as initialised (the same seed on every N)
-and pass k must print the same test outputs on every N (ResNet-50's BatchNorm statistics still
-move between passes, the same way on every N: the root draws the same data). A pass's time is
+the root's feed cannot hand to the other replicas: it tests on the root alone). base_lr is 0,
+so the weights stay as initialised (the same seed on every N), and the TEST net's BatchNorm
+layers use each batch's own statistics (``use_global_stats: false``; the running sums that
+training on constant data gathers have variances near 0, which saturate the outputs into
+ties): pass k must print the same test outputs on every N. A pass's time is
 from its "Testing net" line to its last "Test net output" line (the log's microsecond clock).
 On N > 1 GPUs the passes choose for themselves (SplitTests): passes 1-2 on the root alone, pass
 3 split, the later ones whichever was shorter; the table gives pass 2 (root alone), pass 3
@@ -81,7 +82,7 @@ def test_passes(text: str) -> list[tuple[float, list[str]]]:
 
 def test_net(net_path: Path, out: Path) -> Path:
     """The net with its DummyData replaced by a Data layer on an LMDB of random raw Datums of
-    the same shape (written once)."""
+    the same shape (written once), its BatchNorm layers using each test batch's statistics."""
     net = yaml.safe_load(net_path.read_text())
     layers = net["layer"]
     at = next(i for i, layer in enumerate(layers) if layer["type"] == "DummyData")
@@ -94,25 +95,13 @@ def test_net(net_path: Path, out: Path) -> Path:
                 pixels = rng.integers(0, 256, (channels, height, width), dtype=np.uint8)
                 writer.put(f"{i:08d}".encode(), encode_datum(Datum(
                     channels, height, width, pixels.tobytes(), label=int(i % 10))))
+    for layer in layers:   # each test batch normalised by its own statistics
+        if layer["type"] == "BatchNorm":
+            layer.setdefault("batch_norm_param", {})["use_global_stats"] = False
     layers[at] = {"name": "data", "type": "Data", "top": ["data", "label"],
                   "transform_param": {"scale": 1 / 256},
                   "data_param": {"source": str(db), "batch_size": batch, "backend": "LMDB"}}
     path = out / f"{net_path.stem}_test.yaml"
-    path.write_text(yaml.safe_dump(net, sort_keys=False))
-    return path
-
-
-def gaussian_train(net_path: Path, out: Path) -> Path:
-    """The TRAIN net drawing gaussian data: BatchNorm's running sums (which move with base_lr 0
-    too) stay those of varied inputs (constant data drives the variances to 0 and the test
-    outputs to saturation, where top-5 ties decide). The root draws the same numbers on every
-    N (its seed does not depend on N), and a test pass uses the root's sums."""
-    net = yaml.safe_load(net_path.read_text())
-    for layer in net["layer"]:
-        if layer["type"] == "DummyData":
-            fillers = layer["dummy_data_param"]["data_filler"]
-            fillers[0] = {"type": "gaussian", "std": 1.0}
-    path = out / f"{net_path.stem}_gaussian.yaml"
     path.write_text(yaml.safe_dump(net, sort_keys=False))
     return path
 
@@ -123,8 +112,7 @@ def run(model: str, n: int, out: Path, cpu: bool) -> dict:
         test_iter, interval, count = 20, 2, 5
     base = solver_for(model, out, cpu)
     spec = yaml.safe_load(base.read_text())
-    spec.update(base_lr=0.0, net=str(gaussian_train(Path(spec["net"]), out)),
-                test_net=str(test_net(Path(spec["net"]), out)),
+    spec.update(base_lr=0.0, test_net=str(test_net(Path(spec["net"]), out)),
                 test_iter=[test_iter], test_interval=interval,
                 test_initialization=False, max_iter=interval * count, display=0,
                 snapshot_prefix=str(out / f"snap_split_{model}_{n}" / "s"))

@@ -229,6 +229,9 @@ def register_generators(graph: torch.cuda.CUDAGraph, generators: list[torch.Gene
     if generators and not hasattr(graph, "register_generator_state"):
         raise RuntimeError("this torch cannot replay a layer's own generator in a graph")
     for gen in generators:
+        # the graph-safe seed and offset are made on the current device: on the generator's
+        # own, or a replica's kernels read them from another GPU (an illegal address where
+        # the two GPUs have no peer access: 4 replicas captured from one thread crashed)
         graph.register_generator_state(gen)
 
 

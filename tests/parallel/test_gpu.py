@@ -311,3 +311,42 @@ def test_a_test_pass_split_over_gpus_prints_one_gpus_numbers(tmp_path, db, caplo
         assert len(forwards) == n and all(f.graph is not None for f in forwards)
     assert len(lines[1]) == 3 and lines[2] == lines[1]   # iterations 0, 3 and 6: the loss
     assert not [m for m in caplog.messages if m.startswith("CUDA graphs off")]
+
+
+GAUSSIAN = """
+net_param:
+  name: drawn
+  layer:
+    - {{name: data, type: DummyData, top: [data, label],
+       dummy_data_param: {{shape: [{{dim: [8, 1, 8, 8]}}, {{dim: [8]}}],
+                          data_filler: [{{type: gaussian}}, {{type: constant}}]}}}}
+    - {{name: ip, type: InnerProduct, bottom: data, top: ip,
+       inner_product_param: {{num_output: 3, weight_filler: {{type: xavier}}}}}}
+    - {{name: loss, type: SoftmaxWithLoss, bottom: [ip, label], top: loss}}
+base_lr: 0.05
+max_iter: 12
+random_seed: 11
+snapshot_after_train: false
+snapshot_prefix: {prefix}
+"""
+
+
+@two_gpus
+def test_captured_iterations_draw_from_each_gpus_own_generator(tmp_path):
+    """DummyData draws from a generator on each replica's GPU, registered with the graph that
+    GPU replays; its graph-safe seed and offset must live on that GPU too (made on the root's,
+    4 GPUs captured from one thread hit an illegal address on the first replay). Every GPU
+    (up to 4) trains, each replica on its own draws, and all end with the root's weights."""
+    devices = [torch.device("cuda", i) for i in range(min(4, torch.cuda.device_count()))]
+    path = tmp_path / "g.yaml"
+    path.write_text(GAUSSIAN.format(prefix=tmp_path / "snap"))
+    with ReplicatedRun(load_solver(path), devices, TrainOptions()) as run:
+        assert run.captured
+        run.run()
+        assert run.root.runner.fallback is None
+        weights = [[lp.param.detach().cpu() for lp in s.net.learnable_params()]
+                   for s in run.solvers]
+        losses = run.root.monitor.losses[:12].cpu()
+    assert all(torch.isfinite(w).all() for w in weights[0])
+    assert all(torch.equal(a, b) for w in weights[1:] for a, b in zip(w, weights[0], strict=True))
+    assert len(set(losses.tolist())) > 6   # every replay drew new data
