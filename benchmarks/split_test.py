@@ -19,7 +19,8 @@ On N > 1 GPUs the passes choose for themselves (SplitTests): passes 1-2 on the r
 3 split, the later ones whichever was shorter; the table gives pass 2 (root alone), pass 3
 (split), the median of the passes after the third (what the run settled on) and the run's
 line saying which. On one GPU: the median of the passes after the first (which pays for
-warm-up and capture). The table is printed last and written to DIR/split_test.md; each run is
+warm-up and capture); a first row runs one GPU with `--graphs off` (eager test forwards), the
+baseline of the replayed forward in the same run. The table is printed last and written to DIR/split_test.md; each run is
 a JSON line in DIR/split_test.jsonl.
 """
 from __future__ import annotations
@@ -106,7 +107,7 @@ def test_net(net_path: Path, out: Path) -> Path:
     return path
 
 
-def run(model: str, n: int, out: Path, cpu: bool) -> dict:
+def run(model: str, n: int, out: Path, cpu: bool, flags: tuple[str, ...] = ()) -> dict:
     test_iter, interval, count = TESTS[model]
     if cpu:
         test_iter, interval, count = 20, 2, 5
@@ -116,14 +117,16 @@ def run(model: str, n: int, out: Path, cpu: bool) -> dict:
                 test_iter=[test_iter], test_interval=interval,
                 test_initialization=False, max_iter=interval * count, display=0,
                 snapshot_prefix=str(out / f"snap_split_{model}_{n}" / "s"))
-    solver = out / f"split_{model}_{n}.yaml"
+    tag = f"{n}{''.join(flags).replace('-', '_').replace(' ', '')}"
+    spec["snapshot_prefix"] = str(out / f"snap_split_{model}_{tag}" / "s")
+    solver = out / f"split_{model}_{tag}.yaml"
     solver.write_text(yaml.safe_dump(spec, sort_keys=False))
     gpus = f"cpu:{n}" if cpu else ",".join(str(i) for i in range(n))
     done = subprocess.run([sys.executable, str(ROOT / "cli.py"), "train", "--solver",
-                           str(solver), "--gpus", gpus, "--overwrite"],
+                           str(solver), "--gpus", gpus, "--overwrite", *flags],
                           capture_output=True, text=True, timeout=900, cwd=out)
     text = done.stdout + done.stderr
-    (out / f"split_{model}_{n}.log").write_text(text)
+    (out / f"split_{model}_{tag}.log").write_text(text)
     passes = test_passes(text)
     if done.returncode != 0 or len(passes) < 2:
         tail = " | ".join(text.strip().splitlines()[-3:])
@@ -155,22 +158,38 @@ def main() -> None:
     rows = []
     with open(out / "split_test.jsonl", "w") as log:
         for model in args.models.split(","):
-            one = None
-            for n in range(1, args.max_gpus + 1):
-                r = run(model, n, out, args.cpu)
-                log.write(json.dumps({"model": model, "gpus": n, **r}) + "\n")
+            one: dict | None = None
+            eager: dict | None = None
+            # one GPU eagerly (the replayed test forward's baseline), then 1..N with no flag
+            plan = [(1, ("--graphs", "off"))] if not args.cpu else []
+            plan += [(n, ()) for n in range(1, args.max_gpus + 1)]
+            for n, flags in plan:
+                r = run(model, n, out, args.cpu, flags)
+                shown = " ".join(flags)
+                label = f"{n} (`{shown}`)" if flags else f"{n}"
+                log.write(json.dumps({"model": model, "gpus": n, "flags": flags, **r}) + "\n")
                 log.flush()
                 if not r["ok"]:
-                    rows.append(f"| {model} | {n} | failed: {r['why']} | | | | | | | |")
+                    rows.append(f"| {model} | {label} | failed: {r['why']} | | | | | | | |")
+                    continue
+                if flags:   # the eager baseline: its time against the replayed pass, below
+                    eager = r
+                    rows.append(f"| {model} | {label} | {r['test_iter']} | - | - | "
+                                f"{r['pass_s']:.3f} | - | - | | |")
+                    print(rows[-1], flush=True)
                     continue
                 if n == 1:
                     one = r
+                    if eager is not None:
+                        notes = [*r["notes"], f"{eager['pass_s'] / r['pass_s']:.2f}x shorter "
+                                 "than the eager pass"]
+                        r = {**r, "notes": notes}
                 share = r["pass_s"] / one["pass_s"] if one else None
                 same = one is not None and r["outputs"] == one["outputs"]
                 goal = "" if n == 1 or share is None else (
                     f"<= {1.1 / n:.3f}: {'met' if share <= 1.1 / n else 'NOT met'}")
                 alone, split = r["alone_s"], r["split_s"]
-                rows.append(f"| {model} | {n} | {r['test_iter']} | "
+                rows.append(f"| {model} | {label} | {r['test_iter']} | "
                             f"{'-' if alone is None else f'{alone:.3f}'} | "
                             f"{'-' if split is None else f'{split:.3f}'} | {r['pass_s']:.3f} | "
                             f"{'' if share is None else f'{share:.3f}'} | "
