@@ -6,22 +6,21 @@ time, printing the same test outputs.
     python benchmarks/split_test.py --out DIR --cpu          # a smoke run on CPU replicas
 
 Each run is benchmarks/scale_default.py's solver (ResNet-50 bf16 batch 256 per GPU, or LeNet
-fp32 batch 64) with a test pass every INTERVAL iterations over
-the same net whose DummyData is replaced by a Data layer on an LMDB of random raw Datums of the
-net's input shape, written here once per model (a DummyData test net makes its own data, which
-the root's feed cannot hand to the other replicas: it tests on the root alone). base_lr is 0,
-so the weights stay as initialised (the same seed on every N), and the TEST net's BatchNorm
-layers use each batch's own statistics (``use_global_stats: false``; the running sums that
-training on constant data gathers have variances near 0, which saturate the outputs into
-ties): pass k must print the same test outputs on every N. A pass's time is
-from its "Testing net" line to its last "Test net output" line (the log's microsecond clock).
-On N > 1 GPUs the passes choose for themselves (SplitTests): passes 1-2 on the root alone, pass
-3 split, the later ones whichever was shorter; the table gives pass 2 (root alone), pass 3
-(split), the median of the passes after the third (what the run settled on) and the run's
-line saying which. On one GPU: the median of the passes after the first (which pays for
-warm-up and capture); a first row runs one GPU with `--graphs off` (eager test forwards), the
-baseline of the replayed forward in the same run. The table is printed last and written to DIR/split_test.md; each run is
-a JSON line in DIR/split_test.jsonl.
+fp32 batch 64) with a test pass every INTERVAL iterations over the same net whose DummyData is
+replaced by a Data layer on an LMDB of random raw Datums of the net's input shape, written here
+once per model (a DummyData test net makes its own data, which the root's feed cannot hand to
+the other replicas: it tests on the root alone). base_lr is 0, so the weights stay as
+initialised (the same seed on every N), and the TEST net's BatchNorm layers use each batch's
+own statistics (``use_global_stats: false``; the running sums that training on constant data
+gathers have variances near 0, which saturate the outputs into ties): pass k must print the
+same test outputs on every N. A pass's time is from its "Testing net" line to its last "Test
+net output" line (the log's microsecond clock). On N > 1 GPUs the passes choose for themselves
+(SplitTests): passes 1-2 on the root alone, pass 3 split, the later ones whichever was shorter;
+the table gives pass 2 (root alone), pass 3 (split), the median of the passes after the third
+(what the run settled on) and the run's line saying which. On one GPU: the median of the passes
+after the first (which pays for warm-up and capture); a first row runs one GPU with `--graphs
+off` (eager test forwards), the baseline of the replayed forward in the same run. The table is
+printed last and written to DIR/split_test.md; each run is a JSON line in DIR/split_test.jsonl.
 """
 from __future__ import annotations
 
