@@ -11,7 +11,7 @@ import logging
 import numpy as np
 import pytest
 import torch
-from support import write_records
+from support import tiny_net, write_records
 
 from caffe_py.devices import DeviceError, check_devices
 from caffe_py.options import TrainOptions
@@ -313,23 +313,6 @@ def test_a_test_pass_split_over_gpus_prints_one_gpus_numbers(tmp_path, db, caplo
     assert not [m for m in caplog.messages if m.startswith("CUDA graphs off")]
 
 
-GAUSSIAN = """
-net_param:
-  name: drawn
-  layer:
-    - {{name: data, type: DummyData, top: [data, label],
-       dummy_data_param: {{shape: [{{dim: [8, 1, 8, 8]}}, {{dim: [8]}}],
-                          data_filler: [{{type: gaussian}}, {{type: constant}}]}}}}
-    - {{name: ip, type: InnerProduct, bottom: data, top: ip,
-       inner_product_param: {{num_output: 3, weight_filler: {{type: xavier}}}}}}
-    - {{name: loss, type: SoftmaxWithLoss, bottom: [ip, label], top: loss}}
-base_lr: 0.05
-max_iter: 12
-random_seed: 11
-snapshot_after_train: false
-snapshot_prefix: {prefix}
-"""
-
 
 @two_gpus
 def test_captured_iterations_draw_from_each_gpus_own_generator(tmp_path):
@@ -338,8 +321,11 @@ def test_captured_iterations_draw_from_each_gpus_own_generator(tmp_path):
     4 GPUs captured from one thread hit an illegal address on the first replay). Every GPU
     (up to 4) trains, each replica on its own draws, and all end with the root's weights."""
     devices = [torch.device("cuda", i) for i in range(min(4, torch.cuda.device_count()))]
+    (tmp_path / "net.yaml").write_text(tiny_net())   # gaussian data, uniform labels
     path = tmp_path / "g.yaml"
-    path.write_text(GAUSSIAN.format(prefix=tmp_path / "snap"))
+    path.write_text(f"net: {tmp_path / 'net.yaml'}\nbase_lr: 0.05\nmax_iter: 12\n"
+                    f"random_seed: 11\nsnapshot_after_train: false\n"
+                    f"snapshot_prefix: {tmp_path / 'snap'}\n")
     with ReplicatedRun(load_solver(path), devices, TrainOptions()) as run:
         assert run.captured
         run.run()
