@@ -14,7 +14,7 @@ from typing import Any
 
 import click
 
-from . import configs_dir
+from . import configs_dir, start_load
 from .commands.output import log_user_error, logging_to_console
 from .errors import CaffePyError
 from .limits import one_line_limits
@@ -151,6 +151,7 @@ def cli() -> None:
 
 def main() -> None:
     """The `cpy` program: the command, then :func:`exit_now` with its status."""
+    start_load.note()   # before torch loads: a CPU run's first look at other processes' load
     try:
         cli(prog_name="cpy")
         code: int = 0

@@ -20,7 +20,9 @@ training run on one CPU then follows other processes' load with :class:`ThreadGo
 every ``WINDOW_S`` seconds it reads how busy the run's CPUs were (``/proc/stat``) less the
 CPU time of this process, sets the count to the CPUs left free, and keeps a change only if
 the steps it measures are not slower than before it (else it goes back and leaves that count
-alone for a while). A quiet machine shows no other load: the count never changes and
+alone for a while). Its first look covers the command's start-up: ``cpy`` reads the CPUs' time
+before torch loads (:mod:`caffe_py.start_load`), and importing torch takes over a second, so a
+process that was there from the start is seen before the net is built. A quiet machine shows no other load: the count never changes and
 nothing but a clock read per step is added.
 
 The user's count wins: ``OMP_NUM_THREADS`` or ``MKL_NUM_THREADS`` in the environment, or a
@@ -41,6 +43,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 import torch
+
+from .start_load import take as take_start_reading
 
 if TYPE_CHECKING:
     from .solver.solver import Solver
@@ -281,10 +285,20 @@ def read_load(cpus: list[int]) -> LoadSample | None:
         stat = Path("/proc/stat").read_text()
     except OSError:
         return None
+    return _sample(stat, cpus, time.process_time(), time.perf_counter())
+
+
+def start_load(cpus: list[int]) -> LoadSample | None:
+    """The :class:`LoadSample` of ``cpus`` when the command started (:mod:`.start_load`; its
+    first caller takes it), or None without that reading."""
+    taken = take_start_reading()
+    return None if taken is None else _sample(taken.stat, cpus, taken.own, taken.wall)
+
+
+def _sample(stat: str, cpus: list[int], own: float, wall: float) -> LoadSample:
     niced = os.getpriority(os.PRIO_PROCESS, 0) > 0
     tick = 1.0 / os.sysconf("SC_CLK_TCK")
-    return LoadSample(busy_seconds(stat, cpus, niced, tick), time.process_time(),
-                      time.perf_counter())
+    return LoadSample(busy_seconds(stat, cpus, niced, tick), own, wall)
 
 
 class ThreadGovernor:
@@ -294,8 +308,12 @@ class ThreadGovernor:
     passes and the update; no test pass, no snapshot), the first SETTLE_STEPS untimed. The
     first step first looks at the load since the governor was made (the net's construction,
     when it took OPENING_S or more) and starts at the CPUs it left free: a process that was
-    there from the start costs no step at a count that waits for it. That change is no trial
-    (no step at the run's count to compare with); the later ones are. At the end of every
+    there from the start costs no step at a count that waits for it. Given ``started`` (the
+    load when the command started, :func:`start_load`), the governor first looks at the load
+    since then when it is made (the command's start-up: importing torch takes a second or
+    more), so the net's construction runs at the CPUs left free too, and the first step looks
+    again at the construction's. Those changes are no trials (no step at the run's count to
+    compare with); the later ones are. At the end of every
     window of steps (MIN_STEPS for the first, then WINDOW_S and MIN_STEPS) it
     reads the load and sets the count to the CPUs that other processes left free since the
     last look (since it was made, the net's construction included, for the first). Every
@@ -311,7 +329,8 @@ class ThreadGovernor:
     def __init__(self, full: int, cpus: list[int], *,
                  load: Callable[[], LoadSample | None] | None = None,
                  set_threads: Callable[[int], None] = set_count,
-                 clock: Callable[[], float] = time.perf_counter):
+                 clock: Callable[[], float] = time.perf_counter,
+                 started: LoadSample | None = None):
         self.full = full
         """The count the run started with (the most it uses)."""
         self.cpus = len(cpus)
@@ -319,9 +338,9 @@ class ThreadGovernor:
         self._load = load if load is not None else (lambda: read_load(cpus))
         self._set_threads = set_threads
         self._clock = clock
-        self._sample = self._load()
+        self._sample = self._load() if started is None else started
         self._step_start: float | None = None
-        self._window_start = clock()
+        self._window_start = clock() if started is None else started.wall
         self._steps: list[float] = []
         self._settling = SETTLE_STEPS
         self._opening = True  # the first on_start looks at the construction's load
@@ -332,12 +351,14 @@ class ThreadGovernor:
         self._hold_s: dict[int, float] = {}  # count -> its next hold
         self.changes: list[tuple[float, int, int]] = []
         """(clock, from, to) of every change, in order."""
+        if started is not None:
+            self._open(clock(), "since the command started")
 
     # --- the Solver's callback hooks
     def on_start(self, solver: Solver) -> None:
         if self._opening:
             self._opening = False
-            self._open(self._clock())
+            self._open(self._clock(), "while the net was built")
         self._step_start = self._clock()
 
     def on_gradient_ready(self, solver: Solver) -> None:
@@ -366,8 +387,9 @@ class ThreadGovernor:
             self.count = self.full
 
     # --- the decisions
-    def _open(self, now: float) -> None:
-        """The count for the first steps, from the load while the net was built."""
+    def _open(self, now: float, when: str) -> None:
+        """The count for what comes next, from the load ``when`` (the command's start-up, or
+        the net's construction), if that took OPENING_S or more."""
         if now - self._window_start < OPENING_S:
             return
         others = self._others()
@@ -377,7 +399,7 @@ class ThreadGovernor:
         target = free_count(self.cpus, others, self.full)
         if target != self.count:
             self._change(target, f"other processes kept {others:.1f} of {self.cpus} CPUs busy "
-                                 "while the net was built")
+                                 f"{when}")
             self._skip_next = False  # the settling steps are untimed already
 
     def _close_window(self, now: float) -> None:
@@ -433,4 +455,5 @@ def governor_for(device: torch.device, deterministic: bool) -> ThreadGovernor | 
     full = torch.get_num_threads()
     if full < 2:
         return None
-    return ThreadGovernor(full, affinity_cpus())
+    cpus = affinity_cpus()
+    return ThreadGovernor(full, cpus, started=start_load(cpus))

@@ -314,6 +314,61 @@ def test_a_competing_process_during_the_construction_is_acted_on_at_the_first_st
     assert _changes(governor) == [(2, 1)]
 
 
+def test_a_competing_process_during_the_start_up_is_acted_on_before_the_construction(caplog):
+    """With the load when the command started, the governor looks at the start-up (importing
+    torch: over a second) when it is made, so the net is built at the free count; the first
+    step looks at the construction again and keeps it."""
+    caplog.set_level(logging.INFO, logger="caffe_py")
+    host = FakeHost()
+    host.others = 1.0
+    started = host.sample()
+    host.advance(1.3, own_cpus=1.0)  # the start-up
+    governor = ThreadGovernor(2, [0, 1], load=host.sample, set_threads=host.counts.append,
+                              clock=lambda: host.wall, started=started)
+    assert governor.changes == [(1.3, 2, 1)] and host.counts == [1]
+    assert caplog.messages == ["CPU threads: 2 -> 1 (other processes kept 1.0 of 2 CPUs busy "
+                               "since the command started)"]
+    host.advance(1.5, own_cpus=1.0)  # the net's construction, at one thread
+    _steps(governor, host, 30, {2: 0.250, 1: 0.024})
+    assert _changes(governor) == [(2, 1)] and host.counts == [1]
+
+
+def test_a_quiet_start_up_changes_nothing_and_a_short_one_waits_for_the_construction():
+    host = FakeHost()
+    started = host.sample()
+    host.advance(1.3, own_cpus=1.0)
+    governor = ThreadGovernor(2, [0, 1], load=host.sample, set_threads=host.counts.append,
+                              clock=lambda: host.wall, started=started)
+    _steps(governor, host, 10, {2: 0.015, 1: 0.024})
+    assert governor.changes == [] and host.counts == []
+    host = FakeHost()
+    host.others = 1.0
+    started = host.sample()
+    host.advance(0.1, own_cpus=1.0)   # under OPENING_S: no look yet
+    governor = ThreadGovernor(2, [0, 1], load=host.sample, set_threads=host.counts.append,
+                              clock=lambda: host.wall, started=started)
+    assert governor.changes == []
+    host.advance(1.5, own_cpus=1.0)   # the construction: the first step looks at both
+    governor.on_start(None)  # type: ignore[arg-type]
+    assert governor.changes == [(1.6, 2, 1)]
+
+
+def test_the_reading_at_the_commands_start_is_taken_once(monkeypatch):
+    from caffe_py import start_load
+
+    monkeypatch.setattr(start_load, "_reading",
+                        start_load.StartReading(STAT, own=0.5, wall=10.0))
+    monkeypatch.setattr(cpu_threads.os, "getpriority", lambda *_: 0)
+    monkeypatch.setattr(cpu_threads.os, "sysconf", lambda _: 100)
+    sample = cpu_threads.start_load([0, 1])
+    assert sample is not None and (sample.own, sample.wall) == (0.5, 10.0)
+    assert sample.busy == pytest.approx(5.10)   # the two CPUs' busy ticks at 100 a second
+    assert cpu_threads.start_load([0, 1]) is None   # a later run did not start with the command
+    start_load.note()
+    taken = start_load.take()
+    assert taken is not None and taken.stat.startswith("cpu ") and taken.own > 0
+
+
 def test_a_quiet_construction_changes_nothing_at_the_first_step():
     host = FakeHost()
     governor = _governor(host)
