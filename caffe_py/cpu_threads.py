@@ -22,8 +22,8 @@ CPU time of this process, sets the count to the CPUs left free, and keeps a chan
 the steps it measures are not slower than before it (else it goes back and leaves that count
 alone for a while). Its first look covers the command's start-up: ``cpy`` reads the CPUs' time
 before torch loads (:mod:`caffe_py.start_load`), and importing torch takes over a second, so a
-process that was there from the start is seen before the net is built. A quiet machine shows no other load: the count never changes and
-nothing but a clock read per step is added.
+process that was there from the start is seen before the net is built. A quiet machine shows
+no other load: the count never changes and nothing but a clock read per step is added.
 
 The user's count wins: ``OMP_NUM_THREADS`` or ``MKL_NUM_THREADS`` in the environment, or a
 ``torch.set_num_threads`` call made after caffe_py was imported (a call made before is taken
