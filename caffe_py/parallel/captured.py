@@ -280,8 +280,9 @@ class SplitTests:
     A split pass hands every worker batch over from the root's feed, which costs the host
     more than a small net's forward takes on the device (LeNet: 0.1 ms). With ``split`` None
     the passes choose by measurement: the first two on the root alone (the first captures),
-    the third split, then whichever of the second and third took less time a batch, said in
-    one line; True splits every pass, False none. A TEST net with a source the root's feed
+    the third split (timed after its first round, which captures the workers'), then
+    whichever of the second and third took less time a batch, said in one line; True splits
+    every pass, False none. A TEST net with a source the root's feed
     cannot hand over (DummyData, a Python layer, an Input) tests on the root alone, and says
     so once."""
 
@@ -301,6 +302,9 @@ class SplitTests:
         """Per TEST net: seconds a batch of the passes that measure (root alone, split)."""
         self._chosen: dict[int, bool] = {}
         """Per TEST net: whether its passes are split, once measured."""
+        self._timing = (0.0, 1)
+        """The pass's clock reading and the batches timed from it: a split pass's first
+        round (which captures the workers' forwards) is not timed."""
 
     def __call__(self, k: int, net: Net, iterations: int, *,
                  autocast: Callable[[], AbstractContextManager[Any]],
@@ -310,7 +314,7 @@ class SplitTests:
         for forward in forwards:
             forward.check_layout()
         split = nets is not None and self._splits(k)
-        started = self.clock()
+        self._timing = (self.clock(), iterations)   # a split pass restarts it after round 1
         if not split:
             means = run_batches(net, iterations, autocast=autocast, between=between,
                                 forward=forwards[0] if forwards else None)
@@ -318,7 +322,8 @@ class SplitTests:
             assert nets is not None
             means = self._split_pass(k, net, nets, iterations, autocast, between)
         if means is not None and nets is not None and k not in self._chosen:
-            self._measured(k, (self.clock() - started) / iterations, len(nets))
+            started, batches = self._timing
+            self._measured(k, (self.clock() - started) / batches, len(nets))
         return means
 
     def _splits(self, k: int) -> bool:
@@ -373,6 +378,8 @@ class SplitTests:
                     outputs[r].append({name: value.detach().float().reshape(-1).clone()
                                        for name, value in out.outputs.items()})
                     order.append(r)
+                if start == 0 and iterations > n:
+                    self._timing = (self.clock(), iterations - n)
         for replica_net in nets:
             raise_device_problems(replica_net)
         return _host_means(order, losses, outputs, iterations, net.device)
