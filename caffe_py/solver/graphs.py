@@ -232,7 +232,8 @@ def register_generators(graph: torch.cuda.CUDAGraph, generators: list[torch.Gene
         # the graph-safe seed and offset are made on the current device: on the generator's
         # own, or a replica's kernels read them from another GPU (an illegal address where
         # the two GPUs have no peer access: 4 replicas captured from one thread crashed)
-        graph.register_generator_state(gen)
+        with torch.cuda.device(gen.device):
+            graph.register_generator_state(gen)
 
 
 @torch.no_grad()
