@@ -302,9 +302,6 @@ class SplitTests:
         """Per TEST net: seconds a batch of the passes that measure (root alone, split)."""
         self._chosen: dict[int, bool] = {}
         """Per TEST net: whether its passes are split, once measured."""
-        self._timing = (0.0, 1)
-        """The pass's clock reading and the batches timed from it: a split pass's first
-        round (which captures the workers' forwards) is not timed."""
 
     def __call__(self, k: int, net: Net, iterations: int, *,
                  autocast: Callable[[], AbstractContextManager[Any]],
@@ -313,17 +310,15 @@ class SplitTests:
         forwards = self._forwards.get(k, [])
         for forward in forwards:
             forward.check_layout()
-        split = nets is not None and self._splits(k)
-        self._timing = (self.clock(), iterations)   # a split pass restarts it after round 1
-        if not split:
+        started, timed = self.clock(), iterations
+        if nets is None or not self._splits(k):
             means = run_batches(net, iterations, autocast=autocast, between=between,
                                 forward=forwards[0] if forwards else None)
         else:
-            assert nets is not None
-            means = self._split_pass(k, net, nets, iterations, autocast, between)
+            means, started, timed = self._split_pass(k, net, nets, iterations, autocast,
+                                                     between, started)
         if means is not None and nets is not None and k not in self._chosen:
-            started, batches = self._timing
-            self._measured(k, (self.clock() - started) / batches, len(nets))
+            self._measured(k, (self.clock() - started) / timed, len(nets))
         return means
 
     def _splits(self, k: int) -> bool:
@@ -349,7 +344,12 @@ class SplitTests:
 
     def _split_pass(self, k: int, net: Net, nets: list[Net], iterations: int,
                     autocast: Callable[[], AbstractContextManager[Any]],
-                    between: Callable[[], bool]) -> dict[str, torch.Tensor] | None:
+                    between: Callable[[], bool], started: float
+                    ) -> tuple[dict[str, torch.Tensor] | None, float, int]:
+        """The pass's means (None when ``between`` stopped it), and the clock reading its
+        timing starts from with the batches timed from it: after the first round (which
+        captures the workers' forwards) when there is more than one."""
+        timed = iterations
         self.group.spread_state()
         forwards = self._forwards.get(k, [])
         n, root_feeds = len(nets), self._root_feeds[k]
@@ -361,7 +361,7 @@ class SplitTests:
         with torch.no_grad():
             for start in range(0, iterations, n):
                 if between():
-                    return None
+                    return None, started, timed
                 count = min(n, iterations - start)
                 # batches start .. start + count - 2 to workers 1 .. count - 1, the last to
                 # the root
@@ -379,10 +379,10 @@ class SplitTests:
                                        for name, value in out.outputs.items()})
                     order.append(r)
                 if start == 0 and iterations > n:
-                    self._timing = (self.clock(), iterations - n)
+                    started, timed = self.clock(), iterations - n
         for replica_net in nets:
             raise_device_problems(replica_net)
-        return _host_means(order, losses, outputs, iterations, net.device)
+        return _host_means(order, losses, outputs, iterations, net.device), started, timed
 
     def _replica_nets(self, k: int, net: Net) -> list[Net] | None:
         if k in self._nets:

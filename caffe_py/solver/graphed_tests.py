@@ -37,13 +37,14 @@ from ..net import Net, NetOutput
 from .evaluate import run_batches
 from .graphs import (
     _CAPTURE_LOCK,
-    WARMUP_PASSES,
     StaticFeed,
     install_static_feeds,
     net_capture_blocker,
     register_generators,
     restore_feeds,
     restore_tensors,
+    running_state,
+    warm_up,
 )
 
 log = logging.getLogger(__name__)
@@ -81,11 +82,6 @@ class GraphedForward:
             restore_feeds(self.net, self.feeds)
             self.graph, self.out, self.feeds = None, None, []
 
-    @property
-    def real_feeds(self) -> list[Any]:
-        """The feeds the net's Data layers read from (behind the static slots once captured)."""
-        return [feed.real for feed in self.feeds]
-
     def _addresses(self) -> list[int]:
         return [t.data_ptr() for layer in self.net.layers for t in layer.blobs()]
 
@@ -97,9 +93,7 @@ class GraphedForward:
             self._give_up(reason)
             return
         self.feeds = install_static_feeds(net, net.device)
-        state = [t for blobs in net.layer_blobs().values() for t in blobs
-                 if not isinstance(t, torch.nn.Parameter)]   # BatchNorm's running sums
-        saved = [t.detach().clone() for t in state]
+        state, saved = running_state(net)
         generators = [g for layer in net.layers for g in layer.generators().values()]
         draws = [g.get_state() for g in generators]
         benchmark = torch.backends.cudnn.benchmark
@@ -109,13 +103,7 @@ class GraphedForward:
                 # on every device of a kind, so a pass split over GPUs sums the numbers one
                 # GPU computes (timed choices differ from device to device)
                 torch.backends.cudnn.benchmark = False
-                current = torch.cuda.current_stream(net.device)
-                side = torch.cuda.Stream(net.device)
-                side.wait_stream(current)
-                with torch.cuda.stream(side):
-                    for _ in range(WARMUP_PASSES):
-                        net()
-                current.wait_stream(side)
+                warm_up(net.device, net)
                 restore_tensors(state, saved)
                 for g, drawn in zip(generators, draws, strict=True):
                     g.set_state(drawn)

@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import logging
 import threading
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -169,12 +170,10 @@ class GraphedStep:
         net = s.net
         s.grads_in_place = True   # the captured backward accumulates into fixed tensors
         self.feeds = install_static_feeds(net, s.device)
-        state = [t for blobs in net.layer_blobs().values() for t in blobs
-                 if not isinstance(t, torch.nn.Parameter)]   # BatchNorm's running sums
-        saved = [t.detach().clone() for t in state]
+        state, saved = running_state(net)
         try:
             with _CAPTURE_LOCK:
-                _warm_up(s)
+                warm_up(s.device, lambda: _pass(s))
                 restore_tensors(state, saved)
                 s.zero_grads()
                 graph = torch.cuda.CUDAGraph()
@@ -213,15 +212,24 @@ def _pass(s: Solver) -> tuple[torch.Tensor, NetOutput]:
     return out.loss.detach().float(), out
 
 
-def _warm_up(s: Solver) -> None:
-    """The passes capture needs first, on a side stream (cuDNN and allocator warm-up)."""
-    current = torch.cuda.current_stream(s.device)
-    side = torch.cuda.Stream(s.device)
+def warm_up(device: torch.device, run: Callable[[], object]) -> None:
+    """The WARMUP_PASSES runs capture needs first, on a side stream of ``device`` (cuDNN and
+    allocator warm-up)."""
+    current = torch.cuda.current_stream(device)
+    side = torch.cuda.Stream(device)
     side.wait_stream(current)
     with torch.cuda.stream(side):
         for _ in range(WARMUP_PASSES):
-            _pass(s)
+            run()
     current.wait_stream(side)
+
+
+def running_state(net: Net) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
+    """The net's blobs that are no Parameter (BatchNorm's running sums), and copies of them
+    to put back after the warm-up passes moved them (:func:`restore_tensors`)."""
+    state = [t for blobs in net.layer_blobs().values() for t in blobs
+             if not isinstance(t, torch.nn.Parameter)]
+    return state, [t.detach().clone() for t in state]
 
 
 def register_generators(graph: torch.cuda.CUDAGraph, generators: list[torch.Generator]) -> None:
