@@ -8,19 +8,18 @@ time, printing the same test outputs.
 Each run is benchmarks/scale_default.py's solver (ResNet-50 bf16 batch 256 per GPU, or LeNet
 fp32 batch 64) with a test pass every INTERVAL iterations over the same net whose DummyData is
 replaced by a Data layer on an LMDB of random raw Datums of the net's input shape, written here
-once per model (a DummyData test net makes its own data, which the root's feed cannot hand to
-the other replicas: it tests on the root alone). base_lr is 0, so the weights stay as
+once per model (a DummyData test net makes its own data, which the other replicas cannot read
+their share of: it tests on the root alone). base_lr is 0, so the weights stay as
 initialised (the same seed on every N), and the TEST net's BatchNorm layers use each batch's
 own statistics (``use_global_stats: false``; the running sums that training on constant data
 gathers have variances near 0, which saturate the outputs into ties): pass k must print the
 same test outputs on every N. A pass's time is from its "Testing net" line to its last "Test
-net output" line (the log's microsecond clock). On N > 1 GPUs the passes choose for themselves
-(SplitTests): passes 1-2 on the root alone, pass 3 split, the later ones whichever was shorter;
-the table gives pass 2 (root alone), pass 3 (split), the median of the passes after the third
-(what the run settled on) and the run's line saying which. On one GPU: the median of the passes
-after the first (which pays for warm-up and capture); a first row runs one GPU with `--graphs
-off` (eager test forwards), the baseline of the replayed forward in the same run. The table is
-printed last and written to DIR/split_test.md; each run is a JSON line in DIR/split_test.jsonl.
+net output" line (the log's microsecond clock); the table gives the median of the passes after
+the first (which pays for warm-up and capture). On N > 1 GPUs every pass is split: each replica
+reads, transforms and computes its own batches (the TEST readers hand the replicas whole batches
+in turn). A first row runs one GPU with `--graphs off` (eager test forwards), the baseline of
+the replayed forward in the same run. The table is printed last and written to
+DIR/split_test.md; each run is a JSON line in DIR/split_test.jsonl.
 """
 from __future__ import annotations
 
@@ -131,12 +130,9 @@ def run(model: str, n: int, out: Path, cpu: bool, flags: tuple[str, ...] = ()) -
         tail = " | ".join(text.strip().splitlines()[-3:])
         return {"ok": False, "why": f"exit {done.returncode}: {tail}"}
     notes = [line.split("]", 1)[1].strip() for line in text.splitlines()
-             if "runs on the root alone" in line or "Test net #0 tests" in line]
+             if "runs on the root alone" in line]
     times = [t for t, _ in passes]
-    settled = times[3:] if n > 1 else times[1:]
-    return {"ok": True, "pass_s": statistics.median(settled or times[-1:]),
-            "alone_s": times[1] if n > 1 else None,
-            "split_s": times[2] if n > 1 and len(times) > 2 else None,
+    return {"ok": True, "pass_s": statistics.median(times[1:]),
             "outputs": [o for _, o in passes], "test_iter": test_iter, "notes": notes}
 
 
@@ -169,11 +165,11 @@ def main() -> None:
                 log.write(json.dumps({"model": model, "gpus": n, "flags": flags, **r}) + "\n")
                 log.flush()
                 if not r["ok"]:
-                    rows.append(f"| {model} | {label} | failed: {r['why']} | | | | | | | |")
+                    rows.append(f"| {model} | {label} | failed: {r['why']} | | | | |")
                     continue
                 if flags:   # the eager baseline: its time against the replayed pass, below
                     eager = r
-                    rows.append(f"| {model} | {label} | {r['test_iter']} | - | - | "
+                    rows.append(f"| {model} | {label} | {r['test_iter']} | "
                                 f"{r['pass_s']:.3f} | - | - | | |")
                     print(rows[-1], flush=True)
                     continue
@@ -187,10 +183,7 @@ def main() -> None:
                 same = one is not None and r["outputs"] == one["outputs"]
                 goal = "" if n == 1 or share is None else (
                     f"<= {1.1 / n:.3f}: {'met' if share <= 1.1 / n else 'NOT met'}")
-                alone, split = r["alone_s"], r["split_s"]
-                rows.append(f"| {model} | {label} | {r['test_iter']} | "
-                            f"{'-' if alone is None else f'{alone:.3f}'} | "
-                            f"{'-' if split is None else f'{split:.3f}'} | {r['pass_s']:.3f} | "
+                rows.append(f"| {model} | {label} | {r['test_iter']} | {r['pass_s']:.3f} | "
                             f"{'' if share is None else f'{share:.3f}'} | "
                             f"{'yes' if same else 'NO'} | {'; '.join(r['notes'])} | {goal} |")
                 print(rows[-1], flush=True)
@@ -199,9 +192,9 @@ def main() -> None:
         f"Machine: {machine}; {stamp}; `python benchmarks/split_test.py "
         f"--max-gpus {args.max_gpus} --models {args.models}{' --cpu' if args.cpu else ''}`",
         "",
-        "| model | GPUs | test_iter | pass 2, root alone (s) | pass 3, split (s) | "
-        "later passes (s) | of one GPU's | every pass prints 1 GPU's | the run's choice | goal |",
-        "|---|---|---|---|---|---|---|---|---|---|", *rows])
+        "| model | GPUs | test_iter | a pass (s, median after the first) | of one GPU's | "
+        "every pass prints 1 GPU's | notes | goal |",
+        "|---|---|---|---|---|---|---|---|", *rows])
     (out / "split_test.md").write_text(table + "\n")
     print(table)
 

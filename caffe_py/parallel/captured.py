@@ -33,7 +33,7 @@ import numpy as np
 import torch
 
 from ..errors import CaffePyError
-from ..io import feed_of, swap_feed
+from ..io import attach_feeds, feed_of, swap_feed
 from ..net import Net, NetOutput
 from ..solver.evaluate import raise_device_problems, run_batches
 from ..solver.graph_loop import GraphedLoop
@@ -248,43 +248,52 @@ class CapturedReplicas(GraphedLoop):
             raise StopReplica(f"replica {i} failed") from exc
 
 
-class _Handoff:
-    """A worker's TEST Data layer feed: the batch the root's feed gave for it."""
+class _Turns:
+    """The root's feed of one TEST Data layer when a split-able pass runs on the root alone:
+    each batch from the feed of the replica whose turn it is (:attr:`turn`, set before every
+    root forward), made on the root's device (:meth:`~caffe_py.io.feed.prefetch.Prefetcher.
+    next_on`), so that both ways read the stream's batches in the same order."""
 
-    def __init__(self) -> None:
-        self.batch: tuple[torch.Tensor, torch.Tensor] | None = None
+    def __init__(self, feeds: Sequence[Any], device: torch.device):
+        self.feeds, self.device = list(feeds), device
+        self.turn = 0
 
     def next(self) -> tuple[torch.Tensor, torch.Tensor]:
-        assert self.batch is not None
-        batch, self.batch = self.batch, None
-        return batch
+        if self.turn == 0:
+            return self.feeds[0].next()
+        return self.feeds[self.turn].next_on(self.device)
 
 
 class SplitTests:
     """The root's test passes spread over every replica (the root's ``test_batches``; every
-    replica holds the root's weights when whole iterations are captured). A pass runs in rounds
-    of N batches: the workers take the round's first N - 1 (worker r batch r - 1) and the root
-    the last, so the root's feed reads the batches in order, as on one device (the workers'
-    first, handed to each worker's TEST net on its device, then the root's own, read by its
-    Data layer as its net runs). Each batch's outputs stay on the device that computed them
-    until the pass ends; then each replica's come to the host in one copy, are summed there in
-    batch order (float32 adds, as one device sums them) and divided on the root as one device
-    divides them: the pass prints the one device's numbers. Nothing in a round waits for
-    another device's forward of that round (a copy between two devices orders both devices'
-    streams, so a per-batch sum on the root, or the root's forward queued before a worker's
-    batch is copied, would run the devices one after another); a round waits only for the
-    previous round. With ``graphed`` (GPUs with graphs on) every replica's forward is one CUDA
-    graph replay (:class:`~caffe_py.solver.graphed_tests.GraphedForward`): the one thread that
-    launches every replica's forward launches one graph each.
+    replica holds the root's weights when whole iterations are captured). Every replica's copy
+    of a TEST net reads its own batches: the root's TEST readers serve the N replicas in turns
+    of a whole batch (:func:`~caffe_py.io.attach_feeds` ``by_batch``), so batch g of the
+    stream, the one a single device reads there, is read and transformed by replica g mod N's
+    feed, on its own device and its own feed thread. A pass takes the stream's batches in
+    order, each from the replica whose turn it is. Split, that replica computes it too, and
+    nothing crosses between devices until the pass ends: a round waits for no device but the
+    one computing it. Each batch's outputs stay on the device that computed them until the
+    pass ends; then each replica's come to the host in one copy, are summed there in batch
+    order (float32 adds, as one device sums them) and divided on the root as one device divides
+    them: the pass prints the one device's numbers. With ``graphed`` (GPUs with graphs on)
+    every replica's forward is one CUDA graph replay
+    (:class:`~caffe_py.solver.graphed_tests.GraphedForward`): the one thread that launches
+    every replica's forward launches one graph each.
 
-    A split pass hands every worker batch over from the root's feed, which costs the host
-    more than a small net's forward takes on the device (LeNet: 0.1 ms). With ``split`` None
-    the passes choose by measurement: the first two on the root alone (the first captures),
-    the third split (timed after its first round, which captures the workers'), then
-    whichever of the second and third took less time a batch, said in one line; True splits
-    every pass, False none. A TEST net with a source the root's feed
-    cannot hand over (DummyData, a Python layer, an Input) tests on the root alone, and says
-    so once."""
+    On the root alone, the root computes every batch, its Data layers reading each from the
+    feed whose turn it is, made on the root's device (:class:`_Turns`; from the decoded
+    database, a small one, with no copy between devices). A small net's forward (LeNet: 0.1
+    ms) is shorter than the host's work a batch, which the split does not share out, and
+    switching devices every batch costs the host more; so with ``split`` None the passes choose
+    by measurement: the first two on the root alone (the first captures), the third split
+    (timed after its first round, which captures the workers'), then whichever of the second
+    and third took less time a batch, said in one line; True splits every pass, False none.
+
+    :meth:`attach` builds the replicas' TEST nets and subscribes them, before the readers
+    start (and before a resume loads their positions). A TEST net with a source the readers
+    do not serve (DummyData, a Python layer, an Input) tests on the root alone, reading every
+    batch itself, and says so once."""
 
     def __init__(self, group: AllReduceGroup, solvers: Sequence[Solver], *,
                  graphed: bool = False, split: bool | None = None,
@@ -293,31 +302,44 @@ class SplitTests:
         self.split, self.clock = split, clock
         self._nets: dict[int, list[Net] | None] = {}
         """Per TEST net: every replica's copy (the root's first), or None: the root alone."""
-        self._handoffs: dict[int, list[list[_Handoff]]] = {}
-        self._root_feeds: dict[int, list[Any]] = {}
-        """Per TEST net: the root's real feeds (its Data layers read static slots once
-        captured)."""
+        self._queues: dict[int, list[Any]] = {}
+        """Per split-able TEST net: each replica's record queue of its first Data layer
+        (whose next position says whose turn the next batch is)."""
+        self._turns: dict[int, list[_Turns]] = {}
+        """Per split-able TEST net: the root's Data layers' feeds."""
         self._forwards: dict[int, list[GraphedForward]] = {}
         self._timed: dict[int, list[float]] = {}
         """Per TEST net: seconds a batch of the passes that measure (root alone, split)."""
         self._chosen: dict[int, bool] = {}
         """Per TEST net: whether its passes are split, once measured."""
 
+    def attach(self) -> None:
+        """Every replica's copy of each TEST net the root's readers feed, subscribed to the
+        root's TEST readers in turns of a batch (call before the readers start)."""
+        root = self.solvers[0]
+        specs = root.param.test_net_specs()
+        for k, net in enumerate(root.test_nets):
+            self._nets[k] = nets = self._replica_nets(k, net, specs[k], root.test_pool)
+            if self.graphed:
+                self._forwards[k] = [GraphedForward(net, f"test net #{k}")] if nets is None \
+                    else [GraphedForward(replica, f"test net #{k} on replica {r}")
+                          for r, replica in enumerate(nets)]
+
     def __call__(self, k: int, net: Net, iterations: int, *,
                  autocast: Callable[[], AbstractContextManager[Any]],
                  between: Callable[[], bool]) -> dict[str, torch.Tensor] | None:
-        nets = self._replica_nets(k, net)
+        nets = self._nets[k]
         forwards = self._forwards.get(k, [])
         for forward in forwards:
             forward.check_layout()
-        started, timed = self.clock(), iterations
-        if nets is None or not self._splits(k):
-            means = run_batches(net, iterations, autocast=autocast, between=between,
-                                forward=forwards[0] if forwards else None)
-        else:
-            means, started, timed = self._split_pass(k, net, nets, iterations, autocast,
-                                                     between, started)
-        if means is not None and nets is not None and k not in self._chosen:
+        if nets is None:
+            return run_batches(net, iterations, autocast=autocast, between=between,
+                               forward=forwards[0] if forwards else None)
+        split = self._splits(k)
+        started = self.clock()
+        means, started, timed = self._pass(k, nets, iterations, autocast, between, split,
+                                           started)
+        if means is not None and k not in self._chosen:
             self._measured(k, (self.clock() - started) / timed, len(nets))
         return means
 
@@ -342,80 +364,76 @@ class SplitTests:
             log.info(f"Test net #{k} tests {where}: {split * 1e3:.3g} ms a batch split over "
                      f"{n}, {alone * 1e3:.3g} ms on the root alone")
 
-    def _split_pass(self, k: int, net: Net, nets: list[Net], iterations: int,
-                    autocast: Callable[[], AbstractContextManager[Any]],
-                    between: Callable[[], bool], started: float
-                    ) -> tuple[dict[str, torch.Tensor] | None, float, int]:
+    def _pass(self, k: int, nets: list[Net], iterations: int,
+              autocast: Callable[[], AbstractContextManager[Any]],
+              between: Callable[[], bool], split: bool, started: float
+              ) -> tuple[dict[str, torch.Tensor] | None, float, int]:
         """The pass's means (None when ``between`` stopped it), and the clock reading its
-        timing starts from with the batches timed from it: after the first round (which
-        captures the workers' forwards) when there is more than one."""
+        timing starts from with the batches timed from it: a split pass's after its first
+        round (which captures the workers' forwards) when there is more than one."""
         timed = iterations
-        self.group.spread_state()
         forwards = self._forwards.get(k, [])
-        n, root_feeds = len(nets), self._root_feeds[k]
         runs: list[Callable[[], NetOutput]] = (list(forwards) if forwards
                                                 else [replica.__call__ for replica in nets])
+        n, queues, turns = len(nets), self._queues[k], self._turns[k]
+        if split:
+            self.group.spread_state()
+        # the replica whose turn the stream's next batch is: the one that reads it next
+        first = min(range(n), key=lambda r: queues[r].next_position)
         losses: list[list[torch.Tensor]] = [[] for _ in nets]
         outputs: list[list[dict[str, torch.Tensor]]] = [[] for _ in nets]
-        order: list[int] = []   # the replica of each batch, in batch order
+        order: list[int] = []   # the replica that computed each batch, in batch order
         with torch.no_grad():
-            for start in range(0, iterations, n):
-                if between():
-                    return None, started, timed
-                count = min(n, iterations - start)
-                # batches start .. start + count - 2 to workers 1 .. count - 1, the last to
-                # the root
-                for r in [*range(1, count), 0]:
-                    if r:
-                        for feed, hand in zip(root_feeds, self._handoffs[k][r], strict=True):
-                            data, label = feed.next()
-                            hand.batch = (data.to(nets[r].device, non_blocking=True),
-                                          label.to(nets[r].device, non_blocking=True))
-                    with _on_device(nets[r].device), autocast():
-                        out = runs[r]()
-                    # copies: a top may be a buffer the net's next forward writes again
-                    losses[r].append(out.loss.detach().float().clone())
-                    outputs[r].append({name: value.detach().float().reshape(-1).clone()
-                                       for name, value in out.outputs.items()})
-                    order.append(r)
-                if start == 0 and iterations > n:
-                    started, timed = self.clock(), iterations - n
-        for replica_net in nets:
+            for i in range(iterations):
+                if i % n == 0:
+                    if between():
+                        return None, started, timed
+                    if split and i == n and iterations > n:
+                        started, timed = self.clock(), iterations - n
+                turn = (first + i) % n
+                r = turn if split else 0
+                for feed in turns:
+                    feed.turn = 0 if split else turn
+                with _on_device(nets[r].device), autocast():
+                    out = runs[r]()
+                # copies: a top may be a buffer the net's next forward writes again
+                losses[r].append(out.loss.detach().float().clone())
+                outputs[r].append({name: value.detach().float().reshape(-1).clone()
+                                   for name, value in out.outputs.items()})
+                order.append(r)
+        for replica_net in nets if split else nets[:1]:
             raise_device_problems(replica_net)
-        return _host_means(order, losses, outputs, iterations, net.device), started, timed
+        return (_host_means(order, losses, outputs, iterations, nets[0].device), started,
+                timed)
 
-    def _replica_nets(self, k: int, net: Net) -> list[Net] | None:
-        if k in self._nets:
-            return self._nets[k]
-        root = self.solvers[0]
+    def _replica_nets(self, k: int, net: Net, spec_state: tuple[Any, Any],
+                      pool: Any) -> list[Net] | None:
         fed = {id(layer) for layer in net.data_layers()}
         own = [layer for layer in net.layers if not layer.spec.bottom and id(layer) not in fed]
         if own:
             log.info(f"Note: test net #{k} runs on the root alone: layer '{own[0].name}' "
-                     f"({own[0].spec.type}) makes its own data, which the root's feed cannot "
-                     "hand to the other replicas")
-            self._nets[k] = None
-            if self.graphed:
-                self._forwards[k] = [GraphedForward(net, f"test net #{k}")]
+                     f"({own[0].spec.type}) makes its own data, which the other replicas "
+                     "cannot read their share of")
             return None
-        spec, state = root.param.test_net_specs()[k]
+        if self.split is False or len(self.solvers) < 2 or pool is None:
+            return None
+        root = self.solvers[0]
+        spec, state = spec_state
         nets: list[Net] = [net]
-        handoffs: list[list[_Handoff]] = [[]]
-        for worker in self.solvers[1:]:
+        feeds: list[list[Any]] = [[feed_of(layer) for layer in net.data_layers()]]
+        for r, worker in enumerate(self.solvers[1:], start=1):
             copy = Net(spec, state.phase, stages=state.stage, level=state.level,
                        device=worker.device, seed=worker.seeds.model)
             copy.share_weights_with(worker.net)
-            hands = [_Handoff() for _ in copy.data_layers()]
-            for layer, hand in zip(copy.data_layers(), hands, strict=True):
-                swap_feed(layer, hand)
+            feeds.append(attach_feeds(copy, pool, replica=r, device=worker.device,
+                                      seed=root.seeds.data, by_batch=True))
             nets.append(copy)
-            handoffs.append(hands)
-        root_feeds = [feed_of(layer) for layer in net.data_layers()]
-        assert all(feed is not None for feed in root_feeds)
-        self._nets[k], self._handoffs[k], self._root_feeds[k] = nets, handoffs, root_feeds
-        if self.graphed:
-            self._forwards[k] = [GraphedForward(replica, f"test net #{k} on replica {r}")
-                                 for r, replica in enumerate(nets)]
+        self._queues[k] = [replica_feeds[0].records for replica_feeds in feeds]
+        self._turns[k] = []
+        for i, layer in enumerate(net.data_layers()):   # the root reads through its turns
+            self._turns[k].append(_Turns([replica_feeds[i] for replica_feeds in feeds],
+                                         net.device))
+            swap_feed(layer, self._turns[k][-1])
         return nets
 
 

@@ -87,7 +87,8 @@ class Tuning:
     root's thread replay every replica's whole iterations as CUDA graphs (:mod:`.captured`;
     None: so on GPUs of one host with graphs, reduction auto or nccl and no model averaging;
     True on CPU replicas runs that sequence unrecorded, as the tests do); ``split_tests``
-    spreads the captured runs' test passes over the replicas always (True), never (False), or
+    spreads the captured runs' test passes over the replicas, each computing the batches its
+    feed reads, always (True), never (False: the root tests alone, reading every batch), or
     where a pass measured so is the shorter (None; :class:`~.captured.SplitTests`)."""
 
     timeout: float = DEFAULT_TIMEOUT_S
@@ -167,6 +168,9 @@ class ReplicatedRun:
                                total_replicas=self.total_replicas)
         self.solvers: list[Solver] = []
         self.graphs: list[GraphedStep] = []
+        self.split_tests: SplitTests | None = None
+        """The captured runs' test passes (their replicas' TEST nets attached once all
+        replicas are made)."""
         base_seed = resolve_seed(param.random_seed)
         try:
             for i in range(n):
@@ -176,6 +180,8 @@ class ReplicatedRun:
                     step = self.graphs[-1]
                 self._add_replica(i, base_seed, step, action if i == 0 else None)
             self.sync.check_shapes()
+            if self.split_tests is not None:
+                self.split_tests.attach()
         except BaseException:
             self.close()
             raise
@@ -192,9 +198,11 @@ class ReplicatedRun:
             assert isinstance(self.sync, AllReduceGroup)
             kw["runner"] = CapturedReplicas(self.sync, self.solvers,
                                             required=self.options.graphs == "on")
-            kw["test_batches"] = SplitTests(self.sync, self.solvers,
-                                           graphed=self.graphed_tests,
-                                           split=self.tuning.split_tests)
+            self.split_tests = SplitTests(self.sync, self.solvers, graphed=self.graphed_tests,
+                                          split=self.tuning.split_tests)
+            kw["test_batches"] = self.split_tests
+            if self.tuning.split_tests is not False:
+                kw["test_replicas"] = len(self.devices)
         elif self.graphed_tests and i == 0:
             kw["test_batches"] = GraphedTests()
         try:

@@ -163,6 +163,9 @@ class Solver:
     forward and backward passes (default: :func:`~caffe_py.solver.roles.eager_step`);
     ``runner`` runs the iterations in place of :meth:`iteration` (the CUDA-graph loop);
     ``test_batches`` runs a TEST net's batches (default: on this replica's net);
+    ``test_replicas`` > 1 makes the TEST nets' data readers serve that many replicas in turns
+    of a batch (a test pass split over the replicas: the others' TEST nets are attached to
+    :attr:`test_pool` by :class:`~caffe_py.parallel.captured.SplitTests`);
     ``inputs`` / ``test_inputs`` are arrays by top name for the nets' in-memory sources
     (:meth:`feed`).
     """
@@ -172,7 +175,7 @@ class Solver:
                  callbacks: Sequence[Callback] = (), pool: Any = None,
                  action: Callable[[], str] = no_action, step: StepFn = eager_step,
                  runner: Runner | None = None, test_batches: TestBatches = own_test_batches,
-                 inputs: Mapping[str, Any] | None = None,
+                 test_replicas: int = 1, inputs: Mapping[str, Any] | None = None,
                  test_inputs: Mapping[str, Any] | None = None):
         self.param = param
         self.device = torch.device(device)
@@ -237,7 +240,7 @@ class Solver:
                 net = self._build(spec, state.phase, state)
                 net.share_weights_with(self.net)
                 self.test_nets.append(net)
-                self._test_pool = self._attach(net, self._test_pool)
+                self._test_pool = self._attach(net, self._test_pool, test_replicas)
         for net in (self.net, *self.test_nets):
             net.bind_sources(self.seeds.data)  # a run of several replicas shards them later
         checks = [c for net in (self.net, *self.test_nets) for c in net.device_checks()]
@@ -262,8 +265,9 @@ class Solver:
                               "(or DummyData) layer")
         return net
 
-    def _attach(self, net: Net, pool: Any) -> Any:
-        """The readers for ``net``'s Data layers: ``pool`` when given, else one we own.
+    def _attach(self, net: Net, pool: Any, test_replicas: int = 1) -> Any:
+        """The readers for ``net``'s Data layers: ``pool`` when given, else one we own (for
+        the TEST nets of ``test_replicas`` > 1 replicas, in turns of a batch).
 
         A shared pool (parallel training) serves this replica's TRAIN net; our own pool serves
         the TEST nets too, so a TRAIN and a TEST net may read one database.
@@ -273,13 +277,19 @@ class Solver:
         if pool is None:
             from ..io import ReaderPool
 
-            pool = ReaderPool(replicas=1)
+            pool = ReaderPool(replicas=test_replicas)
             self._pools.append(pool)
         from ..io import attach_feeds
 
         replica = 0 if pool in self._pools else self.replica
-        attach_feeds(net, pool, replica=replica, device=self.device, seed=self.seeds.data)
+        attach_feeds(net, pool, replica=replica, device=self.device, seed=self.seeds.data,
+                     by_batch=test_replicas > 1)
         return pool
+
+    @property
+    def test_pool(self) -> Any:
+        """The readers of the TEST nets' Data layers (None when they have none)."""
+        return self._test_pool
 
     def feed(self, inputs: Mapping[str, Any] | None,
              test_inputs: Mapping[str, Any] | None = None) -> None:
@@ -601,6 +611,10 @@ class Solver:
         """Caffe's TestAll: every test net for its test_iter batches; the mean outputs."""
         self.start()
         self.last_test = []
+        if self.test_nets and self.device.type == "cuda":
+            # the training iterations still queued on the device finish first (they would
+            # hold back the pass's first batch anyway): the line's clock is the pass's start
+            torch.cuda.synchronize(self.device)
         for k, net in enumerate(self.test_nets):
             log.info(f"Iteration {self.iter}, Testing net (#{k})")
             if self.param.eval_type != "detection" and detection_outputs(net):

@@ -12,6 +12,8 @@ import pytest
 import torch
 
 from caffe_py.errors import SolverError
+from caffe_py.io.reader.roundrobin import RoundRobin
+from caffe_py.options import TrainOptions
 from caffe_py.parallel import ReplicatedRun, Tuning
 from caffe_py.parallel.captured import AllReduceGroup, CapturedReplicas
 from caffe_py.solver.roles import UPDATING_WORKER
@@ -63,7 +65,6 @@ def _weights(solver):
 
 
 def _run(param, n, *, captured, chunk=None, snapshot=None, callbacks=None):
-    from caffe_py.options import TrainOptions
 
     tuning = Tuning(captured=captured, extra_callbacks=callbacks)
     with ReplicatedRun(param, ["cpu"] * n, TrainOptions(snapshot=snapshot),
@@ -272,9 +273,9 @@ snapshot_prefix: {prefix}
 @pytest.mark.parametrize("n, test_iter", [(2, 7), (3, 7), (3, 2)])
 def test_a_test_pass_spread_over_the_replicas_prints_one_devices_numbers(tmp_path, db, n,
                                                                         test_iter, caplog):
-    """A test pass runs in rounds of N batches, the workers' first and the root's last
-    (BatchNorm's running sums are the root's), the sums in batch order: the same numbers, to
-    the bit, as the root testing alone (the tree, where only the root tests)."""
+    """Each replica reads and computes its own batches (batch g of the TEST stream on replica
+    g mod N, passes going on where the last stopped), the sums in batch order: the same
+    numbers, to the bit, as the root testing alone (the tree, where only the root tests)."""
     caplog.set_level(logging.INFO, logger="caffe_py")
 
     def count_batches(run):
@@ -293,8 +294,8 @@ def test_a_test_pass_spread_over_the_replicas_prints_one_devices_numbers(tmp_pat
         path = tmp_path / f"{name}.yaml"
         path.write_text(TESTED.format(db=db, test_iter=test_iter, prefix=tmp_path / name / "s"))
         caplog.clear()
-        tuning = Tuning(captured=captured, split_tests=True)
-        with ReplicatedRun(load_solver(path), ["cpu"] * n, tuning=tuning) as run:
+        with ReplicatedRun(load_solver(path), ["cpu"] * n,
+                           tuning=Tuning(captured=captured, split_tests=True)) as run:
             run.run()
             lines = [m for m in caplog.messages if m.startswith(("Test", "    Test"))]
             return lines, run.root.last_test, run, count_batches(run) if captured else None
@@ -306,18 +307,62 @@ def test_a_test_pass_spread_over_the_replicas_prints_one_devices_numbers(tmp_pat
                for k in a)
     nets = run.root.test_batches._nets[0]
     assert len(nets) == n and [net.device for net in nets] == [torch.device("cpu")] * n
-    # per round the workers one batch each and the root the last (the root's Data layer reads
-    # its batch after the workers' were handed over); a short last round likewise
-    rounds, rest = divmod(test_iter, n)
-    assert ran == [*range(1, n), 0] * rounds + ([*range(1, rest), 0] if rest else [])
+    # the fourth pass: batches 3 x test_iter on, each on the replica whose turn it is
+    assert ran == [(3 * test_iter + i) % n for i in range(test_iter)]
+    # every replica's TEST feed read its own turns: N readers of one stream, 5 records a turn
+    state = run.root.test_pool.state_dict()[db]["TEST/data"]
+    read = 4 * test_iter * 5
+    assert state == {"replicas": n, "origin": 0, "unit": 5,
+                     "next": [read + RoundRobin.fresh(n, unit=5).first_index(r, read)
+                              for r in range(n)]}
+
+
+def test_a_split_test_stream_resumes_after_the_batches_read(tmp_path, db, caplog):
+    """Snapshotted at iteration 4 (before its test) by two replicas that split their test
+    passes (7 batches of 5 read: replica 0 read 0, 2, 4, 6, replica 1 1, 3, 5), resumed by
+    two, by three, and by the tree (its root testing alone): the test a resume runs at
+    iteration 4 reads batches 7-13 in each, so all three print what the run that went straight
+    through printed at 4."""
+    caplog.set_level(logging.INFO, logger="caffe_py")
+    text = TESTED.format(db=db, test_iter=7, prefix=tmp_path / "r" / "s").replace(
+        "snapshot_after_train: false", "snapshot_after_train: false\nsnapshot: 4")
+    path = tmp_path / "r.yaml"
+    path.write_text(text)
+
+    def retest(n=2, captured=True, snapshot=None):
+        """The first test pass's lines (acc, loss)."""
+        caplog.clear()
+        options = TrainOptions(snapshot=str(snapshot)) if snapshot else TrainOptions()
+        if snapshot and captured:
+            with ReplicatedRun(load_solver(path), ["cpu"] * n, options,
+                               tuning=Tuning(captured=True)) as run:
+                run.prepare()
+                # the same count goes on where each replica was; another starts fresh turns
+                # right after the 35 records read
+                starts = [q.next_position for q in run.split_tests._queues[0]]
+                assert starts == ([40, 35] if n == 2 else [0, 5, 10])
+                assert run.root.test_pool._sources[db].streams["TEST/data"].origin == (
+                    0 if n == 2 else 35)
+        with ReplicatedRun(load_solver(path), ["cpu"] * n, options,
+                           tuning=Tuning(captured=captured)) as run:
+            run.run()
+        lines = [m for m in caplog.messages if m.startswith("    Test")]
+        return lines if snapshot else lines[2:4]   # straight: the test at 4
+
+    straight = retest()
+    state = tmp_path / "r" / "s_iter_4.solverstate.pt"
+    resumed = [retest(2, snapshot=state)[:2], retest(3, snapshot=state)[:2],
+               retest(2, captured=False, snapshot=state)[:2]]
+    assert resumed[0] == resumed[1] == resumed[2] == straight
 
 
 @pytest.mark.parametrize("split_ms, chosen", [(2.0, True), (6.0, False)])
 def test_the_passes_measure_whether_a_split_pass_is_shorter(tmp_path, db, split_ms, chosen,
                                                            caplog):
-    """Passes 1-2 on the root alone, pass 3 split, then the one that took less time a batch
-    (pass 2 against pass 3: the first paid for capture), said once; the numbers are the same
-    either way."""
+    """Passes 1-2 on the root alone (reading every batch from the feed whose turn it is),
+    pass 3 split, then the one that took less time a batch (pass 2 against pass 3: the first
+    paid for capture), said once; the numbers are the same either way, the same as the tree's
+    root testing alone."""
     caplog.set_level(logging.INFO, logger="caffe_py")
     path = tmp_path / "s.yaml"
     path.write_text(TESTED.format(db=db, test_iter=5, prefix=tmp_path / "m" / "s")
@@ -338,6 +383,11 @@ def test_the_passes_measure_whether_a_split_pass_is_shorter(tmp_path, db, split_
     assert tests._chosen == {0: chosen}
     assert sum("Testing net (#0)" in m for m in caplog.messages) == 6   # 0, 4, ..., 20
     assert set(means[0]) == {"acc", "loss", "__loss__"}
+    caplog.clear()
+    with ReplicatedRun(load_solver(path), ["cpu"] * 2, tuning=Tuning(captured=False)) as run:
+        run.run()
+        alone = run.root.last_test
+    assert all(a[k].equal(b[k]) for a, b in zip(means, alone, strict=True) for k in a)
 
 
 def test_a_test_net_that_makes_its_own_data_tests_on_the_root(tmp_path, caplog):
@@ -363,5 +413,5 @@ snapshot_prefix: """ + str(tmp_path / "s") + "\n")
     with ReplicatedRun(load_solver(path), ["cpu"] * 2, tuning=Tuning(captured=True)) as run:
         run.run()
     assert ("Note: test net #0 runs on the root alone: layer 'data' (DummyData) makes its own "
-            "data, which the root's feed cannot hand to the other replicas") in caplog.messages
+            "data, which the other replicas cannot read their share of") in caplog.messages
     assert sum("Testing net (#0)" in m for m in caplog.messages) == 2

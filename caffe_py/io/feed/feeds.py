@@ -33,11 +33,14 @@ class NetWithData(Protocol):
 
 
 def attach_feeds(net: NetWithData, pool: ReaderPool, *, replica: int = 0,
-                 device: str | torch.device = "cpu", seed: int) -> list[Any]:
+                 device: str | torch.device = "cpu", seed: int,
+                 by_batch: bool = False) -> list[Any]:
     """Give every Data layer of ``net`` a feed of replica ``replica``'s records from ``pool``,
     transformed on ``device``; ``seed`` draws the random crops and mirrors (and the rand_skip
-    start). Call before ``pool.start()``. Returns the feeds (Prefetchers, or a layer's own
-    feed where its FeedSpec has ``make_feed``), in layer order.
+    start); ``by_batch``: the replicas take whole batches in turn (a test pass split over
+    them), not Caffe's records in turn. Call before ``pool.start()``. Returns the feeds
+    (Prefetchers, or a layer's own feed where its FeedSpec has ``make_feed``), in layer
+    order.
 
     Every replica of a run passes the run's seed: a record's crop and mirror are a function of
     (seed, stream position), so N replicas of batch B then see exactly the images one replica
@@ -52,7 +55,7 @@ def attach_feeds(net: NetWithData, pool: ReaderPool, *, replica: int = 0,
     for layer in net.data_layers():
         spec: FeedSpec = layer.feed_spec(seed, draws)
         stream = f"{layer.phase}/{layer.name}"
-        queue = pool.subscribe(spec, stream, replica=replica, seed=seed)
+        queue = pool.subscribe(spec, stream, replica=replica, seed=seed, by_batch=by_batch)
         on = torch.device(device)
         if spec.make_feed is not None:  # the layer's own feed (AnnotatedData's)
             own = spec.make_feed(queue, on, seed, f"{stream}#{replica}")

@@ -35,20 +35,30 @@ class HostGather:
 
     def __init__(self, view: DecodedView, batch_size: int, transformer: Transformer):
         self.view, self.transformer, self.batch_size = view, transformer, batch_size
-        self.step, self.start = view.step, view.start
+        if view.unit != 1 and (view.unit != batch_size or view.start % view.unit):
+            raise ValueError(f"turns of {view.unit} records from position {view.start} are "
+                             f"not whole batches of {batch_size}")
+        self.step = view.step if view.unit == 1 else 1
+        """Positions between a batch's records: the replicas in turns of a record, else 1."""
+        self.stride = view.step * batch_size
+        """Positions between this consumer's consecutive batches (either way)."""
+        self.start = view.start
         self.origin, self.size = view.origin, view.size
         self.fixed: Choices | None = None if transformer.random else \
             transformer.choices_for(0, self.step, batch_size)
         """The constant choices of a transform without randomness (None: drawn per batch)."""
         n = self.k * batch_size
-        self.offsets = np.arange(n, dtype=np.int64) * self.step  # (k B,)
+        record = np.arange(n, dtype=np.int64)
+        self.offsets = record // batch_size * self.stride + record % batch_size * self.step
+        """(k B,): each record's position after the first's."""
         self.index = np.empty(n, dtype=np.int64)  # filled in place: no array per batch
-        self.span = (n - 1) * self.step
+        self.span = int(self.offsets[-1])
 
     def located(self, consumed: int) -> tuple[int, int, bool]:
         """The first stream position of the ``k`` batches after ``consumed`` records, its
         database record, and whether their records wrap past the end of the database."""
-        first = self.start + self.step * consumed
+        batches, within = divmod(consumed, self.batch_size)
+        first = self.start + self.stride * batches + self.step * within
         low = (self.origin + first) % self.size
         return first, low, low + self.span >= self.size
 
@@ -141,7 +151,8 @@ class StagedGather(HostGather):
         if not stage.done.query():  # its copies were queued k batches ago: done by now
             stage.done.synchronize()
         first, index = self.positions(consumed)
-        choices = self.transformer.choices_for(first, self.step, len(index))
+        choices = (self.transformer.choices(first + self.offsets) if self.transformer.random
+                   else self.transformer.choices_for(first, self.step, len(index)))
         self.transformer.gather(self.view.pixels, index, choices, stage.host_pixels)
         np.take(self.view.labels, index, out=stage.host_labels, mode="clip")
         self.pixels = stage.pixels.to(self.device, non_blocking=True)

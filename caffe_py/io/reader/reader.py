@@ -167,7 +167,16 @@ class RecordQueue:
         if cache is None or not cache.complete or plan is None:
             return None
         return DecodedView(cache.pixels, cache.labels, stream.origin, plan.starts[self._slot],
-                           plan.total)
+                           plan.total, plan.unit)
+
+    @property
+    def next_position(self) -> int:
+        """The stream position of the next record this replica takes (after
+        :meth:`ReaderPool.start`)."""
+        plan = self._stream.plan
+        if plan is None:
+            raise DataError(f"{self.path}: the data readers have not started")
+        return plan.position(self._slot, self.consumed)
 
 
 @dataclass
@@ -183,6 +192,7 @@ class _Stream:
     plan: RoundRobin | None = None  # the round-robin, fixed at start
     slots: list[RecordQueue] = field(default_factory=list)  # the queues in round-robin order
     sliced: bool = False  # a slice of a larger round-robin (several pools)
+    unit: int = 1  # records a replica takes in a turn (1, or a batch: roundrobin.py)
     position: int = 0  # the next position the producer reads
     database: Database | None = None  # open from start() until the producer ends
     cursor: Any = None
@@ -378,10 +388,11 @@ class _Source:
         done, first, plan = len(labels), stream.position, stream.plan
         with self.cond:
             for slot, queue in enumerate(stream.slots):
-                taken = plan.rows(slot, first, done)
-                if taken.start < done and not queue._detached:
-                    part = RecordBatch.of(first + taken.start, plan.total, rows[taken],
-                                          labels[taken], tuple(keys[taken]))
+                if queue._detached:
+                    continue
+                for run in plan.runs(slot, first, done):
+                    part = RecordBatch.of(first + run.start, plan.step, rows[run],
+                                          labels[run], tuple(keys[run]))
                     queue._chunks.append(part)
                     queue._count += len(part)
             stream.position += done
@@ -427,14 +438,17 @@ class ReaderPool:
 
     # --- wiring -------------------------------------------------------------------------------
     def subscribe(self, spec: FeedSpec, stream: str, *, replica: int,
-                  seed: int = 0) -> RecordQueue:
+                  seed: int = 0, by_batch: bool = False) -> RecordQueue:
         """The record queue of ``replica`` for ``stream`` (a layer) over the database
         ``spec.source``, holding ``spec.prefetch`` x ``spec.batch_size`` records. The stream's
         first subscriber fixes its records' shape, dtype, color and whether they are
         ``encoded`` image files, and (seeded by ``seed``) where ``rand_skip`` starts it; also
         how its database opens (``spec.opener``, default: ``source`` as an LMDB of Datum
         records) and what decodes its records (``spec.decoder`` makes one; default: a
-        :class:`~.decode.ChunkDecoder` of Datum records)."""
+        :class:`~.decode.ChunkDecoder` of Datum records), and whether its replicas take the
+        records in turns of a whole batch (``by_batch``: a test pass split over the
+        replicas, each batch the one a single replica reads there) instead of Caffe's turns
+        of one record."""
         source = spec.source
         if self._started:
             raise DataError(f"{source}: cannot attach a reader after the pool has started")
@@ -446,12 +460,17 @@ class ReaderPool:
             made = spec.decoder() if spec.decoder is not None else ChunkDecoder(
                 source, spec.record_shape, np.dtype(spec.dtype), spec.color,
                 encoded=spec.encoded, workers=self.workers if spec.encoded else None)
+            if by_batch and self._sliced:
+                raise ValueError("turns of a batch need the whole round-robin in one pool")
             st = src.streams[stream] = _Stream(
-                stream, made, spec.opener or (lambda: open_db(source)), sliced=self._sliced)
+                stream, made, spec.opener or (lambda: open_db(source)), sliced=self._sliced,
+                unit=spec.batch_size if by_batch else 1)
             if spec.rand_skip:  # Caffe skips up to rand_skip records once at the start
                 st.origin = int(np.random.default_rng(seed).integers(0, spec.rand_skip + 1))
         if replica in st.queues:
             raise DataError(f"{source}: stream {stream} already has replica {replica} attached")
+        if st.unit != (spec.batch_size if by_batch else 1):
+            raise ValueError(f"stream {stream}: every replica takes the same turns")
         queue = st.queues[replica] = RecordQueue(src, st, spec.prefetch * spec.batch_size,
                                                  replica)
         return queue
@@ -469,8 +488,9 @@ class ReaderPool:
         total = self.total_replicas if st.sliced else len(st.queues)
         starts = st.starts
         if starts is None:
-            return RoundRobin.fresh(len(st.queues), offset=self.replica_offset, total=total)
-        return RoundRobin(total, self.replica_offset, starts)
+            return RoundRobin.fresh(len(st.queues), offset=self.replica_offset, total=total,
+                                    unit=st.unit)
+        return RoundRobin(total, self.replica_offset, starts, st.unit)
 
     # --- state --------------------------------------------------------------------------------
     def state_dict(self) -> dict[str, dict[str, Any]]:
@@ -498,7 +518,7 @@ class ReaderPool:
                 st.origin, st.starts = resume(
                     saved, slots=len(st.queues), offset=self.replica_offset,
                     total=self.total_replicas if st.sliced else len(st.queues),
-                    where=f"{path}: the saved data state of {name}")
+                    where=f"{path}: the saved data state of {name}", unit=st.unit)
 
     def _moved(self, path: str, streams: dict[str, Any]) -> _Source | None:
         """The source a saved state's ``path`` stands for when no layer reads that path any

@@ -59,7 +59,8 @@ class FeedSpec:
 @dataclass
 class RecordBatch:
     """Records of one replica in stream order: positions first, first + step, ... (step: every
-    replica of the round-robin), labels (n,) int64, and either pixels (n, C, H, W) or, for
+    replica of the round-robin in turns of a record; 1 in turns of a batch, whose runs are
+    parts of one turn), labels (n,) int64, and either pixels (n, C, H, W) or, for
     encoded records the reader does not decode, their image ``files`` (the feed decodes them;
     ``pixels`` is None). The arrays may be read-only views of the bytes read from the
     database: copy before writing."""
@@ -143,14 +144,17 @@ class DecodedView:
     """One consumer's view of its stream's decoded database, for gathering batches in the
     training thread: every record (``pixels`` (N, C, H, W), ``labels`` (N,) int64, key order)
     and where the consumer's records lie in it. Its record number c (counted over everything
-    it consumed) is at stream position ``start + step c``, database record
-    ``(origin + start + step c) mod N``: exactly the record the reader would hand it."""
+    it consumed) is at stream position ``start + step c`` in turns of a record (``step``: the
+    round-robin's replicas), ``start + step unit (c // unit) + c mod unit`` in turns of
+    ``unit`` records; database record ``(origin + position) mod N``: exactly the record the
+    reader would hand it."""
 
     pixels: np.ndarray
     labels: np.ndarray
     origin: int
     start: int
     step: int
+    unit: int = 1
 
     @property
     def size(self) -> int:

@@ -290,6 +290,52 @@ def test_state_moves_to_another_replica_count(tmp_path):
             pool.load_state_dict(uneven)
 
 
+@pytest.mark.parametrize("cache_bytes", [0, 1 << 30])
+@pytest.mark.parametrize("n", [2, 3])
+def test_batch_turns_hand_each_replica_the_batches_one_replica_reads(tmp_path, monkeypatch,
+                                                                     cache_bytes, n):
+    """In turns of a batch (a test pass split over N replicas) replica r reads batches r,
+    r + N, ... whole: batch g, taken by replica g mod N, is one replica's batch g, records,
+    crops and flips alike, on the threads and from the decoded database (passes after the
+    first, past the wrap at 11 records). The state is a prefix of the stream: one replica
+    resumes right after it."""
+    import caffe_py.io.reader.reader as reader
+
+    monkeypatch.setattr(reader, "CACHE_BYTES", cache_bytes)
+    db = make_db(tmp_path / "db", 11)
+    one = data_layer(db)
+    with ReaderPool() as pool:
+        attach_feeds(FakeNet(one), pool, seed=3)
+        pool.start()
+        expected = run([one], 12)
+    layers = [data_layer(db) for _ in range(n)]
+    with ReaderPool(replicas=n) as pool:
+        for r, layer in enumerate(layers):
+            attach_feeds(FakeNet(layer), pool, replica=r, seed=3, by_batch=True)
+        pool.start()
+        queues = [layer.feed.records for layer in layers]
+        got = []
+        for g in range(10):
+            assert min(range(n), key=lambda r: queues[r].next_position) == g % n
+            got.append(run([layers[g % n]], 1)[0])
+        state = pool.state_dict()
+        gathered = [layer.feed.gathers_in_loop for layer in layers]
+    assert gathered == [bool(cache_bytes)] * n
+    for (want_label, want), (got_label, data) in zip(expected, got, strict=False):
+        assert want_label == got_label
+        assert torch.equal(want, data)
+    saved = state[db]["TRAIN/data"]
+    assert saved["unit"] == 3 and saved["replicas"] == n
+    resumed = data_layer(db)
+    with ReaderPool() as pool:
+        attach_feeds(FakeNet(resumed), pool, seed=3)
+        pool.load_state_dict(state)
+        pool.start()
+        # the records of batches 10 and 11 (a resume with another count numbers positions
+        # from there, so a TRAIN crop is drawn anew; a TEST pass has none)
+        assert [label for label, _ in run([resumed], 2)] == [lab for lab, _ in expected[10:]]
+
+
 def test_state_for_an_unknown_stream_is_an_error(tmp_path):
     db = make_db(tmp_path / "db", 4)
     with ReaderPool() as pool:
