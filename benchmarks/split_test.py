@@ -15,11 +15,12 @@ own statistics (``use_global_stats: false``; the running sums that training on c
 gathers have variances near 0, which saturate the outputs into ties): pass k must print the
 same test outputs on every N. A pass's time is from its "Testing net" line to its last "Test
 net output" line (the log's microsecond clock); the table gives the median of the passes after
-the first (which pays for warm-up and capture). On N > 1 GPUs every pass is split: each replica
-reads, transforms and computes its own batches (the TEST readers hand the replicas whole batches
-in turn). A first row runs one GPU with `--graphs off` (eager test forwards), the baseline of
-the replayed forward in the same run. The table is printed last and written to
-DIR/split_test.md; each run is a JSON line in DIR/split_test.jsonl.
+the first (which pays for warm-up and capture). On N > 1 GPUs each replica's feed reads its own
+batches (the TEST readers hand the replicas whole batches in turn) and the passes choose for
+themselves (SplitTests): passes 1-2 on the root alone, pass 3 split, then whichever was shorter
+a batch (the run's line saying so is in the notes). A first row runs one GPU with `--graphs
+off` (eager test forwards), the baseline of the replayed forward in the same run. The table is
+printed last and written to DIR/split_test.md; each run is a JSON line in DIR/split_test.jsonl.
 """
 from __future__ import annotations
 
@@ -130,7 +131,7 @@ def run(model: str, n: int, out: Path, cpu: bool, flags: tuple[str, ...] = ()) -
         tail = " | ".join(text.strip().splitlines()[-3:])
         return {"ok": False, "why": f"exit {done.returncode}: {tail}"}
     notes = [line.split("]", 1)[1].strip() for line in text.splitlines()
-             if "runs on the root alone" in line]
+             if "runs on the root alone" in line or "Test net #0 tests" in line]
     times = [t for t, _ in passes]
     return {"ok": True, "pass_s": statistics.median(times[1:]),
             "outputs": [o for _, o in passes], "test_iter": test_iter, "notes": notes}
