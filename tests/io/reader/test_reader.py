@@ -219,13 +219,18 @@ def run(pools_nets, steps):
     return out
 
 
+def straight_run(db, seed: int, steps: int):
+    """``steps`` batches of one replica reading ``db`` alone: the order others are held to."""
+    layer = data_layer(db)
+    with ReaderPool() as pool:
+        attach_feeds(FakeNet(layer), pool, seed=seed)
+        pool.start()
+        return run([layer], steps)
+
+
 def test_state_resumes_the_exact_sequence(tmp_path):
     db = make_db(tmp_path / "db", 11)
-    straight = data_layer(db)
-    with ReaderPool() as pool:
-        attach_feeds(FakeNet(straight), pool, seed=5)
-        pool.start()
-        expected = run([straight], 6)
+    expected = straight_run(db, 5, 6)
     first = data_layer(db)
     with ReaderPool() as pool:
         attach_feeds(FakeNet(first), pool, seed=5)
@@ -303,11 +308,7 @@ def test_batch_turns_hand_each_replica_the_batches_one_replica_reads(tmp_path, m
 
     monkeypatch.setattr(reader, "CACHE_BYTES", cache_bytes)
     db = make_db(tmp_path / "db", 11)
-    one = data_layer(db)
-    with ReaderPool() as pool:
-        attach_feeds(FakeNet(one), pool, seed=3)
-        pool.start()
-        expected = run([one], 12)
+    expected = straight_run(db, 3, 12)
     layers = [data_layer(db) for _ in range(n)]
     with ReaderPool(replicas=n) as pool:
         for r, layer in enumerate(layers):
