@@ -249,19 +249,22 @@ class CapturedReplicas(GraphedLoop):
 
 
 class _Turns:
-    """The root's feed of one TEST Data layer when a split-able pass runs on the root alone:
-    each batch from the feed of the replica whose turn it is (:attr:`turn`, set before every
-    root forward), made on the root's device (:meth:`~caffe_py.io.feed.prefetch.Prefetcher.
-    next_on`), so that both ways read the stream's batches in the same order."""
+    """The root's feed of one TEST Data layer of a split-able net: each batch from the feed of
+    the replica whose turn it is (the one that reads the stream's next position), made on the
+    root's device (:meth:`~caffe_py.io.feed.prefetch.Prefetcher.next_on`). Split, the root's
+    net runs only on its own turns; on the root alone (or driven by anything else, as the
+    detection evaluation drives it) it reads every batch, in the stream's order."""
 
     def __init__(self, feeds: Sequence[Any], device: torch.device):
         self.feeds, self.device = list(feeds), device
-        self.turn = 0
+        self.queues = [feed.records for feed in self.feeds]
 
     def next(self) -> tuple[torch.Tensor, torch.Tensor]:
-        if self.turn == 0:
+        queues = self.queues
+        turn = min(range(len(queues)), key=lambda r: queues[r].next_position)
+        if turn == 0:
             return self.feeds[0].next()
-        return self.feeds[self.turn].next_on(self.device)
+        return self.feeds[turn].next_on(self.device)
 
 
 class SplitTests:
@@ -283,7 +286,8 @@ class SplitTests:
 
     On the root alone, the root computes every batch, its Data layers reading each from the
     feed whose turn it is, made on the root's device (:class:`_Turns`; from the decoded
-    database, a small one, with no copy between devices). A small net's forward (LeNet: 0.1
+    database, a small one, with no copy between devices); so does anything else that drives
+    the root's TEST net (the detection evaluation). A small net's forward (LeNet: 0.1
     ms) is shorter than the host's work a batch, which the split does not share out, and
     switching devices every batch costs the host more; so with ``split`` None the passes choose
     by measurement: the first two on the root alone (the first captures), the third split
@@ -305,8 +309,6 @@ class SplitTests:
         self._queues: dict[int, list[Any]] = {}
         """Per split-able TEST net: each replica's record queue of its first Data layer
         (whose next position says whose turn the next batch is)."""
-        self._turns: dict[int, list[_Turns]] = {}
-        """Per split-able TEST net: the root's Data layers' feeds."""
         self._forwards: dict[int, list[GraphedForward]] = {}
         self._timed: dict[int, list[float]] = {}
         """Per TEST net: seconds a batch of the passes that measure (root alone, split)."""
@@ -375,7 +377,7 @@ class SplitTests:
         forwards = self._forwards.get(k, [])
         runs: list[Callable[[], NetOutput]] = (list(forwards) if forwards
                                                 else [replica.__call__ for replica in nets])
-        n, queues, turns = len(nets), self._queues[k], self._turns[k]
+        n, queues = len(nets), self._queues[k]
         if split:
             self.group.spread_state()
         # the replica whose turn the stream's next batch is: the one that reads it next
@@ -390,10 +392,7 @@ class SplitTests:
                         return None, started, timed
                     if split and i == n and iterations > n:
                         started, timed = self.clock(), iterations - n
-                turn = (first + i) % n
-                r = turn if split else 0
-                for feed in turns:
-                    feed.turn = 0 if split else turn
+                r = (first + i) % n if split else 0   # the root: its feeds read every turn
                 with _on_device(nets[r].device), autocast():
                     out = runs[r]()
                 # copies: a top may be a buffer the net's next forward writes again
@@ -429,11 +428,8 @@ class SplitTests:
                                       seed=root.seeds.data, by_batch=True))
             nets.append(copy)
         self._queues[k] = [replica_feeds[0].records for replica_feeds in feeds]
-        self._turns[k] = []
-        for i, layer in enumerate(net.data_layers()):   # the root reads through its turns
-            self._turns[k].append(_Turns([replica_feeds[i] for replica_feeds in feeds],
-                                         net.device))
-            swap_feed(layer, self._turns[k][-1])
+        for i, layer in enumerate(net.data_layers()):   # the root reads through the turns
+            swap_feed(layer, _Turns([replica_feeds[i] for replica_feeds in feeds], net.device))
         return nets
 
 

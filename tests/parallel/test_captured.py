@@ -390,6 +390,29 @@ def test_the_passes_measure_whether_a_split_pass_is_shorter(tmp_path, db, split_
     assert all(a[k].equal(b[k]) for a, b in zip(means, alone, strict=True) for k in a)
 
 
+def test_the_root_test_net_driven_directly_reads_every_batch_in_turn(tmp_path, db):
+    """Anything that runs the root's TEST net itself (the detection evaluation does) reads
+    the stream's batches in order, each from the feed whose turn it is: with the same weights
+    it computes what one replica reading the stream alone computes."""
+    path = tmp_path / "d.yaml"
+    path.write_text(TESTED.format(db=db, test_iter=7, prefix=tmp_path / "d" / "s"))
+
+    def four_batches(n, captured):
+        with ReplicatedRun(load_solver(path), ["cpu"] * n,
+                           tuning=Tuning(captured=captured)) as run:
+            run.prepare()
+            net = run.root.test_nets[0]
+            with torch.no_grad():
+                outs = [net() for _ in range(4)]
+            where = [q.next_position for q in run.split_tests._queues[0]] if captured else None
+        return [(out.loss.item(), out.outputs["acc"].item()) for out in outs], where
+
+    got, where = four_batches(3, True)
+    want, _ = four_batches(1, False)
+    assert where == [30, 20, 25]   # batches 0-3 read; batch 4 is replica 1's
+    assert got == want and len({loss for loss, _ in got}) == 4
+
+
 def test_a_test_net_that_makes_its_own_data_tests_on_the_root(tmp_path, caplog):
     caplog.set_level(logging.INFO, logger="caffe_py")
     path = tmp_path / "s.yaml"
