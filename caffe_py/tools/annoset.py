@@ -24,7 +24,7 @@ import numpy as np
 
 from ..errors import DataError
 from ..io.db.db import open_db
-from ..io.db.image_list import read_list_text
+from ..io.db.image_list import last_space_lines
 from ..io.formats.annotated import (
     BBOX,
     AnnotatedDatum,
@@ -87,20 +87,10 @@ class AnnosetEntry:
 
 def read_annoset_list(listfile: str | Path) -> list[AnnosetEntry]:
     """``image annotation`` lines (split at the last space); blank lines skipped."""
-    listfile = Path(listfile)
-    text = read_list_text(listfile)
-    entries = []
-    for number, line in enumerate(text.splitlines(), start=1):
-        if not line.strip():
-            continue
-        image, space, anno = line.strip().rpartition(" ")
-        if not space or not image:
-            raise DataError(f"{listfile}:{number}: {line.strip()!r} names no annotation; each "
-                            "line is 'image annotation.xml'")
-        entries.append(AnnosetEntry(image.strip(), anno, number))
-    if not entries:
-        raise DataError(f"{listfile}: the list is empty; each line is 'image annotation.xml'")
-    return entries
+    return [AnnosetEntry(image.strip(), anno, number)
+            for number, image, anno in last_space_lines(
+                Path(listfile), form="image annotation.xml", missing="names no annotation",
+                strip=True)]
 
 
 def read_voc_xml(path: Path, height: int, width: int, labels: dict[str, int]

@@ -13,7 +13,7 @@ reads relative paths from where it runs) to the current directory.
 from __future__ import annotations
 
 import os
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -43,26 +43,40 @@ def read_list_text(listfile: Path) -> str:
             from None
 
 
+def last_space_lines(listfile: Path, *, form: str, missing: str,
+                     strip: bool = False) -> Iterator[tuple[int, str, str]]:
+    """The non-blank lines of a list file as (line number, what comes before the last space,
+    what comes after it): paths may hold spaces. ``strip`` trims the line first (SSD's annoset
+    tools), else the line is split as it stands (Caffe's ImageData, ``find_last_of(' ')``). A
+    line with nothing before its last space is one line saying it ``missing`` (e.g. "has no
+    label"), an empty list one line too, both with the lines' ``form`` ('path label')."""
+    text = read_list_text(listfile)
+    count = 0
+    for number, line in enumerate(text.splitlines(), start=1):
+        if not line.strip():
+            continue
+        head, space, last = (line.strip() if strip else line).rpartition(" ")
+        if not space or not head:
+            raise DataError(f"{listfile}:{number}: {line.strip()!r} {missing}; each line is "
+                            f"'{form}'")
+        count += 1
+        yield number, head, last
+    if not count:
+        raise DataError(f"{listfile}: the list is empty; each line is '{form}'")
+
+
 def read_image_list(listfile: str | Path) -> list[ListEntry]:
     """Lines ``path label``, split at the last space (paths may hold spaces); blank lines are
     skipped."""
     listfile = Path(listfile)
-    text = read_list_text(listfile)
     entries = []
-    for number, line in enumerate(text.splitlines(), start=1):
-        if not line.strip():
-            continue
-        path, space, label = line.rpartition(" ")
-        if not space or not path:
-            raise DataError(f"{listfile}:{number}: {line.strip()!r} has no label; each line is "
-                            "'path label'")
+    for number, path, label in last_space_lines(listfile, form="path label",
+                                                missing="has no label"):
         try:
             entries.append(ListEntry(path, int(label), number))
         except ValueError:
             raise DataError(f"{listfile}:{number}: label {label!r} is not an integer; each "
                             "line is 'path label'") from None
-    if not entries:
-        raise DataError(f"{listfile}: the list is empty; each line is 'path label'")
     return entries
 
 
