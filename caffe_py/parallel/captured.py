@@ -38,7 +38,7 @@ from ..net import Net, NetOutput
 from ..solver.evaluate import raise_device_problems, run_batches
 from ..solver.graph_loop import GraphedLoop
 from ..solver.graphed_tests import GraphedForward
-from .flat import Bucket, plan_reduction
+from .flat import Bucket, BucketCount, plan_reduction
 from .sync import ReplicaState, StopReplica, SyncGroup
 
 if TYPE_CHECKING:
@@ -76,14 +76,11 @@ class AllReduceGroup(SyncGroup):
             self.collectives = nccl
         self.plans: list[list[Bucket]] = [[] for _ in range(self.n)]
         """Per replica, the buckets its gradient is reduced in (overlap only)."""
-        self._expected: list[list[int]] = [[] for _ in range(self.n)]
-        """Per replica and bucket: the parameters that get a gradient."""
-        self._fired: list[list[int]] = []
+        self._counts: dict[int, BucketCount] = {}
+        """Per replica (overlap only): when backward has finished each bucket."""
         self._ready: list[list[Any]] = []
         """Per replica and bucket this iteration: None until complete, then its event (CUDA)
         or True (CPU)."""
-        self._passes = 1
-        self._collecting = False
         self._side: list[torch.cuda.Stream] = []
         self._held: list[torch.cuda.Event] = []
         """Events recorded while a graph is being captured, kept until the next eager pass."""
@@ -97,13 +94,12 @@ class AllReduceGroup(SyncGroup):
         if not self.overlap:
             return rep
         plan = self.plans[i] = plan_reduction(rep.flat, self.bucket_bytes)
-        self._expected[i] = [sum(rep.flat.tensors[k].requires_grad for k in b.members)
-                             for b in plan]
-        for b in plan:
-            for k in b.members:
-                if rep.flat.tensors[k].requires_grad:
-                    rep.flat.tensors[k].register_post_accumulate_grad_hook(
-                        lambda _p, i=i, b=b.index: self._on_grad(i, b))
+        self._counts[i] = BucketCount(rep.flat, plan)
+
+        def complete(b: int) -> None:
+            self._mark_ready(i, b)
+
+        self._counts[i].hook(complete)
         if self.collectives is not None:
             self._side.append(torch.cuda.Stream(rep.device))
         return rep
@@ -122,20 +118,11 @@ class AllReduceGroup(SyncGroup):
         """Before an iteration's passes: from here the hooks count each bucket's gradients,
         complete after the last of ``passes`` backward passes (``recording``: a graph is being
         captured, whose events must live until it is made)."""
-        self._passes = max(1, passes)
-        self._fired = [[0] * len(plan) for plan in self.plans]
         self._ready = [[None] * len(plan) for plan in self.plans]
         if not recording:
             self._held.clear()
-        self._collecting = self.overlap
-
-    def _on_grad(self, i: int, b: int) -> None:
-        """Post-accumulate hook of a parameter of replica i in bucket b (backward's thread)."""
-        if not self._collecting:
-            return
-        self._fired[i][b] += 1
-        if self._fired[i][b] == self._expected[i][b] * self._passes:
-            self._mark_ready(i, b)
+        for counts in self._counts.values():
+            counts.begin(passes)
 
     def _mark_ready(self, i: int, b: int) -> None:
         """Replica i's bucket b holds its final gradient: on CUDA, once the work backward has
@@ -152,7 +139,8 @@ class AllReduceGroup(SyncGroup):
         """Sum every replica's flat gradient into each, then divide by N, in each replica's
         stream order (``streams``: the capture streams while recording; None: the current
         streams): bucket by bucket with ``overlap``, else the whole buffer at once."""
-        self._collecting = False
+        for counts in self._counts.values():
+            counts.end()
         self.in_backward = sum(r is not None for ready in self._ready for r in ready)
         grads = [g for g in (self.replica(i).flat.grad for i in range(self.n)) if g is not None]
         if self.collectives is None:   # CPU replicas: the sum on the host, in replica order

@@ -13,7 +13,7 @@ Each parameter starts on a 64-byte boundary (its padding stays zero) and keeps i
 """
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import torch
@@ -151,6 +151,50 @@ def plan_reduction(flat: FlatParams, bucket_bytes: int = DEFAULT_BUCKET_BYTES,
     size = flat.numel * flat.data.element_size()
     return _cut(flat.tensors, flat.offsets, flat.numel,
                 min(bucket_bytes, max(1, size // max(1, parts))))
+
+
+class BucketCount:
+    """When backward has finished each bucket of one replica's gradient: a post-accumulate
+    hook per parameter that gets a gradient (:meth:`hook`) counts its bucket, which is
+    complete once every such parameter has accumulated once per backward pass (the solver's
+    ``iter_size``). Counts only between :meth:`begin` and :meth:`end`."""
+
+    def __init__(self, flat: FlatParams, buckets: Sequence[Bucket]):
+        self.flat = flat
+        self.expected = [sum(flat.tensors[k].requires_grad for k in b.members)
+                         for b in buckets]
+        """Per bucket: the parameters that get a gradient."""
+        self.fired = [0] * len(self.expected)
+        """Per bucket: accumulations seen this iteration."""
+        self.passes = 1
+        self.collecting = False
+        self._bucket_of = {k: b.index for b in buckets for k in b.members}
+
+    def hook(self, on_complete: Callable[[int], None],
+             counts: Callable[[], bool] | None = None) -> None:
+        """Call ``on_complete(b)`` from backward's thread once bucket b is complete
+        (``counts``: whether an accumulation counts now, e.g. not while a graph records)."""
+        for k, t in enumerate(self.flat.tensors):
+            if t.requires_grad:
+                t.register_post_accumulate_grad_hook(
+                    lambda _p, b=self._bucket_of[k]: self._fired(b, on_complete, counts))
+
+    def _fired(self, b: int, on_complete: Callable[[int], None],
+               counts: Callable[[], bool] | None) -> None:
+        if not self.collecting or (counts is not None and not counts()):
+            return
+        self.fired[b] += 1
+        if self.fired[b] == self.expected[b] * self.passes:
+            on_complete(b)
+
+    def begin(self, passes: int) -> None:
+        """An iteration of ``passes`` backward passes starts: count from zero."""
+        self.passes = max(1, int(passes))
+        self.fired = [0] * len(self.expected)
+        self.collecting = True
+
+    def end(self) -> None:
+        self.collecting = False
 
 
 def _layout(tensors: Sequence[torch.Tensor]) -> tuple[list[int], int]:

@@ -33,7 +33,7 @@ import torch
 
 from .. import interrupts
 from ..errors import CaffePyError, SolverError
-from .flat import DEFAULT_BUCKET_BYTES, FlatParams
+from .flat import DEFAULT_BUCKET_BYTES, BucketCount, FlatParams
 from .pull import LayerWaits, Pull, Unit
 from .topology import Tree, build_tree, peer_matrix
 
@@ -138,16 +138,11 @@ class ReplicaState:
     """child index -> a gradient-sized receive buffer on this replica's device."""
     reduce_stream: Any = None
     """CUDA: the side stream where this replica adds and pushes buckets during backward."""
-    passes: int = 1
-    """Backward passes per iteration (the solver's iter_size)."""
-    collecting: bool = False
-    """True between on_start and on_gradient_ready: the hooks count only then."""
+    counts: BucketCount | None = None
+    """When backward has finished each bucket (counting between on_start and
+    on_gradient_ready)."""
     early: int = 0
     """Buckets reduced while backward was still running (a benchmark diagnostic)."""
-    fired: list[int] = field(default_factory=list)
-    """Per bucket: gradient accumulations seen this iteration."""
-    expected: list[int] = field(default_factory=list)
-    """Per bucket: parameters that get a gradient (x ``passes`` = complete)."""
     done: list[bool] = field(default_factory=list)
     """Per bucket: reduced (and pushed) this iteration."""
 
@@ -286,16 +281,17 @@ class TreeSync(SyncGroup):
         buckets = rep.flat.buckets
         rep.grads = [Signal() for _ in buckets]
         rep.done = [False] * len(buckets)
-        rep.fired = [0] * len(buckets)
-        rep.expected = [sum(rep.flat.tensors[k].requires_grad for k in b.members)
-                        for b in buckets]
+        rep.counts = BucketCount(rep.flat, buckets)
         if rep.stream is not None:
             rep.reduce_stream = torch.cuda.Stream(rep.device)
         if self.overlap:
-            for k, t in enumerate(rep.flat.tensors):
-                if t.requires_grad:
-                    t.register_post_accumulate_grad_hook(
-                        lambda _p, rep=rep, b=rep.flat.bucket_of[k]: self._on_grad(rep, b))
+            def complete(b: int) -> None:
+                self._on_bucket(rep, b)
+
+            def counts() -> bool:   # not while a graph is being recorded
+                return rep.stream is None or not torch.cuda.is_current_stream_capturing()
+
+            rep.counts.hook(complete, counts)
         return rep
 
     def weight_pull(self, rep: ReplicaState, units: list[Unit]) -> Pull:
@@ -332,15 +328,15 @@ class TreeSync(SyncGroup):
                 rep.pull.publish(rep.iteration, record_event(rep.stream))
             else:
                 rep.pull.open(rep.iteration)
-        rep.passes = max(1, int(passes))
-        rep.fired = [0] * len(rep.fired)
+        if rep.counts is not None:
+            rep.counts.begin(passes)
         rep.done = [False] * len(rep.done)
-        rep.collecting = True
 
     def grads_up(self, i: int) -> None:
         """on_gradient_ready: reduce and push every bucket backward has not already sent."""
         rep = self.replica(i)
-        rep.collecting = False
+        if rep.counts is not None:
+            rep.counts.end()
         assert rep.pull is not None
         with on_stream(rep.stream):
             rep.pull.close()   # a unit no forward read (children wait for every one)
@@ -355,13 +351,9 @@ class TreeSync(SyncGroup):
         if rep.reduce_stream is not None:
             rep.stream.wait_stream(rep.reduce_stream)   # the update reads the sums
 
-    def _on_grad(self, rep: ReplicaState, b: int) -> None:
-        """Post-accumulate hook (backward's thread): reduce bucket b once it is complete."""
-        if not rep.collecting or (rep.stream is not None
-                                  and torch.cuda.is_current_stream_capturing()):
-            return
-        rep.fired[b] += 1
-        if rep.fired[b] == rep.expected[b] * rep.passes and not self.stop.is_set():
+    def _on_bucket(self, rep: ReplicaState, b: int) -> None:
+        """Backward (its thread) has finished bucket b: reduce it."""
+        if not self.stop.is_set():
             ready = record_event(torch.cuda.current_stream(rep.device)) if rep.stream else None
             self._reduce_bucket(rep, b, ready, block=False)
             rep.early += rep.done[b]

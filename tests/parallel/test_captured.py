@@ -166,8 +166,8 @@ def test_a_bucket_is_complete_only_after_the_last_pass_with_its_final_gradient(t
 
         def on_ready(i, b):
             bk = group.plans[i][b]
-            ready.append((i, b, group._fired[i][b], group.replica(i).flat.grad[bk.start:bk.end]
-                          .clone()))
+            grad = group.replica(i).flat.grad[bk.start:bk.end].clone()
+            ready.append((i, b, group._counts[i].fired[b], grad))
             mark(i, b)
 
         def on_sum(streams):
