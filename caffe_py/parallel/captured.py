@@ -284,7 +284,8 @@ class SplitTests:
 
     :meth:`attach` builds the replicas' TEST nets and subscribes them, before the readers
     start (and before a resume loads their positions). A TEST net with a source the readers
-    do not serve (DummyData, a Python layer, an Input) tests on the root alone, reading every
+    do not serve (DummyData, a Python layer, an Input), or one the detection evaluation runs
+    (it gathers every batch's detections on the root), tests on the root alone, reading every
     batch itself, and says so once."""
 
     def __init__(self, group: AllReduceGroup, solvers: Sequence[Solver], *,
@@ -402,9 +403,13 @@ class SplitTests:
                      f"({own[0].spec.type}) makes its own data, which the other replicas "
                      "cannot read their share of")
             return None
+        root = self.solvers[0]
+        if root.param.eval_type == "detection":
+            log.info(f"Note: test net #{k} runs on the root alone: the detection evaluation "
+                     "gathers every batch's detections there")
+            return None
         if self.split is False or len(self.solvers) < 2 or pool is None:
             return None
-        root = self.solvers[0]
         spec, state = spec_state
         nets: list[Net] = [net]
         feeds: list[list[Any]] = [[feed_of(layer) for layer in net.data_layers()]]

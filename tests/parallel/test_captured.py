@@ -7,6 +7,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import logging
+from pathlib import Path
 
 import pytest
 import torch
@@ -411,6 +412,44 @@ def test_the_root_test_net_driven_directly_reads_every_batch_in_turn(tmp_path, d
     want, _ = four_batches(1, False)
     assert where == [30, 20, 25]   # batches 0-3 read; batch 4 is replica 1's
     assert got == want and len({loss for loss, _ in got}) == 4
+
+
+def test_a_detection_test_net_tests_on_the_root(tmp_path, monkeypatch, caplog):
+    """The detection evaluation runs the root's TEST net itself and gathers every batch's
+    detections there: its net tests on the root alone, reading every batch (the small SSD of
+    configs/ssd_shapes on 2 CPU replicas prints the tree's mAP)."""
+    import importlib.util
+    import shutil
+
+    from click.testing import CliRunner
+
+    from caffe_py.cli import cli
+
+    root = Path(__file__).resolve().parents[2]
+    caplog.set_level(logging.INFO, logger="caffe_py")
+    monkeypatch.chdir(tmp_path)   # the prototxts' paths are relative to where Caffe runs
+    shutil.copytree(root / "configs" / "ssd_shapes", tmp_path / "configs" / "ssd_shapes")
+    spec = importlib.util.spec_from_file_location("shapes", root / "data" / "shapes_detection.py")
+    shapes = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(shapes)
+    shapes.write_set(tmp_path / "data" / "shapes", 8, 20, size=64, seed=0)
+    for split in ("trainval", "test"):
+        done = CliRunner().invoke(cli, [
+            "convert", "annoset", "data/shapes/", f"data/shapes/{split}.txt",
+            f"data/shapes/{split}_lmdb", "--label-map-file", "data/shapes/labelmap.prototxt",
+            "--encoded", "--encode-type", "png"])
+        assert done.exit_code == 0, done.output
+    param = dataclasses.replace(load_solver("configs/ssd_shapes/solver.prototxt"),
+                                max_iter=1, test_iter=[2], test_interval=1,
+                                test_initialization=False, snapshot=0)
+    maps = []
+    for captured in (True, False):
+        with ReplicatedRun(param, ["cpu"] * 2, tuning=Tuning(captured=captured)) as run:
+            run.run()
+            maps.append(float(run.root.last_test[0]["detection_eval"]))
+    assert ("Note: test net #0 runs on the root alone: the detection evaluation gathers every "
+            "batch's detections there") in caplog.messages
+    assert maps[0] == maps[1]
 
 
 def test_a_test_net_that_makes_its_own_data_tests_on_the_root(tmp_path, caplog):

@@ -114,6 +114,11 @@ class AnnotatedFeed:
             return data, label_rows(boxes)
         return data, np.asarray([r.datum.label for r in rows], np.float32)
 
+    def next_on(self, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+        """The next batch on ``device`` (another replica computes it): made here, copied."""
+        data, label = self.next()
+        return data.to(device, non_blocking=True), label.to(device, non_blocking=True)
+
     def next(self) -> tuple[torch.Tensor, torch.Tensor]:
         if self.thread is None:
             raise DataError(f"{self.records.path}: the data feed {self.name} has not started; "
