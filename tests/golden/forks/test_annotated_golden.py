@@ -12,6 +12,7 @@ import json
 import shutil
 import sys
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -97,3 +98,30 @@ def test_annotated_data_matches_fork(case, who, tmp_path):
     for k, (mine, fork) in enumerate(zip(ours, expected, strict=True)):
         what = ("data", "label")[k % 2]
         assert error(mine, fork) <= TOLERANCE, f"{case['name']} pass {k // 2} {what}"
+
+
+def test_a_batch_for_another_device_is_the_next_batch(tmp_path):
+    """``next_on`` (a test pass on the root alone reading another replica's turn) hands over
+    the batch ``next`` would have, on the device asked for."""
+    import torch
+
+    from caffe_py.io import feed_of
+
+    case = CASES[0]
+    source = convert(tmp_path, case["encoded"])
+    batches = []
+    for way in ("next", "next_on"):
+        net_yaml = tmp_path / f"{way}.yaml"
+        net_yaml.write_text(yaml.safe_dump({"name": "annotated", "layer": [
+            {"name": "data", "type": "AnnotatedData", "top": ["data", "label"],
+             "include": {"phase": "TEST"}, "transform_param": case["transform_param"],
+             "data_param": {"source": str(source), "batch_size": case["batch_size"],
+                            "backend": "LMDB"}}]}))
+        net = Net(load_net(net_yaml), "TEST")
+        with fed(net):
+            feed: Any = feed_of(net.data_layers()[0])
+            batches.append([feed.next() if way == "next" else feed.next_on(torch.device("cpu"))
+                            for _ in range(2)])
+    for (data, label), (other, other_label) in zip(*batches, strict=True):
+        assert torch.equal(data, other) and torch.equal(label, other_label)
+    assert not torch.equal(batches[0][0][0], batches[0][1][0])   # two different batches
