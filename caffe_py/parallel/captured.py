@@ -236,6 +236,12 @@ class CapturedReplicas(GraphedLoop):
             raise StopReplica(f"replica {i} failed") from exc
 
 
+def _whose_turn(queues: Sequence[Any]) -> int:
+    """The replica whose turn the stream's next batch is: the one whose record queue reads the
+    stream's next position."""
+    return min(range(len(queues)), key=lambda r: queues[r].next_position)
+
+
 class _Turns:
     """The root's feed of one TEST Data layer of a split-able net: each batch from the feed of
     the replica whose turn it is (the one that reads the stream's next position), made on the
@@ -248,8 +254,7 @@ class _Turns:
         self.queues = [feed.records for feed in self.feeds]
 
     def next(self) -> tuple[torch.Tensor, torch.Tensor]:
-        queues = self.queues
-        turn = min(range(len(queues)), key=lambda r: queues[r].next_position)
+        turn = _whose_turn(self.queues)
         if turn == 0:
             return self.feeds[0].next()
         return self.feeds[turn].next_on(self.device)
@@ -369,8 +374,7 @@ class SplitTests:
         n, queues = len(nets), self._queues[k]
         if split:
             self.group.spread_state()
-        # the replica whose turn the stream's next batch is: the one that reads it next
-        first = min(range(n), key=lambda r: queues[r].next_position)
+        first = _whose_turn(queues)
         losses: list[list[torch.Tensor]] = [[] for _ in nets]
         outputs: list[list[dict[str, torch.Tensor]]] = [[] for _ in nets]
         order: list[int] = []   # the replica that computed each batch, in batch order

@@ -159,7 +159,6 @@ class Prefetcher:
                        and record_bytes <= WHOLE_RATIO * crop_bytes)
         """Decoded records cross whole and are cropped on the device (see WHOLE_RATIO)."""
         self._loop: HostGather | None = None  # set once the loop gathers its own batches
-        self._view: DecodedView | None = None  # ... from this view of the decoded database
         self._elsewhere: dict[torch.device, HostGather] = {}
         """In-loop gathers on other devices (:meth:`next_on`)."""
         self._halt = False  # tells the thread to stop (the loop gathers from now on)
@@ -410,7 +409,6 @@ class Prefetcher:
             self._slots = []  # the thread's ring (the pinned allocator waits for its copies)
         self._loop = loop_gather(view, self.batch_size, self.transformer, self.device,
                                  self.mean)
-        self._view = view
 
     def next_on(self, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
         """The next batch, made on ``device`` instead of this feed's (another replica computes
@@ -420,17 +418,13 @@ class Prefetcher:
         device = _with_index(torch.device(device))
         if device == self.device:
             return self.next()
-        if self._loop is None and self._may_gather and self.thread is not None:
-            view = self.records.decoded()
-            if view is not None:
-                self._go_direct(view)
-        if self._loop is None or self._view is None:
+        if self._loop is None:   # on the thread (next() switches, or says it has not started)
             data, label = self.next()
             return data.to(device, non_blocking=True), label.to(device, non_blocking=True)
         gather = self._elsewhere.get(device)
         if gather is None:
             gather = self._elsewhere[device] = loop_gather(
-                self._view, self.batch_size, self.transformer, device,
+                self._loop.view, self.batch_size, self.transformer, device,
                 self.transformer.device_mean(device))
         data, label = gather.next(self.records.consumed)
         self.records.mark_consumed(self.batch_size)

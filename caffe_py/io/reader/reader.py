@@ -450,6 +450,7 @@ class ReaderPool:
         replicas, each batch the one a single replica reads there) instead of Caffe's turns
         of one record."""
         source = spec.source
+        unit = spec.batch_size if by_batch else 1
         if self._started:
             raise DataError(f"{source}: cannot attach a reader after the pool has started")
         if not 0 <= replica < self.replicas:
@@ -464,12 +465,12 @@ class ReaderPool:
                 raise ValueError("turns of a batch need the whole round-robin in one pool")
             st = src.streams[stream] = _Stream(
                 stream, made, spec.opener or (lambda: open_db(source)), sliced=self._sliced,
-                unit=spec.batch_size if by_batch else 1)
+                unit=unit)
             if spec.rand_skip:  # Caffe skips up to rand_skip records once at the start
                 st.origin = int(np.random.default_rng(seed).integers(0, spec.rand_skip + 1))
         if replica in st.queues:
             raise DataError(f"{source}: stream {stream} already has replica {replica} attached")
-        if st.unit != (spec.batch_size if by_batch else 1):
+        if st.unit != unit:
             raise ValueError(f"stream {stream}: every replica takes the same turns")
         queue = st.queues[replica] = RecordQueue(src, st, spec.prefetch * spec.batch_size,
                                                  replica)
