@@ -11,8 +11,9 @@ Variants:
 - torchvision   torchvision.models.resnet50 with F.cross_entropy (the usual PyTorch way)
 - caffe-py      Net(configs/resnet50_dummy.yaml), every fusion on (the default)
 - ... with one change undone at a time, so the table shows what each change buys:
-  ``fuse_batchnorm_scale`` off, ``fuse_bias_activation`` off, and both fusions off with the
-  Scale/Bias bf16 cast undone (float32 blobs promote activations to float32, as before)
+  ``fuse_batchnorm_relu`` off (the ReLU back in its own op), ``batchnorm_kernels`` off
+  (PyTorch's batch_norm, the ReLU in its own op), ``fuse_batchnorm_scale`` off,
+  ``fuse_bias_activation`` off, and those fusions off with the Scale/Bias bf16 cast undone (float32 blobs promote activations to float32, as before)
 - caffe-py + inplace_activations  the opt-in in-place ReLU (batch_norm's backward keeps its
   input, not the output the ReLU overwrites)
 
@@ -172,10 +173,13 @@ def markdown(rows: list[dict], args: argparse.Namespace, device: torch.device) -
 def variants(spec: dict, device: torch.device) -> list[tuple[str, dict, bool]]:
     """(name, net options, undo the Scale/Bias cast) for every caffe-py variant."""
     return [("caffe-py (all fusions, default)", {}, False),
+            ("caffe-py, fuse_batchnorm_relu off", {"fuse_batchnorm_relu": False}, False),
+            ("caffe-py, batchnorm_kernels off", {"batchnorm_kernels": False}, False),
             ("caffe-py, fuse_batchnorm_scale off", {"fuse_batchnorm_scale": False}, False),
             ("caffe-py, fuse_bias_activation off", {"fuse_bias_activation": False}, False),
-            ("caffe-py, both fusions off + float32 Scale (before)",
-             {"fuse_batchnorm_scale": False, "fuse_bias_activation": False}, True),
+            ("caffe-py, every fusion off + float32 Scale (before)",
+             {"fuse_batchnorm_scale": False, "fuse_bias_activation": False,
+              "fuse_batchnorm_relu": False}, True),
             ("caffe-py + inplace_activations", {"inplace_activations": True}, False)]
 
 

@@ -27,7 +27,7 @@ from .layers import registry
 from .layers.base import BuildContext, DeviceCheck, Layer, Shape
 from .layers.data import Input
 from .net_weights import CopyResult, WeightsMixin
-from .passes import fuse_batchnorm_scale, fuse_bias_activation
+from .passes import fuse_batchnorm_relu, fuse_batchnorm_scale, fuse_bias_activation
 from .spec.layer_params.data import InputParameter
 from .spec.net_spec import BlobShape, LayerParameter, NetParameter, ParamSpec
 from .spec.schema import is_set, location, message_at, place, suggest
@@ -188,6 +188,9 @@ class Net(WeightsMixin, nn.Module):
         """(producer, activation) pairs whose bias add runs inside the activation kernel."""
         self.fused_norm: list[tuple[str, str]] = fuse_batchnorm_scale(self)
         """(BatchNorm, Scale) pairs run as one batch_norm with the Scale's blobs as affine."""
+        self.fused_relu: list[tuple[str, str]] = fuse_batchnorm_relu(self)
+        """(BatchNorm, ReLU) pairs whose ReLU the BatchNorm applies (the fused kernels on a
+        GPU)."""
 
     # --- building ---------------------------------------------------------------------------
     def _kept_layers(self) -> list[LayerParameter]:

@@ -1,7 +1,6 @@
-"""The build-time passes over a built Net: two fusions, each off with a net option.
+"""The build-time passes over a built Net: three fusions, each off with a net option.
 
-Both fold one layer's work into the next layer that touches the same blob, and neither
-changes a parameter object or the blob order: snapshots, weight sharing, ``lr_mult`` and the
+Each folds one layer's work into the layer before it on the same blob, and none changes a parameter object or the blob order: snapshots, weight sharing, ``lr_mult`` and the
 solver see the same net. ``Net.__init__`` runs them in this order, after every layer is built.
 
 **BatchNorm + Scale** (``fuse_batchnorm_scale``). Caffe's BatchNorm has no affine part, so
@@ -35,6 +34,23 @@ inside the fused kernel. A pair is fused only when all of these hold:
 - the producer is a Convolution, Deconvolution or InnerProduct with bias_term and one top;
 - the activation (ReLU with negative_slope >= 0, ELU with alpha >= 0, Sigmoid, TanH) is in
   place on that top, and no layer between the two reads the top (it would miss the bias).
+
+**BatchNorm + ReLU** (``fuse_batchnorm_relu``, after the BatchNorm + Scale fusion). The ReLU
+of ``BatchNorm -> Scale -> ReLU`` reads and writes the normalised tensor once more forward,
+and its backward reads the gradient and the output and writes a new gradient before
+BatchNorm's backward reads both again. The fused CUDA kernels (csrc/batchnorm.cu) apply the
+ReLU in the pass that writes the output, and recompute its mask from the input in the
+backward's two passes, which read the input and the gradient as BatchNorm's alone does. The
+ReLU passes its bottom through; the BatchNorm applies it: in its kernels where they take the
+input (caffe_py/layers/normalization.py); elsewhere (a CPU, NCHW, float64, torch.compile) by
+calling the ReLU's own activation on its output, the operations the unfused net runs. A pair is fused only when all of these
+hold:
+
+- a BatchNorm with one bottom and one top, batch statistics (not ``use_global_stats``: a TEST
+  net keeps its layers) and no loss weight;
+- the first later layer that touches that top, after the Scale folded into the BatchNorm if
+  there is one, is a ReLU in place on it with no ``propagate_down: false``, whose engine is
+  not TORCH and which has no bias folded in.
 """
 from __future__ import annotations
 
@@ -46,6 +62,7 @@ if TYPE_CHECKING:
 
 BATCHNORM_SCALE = "fuse_batchnorm_scale"
 BIAS_ACTIVATION = "fuse_bias_activation"
+BATCHNORM_RELU = "fuse_batchnorm_relu"
 PRODUCERS = ("Convolution", "Deconvolution", "InnerProduct")
 ACTIVATIONS = ("ReLU", "ELU", "Sigmoid", "TanH")
 
@@ -84,6 +101,23 @@ def fuse_bias_activation(net: Net) -> list[tuple[str, str]]:
     return fused
 
 
+def fuse_batchnorm_relu(net: Net) -> list[tuple[str, str]]:
+    """Fold every eligible ReLU into the BatchNorm before it; returns their names."""
+    if not net.ctx.options.get(BATCHNORM_RELU, True):
+        return []
+    layers: list[Any] = list(net.layers)
+    fused = []
+    for i, bn in enumerate(layers):
+        j = _fusable_relu(layers, i)
+        if j is None:
+            continue
+        relu = layers[j]
+        bn.attach_relu(relu)
+        relu.folded_into = bn.name
+        fused.append((bn.name, relu.name))
+    return fused
+
+
 def first_user(layers: Sequence[Any], i: int, blob: str) -> int | None:
     """The index of the first layer after layer i that reads or writes ``blob``, or None.
 
@@ -118,6 +152,30 @@ def _is_plain_affine(layer: Any, top: str, channels: int) -> bool:
             and tuple(layer.scale.shape) == (channels,)
             and tuple(layer.bias.shape) == (channels,)
             and getattr(layer, "folded_into", None) is None)
+
+
+def _fusable_relu(layers: Sequence[Any], i: int) -> int | None:
+    """The index of the ReLU that layer i (a BatchNorm) can apply after itself, or None."""
+    bn = layers[i]
+    spec = bn.spec
+    if spec.type != "BatchNorm" or len(spec.bottom) != 1 or len(spec.top) != 1:
+        return None
+    if bn.use_global_stats or any(w != 0 for w in spec.loss_weight):
+        return None
+    top = spec.top[0]
+    after = i
+    if bn.fused_scale is not None:  # the Scale folded in is the top's first user
+        after = first_user(layers, i, top)
+        if after is None:
+            return None
+    j = first_user(layers, after, top)
+    if j is None:
+        return None
+    relu, later = layers[j], layers[j].spec
+    ok = (later.type == "ReLU" and later.bottom == [top] and later.top == [top]
+          and all(later.propagate_down) and not relu.torch_forced and not relu.fused_bias
+          and relu.folded_into is None)
+    return j if ok else None
 
 
 def _fusable_activation(layers: Sequence[Any], i: int) -> int | None:

@@ -113,7 +113,11 @@ class _Activation(_Elementwise):
             functions.activation if self.backend == "cuda" else reference.activation)
         self.inplace = (self.in_place_requested()
                         and functions.output_derivable(self.kind, self.p))
+        self.torch_forced = resolved_engine(self, param.engine) == "TORCH"
         self._bias_from: tuple[Layer, int] | None = None
+        self.folded_into: str | None = None
+        """The BatchNorm that applies this activation after its own (fuse_batchnorm_relu);
+        this layer then passes its bottom through."""
 
     def activation_parameter(self, param) -> float:
         return 0.0
@@ -148,6 +152,11 @@ class _Activation(_Elementwise):
         return self._bias_from is not None
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x if self.folded_into is not None else self.activate(x)
+
+    def activate(self, x: torch.Tensor) -> torch.Tensor:
+        """This layer's activation of x (a BatchNorm that folded it in calls this on the
+        inputs its fused kernel does not take)."""
         if self._bias_from is not None:
             producer, axis = self._bias_from
             # The producer (Convolution/InnerProduct) never needs its output for its backward.
@@ -158,6 +167,8 @@ class _Activation(_Elementwise):
 
     def extra_repr(self) -> str:
         fused = ", fused bias" if self._bias_from is not None else ""
+        if self.folded_into is not None:
+            fused += f", folded into '{self.folded_into}'"
         return f"{super().extra_repr()}, backend={self.backend}, inplace={self.inplace}{fused}"
 
 

@@ -11,7 +11,14 @@ Mixed precision: under bfloat16/float16 autocast a float32 blob would promote a 
 activation to float32 (and every following convolution would cast it back), so Scale and Bias
 cast their operand to the activation's dtype; float32 and float64 runs compute exactly as
 before. The fusion pass (caffe_py/passes.py) lets a BatchNorm apply the following
-Scale's blobs inside its own batch_norm call (:meth:`BatchNorm.attach_affine`).
+Scale's blobs inside its own normalisation (:meth:`BatchNorm.attach_affine`), and the in-place
+ReLU after them (:meth:`BatchNorm.attach_relu`).
+
+On a GPU, batch statistics run in caffe-py's BatchNorm kernels (csrc/batchnorm.cu: statistics,
+normalisation, the folded Scale and ReLU and the running sums, three passes each way) when the
+input's channel is its fastest axis (channels_last, or an (N, C) matrix) in float32, float16 or
+bfloat16; anything else, and every net with the net option ``batchnorm_kernels: false``, runs
+PyTorch's batch_norm, the kernels' test oracle.
 """
 from __future__ import annotations
 
@@ -20,12 +27,15 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
+from ..kernels import build, functions
 from ..spec.layer_params.normalization import BatchNormParameter, BiasParameter, ScaleParameter
 from ..spec.layer_params.shared import FillerParameter
 from .base import Layer, Shape, canonical_axis
 from .registry import register
 
 _ONE = FillerParameter(type="constant", value=1.0)
+BATCHNORM_KERNELS = "batchnorm_kernels"
+"""The net option that keeps BatchNorm on PyTorch's batch_norm when false."""
 
 
 @register("BatchNorm")
@@ -54,6 +64,13 @@ class BatchNorm(Layer):
         self.add_blob("var_sum", (self.channels,), learnable=False)
         self.add_blob("count", (1,), learnable=False)
         self._affine: tuple[Any] | None = None
+        self._relu: tuple[Any] | None = None
+        self.kernels_allowed = (torch.device(self.ctx.device).type == "cuda"
+                                and bool(self.ctx.options.get(BATCHNORM_KERNELS, True))
+                                and build.available())
+        """Batch statistics run in the fused kernels (csrc/batchnorm.cu) where they take the
+        input: a CUDA net, the net option ``batchnorm_kernels`` (default true), the
+        extension built."""
         return [shape]
 
     def attach_affine(self, scale_layer: Any) -> None:
@@ -62,6 +79,18 @@ class BatchNorm(Layer):
         Scale's (same objects, same Caffe order) and are read at every forward, so weight
         sharing that re-points them is followed. Held in a tuple: not a submodule."""
         self._affine = (scale_layer,)
+
+    def attach_relu(self, relu_layer: Any) -> None:
+        """Apply ``relu_layer`` (a ReLU in place on this layer's top, after the folded Scale if
+        there is one) here: in the fused kernels when they take the input; elsewhere by
+        calling the ReLU's own activation on this layer's output, the same operations the
+        unfused net runs. The fusion pass calls this and makes the ReLU an identity."""
+        self._relu = (relu_layer,)
+
+    @property
+    def fused_relu(self) -> str | None:
+        """The name of the ReLU folded into this one, or None."""
+        return None if self._relu is None else self._relu[0].name
 
     @property
     def fused_scale(self) -> str | None:
@@ -79,13 +108,28 @@ class BatchNorm(Layer):
         if x.dim() == 1:
             x = x.view(-1, 1)  # (N,) is N values of one channel
         weight, bias = self._weight_bias()
+        if self._kernel_takes(x, weight, bias):
+            slope = self._relu[0].p if self._relu is not None else 1.0  # 1: no activation
+            y = functions.batchnorm_relu(x, weight, bias, self.mean_sum, self.var_sum,
+                                         self.count, self.eps, self.maf, slope)
+            return y.view(shape)
         if self.use_global_stats:
             y = self._normalize_global(x, weight, bias)
         elif x.numel() // self.channels > 1:
             y = self._normalize_batch(x, weight, bias)
         else:
             y = self._normalize_single(x, weight, bias)
-        return y.view(shape)
+        y = y.view(shape)
+        return y if self._relu is None else self._relu[0].activate(y)
+
+    def _kernel_takes(self, x: torch.Tensor, weight: torch.Tensor | None,
+                      bias: torch.Tensor | None) -> bool:
+        """Batch statistics on a layout and dtype the fused kernels take, the kernels allowed;
+        torch.compile traces the plain operations instead."""
+        return (not self.use_global_stats and self.kernels_allowed
+                and not torch.compiler.is_compiling()
+                and functions.batchnorm_relu_fits(x, weight, bias, self.mean_sum, self.var_sum,
+                                                  self.count))
 
     def _normalize_global(self, x: torch.Tensor, weight: torch.Tensor | None,
                           bias: torch.Tensor | None) -> torch.Tensor:
@@ -133,6 +177,8 @@ class BatchNorm(Layer):
 
     def extra_repr(self) -> str:
         fused = f", fused scale '{self.fused_scale}'" if self._affine is not None else ""
+        if self._relu is not None:
+            fused += f", fused relu '{self.fused_relu}'"
         return f"{super().extra_repr()}{fused}"
 
 

@@ -1,7 +1,7 @@
-// Python bindings of the activation kernels, the fused SoftmaxWithLoss and the SGD update. Every
-// function writes into tensors the caller allocated (so tests can poison them with NaN and see
-// any element a kernel leaves unwritten); the backward of a per-channel op returns the
-// parameter's gradient as a new [C] tensor.
+// Python bindings of the activation kernels, the fused BatchNorm + ReLU, the fused
+// SoftmaxWithLoss and the SGD update. Every function writes into tensors the caller allocated
+// (so tests can poison them with NaN and see any element a kernel leaves unwritten); the
+// backward of a per-channel op returns the parameter's gradient as a new [C] tensor.
 #include <torch/extension.h>
 
 namespace caffe_py {
@@ -17,6 +17,12 @@ void bias_act_forward(const at::Tensor& x, const at::Tensor& bias, at::Tensor& o
 at::Tensor bias_act_backward(const at::Tensor& g, const at::Tensor& y, const at::Tensor& bias,
                              at::Tensor& grad_x, int64_t C, int64_t inner, int64_t kind,
                              double p);
+at::Tensor bn_relu_forward(const at::Tensor& x, const c10::optional<at::Tensor>& gamma,
+                           const c10::optional<at::Tensor>& beta, at::Tensor& y,
+                           at::Tensor& mean_sum, at::Tensor& var_sum, at::Tensor& count,
+                           double eps, double maf, double p);
+at::Tensor bn_relu_backward(const at::Tensor& g, const at::Tensor& x, const at::Tensor& coef,
+                            at::Tensor& dx, double p);
 void softmax_loss_forward(const at::Tensor& x, const at::Tensor& label, at::Tensor& prob,
                           at::Tensor& work, at::Tensor& done, at::Tensor& loss,
                           at::Tensor& div, const c10::optional<at::Tensor>& seen, int64_t ignore,
@@ -94,6 +100,14 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("bias_act_backward", &caffe_py::bias_act_backward, "writes grad_x, returns dbias [C]",
         py::arg("grad_out"), py::arg("y"), py::arg("bias"), py::arg("grad_x"), py::arg("C"),
         py::arg("inner"), py::arg("kind"), py::arg("p"));
+  m.def("bn_relu_forward", &caffe_py::bn_relu_forward,
+        "y = relu_p(batchnorm(x) * gamma + beta) with batch statistics, the running sums "
+        "updated; returns [4, C] (a, b, mean, rstd)", py::arg("x"), py::arg("gamma"),
+        py::arg("beta"), py::arg("y"), py::arg("mean_sum"), py::arg("var_sum"),
+        py::arg("count"), py::arg("eps"), py::arg("maf"), py::arg("p"));
+  m.def("bn_relu_backward", &caffe_py::bn_relu_backward,
+        "writes dx, returns [4, C] whose rows 0 and 1 are dgamma and dbeta", py::arg("grad_out"),
+        py::arg("x"), py::arg("coef"), py::arg("dx"), py::arg("p"));
   m.def("softmax_loss_forward", &caffe_py::softmax_loss_forward,
         "Caffe's SoftmaxWithLoss on (N, C): prob, loss, div (the divisor); seen = [min, max] "
         "label", py::arg("x"), py::arg("label"), py::arg("prob"), py::arg("work"),
