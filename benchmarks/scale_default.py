@@ -6,7 +6,9 @@ goals of the multi-GPU default.
     python benchmarks/scale_default.py --out DIR --cpu          # a smoke run on CPU replicas
 
 Models: ResNet-50 (configs/resnet50_dummy.yaml with constant DummyData, bf16 autocast,
-channels_last by the solver's AUTO memory format, batch 256 per GPU) and LeNet (configs/
+channels_last by the solver's AUTO memory format, batch 256 per GPU), resnet50_fp16 (the same
+with ``precision: FLOAT16`` and its dynamic loss scaling; its goal column compares its rate
+with BF16's at the same count when ``--models`` lists resnet50 first) and LeNet (configs/
 lenet.yaml on constant DummyData, fp32, batch 64 per GPU). Each `cpy train` is a fresh process
 as a user runs it, on a solver file that fixes max_iter and display; its rate is the median of
 Caffe's display lines ("Iteration I (R iter/s, ...)") after the first two, in images/s = R x
@@ -52,8 +54,12 @@ RATE = re.compile(r"Iteration (\d+) \(([\d.e+]+) iter/s")
 MODELS = {
     # name: (display interval, max_iter, DDP warm-up/iterations)
     "resnet50": (10, 80, (15, 30)),
+    "resnet50_fp16": (10, 80, (15, 30)),
     "lenet": (1000, 8000, (200, 2000)),
 }
+PRECISION = {"resnet50": "BF16", "resnet50_fp16": "FLOAT16"}
+"""ResNet-50's solver precision per model name (resnet50_fp16: FLOAT16 with dynamic loss
+scaling, its speed compared with BF16's in the same run)."""
 
 
 def without_overlap(solver: Path) -> Path:
@@ -67,10 +73,10 @@ def without_overlap(solver: Path) -> Path:
 
 def solver_for(model: str, out: Path, cpu: bool) -> Path:
     """The model's solver with max_iter and display fixed (nothing left to a flag)."""
-    if model == "resnet50" and not cpu:
+    if model in PRECISION and not cpu:
         net = constant_dummy_data(yaml.safe_load((ROOT / "configs/resnet50_dummy.yaml")
                                                  .read_text()))
-        path = write_solver(net, out, model, "BF16")
+        path = write_solver(net, out, model, PRECISION[model])
     else:   # LeNet (and the CPU smoke run's stand-in for ResNet-50)
         net = lenet_dummy(yaml.safe_load((ROOT / "configs/lenet.yaml").read_text()), 64)
         path = write_solver(net, out, model, "FLOAT32")
@@ -188,7 +194,7 @@ def ddp(solver: Path, n: int, model: str, out: Path, cpu: bool, timeout: float =
 
 
 def verdicts(model: str, n: int, ratio_ddp: float | None, of_linear: float | None,
-             speedup: float | None) -> str:
+             speedup: float | None, bf16: float | None = None) -> str:
     goals = []
     if model == "resnet50" and n >= 2:
         if ratio_ddp is not None:
@@ -197,6 +203,9 @@ def verdicts(model: str, n: int, ratio_ddp: float | None, of_linear: float | Non
             goals.append(f">= 99% of linear: {'met' if of_linear >= 0.99 else 'NOT met'}")
     if model == "resnet50" and n == 1 and ratio_ddp is not None:
         goals.append(f">= 1.10x torchvision: {'met' if ratio_ddp >= 1.10 else 'NOT met'}")
+    if model == "resnet50_fp16" and bf16 is not None:
+        goals.append(f"FLOAT16 >= BF16's speed ({bf16:.3f}x): "
+                     f"{'met' if bf16 >= 1.0 else 'NOT met'}")
     if model == "lenet" and n in (2, 4) and speedup is not None:
         want = 1.8 if n == 2 else 3.0
         goals.append(f">= {want}x one GPU: {'met' if speedup >= want else 'NOT met'}")
@@ -274,8 +283,12 @@ def main() -> None:
                       "apart_of_linear": apart_linear}
             with jsonl.open("a") as f:
                 f.write(json.dumps(record) + "\n")
+            bf16 = None   # FLOAT16's rate over BF16's at this count (both run before)
+            if model == "resnet50_fp16" and cpy["ok"]:
+                same = [r[2] for r in rows if r[0] == "resnet50" and r[1] == n and r[2]["ok"]]
+                bf16 = cpy["images_per_s"] / same[0]["images_per_s"] if same else None
             rows.append((model, n, cpy, after, base, ratio, linear, gain, apart, apart_linear,
-                         verdicts(model, n, ratio, linear, speedup)))
+                         verdicts(model, n, ratio, linear, speedup, bf16)))
             print(json.dumps(record), flush=True)
     rows.sort(key=lambda row: (models.index(row[0]), row[1]))
     models_default = "resnet50,lenet"

@@ -27,7 +27,8 @@ from .layers import registry
 from .layers.base import BuildContext, DeviceCheck, Layer, Shape
 from .layers.data import Input
 from .net_weights import CopyResult, WeightsMixin
-from .passes import fuse_batchnorm_relu, fuse_batchnorm_scale, fuse_bias_activation
+from .passes import (fuse_batchnorm_eltwise, fuse_batchnorm_relu, fuse_batchnorm_scale,
+                     fuse_bias_activation)
 from .spec.layer_params.data import InputParameter
 from .spec.net_spec import BlobShape, LayerParameter, NetParameter, ParamSpec
 from .spec.schema import is_set, location, message_at, place, suggest
@@ -191,6 +192,9 @@ class Net(WeightsMixin, nn.Module):
         self.fused_relu: list[tuple[str, str]] = fuse_batchnorm_relu(self)
         """(BatchNorm, ReLU) pairs whose ReLU the BatchNorm applies (the fused kernels on a
         GPU)."""
+        self.fused_sum: list[tuple[str, str, str | None]] = fuse_batchnorm_eltwise(self)
+        """(BatchNorm, Eltwise, ReLU or None): the Eltwise applies the BatchNorm to one bottom,
+        sums, and applies the ReLU (the fused kernels on a GPU)."""
 
     # --- building ---------------------------------------------------------------------------
     def _kept_layers(self) -> list[LayerParameter]:

@@ -1,6 +1,6 @@
-"""The build-time passes over a built Net: three fusions, each off with a net option.
+"""The build-time passes over a built Net: four fusions, each off with a net option.
 
-Each folds one layer's work into the layer before it on the same blob, and none changes a parameter object or the blob order: snapshots, weight sharing, ``lr_mult`` and the
+Each folds one layer's work into another that touches the same blob, and none changes a parameter object or the blob order: snapshots, weight sharing, ``lr_mult`` and the
 solver see the same net. ``Net.__init__`` runs them in this order, after every layer is built.
 
 **BatchNorm + Scale** (``fuse_batchnorm_scale``). Caffe's BatchNorm has no affine part, so
@@ -51,6 +51,26 @@ hold:
 - the first later layer that touches that top, after the Scale folded into the BatchNorm if
   there is one, is a ReLU in place on it with no ``propagate_down: false``, whose engine is
   not TORCH and which has no bias folded in.
+
+**BatchNorm + Eltwise + ReLU** (``fuse_batchnorm_eltwise``, last). The end of a Caffe ResNet
+block is ``BatchNorm -> Scale`` on the last branch, an Eltwise SUM of it and the shortcut,
+and a ReLU in place on the sum: three more passes over the block's largest tensor forward.
+The Eltwise applies the BatchNorm (with its folded Scale) to that bottom, adds the other and
+applies the ReLU, in one call of the BatchNorm kernels where they take it (the residual read
+in the pass that writes the output; backward, the residual's gradient written in the pass
+that writes the input's); elsewhere it calls the BatchNorm's normalisation, its own sum and
+the ReLU's activation, the operations the unfused net runs. The BatchNorm (and its Scale)
+then pass their bottom through: the blob between them and the Eltwise holds the
+un-normalised values, which is why no other layer may read it. A triple is fused when:
+
+- the Eltwise is a SUM of two distinct bottoms with coefficients 1 and one top;
+- one bottom is the top of a BatchNorm with batch statistics, one bottom and one top, no
+  loss weight and no ReLU folded in, whose first later user (after the Scale folded into it)
+  is the Eltwise and which no layer after the Eltwise touches; when both bottoms are, the
+  later BatchNorm;
+- the ReLU, if the first later user of the Eltwise's top is one in place on it (no
+  ``propagate_down: false``, engine not TORCH, no bias folded in), is applied too; else the
+  sum is the output.
 """
 from __future__ import annotations
 
@@ -63,6 +83,7 @@ if TYPE_CHECKING:
 BATCHNORM_SCALE = "fuse_batchnorm_scale"
 BIAS_ACTIVATION = "fuse_bias_activation"
 BATCHNORM_RELU = "fuse_batchnorm_relu"
+BATCHNORM_ELTWISE = "fuse_batchnorm_eltwise"
 PRODUCERS = ("Convolution", "Deconvolution", "InnerProduct")
 ACTIVATIONS = ("ReLU", "ELU", "Sigmoid", "TanH")
 
@@ -118,6 +139,29 @@ def fuse_batchnorm_relu(net: Net) -> list[tuple[str, str]]:
     return fused
 
 
+def fuse_batchnorm_eltwise(net: Net) -> list[tuple[str, str, str | None]]:
+    """Let every eligible Eltwise SUM apply the BatchNorm on one bottom and the ReLU on its
+    top; returns the (BatchNorm, Eltwise, ReLU or None) names."""
+    if not net.ctx.options.get(BATCHNORM_ELTWISE, True):
+        return []
+    layers: list[Any] = list(net.layers)
+    fused = []
+    for i, eltwise in enumerate(layers):
+        found = _fusable_sum(layers, i)
+        if found is None:
+            continue
+        k, b = found
+        bn = layers[b]
+        eltwise.attach_batchnorm(bn, k)
+        bn.defer_to(eltwise.name)
+        j = _fusable_relu_after(layers, i, eltwise.spec.top[0])
+        if j is not None:
+            eltwise.attach_relu(layers[j])
+            layers[j].folded_into = eltwise.name
+        fused.append((bn.name, eltwise.name, None if j is None else layers[j].name))
+    return fused
+
+
 def first_user(layers: Sequence[Any], i: int, blob: str) -> int | None:
     """The index of the first layer after layer i that reads or writes ``blob``, or None.
 
@@ -168,7 +212,13 @@ def _fusable_relu(layers: Sequence[Any], i: int) -> int | None:
         after = first_user(layers, i, top)
         if after is None:
             return None
-    j = first_user(layers, after, top)
+    return _fusable_relu_after(layers, after, top)
+
+
+def _fusable_relu_after(layers: Sequence[Any], i: int, top: str) -> int | None:
+    """The index of the in-place ReLU on ``top`` that is its first user after layer i, if it
+    can be folded into another layer, or None."""
+    j = first_user(layers, i, top)
     if j is None:
         return None
     relu, later = layers[j], layers[j].spec
@@ -176,6 +226,48 @@ def _fusable_relu(layers: Sequence[Any], i: int) -> int | None:
           and all(later.propagate_down) and not relu.torch_forced and not relu.fused_bias
           and relu.folded_into is None)
     return j if ok else None
+
+
+def _fusable_sum(layers: Sequence[Any], i: int) -> tuple[int, int] | None:
+    """(bottom k, index of its BatchNorm) for layer i, an Eltwise SUM that can apply that
+    BatchNorm, or None."""
+    eltwise = layers[i]
+    spec = eltwise.spec
+    if spec.type != "Eltwise" or eltwise.operation != "SUM" or len(spec.bottom) != 2:
+        return None
+    if len(spec.top) != 1 or spec.bottom[0] == spec.bottom[1] or any(
+            c != 1.0 for c in eltwise.coeff) or not all(spec.propagate_down):
+        return None
+    best: tuple[int, int] | None = None
+    for k, blob in enumerate(spec.bottom):
+        b = _deferrable_batchnorm(layers, i, blob)
+        if b is not None and (best is None or b > best[1]):
+            best = (k, b)
+    return best
+
+
+def _deferrable_batchnorm(layers: Sequence[Any], i: int, blob: str) -> int | None:
+    """The index of the BatchNorm whose top ``blob`` layer i (an Eltwise) reads, if layer i
+    can apply it: batch statistics, no ReLU folded in, the Eltwise its first later user and
+    no layer after the Eltwise touching the blob."""
+    for b in range(i - 1, -1, -1):
+        spec = layers[b].spec
+        if blob not in spec.top:
+            continue
+        bn = layers[b]
+        if getattr(bn, "folded_into", None) is not None and spec.type == "Scale":
+            continue  # the Scale folded into the BatchNorm before it passes the blob through
+        if spec.type != "BatchNorm" or len(spec.bottom) != 1 or len(spec.top) != 1:
+            return None
+        if bn.use_global_stats or any(w != 0 for w in spec.loss_weight):
+            return None
+        if bn.fused_relu is not None or bn.deferred_to is not None:
+            return None
+        after = b if bn.fused_scale is None else first_user(layers, b, blob)
+        if after is None or first_user(layers, after, blob) != i:
+            return None
+        return b if first_user(layers, i, blob) is None else None
+    return None
 
 
 def _fusable_activation(layers: Sequence[Any], i: int) -> int | None:

@@ -168,53 +168,63 @@ class _BiasActivation(torch.autograd.Function):
 class _BatchNormReLU(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x: torch.Tensor, gamma: torch.Tensor | None, beta: torch.Tensor | None,
-                mean_sum: torch.Tensor, var_sum: torch.Tensor, count: torch.Tensor, eps: float,
-                maf: float, p: float) -> torch.Tensor:
+                residual: torch.Tensor | None, mean_sum: torch.Tensor, var_sum: torch.Tensor,
+                count: torch.Tensor, eps: float, maf: float, p: float) -> torch.Tensor:
         y = torch.empty_like(x)
         g = None if gamma is None else gamma.detach()
         b = None if beta is None else beta.detach()
-        coef = _ext().bn_relu_forward(x, g, b, y, mean_sum, var_sum, count, eps, maf, p)
-        ctx.save_for_backward(x, coef)
+        coef = _ext().bn_relu_forward(x, g, b, residual, y, mean_sum, var_sum, count, eps, maf,
+                                      p)
+        ctx.save_for_backward(x, coef, residual)
         ctx.p, ctx.affine = p, gamma is not None
         return y
 
     @staticmethod
     @once_differentiable
     def backward(ctx, g: torch.Tensor):
-        x, coef = ctx.saved_tensors
+        x, coef, residual = ctx.saved_tensors
         dx = torch.empty_like(x)
-        grad = _ext().bn_relu_backward(like(g, x), x, coef, dx, ctx.p)
+        dr = None if residual is None else torch.empty_like(x)
+        grad = _ext().bn_relu_backward(like(g, x), x, residual, coef, dx, dr, ctx.p)
         dgamma, dbeta = (grad[0], grad[1]) if ctx.affine else (None, None)
-        return dx, dgamma, dbeta, None, None, None, None, None, None
+        return dx, dgamma, dbeta, dr, None, None, None, None, None, None
 
 
-def batchnorm_relu_fits(x: torch.Tensor, *params: torch.Tensor | None) -> bool:
+def batchnorm_relu_fits(x: torch.Tensor, *params: torch.Tensor | None,
+                        residual: torch.Tensor | None = None) -> bool:
     """Whether :func:`batchnorm_relu` takes x: float32, float16 or bfloat16 on a GPU with the
     channel its fastest axis (an (N, C) matrix, channels_last), at least 2 values a channel,
-    and every parameter and running sum a float32 tensor on x's device."""
+    every parameter and running sum a float32 tensor on x's device, and the residual (if
+    any) of x's shape, dtype, device and strides."""
     if not x.is_cuda or x.dtype not in (torch.float32, torch.float16, torch.bfloat16):
         return False
-    fmt = memory_format(x)
     layout = {2: torch.contiguous_format, 4: torch.channels_last, 5: torch.channels_last_3d}
-    if x.dim() not in layout or (fmt is not layout[x.dim()] and not x.is_contiguous(
-            memory_format=layout[x.dim()])):
+    if x.dim() not in layout or not x.is_contiguous(memory_format=layout[x.dim()]):
+        return False
+    if x.shape[1] != 1 and x.stride(1) != 1:   # size-1 axes make both layouts match
         return False
     if x.numel() < 2 * x.shape[1]:
+        return False
+    if residual is not None and (residual.dtype != x.dtype or residual.device != x.device
+                                 or residual.shape != x.shape
+                                 or residual.stride() != x.stride()):
         return False
     return all(t is None or (t.dtype == torch.float32 and t.device == x.device) for t in params)
 
 
 def batchnorm_relu(x: torch.Tensor, gamma: torch.Tensor | None, beta: torch.Tensor | None,
                    mean_sum: torch.Tensor, var_sum: torch.Tensor, count: torch.Tensor,
-                   eps: float, maf: float, p: float = 0.0) -> torch.Tensor:
+                   eps: float, maf: float, p: float = 0.0,
+                   residual: torch.Tensor | None = None) -> torch.Tensor:
     """Caffe's training BatchNorm (batch statistics over every axis but 1), the folded Scale's
-    ``gamma`` and ``beta`` (both or neither) and a ReLU with negative_slope ``p`` (1: no
-    activation) in three passes each way (csrc/batchnorm.cu); x must pass
-    :func:`batchnorm_relu_fits`. The running sums
-    are updated in place as BatchNorm's own path does: s = maf * s + batch (the variance
-    unbiased), count = maf * count + 1. The backward gives dx, dgamma and dbeta."""
-    return _BatchNormReLU.apply(x, gamma, beta, mean_sum, var_sum, count, float(eps),
-                                float(maf), float(p))
+    ``gamma`` and ``beta`` (both or neither), a ``residual`` added after it (the Eltwise SUM
+    of a residual block) and a ReLU with negative_slope ``p`` (1: no activation), in three
+    passes each way (csrc/batchnorm.cu); x must pass :func:`batchnorm_relu_fits`. The running
+    sums are updated in place as BatchNorm's own path does: s = maf * s + batch (the variance
+    unbiased), count = maf * count + 1. The backward gives dx, dgamma, dbeta and the
+    residual's gradient."""
+    return _BatchNormReLU.apply(x, gamma, beta, residual, mean_sum, var_sum, count,
+                                float(eps), float(maf), float(p))
 
 
 def activation(x: torch.Tensor, kind: int, p: float = 0.0, inplace: bool = False) -> torch.Tensor:

@@ -254,9 +254,49 @@ class Eltwise(Layer):
         same_shapes(self, bottom_shapes, "Eltwise needs all bottoms the same shape")
         self.operation = p.operation
         self.coeff = list(p.coeff) or [1.0] * len(bottom_shapes)
+        self._norm: tuple[Any, int] | None = None
+        self._relu: tuple[Any] | None = None
         return [bottom_shapes[0]]
 
+    def attach_batchnorm(self, bn_layer: Any, bottom: int) -> None:
+        """Normalise bottom ``bottom`` here with ``bn_layer`` (a BatchNorm, with its folded
+        Scale, that passes it through), in the fused kernels with the sum where they take it
+        (the fusion pass ``fuse_batchnorm_eltwise`` calls this)."""
+        self._norm = (bn_layer, bottom)
+
+    def attach_relu(self, relu_layer: Any) -> None:
+        """Apply ``relu_layer`` (in place on this layer's top) after the sum."""
+        self._relu = (relu_layer,)
+
+    @property
+    def fused_batchnorm(self) -> str | None:
+        """The name of the BatchNorm this layer applies, or None."""
+        return None if self._norm is None else self._norm[0].name
+
+    @property
+    def fused_relu(self) -> str | None:
+        """The name of the ReLU this layer applies, or None."""
+        return None if self._relu is None else self._relu[0].name
+
     def forward(self, *bottoms: torch.Tensor) -> torch.Tensor:
+        if self._norm is not None:
+            return self._normalized_sum(bottoms)
+        return self._combine(bottoms)
+
+    def _normalized_sum(self, bottoms: tuple[torch.Tensor, ...]) -> torch.Tensor:
+        """The BatchNorm's output for bottom k, summed with the other bottom, then the ReLU:
+        one fused call where the kernels take it, else the layers' own operations in order."""
+        bn, k = self._norm  # type: ignore[misc]
+        relu = None if self._relu is None else self._relu[0]
+        fused = bn.normalize_sum(bottoms[k], bottoms[1 - k], 1.0 if relu is None else relu.p)
+        if fused is not None:
+            return fused
+        parts = list(bottoms)
+        parts[k] = bn.normalize(bottoms[k])
+        out = self._combine(tuple(parts))
+        return out if relu is None else relu.activate(out)
+
+    def _combine(self, bottoms: tuple[torch.Tensor, ...]) -> torch.Tensor:
         if self.operation == "PROD":
             out = bottoms[0] * bottoms[1]
             for x in bottoms[2:]:
@@ -273,6 +313,14 @@ class Eltwise(Layer):
         for x, c in zip(bottoms[1:], self.coeff[1:], strict=True):
             out = torch.add(out, x, alpha=c)
         return out
+
+    def extra_repr(self) -> str:
+        fused = ""
+        if self._norm is not None:
+            fused += f", fused batchnorm '{self.fused_batchnorm}'"
+        if self._relu is not None:
+            fused += f", fused relu '{self.fused_relu}'"
+        return f"{super().extra_repr()}{fused}"
 
 
 # --- Silence --------------------------------------------------------------------------------

@@ -65,6 +65,8 @@ class BatchNorm(Layer):
         self.add_blob("count", (1,), learnable=False)
         self._affine: tuple[Any] | None = None
         self._relu: tuple[Any] | None = None
+        self.deferred_to: str | None = None
+        """The Eltwise that normalises this layer's input (fuse_batchnorm_eltwise), or None."""
         self.kernels_allowed = (torch.device(self.ctx.device).type == "cuda"
                                 and bool(self.ctx.options.get(BATCHNORM_KERNELS, True))
                                 and build.available())
@@ -103,7 +105,27 @@ class BatchNorm(Layer):
         scale_layer = self._affine[0]
         return scale_layer.scale, scale_layer.bias
 
+    def defer_to(self, eltwise_name: str) -> None:
+        """Leave this layer's normalisation to the Eltwise named (the fusion pass
+        ``fuse_batchnorm_eltwise``): this layer then passes its bottom through, and the Eltwise
+        calls :meth:`normalize` or :meth:`normalize_sum` on it."""
+        self.deferred_to = eltwise_name
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x if self.deferred_to is not None else self.normalize(x)
+
+    def normalize_sum(self, x: torch.Tensor, residual: torch.Tensor,
+                      slope: float) -> torch.Tensor | None:
+        """relu_slope(this layer's output for x + residual) in the fused kernels (slope 1: no
+        activation), or None where they do not take x and the residual."""
+        weight, bias = self._weight_bias()
+        if not self._kernel_takes(x, weight, bias, residual):
+            return None
+        return functions.batchnorm_relu(x, weight, bias, self.mean_sum, self.var_sum, self.count,
+                                        self.eps, self.maf, slope, residual=residual)
+
+    def normalize(self, x: torch.Tensor) -> torch.Tensor:
+        """This layer's output for x (with the folded Scale and ReLU, if any)."""
         shape = x.shape
         if x.dim() == 1:
             x = x.view(-1, 1)  # (N,) is N values of one channel
@@ -123,13 +145,13 @@ class BatchNorm(Layer):
         return y if self._relu is None else self._relu[0].activate(y)
 
     def _kernel_takes(self, x: torch.Tensor, weight: torch.Tensor | None,
-                      bias: torch.Tensor | None) -> bool:
+                      bias: torch.Tensor | None, residual: torch.Tensor | None = None) -> bool:
         """Batch statistics on a layout and dtype the fused kernels take, the kernels allowed;
         torch.compile traces the plain operations instead."""
         return (not self.use_global_stats and self.kernels_allowed
                 and not torch.compiler.is_compiling()
                 and functions.batchnorm_relu_fits(x, weight, bias, self.mean_sum, self.var_sum,
-                                                  self.count))
+                                                  self.count, residual=residual))
 
     def _normalize_global(self, x: torch.Tensor, weight: torch.Tensor | None,
                           bias: torch.Tensor | None) -> torch.Tensor:
@@ -179,6 +201,8 @@ class BatchNorm(Layer):
         fused = f", fused scale '{self.fused_scale}'" if self._affine is not None else ""
         if self._relu is not None:
             fused += f", fused relu '{self.fused_relu}'"
+        if self.deferred_to is not None:
+            fused += f", applied by '{self.deferred_to}'"
         return f"{super().extra_repr()}{fused}"
 
 

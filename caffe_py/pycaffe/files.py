@@ -15,7 +15,7 @@ from ..errors import CaffePyError
 from ..layers import pycaffe as standin
 from ..layers.base import RECORD_FILLERS
 from ..net import Net as CaffePyNet
-from ..passes import BATCHNORM_RELU, BATCHNORM_SCALE, BIAS_ACTIVATION
+from ..passes import BATCHNORM_ELTWISE, BATCHNORM_RELU, BATCHNORM_SCALE, BIAS_ACTIVATION
 from ..spec.layer_params.data import InputParameter
 from ..spec.net_spec import BlobShape, NetParameter
 from . import mode
@@ -23,7 +23,8 @@ from .errors import PycaffeError, missing
 
 TRAIN, TEST = standin.TRAIN, standin.TEST
 PHASES: dict[int, str] = {TRAIN: "TRAIN", TEST: "TEST"}
-NET_OPTIONS = {BATCHNORM_SCALE: False, BIAS_ACTIVATION: False, BATCHNORM_RELU: False}
+NET_OPTIONS = {BATCHNORM_SCALE: False, BIAS_ACTIVATION: False, BATCHNORM_RELU: False,
+               BATCHNORM_ELTWISE: False}
 """A pycaffe net runs every layer by itself: no build-time fusion hides a blob."""
 
 

@@ -1,5 +1,6 @@
-"""The BatchNorm kernels (csrc/batchnorm.cu: batch statistics, the folded Scale and ReLU)
-against a float64 oracle, and a net on them against the same net on PyTorch's batch_norm.
+"""The BatchNorm kernels (csrc/batchnorm.cu: batch statistics, the folded Scale, a residual
+sum and the ReLU) against a float64 oracle, and a net on them against the same net on
+PyTorch's batch_norm.
 
 The oracle takes the kernel's inputs in float64: batch mean and biased variance, y =
 relu_p(xhat * gamma + beta), and BatchNorm's backward with the ReLU's mask. The mask is the
@@ -50,8 +51,9 @@ def layout(x: torch.Tensor) -> torch.Tensor:
     return x.contiguous(memory_format=torch.channels_last) if x.dim() == 4 else x
 
 
-def oracle(x, gamma, beta, dy, mask, p):
-    """float64 y, dx, dgamma, dbeta, batch mean and unbiased variance."""
+def oracle(x, gamma, beta, dy, mask, p, residual=None):
+    """float64 y, dx, dgamma, dbeta, batch mean and unbiased variance (the residual's
+    gradient is dz, where the mask lets dy through)."""
     xd = x.double()
     dims = [0] + list(range(2, x.dim()))
     shape = [1, -1] + [1] * (x.dim() - 2)
@@ -62,7 +64,7 @@ def oracle(x, gamma, beta, dy, mask, p):
     xhat = (xd - mean) * rstd
     g = gamma.double().view(shape) if gamma is not None else torch.ones_like(rstd)
     b = beta.double().view(shape) if beta is not None else torch.zeros_like(rstd)
-    z = xhat * g + b
+    z = xhat * g + b + (0.0 if residual is None else residual.double())
     y = torch.where(z > 0, z, p * z)
     dz = torch.where(mask, dy.double(), p * dy.double())
     dgamma = (dz * xhat).sum(dims)
@@ -70,7 +72,7 @@ def oracle(x, gamma, beta, dy, mask, p):
     dxhat = dz * g
     dx = rstd * (dxhat - dxhat.mean(dims, keepdim=True)
                  - xhat * (dxhat * xhat).mean(dims, keepdim=True))
-    return y, dx, dgamma, dbeta, mean.flatten(), var.flatten() * m / (m - 1)
+    return y, dx, dgamma, dbeta, mean.flatten(), var.flatten() * m / (m - 1), dz
 
 
 def close(got, expected, rtol, what):
@@ -81,14 +83,15 @@ def close(got, expected, rtol, what):
     assert worst <= 0, f"{what}: max error {err.max().item():.3g} beyond the bound"
 
 
-def run(x, gamma, beta, p, dy):
+def run(x, gamma, beta, p, dy, residual=None):
     sums = [torch.zeros(x.shape[1], device="cuda"), torch.zeros(x.shape[1], device="cuda"),
             torch.zeros(1, device="cuda")]
     xg = x.detach().requires_grad_()
     params = [t.detach().requires_grad_() if t is not None else None for t in (gamma, beta)]
-    y = functions.batchnorm_relu(xg, params[0], params[1], *sums, EPS, MAF, p)
+    rg = None if residual is None else residual.detach().requires_grad_()
+    y = functions.batchnorm_relu(xg, params[0], params[1], *sums, EPS, MAF, p, residual=rg)
     y.backward(dy)
-    return y, xg.grad, params, sums
+    return y, xg.grad, params, sums, None if rg is None else rg.grad
 
 
 @pytest.mark.parametrize("shape,dtype", CASES)
@@ -99,10 +102,10 @@ def test_forward_backward_and_running_sums_match_the_float64_oracle(shape, dtype
     dy = layout(randn(shape, dtype))
     gamma, beta = randn(c, scale=0.5, shift=1.0), randn(c, scale=0.3)
     assert functions.batchnorm_relu_fits(x, gamma, beta)
-    y, dx, (pg, pb), (mean_sum, var_sum, count) = run(x, gamma, beta, p, dy)
+    y, dx, (pg, pb), (mean_sum, var_sum, count), _ = run(x, gamma, beta, p, dy)
     assert y.dtype == dtype and dx.dtype == dtype
     assert y.stride() == x.stride() and dx.stride() == x.stride()
-    want_y, want_dx, want_dg, want_db, mean, var = oracle(x, gamma, beta, dy, y > 0, p)
+    want_y, want_dx, want_dg, want_db, mean, var, _ = oracle(x, gamma, beta, dy, y > 0, p)
     rtol = RTOL[dtype]
     close(y, want_y, rtol, "y")
     close(dx, want_dx, rtol, "dx")
@@ -121,7 +124,7 @@ def test_without_scale_and_after_earlier_sums():
     xg = x.detach().requires_grad_()
     y = functions.batchnorm_relu(xg, None, None, *sums, EPS, MAF, 0.0)
     y.backward(dy)
-    want_y, want_dx, _, _, mean, var = oracle(x, None, None, dy, y > 0, 0.0)
+    want_y, want_dx, _, _, mean, var, _ = oracle(x, None, None, dy, y > 0, 0.0)
     close(y, want_y, RTOL[torch.bfloat16], "y")
     close(xg.grad, want_dx, RTOL[torch.bfloat16], "dx")
     close(sums[0], MAF * 2.0 + mean, 1e-5, "mean_sum")
@@ -133,10 +136,31 @@ def test_a_large_mean_keeps_an_accurate_variance():
     """Sums about the first row, not about zero: a mean 1000 standard deviations away."""
     x = layout(randn((16, 8, 10, 10), torch.float32, scale=1.0, shift=1000.0))
     dy = layout(randn(x.shape))
-    y, dx, _, (_, var_sum, _) = run(x, None, None, 0.0, dy)
-    want_y, want_dx, _, _, _, var = oracle(x, None, None, dy, y > 0, 0.0)
+    y, dx, _, (_, var_sum, _), _ = run(x, None, None, 0.0, dy)
+    want_y, want_dx, _, _, _, var, _ = oracle(x, None, None, dy, y > 0, 0.0)
     close(var_sum, var, 1e-3, "var_sum")
     close(y, want_y, 1e-3, "y")
+
+
+@pytest.mark.parametrize("shape,dtype", [CASES[0], CASES[2], CASES[4], CASES[5], CASES[7]])
+@pytest.mark.parametrize("p", [0.0, 1.0], ids=["relu", "no activation"])
+def test_a_residual_sum_matches_the_float64_oracle(shape, dtype, p):
+    c = shape[1]
+    x = layout(randn(shape, dtype, scale=1.5, shift=0.7))
+    r = layout(randn(shape, dtype, scale=0.8))
+    dy = layout(randn(shape, dtype))
+    gamma, beta = randn(c, scale=0.5, shift=1.0), randn(c, scale=0.3)
+    assert functions.batchnorm_relu_fits(x, gamma, beta, residual=r)
+    y, dx, (pg, pb), _, dr = run(x, gamma, beta, p, dy, residual=r)
+    assert dr.dtype == dtype and dr.stride() == x.stride()
+    want_y, want_dx, want_dg, want_db, _, _, want_dr = oracle(x, gamma, beta, dy, y > 0, p,
+                                                               residual=r)
+    rtol = RTOL[dtype]
+    close(y, want_y, rtol, "y")
+    close(dx, want_dx, rtol, "dx")
+    close(dr, want_dr, rtol, "dr")
+    close(pg.grad, want_dg, 1e-4, "dgamma")
+    close(pb.grad, want_db, 1e-4, "dbeta")
 
 
 def test_every_run_gives_the_same_bits():
@@ -158,6 +182,9 @@ def test_fits_only_the_layouts_and_dtypes_the_kernels_stream():
     assert not functions.batchnorm_relu_fits(layout(x).cpu())
     assert not functions.batchnorm_relu_fits(randn((1, 8)))  # one value a channel
     assert not functions.batchnorm_relu_fits(layout(x), torch.ones(8, device="cuda").half())
+    assert not functions.batchnorm_relu_fits(layout(x), residual=x)  # another layout
+    assert not functions.batchnorm_relu_fits(layout(x), residual=layout(x).half())
+    assert functions.batchnorm_relu_fits(layout(x), residual=layout(x))
 
 
 BLOCK = """
@@ -172,11 +199,18 @@ layer:
   - {name: scale1, type: Scale, bottom: conv1, top: conv1, scale_param: {bias_term: true}}
   - {name: relu1, type: ReLU, bottom: conv1, top: conv1}
   - {name: conv2, type: Convolution, bottom: conv1, top: conv2,
-     convolution_param: {num_output: 16, kernel_size: 3, pad: 1, bias_term: false,
+     convolution_param: {num_output: 32, kernel_size: 3, pad: 1, bias_term: false,
                          weight_filler: {type: msra}}}
   - {name: bn2, type: BatchNorm, bottom: conv2, top: conv2}
-  - {name: relu2, type: ReLU, bottom: conv2, top: conv2, relu_param: {negative_slope: 0.1}}
-  - {name: pool, type: Pooling, bottom: conv2, top: pool,
+  - {name: scale2, type: Scale, bottom: conv2, top: conv2, scale_param: {bias_term: true}}
+  - {name: res, type: Eltwise, bottom: [conv1, conv2], top: res}
+  - {name: res_relu, type: ReLU, bottom: res, top: res}
+  - {name: conv3, type: Convolution, bottom: res, top: conv3,
+     convolution_param: {num_output: 16, kernel_size: 3, pad: 1, bias_term: false,
+                         weight_filler: {type: msra}}}
+  - {name: bn3, type: BatchNorm, bottom: conv3, top: conv3}
+  - {name: relu3, type: ReLU, bottom: conv3, top: conv3, relu_param: {negative_slope: 0.1}}
+  - {name: pool, type: Pooling, bottom: conv3, top: pool,
      pooling_param: {pool: AVE, global_pooling: true}}
   - {name: fc, type: InnerProduct, bottom: pool, top: fc,
      inner_product_param: {num_output: 5, weight_filler: {type: gaussian, std: 0.3}}}
@@ -185,6 +219,19 @@ layer:
 
 
 def train_step(options: dict, dtype: torch.dtype) -> tuple[Net, float, dict, dict]:
+    """One forward and backward of BLOCK; convolutions and matrix products in full float32
+    whatever earlier tests set (TF32 would move float32 results by 1e-3)."""
+    with torch.backends.cudnn.flags(enabled=True, benchmark=False, deterministic=True,
+                                    allow_tf32=False):
+        matmul = torch.backends.cuda.matmul.allow_tf32
+        torch.backends.cuda.matmul.allow_tf32 = False
+        try:
+            return _train_step(options, dtype)
+        finally:
+            torch.backends.cuda.matmul.allow_tf32 = matmul
+
+
+def _train_step(options: dict, dtype: torch.dtype) -> tuple[Net, float, dict, dict]:
     torch.manual_seed(0)
     net = Net(parse_net(loads(BLOCK), Source("net.yaml")), "TRAIN", seed=3, device="cuda",
               options=options).to(memory_format=torch.channels_last)
@@ -200,19 +247,22 @@ def train_step(options: dict, dtype: torch.dtype) -> tuple[Net, float, dict, dic
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-@pytest.mark.parametrize("options", [{}, {"fuse_batchnorm_relu": False}],
-                         ids=["fused relu", "kernels alone"])
+@pytest.mark.parametrize("options", [{}, {"fuse_batchnorm_relu": False,
+                                          "fuse_batchnorm_eltwise": False}],
+                         ids=["fused", "kernels alone"])
 def test_a_net_on_the_kernels_trains_as_the_net_on_pytorchs_batch_norm(dtype, options):
     net, loss, grads, bufs = train_step(options, dtype)
     ref_net, ref_loss, ref_grads, ref_bufs = train_step(
-        {"fuse_batchnorm_relu": False, "batchnorm_kernels": False}, dtype)
+        {"fuse_batchnorm_relu": False, "fuse_batchnorm_eltwise": False,
+         "batchnorm_kernels": False}, dtype)
     assert all(layer.kernels_allowed for layer in net.layers if layer.spec.type == "BatchNorm")
     assert not any(layer.kernels_allowed for layer in ref_net.layers
                    if layer.spec.type == "BatchNorm")
-    assert net.fused_relu == ([] if options else [("bn1", "relu1"), ("bn2", "relu2")])
+    assert net.fused_relu == ([] if options else [("bn1", "relu1"), ("bn3", "relu3")])
+    assert net.fused_sum == ([] if options else [("bn2", "res", "res_relu")])
     tol = 1e-5 if dtype == torch.float32 else 2e-2
     assert abs(loss - ref_loss) <= tol * abs(ref_loss)
-    assert grads.keys() == ref_grads.keys() and len(grads) == 6
+    assert grads.keys() == ref_grads.keys() and len(grads) == 9
     for name in ref_grads:
         scale = ref_grads[name].abs().max().item()
         err = (grads[name] - ref_grads[name]).abs().max().item()

@@ -1,19 +1,20 @@
-// Training BatchNorm (batch statistics) with the Scale folded into it and the ReLU after it, on a
-// tensor whose channel is its fastest axis (channels_last, or an (N, C) matrix), seen as an
-// [M, C] matrix. Three passes each way:
+// Training BatchNorm (batch statistics) with the Scale folded into it, optionally a residual r
+// added after it (the Eltwise SUM of a residual block) and the ReLU after that, on tensors whose
+// channel is their fastest axis (channels_last, or an (N, C) matrix), seen as [M, C] matrices.
+// Three passes each way:
 //   forward:  reduce   the per-channel sums of d = x - x[0, c] and of d * d (the first row is
 //                      the shift: sums about a value near the mean keep the variance accurate);
 //             finalize mean, biased variance, rstd = 1 / sqrt(var + eps), the affine
 //                      a = gamma * rstd and b = beta - mean * a, and Caffe's running sums;
-//             apply    y = relu_p(x * a + b).
-//   backward: reduce   dz = dy where x * a + b > 0 (p * dy elsewhere, 0 for ReLU): the sums of
-//                      dz and of dz * (x - mean);
+//             apply    y = relu_p(x * a + b [+ r]).
+//   backward: reduce   dz = dy where x * a + b [+ r] > 0 (p * dy elsewhere, 0 for ReLU): the
+//                      sums of dz and of dz * (x - mean);
 //             finalize dbeta = sum dz, dgamma = rstd * sum dz (x - mean), and the coefficients
 //                      of dx = a * dz + k * (x - mean) + d, k = -a rstd^2 sum dz (x - mean) / M,
 //                      d = -a sum dz / M (BatchNorm's backward with Scale's dgamma and dbeta);
-//             apply    dx.
-// The ReLU's mask is recomputed from x with the forward's own fused multiply-add, so the
-// backward reads x and dy only, as BatchNorm's alone does, and y is never saved.
+//             apply    dx (and dr = dz, the residual's gradient).
+// The ReLU's mask is recomputed from x (and r) with the forward's own arithmetic, so the
+// backward reads x and dy (and r) only, as BatchNorm's alone does, and y is never saved.
 //
 // The heavy passes share one launch: a thread owns one pack of V channels (V = 16 bytes), keeps
 // that pack's per-channel numbers in registers and walks down the rows with U packs in flight;
@@ -39,9 +40,22 @@ enum CoefRow : int { kA = 0, kB = 1, kMean = 2, kRstd = 3, kCoefRows = 4 };
 enum GradRow : int { kDgamma = 0, kDbeta = 1, kK = 2, kD = 3, kGradRows = 4 };
 
 // Resident 256-thread blocks the register cap allows: 4 for the forward passes (64 registers),
-// 2 for the backward's (it keeps three numbers per channel and reads two tensors).
+// 3 for the forward apply with a residual, 2 for the backward's (three numbers per channel
+// kept, two or three tensors read).
 constexpr int kFwdBlocks = 4;
+constexpr int kFwdResidualBlocks = 3;  // the apply with a residual reads two tensors
 constexpr int kBwdBlocks = 2;
+
+// The activation's input: x * a + b, plus the residual when there is one (R), the same float
+// operations in every pass so that the backward's mask is the forward's.
+template <bool R>
+__device__ __forceinline__ float pre_act(float x, float a, float b, float r) {
+  if constexpr (R) {
+    return fmaf(x, a, b) + r;
+  } else {
+    return fmaf(x, a, b);
+  }
+}
 
 // ReLU with slope p, written as common.cuh's ReluFwd / ReluBwd (NaN kept, 0 for -inf).
 __device__ __forceinline__ float relu_fwd(float z, float p) { return ReluFwd{}(z, p); }
@@ -146,11 +160,11 @@ bn_stats(const T* x, float* part, int64_t M, int64_t C) {
   write_partial<V>(s1, s2, part, C, col, active);
 }
 
-// Backward reduce: dz = relu'(dy) at x * a + b; sums of dz and dz * (x - mean).
-template <typename T, int V>
+// Backward reduce: dz = relu'(dy) at x * a + b [+ r]; sums of dz and dz * (x - mean).
+template <typename T, int V, bool R>
 __global__ void __launch_bounds__(kBlock, kBwdBlocks)
-bn_grad_sums(const T* g, const T* x, const float* coef, float* part, int64_t M, int64_t C,
-             float p) {
+bn_grad_sums(const T* g, const T* x, const T* r, const float* coef, float* part, int64_t M,
+             int64_t C, float p) {
   using P = Pack<T, V>;
   constexpr int U = Unroll<T>::value;
   const int64_t cp = C / V;
@@ -158,6 +172,7 @@ bn_grad_sums(const T* g, const T* x, const float* coef, float* part, int64_t M, 
   const bool active = col < cp;
   const P* gv = reinterpret_cast<const P*>(g);
   const P* xv = reinterpret_cast<const P*>(x);
+  const P* rv = reinterpret_cast<const P*>(r);
   float a[V], b[V], mean[V], s1[V], s2[V];
 #pragma unroll
   for (int k = 0; k < V; ++k) {
@@ -171,13 +186,14 @@ bn_grad_sums(const T* g, const T* x, const float* coef, float* part, int64_t M, 
   const int64_t step = static_cast<int64_t>(gridDim.y) * blockDim.y;
   for (int64_t r0 = static_cast<int64_t>(blockIdx.y) * blockDim.y + threadIdx.y; r0 < M;
        r0 += step * U) {
-    P gin[U], xin[U];
+    P gin[U], xin[U], rin[U];
 #pragma unroll
     for (int u = 0; u < U; ++u) {
       const int64_t row = r0 + u * step;
       if (active && row < M) {
         gin[u] = gv[row * cp + col];
         xin[u] = xv[row * cp + col];
+        if constexpr (R) rin[u] = rv[row * cp + col];
       }
     }
 #pragma unroll
@@ -186,7 +202,9 @@ bn_grad_sums(const T* g, const T* x, const float* coef, float* part, int64_t M, 
 #pragma unroll
         for (int k = 0; k < V; ++k) {
           const float xk = static_cast<float>(xin[u].v[k]);
-          const float dz = relu_bwd(static_cast<float>(gin[u].v[k]), fmaf(xk, a[k], b[k]), p);
+          const float rk = R ? static_cast<float>(rin[u].v[k]) : 0.0f;
+          const float dz = relu_bwd(static_cast<float>(gin[u].v[k]),
+                                    pre_act<R>(xk, a[k], b[k], rk), p);
           s1[k] += dz;
           s2[k] = fmaf(dz, xk - mean[k], s2[k]);
         }
@@ -267,16 +285,17 @@ bn_grad_finalize(const float* part, int rows, const float* coef, int64_t M, int6
   grad[kD * C + c] = static_cast<float>(-a * s1 / m);
 }
 
-// Forward apply: y = relu_p(x * a + b).
-template <typename T, int V>
-__global__ void __launch_bounds__(kBlock, kFwdBlocks)
-bn_apply(const T* x, const float* coef, T* y, int64_t M, int64_t C, float p) {
+// Forward apply: y = relu_p(x * a + b [+ r]).
+template <typename T, int V, bool R>
+__global__ void __launch_bounds__(kBlock, R ? kFwdResidualBlocks : kFwdBlocks)
+bn_apply(const T* x, const T* r, const float* coef, T* y, int64_t M, int64_t C, float p) {
   using P = Pack<T, V>;
   constexpr int U = Unroll<T>::value;
   const int64_t cp = C / V;
   const int64_t col = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
   if (col >= cp) return;
   const P* xv = reinterpret_cast<const P*>(x);
+  const P* rv = reinterpret_cast<const P*>(r);
   P* yv = reinterpret_cast<P*>(y);
   float a[V], b[V];
 #pragma unroll
@@ -287,11 +306,14 @@ bn_apply(const T* x, const float* coef, T* y, int64_t M, int64_t C, float p) {
   const int64_t step = static_cast<int64_t>(gridDim.y) * blockDim.y;
   for (int64_t r0 = static_cast<int64_t>(blockIdx.y) * blockDim.y + threadIdx.y; r0 < M;
        r0 += step * U) {
-    P in[U];
+    P in[U], rin[U];
 #pragma unroll
     for (int u = 0; u < U; ++u) {
       const int64_t row = r0 + u * step;
-      if (row < M) in[u] = xv[row * cp + col];
+      if (row < M) {
+        in[u] = xv[row * cp + col];
+        if constexpr (R) rin[u] = rv[row * cp + col];
+      }
     }
 #pragma unroll
     for (int u = 0; u < U; ++u) {
@@ -299,19 +321,22 @@ bn_apply(const T* x, const float* coef, T* y, int64_t M, int64_t C, float p) {
       if (row < M) {
         P out;
 #pragma unroll
-        for (int k = 0; k < V; ++k)
-          out.v[k] = static_cast<T>(relu_fwd(fmaf(static_cast<float>(in[u].v[k]), a[k], b[k]), p));
+        for (int k = 0; k < V; ++k) {
+          const float rk = R ? static_cast<float>(rin[u].v[k]) : 0.0f;
+          out.v[k] = static_cast<T>(
+              relu_fwd(pre_act<R>(static_cast<float>(in[u].v[k]), a[k], b[k], rk), p));
+        }
         yv[row * cp + col] = out;
       }
     }
   }
 }
 
-// Backward apply: dx = a * dz + k * (x - mean) + d.
-template <typename T, int V>
+// Backward apply: dx = a * dz + k * (x - mean) + d, and dr = dz with a residual.
+template <typename T, int V, bool R>
 __global__ void __launch_bounds__(kBlock, kBwdBlocks)
-bn_grad_apply(const T* g, const T* x, const float* coef, const float* grad, T* dx, int64_t M,
-              int64_t C, float p) {
+bn_grad_apply(const T* g, const T* x, const T* r, const float* coef, const float* grad, T* dx,
+              T* dr, int64_t M, int64_t C, float p) {
   using P = Pack<T, V>;
   constexpr int U = Unroll<T>::value;
   const int64_t cp = C / V;
@@ -319,7 +344,9 @@ bn_grad_apply(const T* g, const T* x, const float* coef, const float* grad, T* d
   if (col >= cp) return;
   const P* gv = reinterpret_cast<const P*>(g);
   const P* xv = reinterpret_cast<const P*>(x);
+  const P* rv = reinterpret_cast<const P*>(r);
   P* dv = reinterpret_cast<P*>(dx);
+  P* drv = reinterpret_cast<P*>(dr);
   float a[V], b[V], mean[V], kk[V], d[V];
 #pragma unroll
   for (int k = 0; k < V; ++k) {
@@ -333,27 +360,32 @@ bn_grad_apply(const T* g, const T* x, const float* coef, const float* grad, T* d
   const int64_t step = static_cast<int64_t>(gridDim.y) * blockDim.y;
   for (int64_t r0 = static_cast<int64_t>(blockIdx.y) * blockDim.y + threadIdx.y; r0 < M;
        r0 += step * U) {
-    P gin[U], xin[U];
+    P gin[U], xin[U], rin[U];
 #pragma unroll
     for (int u = 0; u < U; ++u) {
       const int64_t row = r0 + u * step;
       if (row < M) {
         gin[u] = gv[row * cp + col];
         xin[u] = xv[row * cp + col];
+        if constexpr (R) rin[u] = rv[row * cp + col];
       }
     }
 #pragma unroll
     for (int u = 0; u < U; ++u) {
       const int64_t row = r0 + u * step;
       if (row < M) {
-        P out;
+        P out, rout;
 #pragma unroll
         for (int k = 0; k < V; ++k) {
           const float xk = static_cast<float>(xin[u].v[k]);
-          const float dz = relu_bwd(static_cast<float>(gin[u].v[k]), fmaf(xk, a[k], b[k]), p);
+          const float rk = R ? static_cast<float>(rin[u].v[k]) : 0.0f;
+          const float dz = relu_bwd(static_cast<float>(gin[u].v[k]),
+                                    pre_act<R>(xk, a[k], b[k], rk), p);
           out.v[k] = static_cast<T>(fmaf(a[k], dz, fmaf(kk[k], xk - mean[k], d[k])));
+          if constexpr (R) rout.v[k] = static_cast<T>(dz);
         }
         dv[row * cp + col] = out;
+        if constexpr (R) drv[row * cp + col] = rout;
       }
     }
   }
@@ -363,7 +395,7 @@ bn_grad_apply(const T* g, const T* x, const float* coef, const float* grad, T* d
 void check_rows(const at::Tensor& x, int64_t C, const char* what) {
   TORCH_CHECK(x.is_cuda(), what, ": x must be a CUDA tensor");
   TORCH_CHECK(x.dim() >= 2 && x.size(1) == C, what, ": x must have ", C, " channels on axis 1");
-  TORCH_CHECK(x.stride(1) == 1 && x.is_non_overlapping_and_dense() &&
+  TORCH_CHECK((C == 1 || x.stride(1) == 1) && x.is_non_overlapping_and_dense() &&
                   (x.dim() == 2 ? x.is_contiguous()
                    : x.dim() == 4 ? x.is_contiguous(at::MemoryFormat::ChannelsLast)
                    : x.dim() == 5 && x.is_contiguous(at::MemoryFormat::ChannelsLast3d)),
@@ -383,14 +415,14 @@ template <typename T>
 bool packs_fit(int64_t C, std::initializer_list<const void*> ptrs) {
   if (C % pack_width<T>() != 0) return false;
   for (const void* p : ptrs)
-    if (!aligned16(p)) return false;
+    if (p != nullptr && !aligned16(p)) return false;
   return true;
 }
 
-template <typename T, int V>
-void forward_v(const at::Tensor& x, const float* gamma, const float* beta, at::Tensor& y,
-               at::Tensor& coef, at::Tensor& mean_sum, at::Tensor& var_sum, at::Tensor& count,
-               double eps, double maf, double p) {
+template <typename T, int V, bool R>
+void forward_v(const at::Tensor& x, const T* r, const float* gamma, const float* beta,
+               at::Tensor& y, at::Tensor& coef, at::Tensor& mean_sum, at::Tensor& var_sum,
+               at::Tensor& count, double eps, double maf, double p) {
   const int64_t C = x.size(1);
   const int64_t M = x.numel() / C;
   const Grid shape = bn_grid<T>(M, C / V);
@@ -408,15 +440,15 @@ void forward_v(const at::Tensor& x, const float* gamma, const float* beta, at::T
       coef.mutable_data_ptr<float>(), mean_sum.mutable_data_ptr<float>(),
       var_sum.mutable_data_ptr<float>(), count.mutable_data_ptr<float>());
   C10_CUDA_KERNEL_LAUNCH_CHECK();
-  bn_apply<T, V><<<shape.grid, shape.block, 0, stream>>>(
-      x.const_data_ptr<T>(), coef.const_data_ptr<float>(), y.mutable_data_ptr<T>(), M, C,
+  bn_apply<T, V, R><<<shape.grid, shape.block, 0, stream>>>(
+      x.const_data_ptr<T>(), r, coef.const_data_ptr<float>(), y.mutable_data_ptr<T>(), M, C,
       static_cast<float>(p));
   C10_CUDA_KERNEL_LAUNCH_CHECK();
 }
 
-template <typename T, int V>
-void backward_v(const at::Tensor& g, const at::Tensor& x, const at::Tensor& coef,
-                at::Tensor& grad, at::Tensor& dx, double p) {
+template <typename T, int V, bool R>
+void backward_v(const at::Tensor& g, const at::Tensor& x, const T* r, const at::Tensor& coef,
+                at::Tensor& grad, at::Tensor& dx, T* dr, double p) {
   const int64_t C = x.size(1);
   const int64_t M = x.numel() / C;
   const Grid shape = bn_grid<T>(M, C / V);
@@ -424,8 +456,8 @@ void backward_v(const at::Tensor& g, const at::Tensor& x, const at::Tensor& coef
   at::Tensor part = at::empty({static_cast<int64_t>(shape.grid.y), 2, C},
                               x.options().dtype(at::kFloat));
   const size_t smem = sizeof(float) * 2 * kBlock * V;
-  bn_grad_sums<T, V><<<shape.grid, shape.block, smem, stream>>>(
-      g.const_data_ptr<T>(), x.const_data_ptr<T>(), coef.const_data_ptr<float>(),
+  bn_grad_sums<T, V, R><<<shape.grid, shape.block, smem, stream>>>(
+      g.const_data_ptr<T>(), x.const_data_ptr<T>(), r, coef.const_data_ptr<float>(),
       part.mutable_data_ptr<float>(), M, C, static_cast<float>(p));
   C10_CUDA_KERNEL_LAUNCH_CHECK();
   const unsigned fin = static_cast<unsigned>((C + 31) / 32);
@@ -433,23 +465,42 @@ void backward_v(const at::Tensor& g, const at::Tensor& x, const at::Tensor& coef
       part.const_data_ptr<float>(), static_cast<int>(shape.grid.y), coef.const_data_ptr<float>(),
       M, C, grad.mutable_data_ptr<float>());
   C10_CUDA_KERNEL_LAUNCH_CHECK();
-  bn_grad_apply<T, V><<<shape.grid, shape.block, 0, stream>>>(
-      g.const_data_ptr<T>(), x.const_data_ptr<T>(), coef.const_data_ptr<float>(),
-      grad.const_data_ptr<float>(), dx.mutable_data_ptr<T>(), M, C, static_cast<float>(p));
+  bn_grad_apply<T, V, R><<<shape.grid, shape.block, 0, stream>>>(
+      g.const_data_ptr<T>(), x.const_data_ptr<T>(), r, coef.const_data_ptr<float>(),
+      grad.const_data_ptr<float>(), dx.mutable_data_ptr<T>(), dr, M, C, static_cast<float>(p));
   C10_CUDA_KERNEL_LAUNCH_CHECK();
+}
+
+// The launches for x's pack width (or one element when C or a pointer does not fit the
+// packs), with or without the residual.
+template <typename T, typename Launch>
+void by_width(int64_t C, bool residual, std::initializer_list<const void*> ptrs, Launch launch) {
+  constexpr int V = pack_width<T>();
+  const bool vec = packs_fit<T>(C, ptrs);
+  if (vec && residual)
+    launch(std::integral_constant<int, V>{}, std::true_type{});
+  else if (vec)
+    launch(std::integral_constant<int, V>{}, std::false_type{});
+  else if (residual)
+    launch(std::integral_constant<int, 1>{}, std::true_type{});
+  else
+    launch(std::integral_constant<int, 1>{}, std::false_type{});
 }
 
 }  // namespace
 
 // Writes y and updates the running sums; returns the coefficients [4, C] (a, b, mean, rstd)
-// that the backward reads. gamma and beta: both float [C], or both absent.
+// that the backward reads. gamma and beta: both float [C], or both absent; the residual, when
+// given, has x's shape, dtype and layout and is added before the activation.
 at::Tensor bn_relu_forward(const at::Tensor& x, const c10::optional<at::Tensor>& gamma,
-                           const c10::optional<at::Tensor>& beta, at::Tensor& y,
+                           const c10::optional<at::Tensor>& beta,
+                           const c10::optional<at::Tensor>& residual, at::Tensor& y,
                            at::Tensor& mean_sum, at::Tensor& var_sum, at::Tensor& count,
                            double eps, double maf, double p) {
   const int64_t C = x.dim() >= 2 ? x.size(1) : 0;
   check_rows(x, C, "bn_relu_forward");
   check_same(y, x, "y");
+  if (residual.has_value()) check_same(*residual, x, "residual");
   TORCH_CHECK(gamma.has_value() == beta.has_value(), "bn_relu_forward: give gamma and beta "
               "together");
   if (gamma.has_value()) {
@@ -464,30 +515,43 @@ at::Tensor bn_relu_forward(const at::Tensor& x, const c10::optional<at::Tensor>&
   const float* gp = gamma.has_value() ? gamma->const_data_ptr<float>() : nullptr;
   const float* bp = beta.has_value() ? beta->const_data_ptr<float>() : nullptr;
   CAFFE_PY_DISPATCH_BN(x.scalar_type(), "bn_relu_fwd", [&] {
-    if (packs_fit<scalar_t>(C, {x.const_data_ptr(), y.const_data_ptr()}))
-      forward_v<scalar_t, pack_width<scalar_t>()>(x, gp, bp, y, coef, mean_sum, var_sum, count,
-                                                  eps, maf, p);
-    else
-      forward_v<scalar_t, 1>(x, gp, bp, y, coef, mean_sum, var_sum, count, eps, maf, p);
+    const scalar_t* rp = residual.has_value() ? residual->const_data_ptr<scalar_t>() : nullptr;
+    by_width<scalar_t>(C, rp != nullptr, {x.const_data_ptr(), y.const_data_ptr(), rp},
+                       [&](auto v, auto r) {
+                         forward_v<scalar_t, decltype(v)::value, decltype(r)::value>(
+                             x, rp, gp, bp, y, coef, mean_sum, var_sum, count, eps, maf, p);
+                       });
   });
   return coef;
 }
 
-// Writes dx; returns [4, C] float whose rows 0 and 1 are dgamma and dbeta.
-at::Tensor bn_relu_backward(const at::Tensor& g, const at::Tensor& x, const at::Tensor& coef,
-                            at::Tensor& dx, double p) {
+// Writes dx (and dr, the residual's gradient, when the forward had one); returns [4, C] float
+// whose rows 0 and 1 are dgamma and dbeta.
+at::Tensor bn_relu_backward(const at::Tensor& g, const at::Tensor& x,
+                            const c10::optional<at::Tensor>& residual, const at::Tensor& coef,
+                            at::Tensor& dx, const c10::optional<at::Tensor>& dr, double p) {
   const int64_t C = x.dim() >= 2 ? x.size(1) : 0;
   check_rows(x, C, "bn_relu_backward");
   check_same(g, x, "grad_out");
   check_same(dx, x, "dx");
+  TORCH_CHECK(residual.has_value() == dr.has_value(), "bn_relu_backward: give the residual and "
+              "its gradient together");
+  if (residual.has_value()) {
+    check_same(*residual, x, "residual");
+    check_same(*dr, x, "dr");
+  }
   check_float(coef, kCoefRows * C, x, "coef");
   const c10::cuda::CUDAGuard guard(x.device());
   at::Tensor grad = at::empty({kGradRows, C}, x.options().dtype(at::kFloat));
   CAFFE_PY_DISPATCH_BN(x.scalar_type(), "bn_relu_bwd", [&] {
-    if (packs_fit<scalar_t>(C, {g.const_data_ptr(), x.const_data_ptr(), dx.const_data_ptr()}))
-      backward_v<scalar_t, pack_width<scalar_t>()>(g, x, coef, grad, dx, p);
-    else
-      backward_v<scalar_t, 1>(g, x, coef, grad, dx, p);
+    const scalar_t* rp = residual.has_value() ? residual->const_data_ptr<scalar_t>() : nullptr;
+    scalar_t* drp = dr.has_value() ? dr->data_ptr<scalar_t>() : nullptr;
+    by_width<scalar_t>(C, rp != nullptr,
+                       {g.const_data_ptr(), x.const_data_ptr(), dx.const_data_ptr(), rp, drp},
+                       [&](auto v, auto r) {
+                         backward_v<scalar_t, decltype(v)::value, decltype(r)::value>(
+                             g, x, rp, coef, grad, dx, drp, p);
+                       });
   });
   return grad;
 }

@@ -18,11 +18,13 @@ at::Tensor bias_act_backward(const at::Tensor& g, const at::Tensor& y, const at:
                              at::Tensor& grad_x, int64_t C, int64_t inner, int64_t kind,
                              double p);
 at::Tensor bn_relu_forward(const at::Tensor& x, const c10::optional<at::Tensor>& gamma,
-                           const c10::optional<at::Tensor>& beta, at::Tensor& y,
+                           const c10::optional<at::Tensor>& beta,
+                           const c10::optional<at::Tensor>& residual, at::Tensor& y,
                            at::Tensor& mean_sum, at::Tensor& var_sum, at::Tensor& count,
                            double eps, double maf, double p);
-at::Tensor bn_relu_backward(const at::Tensor& g, const at::Tensor& x, const at::Tensor& coef,
-                            at::Tensor& dx, double p);
+at::Tensor bn_relu_backward(const at::Tensor& g, const at::Tensor& x,
+                            const c10::optional<at::Tensor>& residual, const at::Tensor& coef,
+                            at::Tensor& dx, const c10::optional<at::Tensor>& dr, double p);
 void softmax_loss_forward(const at::Tensor& x, const at::Tensor& label, at::Tensor& prob,
                           at::Tensor& work, at::Tensor& done, at::Tensor& loss,
                           at::Tensor& div, const c10::optional<at::Tensor>& seen, int64_t ignore,
@@ -101,13 +103,15 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         py::arg("grad_out"), py::arg("y"), py::arg("bias"), py::arg("grad_x"), py::arg("C"),
         py::arg("inner"), py::arg("kind"), py::arg("p"));
   m.def("bn_relu_forward", &caffe_py::bn_relu_forward,
-        "y = relu_p(batchnorm(x) * gamma + beta) with batch statistics, the running sums "
-        "updated; returns [4, C] (a, b, mean, rstd)", py::arg("x"), py::arg("gamma"),
-        py::arg("beta"), py::arg("y"), py::arg("mean_sum"), py::arg("var_sum"),
-        py::arg("count"), py::arg("eps"), py::arg("maf"), py::arg("p"));
+        "y = relu_p(batchnorm(x) * gamma + beta [+ residual]) with batch statistics, the "
+        "running sums updated; returns [4, C] (a, b, mean, rstd)", py::arg("x"),
+        py::arg("gamma"), py::arg("beta"), py::arg("residual"), py::arg("y"),
+        py::arg("mean_sum"), py::arg("var_sum"), py::arg("count"), py::arg("eps"),
+        py::arg("maf"), py::arg("p"));
   m.def("bn_relu_backward", &caffe_py::bn_relu_backward,
-        "writes dx, returns [4, C] whose rows 0 and 1 are dgamma and dbeta", py::arg("grad_out"),
-        py::arg("x"), py::arg("coef"), py::arg("dx"), py::arg("p"));
+        "writes dx (and dr), returns [4, C] whose rows 0 and 1 are dgamma and dbeta",
+        py::arg("grad_out"), py::arg("x"), py::arg("residual"), py::arg("coef"), py::arg("dx"),
+        py::arg("dr"), py::arg("p"));
   m.def("softmax_loss_forward", &caffe_py::softmax_loss_forward,
         "Caffe's SoftmaxWithLoss on (N, C): prob, loss, div (the divisor); seen = [min, max] "
         "label", py::arg("x"), py::arg("label"), py::arg("prob"), py::arg("work"),
