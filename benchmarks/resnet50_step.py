@@ -13,7 +13,8 @@ Variants:
 - ... with one change undone at a time, so the table shows what each change buys:
   ``fuse_batchnorm_relu`` off (the ReLU back in its own op), ``batchnorm_kernels`` off
   (PyTorch's batch_norm, the ReLU in its own op), ``fuse_batchnorm_scale`` off,
-  ``fuse_bias_activation`` off, and those fusions off with the Scale/Bias bf16 cast undone (float32 blobs promote activations to float32, as before)
+  ``fuse_bias_activation`` off, and those fusions off with the Scale/Bias bf16 cast undone
+  (float32 blobs promote activations to float32, as before)
 - caffe-py + inplace_activations  the opt-in in-place ReLU (batch_norm's backward keeps its
   input, not the output the ReLU overwrites)
 

@@ -27,8 +27,12 @@ from .layers import registry
 from .layers.base import BuildContext, DeviceCheck, Layer, Shape
 from .layers.data import Input
 from .net_weights import CopyResult, WeightsMixin
-from .passes import (fuse_batchnorm_eltwise, fuse_batchnorm_relu, fuse_batchnorm_scale,
-                     fuse_bias_activation)
+from .passes import (
+    fuse_batchnorm_eltwise,
+    fuse_batchnorm_relu,
+    fuse_batchnorm_scale,
+    fuse_bias_activation,
+)
 from .spec.layer_params.data import InputParameter
 from .spec.net_spec import BlobShape, LayerParameter, NetParameter, ParamSpec
 from .spec.schema import is_set, location, message_at, place, suggest

@@ -1,7 +1,8 @@
 """The build-time passes over a built Net: four fusions, each off with a net option.
 
-Each folds one layer's work into another that touches the same blob, and none changes a parameter object or the blob order: snapshots, weight sharing, ``lr_mult`` and the
-solver see the same net. ``Net.__init__`` runs them in this order, after every layer is built.
+Each folds one layer's work into another that touches the same blob, and none changes a
+parameter object or the blob order: snapshots, weight sharing, ``lr_mult`` and the solver see
+the same net. ``Net.__init__`` runs them in this order, after every layer is built.
 
 **BatchNorm + Scale** (``fuse_batchnorm_scale``). Caffe's BatchNorm has no affine part, so
 every Caffe ResNet writes ``BatchNorm -> Scale (bias_term) -> ReLU``, all in place on one
@@ -43,8 +44,8 @@ ReLU in the pass that writes the output, and recompute its mask from the input i
 backward's two passes, which read the input and the gradient as BatchNorm's alone does. The
 ReLU passes its bottom through; the BatchNorm applies it: in its kernels where they take the
 input (caffe_py/layers/normalization.py); elsewhere (a CPU, NCHW, float64, torch.compile) by
-calling the ReLU's own activation on its output, the operations the unfused net runs. A pair is fused only when all of these
-hold:
+calling the ReLU's own activation on its output, the operations the unfused net runs. A pair
+is fused only when all of these hold:
 
 - a BatchNorm with one bottom and one top, batch statistics (not ``use_global_stats``: a TEST
   net keeps its layers) and no loss weight;
@@ -207,12 +208,10 @@ def _fusable_relu(layers: Sequence[Any], i: int) -> int | None:
     if bn.use_global_stats or any(w != 0 for w in spec.loss_weight):
         return None
     top = spec.top[0]
-    after = i
+    after: int | None = i
     if bn.fused_scale is not None:  # the Scale folded in is the top's first user
         after = first_user(layers, i, top)
-        if after is None:
-            return None
-    return _fusable_relu_after(layers, after, top)
+    return None if after is None else _fusable_relu_after(layers, after, top)
 
 
 def _fusable_relu_after(layers: Sequence[Any], i: int, top: str) -> int | None:

@@ -1,7 +1,7 @@
 """The BatchNorm + ReLU and BatchNorm + Eltwise + ReLU fusion passes (caffe_py/passes.py):
 which layers they fold, and that a CPU net with them (the layers' own operations, called by
-the layer that applies them) trains bit for bit as the net without them. The fused kernels themselves are held to a float64 oracle in
-tests/kernels/test_batchnorm_relu_gpu.py."""
+the layer that applies them) trains bit for bit as the net without them. The fused kernels
+themselves are held to a float64 oracle in tests/kernels/test_batchnorm_relu_gpu.py."""
 from __future__ import annotations
 
 import pytest
@@ -106,7 +106,7 @@ def test_a_fused_cpu_net_trains_bit_for_bit_as_the_unfused_net():
     plain_losses, plain_state = train(build(fuse_batchnorm_relu=False))
     assert fused_losses == plain_losses
     assert len(fused_state) == len(plain_state) == 16
-    assert all(torch.equal(a, b) for a, b in zip(fused_state, plain_state))
+    assert all(torch.equal(a, b) for a, b in zip(fused_state, plain_state, strict=True))
 
 
 def bn_scale(name: str, blob: str) -> str:
@@ -162,7 +162,7 @@ def test_a_fused_residual_cpu_net_trains_bit_for_bit_as_the_unfused_net():
                                             fuse_batchnorm_relu=False))
     assert fused_losses == plain_losses
     assert len(fused_state) == len(plain_state) == 32
-    assert all(torch.equal(a, b) for a, b in zip(fused_state, plain_state))
+    assert all(torch.equal(a, b) for a, b in zip(fused_state, plain_state, strict=True))
 
 
 @pytest.mark.parametrize("old,new,fused", [
