@@ -199,18 +199,27 @@ def _is_plain_affine(layer: Any, top: str, channels: int) -> bool:
             and getattr(layer, "folded_into", None) is None)
 
 
+def _batch_statistics(layer: Any) -> bool:
+    """A BatchNorm with batch statistics, one bottom, one top and no loss weight: one whose
+    output another layer may produce (a TEST net's global statistics keep their layers)."""
+    spec = layer.spec
+    return (spec.type == "BatchNorm" and len(spec.bottom) == 1 and len(spec.top) == 1
+            and not layer.use_global_stats and not any(w != 0 for w in spec.loss_weight))
+
+
+def _after_scale(layers: Sequence[Any], b: int) -> int | None:
+    """The last layer of BatchNorm b's own work: the Scale folded into it (its top's first
+    user), else b itself."""
+    bn = layers[b]
+    return b if bn.fused_scale is None else first_user(layers, b, bn.spec.top[0])
+
+
 def _fusable_relu(layers: Sequence[Any], i: int) -> int | None:
     """The index of the ReLU that layer i (a BatchNorm) can apply after itself, or None."""
-    bn = layers[i]
-    spec = bn.spec
-    if spec.type != "BatchNorm" or len(spec.bottom) != 1 or len(spec.top) != 1:
+    if not _batch_statistics(layers[i]):
         return None
-    if bn.use_global_stats or any(w != 0 for w in spec.loss_weight):
-        return None
-    top = spec.top[0]
-    after: int | None = i
-    if bn.fused_scale is not None:  # the Scale folded in is the top's first user
-        after = first_user(layers, i, top)
+    after = _after_scale(layers, i)
+    top = layers[i].spec.top[0]
     return None if after is None else _fusable_relu_after(layers, after, top)
 
 
@@ -256,13 +265,9 @@ def _deferrable_batchnorm(layers: Sequence[Any], i: int, blob: str) -> int | Non
         bn = layers[b]
         if getattr(bn, "folded_into", None) is not None and spec.type == "Scale":
             continue  # the Scale folded into the BatchNorm before it passes the blob through
-        if spec.type != "BatchNorm" or len(spec.bottom) != 1 or len(spec.top) != 1:
+        if not _batch_statistics(bn) or bn.fused_relu is not None or bn.deferred_to is not None:
             return None
-        if bn.use_global_stats or any(w != 0 for w in spec.loss_weight):
-            return None
-        if bn.fused_relu is not None or bn.deferred_to is not None:
-            return None
-        after = b if bn.fused_scale is None else first_user(layers, b, blob)
+        after = _after_scale(layers, b)
         if after is None or first_user(layers, after, blob) != i:
             return None
         return b if first_user(layers, i, blob) is None else None

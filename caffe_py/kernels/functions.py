@@ -21,6 +21,8 @@ from . import build
 from .reference import ELU, RELU
 
 _FORMATS = (torch.contiguous_format, torch.channels_last, torch.channels_last_3d)
+_CHANNEL_LAST = {2: torch.contiguous_format, 4: torch.channels_last, 5: torch.channels_last_3d}
+"""Per dimension, the layout in which the channel (axis 1) is the fastest axis."""
 
 
 def _ext():
@@ -198,8 +200,8 @@ def batchnorm_relu_fits(x: torch.Tensor, *params: torch.Tensor | None,
     any) of x's shape, dtype, device and strides."""
     if not x.is_cuda or x.dtype not in (torch.float32, torch.float16, torch.bfloat16):
         return False
-    layout = {2: torch.contiguous_format, 4: torch.channels_last, 5: torch.channels_last_3d}
-    if x.dim() not in layout or not x.is_contiguous(memory_format=layout[x.dim()]):
+    layout = _CHANNEL_LAST.get(x.dim())
+    if layout is None or not x.is_contiguous(memory_format=layout):
         return False
     if x.shape[1] != 1 and x.stride(1) != 1:   # size-1 axes make both layouts match
         return False

@@ -107,13 +107,14 @@ class _Activation(_Elementwise):
         param = self.param()
         self.p = self.activation_parameter(param)
         self.backend, self.kernels_allowed = pick_backend(self, param.engine, self.spec.type)
-        self.fuse_forced = resolved_engine(self, param.engine) == "CUDA"
+        engine = resolved_engine(self, param.engine)
+        self.fuse_forced = engine == "CUDA"
         self.top_elements = math.prod(shape)
         self._impl: Callable[..., torch.Tensor] = (
             functions.activation if self.backend == "cuda" else reference.activation)
         self.inplace = (self.in_place_requested()
                         and functions.output_derivable(self.kind, self.p))
-        self.torch_forced = resolved_engine(self, param.engine) == "TORCH"
+        self.torch_forced = engine == "TORCH"
         self._bias_from: tuple[Layer, int] | None = None
         self.folded_into: str | None = None
         """The BatchNorm that applies this activation after its own (fuse_batchnorm_relu);

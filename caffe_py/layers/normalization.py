@@ -118,23 +118,18 @@ class BatchNorm(Layer):
                       slope: float) -> torch.Tensor | None:
         """relu_slope(this layer's output for x + residual) in the fused kernels (slope 1: no
         activation), or None where they do not take x and the residual."""
-        weight, bias = self._weight_bias()
-        if not self._kernel_takes(x, weight, bias, residual):
-            return None
-        return functions.batchnorm_relu(x, weight, bias, self.mean_sum, self.var_sum, self.count,
-                                        self.eps, self.maf, slope, residual=residual)
+        return self._in_kernels(x, slope, residual)
 
     def normalize(self, x: torch.Tensor) -> torch.Tensor:
         """This layer's output for x (with the folded Scale and ReLU, if any)."""
         shape = x.shape
         if x.dim() == 1:
             x = x.view(-1, 1)  # (N,) is N values of one channel
+        slope = self._relu[0].p if self._relu is not None else 1.0  # 1: no activation
+        fused = self._in_kernels(x, slope)
+        if fused is not None:
+            return fused.view(shape)
         weight, bias = self._weight_bias()
-        if self._kernel_takes(x, weight, bias):
-            slope = self._relu[0].p if self._relu is not None else 1.0  # 1: no activation
-            y = functions.batchnorm_relu(x, weight, bias, self.mean_sum, self.var_sum,
-                                         self.count, self.eps, self.maf, slope)
-            return y.view(shape)
         if self.use_global_stats:
             y = self._normalize_global(x, weight, bias)
         elif x.numel() // self.channels > 1:
@@ -144,14 +139,19 @@ class BatchNorm(Layer):
         y = y.view(shape)
         return y if self._relu is None else self._relu[0].activate(y)
 
-    def _kernel_takes(self, x: torch.Tensor, weight: torch.Tensor | None,
-                      bias: torch.Tensor | None, residual: torch.Tensor | None = None) -> bool:
-        """Batch statistics on a layout and dtype the fused kernels take, the kernels allowed;
-        torch.compile traces the plain operations instead."""
-        return (not self.use_global_stats and self.kernels_allowed
-                and not torch.compiler.is_compiling()
-                and functions.batchnorm_relu_fits(x, weight, bias, self.mean_sum, self.var_sum,
-                                                  self.count, residual=residual))
+    def _in_kernels(self, x: torch.Tensor, slope: float,
+                    residual: torch.Tensor | None = None) -> torch.Tensor | None:
+        """relu_slope(this layer's output for x [+ residual]) in the fused kernels, or None
+        unless they take it: batch statistics, the kernels allowed, a layout and dtype they
+        stream (torch.compile traces the plain operations instead)."""
+        if self.use_global_stats or not self.kernels_allowed or torch.compiler.is_compiling():
+            return None
+        weight, bias = self._weight_bias()
+        if not functions.batchnorm_relu_fits(x, weight, bias, self.mean_sum, self.var_sum,
+                                             self.count, residual=residual):
+            return None
+        return functions.batchnorm_relu(x, weight, bias, self.mean_sum, self.var_sum, self.count,
+                                        self.eps, self.maf, slope, residual=residual)
 
     def _normalize_global(self, x: torch.Tensor, weight: torch.Tensor | None,
                           bias: torch.Tensor | None) -> torch.Tensor:
