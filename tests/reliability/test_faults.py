@@ -414,20 +414,30 @@ def test_sigterm_acts_within_a_second_while_the_input_stalls(tmp_path):
 
 
 def _until_quiet(proc, quiet: float, timeout: float) -> list[str]:
-    """``proc``'s log lines (stderr, glog prefix removed) until none comes for ``quiet`` s."""
+    """``proc``'s log lines (stderr, glog prefix removed) until none comes for ``quiet`` s.
+
+    Reads the pipe's descriptor itself: a buffered ``readline`` may hold lines already read
+    from the pipe while ``select`` on the descriptor says nothing is left, which cut the lines
+    short by however many sat in the buffer. The first reader of ``proc.stderr``; what it has
+    not read stays in the pipe for ``communicate``."""
+    import codecs
     import selectors
 
     lines: list[str] = []
+    fd = proc.stderr.fileno()
+    decode = codecs.getincrementaldecoder("utf-8")(errors="replace").decode
+    pending = ""
     deadline = time.monotonic() + timeout
     with selectors.DefaultSelector() as sel:
-        sel.register(proc.stderr, selectors.EVENT_READ)
+        sel.register(fd, selectors.EVENT_READ)
         while time.monotonic() < deadline:
             if not sel.select(quiet):
                 if lines:
                     return lines
                 continue
-            line = proc.stderr.readline()
-            if not line:
+            chunk = os.read(fd, 65536)
+            if not chunk:
                 break
-            lines.append(bare(line.rstrip("\n")))
+            *done, pending = (pending + decode(chunk)).split("\n")
+            lines.extend(bare(line) for line in done)
     raise AssertionError(f"the run never went quiet (or ended): {lines[-5:]}")
