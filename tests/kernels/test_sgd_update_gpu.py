@@ -2,7 +2,8 @@
 the op-by-op pipeline (``fused=False``, itself held to Caffe's formulas by
 tests/solver/test_rules.py), bit for bit: host and device rates, L2 and L1, iter_size, the
 gradient clip before it, groups with other multipliers, a decay of zero, momentum zero,
-channels_last weights, empty tensors and enough tensors and elements for several launches.
+channels_last weights, empty tensors, enough tensors for several launches, and views into one
+buffer (a replica's flat buffers) on and off 16-byte boundaries.
 Skipped without CUDA; run with `pytest -m gpu`."""
 from __future__ import annotations
 
@@ -27,19 +28,28 @@ def solver(**fields):
     return parse_solver(node, Source())
 
 
-def run(p, shapes, mults, fused, steps=5, device_rates=False, channels_last=False, seed=0):
-    """The weights, gradients and history after ``steps`` updates of random gradients."""
+def run(p, shapes, mults, fused, steps=5, device_rates=False, channels_last=False, seed=0,
+        offset=None):
+    """The weights, gradients and history after ``steps`` updates of random gradients.
+    ``offset``: every weight and gradient is a view into one flat buffer, the first starting
+    ``offset`` elements in and each next one right after it (as in a replica's flat buffers;
+    an offset that is not a multiple of 4 leaves them off 16-byte boundaries)."""
     gen = torch.Generator(device="cuda").manual_seed(seed)
     fmt = torch.channels_last if channels_last else torch.contiguous_format
     params = [torch.nn.Parameter(torch.randn(s, generator=gen, device="cuda").contiguous(
         memory_format=fmt if len(s) == 4 else torch.contiguous_format)) for s in shapes]
+    if offset is not None:
+        params = [torch.nn.Parameter(view) for view in _views(params, offset)]
     up = Updater(p, params, mults, fused=fused)
     step = 0
     for it in range(steps):
         rate, step = learning_rate(p, it, step)
-        for w in params:
-            w.grad = torch.randn(w.shape, generator=gen, device="cuda").contiguous(
-                memory_format=fmt if w.dim() == 4 else torch.contiguous_format)
+        grads = [torch.randn(w.shape, generator=gen, device="cuda").contiguous(
+            memory_format=fmt if w.dim() == 4 else torch.contiguous_format) for w in params]
+        if offset is not None:
+            grads = _views(grads, offset)
+        for w, g in zip(params, grads, strict=True):
+            w.grad = g
         scales = up.scales(rate, it)
         if device_rates:
             up.apply_scales(torch.tensor(scales, dtype=torch.float32, device="cuda"))
@@ -47,6 +57,18 @@ def run(p, shapes, mults, fused, steps=5, device_rates=False, channels_last=Fals
             up.apply_scales(scales)
     torch.cuda.synchronize()
     return up, [w.detach() for w in params] + [w.grad for w in params] + list(up.history)
+
+
+def _views(tensors, offset):
+    """Copies of ``tensors`` as views into one buffer, the first ``offset`` elements in."""
+    buf = torch.zeros(offset + sum(t.numel() for t in tensors), device="cuda")
+    views, at = [], offset
+    for t in tensors:
+        view = buf[at:at + t.numel()].view(t.shape)
+        view.copy_(t)
+        views.append(view)
+        at += t.numel()
+    return views
 
 
 def assert_same(p, shapes, mults, **kw):
@@ -78,12 +100,23 @@ def test_solver_fields_are_the_pipelines_bit_for_bit(fields, device_rates):
                 device_rates=device_rates)
 
 
-def test_many_tensors_and_blocks_split_over_launches():
-    # 60 tensors (24 a launch), one of 3.1 M elements (over 320 blocks of 8,192), empty ones
-    shapes = [(3_100_000,), (0,), *[(k * 37 + 1,) for k in range(55)], (0, 4), (8193,), (1,)]
+def test_many_tensors_split_over_launches():
+    # 135 tensors (64 a launch), one of 3.1 M elements (757 blocks of 4,096), empty ones, sizes
+    # that leave 1-3 elements after the last float4
+    shapes = [(3_100_000,), (0,), *[(k * 37 + 1,) for k in range(130)], (0, 4), (8193,), (1,)]
     mults = [(1 + k % 3, k % 2) for k in range(len(shapes))]
     assert_same(solver(), shapes, mults, device_rates=True)
     assert_same(solver(), shapes, mults)
+
+
+@pytest.mark.parametrize("offset", [0, 1, 2, 4], ids=lambda k: f"{k} elements in")
+def test_views_into_one_buffer_at_any_alignment(offset):
+    # a replica's flat buffers: aligned views stream in float4 packs, the others element by
+    # element, the same numbers
+    shapes = [(5,), (64, 3, 3, 3), (4099,), (10, 7), (1,), (8192,)]
+    mults = [(1, 1), (2, 0)] * 3
+    assert_same(solver(), shapes, mults, offset=offset, device_rates=True)
+    assert_same(solver(), shapes, mults, offset=offset)
 
 
 def test_channels_last_weights_stream_in_their_layout():
