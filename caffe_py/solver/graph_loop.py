@@ -54,6 +54,9 @@ CHUNK_MAX = 32
 """The most iterations one replay runs."""
 CHUNK_TARGET_MS = 4.0
 """A chunk aims at about this much device time (one replay per iteration above it)."""
+HOST_BUFFERS = 2
+"""Pinned host buffers of the rates per member, filled in turn: a buffer is written again once
+the copy that read it has run, so the host may run this many replays ahead."""
 SLOT_BYTES_MAX = 256 << 20
 """The static batch slots of a chunk take at most this much device memory."""
 
@@ -79,11 +82,11 @@ class _Graph:
 @dataclass
 class _Scales:
     """The per-iteration update multipliers: a device (chunk, groups) buffer the graphs read,
-    filled from two pinned host buffers used in turn."""
+    filled from HOST_BUFFERS pinned host buffers used in turn."""
 
     device: torch.Tensor
     host: list[torch.Tensor]
-    done: list[torch.cuda.Event | None] = field(default_factory=lambda: [None, None])
+    done: list[torch.cuda.Event | None] = field(default_factory=list)
     turn: int = 0
     rows: list[list[float]] = field(default_factory=list)
     """The last rows put, as host floats (what the CPU emulation's updates use)."""
@@ -92,11 +95,12 @@ class _Scales:
     def on(cls, device: torch.device, slots: int, groups: int) -> _Scales:
         pinned = device.type == "cuda"
         return cls(torch.zeros((slots, groups), device=device),
-                   [torch.zeros((slots, groups), pin_memory=pinned) for _ in range(2)])
+                   [torch.zeros((slots, groups), pin_memory=pinned)
+                    for _ in range(HOST_BUFFERS)], [None] * HOST_BUFFERS)
 
     def put(self, rows: list[list[float]]) -> None:
         self.rows = rows
-        k = self.turn % 2
+        k = self.turn % len(self.host)
         self.turn += 1
         done = self.done[k]
         if done is not None:
@@ -105,9 +109,9 @@ class _Scales:
         buf[:len(rows)] = torch.tensor(rows, dtype=torch.float32)
         on_cuda = self.device.is_cuda
         self.device[:len(rows)].copy_(buf[:len(rows)], non_blocking=on_cuda)
-        if on_cuda:
+        if on_cuda:   # on the copy's own stream: the current one of the buffer's device
             done = self.done[k] = torch.cuda.Event()
-            done.record()
+            done.record(torch.cuda.current_stream(self.device.device))
 
 
 class GraphedLoop:
