@@ -1,0 +1,413 @@
+"""Where each replica's step time goes: `cpy train --gpus 0..N-1` with no flag, a few of its
+replayed iterations traced by torch.profiler, every GPU's kernels taken apart against the same
+trace on one GPU.
+
+    python benchmarks/replica_profile.py --out DIR --runs 1,4
+    python benchmarks/replica_profile.py --out DIR --runs 1,4,4+noreduce,4+NCCL_PROTO=Simple
+
+Each run is a fresh process that trains benchmarks/scale_default.py's ResNet-50 (constant
+DummyData, bf16, batch 256 per GPU) through ``caffe_py.train.train`` as `cpy train` does, with
+the replay of the captured iterations wrapped: after WARM replays it traces PROFILED replays
+(CUDA activity only, every device, between marker kernels; the trace starts before the
+capture), then times TIMED more on the wall clock, untraced (the host is ahead of the GPUs, so a
+replay's wall time is the iteration's period). Per GPU and
+iteration, from the trace:
+
+* *period*: the trace's span over the iterations traced;
+* *busy*: the time some kernel or copy runs; *idle* = period - busy;
+* *compute*: the kernels other than NCCL's, as the time some runs and as the sum of their
+  durations; *Δ compute*: that sum over the same sum on one GPU (kernels slowed by NCCL's beside
+  them, plus the reduction's own 1/N multiply); *side*: the kernels other than NCCL's on
+  streams other than backward's (that multiply);
+* *NCCL*: the time an NCCL kernel runs, and the part of it with no other kernel beside it
+  (*exposed*);
+* *update*: Caffe's update kernel (``sgd_update_kernel``), and *before update*: from the end of
+  the last NCCL kernel to the update's start (the reduction's join).
+
+A run's variant follows its count after ``+``: ``noreduce`` replaces NCCL's all-reduce by
+nothing (each replica trains on its own gradient: not a training run, a bound on what the
+reduction costs), ``after`` sets the solver's ``layer_wise_reduce: false`` (one all-reduce
+after backward), ``buffersK`` gives the rates K pinned host buffers (the host may run K replays
+ahead), ``KEY=VALUE`` sets an environment variable (NCCL's knobs). The table is printed
+last and written to DIR/replica_profile.md, with the kernels whose summed time grew most
+against one GPU, each GPU's longest idle gaps (between which kernels) and the host thread's
+time per iteration in the graph launches, the rates' copies and the Solvers' end_iteration;
+every run is a JSON line in DIR/replica_profile.jsonl.
+"""
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import os
+import platform
+import subprocess
+import sys
+import time
+from collections import defaultdict
+from collections.abc import Iterable, Sequence
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT / "benchmarks"))
+sys.path.insert(0, str(ROOT))
+
+WARM = 4
+"""Replays after the loop's own timed ones, before the trace (clocks and caches settle)."""
+PROFILED = 5
+TIMED = 20
+Interval = tuple[int, int]
+
+
+# --- the trace's arithmetic (pure: tested on made-up intervals) --------------------------------
+def union(intervals: Iterable[Interval]) -> list[Interval]:
+    """The intervals merged where they touch or overlap, in order."""
+    merged: list[list[int]] = []
+    for start, end in sorted(intervals):
+        if merged and start <= merged[-1][1]:
+            merged[-1][1] = max(merged[-1][1], end)
+        else:
+            merged.append([start, end])
+    return [(a, b) for a, b in merged]
+
+
+def length(intervals: Iterable[Interval]) -> int:
+    return sum(b - a for a, b in intervals)
+
+
+def overlap(a: Sequence[Interval], b: Sequence[Interval]) -> int:
+    """Total length of the intersection of two merged interval lists."""
+    i = j = total = 0
+    while i < len(a) and j < len(b):
+        lo, hi = max(a[i][0], b[j][0]), min(a[i][1], b[j][1])
+        total += max(0, hi - lo)
+        if a[i][1] < b[j][1]:
+            i += 1
+        else:
+            j += 1
+    return total
+
+
+def is_nccl(name: str) -> bool:
+    return "nccl" in name.lower()
+
+
+def is_update(name: str) -> bool:
+    return "sgd_update_kernel" in name
+
+
+Event = tuple[str, int, int, int]
+"""A kernel or copy of the trace: (name, stream, start ns, end ns)."""
+
+
+def device_breakdown(events: Sequence[Event], iterations: int) -> dict:
+    """One device's trace taken apart per iteration (milliseconds; the module docstring says
+    what each is). *side* is the summed time of the kernels other than NCCL's on streams
+    other than the busiest (backward's): the reduction's 1/N multiply."""
+    if not events:
+        return {}
+    per = 1e6 * iterations
+    everything = union((s, e) for _, _, s, e in events)
+    nccl = union((s, e) for n, _, s, e in events if is_nccl(n))
+    compute = union((s, e) for n, _, s, e in events if not is_nccl(n))
+    period = everything[-1][1] - everything[0][0]
+    by_stream: dict[int, int] = defaultdict(int)
+    for _, stream, s, e in events:
+        by_stream[stream] += e - s
+    main = max(by_stream, key=lambda k: by_stream[k])
+    joins = []
+    nccl_ends = sorted(e for n, _, _, e in events if is_nccl(n))
+    for s in _iteration_starts(sorted(s for n, _, s, _ in events if is_update(n))):
+        before = [e for e in nccl_ends if e <= s]
+        if before:
+            joins.append(s - before[-1])
+    names: dict[str, float] = defaultdict(float)
+    for n, _, s, e in events:
+        names[n] += (e - s) / per
+    return {
+        "gaps": idle_gaps(events, iterations),
+        "period_ms": period / per,
+        "busy_ms": length(everything) / per,
+        "idle_ms": (period - length(everything)) / per,
+        "compute_ms": length(compute) / per,
+        "compute_sum_ms": sum(e - s for n, _, s, e in events if not is_nccl(n)) / per,
+        "side_ms": sum(e - s for n, k, s, e in events if not is_nccl(n) and k != main) / per,
+        "nccl_ms": length(nccl) / per,
+        "nccl_exposed_ms": (length(nccl) - overlap(nccl, compute)) / per,
+        "update_ms": sum(e - s for n, _, s, e in events if is_update(n)) / per,
+        "before_update_ms": sum(joins) / len(joins) / 1e6 if joins else None,
+        "kernels": dict(names),
+    }
+
+
+def idle_gaps(events: Sequence[Event], iterations: int, top: int = 4,
+              least_ns: int = 20_000) -> list[tuple[float, str, str]]:
+    """Where a device idles: the gaps of at least ``least_ns`` with no kernel or copy running,
+    summed per (the kernel before, the kernel after) and per iteration (ms), largest first."""
+    spans = sorted((s, e, n) for n, _, s, e in events)
+    totals: dict[tuple[str, str], float] = defaultdict(float)
+    end, before = spans[0][1], spans[0][2]
+    for s, e, n in spans[1:]:
+        if s - end >= least_ns:
+            totals[(before[:60], n[:60])] += (s - end) / 1e6 / iterations
+        if e > end:
+            end, before = e, n
+    return [(ms, a, b) for (a, b), ms in sorted(totals.items(), key=lambda kv: -kv[1])[:top]]
+
+
+def _iteration_starts(starts: Sequence[int], gap_ns: int = 1_000_000) -> list[int]:
+    """The first of each run of update kernels (an iteration's update launches lie within a
+    fraction of a millisecond; iterations are further apart than ``gap_ns``)."""
+    return [s for k, s in enumerate(starts) if k == 0 or s - starts[k - 1] > gap_ns]
+
+
+def grown(run: dict, one: dict, top: int = 8) -> list[tuple[str, float]]:
+    """The kernels of ``run``'s first GPU whose summed time per iteration grew most against
+    ``one`` (the one-GPU run's), NCCL's left out."""
+    mine, base = run["devices"][0]["kernels"], one["devices"][0]["kernels"]
+    deltas = [(name, ms - base.get(name, 0.0)) for name, ms in mine.items()
+              if not is_nccl(name)]
+    return sorted(deltas, key=lambda d: -d[1])[:top]
+
+
+# --- one run, in its own process ----------------------------------------------------------------
+def parse_run(text: str) -> tuple[int, list[str], dict[str, str]]:
+    """'4+noreduce+NCCL_PROTO=Simple' -> (4, ['noreduce'], {'NCCL_PROTO': 'Simple'})."""
+    count, *parts = text.split("+")
+    flags = [p for p in parts if "=" not in p]
+    env = dict(p.split("=", 1) for p in parts if "=" in p)
+    unknown = {f for f in flags if f not in ("noreduce", "after")
+               and not (f.startswith("buffers") and f[7:].isdigit())}
+    if unknown or not count.isdigit():
+        raise SystemExit(f"--runs: '{text}' is not "
+                         "COUNT[+noreduce|+after|+buffersK|+KEY=VALUE...]")
+    return int(count), flags, env
+
+
+def child(args: argparse.Namespace) -> None:
+    import torch
+
+    from caffe_py.parallel.captured import AllReduceGroup
+    from caffe_py.solver import graph_loop
+    from caffe_py.solver.graph_loop import TIMED_REPLAYS, GraphedLoop
+    from caffe_py.solver.solver import Solver
+    from caffe_py.train import train
+
+    n, flags, _ = parse_run(args.child)
+    out = args.out
+    solver = _solver(out, args.child, n, "after" in flags)
+    if "noreduce" in flags:
+        def no_collective(parts: Any, streams: Any = None) -> None:
+            return None
+
+        original_setup = AllReduceGroup.setup
+
+        def setup(self: AllReduceGroup, *a: Any, **kw: Any) -> Any:
+            rep = original_setup(self, *a, **kw)
+            if self.collectives is not None:
+                self.collectives = type("NoCollectives", (), {
+                    "all_reduce": staticmethod(no_collective)})()
+            return rep
+
+        AllReduceGroup.setup = setup  # type: ignore[method-assign]
+    for flag in flags:
+        if flag.startswith("buffers"):
+            graph_loop.HOST_BUFFERS = int(flag[7:])
+    replay, capture = GraphedLoop._replay, GraphedLoop._capture
+    host: dict[str, float] = defaultdict(float)
+    timing = {"on": False}
+
+    def timed(where: str, fn: Any) -> Any:
+        """``fn`` with its host time added to host[where] while the untraced replays run."""
+        def wrapper(*a: Any, **kw: Any) -> Any:
+            if not timing["on"]:
+                return fn(*a, **kw)
+            t = time.perf_counter()
+            try:
+                return fn(*a, **kw)
+            finally:
+                key = where.format(device=torch.cuda.current_device())
+                host[key] += time.perf_counter() - t
+        return wrapper
+
+    torch.cuda.CUDAGraph.replay = timed(  # type: ignore[method-assign]
+        "graph.replay (current cuda:{device})", torch.cuda.CUDAGraph.replay)
+    graph_loop._Scales.put = timed("rates put", graph_loop._Scales.put)  # type: ignore
+    Solver.end_iteration = timed("end_iteration", Solver.end_iteration)  # type: ignore
+    torch.cuda.Event.synchronize = timed(  # type: ignore[method-assign]
+        "Event.synchronize", torch.cuda.Event.synchronize)
+    torch.Tensor.copy_ = timed("Tensor.copy_", torch.Tensor.copy_)  # type: ignore
+    devices = [torch.device("cuda", i) for i in range(n)]
+    seen = {"replays": 0}
+    result: dict[str, Any] = {"run": args.child, "gpus": n}
+    prof: list[Any] = []
+
+    def sync() -> None:
+        for d in devices:
+            torch.cuda.synchronize(d)
+
+    def mark() -> None:
+        """A marker kernel queued on every device between two replays, the traced window's
+        edge on that device (the host is replays ahead: nothing waits for it; the trace
+        starts before the capture, since the kernels of a graph captured before tracing
+        began may go unrecorded)."""
+        for d in devices:
+            with torch.cuda.device(d):
+                torch.cuda._sleep(1000)
+
+    def capture_traced(self: GraphedLoop, s: Any) -> None:
+        if not prof:
+            from torch.profiler import ProfilerActivity, profile
+
+            prof.append(profile(activities=[ProfilerActivity.CUDA]))
+            prof[0].__enter__()
+        capture(self, s)
+
+    def traced(self: GraphedLoop, s: Any, k: int) -> None:
+        seen["replays"] += 1
+        i = seen["replays"] - TIMED_REPLAYS
+        if i == WARM + 1:
+            mark()
+        if i == WARM + PROFILED + 1:
+            mark()
+            sync()
+            prof[0].__exit__(None, None, None)
+            result["devices"] = _breakdown(prof[0], n, PROFILED)
+            sync()
+            result["wall0"], result["thread0"] = time.perf_counter(), time.thread_time()
+            timing["on"] = True
+        replay(self, s, k)
+        if i == WARM + PROFILED + TIMED:
+            sync()
+            result["step_ms"] = (time.perf_counter() - result["wall0"]) * 1e3 / TIMED
+            result["host_ms"] = (time.thread_time() - result["thread0"]) * 1e3 / TIMED
+            timing["on"] = False
+            result["host"] = {k: v * 1e3 / TIMED for k, v in sorted(host.items())}
+            for key in ("wall0", "thread0"):
+                del result[key]
+            with (out / "replica_profile.jsonl").open("a") as f:
+                f.write(json.dumps(result) + "\n")
+
+    GraphedLoop._replay = traced  # type: ignore[method-assign]
+    GraphedLoop._capture = capture_traced  # type: ignore[method-assign]
+    train(str(solver), ",".join(str(i) for i in range(n)))
+
+
+def _solver(out: Path, tag: str, n: int, after: bool) -> Path:
+    from scale_default import solver_for
+
+    base = solver_for("resnet50", out, cpu=False)
+    spec = yaml.safe_load(base.read_text())
+    safe = tag.replace("=", "_").replace("+", "_")
+    spec.update(max_iter=40 + WARM + PROFILED + TIMED, display=0,
+                snapshot_prefix=str(out / f"snap_{safe}" / "s"))
+    if after:
+        spec["layer_wise_reduce"] = False
+    path = out / f"profile_{safe}.yaml"
+    path.write_text(yaml.safe_dump(spec, sort_keys=False))
+    return path
+
+
+def _breakdown(prof: Any, n: int, iterations: int) -> list[dict]:
+    """Every device's kernels and copies between its two marker kernels."""
+    per_device: dict[int, list[Event]] = defaultdict(list)
+    for ev in prof.profiler.kineto_results.events():
+        if str(ev.device_type()).endswith("CUDA") and ev.duration_ns() > 0:
+            per_device[ev.device_index()].append(
+                (ev.name(), ev.device_resource_id(), ev.start_ns(),
+                 ev.start_ns() + ev.duration_ns()))
+    return [device_breakdown(between_marks(per_device.get(d, [])), iterations)
+            for d in range(n)]
+
+
+def between_marks(events: Sequence[Event], mark: str = "spin_kernel") -> list[Event]:
+    """The events after the last-but-one marker kernel's end and before the last one's
+    start (empty without two markers)."""
+    marks = sorted((s, e) for name, _, s, e in events if mark in name)
+    if len(marks) < 2:
+        return []
+    lo, hi = marks[-2][1], marks[-1][0]
+    return [ev for ev in events if ev[2] >= lo and ev[3] <= hi and mark not in ev[0]]
+
+
+# --- the parent: the runs, the table -----------------------------------------------------------
+def table(rows: list[dict]) -> str:
+    one = next((r for r in rows if r["run"] == "1"), None)
+    head = ("| run | GPU | step ms (untraced) | period | busy | idle | compute | compute sum | "
+            "Δ compute sum | side | NCCL | NCCL exposed | update | before update | host ms |")
+    lines = [head, "|" + "---|" * (head.count("|") - 1)]
+    base = one["devices"][0]["compute_sum_ms"] if one else None
+    for r in rows:
+        for g, d in enumerate(r.get("devices", [])):
+            if not d:
+                continue
+            delta = f"{d['compute_sum_ms'] - base:+.2f}" if base is not None else "-"
+            join = f"{d['before_update_ms']:.3f}" if d["before_update_ms"] is not None else "-"
+            lines.append(
+                f"| {r['run']} | {g} | {r['step_ms']:.2f} | {d['period_ms']:.2f} | "
+                f"{d['busy_ms']:.2f} | {d['idle_ms']:.2f} | {d['compute_ms']:.2f} | "
+                f"{d['compute_sum_ms']:.2f} | {delta} | {d['side_ms']:.3f} | "
+                f"{d['nccl_ms']:.2f} | "
+                f"{d['nccl_exposed_ms']:.3f} | {d['update_ms']:.3f} | {join} | "
+                f"{r['host_ms']:.2f} |")
+    if one:
+        for r in rows:
+            if r is one or not r.get("devices"):
+                continue
+            lines.append(f"\nGPU 0 of run {r['run']}: kernels whose time per iteration grew "
+                         "most against one GPU (ms):")
+            lines += [f"- {ms:+.3f} {name[:110]}" for name, ms in grown(r, one)]
+    for r in rows:
+        lines.append(f"\nRun {r['run']}: the host's time per iteration (ms): "
+                     + ", ".join(f"{k} {v:.3f}" for k, v in r.get("host", {}).items()))
+        for g, d in enumerate(r.get("devices", [])):
+            lines.append(f"- GPU {g} idles (ms per iteration, kernel before -> after): "
+                         + "; ".join(f"{ms:.3f} {a} -> {b}" for ms, a, b in d.get("gaps", [])))
+    return "\n".join(lines)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--out", type=Path, required=True)
+    ap.add_argument("--runs", default="1,4", help="runs in order, e.g. 1,4,4+noreduce")
+    ap.add_argument("--child", default=None, help=argparse.SUPPRESS)
+    ap.add_argument("--timeout-s", type=float, default=240)
+    args = ap.parse_args()
+    args.out = args.out.resolve()
+    args.out.mkdir(parents=True, exist_ok=True)
+    if args.child is not None:
+        child(args)
+        return
+    jsonl = args.out / "replica_profile.jsonl"
+    jsonl.unlink(missing_ok=True)
+    for run in args.runs.split(","):
+        _, _, env = parse_run(run)
+        cmd = [sys.executable, __file__, "--out", str(args.out), "--child", run]
+        try:
+            done = subprocess.run(cmd, capture_output=True, text=True, timeout=args.timeout_s,
+                                  env={**os.environ, **env})
+            text, code = done.stdout + done.stderr, done.returncode
+        except subprocess.TimeoutExpired as exc:
+            text, code = str(exc.stdout or "") + str(exc.stderr or ""), -1
+        safe = run.replace("=", "_").replace("+", "_")
+        (args.out / f"profile_{safe}.log").write_text(text)
+        print(f"run {run}: exit {code}", flush=True)
+        if code != 0:
+            print("  " + "\n  ".join(text.strip().splitlines()[-4:]), flush=True)
+    rows = [json.loads(line) for line in jsonl.read_text().splitlines()] if jsonl.exists() else []
+    import torch
+
+    name = torch.cuda.get_device_name(0) if torch.cuda.is_available() else platform.node()
+    report = (f"{name} x {torch.cuda.device_count()}, torch {torch.__version__}, "
+              f"{datetime.datetime.now(datetime.timezone.utc):%Y-%m-%d %H:%M} UTC, "
+              f"`python benchmarks/replica_profile.py --out DIR --runs {args.runs}`\n\n"
+              + table(rows))
+    (args.out / "replica_profile.md").write_text(report + "\n")
+    print(report)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,71 @@
+"""The arithmetic benchmarks/replica_profile.py takes a trace apart with (made-up kernels with
+known times), and its run syntax."""
+from __future__ import annotations
+
+import importlib.util
+import sys
+from pathlib import Path
+
+import pytest
+
+BENCH = Path(__file__).resolve().parents[2] / "benchmarks"
+
+
+def _load(name: str):
+    spec = importlib.util.spec_from_file_location(name, BENCH / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+rp = _load("replica_profile")
+MS = 1_000_000   # ns
+
+
+def test_union_and_overlap_of_intervals():
+    assert rp.union([(5, 9), (0, 3), (2, 4), (9, 10)]) == [(0, 4), (5, 10)]
+    assert rp.length(rp.union([(5, 9), (0, 3), (2, 4)])) == 8
+    assert rp.overlap([(0, 4), (6, 10)], [(3, 7), (9, 12)]) == 1 + 1 + 1
+
+
+def test_two_iterations_taken_apart():
+    # per iteration: backward 0-10 ms on stream 1, NCCL 8-12 ms on stream 2, the 1/N multiply
+    # 12-12.5 on stream 2, the update 13-13.5 on stream 1; the next iteration 20 ms later
+    one = [("conv_dgrad", 1, 0, 10 * MS), ("ncclDevKernel_AllReduce", 2, 8 * MS, 12 * MS),
+           ("mul", 2, 12 * MS, 12 * MS + MS // 2),
+           ("sgd_update_kernel", 1, 13 * MS, 13 * MS + MS // 2)]
+    events = one + [(n, k, s + 20 * MS, e + 20 * MS) for n, k, s, e in one]
+    d = rp.device_breakdown(events, 2)
+    assert d["period_ms"] == pytest.approx(33.5 / 2)
+    assert d["busy_ms"] == pytest.approx(10 + 2 + 0.5 + 0.5)
+    assert d["idle_ms"] == pytest.approx(33.5 / 2 - 13)
+    assert d["compute_ms"] == pytest.approx(11)
+    assert d["nccl_ms"] == pytest.approx(4)
+    assert d["nccl_exposed_ms"] == pytest.approx(2)
+    assert d["side_ms"] == pytest.approx(0.5)
+    assert d["update_ms"] == pytest.approx(0.5)
+    assert d["before_update_ms"] == pytest.approx(1.0)
+    assert d["gaps"][0] == (pytest.approx(6.5 / 2), "sgd_update_kernel", "conv_dgrad")
+    assert d["gaps"][1] == (pytest.approx(0.5), "mul", "sgd_update_kernel")
+
+
+def test_grown_kernels_leave_nccl_out():
+    run = {"devices": [{"kernels": {"conv": 2.5, "nccl": 9.0, "bn": 1.0}}]}
+    one = {"devices": [{"kernels": {"conv": 2.0, "bn": 1.1}}]}
+    assert rp.grown(run, one) == [("conv", pytest.approx(0.5)), ("bn", pytest.approx(-0.1))]
+
+
+def test_events_between_the_last_two_markers():
+    events = [("spin_kernel", 1, 0, 10), ("a", 1, 20, 30), ("spin_kernel", 1, 40, 50),
+              ("b", 1, 60, 70), ("spin_kernel", 1, 80, 90), ("c", 1, 95, 99)]
+    assert rp.between_marks(events) == [("b", 1, 60, 70)]
+    assert rp.between_marks(events[:2]) == []
+
+
+def test_run_syntax():
+    assert rp.parse_run("4+noreduce+NCCL_PROTO=Simple") == (
+        4, ["noreduce"], {"NCCL_PROTO": "Simple"})
+    assert rp.parse_run("2+buffers4") == (2, ["buffers4"], {})
+    with pytest.raises(SystemExit, match=r"--runs: '4\+fast' is not COUNT"):
+        rp.parse_run("4+fast")
