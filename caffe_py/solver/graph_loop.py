@@ -266,11 +266,15 @@ class GraphedLoop:
         rows = [s.updater.scales(rate, plan.first_iter + j) for j, rate in enumerate(plan.rates)]
         for scales in self.scales:
             scales.put(rows)
-        for i, (m, graph) in enumerate(zip(members, g.graphs, strict=False)):
-            with self.on_member(i, m):
-                graph.replay()
+        self._launch(members, g.graphs)
         for m, losses, out in reversed(list(zip(members, g.losses, g.first_out, strict=True))):
             m.end_iteration(losses, out[0], count=length, planned=plan)
+
+    def _launch(self, members: list[Solver], graphs: Sequence[_Replayable]) -> None:
+        """Every member's replay (or the one emulated replay), in member order."""
+        for i, (m, graph) in enumerate(zip(members, graphs, strict=False)):
+            with self.on_member(i, m):
+                graph.replay()
 
     # --- capture, timing, the chunk ---------------------------------------------------------
     def _timed_replay(self, s: Solver) -> None:
