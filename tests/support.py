@@ -1,6 +1,7 @@
 """Helpers the suite's modules share (importable as ``support``: tests/ is on the path)."""
 from __future__ import annotations
 
+import importlib.util
 import os
 import subprocess
 import sys
@@ -15,6 +16,17 @@ from caffe_py.io.db import open_writer
 from caffe_py.io.formats.datum import Datum, datum_from_array, encode_datum
 
 ROOT = Path(__file__).resolve().parent.parent
+
+
+def load_benchmark(name: str):
+    """benchmarks/<name>.py as a module (registered under its name first: a script's dataclasses
+    resolve their annotations through sys.modules, and one script may import another)."""
+    spec = importlib.util.spec_from_file_location(name, ROOT / "benchmarks" / f"{name}.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module
+    spec.loader.exec_module(module)
+    return module
 
 
 def write_db(path: str | Path, values: Iterable[Datum | bytes], *,

@@ -3,27 +3,13 @@ and kFwdMath lines, the choice of the launch to ship from measured ratios, and (
 every variant's output."""
 from __future__ import annotations
 
-import importlib.util
-import sys
-from pathlib import Path
-
 import pytest
 import torch
+from support import load_benchmark
 
 from caffe_py.kernels import build
 
-SCRIPT = Path(__file__).resolve().parents[2] / "benchmarks" / "fwd_variants.py"
-
-
-def _load_script():
-    spec = importlib.util.spec_from_file_location("fwd_variants", SCRIPT)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # its dataclasses resolve their annotations through it
-    spec.loader.exec_module(module)
-    return module
-
-
-variants = _load_script()
+variants = load_benchmark("fwd_variants")
 FwdConfig, Variant = variants.FwdConfig, variants.Variant
 
 

@@ -3,34 +3,25 @@ convert_imageset writes its raw and --encoded databases, with compute_image_mean
 benchmark's toy run from end to end (slow)."""
 from __future__ import annotations
 
-import importlib.util
 import io
 import re
 import subprocess
 import sys
-from pathlib import Path
 
 import numpy as np
 import pytest
 from PIL import Image
+from support import ROOT, load_benchmark
 
 from caffe_py.io.db.lmdb_store import LmdbReader
 from caffe_py.io.formats.blobproto import read_mean_file
 from caffe_py.io.formats.datum import decode_datum
 
-BENCHMARKS = Path(__file__).resolve().parents[2] / "benchmarks"
-
-
-def _load(name: str):
-    spec = importlib.util.spec_from_file_location(name, BENCHMARKS / f"{name}.py")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module
-    spec.loader.exec_module(module)
-    return module
+BENCHMARKS = ROOT / "benchmarks"
 
 
 def test_the_databases_are_convert_imagesets_with_their_mean(tmp_path):
-    make = _load("make_imagenet_lmdb")
+    make = load_benchmark("make_imagenet_lmdb")
     info = make.main([str(tmp_path), "--images", "10", "--size", "48", "--workers", "1"])
     done = subprocess.run([sys.executable, str(BENCHMARKS / "make_imagenet_lmdb.py"),
                            str(tmp_path / "two"), "--images", "10", "--size", "48",

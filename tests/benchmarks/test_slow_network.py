@@ -3,27 +3,15 @@ rate) and the slow-network benchmark's table. The network tests need root, ``ip`
 and skip cleanly without them."""
 from __future__ import annotations
 
-import importlib.util
 import os
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
+from support import load_benchmark
 
-BENCH = Path(__file__).resolve().parents[2] / "benchmarks"
-
-
-def _load(name: str):
-    spec = importlib.util.spec_from_file_location(name, BENCH / f"{name}.py")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[name] = module
-    spec.loader.exec_module(module)
-    return module
-
-
-netsim = _load("netsim")
-slow = _load("slow_network")
+netsim = load_benchmark("netsim")
+slow = load_benchmark("slow_network")
 WHY = netsim.SimNet.available()
 needs_net = pytest.mark.skipif(WHY is not None, reason=f"simulated network: {WHY}")
 
