@@ -18,15 +18,22 @@ from caffe_py.io.formats.datum import Datum, datum_from_array, encode_datum
 ROOT = Path(__file__).resolve().parent.parent
 
 
-def load_benchmark(name: str):
-    """benchmarks/<name>.py as a module (registered under its name first: a script's dataclasses
-    resolve their annotations through sys.modules, and one script may import another)."""
-    spec = importlib.util.spec_from_file_location(name, ROOT / "benchmarks" / f"{name}.py")
+def load_script(path: str | Path):
+    """A script of the repository (``path`` relative to its root, or absolute) as a fresh
+    module, registered under its file's stem first: a script's dataclasses resolve their
+    annotations through sys.modules, and one script may import another."""
+    path = ROOT / path
+    spec = importlib.util.spec_from_file_location(path.stem, path)
     assert spec is not None and spec.loader is not None
     module = importlib.util.module_from_spec(spec)
-    sys.modules[name] = module
+    sys.modules[path.stem] = module
     spec.loader.exec_module(module)
     return module
+
+
+def load_benchmark(name: str):
+    """benchmarks/<name>.py as a module (:func:`load_script`)."""
+    return load_script(f"benchmarks/{name}.py")
 
 
 def write_db(path: str | Path, values: Iterable[Datum | bytes], *,

@@ -1,13 +1,12 @@
 """The shipped net configs: they build, with Caffe's shapes and parameter counts."""
 from __future__ import annotations
 
-import importlib.util
 import shutil
 from collections import Counter
 from pathlib import Path
 
 import torch
-from support import write_db
+from support import load_script, write_db
 
 from caffe_py.io.formats.datum import Datum
 from caffe_py.net import Net
@@ -19,10 +18,7 @@ CONFIGS = Path(__file__).resolve().parents[1] / "configs"
 
 
 def generator():
-    spec = importlib.util.spec_from_file_location("make_resnet50", CONFIGS / "make_resnet50.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_script(CONFIGS / "make_resnet50.py")
 
 
 def write_shaped_db(path: Path, shape: tuple[int, int, int], n: int = 4) -> None:

@@ -5,7 +5,6 @@ A toy run (the longer one and its curve: docs/detection.md)."""
 from __future__ import annotations
 
 import csv
-import importlib.util
 import re
 import shutil
 from pathlib import Path
@@ -13,6 +12,7 @@ from pathlib import Path
 import pytest
 import torch
 from click.testing import CliRunner
+from support import load_script
 
 from caffe_py.cli import cli
 
@@ -20,11 +20,7 @@ ROOT = Path(__file__).resolve().parents[1]
 
 
 def make_set(out: Path, train: int, test: int) -> None:
-    spec = importlib.util.spec_from_file_location("shapes_detection",
-                                                  ROOT / "data" / "shapes_detection.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    module.write_set(out, train, test, size=64, seed=0)
+    load_script("data/shapes_detection.py").write_set(out, train, test, size=64, seed=0)
 
 
 @pytest.fixture

@@ -12,12 +12,12 @@ skipped. ``templates`` are filled before the import, as the project's scripts fi
 from __future__ import annotations
 
 import hashlib
-import importlib.util
 import sys
 from pathlib import Path
 
 import pytest
 import yaml
+from support import load_script
 
 from caffe_py.errors import SpecError
 from caffe_py.net import Net
@@ -31,10 +31,7 @@ BIG = 30_000_000  # learnable values: building takes seconds on two cores
 
 
 def _caffe_counts():
-    spec = importlib.util.spec_from_file_location("caffe_counts", CORPUS / "caffe_counts.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_script(CORPUS / "caffe_counts.py")
 
 
 shapes_digest = _caffe_counts().shapes_digest

@@ -5,12 +5,12 @@ net's. docs/segmentation.md shows a longer run of the same."""
 from __future__ import annotations
 
 import csv
-import importlib.util
 import shutil
 from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
+from support import load_script
 
 from caffe_py.cli import cli
 
@@ -18,11 +18,7 @@ ROOT = Path(__file__).resolve().parents[1]
 
 
 def toy_module():
-    spec = importlib.util.spec_from_file_location("toy_segmentation",
-                                                  ROOT / "data" / "toy_segmentation.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_script("data/toy_segmentation.py")
 
 
 def test_the_toy_set_has_every_class_and_its_masks(tmp_path):

@@ -2,13 +2,13 @@
 from __future__ import annotations
 
 import gzip
-import importlib.util
 import shutil
 import struct
 from pathlib import Path
 
 import numpy as np
 import pytest
+from support import load_script
 
 from caffe_py.io.db.lmdb_store import LmdbWriter, open_db, partial_path
 
@@ -17,9 +17,7 @@ SCRIPT = Path(__file__).resolve().parents[2] / "data" / "fashion_mnist.py"
 
 @pytest.fixture
 def script(monkeypatch):
-    spec = importlib.util.spec_from_file_location("fashion_mnist_script", SCRIPT)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
+    module = load_script(SCRIPT)
     monkeypatch.setattr(module, "SPLITS", {
         "train": ("train-images-idx3-ubyte.gz", "train-labels-idx1-ubyte.gz", 1200),
         "test": ("t10k-images-idx3-ubyte.gz", "t10k-labels-idx1-ubyte.gz", 3)})

@@ -13,15 +13,14 @@ every printed digit (six significant ones) for 20 iterations.
 """
 from __future__ import annotations
 
-import importlib.util
 import json
 import shutil
-import sys
 from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
+from support import load_script
 
 from caffe_py.solver.solver import Solver
 from caffe_py.spec.solver_spec import load_solver
@@ -33,11 +32,7 @@ EXPECTED = json.loads((FIXTURES / "expected.json").read_text())
 
 
 def _script():
-    spec = importlib.util.spec_from_file_location("make_whole_nets", HERE / "make_whole_nets.py")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # its dataclasses look their module up
-    spec.loader.exec_module(module)
-    return module
+    return load_script(HERE / "make_whole_nets.py")
 
 
 SCRIPT = _script()

@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from support import load_script
 
 from caffe_py.errors import SolverError
 from caffe_py.io.reader.roundrobin import RoundRobin
@@ -418,7 +419,6 @@ def test_a_detection_test_net_tests_on_the_root(tmp_path, monkeypatch, caplog):
     """The detection evaluation runs the root's TEST net itself and gathers every batch's
     detections there: its net tests on the root alone, reading every batch (the small SSD of
     configs/ssd_shapes on 2 CPU replicas prints the tree's mAP)."""
-    import importlib.util
     import shutil
 
     from click.testing import CliRunner
@@ -429,9 +429,7 @@ def test_a_detection_test_net_tests_on_the_root(tmp_path, monkeypatch, caplog):
     caplog.set_level(logging.INFO, logger="caffe_py")
     monkeypatch.chdir(tmp_path)   # the prototxts' paths are relative to where Caffe runs
     shutil.copytree(root / "configs" / "ssd_shapes", tmp_path / "configs" / "ssd_shapes")
-    spec = importlib.util.spec_from_file_location("shapes", root / "data" / "shapes_detection.py")
-    shapes = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(shapes)
+    shapes = load_script("data/shapes_detection.py")
     shapes.write_set(tmp_path / "data" / "shapes", 8, 20, size=64, seed=0)
     for split in ("trainval", "test"):
         done = CliRunner().invoke(cli, [
