@@ -176,6 +176,8 @@ class FedLayer(Layer):
     fed = True
     """Read through the data pipeline: Net.data_layers() lists it, attach_feeds feeds it."""
     _feed: Feed | None = None
+    record_shape: tuple[int, int, int]
+    """The records' (C, H, W), set by the subclass's setup."""
 
     def attach(self, feed: Feed) -> None:
         """Give the layer its feed (done by the data pipeline, never by user code)."""

@@ -89,13 +89,22 @@ class TorchLayer:
         zeros) and return it."""
         if isinstance(filler, dict):
             filler = FillerParameter(**filler)
-        host = self._host
+        host = self._net_layer("add_blob")
         return host.add_blob(f"blob{len(host.blob_names)}", tuple(shape), filler, learnable)
 
     @property
     def blobs(self) -> list[torch.Tensor]:
         """The blobs in Caffe order, as the net holds them now (weight sharing included)."""
-        return self._host.blobs()
+        return self._net_layer("blobs").blobs()
+
+    def _net_layer(self, what: str) -> Layer:
+        """The net's Python layer this one runs in, which holds its blobs."""
+        if self._host is None:
+            name = type(self).__name__
+            raise NetError(f"{name}.{what}: a TorchLayer's blobs live in a net; build it "
+                           f"from a net spec's Python layer (python_param: {{layer: '{name}', "
+                           "module: ...}) instead of calling it on its own")
+        return self._host
 
 
 class DatasetLayer(TorchLayer):

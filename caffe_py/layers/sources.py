@@ -53,7 +53,7 @@ class ImageData(FedLayer):
         if given is not None:  # built without its list (`cpy net`)
             c = given[0]
             self.record_shape = (c, p.new_height, p.new_width) if p.new_height else given
-            shapes = [(p.batch_size, *self.cropped(self.transform, self.record_shape))]
+            shapes: list[Shape] = [(p.batch_size, *self.cropped(self.transform, self.record_shape))]
             return shapes + [(p.batch_size,)] if len(self.spec.top) == 2 else shapes
         db = ImageListDatabase(p.source, root_folder=p.root_folder)
         if p.rand_skip > len(db):
@@ -64,7 +64,7 @@ class ImageData(FedLayer):
         c, h, w = (int(d) for d in first.load(db.path(db.entries[0])).shape)
         self.record_shape = (c, h, w)
         transformer = self.checked_transformer(self.transform, self.record_shape)
-        shapes: list[Shape] = [(p.batch_size, *transformer.out_shape)]
+        shapes = [(p.batch_size, *transformer.out_shape)]
         return shapes + [(p.batch_size,)] if len(self.spec.top) == 2 else shapes
 
     def feed_spec(self, seed: int, draws: GlobalDraws) -> FeedSpec:

@@ -51,9 +51,9 @@ def field(default: Any = MISSING, doc: str = "", *,
     meta = {"doc": doc, "choices": tuple(choices) if choices else None, "path": path,
             "min": min, "max": max, "numbers": numbers}
     if isinstance(default, list):
-        return dataclasses.field(default_factory=lambda d=default: list(d), metadata=meta)
-    if dataclasses.is_dataclass(default):
-        return dataclasses.field(default_factory=lambda d=default: dataclasses.replace(d),
+        return dataclasses.field(default_factory=functools.partial(list, default), metadata=meta)
+    if dataclasses.is_dataclass(default) and not isinstance(default, type):
+        return dataclasses.field(default_factory=functools.partial(dataclasses.replace, default),
                                  metadata=meta)
     return dataclasses.field(default=default, metadata=meta)
 
@@ -257,7 +257,7 @@ def convert(raw: Any, tp: Any, meta: typing.Mapping, src: Source, path: str, lin
         lines = raw.item_lines if isinstance(raw, MarkedList) else [line] * len(items)
         return [convert(item, item_tp, meta, src, f"{path}[{i}]", lines[i])
                 for i, item in enumerate(items)]
-    if dataclasses.is_dataclass(tp):
+    if isinstance(tp, type) and dataclasses.is_dataclass(tp):
         return parse_message(tp, raw, src, path, line=line)
     if tp is bool:
         if not isinstance(raw, bool):
@@ -289,15 +289,15 @@ def convert(raw: Any, tp: Any, meta: typing.Mapping, src: Source, path: str, lin
                      "use one of " + ", ".join(f"{name} ({number})"
                                                for number, name in sorted(numbers.items())))
             raw = numbers[raw]
-        value = str(raw)
+        text = str(raw)
         choices = meta.get("choices")
-        if choices and value not in choices:
-            near = suggest(value, choices)
+        if choices and text not in choices:
+            near = suggest(text, choices)
             fix = f"did you mean '{near}'?" if near else f"use one of {', '.join(choices)}"
-            fail(f"'{value}' is not one of {', '.join(choices)}", fix)
-        if meta.get("path") and value:
-            value = str(resolve_path(value, src))
-        return value
+            fail(f"'{text}' is not one of {', '.join(choices)}", fix)
+        if meta.get("path") and text:
+            text = str(resolve_path(text, src))
+        return text
     raise TypeError(f"unsupported field type {tp!r} at {path}")  # a schema bug, not user input
 
 

@@ -10,6 +10,7 @@ test net...), reported at the offending key's line.
 """
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -254,7 +255,7 @@ class SolverParameter(Message):
         generic = self.net_param or (_load_net(self.net, self, "net") if self.net else None)
         if generic is not None:
             nets += [generic] * (len(self.test_iter) - len(nets))
-        states = self.test_state or [None for _ in nets]
+        states: Sequence[NetState | None] = self.test_state or [None for _ in nets]
         return [(net, merge_states("TEST", net.state, state))
                 for net, state in zip(nets, states, strict=True)]
 

@@ -118,7 +118,8 @@ def _flow(node: Node) -> str | None:
             text = _flow(v)
         elif isinstance(v, list):
             items = [_flow(x) if isinstance(x, Node) else _scalar(x) for x in v]
-            text = None if None in items else f"[{', '.join(items)}]"
+            texts = [t for t in items if t is not None]
+            text = f"[{', '.join(texts)}]" if len(texts) == len(items) else None
         else:
             text = _scalar(v)
         if text is None:

@@ -84,6 +84,20 @@ def test_torch_native_layer_uses_autograd_and_its_blobs():
     assert two.top_shapes == [(2, 2), ()] and y.tolist() == [[1.0] * 2] * 2 and phase == 1
 
 
+def test_a_torch_layers_blobs_outside_a_net_say_where_they_live():
+    import python_layers
+
+    layer = python_layers.ChannelScale()
+    with pytest.raises(NetError) as err:
+        layer.setup([(2, 3, 4)])
+    assert str(err.value) == (
+        "ChannelScale.add_blob: a TorchLayer's blobs live in a net; build it from a net spec's "
+        "Python layer (python_param: {layer: 'ChannelScale', module: ...}) instead of calling "
+        "it on its own")
+    with pytest.raises(NetError, match=r"^ChannelScale\.blobs: a TorchLayer's blobs live"):
+        assert layer.blobs is None   # raises first
+
+
 def test_python_layer_in_a_net_trains_its_blob(spec_of):
     spec = spec_of(textwrap.dedent("""\
         name: n

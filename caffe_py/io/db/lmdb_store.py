@@ -154,8 +154,8 @@ class LmdbReader:
                  create_lock: bool = True):
         self.path = Path(path)
         self.source = str(path)
-        self._env = acquire_readonly(self.path, fix or missing_fix(self.path),
-                                     create_lock=create_lock)
+        self._env: lmdb.Environment | None = acquire_readonly(
+            self.path, fix or missing_fix(self.path), create_lock=create_lock)
         self._count = int(self._env.stat()["entries"])
 
     def __len__(self) -> int:
@@ -166,6 +166,7 @@ class LmdbReader:
 
     def records(self, start_key: bytes | None = None) -> Iterator[tuple[bytes, bytes]]:
         """``(key, value)`` pairs in key order, from the first key >= ``start_key``."""
+        assert self._env is not None  # open until close()
         try:
             with begin(self._env, buffers=False) as txn, txn.cursor() as cursor:
                 found = cursor.set_range(start_key) if start_key is not None else cursor.first()
@@ -177,6 +178,7 @@ class LmdbReader:
                             "and convert the data again") from None
 
     def get(self, key: bytes) -> bytes | None:
+        assert self._env is not None  # open until close()
         with begin(self._env, buffers=False) as txn:
             return cast("bytes | None", txn.get(key))  # buffers=False: bytes
 
@@ -187,6 +189,7 @@ class LmdbReader:
         raise DataError(f"{self.source}: the database is empty; convert the data again")
 
     def cursor(self) -> LmdbCursor:
+        assert self._env is not None  # open until close()
         return LmdbCursor(self._env, self._count)
 
     def close(self) -> None:

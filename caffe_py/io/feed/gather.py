@@ -137,8 +137,10 @@ class StagedGather(HostGather):
         self.taken = k + 1
         choices = self.fixed
         if choices is None:
+            staged = self.choices_k
+            assert staged is not None  # set by stage(), which the first call runs
             picked = slice(k * self.batch_size, (k + 1) * self.batch_size)
-            choices = Choices(self.choices_k.offsets[picked], self.choices_k.flips[picked])
+            choices = Choices(staged.offsets[picked], staged.flips[picked])
         pixels, labels = self.batches[k]
         return self.transformer.device(pixels, choices, self.mean), labels
 
@@ -164,6 +166,7 @@ class StagedGather(HostGather):
     def _follow(self, stream: torch.cuda.Stream) -> None:
         """The loop's current stream changed since the stage was copied: order it after the
         copies, and keep the allocator from reusing the tensors while it reads them."""
+        assert self.stream is not None and self.pixels is not None and self.labels is not None
         stream.wait_stream(self.stream)
         self.pixels.record_stream(stream)
         self.labels.record_stream(stream)

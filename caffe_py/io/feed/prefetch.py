@@ -200,6 +200,7 @@ class Prefetcher:
             if self._cuda:
                 torch.cuda.set_device(self.device)
                 # This thread's current stream, once: no stream context per batch.
+                assert self._side is not None  # made by start() on CUDA
                 torch.cuda.set_stream(self._side)
             while not self._halt:
                 slots = [self._take_free()]
@@ -208,6 +209,7 @@ class Prefetcher:
                 if None in slots:
                     return
                 for slot in slots:
+                    assert slot is not None  # None in slots: returned above
                     # A batch of the decode processes is finished only after the next one is
                     # theirs: they decode while this thread writes files and copies crops.
                     item = self._assemble(slot)
@@ -285,6 +287,7 @@ class Prefetcher:
         slot.wait_free()
         at = 0
         for run in runs:
+            assert run.pixels is not None  # whole records: never image files
             np.copyto(slot.data[at:at + len(run)], run.pixels)
             slot.label[at:at + len(run)] = run.labels
             at += len(run)
@@ -395,6 +398,7 @@ class Prefetcher:
         self._halt = True
         self.records.detach()  # wakes the thread if it waits for records
         self._free.put(-1)  # ... or for a free slot
+        assert self.thread is not None  # started: next() checks
         self.thread.join(JOIN_TIMEOUT_S)
         if self.thread.is_alive():
             raise DataError(f"{self.records.path}: the data feed {self.name} did not "
@@ -405,6 +409,7 @@ class Prefetcher:
                 self._ready.put(item)
                 raise item.error
         if self._cuda:  # the tensors the thread handed out were made on the side stream
+            assert self._side is not None  # made by start() on CUDA
             torch.cuda.current_stream(self.device).wait_stream(self._side)
             self._slots = []  # the thread's ring (the pinned allocator waits for its copies)
         self._loop = loop_gather(view, self.batch_size, self.transformer, self.device,
@@ -436,8 +441,9 @@ class Prefetcher:
         if self.stop.is_set():
             raise DataError(f"{self.records.path}: the data feed {self.name} "
                             "stopped (the data reader was closed)")
-        records = self.records
-        data, label = self._loop.next(records.consumed)
+        records, loop = self.records, self._loop
+        assert loop is not None  # next() calls this once the loop gathers
+        data, label = loop.next(records.consumed)
         records.mark_consumed(self.batch_size)
         self.delivered += 1
         return data, label
@@ -448,6 +454,7 @@ class Prefetcher:
         except queue.Empty:
             pass
         waited_since = time.monotonic()
+        assert self.thread is not None  # started: next() checks
         while True:
             try:
                 # nothing is taken yet: a stopping signal may cut a stalled wait short

@@ -154,8 +154,8 @@ class Transformer:
         records or one (B, C, H, W) array (one numpy copy when every record has the same
         window and none is flipped)."""
         _, ch, cw = self.out_shape
-        flips = choices.flips if mirror else None
-        flipped = flips is not None and flips.any()
+        flips = choices.flips
+        flipped = mirror and flips.any()
         if not flipped and (not self.tp.crop_size or choices is self._fixed_choices.get(len(out))):
             h0, w0 = (int(v) for v in choices.offsets[0]) if len(out) else (0, 0)
             if isinstance(arrays, np.ndarray):
@@ -219,6 +219,7 @@ class Transformer:
     def _mean_np(self, choices: Choices) -> np.ndarray:
         """:meth:`_mean_for` in numpy: (C, 1, 1), (C, h, w) or (B, C, h, w)."""
         mean = self.mean
+        assert mean is not None  # numpy_values calls this only with a mean
         if self.tp.mean_file == "":
             return mean
         _, ch, cw = self.out_shape

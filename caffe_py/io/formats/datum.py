@@ -88,8 +88,8 @@ def encode_datum(datum: Datum) -> bytes:
         parts += [tag(4, LEN), varint(len(datum.data)), bytes(datum.data)]
     parts.append(_int_field(5, datum.label))
     float_tag = tag(6, FIXED32)
-    for value in datum.float_data:
-        parts += [float_tag, _FLOAT.pack(value)]
+    for x in datum.float_data:
+        parts += [float_tag, _FLOAT.pack(x)]
     if datum.encoded is not None:
         parts += [tag(7, VARINT), b"\x01" if datum.encoded else b"\x00"]
     return b"".join(parts)
@@ -199,7 +199,7 @@ def datum_to_array(datum: Datum, *, color: bool | None = None) -> np.ndarray:
         if len(datum.data) != c * h * w:
             raise DataError(f"data holds {len(datum.data)} bytes but channels x height x width "
                             f"= {c} x {h} x {w} = {c * h * w}")
-        array = np.frombuffer(datum.data, dtype=np.uint8).reshape(c, h, w)
+        array: np.ndarray = np.frombuffer(datum.data, dtype=np.uint8).reshape(c, h, w)
     else:
         if len(datum.float_data) != c * h * w:
             raise DataError(f"float_data holds {len(datum.float_data)} values but channels x "

@@ -36,7 +36,8 @@ class ChunkDecoder:
                  color: bool | None, *, encoded: bool = False,
                  workers: DecodeWorkers | None = None):
         self.path = path
-        self.record_shape: tuple[int, int, int] = tuple(int(d) for d in record_shape)
+        c, h, w = (int(d) for d in record_shape)
+        self.record_shape = (c, h, w)
         self.dtype = np.dtype(dtype)
         self.color = color
         self.encoded = encoded
@@ -73,7 +74,9 @@ class ChunkDecoder:
         labels = np.empty(len(values), np.int64)
         ok = np.zeros(len(values), bool)
         if fast is not None:
-            pixels[...], labels[...], ok = fast
+            pixels[...], labels[...], fast_ok = fast
+            assert fast_ok is not None  # None: every record took the fast path (returned above)
+            ok = fast_ok
         todo = np.flatnonzero(~ok if wanted is None else ~ok & wanted).tolist()
         failures: dict[int, DataError] = {}
 

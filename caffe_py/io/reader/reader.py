@@ -206,6 +206,7 @@ class _Stream:
     def readable(self, limit: int) -> int:
         """How many records from ``position`` on fit in the queues now (at most ``limit``)."""
         rooms = [None if q._detached else q.capacity - q._count for q in self.slots]
+        assert self.plan is not None  # fixed by ReaderPool.start, before the producer starts
         return self.plan.readable(self.position, rooms, limit)
 
 
@@ -252,6 +253,7 @@ class _Source:
             self.settling += 1
             try:
                 target = self.idle + 1  # a look that began after this call
+                assert self.thread is not None  # started: ReaderPool.settle checks
                 while self.idle < target:
                     if not self.thread.is_alive():  # every queue detached, or a failure
                         if self.error is not None or self.stop.is_set():
@@ -299,8 +301,9 @@ class _Source:
     def _run(self) -> None:
         try:
             for stream in self.streams.values():
-                decoder, database = stream.decoder, stream.database
+                decoder, database, plan = stream.decoder, stream.database, stream.plan
                 assert database is not None  # opened by start()
+                assert plan is not None  # fixed by ReaderPool.start
                 # a decoded copy stands in for later passes only when every pass is the same
                 if database.fixed_order and self.size * decoder.record_bytes <= CACHE_BYTES:
                     stream.cache = DecodedDatabase(self.size, decoder.record_shape,
@@ -309,7 +312,7 @@ class _Source:
                 if getattr(decoder, "encoded", False):
                     decoder.keep_encoded = stream.cache is None
                 stream.cursor = database.cursor()
-                stream.position = min(stream.plan.starts)
+                stream.position = min(plan.starts)
                 stream.cursor.seek(stream.origin + stream.position)
             self._produce()
         except BaseException as exc:  # noqa: BLE001 (handed to the consumers, never lost)
@@ -354,7 +357,8 @@ class _Source:
         delivered)."""
         index = (stream.origin + stream.position) % self.size
         count = min(count, self.size - index)
-        cache, error = stream.cache, None
+        cache, error, plan = stream.cache, None, stream.plan
+        assert plan is not None  # fixed by ReaderPool.start, before the producer starts
         rows: np.ndarray | ImageFiles
         if cache is not None and cache.complete:  # views: nothing per record
             keys = cache.keys[index:index + count]
@@ -367,7 +371,7 @@ class _Source:
                     values = [bytes(v) if isinstance(v, memoryview) else v for v in values]
                 # a slice of a larger round-robin decodes only its own records, unless it
                 # keeps the whole database decoded (the cache): the other hosts decode theirs
-                wanted = stream.plan.wanted(stream.position, len(values)) if (
+                wanted = plan.wanted(stream.position, len(values)) if (
                     cache is None and stream.sliced) else None
                 try:
                     rows, labels = stream.decoder.decode(keys, values, wanted)
@@ -386,6 +390,7 @@ class _Source:
         """Append each replica's rows of a decoded chunk (pixels, or image files) to its
         queue: one lock, one notify."""
         done, first, plan = len(labels), stream.position, stream.plan
+        assert plan is not None  # fixed by ReaderPool.start, before the producer starts
         with self.cond:
             for slot, queue in enumerate(stream.slots):
                 if queue._detached:
