@@ -32,8 +32,10 @@ ahead), ``reverse`` launches the replicas' replays last GPU first, ``threads`` l
 from a thread of its own, all at once, ``KEY=VALUE`` sets an environment variable (NCCL's
 knobs). The table is printed last and written to DIR/replica_profile.md, with the kernels
 whose summed time grew most against one GPU, each GPU's longest idle gaps (between which
-kernels) and the host thread's time per iteration in the graph launches, the rates' copies and
-the Solvers' end_iteration; every run is a JSON line in DIR/replica_profile.jsonl.
+kernels), when each GPU's graph launches were called against when their first kernels ran
+(the trace's host side: cudaGraphLaunch calls, matched to their kernels by correlation id), and
+the host thread's time per iteration in the graph launches, the rates' copies and the Solvers'
+end_iteration; every run is a JSON line in DIR/replica_profile.jsonl.
 """
 from __future__ import annotations
 
@@ -42,6 +44,7 @@ import datetime
 import json
 import os
 import platform
+import statistics
 import subprocess
 import sys
 import time
@@ -282,7 +285,7 @@ def child(args: argparse.Namespace) -> None:
         if not prof:
             from torch.profiler import ProfilerActivity, profile
 
-            prof.append(profile(activities=[ProfilerActivity.CUDA]))
+            prof.append(profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]))
             prof[0].__enter__()
         capture(self, s)
 
@@ -362,15 +365,47 @@ def _solver(out: Path, tag: str, n: int, after: bool) -> Path:
 
 
 def _breakdown(prof: Any, n: int, iterations: int) -> list[dict]:
-    """Every device's kernels and copies between its two marker kernels."""
+    """Every device's kernels and copies between its two marker kernels, and when each graph
+    launch of the trace was called against when its first kernel ran."""
     per_device: dict[int, list[Event]] = defaultdict(list)
+    correlated: dict[int, list[tuple[int, int, int]]] = defaultdict(list)
+    calls: list[tuple[int, int, int]] = []
     for ev in prof.profiler.kineto_results.events():
         if str(ev.device_type()).endswith("CUDA") and ev.duration_ns() > 0:
+            start, end = ev.start_ns(), ev.start_ns() + ev.duration_ns()
             per_device[ev.device_index()].append(
-                (ev.name(), ev.device_resource_id(), ev.start_ns(),
-                 ev.start_ns() + ev.duration_ns()))
-    return [device_breakdown(between_marks(per_device.get(d, [])), iterations)
-            for d in range(n)]
+                (ev.name(), ev.device_resource_id(), start, end))
+            correlated[ev.device_index()].append((ev.correlation_id(), start, end))
+        elif "GraphLaunch" in ev.name():
+            calls.append((ev.correlation_id(), ev.start_ns(), ev.start_ns() + ev.duration_ns()))
+    out = []
+    for d in range(n):
+        breakdown = device_breakdown(between_marks(per_device.get(d, [])), iterations)
+        if breakdown:
+            breakdown["launches"] = launch_delays(calls, correlated.get(d, []))
+        out.append(breakdown)
+    return out
+
+
+def launch_delays(calls: Sequence[tuple[int, int, int]],
+                  kernels: Sequence[tuple[int, int, int]]) -> dict[str, float]:
+    """For one device's graph launches (``calls``: the host's cudaGraphLaunch calls as
+    (correlation id, start, end) ns; ``kernels``: the device's kernels likewise, a graph's
+    kernels carrying its launch's id), the medians in ms of: how long before the previous
+    launch's last kernel ended the call was made (*ahead*: negative when the host called
+    after the device had run dry), and from the call's return to the graph's first kernel
+    (*to first kernel*)."""
+    spans: dict[int, list[int]] = {}
+    for corr, start, end in kernels:
+        span = spans.setdefault(corr, [start, end])
+        span[0], span[1] = min(span[0], start), max(span[1], end)
+    launched = sorted((spans[c][0], spans[c][1], s, e) for c, s, e in calls if c in spans)
+    ahead = [prev[1] - call_start for prev, (_, _, call_start, _) in
+             zip(launched, launched[1:], strict=False)]
+    first = [start - call_end for start, _, _, call_end in launched]
+    return {"ahead_ms": statistics.median(ahead) / 1e6 if ahead else float("nan"),
+            "to_first_kernel_ms": statistics.median(first) / 1e6 if first else float("nan"),
+            "graphs": len(launched)}
 
 
 def between_marks(events: Sequence[Event], mark: str = "spin_kernel") -> list[Event]:
@@ -416,6 +451,12 @@ def table(rows: list[dict]) -> str:
         for g, d in enumerate(r.get("devices", [])):
             lines.append(f"- GPU {g} idles (ms per iteration, kernel before -> after): "
                          + "; ".join(f"{ms:.3f} {a} -> {b}" for ms, a, b in d.get("gaps", [])))
+            if "launches" in d:
+                la = d["launches"]
+                lines.append(f"- GPU {g}'s graph launches ({la['graphs']} traced): called "
+                             f"{la['ahead_ms']:.3f} ms before the previous graph's last kernel "
+                             f"ended; first kernel {la['to_first_kernel_ms']:.3f} ms after the "
+                             "call returned (medians)")
     return "\n".join(lines)
 
 

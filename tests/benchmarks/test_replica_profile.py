@@ -36,6 +36,20 @@ def test_two_iterations_taken_apart():
     assert d["gaps"][1] == (pytest.approx(0.5), "mul", "sgd_update_kernel")
 
 
+def test_graph_launches_against_their_first_kernels():
+    # three graph launches (ids 7, 8, 9): each called 30 ms before the previous graph's last
+    # kernel ends and returning after 1 ms; each graph's first kernel 0.5 ms after the call
+    # returns where the device was free, else when the previous graph ends
+    calls = [(7, 0, 1 * MS), (8, 15 * MS, 16 * MS), (9, 60 * MS, 61 * MS)]
+    kernels = [(7, int(1.5 * MS), 20 * MS), (7, 20 * MS, 45 * MS),
+               (8, 45 * MS, 90 * MS), (9, 90 * MS, 135 * MS), (42, 0, 10)]
+    got = rp.launch_delays(calls, kernels)
+    assert got["graphs"] == 3
+    assert got["ahead_ms"] == pytest.approx(30.0)        # 45 - 15 and 90 - 60
+    assert got["to_first_kernel_ms"] == pytest.approx(29.0)   # 0.5, 29, 29
+    assert rp.launch_delays([], kernels)["graphs"] == 0
+
+
 def test_grown_kernels_leave_nccl_out():
     run = {"devices": [{"kernels": {"conv": 2.5, "nccl": 9.0, "bn": 1.0}}]}
     one = {"devices": [{"kernels": {"conv": 2.0, "bn": 1.1}}]}
