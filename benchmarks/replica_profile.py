@@ -29,13 +29,15 @@ nothing (each replica trains on its own gradient: not a training run, a bound on
 reduction costs), ``after`` sets the solver's ``layer_wise_reduce: false`` (one all-reduce
 after backward), ``buffersK`` gives the rates K pinned host buffers (the host may run K replays
 ahead), ``reverse`` launches the replicas' replays last GPU first, ``threads`` launches each
-from a thread of its own, all at once, ``KEY=VALUE`` sets an environment variable (NCCL's
-knobs). The table is printed last and written to DIR/replica_profile.md, with the kernels
-whose summed time grew most against one GPU, each GPU's longest idle gaps (between which
-kernels), when each GPU's graph launches were called against when their first kernels ran
-(the trace's host side: cudaGraphLaunch calls, matched to their kernels by correlation id), and
-the host thread's time per iteration in the graph launches, the rates' copies and the Solvers'
-end_iteration; every run is a JSON line in DIR/replica_profile.jsonl.
+from a thread of its own, all at once, ``nodes`` counts each GPU's one-iteration graph's
+nodes by type (kernels, copies, host functions, event records and waits), ``KEY=VALUE`` sets an
+environment variable (NCCL's knobs). The table is printed last and written to
+DIR/replica_profile.md, with the kernels whose summed time grew most against one GPU, each
+GPU's longest idle gaps (between which kernels), when each GPU's graph launches were called
+against when their first kernels ran (the trace's host side: cudaGraphLaunch calls, matched to
+their kernels by correlation id), and the host thread's time per iteration in the graph
+launches, the rates' copies and the Solvers' end_iteration; every run is a JSON line in
+DIR/replica_profile.jsonl.
 """
 from __future__ import annotations
 
@@ -44,6 +46,7 @@ import datetime
 import json
 import os
 import platform
+import re
 import statistics
 import subprocess
 import sys
@@ -183,11 +186,11 @@ def parse_run(text: str) -> tuple[int, list[str], dict[str, str]]:
     count, *parts = text.split("+")
     flags = [p for p in parts if "=" not in p]
     env = dict(p.split("=", 1) for p in parts if "=" in p)
-    unknown = {f for f in flags if f not in ("noreduce", "after", "reverse", "threads")
+    unknown = {f for f in flags if f not in ("noreduce", "after", "reverse", "threads", "nodes")
                and not (f.startswith("buffers") and f[7:].isdigit())}
     if unknown or not count.isdigit():
         raise SystemExit(f"--runs: '{text}' is not COUNT[+noreduce|+after|+reverse|+threads"
-                         "|+buffersK|+KEY=VALUE...]")
+                         "|+nodes|+buffersK|+KEY=VALUE...]")
     return int(count), flags, env
 
 
@@ -287,7 +290,12 @@ def child(args: argparse.Namespace) -> None:
 
             prof.append(profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]))
             prof[0].__enter__()
+        if "nodes" in flags:
+            torch.cuda.CUDAGraph().enable_debug_mode()   # keeps each graph for debug_dump
         capture(self, s)
+        if "nodes" in flags and 1 in self.graphs:
+            result["nodes"] = [_node_census(graph, out / f"graph_{k}.dot")
+                               for k, graph in enumerate(self.graphs[1].graphs)]
 
     def traced(self: GraphedLoop, s: Any, k: int) -> None:
         seen["replays"] += 1
@@ -317,6 +325,31 @@ def child(args: argparse.Namespace) -> None:
     GraphedLoop._replay = traced  # type: ignore[method-assign]
     GraphedLoop._capture = capture_traced  # type: ignore[method-assign]
     train(str(solver), ",".join(str(i) for i in range(n)))
+
+
+NODE_TYPES = ("KERNEL", "MEMCPY", "MEMSET", "HOST", "GRAPH", "EMPTY", "WAIT_EVENT",
+              "EVENT_RECORD", "EXT_SEMAS_SIGNAL", "EXT_SEMAS_WAIT", "MEM_ALLOC", "MEM_FREE",
+              "BATCH_MEM_OP", "CONDITIONAL")
+
+
+def node_types(dot: str) -> dict[str, int]:
+    """How many nodes of each type a graph's DOT text (cudaGraphDebugDotPrint) holds: each
+    node's record label starts with its type."""
+    pattern = re.compile(r'label="\{?\s*(' + "|".join(NODE_TYPES) + r')\b')
+    counts: dict[str, int] = defaultdict(int)
+    for match in pattern.finditer(dot):
+        counts[match.group(1)] += 1
+    return dict(counts)
+
+
+def _node_census(graph: Any, path: Path) -> dict[str, int]:
+    """One captured graph's node types (the ``nodes`` variant); the DOT file's first 4 KB are
+    kept beside the results to check what was counted."""
+    graph.debug_dump(str(path))
+    dot = path.read_text(errors="replace")
+    path.with_suffix(".head.dot").write_text(dot[:4096])
+    path.unlink()
+    return node_types(dot)
 
 
 class Launcher:
@@ -446,6 +479,9 @@ def table(rows: list[dict]) -> str:
                          "most against one GPU (ms):")
             lines += [f"- {ms:+.3f} {name[:110]}" for name, ms in grown(r, one)]
     for r in rows:
+        for g, counts in enumerate(r.get("nodes", [])):
+            lines.append(f"\nRun {r['run']}, GPU {g}'s one-iteration graph: "
+                         + ", ".join(f"{n} {k}" for k, n in sorted(counts.items())))
         lines.append(f"\nRun {r['run']}: the host's time per iteration (ms): "
                      + ", ".join(f"{k} {v:.3f}" for k, v in r.get("host", {}).items()))
         for g, d in enumerate(r.get("devices", [])):
