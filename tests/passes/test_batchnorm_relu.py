@@ -6,18 +6,12 @@ from __future__ import annotations
 
 import pytest
 import torch
+from net_text import AFFINE, conv
 
 from caffe_py.net import Net
 from caffe_py.spec.net_spec import parse_net
 from caffe_py.spec.schema import Source
 from caffe_py.spec.yamlio import loads
-
-
-def conv(name: str, bottom: str) -> str:
-    return (f"\n  - {{name: {name}, type: Convolution, bottom: {bottom}, top: {name}, "
-            "convolution_param: {num_output: 4, kernel_size: 3, pad: 1, bias_term: false, "
-            "weight_filler: {type: msra}}}")
-
 
 NET = ("""
 name: bnrelu
@@ -26,9 +20,7 @@ layer:
      input_param: {shape: [{dim: [4, 3, 6, 6]}, {dim: [4]}]}}"""
        + conv("c1", "data") + """
   - {name: bn1, type: BatchNorm, bottom: c1, top: c1}
-  - {name: scale1, type: Scale, bottom: c1, top: c1,
-     scale_param: {bias_term: true, filler: {type: uniform, min: 0.5, max: 1.5},
-                   bias_filler: {type: gaussian, std: 0.2}}}
+  - {name: scale1, type: Scale, bottom: c1, top: c1, """ + AFFINE + """}
   - {name: relu1, type: ReLU, bottom: c1, top: c1}""" + conv("c2", "c1") + """
   - {name: bn2, type: BatchNorm, bottom: c2, top: c2}
   - {name: relu2, type: ReLU, bottom: c2, top: c2, relu_param: {negative_slope: 0.2}}"""
@@ -111,9 +103,7 @@ def test_a_fused_cpu_net_trains_bit_for_bit_as_the_unfused_net():
 
 def bn_scale(name: str, blob: str) -> str:
     return (f"\n  - {{name: bn{name}, type: BatchNorm, bottom: {blob}, top: {blob}}}"
-            f"\n  - {{name: scale{name}, type: Scale, bottom: {blob}, top: {blob}, "
-            "scale_param: {bias_term: true, filler: {type: uniform, min: 0.5, max: 1.5}, "
-            "bias_filler: {type: gaussian, std: 0.2}}}")
+            f"\n  - {{name: scale{name}, type: Scale, bottom: {blob}, top: {blob}, {AFFINE}}}")
 
 
 # Two residual blocks as Caffe's ResNet writes them: the first with a projection shortcut

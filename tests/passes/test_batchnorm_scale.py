@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+from net_text import AFFINE, conv
 
 from caffe_py.net import Net
 from caffe_py.spec.net_spec import parse_net
@@ -11,8 +12,6 @@ from caffe_py.spec.schema import Source
 from caffe_py.spec.yamlio import loads
 
 FROZEN = "param: [{lr_mult: 0}, {lr_mult: 0}, {lr_mult: 0}]"
-AFFINE = ("scale_param: {bias_term: true, filler: {type: uniform, min: 0.5, max: 1.5}, "
-          "bias_filler: {type: gaussian, std: 0.2}}")
 
 
 def bn_scale(name: str, bottom: str, top: str | None = None) -> str:
@@ -21,12 +20,6 @@ def bn_scale(name: str, bottom: str, top: str | None = None) -> str:
     return f"""
   - {{name: bn_{name}, type: BatchNorm, bottom: {bottom}, top: {top}, {FROZEN}}}
   - {{name: scale_{name}, type: Scale, bottom: {top}, top: {top}, {AFFINE}}}"""
-
-
-def conv(name: str, bottom: str, out: int, kernel: int) -> str:
-    return (f"\n  - {{name: {name}, type: Convolution, bottom: {bottom}, top: {name}, "
-            f"convolution_param: {{num_output: {out}, kernel_size: {kernel}, "
-            f"pad: {kernel // 2}, bias_term: false, weight_filler: {{type: msra}}}}}}")
 
 
 # A bottleneck-like residual block as Caffe's ResNet-50 writes it; bn_b2 is not in place.
