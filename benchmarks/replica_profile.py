@@ -237,11 +237,19 @@ def child(args: argparse.Namespace) -> None:
             if not launchers:
                 launchers.extend(Launcher(m.device) for m in members)
             for launcher, graph in zip(launchers, graphs, strict=True):
-                launcher.launch(graph)
+                launcher.launch(graph, torch.cuda.current_stream(launcher.device))
             for launcher in launchers:
                 launcher.wait()
 
         GraphedLoop._launch = threaded  # type: ignore[method-assign]
+    if "nodes" in flags:
+        capture_begin = torch.cuda.CUDAGraph.capture_begin
+
+        def debugged(self: Any, *a: Any, **kw: Any) -> Any:
+            self.enable_debug_mode()   # this graph keeps its nodes for debug_dump
+            return capture_begin(self, *a, **kw)
+
+        torch.cuda.CUDAGraph.capture_begin = debugged  # type: ignore[method-assign]
     replay, capture = GraphedLoop._replay, GraphedLoop._capture
     host: dict[str, float] = defaultdict(float)
     timing = {"on": False}
@@ -290,8 +298,6 @@ def child(args: argparse.Namespace) -> None:
 
             prof.append(profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]))
             prof[0].__enter__()
-        if "nodes" in flags:
-            torch.cuda.CUDAGraph().enable_debug_mode()   # keeps each graph for debug_dump
         capture(self, s)
         if "nodes" in flags and 1 in self.graphs:
             result["nodes"] = [_node_census(graph, out / f"graph_{k}.dot")
@@ -371,12 +377,15 @@ class Launcher:
 
         torch.cuda.set_device(self.device)
         while True:
-            graph = self.todo.get()
-            graph.replay()
+            graph, stream = self.todo.get()
+            with torch.cuda.stream(stream):
+                graph.replay()
             self.done.put(None)
 
-    def launch(self, graph: Any) -> None:
-        self.todo.put(graph)
+    def launch(self, graph: Any, stream: Any) -> None:
+        """Replay ``graph`` on ``stream``: the caller's current stream of this device (where
+        the rates were copied; current streams are per thread)."""
+        self.todo.put((graph, stream))
 
     def wait(self) -> None:
         self.done.get()
