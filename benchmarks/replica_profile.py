@@ -28,15 +28,15 @@ A run's variant follows its count after ``+``: ``noreduce`` replaces NCCL's all-
 nothing (each replica trains on its own gradient: not a training run, a bound on what the
 reduction costs), ``after`` sets the solver's ``layer_wise_reduce: false`` (one all-reduce
 after backward), ``buffersK`` gives the rates K pinned host buffers (the host may run K replays
-ahead), ``onethread`` launches the replicas' replays one after another from the root's thread
-(as before each got a launching thread of its own: parallel/launchers.py), ``reverse`` does so
-last GPU first, ``KEY=VALUE`` sets an environment variable (NCCL's knobs). The table is
-printed last and written to DIR/replica_profile.md, with the kernels whose summed time grew
-most against one GPU, each GPU's longest idle gaps (between which kernels), when each GPU's
-graph launches were called against when their first kernels ran (the trace's host side:
-cudaGraphLaunch calls, matched to their kernels by correlation id), and the host thread's
-time per iteration in the graph launches, the rates' copies and the Solvers' end_iteration;
-every run is a JSON line in DIR/replica_profile.jsonl.
+ahead), ``reverse`` launches the replicas' replays last GPU first, ``threads`` launches each
+from a thread of its own, all at once, ``KEY=VALUE`` sets an environment variable (NCCL's
+knobs). The table is printed last and written to
+DIR/replica_profile.md, with the kernels whose summed time grew most against one GPU, each
+GPU's longest idle gaps (between which kernels), when each GPU's graph launches were called
+against when their first kernels ran (the trace's host side: cudaGraphLaunch calls, matched to
+their kernels by correlation id), and the host thread's time per iteration in the graph
+launches, the rates' copies and the Solvers' end_iteration; every run is a JSON line in
+DIR/replica_profile.jsonl.
 """
 from __future__ import annotations
 
@@ -184,18 +184,18 @@ def parse_run(text: str) -> tuple[int, list[str], dict[str, str]]:
     count, *parts = text.split("+")
     flags = [p for p in parts if "=" not in p]
     env = dict(p.split("=", 1) for p in parts if "=" in p)
-    unknown = {f for f in flags if f not in ("noreduce", "after", "onethread", "reverse")
+    unknown = {f for f in flags if f not in ("noreduce", "after", "reverse", "threads")
                and not (f.startswith("buffers") and f[7:].isdigit())}
     if unknown or not count.isdigit():
-        raise SystemExit(f"--runs: '{text}' is not COUNT[+noreduce|+after|+onethread"
-                         "|+reverse|+buffersK|+KEY=VALUE...]")
+        raise SystemExit(f"--runs: '{text}' is not COUNT[+noreduce|+after|+reverse|+threads"
+                         "|+buffersK|+KEY=VALUE...]")
     return int(count), flags, env
 
 
 def child(args: argparse.Namespace) -> None:
     import torch
 
-    from caffe_py.parallel.captured import AllReduceGroup, CapturedReplicas
+    from caffe_py.parallel.captured import AllReduceGroup
     from caffe_py.solver import graph_loop
     from caffe_py.solver.graph_loop import TIMED_REPLAYS, GraphedLoop
     from caffe_py.solver.solver import Solver
@@ -221,15 +221,25 @@ def child(args: argparse.Namespace) -> None:
     for flag in flags:
         if flag.startswith("buffers"):
             graph_loop.HOST_BUFFERS = int(flag[7:])
-    if "onethread" in flags:
-        CapturedReplicas._launch = GraphedLoop._launch  # type: ignore[method-assign]
     if "reverse" in flags:
         def reverse(self: GraphedLoop, members: list[Any], graphs: Any) -> None:
             for i in reversed(range(len(members))):
                 with self.on_member(i, members[i]):
                     graphs[i].replay()
 
-        CapturedReplicas._launch = reverse  # type: ignore[method-assign]
+        GraphedLoop._launch = reverse  # type: ignore[method-assign]
+    if "threads" in flags:
+        launchers: list[Launcher] = []
+
+        def threaded(self: GraphedLoop, members: list[Any], graphs: Any) -> None:
+            if not launchers:
+                launchers.extend(Launcher(m.device) for m in members)
+            for launcher, graph in zip(launchers, graphs, strict=True):
+                launcher.launch(graph, torch.cuda.current_stream(launcher.device))
+            for launcher in launchers:
+                launcher.wait()
+
+        GraphedLoop._launch = threaded  # type: ignore[method-assign]
     replay, capture = GraphedLoop._replay, GraphedLoop._capture
     host: dict[str, float] = defaultdict(float)
     timing = {"on": False}
@@ -308,6 +318,39 @@ def child(args: argparse.Namespace) -> None:
     GraphedLoop._replay = traced  # type: ignore[method-assign]
     GraphedLoop._capture = capture_traced  # type: ignore[method-assign]
     train(str(solver), ",".join(str(i) for i in range(n)))
+
+
+class Launcher:
+    """A thread that launches one device's graph replays (the ``threads`` variant: every
+    replica's replay launched at once, each from its own thread, instead of one after another
+    from the root's)."""
+
+    def __init__(self, device: Any):
+        import queue
+        import threading
+
+        self.device = device
+        self.todo: queue.Queue = queue.Queue()
+        self.done: queue.Queue = queue.Queue()
+        threading.Thread(target=self._run, daemon=True).start()
+
+    def _run(self) -> None:
+        import torch
+
+        torch.cuda.set_device(self.device)
+        while True:
+            graph, stream = self.todo.get()
+            with torch.cuda.stream(stream):
+                graph.replay()
+            self.done.put(None)
+
+    def launch(self, graph: Any, stream: Any) -> None:
+        """Replay ``graph`` on ``stream``: the caller's current stream of this device (where
+        the rates were copied; current streams are per thread)."""
+        self.todo.put((graph, stream))
+
+    def wait(self) -> None:
+        self.done.get()
 
 
 def _solver(out: Path, tag: str, n: int, after: bool) -> Path:

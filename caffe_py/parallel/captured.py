@@ -23,7 +23,6 @@ same sequence eagerly.
 from __future__ import annotations
 
 import contextlib
-import functools
 import logging
 import time
 from collections.abc import Callable, Iterator, Sequence
@@ -40,7 +39,6 @@ from ..solver.evaluate import raise_device_problems, run_batches
 from ..solver.graph_loop import GraphedLoop
 from ..solver.graphed_tests import GraphedForward
 from .flat import Bucket, BucketCount, plan_reduction
-from .launchers import Launchers
 from .sync import ReplicaState, StopReplica, SyncGroup
 
 if TYPE_CHECKING:
@@ -214,20 +212,9 @@ class CapturedReplicas(GraphedLoop):
                  chunk: int | None = None, required: bool = False):
         super().__init__(chunk=chunk, emulate=group.collectives is None, required=required)
         self.group, self.solvers = group, solvers
-        self.launchers = Launchers("replica-launch")
 
     def members(self, s: Solver) -> list[Solver]:
         return list(self.solvers)
-
-    def _launch(self, members: list[Solver], graphs: Sequence[Any]) -> None:
-        """Every replica's replay at once, each from a thread of its own (:mod:`.launchers`),
-        on the stream this thread copied its rates on; emulated, the one stand-in."""
-        if len(graphs) < 2:
-            super()._launch(members, graphs)
-            return
-        self.launchers.run([
-            functools.partial(_replay_on, graph, torch.cuda.current_stream(m.device))
-            for m, graph in zip(members, graphs, strict=True)])
 
     def before(self, streams: list[torch.cuda.Stream] | None) -> None:
         self.group.begin(self.solvers[0].param.iter_size, recording=streams is not None)
@@ -247,13 +234,6 @@ class CapturedReplicas(GraphedLoop):
                 raise
             self.group.fail(i, exc)
             raise StopReplica(f"replica {i} failed") from exc
-
-
-def _replay_on(graph: Any, stream: torch.cuda.Stream) -> None:
-    """Replays ``graph`` on ``stream``, from any thread (a thread's current streams are its
-    own: the caller names the one its rates were copied on)."""
-    with torch.cuda.device(stream.device), torch.cuda.stream(stream):
-        graph.replay()
 
 
 def _whose_turn(queues: Sequence[Any]) -> int:

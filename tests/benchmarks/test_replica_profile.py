@@ -66,7 +66,7 @@ def test_events_between_the_last_two_markers():
 def test_run_syntax():
     assert rp.parse_run("4+noreduce+NCCL_PROTO=Simple") == (
         4, ["noreduce"], {"NCCL_PROTO": "Simple"})
-    assert rp.parse_run("2+buffers4+onethread+reverse") == (
-        2, ["buffers4", "onethread", "reverse"], {})
+    assert rp.parse_run("2+buffers4+threads+reverse") == (
+        2, ["buffers4", "threads", "reverse"], {})
     with pytest.raises(SystemExit, match=r"--runs: '4\+fast' is not COUNT"):
         rp.parse_run("4+fast")
