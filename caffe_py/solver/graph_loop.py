@@ -31,6 +31,7 @@ from typing import TYPE_CHECKING, Protocol
 import torch
 
 from ..errors import SolverError
+from ..net import NetOutput
 from .graphs import (
     StaticFeed,
     capture_blocker,
@@ -42,7 +43,6 @@ from .graphs import (
 from .roles import AutoCompile
 
 if TYPE_CHECKING:
-    from ..net import NetOutput
     from .solver import Solver
 
 log = logging.getLogger(__name__)
@@ -404,8 +404,11 @@ class GraphedLoop:
                     with self.on_member(i, m):
                         loss, out = m.passes()
                         losses[i][j].copy_(loss)
-                        if j == 0:
-                            outs[i][:] = [out]
+                        if j == 0:   # values only: holding the autograd graph would keep
+                            # its AccumulateGrad nodes, and their capture stream, alive into
+                            # the next capture (PyTorch warns of the stream mismatch there)
+                            outs[i][:] = [NetOutput(out.loss.detach(), {
+                                k: v.detach() for k, v in out.outputs.items()})]
                 self.between(self._capturing)
                 for i, m in enumerate(members):
                     with self.on_member(i, m):

@@ -49,6 +49,20 @@ def test_chunks_train_as_the_eager_loop_with_an_lmdb(ws, rule):
     assert graphed.last_test[0]["acc"].item() == pytest.approx(eager.last_test[0]["acc"].item())
 
 
+def test_a_graph_keeps_its_first_outputs_values_not_their_autograd_graph(ws):
+    """Held with its autograd graph, the first iteration's loss kept that iteration's
+    AccumulateGrad nodes, and the capture stream they were made on, alive into the next
+    capture: PyTorch then warned of a stream mismatch at every chunked run's second capture."""
+    ws.net(ws.LMDB_NET, batch=2)
+    loop = GraphedLoop(chunk=4, emulate=True)
+    trained(ws.load(max_iter=12, display=4), loop)
+    assert sorted(loop.graphs) == [1, 4]
+    for graph in loop.graphs.values():
+        out = graph.first_out[0][0]
+        assert out.loss.grad_fn is None and not out.loss.requires_grad
+        assert out.outputs and all(v.grad_fn is None for v in out.outputs.values())
+
+
 def test_the_chunk_divides_display_test_and_snapshot(ws):
     loop = GraphedLoop(emulate=True)
     loop.slots = 32
