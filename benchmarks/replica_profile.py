@@ -29,14 +29,15 @@ nothing (each replica trains on its own gradient: not a training run, a bound on
 reduction costs), ``after`` sets the solver's ``layer_wise_reduce: false`` (one all-reduce
 after backward), ``buffersK`` gives the rates K pinned host buffers (the host may run K replays
 ahead), ``reverse`` launches the replicas' replays last GPU first, ``threads`` launches each
-from a thread of its own, all at once, ``KEY=VALUE`` sets an environment variable (NCCL's
-knobs). The table is printed last and written to
-DIR/replica_profile.md, with the kernels whose summed time grew most against one GPU, each
-GPU's longest idle gaps (between which kernels), when each GPU's graph launches were called
-against when their first kernels ran (the trace's host side: cudaGraphLaunch calls, matched to
-their kernels by correlation id), and the host thread's time per iteration in the graph
-launches, the rates' copies and the Solvers' end_iteration; every run is a JSON line in
-DIR/replica_profile.jsonl.
+from a thread of its own, all at once (on the stream the root copied its rates on), ``flat``
+(one GPU) lays the weights, gradients and state blobs out in flat buffers as a replica's are,
+with no other replica and no reduction, ``KEY=VALUE`` sets an environment variable (NCCL's
+knobs). The table is printed last and written to DIR/replica_profile.md, with the kernels
+whose summed time grew most against one GPU, each GPU's longest idle gaps (between which
+kernels), when each GPU's graph launches were called against when their first kernels ran
+(the trace's host side: cudaGraphLaunch calls, matched to their kernels by correlation id),
+and the host thread's time per iteration in the graph launches, the rates' copies and the
+Solvers' end_iteration; every run is a JSON line in DIR/replica_profile.jsonl.
 """
 from __future__ import annotations
 
@@ -184,11 +185,11 @@ def parse_run(text: str) -> tuple[int, list[str], dict[str, str]]:
     count, *parts = text.split("+")
     flags = [p for p in parts if "=" not in p]
     env = dict(p.split("=", 1) for p in parts if "=" in p)
-    unknown = {f for f in flags if f not in ("noreduce", "after", "reverse", "threads")
+    unknown = {f for f in flags if f not in ("noreduce", "after", "reverse", "threads", "flat")
                and not (f.startswith("buffers") and f[7:].isdigit())}
     if unknown or not count.isdigit():
         raise SystemExit(f"--runs: '{text}' is not COUNT[+noreduce|+after|+reverse|+threads"
-                         "|+buffersK|+KEY=VALUE...]")
+                         "|+flat|+buffersK|+KEY=VALUE...]")
     return int(count), flags, env
 
 
@@ -221,6 +222,19 @@ def child(args: argparse.Namespace) -> None:
     for flag in flags:
         if flag.startswith("buffers"):
             graph_loop.HOST_BUFFERS = int(flag[7:])
+    if "flat" in flags:   # one GPU laid out as a replica is: no other replica, no reduction
+        from caffe_py.parallel.flat import FlatParams
+        from caffe_py.parallel.replicated import state_blobs
+
+        init, flats = Solver.__init__, []
+
+        def flat_init(self: Solver, *a: Any, **kw: Any) -> None:
+            init(self, *a, **kw)
+            flats.append((FlatParams([lp.param for lp in self.net.learnable_params()]),
+                          FlatParams(state_blobs(self.net), with_grad=False)))
+            self.grads_in_place = True
+
+        Solver.__init__ = flat_init  # type: ignore[method-assign]
     if "reverse" in flags:
         def reverse(self: GraphedLoop, members: list[Any], graphs: Any) -> None:
             for i in reversed(range(len(members))):
