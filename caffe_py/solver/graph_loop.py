@@ -404,11 +404,8 @@ class GraphedLoop:
                     with self.on_member(i, m):
                         loss, out = m.passes()
                         losses[i][j].copy_(loss)
-                        if j == 0:   # values only: holding the autograd graph would keep
-                            # its AccumulateGrad nodes, and their capture stream, alive into
-                            # the next capture (PyTorch warns of the stream mismatch there)
-                            outs[i][:] = [NetOutput(out.loss.detach(), {
-                                k: v.detach() for k, v in out.outputs.items()})]
+                        if j == 0:
+                            outs[i][:] = [_values(out)]
                 self.between(self._capturing)
                 for i, m in enumerate(members):
                     with self.on_member(i, m):
@@ -469,3 +466,11 @@ class _Emulated:
 def _device_generators(s: Solver) -> list[torch.Generator]:
     return [g for layer in s.net.layers for g in layer.generators().values()
             if g.device.type == "cuda"]
+
+
+def _values(out: NetOutput) -> NetOutput:
+    """``out``'s tensors without their autograd graph (the same memory). A graph keeps its first
+    iteration's outputs for display; held with the autograd graph they would keep that
+    capture's AccumulateGrad nodes, and the stream those were made on, alive into the next
+    capture, where PyTorch warns of the stream mismatch."""
+    return NetOutput(out.loss.detach(), {k: v.detach() for k, v in out.outputs.items()})
