@@ -31,13 +31,15 @@ after backward), ``buffersK`` gives the rates K pinned host buffers (the host ma
 ahead), ``reverse`` launches the replicas' replays last GPU first, ``threads`` launches each
 from a thread of its own, all at once (on the stream the root copied its rates on), ``flat``
 (one GPU) lays the weights, gradients and state blobs out in flat buffers as a replica's are,
-with no other replica and no reduction, ``KEY=VALUE`` sets an environment variable (NCCL's
-knobs). The table is printed last and written to DIR/replica_profile.md, with the kernels
-whose summed time grew most against one GPU, each GPU's longest idle gaps (between which
-kernels), when each GPU's graph launches were called against when their first kernels ran
-(the trace's host side: cudaGraphLaunch calls, matched to their kernels by correlation id),
-and the host thread's time per iteration in the graph launches, the rates' copies and the
-Solvers' end_iteration; every run is a JSON line in DIR/replica_profile.jsonl.
+with no other replica and no reduction, ``heuristic`` takes cuDNN's heuristic algorithms
+instead of its benchmark search (the same picks on every GPU), ``KEY=VALUE`` sets an
+environment variable (NCCL's knobs). The table is printed last and written to
+DIR/replica_profile.md, with the kernels whose summed time grew most against one GPU, each
+GPU's longest idle gaps (between which kernels), when each GPU's graph launches were called
+against when their first kernels ran (the trace's host side: cudaGraphLaunch calls, matched
+to their kernels by correlation id), and the host thread's time per iteration in the graph
+launches, the rates' copies and the Solvers' end_iteration; every run is a JSON line in
+DIR/replica_profile.jsonl.
 """
 from __future__ import annotations
 
@@ -185,11 +187,12 @@ def parse_run(text: str) -> tuple[int, list[str], dict[str, str]]:
     count, *parts = text.split("+")
     flags = [p for p in parts if "=" not in p]
     env = dict(p.split("=", 1) for p in parts if "=" in p)
-    unknown = {f for f in flags if f not in ("noreduce", "after", "reverse", "threads", "flat")
+    unknown = {f for f in flags if f not in ("noreduce", "after", "reverse", "threads", "flat",
+                                                "heuristic")
                and not (f.startswith("buffers") and f[7:].isdigit())}
     if unknown or not count.isdigit():
         raise SystemExit(f"--runs: '{text}' is not COUNT[+noreduce|+after|+reverse|+threads"
-                         "|+flat|+buffersK|+KEY=VALUE...]")
+                         "|+flat|+heuristic|+buffersK|+KEY=VALUE...]")
     return int(count), flags, env
 
 
@@ -235,6 +238,14 @@ def child(args: argparse.Namespace) -> None:
             self.grads_in_place = True
 
         Solver.__init__ = flat_init  # type: ignore[method-assign]
+    if "heuristic" in flags:
+        solver_init = Solver.__init__
+
+        def heuristic_init(self: Solver, *a: Any, **kw: Any) -> None:
+            solver_init(self, *a, **kw)
+            torch.backends.cudnn.benchmark = False   # the Solver turned the search on
+
+        Solver.__init__ = heuristic_init  # type: ignore[method-assign]
     if "reverse" in flags:
         def reverse(self: GraphedLoop, members: list[Any], graphs: Any) -> None:
             for i in reversed(range(len(members))):

@@ -68,6 +68,6 @@ def test_run_syntax():
         4, ["noreduce"], {"NCCL_PROTO": "Simple"})
     assert rp.parse_run("2+buffers4+threads+reverse") == (
         2, ["buffers4", "threads", "reverse"], {})
-    assert rp.parse_run("1+flat") == (1, ["flat"], {})
+    assert rp.parse_run("1+flat+heuristic") == (1, ["flat", "heuristic"], {})
     with pytest.raises(SystemExit, match=r"--runs: '4\+fast' is not COUNT"):
         rp.parse_run("4+fast")
