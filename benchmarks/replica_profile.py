@@ -226,15 +226,19 @@ def child(args: argparse.Namespace) -> None:
         if flag.startswith("buffers"):
             graph_loop.HOST_BUFFERS = int(flag[7:])
     if "flat" in flags:   # one GPU laid out as a replica is: no other replica, no reduction
-        from caffe_py.parallel.flat import FlatParams
         from caffe_py.parallel.replicated import state_blobs
+        from caffe_py.parallel.sync import SyncGroup
 
-        init, flats = Solver.__init__, []
+        init, groups = Solver.__init__, []
 
         def flat_init(self: Solver, *a: Any, **kw: Any) -> None:
+            """The Solver, then what ReplicatedRun does to each replica's: its blobs moved
+            into a sync group's flat buffers, gradients in place."""
             init(self, *a, **kw)
-            flats.append((FlatParams([lp.param for lp in self.net.learnable_params()]),
-                          FlatParams(state_blobs(self.net), with_grad=False)))
+            groups.append(SyncGroup([self.device]))
+            scale = self.loss_scale.tensors() if self.loss_scale is not None else []
+            groups[-1].setup(0, [lp.param for lp in self.net.learnable_params()],
+                             [*state_blobs(self.net), *scale])
             self.grads_in_place = True
 
         Solver.__init__ = flat_init  # type: ignore[method-assign]
