@@ -86,6 +86,8 @@ class Setup:
     workers: list[int]
 
 
+LEFT_OUT: set[str] = set()
+"""Training rows ``--leave-out`` leaves out ("nvjpeg", "peer")."""
 REAL = Setup(32000, 256, 224, 256, Fraction(1), 5.0, 25, 150, [1, 4, 8, 16, 32, 48])
 SMOKE = Setup(48, 40, 32, 8, Fraction(1, 16), 0.5, 1, 3, [1, 2])
 
@@ -373,7 +375,8 @@ def train_rows(root: Path, s: Setup, device: torch.device, peer_workers: int,
     """(fed by, database, images/s) for every feed of the same ResNet-50 iteration."""
     raw, jpeg = root / "raw_lmdb", root / "jpeg_lmdb"
     seen: dict = {}
-    gpu_decode = device.type == "cuda" and nvjpeg.unavailable() is None
+    gpu_decode = (device.type == "cuda" and nvjpeg.unavailable() is None
+                  and "nvjpeg" not in LEFT_OUT)
     ours = [("raw", raw, DecodeOptions()), ("JPEG", jpeg, DecodeOptions())]  # the defaults
     if gpu_decode:  # the other decoders: nvJPEG, and the threads (torchvision's decoder)
         ours += [("JPEG", jpeg, DecodeOptions(gpu="on", processes="off")),
@@ -382,7 +385,7 @@ def train_rows(root: Path, s: Setup, device: torch.device, peer_workers: int,
     runs += [(f"Data, {name} LMDB", db,
               lambda param, d=decode: our_feed(param, device, d, seen), 0)
              for name, db, decode in ours]
-    if peer_missing() is None:  # warm up past what the DataLoader holds ahead
+    if peer_missing() is None and "peer" not in LEFT_OUT:  # warm up past what it holds ahead
         runs += [(f"DataLoader peer, {name} LMDB", db,
                   lambda param, db=db: the_peer(param, db, root, s, device, peer_workers),
                   2 * peer_workers + 8) for name, db in (("raw", raw), ("JPEG", jpeg))]
@@ -431,9 +434,9 @@ def multi_train_rows(root: Path, s: Setup, gpus: int, peer_workers: int, out: Pa
             str(max(1, peer_workers // gpus)), *([] if cuda else ["--cpu"])]
     runs: list = [("DummyData (constant), first", None, ours, {})]
     runs += [(f"Data, {name} LMDB", db, ours, {}) for name, db in (("raw", raw), ("JPEG", jpeg))]
-    if cuda and nvjpeg.unavailable() is None:
+    if cuda and nvjpeg.unavailable() is None and "nvjpeg" not in LEFT_OUT:
         runs += [("Data, JPEG LMDB (nvJPEG)", jpeg, ours, {"CPY_GPU_DECODE": "on"})]
-    if peer_missing() is None:
+    if peer_missing() is None and "peer" not in LEFT_OUT:
         runs += [(f"DataLoader peer, {name} LMDB (DDP)", db, peer, {})
                  for name, db in (("raw", raw), ("JPEG", jpeg))]
     runs += [("DummyData (constant), last", None, ours, {})]
@@ -558,12 +561,18 @@ def arguments() -> argparse.Namespace:
     ap.add_argument("--seconds", type=float, help="per decode measurement")
     ap.add_argument("--skip-decode", action="store_true")
     ap.add_argument("--skip-train", action="store_true")
+    ap.add_argument("--leave-out", default="", help="training rows to leave out, comma "
+                    "separated: nvjpeg (the GPU decoder's rows), peer (the DataLoader's)")
     ap.add_argument("--out", type=Path, default=Path(os.environ.get("OUT", "/tmp/cpy_gpu")))
     ap.add_argument("--save", type=Path, help="write the tables into this markdown file")
     return ap.parse_args()
 
 
 def run(args: argparse.Namespace, root: Path) -> str:
+    LEFT_OUT.update(filter(None, args.leave_out.split(",")))
+    if LEFT_OUT - {"nvjpeg", "peer"}:
+        raise SystemExit(f"--leave-out: {', '.join(sorted(LEFT_OUT - {'nvjpeg', 'peer'}))} is "
+                         "not a row kind (nvjpeg, peer)")
     base = SMOKE if args.smoke else REAL
     s = dataclasses.replace(base, **{k: getattr(args, k) for k in
                                      ("images", "steps", "warmup", "seconds")

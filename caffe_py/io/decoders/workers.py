@@ -1,4 +1,5 @@
-"""Decode workers: threads that decode encoded images for the reader and the feeds.
+"""Decode workers: threads that decode encoded images for the reader and the feeds, and copy
+big raw records out of the database's map for the reader.
 
 A caller hands :meth:`DecodeWorkers.run` a function over a range of records (decode records
 ``start .. stop-1`` into their rows of an output array) and the number of records; the range is
@@ -196,17 +197,19 @@ class DecodeWorkers:
             except BaseException as exc:  # noqa: BLE001 (handed to the caller, never lost)
                 done.put((index, exc))
 
-    def run(self, part: Part, n: int, *, where: str) -> None:
-        """``part(start, stop)`` over records 0 .. n-1, cut into parts run by the threads;
-        returns when every part is done. A failing part's error is raised (the first by
-        record order when several fail: a :class:`DataError` as it is, anything else as one
-        line naming ``where``) after the others have finished."""
+    def run(self, part: Part, n: int, *, where: str, parts: int | None = None) -> None:
+        """``part(start, stop)`` over records 0 .. n-1, cut into parts run by the threads (at
+        most ``parts`` of them; default :data:`PARTS_PER_WORKER` a thread); returns when every
+        part is done. A failing part's error is raised (the first by record order when several
+        fail: a :class:`DataError` as it is, anything else as one line naming ``where``) after
+        the others have finished."""
         if self._stop.is_set():
             raise DataError(f"{where}: the decode workers were closed")
-        if not self.threads or n <= 1:
+        most = PARTS_PER_WORKER * self.count if parts is None else parts
+        if not self.threads or n <= 1 or most <= 1:
             _call(part, 0, n, where)
             return
-        bounds = _cuts(n, min(n, PARTS_PER_WORKER * self.count))
+        bounds = _cuts(n, min(n, most))
         done: queue.SimpleQueue = queue.SimpleQueue()
         for index, (start, stop) in enumerate(zip(bounds, bounds[1:], strict=False)):
             self._tasks.put((part, start, stop, index, done))

@@ -8,11 +8,16 @@ else are left to the full Datum decoder.
 """
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import numpy as np
 
 from . import wire
+
+Run = Callable[[Callable[[int, int], None], int], None]
+"""``run(part, n)`` calls ``part(start, stop)`` over records 0 .. n-1, whole or cut into
+contiguous parts that may run on several threads at once (the reader's copy threads), and
+returns when every part is done."""
 
 
 def raw_prefix(shape: Sequence[int]) -> np.ndarray:
@@ -24,7 +29,7 @@ def raw_prefix(shape: Sequence[int]) -> np.ndarray:
 
 
 def raw_chunk(values: Sequence[bytes | memoryview], prefix: np.ndarray,
-              shape: tuple[int, int, int]
+              shape: tuple[int, int, int], run: Run | None = None
               ) -> tuple[np.ndarray, np.ndarray, np.ndarray | None] | None:
     """The fast path for the common record (channels, height, width, data, label, and an
     optional encoded=false, in Caffe's field order), a whole chunk at once.
@@ -32,7 +37,10 @@ def raw_chunk(values: Sequence[bytes | memoryview], prefix: np.ndarray,
     Records of one length (the usual case) are joined into one (k, L) byte matrix, checked and
     sliced by numpy. Records of several lengths (labels of several varint widths: 0-127 and
     128-999 in an ImageNet database) are checked on their first and last bytes, and each
-    one's pixels copied once into the result. Either way every byte is copied once.
+    one's pixels copied once into the result. Either way every byte is copied once; records of
+    SEPARATE_COPY_BYTES or more are copied one by one, by ``run`` where given (the copy of a
+    chunk of ImageNet records then runs on several threads: one thread's copy out of the map
+    is what bounds a reader of big records).
 
     Returns (pixels (k, C, H, W), labels (k,), ok) where ok is None when every record took
     the fast path, else a (k,) mask of those that did (the rest are the full decoder's job:
@@ -41,7 +49,7 @@ def raw_chunk(values: Sequence[bytes | memoryview], prefix: np.ndarray,
     k = len(values)
     lengths = np.fromiter(map(len, values), np.int64, k)
     if lengths.min() == lengths.max():
-        joined = _joined(values)
+        joined = _joined(values, run)
         rows, labels = _raw_rows(joined, int(lengths[0]), k, prefix, shape)
         if rows.all():
             return _pixels(joined, int(lengths[0]), k, prefix, shape), labels, None
@@ -62,8 +70,13 @@ def raw_chunk(values: Sequence[bytes | memoryview], prefix: np.ndarray,
         return None
     pixels = np.empty((k, *shape), np.uint8)
     rows = pixels.reshape(k, size)
-    for i in np.flatnonzero(ok).tolist():  # one copy each (numpy releases the GIL for it)
-        rows[i] = np.frombuffer(values[i], np.uint8, size, start)
+    todo = np.flatnonzero(ok).tolist()
+
+    def part(first: int, stop: int) -> None:  # one copy each (numpy releases the GIL for it)
+        for i in todo[first:stop]:
+            rows[i] = np.frombuffer(values[i], np.uint8, size, start)
+
+    (run or _inline)(part, len(todo))
     return pixels, labels, None if ok.all() else ok
 
 
@@ -75,11 +88,23 @@ thread; a release per small record would instead make the reader wait for the GI
 switch interval) once per record."""
 
 
-def _joined(values: Sequence[bytes | memoryview]) -> np.ndarray:
-    """The records one after another in one new uint8 array."""
-    if values and len(values[0]) >= SEPARATE_COPY_BYTES:
-        return np.concatenate([np.frombuffer(v, np.uint8) for v in values])
-    return np.frombuffer(b"".join(values), np.uint8)
+def _joined(values: Sequence[bytes | memoryview], run: Run | None) -> np.ndarray:
+    """The records, all of one length, one after another in one new uint8 array (big ones
+    copied one by one, by ``run`` where given)."""
+    if not values or len(values[0]) < SEPARATE_COPY_BYTES:
+        return np.frombuffer(b"".join(values), np.uint8)
+    joined = np.empty((len(values), len(values[0])), np.uint8)
+
+    def part(first: int, stop: int) -> None:
+        for i in range(first, stop):
+            joined[i] = np.frombuffer(values[i], np.uint8)
+
+    (run or _inline)(part, len(values))
+    return joined.reshape(-1)
+
+
+def _inline(part: Callable[[int, int], None], n: int) -> None:
+    part(0, n)
 
 
 def _pixels(joined: np.ndarray, length: int, k: int, prefix: np.ndarray,

@@ -429,8 +429,8 @@ class ReaderPool:
         self._stop = threading.Event()
         self.decode = decode if decode is not None else DecodeOptions.from_env()
         self.workers = DecodeWorkers(self.decode.threads)
-        """The decode threads every encoded stream's reader and feeds share (started only
-        when a stream reads encoded records)."""
+        """The worker threads every stream's reader and feeds share: they decode encoded
+        records and copy big raw ones (started only when a stream reads such records)."""
         self.processes = (DecodeProcesses(self.decode.process_count)
                           if self.decode.use_processes else None)
         """The decode processes the feeds share for image files (started at the first batch
@@ -465,7 +465,7 @@ class ReaderPool:
         if st is None:
             made = spec.decoder() if spec.decoder is not None else ChunkDecoder(
                 source, spec.record_shape, np.dtype(spec.dtype), spec.color,
-                encoded=spec.encoded, workers=self.workers if spec.encoded else None)
+                encoded=spec.encoded, workers=self.workers)
             if by_batch and self._sliced:
                 raise ValueError("turns of a batch need the whole round-robin in one pool")
             st = src.streams[stream] = _Stream(
@@ -542,7 +542,7 @@ class ReaderPool:
             return
         self._started = True
         try:
-            if any(getattr(st.decoder, "encoded", False) for src in self._sources.values()
+            if any(getattr(st.decoder, "uses_workers", False) for src in self._sources.values()
                    for st in src.streams.values()):
                 self.workers.start()
             for src in self._sources.values():

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import numpy as np
+import pytest
 
 from caffe_py.io.formats.datum import datum_from_array, datum_to_array, decode_datum, encode_datum
 from caffe_py.io.formats.raw_records import raw_chunk, raw_prefix
@@ -65,3 +66,46 @@ def test_labels_of_two_widths_all_take_the_fast_path_from_views():
         b[:] = bytes(len(b))
     for i, value in enumerate(values):
         np.testing.assert_array_equal(pixels[i], datum_to_array(decode_datum(value)))
+
+
+def _threaded(calls: list):
+    """A ``run`` that cuts the records into three parts and runs them on threads, last part
+    first (the order parts finish in must not matter); ``calls`` gets each part's bounds."""
+    import threading
+
+    def run(part, n):
+        bounds = [n * i // 3 for i in range(4)]
+        spans = list(zip(bounds, bounds[1:], strict=False))[::-1]
+        calls.extend(spans)
+        threads = [threading.Thread(target=part, args=span) for span in spans]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+    return run
+
+
+@pytest.mark.parametrize("labels", [[4, 5, 6, 7, 8, 9], [4, 500, 6, 7000, 8, 9]],
+                         ids=["one length", "two lengths"])
+def test_big_records_copied_by_run_in_parts_equal_the_one_thread_copy(labels):
+    """Big records' copies go through ``run`` (the reader's copy threads), in parts, on both
+    paths (records of one length, and of several), and give the one-thread copy's bytes."""
+    shape = (3, 150, 150)
+    rng = np.random.default_rng(1)
+    arrays = [rng.integers(0, 256, shape, dtype=np.uint8) for _ in labels]
+    values = [memoryview(encode_datum(datum_from_array(a, y)))
+              for a, y in zip(arrays, labels, strict=True)]
+    calls: list = []
+    pixels, got, ok = raw_chunk(values, raw_prefix(shape), shape, _threaded(calls))
+    alone = raw_chunk(values, raw_prefix(shape), shape)
+    assert ok is None and got.tolist() == labels == alone[1].tolist()
+    assert calls == [(4, 6), (2, 4), (0, 2)]
+    np.testing.assert_array_equal(pixels, np.stack(arrays))
+    np.testing.assert_array_equal(pixels, alone[0])
+
+
+def test_small_records_are_joined_without_run():
+    calls: list = []
+    pixels, _, ok = raw_chunk([record(i, i) for i in range(6)], raw_prefix(SHAPE), SHAPE,
+                              _threaded(calls))
+    assert ok is None and calls == [] and [int(p.max()) for p in pixels] == list(range(6))

@@ -604,3 +604,38 @@ def test_a_resume_follows_the_database_to_a_moved_folder(tmp_path):
     with ReaderPool() as pool, pytest.raises(DataError, match="which no attached Data layer"):
         subscribe(pool, make_db(tmp_path / "other", 10))
         pool.load_state_dict(state)
+
+
+def test_big_raw_records_are_copied_by_the_worker_threads(tmp_path, monkeypatch):
+    """Raw records of SEPARATE_COPY_BYTES or more (ImageNet's) leave the map through the
+    pool's worker threads, a chunk in parts of at least COPY_PART_BYTES; the records read
+    back exactly. Small records start no worker."""
+    from caffe_py.io.decoders.workers import DecodeOptions, DecodeWorkers
+    from caffe_py.io.reader import decode
+
+    shape = (3, 150, 150)
+    path = tmp_path / "big"
+    write_db(path, [encode_datum(datum_from_array(np.full(shape, i, np.uint8), i * 50))
+                    for i in range(40)])
+    parts = []
+    run = DecodeWorkers.run
+
+    def spy(self, part, n, *, where, **kw):
+        parts.append((n, kw.get("parts")))
+        return run(self, part, n, where=where, **kw)
+
+    monkeypatch.setattr(DecodeWorkers, "run", spy)
+    monkeypatch.setattr(decode, "COPY_PART_BYTES", 1 << 20)
+    with ReaderPool(decode=DecodeOptions(workers=3)) as pool:
+        q = pool.subscribe(FeedSpec(str(path), 40, 1, shape), "TRAIN/data", replica=0)
+        pool.start()
+        assert len(pool.workers.threads) == 3
+        got = q.get_batch(40, timeout=5)
+    assert got.labels.tolist() == [i * 50 for i in range(40)]
+    assert [int(a.min()) for a in got.pixels] == [int(a.max()) for a in got.pixels] == \
+        list(range(40))
+    assert parts == [(40, 2)]   # 40 records of 67,500 bytes: 2.7 MB, two parts of 1 MB or more
+    with ReaderPool(decode=DecodeOptions(workers=3)) as pool:
+        q = subscribe(pool, make_db(tmp_path / "small", 8))
+        pool.start()
+        assert labels(q, 8) == list(range(8)) and pool.workers.threads == []
