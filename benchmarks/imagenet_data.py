@@ -86,8 +86,8 @@ class Setup:
     workers: list[int]
 
 
-LEFT_OUT: set[str] = set()
-"""Training rows ``--leave-out`` leaves out ("nvjpeg", "peer")."""
+ROW_KINDS = ("nvjpeg", "peer")
+"""The training rows ``--leave-out`` may leave out."""
 REAL = Setup(32000, 256, 224, 256, Fraction(1), 5.0, 25, 150, [1, 4, 8, 16, 32, 48])
 SMOKE = Setup(48, 40, 32, 8, Fraction(1, 16), 0.5, 1, 3, [1, 2])
 
@@ -371,12 +371,13 @@ def train_rate(param: SolverParameter, device: torch.device, s: Setup, solver_of
 
 
 def train_rows(root: Path, s: Setup, device: torch.device, peer_workers: int,
-               out: Path) -> list:
-    """(fed by, database, images/s) for every feed of the same ResNet-50 iteration."""
+               out: Path, left_out: frozenset[str] = frozenset()) -> list:
+    """(fed by, database, images/s) for every feed of the same ResNet-50 iteration, but the
+    kinds of row in ``left_out`` (:data:`ROW_KINDS`)."""
     raw, jpeg = root / "raw_lmdb", root / "jpeg_lmdb"
     seen: dict = {}
     gpu_decode = (device.type == "cuda" and nvjpeg.unavailable() is None
-                  and "nvjpeg" not in LEFT_OUT)
+                  and "nvjpeg" not in left_out)
     ours = [("raw", raw, DecodeOptions()), ("JPEG", jpeg, DecodeOptions())]  # the defaults
     if gpu_decode:  # the other decoders: nvJPEG, and the threads (torchvision's decoder)
         ours += [("JPEG", jpeg, DecodeOptions(gpu="on", processes="off")),
@@ -385,7 +386,7 @@ def train_rows(root: Path, s: Setup, device: torch.device, peer_workers: int,
     runs += [(f"Data, {name} LMDB", db,
               lambda param, d=decode: our_feed(param, device, d, seen), 0)
              for name, db, decode in ours]
-    if peer_missing() is None and "peer" not in LEFT_OUT:  # warm up past what it holds ahead
+    if peer_missing() is None and "peer" not in left_out:  # warm up past what it holds ahead
         runs += [(f"DataLoader peer, {name} LMDB", db,
                   lambda param, db=db: the_peer(param, db, root, s, device, peer_workers),
                   2 * peer_workers + 8) for name, db in (("raw", raw), ("JPEG", jpeg))]
@@ -404,12 +405,13 @@ def train_rows(root: Path, s: Setup, device: torch.device, peer_workers: int,
 
 # --- training on several GPUs -----------------------------------------------------------------
 def multi_train_rows(root: Path, s: Setup, gpus: int, peer_workers: int, out: Path,
-                     device: torch.device) -> list:
+                     device: torch.device, left_out: frozenset[str] = frozenset()) -> list:
     """(fed by, database, images/s) of ResNet-50 on ``gpus`` GPUs: caffe-py's replicated run
     (what `cpy train --gpus 0,...` runs: one reader, a feed and a thread per GPU, the tree
     reduction, CUDA graphs) fed by constant DummyData and by each LMDB, and torchrun DDP fed
     by the DataLoader peer (``peer_workers`` processes per GPU). Each row is its own process:
-    benchmarks/multigpu.py and ddp_baseline.py, with their JSON result read back."""
+    benchmarks/multigpu.py and ddp_baseline.py, with their JSON result read back. The kinds of
+    row in ``left_out`` (:data:`ROW_KINDS`) are left out."""
     import json
 
     specs, results = out / "imagenet_specs", out / "imagenet_multigpu.jsonl"
@@ -434,9 +436,9 @@ def multi_train_rows(root: Path, s: Setup, gpus: int, peer_workers: int, out: Pa
             str(max(1, peer_workers // gpus)), *([] if cuda else ["--cpu"])]
     runs: list = [("DummyData (constant), first", None, ours, {})]
     runs += [(f"Data, {name} LMDB", db, ours, {}) for name, db in (("raw", raw), ("JPEG", jpeg))]
-    if cuda and nvjpeg.unavailable() is None and "nvjpeg" not in LEFT_OUT:
+    if cuda and nvjpeg.unavailable() is None and "nvjpeg" not in left_out:
         runs += [("Data, JPEG LMDB (nvJPEG)", jpeg, ours, {"CPY_GPU_DECODE": "on"})]
-    if peer_missing() is None and "peer" not in LEFT_OUT:
+    if peer_missing() is None and "peer" not in left_out:
         runs += [(f"DataLoader peer, {name} LMDB (DDP)", db, peer, {})
                  for name, db in (("raw", raw), ("JPEG", jpeg))]
     runs += [("DummyData (constant), last", None, ours, {})]
@@ -569,10 +571,10 @@ def arguments() -> argparse.Namespace:
 
 
 def run(args: argparse.Namespace, root: Path) -> str:
-    LEFT_OUT.update(filter(None, args.leave_out.split(",")))
-    if LEFT_OUT - {"nvjpeg", "peer"}:
-        raise SystemExit(f"--leave-out: {', '.join(sorted(LEFT_OUT - {'nvjpeg', 'peer'}))} is "
-                         "not a row kind (nvjpeg, peer)")
+    left_out = frozenset(filter(None, args.leave_out.split(",")))
+    if left_out - set(ROW_KINDS):
+        raise SystemExit(f"--leave-out: {', '.join(sorted(left_out - set(ROW_KINDS)))} is "
+                         f"not a row kind ({', '.join(ROW_KINDS)})")
     base = SMOKE if args.smoke else REAL
     s = dataclasses.replace(base, **{k: getattr(args, k) for k in
                                      ("images", "steps", "warmup", "seconds")
@@ -597,11 +599,11 @@ def run(args: argparse.Namespace, root: Path) -> str:
             lines += ["", pixel_agreement(root)]
     if not args.skip_train and args.replicas > 1:
         lines += train_table(multi_train_rows(root, s, args.replicas, args.peer_workers,
-                                              args.out, device), s, args.replicas,
+                                              args.out, device, left_out), s, args.replicas,
                              device.type)
     elif not args.skip_train:
-        lines += train_table(train_rows(root, s, device, args.peer_workers, args.out),
-                             s, device_type=device.type)
+        lines += train_table(train_rows(root, s, device, args.peer_workers, args.out,
+                                        left_out), s, device_type=device.type)
     if peer_missing() is not None:
         lines += ["", f"The DataLoader peer was not run: {peer_missing()}."]
     return "\n".join(lines)

@@ -70,13 +70,7 @@ def raw_chunk(values: Sequence[bytes | memoryview], prefix: np.ndarray,
         return None
     pixels = np.empty((k, *shape), np.uint8)
     rows = pixels.reshape(k, size)
-    todo = np.flatnonzero(ok).tolist()
-
-    def part(first: int, stop: int) -> None:  # one copy each (numpy releases the GIL for it)
-        for i in todo[first:stop]:
-            rows[i] = np.frombuffer(values[i], np.uint8, size, start)
-
-    (run or _inline)(part, len(todo))
+    _copy_rows(rows, values, np.flatnonzero(ok).tolist(), start, run)
     return pixels, labels, None if ok.all() else ok
 
 
@@ -94,17 +88,24 @@ def _joined(values: Sequence[bytes | memoryview], run: Run | None) -> np.ndarray
     if not values or len(values[0]) < SEPARATE_COPY_BYTES:
         return np.frombuffer(b"".join(values), np.uint8)
     joined = np.empty((len(values), len(values[0])), np.uint8)
-
-    def part(first: int, stop: int) -> None:
-        for i in range(first, stop):
-            joined[i] = np.frombuffer(values[i], np.uint8)
-
-    (run or _inline)(part, len(values))
+    _copy_rows(joined, values, range(len(values)), 0, run)
     return joined.reshape(-1)
 
 
-def _inline(part: Callable[[int, int], None], n: int) -> None:
-    part(0, n)
+def _copy_rows(rows: np.ndarray, values: Sequence[bytes | memoryview],
+               indices: Sequence[int], start: int, run: Run | None) -> None:
+    """``rows[i]`` = the row's length of bytes of ``values[i]`` from ``start``, for every i of
+    ``indices``: one copy each (numpy releases the GIL for it), by ``run`` where given."""
+    size = rows.shape[1]
+
+    def part(first: int, stop: int) -> None:
+        for i in indices[first:stop]:
+            rows[i] = np.frombuffer(values[i], np.uint8, size, start)
+
+    if run is None:
+        part(0, len(indices))
+    else:
+        run(part, len(indices))
 
 
 def _pixels(joined: np.ndarray, length: int, k: int, prefix: np.ndarray,

@@ -74,13 +74,11 @@ class ChunkDecoder:
         """The raw fast path's copy of ``n`` records, shared out over the workers in parts of
         at least :data:`COPY_PART_BYTES` (one thread's copy out of the map stops near 4 GB/s,
         under 20,000 ImageNet records/s: less than four GPUs train on)."""
-        parts = min(self.workers.count, n * self.record_bytes // COPY_PART_BYTES) \
-            if self.workers is not None else 1
-        if parts <= 1:
+        if self.workers is None:
             part(0, n)
             return
-        assert self.workers is not None  # parts > 1
-        self.workers.run(part, n, where=self.path, parts=parts)
+        self.workers.run(part, n, where=self.path,
+                         parts=min(self.workers.count, n * self.record_bytes // COPY_PART_BYTES))
 
     def decode(self, keys: Sequence[bytes], values: Sequence[bytes],
                wanted: np.ndarray | None = None) -> tuple[np.ndarray | ImageFiles, np.ndarray]:
