@@ -98,6 +98,10 @@ class DecodeProcesses:
                 self._executor = ProcessPoolExecutor(
                     self.count, mp_context=_context(), initializer=_process_start,
                     initargs=(os.getpid(),))
+            # The first submit forks the processes, here: with SIGINT blocked, so that a Ctrl-C
+            # reaching the process group while one is still starting (before _process_start
+            # ignores it) is discarded there instead of killing it (a broken pool).
+            mask = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
             try:
                 return self._executor.submit(_decode_part, part)
             except BrokenProcessPool as exc:
@@ -106,6 +110,8 @@ class DecodeProcesses:
                 raise DataError(f"{where}: cannot start {self.count} decode processes "
                                 f"({exc.strerror or exc}); set CPY_DECODE_WORKERS lower, or "
                                 "CPY_DECODE_PROCESSES=off") from None
+            finally:
+                signal.pthread_sigmask(signal.SIG_SETMASK, mask)
 
     def wait(self, futures: list[Future], where: str) -> None:
         """Every part's end; the first failing part's error (by record order) is raised after
@@ -390,6 +396,7 @@ def _process_start(parent: int) -> None:
     """A decode process: Ctrl-C is the parent's to handle, SIGTERM ends it (not the training
     process's handler, which fork copied); exit when the parent is gone."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})  # blocked by the fork's caller
     signal.signal(signal.SIGTERM, signal.SIG_DFL)
 
     def watch() -> None:

@@ -19,6 +19,7 @@ from synthetic import image_file, write_encoded_db
 
 from caffe_py.errors import DataError
 from caffe_py.io import ReaderPool, attach_feeds
+from caffe_py.io.decoders import decode_processes
 from caffe_py.io.decoders.decode_processes import SHM_DIR, DecodeProcesses, ProcessCrops
 from caffe_py.io.decoders.workers import DecodeOptions
 from caffe_py.io.formats.datum import decode_image
@@ -218,6 +219,36 @@ def test_ctrl_c_is_the_training_processes_to_handle():
         crops.close()
         processes.close()
 
+
+
+def test_a_ctrl_c_while_the_processes_start_is_discarded(monkeypatch):
+    """The processes are forked with SIGINT blocked: a Ctrl-C that reaches one before it has
+    set SIGINT to be ignored (held here for 0.5 s before that) neither kills it nor breaks the
+    batch."""
+    process_start = decode_processes._process_start
+
+    def slow_start(parent: int) -> None:
+        time.sleep(0.5)
+        process_start(parent)
+
+    monkeypatch.setattr(decode_processes, "_process_start", slow_start)
+    processes = DecodeProcesses(2)
+    crops = ProcessCrops(processes, "db", (3, H, W), None)
+    try:
+        files = [image_file(i) for i in range(4)]
+        out = np.zeros((4, 3, 7, 7), np.uint8)
+        batch = crops.submit(files, [b"k%d" % i for i in range(4)],
+                             [[i % 3, i % 4] for i in range(4)], [False] * 4, out)
+        starting = children()
+        assert len(starting) == 2
+        for child in starting:
+            os.kill(child.pid, signal.SIGINT)
+        batch.wait()
+        assert {child.pid for child in children()} == {child.pid for child in starting}
+        assert np.array_equal(out, decode(crops, files, [False] * 4))
+    finally:
+        crops.close()
+        processes.close()
 
 @pytest.mark.slow
 def test_the_processes_end_when_the_training_process_is_killed(tmp_path):
