@@ -18,13 +18,16 @@ import os
 import struct
 import threading
 from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
 from itertools import islice
 from pathlib import Path
 from typing import Any, cast
 
 import lmdb
+import numpy as np
 
 from ...errors import DataError
+from ..formats.datum import format_key
 from .partial import (  # noqa: F401 (partial_path, remove_partial, WriteSummary: re-exported)
     COMMIT_EVERY,
     PartialWriter,
@@ -149,6 +152,9 @@ class LmdbReader:
     """
 
     fixed_order = True
+    rereadable = True
+    """Another process may read its records again by key (:func:`read_files`): the decode
+    processes read the image files of encoded records themselves."""
 
     def __init__(self, path: str | os.PathLike, *, fix: str | None = None,
                  create_lock: bool = True):
@@ -218,6 +224,83 @@ def begin(env: lmdb.Environment, **kwargs: Any) -> lmdb.Transaction:
     except lmdb.MapResizedError:
         env.set_mapsize(0)
         return env.begin(**kwargs)
+
+
+@dataclass(frozen=True)
+class StoredFiles:
+    """The image files of encoded records left in their LMDB ``database``, for decoders that
+    read them again by key themselves (the decode processes, each from its own environment):
+    the reader copies nothing out of the map for them. ``spans`` (n, 3) int64: where each
+    record's file starts and ends in it, and the record's size (a check that it is the record
+    the reader read). :meth:`read` copies the files out here, for the other decoders."""
+
+    database: str
+    keys: tuple[bytes, ...]
+    spans: np.ndarray
+
+    def __len__(self) -> int:
+        return len(self.keys)
+
+    def __getitem__(self, rows: slice) -> StoredFiles:
+        if not isinstance(rows, slice):  # not a sequence of files: nothing reads one by chance
+            raise TypeError("stored files are read with read(), not one by one")
+        return StoredFiles(self.database, self.keys[rows], self.spans[rows])
+
+    def read(self) -> tuple[bytes, ...]:
+        """The files, as bytes."""
+        return stored_files(self.database, self.keys, self.spans)
+
+    @staticmethod
+    def join(parts: Sequence[StoredFiles]) -> StoredFiles:
+        """Consecutive runs of one database's files as one."""
+        return StoredFiles(parts[0].database, tuple(k for p in parts for k in p.keys),
+                           np.concatenate([p.spans for p in parts]))
+
+
+def read_files(txn: lmdb.Transaction, source: str, keys: Sequence[bytes],
+               spans: np.ndarray) -> Iterator[bytes | memoryview]:
+    """The image files of encoded records ``keys`` of database ``source``, read again by
+    key: file k is bytes ``spans[k, 0] .. spans[k, 1] - 1`` of a record of ``spans[k, 2]``
+    bytes (views of the map with a ``buffers=True`` transaction, valid while it is open). A
+    record that is gone, or is not the size it was, raises: the database was written after
+    the reader read it."""
+    for key, (start, stop, size) in zip(keys, spans.tolist(), strict=True):
+        value = txn.get(key)
+        if value is None or len(value) != size:
+            raise DataError(
+                f"{source}: record {format_key(key)} "
+                f"{'is gone' if value is None else 'changed'} since the data reader read it: "
+                "the database was written while training read it; write a new database "
+                "instead (cpy convert into another path)")
+        yield value[start:stop]
+
+
+def stored_files(source: str, keys: Sequence[bytes], spans: np.ndarray) -> tuple[bytes, ...]:
+    """:func:`read_files` in this process (its shared environment of ``source``), as
+    bytes."""
+    env = acquire_readonly(source)
+    try:
+        with begin(env, buffers=False) as txn:
+            return tuple(bytes(file) for file in read_files(txn, source, keys, spans))
+    except lmdb.Error as exc:
+        raise DataError(f"{source}: corrupt LMDB database ({_reason(exc)}); delete it and "
+                        "convert the data again") from None
+    finally:
+        release_readonly(env)
+
+
+def forked_environment(source: str) -> lmdb.Environment:
+    """The environment of ``source`` in a process forked from one that reads it: the parent's,
+    where fork copied it open (py-lmdb refuses a second open of files open in the process, and
+    its list of them was copied too; closing the copy would clear the parent's reader slots in
+    lock.mdb, which carry the parent's pid), else one of its own, locked as the parent reads
+    it. The shared environments are looked up without their lock, which another thread of the
+    parent may have held at the fork (a copy of a held lock never opens)."""
+    entry = _SHARED.get(os.path.realpath(source))
+    if entry is not None:
+        return cast(lmdb.Environment, entry[0])
+    path = Path(source)
+    return _open_readonly(path, missing_fix(path), create_lock=False)
 
 
 # LMDB allows one environment per database per process (py-lmdb refuses a second open), yet

@@ -8,19 +8,25 @@ not by the cores: measured on a 16- and a 64-core machine, PIL's threads reach a
 trains ResNet-50 at about 4,000-5,000 images/s; four need about 19,000. Processes do not share
 a GIL, so they scale with the cores.
 
-How a batch goes (:meth:`ProcessCrops.submit`, called by a feed thread): the feed writes the
-batch's files end to end into its shared input buffer (:mod:`multiprocessing.shared_memory`),
-cuts the batch into parts (the processes over the feeds) and submits them; each process decodes its
-records with PIL (the reader's decoder: the same pixels, bit for bit) and writes each crop
-window, mirrored where the transform flips it and in Caffe's BGR order, into the feed's shared
-output buffer; the feed waits for every part and copies the crops into its batch slot. A feed
-keeps two batches in the processes (:data:`IN_FLIGHT`, each with its own buffers): it submits
-the next batch before it waits for the last, so the processes decode while it writes files and
-copies crops. Only a few numbers and names cross the pipes. A part that fails raises its
-record's error in the feed (the first by record order), as the threads do.
+How a batch goes (:meth:`ProcessCrops.submit`, called by a feed thread): the feed cuts the
+batch into parts (the processes over the feeds) and submits them. From an LMDB the reader left
+the files in the database (:class:`~caffe_py.io.db.lmdb_store.StoredFiles`): a part carries its
+records' keys and where each file lies in its record, and each process reads them itself
+(through the environment fork copied, :func:`~caffe_py.io.db.lmdb_store.forked_environment`);
+on a 64-core machine the training process's copies of every file, out of the map and into the
+processes, held its GIL more than anything else. From other databases the feed writes the
+batch's files end to end into its shared input buffer (:mod:`multiprocessing.shared_memory`)
+first. Each process decodes its records with PIL (the reader's decoder: the same pixels, bit
+for bit) and writes each crop window, mirrored where the transform flips it and in Caffe's BGR
+order, into the feed's shared output buffer; the feed waits for every part and copies the crops
+into its batch slot. A feed keeps two batches in the processes (:data:`IN_FLIGHT`, each with
+its own buffers): it submits the next batch before it waits for the last, so the processes
+decode while it writes files and copies crops. Only a few numbers and names cross the pipes. A
+part that fails raises its record's error in the feed (the first by record order), as the
+threads do.
 
-The processes are forked at the first batch (see :func:`_context`) and use only numpy, PIL
-and this package's decode modules. They ignore SIGINT (the training process handles Ctrl-C
+The processes are forked at the first batch (see :func:`_context`) and use only numpy, PIL,
+lmdb and this package's decode modules. They ignore SIGINT (the training process handles Ctrl-C
 and closes the pool), and each one ends itself when the process that started it is gone. A
 process that dies (out of memory, killed) stops the run with one line naming the database.
 """
@@ -34,15 +40,19 @@ import signal
 import threading
 import time
 from collections import OrderedDict
+from collections.abc import Iterable
 from concurrent.futures import Future, ProcessPoolExecutor
 from concurrent.futures import TimeoutError as FutureTimeout
 from concurrent.futures.process import BrokenProcessPool
 from dataclasses import dataclass
+from itertools import pairwise
 from multiprocessing import shared_memory
 
+import lmdb
 import numpy as np
 
 from ...errors import DataError
+from ..db.lmdb_store import StoredFiles, begin, forked_environment, read_files
 from .file_crops import decode_crop
 from .workers import JOIN_TIMEOUT_S, WAIT_SLICE_S, as_data_error
 
@@ -63,7 +73,7 @@ are let go)."""
 class Part:
     """Records ``start .. stop-1`` of a feed's batch, for one decode process."""
 
-    files: str  # the feed's input buffer (files end to end)
+    files: str  # the feed's input buffer (files end to end; "": the files are stored)
     crops: str  # the feed's output buffer: (batch, C, h, w) uint8
     batch_shape: tuple[int, int, int, int]
     start: int
@@ -75,6 +85,8 @@ class Part:
     path: str
     record_shape: tuple[int, int, int]
     color: bool | None
+    stored: str | None = None  # the LMDB the files are read from by key (else: the input)
+    spans: np.ndarray | None = None  # with stored: StoredFiles.spans of the part's records
 
 
 class DecodeProcesses:
@@ -201,31 +213,39 @@ class ProcessCrops:
         self.batches = 0
 
     def submit(self, files, keys, offsets: list, flips: list, out: np.ndarray) -> InFlight:
-        """Start decoding ``files`` into ``out`` (B, C, h, w) uint8, each record's crop window at
-        ``offsets`` (y, x), mirrored where ``flips``; the batch is in ``out`` after
+        """Start decoding ``files`` (image files, or :class:`StoredFiles` the processes read
+        themselves) into ``out`` (B, C, h, w) uint8, each record's crop window at ``offsets``
+        (y, x), mirrored where ``flips``; the batch is in ``out`` after
         :meth:`InFlight.wait`. Raises :class:`NoSharedMemory` (nothing submitted) where the
         buffers cannot be made."""
         if len(self._flying) >= self.depth:  # every pair of buffers is busy: the oldest first
             self.collect(self._flying[0])
         started = time.perf_counter()
         n = len(files)
-        sums = np.zeros(n + 1, np.int64)
-        np.cumsum([len(f) for f in files], out=sums[1:])
-        marks = sums.tolist()
-        inputs, crops_buffer = self._pair(marks[-1], out.nbytes)
-        into = inputs.buf
-        assert into is not None  # a created SharedMemory has its buffer
-        for file, at, end in zip(files, marks, marks[1:], strict=False):
-            into[at:end] = file
+        stored = files if isinstance(files, StoredFiles) else None
+        if stored is None:  # the files end to end into the input buffer
+            sums = np.zeros(n + 1, np.int64)
+            np.cumsum([len(f) for f in files], out=sums[1:])
+            marks = sums.tolist()
+            inputs, crops_buffer = self._pair(marks[-1], out.nbytes)
+            assert inputs is not None and inputs.buf is not None  # asked for; created
+            into = inputs.buf
+            for file, at, end in zip(files, marks, marks[1:], strict=False):
+                into[at:end] = file
+        else:  # each process reads its records from the database
+            marks, keys = [], stored.keys
+            inputs, crops_buffer = self._pair(None, out.nbytes)
         # every feed's parts at once find a process each: with more parts than processes
         # (ceil), the parts left over run after a whole part's time, doubling their batch's wait
         count = max(1, min(n, self.processes.count // max(1, self.processes.feeds)))
         cuts = [n * i // count for i in range(count + 1)] if n else [0]
         shape = tuple(out.shape)
         futures = [self.processes.submit(Part(
-            inputs.name, crops_buffer.name, shape, a, b, tuple(marks[a:b + 1]),
-            tuple(keys[a:b]), tuple(tuple(o) for o in offsets[a:b]), tuple(flips[a:b]),
-            self.path, self.record_shape, self.color), self.path)
+            inputs.name if inputs is not None else "", crops_buffer.name, shape, a, b,
+            tuple(marks[a:b + 1]), tuple(keys[a:b]), tuple(tuple(o) for o in offsets[a:b]),
+            tuple(flips[a:b]), self.path, self.record_shape, self.color,
+            stored.database if stored is not None else None,
+            stored.spans[a:b] if stored is not None else None), self.path)
             for a, b in zip(cuts, cuts[1:], strict=False)]
         self._turn = (self._turn + 1) % self.depth
         flight = InFlight(self, futures, crops_buffer, out)
@@ -233,15 +253,15 @@ class ProcessCrops:
         self.seconds["send"] += time.perf_counter() - started
         return flight
 
-    def _pair(self, files_size: int, crops_size: int) -> tuple[shared_memory.SharedMemory,
-                                                                shared_memory.SharedMemory]:
-        """The next batch's buffers (pair :attr:`_turn`), grown where too small. Where shared
-        memory holds the first pair but not the second, the feed goes on with one batch in
-        flight (one log line); where it cannot hold the first, :class:`NoSharedMemory`."""
+    def _pair(self, files_size: int | None, crops_size: int
+              ) -> tuple[shared_memory.SharedMemory | None, shared_memory.SharedMemory]:
+        """The next batch's buffers (pair :attr:`_turn`), grown where too small (``files_size``
+        None: no input buffer, the files are read from the database). Where shared memory holds
+        the first pair but not the second, the feed goes on with one batch in flight (one log
+        line); where it cannot hold the first, :class:`NoSharedMemory`."""
         turn = self._turn
         try:
-            return (self._grown(turn, "files", files_size),
-                    self._grown(turn, "crops", crops_size))
+            return self._grown_pair(turn, files_size, crops_size)
         except NoSharedMemory as exc:
             if turn == 0:
                 raise
@@ -250,7 +270,12 @@ class ProcessCrops:
             log.warning("%s; this feed keeps one batch in the decode processes instead of %d "
                         "(give it more room, e.g. docker run --shm-size=1g)", exc, IN_FLIGHT)
             self.collect_all()  # their buffers are the ones the next batch takes
-            return self._grown(0, "files", files_size), self._grown(0, "crops", crops_size)
+            return self._grown_pair(0, files_size, crops_size)
+
+    def _grown_pair(self, turn: int, files_size: int | None, crops_size: int
+                    ) -> tuple[shared_memory.SharedMemory | None, shared_memory.SharedMemory]:
+        files = self._grown(turn, "files", files_size) if files_size is not None else None
+        return files, self._grown(turn, "crops", crops_size)
 
     def summary(self) -> str:
         """Where the feed thread's time went per batch (:attr:`seconds`), in one line."""
@@ -390,6 +415,7 @@ def _mb(size: int) -> str:
 
 # --- in a decode process ----------------------------------------------------------------------
 _attached: OrderedDict[str, mmap.mmap] = OrderedDict()
+_environments: dict[str, lmdb.Environment] = {}
 
 
 def _process_start(parent: int) -> None:
@@ -437,10 +463,30 @@ def _path(name: str) -> str:
     return os.path.join(SHM_DIR, name.lstrip("/"))
 
 
+def _environment(source: str) -> lmdb.Environment:
+    """This process's environment of the LMDB ``source`` (found at its first part)."""
+    env = _environments.get(source)
+    if env is None:
+        env = _environments[source] = forked_environment(source)
+    return env
+
+
 def _decode_part(part: Part) -> None:
-    files = _buffer(part.files)
     crops = np.ndarray(part.batch_shape, np.uint8, buffer=_buffer(part.crops))
-    for k, i in enumerate(range(part.start, part.stop)):
-        decode_crop(part.path, part.record_shape, part.color,
-                    files[part.bounds[k]:part.bounds[k + 1]], part.keys[k], crops[i],
+    if part.stored is None:
+        inputs = _buffer(part.files)
+        _decode_files(part, crops, (inputs[a:b] for a, b in pairwise(part.bounds)))
+        return
+    assert part.spans is not None  # given with stored
+    try:
+        with begin(_environment(part.stored), buffers=True) as txn:
+            _decode_files(part, crops, read_files(txn, part.stored, part.keys, part.spans))
+    except lmdb.Error as exc:
+        raise DataError(f"{part.stored}: cannot read the database in a decode process "
+                        f"({' '.join(str(exc).split())}); set CPY_DECODE_PROCESSES=off") from None
+
+
+def _decode_files(part: Part, crops: np.ndarray, files: Iterable[bytes | memoryview]) -> None:
+    for k, (i, file) in enumerate(zip(range(part.start, part.stop), files, strict=True)):
+        decode_crop(part.path, part.record_shape, part.color, file, part.keys[k], crops[i],
                     part.offsets[k], part.flips[k])

@@ -84,7 +84,9 @@ class AnnotatedFeed:
         try:
             while not self.stop.is_set():
                 batch = self.records.get_batch(self.batch_size)
-                item = self.make_batch(list(batch.rows), batch.positions)
+                records = batch.pixels  # the decoder's AnnotatedDatum objects
+                assert records is not None
+                item = self.make_batch(list(records), batch.positions)
                 while not self.stop.is_set():
                     try:
                         self._ready.put(item, timeout=WAIT_SLICE_S)

@@ -27,7 +27,7 @@ from ..decoders.decode_processes import DecodeProcesses, InFlight, NoSharedMemor
 from ..decoders.file_crops import check_record, decode_crop
 from ..decoders.workers import THREADS_OVER_NVJPEG, DecodeOptions, DecodeWorkers
 from ..formats.envelope import is_jpeg
-from ..reader.records import RecordBatch
+from ..reader.records import RecordBatch, image_files
 from .transformer import Choices
 
 log = logging.getLogger(__name__)
@@ -107,12 +107,14 @@ class BatchImages:
         """As :meth:`host`; with the decode processes it returns as soon as the batch is
         theirs, and ``out`` holds it after the returned batch's ``wait()`` (None: decoded
         already, by the threads)."""
-        files, keys = batch.rows, batch.keys
+        keys = batch.keys
         offsets, flips = choices.offsets.tolist(), choices.flips.tolist()
-        flight = (self._submitted(files, keys, offsets, flips, out)
+        flight = (self._submitted(batch.files, keys, offsets, flips, out)
                   if self.crops is not None else None)
         if flight is not None and self.gpu_error is None:
             return flight
+        # the threads decode: files left in the database are read here
+        files = image_files(batch.files) if flight is None else ()
 
         def part(start: int, stop: int) -> None:
             for i in range(start, stop):
@@ -172,8 +174,10 @@ class BatchImages:
         """The batch's whole images (B, C, H, W) uint8 on the feed's device (its current
         stream), decoded by nvJPEG: RGB (:attr:`rgb`) or gray; None when this batch is the CPU
         workers' (no GPU decoder, files other than JPEG, or nvJPEG refused them)."""
-        files = batch.rows
-        if self.gpu is None or not all(is_jpeg(f) for f in files):
+        if self.gpu is None:
+            return None
+        files = image_files(batch.files)
+        if not all(is_jpeg(f) for f in files):
             return None
         try:
             images = self.gpu.decode(files)

@@ -17,9 +17,9 @@ _ENCODED_TRUE = b"\x38\x01"  # field 7 = 1
 JPEG_MAGIC = b"\xff\xd8"
 
 
-def image_file(value: bytes) -> tuple[memoryview, int] | None:
-    """(the image file, as a view of ``value``; the label) of an encoded record in Caffe's
-    layout, or None for anything else."""
+def file_span(value: bytes | memoryview) -> tuple[int, int, int] | None:
+    """(where the image file starts and ends in ``value``, the label) of an encoded record in
+    Caffe's layout, or None for anything else."""
     if not value or value[0] != _DATA:
         return None
     try:
@@ -32,6 +32,16 @@ def image_file(value: bytes) -> tuple[memoryview, int] | None:
         return None
     if label >= 1 << 31 or value[tail:] != _ENCODED_TRUE:
         return None
+    return start, end, label
+
+
+def image_file(value: bytes | memoryview) -> tuple[memoryview, int] | None:
+    """(the image file, as a view of ``value``; the label) of an encoded record in Caffe's
+    layout, or None for anything else."""
+    span = file_span(value)
+    if span is None:
+        return None
+    start, end, label = span
     return memoryview(value)[start:end], label
 
 

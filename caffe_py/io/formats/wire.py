@@ -38,7 +38,7 @@ def len_field(number: int, payload: bytes) -> bytes:
     return tag(number, LEN) + varint(len(payload)) + payload
 
 
-def read_varint(buf: bytes, pos: int) -> tuple[int, int]:
+def read_varint(buf: bytes | memoryview, pos: int) -> tuple[int, int]:
     """(value as unsigned 64-bit, position after it)."""
     result = shift = 0
     while True:

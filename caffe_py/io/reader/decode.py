@@ -11,7 +11,12 @@ in key order, and gets pixels and labels back in the same order.
 Encoded records of a stream the reader does not keep decoded are not decoded here: the chunk comes
 back as the records' image files (:mod:`~caffe_py.io.formats.envelope`: a few byte comparisons per
 record), and each replica's feed decodes its own share, on its GPU or with the workers
-(:mod:`~caffe_py.io.feed.image_batch`)."""
+(:mod:`~caffe_py.io.feed.image_batch`). Where the feeds decode in processes and the database is an
+LMDB, the files are not even copied out of the map: the chunk comes back as
+:class:`~.records.StoredFiles` (keys, and where each file lies in its record), and each decode
+process reads its records again by key (on a 64-core machine, copying every file out of the map
+and again into the processes' buffers held the training process's GIL more than anything
+else)."""
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
@@ -23,9 +28,9 @@ from ..db.db import PartialChunk
 from ..decoders.file_crops import check_record
 from ..decoders.workers import DecodeWorkers
 from ..formats.datum import datum_to_array, decode_record, format_key
-from ..formats.envelope import image_file
+from ..formats.envelope import file_span, image_file
 from ..formats.raw_records import SEPARATE_COPY_BYTES, raw_chunk, raw_prefix
-from .records import ImageFiles
+from .records import ImageFiles, StoredFiles
 
 COPY_PART_BYTES = 1 << 20
 """The least a worker copies of a chunk of raw records (a hand-over to a thread costs tens of
@@ -35,11 +40,13 @@ microseconds; a megabyte's copy about a quarter of a millisecond)."""
 class ChunkDecoder:
     """Decodes records of database ``path`` that must all be ``dtype`` ``record_shape``
     (C, H, W); ``color`` forces encoded images to 3 channels (True) or 1 (False). ``encoded``:
-    the records are image files (the first one is); ``workers`` decode them in parallel."""
+    the records are image files (the first one is); ``workers`` decode them in parallel.
+    ``leave_files``: the feeds decode the files in processes, which may read them from an LMDB
+    themselves (see :attr:`stored_in`)."""
 
     def __init__(self, path: str, record_shape: Sequence[int], dtype: np.dtype,
                  color: bool | None, *, encoded: bool = False,
-                 workers: DecodeWorkers | None = None):
+                 workers: DecodeWorkers | None = None, leave_files: bool = False):
         self.path = path
         c, h, w = (int(d) for d in record_shape)
         self.record_shape = (c, h, w)
@@ -47,9 +54,14 @@ class ChunkDecoder:
         self.color = color
         self.encoded = encoded
         self.workers = workers
+        self.leave_files = leave_files
         self.keep_encoded = False
         """Hand encoded records over as their image files (the feeds decode them): set by the
         reader for a stream it does not keep decoded."""
+        self.stored_in: str | None = None
+        """With :attr:`keep_encoded`: the LMDB the feeds' decode processes read the files from
+        themselves (the files go over as :class:`~.records.StoredFiles`); set by the reader.
+        None: the files are copied out of the map."""
         self.raw_prefix = raw_prefix(self.record_shape) if self.dtype == np.uint8 else None
         """What every raw record of record_shape starts with (None: no fast path)."""
 
@@ -81,12 +93,17 @@ class ChunkDecoder:
                          parts=min(self.workers.count, n * self.record_bytes // COPY_PART_BYTES))
 
     def decode(self, keys: Sequence[bytes], values: Sequence[bytes],
-               wanted: np.ndarray | None = None) -> tuple[np.ndarray | ImageFiles, np.ndarray]:
+               wanted: np.ndarray | None = None
+               ) -> tuple[np.ndarray | ImageFiles | StoredFiles, np.ndarray]:
         """Pixels (k, C, H, W) and labels (k,) of ``values`` (with :attr:`keep_encoded`, the
         image files (k,) instead of pixels); only the records ``wanted`` (when given; the rows
         of the others are left undefined). A record that fails raises :class:`PartialChunk`
         carrying the records before it."""
-        if self.keep_encoded:  # the files outlive the chunk: copies, not views of the map
+        if self.keep_encoded:
+            stored = self._stored(keys, values, wanted) if self.stored_in else None
+            if stored is not None:
+                return stored
+            # the files outlive the chunk: copies, not views of the map
             return self._files(keys, _owned(values), wanted)
         fast = None if self.raw_prefix is None else raw_chunk(values, self.raw_prefix,
                                                                self.record_shape, self._copy)
@@ -119,6 +136,21 @@ class ChunkDecoder:
             first = min(failures)
             raise PartialChunk((pixels[:first], labels[:first]), failures[first])
         return pixels, labels
+
+    def _stored(self, keys: Sequence[bytes], values: Sequence[bytes | memoryview],
+                wanted: np.ndarray | None) -> tuple[StoredFiles, np.ndarray] | None:
+        """Where each record's image file lies in it, and the labels; None where a record is
+        not in Caffe's layout (the full decoder then reads the chunk)."""
+        assert self.stored_in is not None
+        rows = [(0, 0, 0, 0)] * len(values)  # start, stop, size, label (unwanted: zeros)
+        for i in range(len(values)) if wanted is None else np.flatnonzero(wanted).tolist():
+            found = file_span(values[i])
+            if found is None:
+                return None
+            rows[i] = (found[0], found[1], len(values[i]), found[2])
+        table = np.array(rows, np.int64).reshape(len(values), 4)
+        spans = np.ascontiguousarray(table[:, :3])
+        return StoredFiles(self.stored_in, tuple(keys), spans), table[:, 3].copy()
 
     def _files(self, keys: Sequence[bytes], values: Sequence[bytes],
                wanted: np.ndarray | None) -> tuple[ImageFiles, np.ndarray]:

@@ -45,7 +45,15 @@ from ..db.db import Database, PartialChunk, open_db
 from ..decoders.decode_processes import DecodeProcesses
 from ..decoders.workers import DecodeOptions, DecodeWorkers
 from .decode import ChunkDecoder
-from .records import DecodedDatabase, DecodedView, FeedSpec, ImageFiles, RecordBatch, join
+from .records import (
+    DecodedDatabase,
+    DecodedView,
+    FeedSpec,
+    ImageFiles,
+    RecordBatch,
+    StoredFiles,
+    join,
+)
 from .roundrobin import RoundRobin, resume
 
 WAIT_SLICE_S = 0.2
@@ -311,6 +319,10 @@ class _Source:
                 # encoded records of a database not kept decoded go over as files
                 if getattr(decoder, "encoded", False):
                     decoder.keep_encoded = stream.cache is None
+                    # ... or left in an LMDB, for the decode processes to read by key
+                    if decoder.keep_encoded and getattr(decoder, "leave_files", False) and \
+                            getattr(database, "rereadable", False):
+                        decoder.stored_in = database.source
                 stream.cursor = database.cursor()
                 stream.position = min(plan.starts)
                 stream.cursor.seek(stream.origin + stream.position)
@@ -359,7 +371,7 @@ class _Source:
         count = min(count, self.size - index)
         cache, error, plan = stream.cache, None, stream.plan
         assert plan is not None  # fixed by ReaderPool.start, before the producer starts
-        rows: np.ndarray | ImageFiles
+        rows: np.ndarray | ImageFiles | StoredFiles
         if cache is not None and cache.complete:  # views: nothing per record
             keys = cache.keys[index:index + count]
             rows, labels = cache.pixels[index:index + count], cache.labels[index:index + count]
@@ -385,8 +397,8 @@ class _Source:
         if error is not None:
             raise error
 
-    def _deliver(self, stream: _Stream, keys: Sequence[bytes], rows: np.ndarray | ImageFiles,
-                 labels: np.ndarray) -> None:
+    def _deliver(self, stream: _Stream, keys: Sequence[bytes],
+                 rows: np.ndarray | ImageFiles | StoredFiles, labels: np.ndarray) -> None:
         """Append each replica's rows of a decoded chunk (pixels, or image files) to its
         queue: one lock, one notify."""
         done, first, plan = len(labels), stream.position, stream.plan
@@ -465,7 +477,8 @@ class ReaderPool:
         if st is None:
             made = spec.decoder() if spec.decoder is not None else ChunkDecoder(
                 source, spec.record_shape, np.dtype(spec.dtype), spec.color,
-                encoded=spec.encoded, workers=self.workers)
+                encoded=spec.encoded, workers=self.workers,
+                leave_files=self.processes is not None and self.decode.gpu != "on")
             if by_batch and self._sliced:
                 raise ValueError("turns of a batch need the whole round-robin in one pool")
             st = src.streams[stream] = _Stream(

@@ -13,12 +13,21 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from ..db.lmdb_store import StoredFiles
+
 if TYPE_CHECKING:
     from ...spec.layer_params.data import TransformationParameter
     from ..db.db import Database
 
 ImageFiles = tuple
 """The image files (JPEG, PNG) of encoded records, one bytes-like object per record."""
+
+
+def image_files(files: ImageFiles | StoredFiles | None) -> ImageFiles:
+    """The files themselves (those left in the database read here; None: none)."""
+    if files is None:
+        return ()
+    return files.read() if isinstance(files, StoredFiles) else files
 
 
 def _no_transform() -> TransformationParameter:
@@ -62,7 +71,8 @@ class RecordBatch:
     replica of the round-robin in turns of a record; 1 in turns of a batch, whose runs are
     parts of one turn), labels (n,) int64, and either pixels (n, C, H, W) or, for
     encoded records the reader does not decode, their image ``files`` (the feed decodes them;
-    ``pixels`` is None). The arrays may be read-only views of the bytes read from the
+    ``pixels`` is None; :class:`StoredFiles` where the decode processes read them from the
+    database themselves). The arrays may be read-only views of the bytes read from the
     database: copy before writing."""
 
     first: int
@@ -70,12 +80,13 @@ class RecordBatch:
     pixels: np.ndarray | None
     labels: np.ndarray
     keys: tuple[bytes, ...]
-    files: ImageFiles | None = None
+    files: ImageFiles | StoredFiles | None = None
 
     @classmethod
-    def of(cls, first: int, step: int, rows: np.ndarray | ImageFiles, labels: np.ndarray,
-           keys: tuple[bytes, ...]) -> RecordBatch:
-        """A batch of decoded rows (an array of pixels) or of image files (a tuple)."""
+    def of(cls, first: int, step: int, rows: np.ndarray | ImageFiles | StoredFiles,
+           labels: np.ndarray, keys: tuple[bytes, ...]) -> RecordBatch:
+        """A batch of decoded rows (an array of pixels) or of image files (a tuple, or files
+        left in the database)."""
         if isinstance(rows, np.ndarray):
             return cls(first, step, rows, labels, keys)
         return cls(first, step, None, labels, keys, rows)
@@ -84,7 +95,7 @@ class RecordBatch:
         return len(self.labels)
 
     @property
-    def rows(self) -> np.ndarray | ImageFiles:
+    def rows(self) -> np.ndarray | ImageFiles | StoredFiles:
         """The pixels, or the image files."""
         if self.pixels is not None:
             return self.pixels
@@ -107,8 +118,14 @@ def join(parts: Sequence[RecordBatch]) -> RecordBatch:
     if len(parts) == 1:
         return parts[0]
     first = parts[0]
-    rows = (np.concatenate([p.pixels for p in parts]) if first.pixels is not None
-            else tuple(f for p in parts for f in p.rows))
+    stored = [p.files for p in parts if isinstance(p.files, StoredFiles)]
+    rows: np.ndarray | ImageFiles | StoredFiles
+    if first.pixels is not None:
+        rows = np.concatenate([p.pixels for p in parts])
+    elif len(stored) == len(parts):
+        rows = StoredFiles.join(stored)
+    else:  # a run of files the reader copied (another record layout) among them
+        rows = tuple(f for p in parts if p.files is not None for f in image_files(p.files))
     return RecordBatch.of(first.first, first.step, rows,
                           np.concatenate([p.labels for p in parts]),
                           tuple(k for p in parts for k in p.keys))

@@ -1,10 +1,17 @@
 """LmdbWriter / LmdbReader: key order, batched commits, map growth, .partial and resume."""
 from __future__ import annotations
 
+import numpy as np
 import pytest
 
 from caffe_py.errors import DataError
-from caffe_py.io.db.lmdb_store import LmdbReader, LmdbWriter, open_db, partial_path
+from caffe_py.io.db.lmdb_store import (
+    LmdbReader,
+    LmdbWriter,
+    StoredFiles,
+    open_db,
+    partial_path,
+)
 
 
 def _records(n: int, size: int = 10) -> list[tuple[bytes, bytes]]:
@@ -139,3 +146,80 @@ def test_two_readers_of_one_database_share_its_environment(tmp_path):
     second.close()
     with open_db(tmp_path / "db") as again:  # the last close released it; it opens anew
         assert len(again) == 3
+
+
+def _stored(db, keys, spans) -> StoredFiles:
+    return StoredFiles(str(db), tuple(keys), np.array(spans, np.int64).reshape(-1, 3))
+
+
+def test_stored_files_are_read_again_by_key(tmp_path):
+    db = tmp_path / "db"
+    with LmdbWriter(db) as writer:
+        for key, value in _records(6):
+            writer.put(key, value)
+    files = _stored(db, [b"%08d" % i for i in (4, 1, 5)],
+                    [[2, 5, 10], [0, 10, 10], [9, 10, 10]])
+    assert files.read() == (b"\x04" * 3, b"\x01" * 10, b"\x05")
+    joined = StoredFiles.join([files[2:], files[::2]])  # split, strided, joined
+    assert joined.read() == (b"\x05", b"\x04" * 3, b"\x05") and len(joined) == 3
+
+
+@pytest.mark.parametrize(("key", "size", "what"), [(b"00000009", 10, "is gone"),
+                                                    (b"00000002", 12, "changed")])
+def test_a_stored_record_written_since_it_was_read_is_one_line(tmp_path, key, size, what):
+    db = tmp_path / "db"
+    with LmdbWriter(db) as writer:
+        for k, value in _records(3):
+            writer.put(k, value)
+    with pytest.raises(DataError) as error:
+        _stored(db, [b"00000000", key], [[0, 1, 10], [0, 1, size]]).read()
+    assert str(error.value) == (
+        f"{db}: record '{key.decode()}' {what} since the data reader read it: the database "
+        "was written while training read it; write a new database instead (cpy convert into "
+        "another path)")
+
+
+def test_a_forked_process_reads_with_its_parents_environment_and_leaves_its_slots(tmp_path):
+    """A child of a process reading the database reads it through the environment fork
+    copied (a second open is refused in it) and leaves the parent's reader slot in lock.mdb
+    alone; a database the parent had not open gets one of its own."""
+    import os
+
+    from caffe_py.io.db.lmdb_store import begin, forked_environment, read_files
+
+    db, other = tmp_path / "db", tmp_path / "other"
+    for path in (db, other):
+        with LmdbWriter(path) as writer:
+            for k, value in _records(3):
+                writer.put(k, value)
+    with open_db(db) as reader:
+        cursor = reader.cursor()  # the parent's read transaction: one live reader slot
+        parent = os.getpid()
+
+        def live_slots() -> list[str]:
+            env = forked_environment(str(db))  # the parent's own here
+            return [row for row in env.readers().splitlines()[1:]
+                    if row.split()[0] == str(parent) and row.split()[-1] != "-"]
+
+        assert len(live_slots()) == 1
+        read, write = os.pipe()
+        pid = os.fork()
+        if pid == 0:  # the child: any failure is a non-zero exit
+            try:
+                got = []
+                for path in (db, other):
+                    env = forked_environment(str(path))
+                    with begin(env, buffers=True) as txn:
+                        got += [bytes(f) for f in read_files(
+                            txn, str(path), [b"00000001"], np.array([[0, 2, 10]]))]
+                os.write(write, b"".join(got))
+                os._exit(0)
+            except BaseException:  # noqa: BLE001 (reported by the exit code)
+                os._exit(3)
+        os.close(write)
+        _, status = os.waitpid(pid, 0)
+        assert os.waitstatus_to_exitcode(status) == 0
+        assert os.read(read, 100) == b"\x01" * 4
+        os.close(read)
+        assert len(live_slots()) == 1  # still the parent's, still live
+        cursor.close()

@@ -19,10 +19,11 @@ from synthetic import image_file, write_encoded_db
 
 from caffe_py.errors import DataError
 from caffe_py.io import ReaderPool, attach_feeds
+from caffe_py.io.db.lmdb_store import LmdbReader
 from caffe_py.io.decoders import decode_processes
 from caffe_py.io.decoders.decode_processes import SHM_DIR, DecodeProcesses, ProcessCrops
 from caffe_py.io.decoders.workers import DecodeOptions
-from caffe_py.io.formats.datum import decode_image
+from caffe_py.io.formats.datum import Datum, decode_image, encode_datum
 from caffe_py.io.reader import reader
 from caffe_py.layers import BuildContext, lookup
 from caffe_py.spec.net_spec import parse_layer
@@ -51,13 +52,25 @@ def decode(crops: ProcessCrops, files, flips=None) -> np.ndarray:
 
 def data_layer_over(tmp_path: Path, files: list[bytes], batch: int, **transform):
     """A TRAIN Data layer over an encoded LMDB of ``files`` in ``tmp_path``, and a net of it
-    for attach_feeds."""
+    for attach_feeds (the decode processes read the files from it themselves, unless
+    :func:`through_buffers`)."""
     db = write_encoded_db(tmp_path / "db", files)
     spec = parse_layer({"name": "data", "type": "Data", "top": ["data", "label"],
                         "data_param": {"source": db, "batch_size": batch},
                         "transform_param": transform}, Source(), "layer")
     layer = lookup("Data")(spec, [], BuildContext(phase="TRAIN"))
     return layer, type("Net", (), {"data_layers": lambda self: [layer]})()
+
+
+def record(file: bytes, label: int) -> bytes:
+    """The value write_encoded_db stores for ``file``."""
+    return encode_datum(Datum(data=file, label=label, encoded=True))
+
+
+def through_buffers(monkeypatch) -> None:
+    """The feeds copy the files into the processes' input buffers, as for a database the
+    processes cannot read themselves (LevelDB)."""
+    monkeypatch.setattr(LmdbReader, "rereadable", False)
 
 
 def refused(count: int, message: str) -> None:
@@ -151,6 +164,68 @@ def test_a_feed_submits_its_next_batch_before_it_waits(tmp_path, monkeypatch):
     assert labels == [[7 * (2 * i % 10), 7 * ((2 * i + 1) % 10)] for i in range(7)]
     assert max(flying) == 2 and flying.count(2) >= 6
 
+
+@pytest.mark.parametrize("stored", [True, False])
+def test_the_processes_read_the_files_from_the_lmdb_themselves(tmp_path, monkeypatch, stored):
+    """From an LMDB the feed sends the processes keys and spans, no files, and makes only the
+    crops' buffers; the batches are the reader decoder's pixels either way."""
+    from caffe_py.io.decoders import decode_processes
+
+    if not stored:
+        through_buffers(monkeypatch)
+    parts, reserved = [], []
+    submit, fallocate = DecodeProcesses.submit, decode_processes.os.posix_fallocate
+
+    def recorded(self, part, where):
+        parts.append(part)
+        return submit(self, part, where)
+
+    def counted(fd, offset, length):
+        reserved.append(length)
+        fallocate(fd, offset, length)
+
+    monkeypatch.setattr(DecodeProcesses, "submit", recorded)
+    monkeypatch.setattr(decode_processes.os, "posix_fallocate", counted)
+    monkeypatch.setattr(reader, "CACHE_BYTES", 0)
+    files = [image_file(i) for i in range(10)]
+    layer, net = data_layer_over(tmp_path, files, 4)
+    with ReaderPool(decode=DecodeOptions(2, "off", processes="on")) as pool:
+        attach_feeds(net, pool, seed=1)
+        pool.start()
+        batches = [layer() for _ in range(4)]
+    for k, (data, label) in enumerate(batches):
+        order = [(4 * k + i) % 10 for i in range(4)]
+        assert np.array_equal(data.numpy(), np.stack([decode_image(files[i]) for i in order]))
+        assert label.tolist() == [7 * i for i in order]
+    assert len(parts) >= 8 and all(p.stop - p.start == 2 for p in parts)
+    if stored:
+        db = str(tmp_path / "db")
+        assert all(p.stored == db and p.files == "" and p.bounds == () for p in parts)
+        first = parts[0].spans.tolist()
+        assert first == [[3, 3 + len(files[i]), len(record(files[i], 7 * i))] for i in (0, 1)]
+        assert len(reserved) == 2  # the crops of two batches in flight, nothing else
+    else:
+        assert all(p.stored is None and p.spans is None and p.files for p in parts)
+        assert len(reserved) == 4
+
+
+def test_a_process_reads_a_database_opened_after_it_started(tmp_path):
+    """A database the training process opens after the fork: the process opens it itself."""
+    from caffe_py.io.db.lmdb_store import StoredFiles
+
+    files = [image_file(i) for i in range(4)]
+    processes = DecodeProcesses(2)
+    crops = ProcessCrops(processes, "db", (3, H, W), None)
+    try:
+        want = decode(crops, files)  # forks the processes
+        db = write_encoded_db(tmp_path / "db", files)
+        spans = np.array([[3, 3 + len(f), len(record(f, 7 * i))] for i, f in enumerate(files)],
+                         np.int64)
+        keys = tuple(b"%08d_img%d.jpg" % (i, i) for i in range(4))
+        assert np.array_equal(decode(crops, StoredFiles(db, keys, spans)), want)
+    finally:
+        crops.close()
+        processes.close()
 
 def test_a_process_lets_go_of_buffers_their_feed_has_unlinked():
     """A buffer made anew for a bigger batch leaves the old one unlinked: a process that
@@ -336,13 +411,17 @@ def test_too_little_shared_memory_is_one_line_not_a_crash(monkeypatch):
                r"cannot hold it \(No space left on device; [\d,]+ MB free\)$")
 
 
+@pytest.mark.parametrize("stored", [True, False])
 @pytest.mark.parametrize("processes", ["auto", "on"])
 def test_a_feed_without_room_decodes_on_threads_or_says_so(tmp_path, monkeypatch, caplog,
-                                                           processes):
+                                                           processes, stored):
+    """(The files left in the LMDB for the processes are then read by the feed.)"""
     import logging
 
     from caffe_py.io.decoders import workers as workers_module
 
+    if not stored:
+        through_buffers(monkeypatch)
     _no_room(monkeypatch)
     monkeypatch.setattr(reader, "CACHE_BYTES", 0)
     monkeypatch.setattr(workers_module, "usable_cores", lambda: 12)  # auto: processes
@@ -382,6 +461,7 @@ def test_room_for_one_batch_in_flight_but_not_two(tmp_path, monkeypatch, caplog,
             raise OSError(errno.ENOSPC, "No space left on device")
 
     monkeypatch.setattr(decode_processes.os, "posix_fallocate", first_pair_only)
+    through_buffers(monkeypatch)
     monkeypatch.setattr(reader, "CACHE_BYTES", 0)
     monkeypatch.setattr(workers_module, "usable_cores", lambda: 12)  # auto: processes
     caplog.set_level(logging.WARNING, logger="caffe_py")
@@ -423,6 +503,7 @@ def test_a_batch_in_flight_finishes_when_the_next_leaves_for_the_threads(tmp_pat
             raise OSError(errno.ENOSPC, "No space left on device")
 
     monkeypatch.setattr(decode_processes.os, "posix_fallocate", two_pairs_only)
+    through_buffers(monkeypatch)
     monkeypatch.setattr(reader, "CACHE_BYTES", 0)
     monkeypatch.setattr(workers_module, "usable_cores", lambda: 12)  # auto: processes
     caplog.set_level(logging.WARNING, logger="caffe_py")

@@ -6,8 +6,9 @@ import numpy as np
 import pytest
 
 from caffe_py.errors import DataError
+from caffe_py.io.db.lmdb_store import StoredFiles
 from caffe_py.io.formats.datum import Datum, datum_from_array, encode_datum
-from caffe_py.io.formats.envelope import image_file, is_jpeg
+from caffe_py.io.formats.envelope import file_span, image_file, is_jpeg
 from caffe_py.io.reader.decode import ChunkDecoder, PartialChunk
 
 FILE = b"\xff\xd8" + bytes(range(200)) + b"\xff\xd9"
@@ -71,3 +72,32 @@ def test_a_raw_or_broken_record_in_an_encoded_stream_stops_at_its_key():
         decoder.decode([b"a", b"z"], [good, b"\x0a\xff"])
     assert isinstance(partial.value.error, DataError)
     assert str(partial.value.error).startswith("db: record 'z' is not a Caffe Datum")
+
+
+def test_a_view_of_the_map_gives_the_same_file_and_label():
+    value = encode_datum(Datum(data=FILE, label=300, encoded=True))
+    assert file_span(memoryview(value)) == file_span(value) == (3, 3 + len(FILE), 300)
+
+
+def test_files_left_in_an_lmdb_go_over_as_their_places_in_the_records():
+    """With ``stored_in`` (the feeds decode in processes that read the LMDB themselves) a chunk
+    of Caffe-layout records is handed over as keys and spans, nothing copied; a chunk holding
+    any other layout goes the full decoder's way, as files."""
+    values = [encode_datum(Datum(data=FILE + bytes(i), label=i, encoded=True)) for i in range(3)]
+    keys = [b"k%d" % i for i in range(3)]
+    decoder = ChunkDecoder("db", (3, 8, 8), np.dtype(np.uint8), None, encoded=True)
+    decoder.keep_encoded, decoder.stored_in = True, "/data/db"
+    files, labels = decoder.decode(keys, [memoryview(v) for v in values])
+    assert isinstance(files, StoredFiles) and files.database == "/data/db"
+    assert files.keys == tuple(keys) and labels.tolist() == [0, 1, 2]
+    assert files.spans.tolist() == [[3, 3 + len(FILE) + i, len(values[i])] for i in range(3)]
+    for i, (start, stop, size) in enumerate(files.spans.tolist()):
+        assert values[i][start:stop] == FILE + bytes(i) and len(values[i]) == size
+    with pytest.raises(TypeError, match=r"^stored files are read with read\(\), not one by "
+                                        r"one$"):
+        files[0]
+    picked, labels = decoder.decode(keys, values, np.array([False, True, False]))
+    assert picked.spans.tolist()[1] == files.spans.tolist()[1] and labels.tolist()[1] == 1
+    odd = values[:2] + [encode_datum(Datum(1, 2, 3, FILE, 5, encoded=True))]
+    files, labels = decoder.decode(keys, odd)
+    assert files == (FILE, FILE + b"\0", FILE) and labels.tolist() == [0, 1, 5]
