@@ -415,7 +415,7 @@ def _mb(size: int) -> str:
 
 # --- in a decode process ----------------------------------------------------------------------
 _attached: OrderedDict[str, mmap.mmap] = OrderedDict()
-_environments: dict[str, lmdb.Environment] = {}
+_transactions: dict[str, lmdb.Transaction] = {}
 
 
 def _process_start(parent: int) -> None:
@@ -463,12 +463,17 @@ def _path(name: str) -> str:
     return os.path.join(SHM_DIR, name.lstrip("/"))
 
 
-def _environment(source: str) -> lmdb.Environment:
-    """This process's environment of the LMDB ``source`` (found at its first part)."""
-    env = _environments.get(source)
-    if env is None:
-        env = _environments[source] = forked_environment(source)
-    return env
+def _transaction(source: str) -> lmdb.Transaction:
+    """This process's read transaction of the LMDB ``source``: begun at its first part and
+    never ended (the process's end ends it). Each transaction takes a reader slot in lock.mdb,
+    and py-lmdb never frees the slot of one ended in a forked process through the environment
+    fork copied: a transaction per part would fill the table within seconds (MDB_READERS_FULL).
+    It sees the database as it was at this process's first part, as the training process's
+    reader sees it as it was at its start; a record written since is refused by its size."""
+    txn = _transactions.get(source)
+    if txn is None:
+        txn = _transactions[source] = begin(forked_environment(source), buffers=True)
+    return txn
 
 
 def _decode_part(part: Part) -> None:
@@ -479,8 +484,8 @@ def _decode_part(part: Part) -> None:
         return
     assert part.spans is not None  # given with stored
     try:
-        with begin(_environment(part.stored), buffers=True) as txn:
-            _decode_files(part, crops, read_files(txn, part.stored, part.keys, part.spans))
+        txn = _transaction(part.stored)
+        _decode_files(part, crops, read_files(txn, part.stored, part.keys, part.spans))
     except lmdb.Error as exc:
         raise DataError(f"{part.stored}: cannot read the database in a decode process "
                         f"({' '.join(str(exc).split())}); set CPY_DECODE_PROCESSES=off") from None

@@ -227,6 +227,34 @@ def test_a_process_reads_a_database_opened_after_it_started(tmp_path):
         crops.close()
         processes.close()
 
+def test_a_process_reads_many_batches_in_one_reader_slot(tmp_path, monkeypatch):
+    """py-lmdb leaves the reader slot of every transaction a forked process ends through its
+    parent's environment taken: a process keeps one transaction, so 30 batches fit a table of
+    8 slots (the parent's cursor holds one more)."""
+    from caffe_py.io.db import lmdb_store
+    from caffe_py.io.db.lmdb_store import StoredFiles, open_db
+
+    monkeypatch.setattr(lmdb_store, "_open_env", lambda path, lock: lmdb_store.lmdb.open(
+        str(path), readonly=True, lock=lock, subdir=True, max_readers=8))
+    files = [image_file(i) for i in range(4)]
+    db = write_encoded_db(tmp_path / "db", files)
+    (tmp_path / "db" / "lock.mdb").unlink()  # made anew by the reader: 8 slots, not 126
+    spans = np.array([[3, 3 + len(f), len(record(f, 7 * i))] for i, f in enumerate(files)],
+                     np.int64)
+    stored = StoredFiles(db, tuple(b"%08d_img%d.jpg" % (i, i) for i in range(4)), spans)
+    processes = DecodeProcesses(1)
+    crops = ProcessCrops(processes, db, (3, H, W), None)
+    try:
+        with open_db(db) as reader_db:  # open in the training process when the process forks
+            cursor = reader_db.cursor()
+            want = decode(crops, files)
+            for _ in range(30):
+                assert np.array_equal(decode(crops, stored), want)
+            cursor.close()
+    finally:
+        crops.close()
+        processes.close()
+
 def test_a_process_lets_go_of_buffers_their_feed_has_unlinked():
     """A buffer made anew for a bigger batch leaves the old one unlinked: a process that
     mapped it unmaps it at its next new buffer (its pages are freed), keeping the others."""

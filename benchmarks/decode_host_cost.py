@@ -1,0 +1,172 @@
+"""The training process's own CPU time per JPEG record that the decode processes decode: the
+image files left in the LMDB (each process reads its records by key) against the files copied
+out of the map by the reader and into the processes' shared input buffers by the feeds, in
+the same run.
+
+    python benchmarks/make_imagenet_lmdb.py /tmp/cpy_imagenet --images 4096
+    python benchmarks/decode_host_cost.py /tmp/cpy_imagenet/jpeg_lmdb --save docs/data_pipeline.md
+
+Each replica's feed runs as on a GPU: a thread takes its batches from the reader's queue and
+has the decode processes crop (224 x 224) and mirror them into a batch buffer, two batches in
+flight (:class:`~caffe_py.io.feed.image_batch.BatchImages`, the feed's own code); nothing is
+sent to a device. Reported per mode: images/s, and the CPU time of the training process
+itself (its threads: reader, feeds, the pool's pipes; not the decode processes) per image.
+On a machine with many cores that time, most of it under the GIL, bounds the rate four GPUs
+can be fed at; on a small one the decode processes bound the rate and the host time is the
+figure to compare.
+"""
+from __future__ import annotations
+
+import argparse
+import datetime
+import platform
+import resource
+import sys
+import threading
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+import caffe_py.io.reader.reader as reader_module  # noqa: E402
+from caffe_py.io import ReaderPool  # noqa: E402
+from caffe_py.io.db.lmdb_store import LmdbReader  # noqa: E402
+from caffe_py.io.decoders.workers import DecodeOptions, usable_cores  # noqa: E402
+from caffe_py.io.feed.image_batch import BatchImages  # noqa: E402
+from caffe_py.io.feed.transformer import Choices  # noqa: E402
+from caffe_py.io.reader import FeedSpec  # noqa: E402
+
+SHAPE = (3, 256, 256)
+CROP = 224
+MODES = ("stored", "buffers")
+"""stored: the processes read the files from the LMDB; buffers: the files are copied through
+the training process (as from a database the processes cannot read, LevelDB)."""
+
+
+def host_cpu_s() -> float:
+    """CPU seconds of this process's own threads (not its children)."""
+    usage = resource.getrusage(resource.RUSAGE_SELF)
+    return usage.ru_utime + usage.ru_stime
+
+
+def measure(db: str, mode: str, replicas: int, batch: int, processes: int,
+            seconds: float, warmup: float) -> dict:
+    """Images/s and host CPU microseconds per image of ``replicas`` feeds in ``mode``."""
+    LmdbReader.rereadable = mode == "stored"
+    counts = [0] * replicas
+    stop = threading.Event()
+    errors: list[BaseException] = []
+    options = DecodeOptions(processes, "off", processes="on")
+    with ReaderPool(replicas, decode=options) as pool:
+        queues = [pool.subscribe(FeedSpec(db, batch, 4, SHAPE, encoded=True), "TRAIN/data",
+                                 replica=r, seed=0) for r in range(replicas)]
+        images = [BatchImages(db, SHAPE, None, pool.workers, options, torch.device("cpu"),
+                              pool.processes, replicas) for _ in range(replicas)]
+        pool.start()
+
+        def feed(r: int) -> None:
+            rng = np.random.default_rng(r)
+            outs = [np.empty((batch, SHAPE[0], CROP, CROP), np.uint8) for _ in range(2)]
+            flying: list = []
+            try:
+                while not stop.is_set():
+                    records = queues[r].get_batch(batch)
+                    queues[r].mark_consumed(batch)
+                    choices = Choices(rng.integers(0, SHAPE[1] - CROP + 1, (batch, 2)),
+                                      rng.integers(0, 2, batch).astype(bool))
+                    flight = images[r].start_host(records, choices, outs[counts[r] % 2])
+                    flying.append(flight)
+                    if len(flying) == 2:
+                        done = flying.pop(0)
+                        if done is not None:
+                            done.wait()
+                    counts[r] += batch
+            except BaseException as exc:  # noqa: BLE001 (reported by the main thread)
+                errors.append(exc)
+                stop.set()
+
+        threads = [threading.Thread(target=feed, args=(r,), daemon=True)
+                   for r in range(replicas)]
+        for thread in threads:
+            thread.start()
+        time.sleep(warmup)
+        done0, cpu0, t0 = sum(counts), host_cpu_s(), time.perf_counter()
+        time.sleep(seconds)
+        done1, cpu1, t1 = sum(counts), host_cpu_s(), time.perf_counter()
+        stop.set()
+        for thread in threads:
+            thread.join(30)
+        for each in images:
+            each.close()
+    LmdbReader.rereadable = True
+    if errors:
+        raise errors[0]
+    n = max(1, done1 - done0)
+    return {"mode": mode, "images_per_s": n / (t1 - t0), "host_us": 1e6 * (cpu1 - cpu0) / n}
+
+
+def table(rows: list[dict], args, db: str) -> str:
+    base = next(r for r in rows if r["mode"] == "buffers")
+    lines = [
+        f"Machine: {platform.node() or 'unknown'}, {usable_cores()} usable cores; "
+        f"{datetime.datetime.now(datetime.timezone.utc):%Y-%m-%d %H:%M} UTC; torch "
+        f"{torch.__version__}.",
+        f"Command: `python benchmarks/decode_host_cost.py {db} --replicas {args.replicas} "
+        f"--batch {args.batch} --processes {args.processes} --seconds {args.seconds:g}` "
+        f"(3 x 256 x 256 JPEG records, crops 224 x 224).",
+        "",
+        "| files | images/s | training-process CPU per image | vs buffers |",
+        "|---|---|---|---|",
+    ]
+    for row in rows:
+        lines.append(f"| {row['mode']} | {row['images_per_s']:,.0f} | "
+                     f"{row['host_us']:.1f} us | {row['host_us'] / base['host_us']:.2f}x |")
+    return "\n".join(lines)
+
+
+def save(path: Path, text: str) -> None:
+    """Put ``text`` between this benchmark's markers in ``path`` (appended the first time)."""
+    begin, end = "<!-- decode_host_cost:begin -->", "<!-- decode_host_cost:end -->"
+    old = path.read_text() if path.exists() else ""
+    block = f"{begin}\n{text}\n{end}"
+    if begin in old and end in old:
+        new = old[:old.index(begin)] + block + old[old.index(end) + len(end):]
+    else:
+        new = old.rstrip("\n") + "\n\n" + block + "\n"
+    path.write_text(new)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("db", help="an encoded LMDB of 3 x 256 x 256 JPEGs "
+                                   "(benchmarks/make_imagenet_lmdb.py)")
+    parser.add_argument("--replicas", type=int, default=4)
+    parser.add_argument("--batch", type=int, default=64)
+    parser.add_argument("--processes", type=int, default=max(1, usable_cores() - 2))
+    parser.add_argument("--seconds", type=float, default=10.0)
+    parser.add_argument("--warmup", type=float, default=3.0)
+    parser.add_argument("--rounds", type=int, default=2, help="each mode this many times, "
+                                                              "interleaved")
+    parser.add_argument("--save", type=Path, help="write the table into this markdown file")
+    args = parser.parse_args()
+    reader_module.CACHE_BYTES = 0  # as an ImageNet-sized database: never kept decoded
+    runs: dict[str, list[dict]] = {mode: [] for mode in MODES}
+    for _ in range(args.rounds):
+        for mode in MODES:
+            row = measure(args.db, mode, args.replicas, args.batch, args.processes,
+                          args.seconds, args.warmup)
+            print(f"{mode}: {row['images_per_s']:,.0f} images/s, {row['host_us']:.1f} us of "
+                  "training-process CPU per image", flush=True)
+            runs[mode].append(row)
+    rows = [min(runs[mode], key=lambda r: r["host_us"]) for mode in MODES]  # the least noisy
+    text = table(rows, args, args.db)
+    print(text)
+    if args.save:
+        save(args.save, text)
+
+
+if __name__ == "__main__":
+    main()
