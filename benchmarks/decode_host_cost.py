@@ -99,13 +99,15 @@ def measure(db: str, mode: str, replicas: int, batch: int, processes: int,
         stop.set()
         for thread in threads:
             thread.join(30)
+        split = images[0].crops.summary() if images[0].crops is not None else ""
         for each in images:
             each.close()
     LmdbReader.rereadable = True
     if errors:
         raise errors[0]
     n = max(1, done1 - done0)
-    return {"mode": mode, "images_per_s": n / (t1 - t0), "host_us": 1e6 * (cpu1 - cpu0) / n}
+    return {"mode": mode, "images_per_s": n / (t1 - t0), "host_us": 1e6 * (cpu1 - cpu0) / n,
+            "feed": split}
 
 
 def table(rows: list[dict], args, db: str) -> str:
@@ -115,8 +117,9 @@ def table(rows: list[dict], args, db: str) -> str:
         f"{datetime.datetime.now(datetime.timezone.utc):%Y-%m-%d %H:%M} UTC; torch "
         f"{torch.__version__}.",
         f"Command: `python benchmarks/decode_host_cost.py {db} --replicas {args.replicas} "
-        f"--batch {args.batch} --processes {args.processes} --seconds {args.seconds:g}` "
-        f"(3 x 256 x 256 JPEG records, crops 224 x 224).",
+        f"--batch {args.batch} --processes {args.processes} --seconds {args.seconds:g} "
+        f"--rounds {args.rounds}` (3 x 256 x 256 JPEG records, crops 224 x 224; each mode's "
+        "round with the least CPU per image).",
         "",
         "| files | images/s | training-process CPU per image | vs buffers |",
         "|---|---|---|---|",
@@ -159,7 +162,7 @@ def main() -> None:
             row = measure(args.db, mode, args.replicas, args.batch, args.processes,
                           args.seconds, args.warmup)
             print(f"{mode}: {row['images_per_s']:,.0f} images/s, {row['host_us']:.1f} us of "
-                  "training-process CPU per image", flush=True)
+                  f"training-process CPU per image; feed 0: {row['feed']}", flush=True)
             runs[mode].append(row)
     rows = [min(runs[mode], key=lambda r: r["host_us"]) for mode in MODES]  # the least noisy
     text = table(rows, args, args.db)
