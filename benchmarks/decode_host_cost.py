@@ -37,10 +37,9 @@ from caffe_py.io.db.lmdb_store import LmdbReader  # noqa: E402
 from caffe_py.io.decoders.workers import DecodeOptions, usable_cores  # noqa: E402
 from caffe_py.io.feed.image_batch import BatchImages  # noqa: E402
 from caffe_py.io.feed.transformer import Choices  # noqa: E402
+from caffe_py.io.formats.datum import decode_datum  # noqa: E402
 from caffe_py.io.reader import FeedSpec  # noqa: E402
 
-SHAPE = (3, 256, 256)
-CROP = 224
 MODES = ("stored", "buffers")
 """stored: the processes read the files from the LMDB; buffers: the files are copied through
 the training process (as from a database the processes cannot read, LevelDB)."""
@@ -52,30 +51,39 @@ def host_cpu_s() -> float:
     return usage.ru_utime + usage.ru_stime
 
 
+def record_shape(db: str) -> tuple[int, int, int]:
+    """(C, H, W) of the database's first image."""
+    with LmdbReader(db) as opened:
+        c, h, w = decode_datum(opened.first()[1]).shape
+    return c, h, w
+
+
 def measure(db: str, mode: str, replicas: int, batch: int, processes: int,
-            seconds: float, warmup: float) -> dict:
-    """Images/s and host CPU microseconds per image of ``replicas`` feeds in ``mode``."""
+            seconds: float, warmup: float, crop: int = 224) -> dict:
+    """Images/s and host CPU microseconds per image of ``replicas`` feeds in ``mode``, each
+    cropping ``crop`` x ``crop``."""
+    shape = record_shape(db)
     LmdbReader.rereadable = mode == "stored"
     counts = [0] * replicas
     stop = threading.Event()
     errors: list[BaseException] = []
     options = DecodeOptions(processes, "off", processes="on")
     with ReaderPool(replicas, decode=options) as pool:
-        queues = [pool.subscribe(FeedSpec(db, batch, 4, SHAPE, encoded=True), "TRAIN/data",
+        queues = [pool.subscribe(FeedSpec(db, batch, 4, shape, encoded=True), "TRAIN/data",
                                  replica=r, seed=0) for r in range(replicas)]
-        images = [BatchImages(db, SHAPE, None, pool.workers, options, torch.device("cpu"),
+        images = [BatchImages(db, shape, None, pool.workers, options, torch.device("cpu"),
                               pool.processes, replicas) for _ in range(replicas)]
         pool.start()
 
         def feed(r: int) -> None:
             rng = np.random.default_rng(r)
-            outs = [np.empty((batch, SHAPE[0], CROP, CROP), np.uint8) for _ in range(2)]
+            outs = [np.empty((batch, shape[0], crop, crop), np.uint8) for _ in range(2)]
             flying: list = []
             try:
                 while not stop.is_set():
                     records = queues[r].get_batch(batch)
                     queues[r].mark_consumed(batch)
-                    choices = Choices(rng.integers(0, SHAPE[1] - CROP + 1, (batch, 2)),
+                    choices = Choices(rng.integers(0, shape[1] - crop + 1, (batch, 2)),
                                       rng.integers(0, 2, batch).astype(bool))
                     flight = images[r].start_host(records, choices, outs[counts[r] % 2])
                     flying.append(flight)
@@ -117,9 +125,10 @@ def table(rows: list[dict], args, db: str) -> str:
         f"{datetime.datetime.now(datetime.timezone.utc):%Y-%m-%d %H:%M} UTC; torch "
         f"{torch.__version__}.",
         f"Command: `python benchmarks/decode_host_cost.py {db} --replicas {args.replicas} "
+        f"--crop {args.crop} "
         f"--batch {args.batch} --processes {args.processes} --seconds {args.seconds:g} "
-        f"--rounds {args.rounds}` (3 x 256 x 256 JPEG records, crops 224 x 224; each mode's "
-        "round with the least CPU per image).",
+        f"--rounds {args.rounds}` ({' x '.join(map(str, record_shape(db)))} JPEG records, "
+        f"crops {args.crop} x {args.crop}; each mode's round with the least CPU per image).",
         "",
         "| files | images/s | training-process CPU per image | vs buffers |",
         "|---|---|---|---|",
@@ -142,25 +151,26 @@ def save(path: Path, text: str) -> None:
     path.write_text(new)
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> list[dict]:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("db", help="an encoded LMDB of 3 x 256 x 256 JPEGs "
+    parser.add_argument("db", help="an encoded LMDB of JPEGs of one size "
                                    "(benchmarks/make_imagenet_lmdb.py)")
     parser.add_argument("--replicas", type=int, default=4)
     parser.add_argument("--batch", type=int, default=64)
+    parser.add_argument("--crop", type=int, default=224)
     parser.add_argument("--processes", type=int, default=max(1, usable_cores() - 2))
     parser.add_argument("--seconds", type=float, default=10.0)
     parser.add_argument("--warmup", type=float, default=3.0)
     parser.add_argument("--rounds", type=int, default=2, help="each mode this many times, "
                                                               "interleaved")
     parser.add_argument("--save", type=Path, help="write the table into this markdown file")
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
     reader_module.CACHE_BYTES = 0  # as an ImageNet-sized database: never kept decoded
     runs: dict[str, list[dict]] = {mode: [] for mode in MODES}
     for _ in range(args.rounds):
         for mode in MODES:
             row = measure(args.db, mode, args.replicas, args.batch, args.processes,
-                          args.seconds, args.warmup)
+                          args.seconds, args.warmup, args.crop)
             print(f"{mode}: {row['images_per_s']:,.0f} images/s, {row['host_us']:.1f} us of "
                   f"training-process CPU per image; feed 0: {row['feed']}", flush=True)
             runs[mode].append(row)
@@ -169,6 +179,7 @@ def main() -> None:
     print(text)
     if args.save:
         save(args.save, text)
+    return rows
 
 
 if __name__ == "__main__":

@@ -84,3 +84,25 @@ def test_the_several_replica_rows_run_at_toy_size(tmp_path):
                          table), row
     results = (tmp_path / "imagenet_multigpu.jsonl").read_text().splitlines()
     assert len(results) == 4 and all('"gpus": 2' in line for line in results)
+
+
+def test_the_decode_host_cost_benchmark_runs_both_ways(tmp_path):
+    """benchmarks/decode_host_cost.py on a toy set: both modes feed batches of the database's
+    own shape, and the table compares them."""
+    make = load_benchmark("make_imagenet_lmdb")
+    make.main([str(tmp_path), "--images", "24", "--size", "40", "--workers", "1"])
+    bench = load_benchmark("decode_host_cost")
+    db = str(tmp_path / "jpeg_lmdb")
+    assert bench.record_shape(db) == (3, 40, 40)
+    rows = bench.main([db, "--replicas", "2", "--batch", "4", "--crop", "32", "--processes",
+                       "1", "--seconds", "0.5", "--warmup", "0.3", "--rounds", "1",
+                       "--save", str(tmp_path / "out.md")])
+    assert [r["mode"] for r in rows] == ["stored", "buffers"] and LmdbReader.rereadable
+    assert all(r["images_per_s"] > 0 and r["host_us"] > 0 for r in rows)
+    assert all(re.fullmatch(r"\d+ batches; per batch: write files and submit \d+\.\d ms, wait "
+                            r"for the processes \d+\.\d ms, copy the crops out \d+\.\d ms",
+                            r["feed"]) for r in rows)
+    text = (tmp_path / "out.md").read_text()
+    assert "--crop 32 --batch 4 --processes 1" in text and "(3 x 40 x 40 JPEG records" in text
+    assert re.search(r"\| stored \| [\d,]+ \| \d+\.\d us \| \d\.\d\dx \|\n\| buffers \| [\d,]+ "
+                     r"\| \d+\.\d us \| 1\.00x \|", text)
