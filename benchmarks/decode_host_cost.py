@@ -18,12 +18,14 @@ figure to compare.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import datetime
 import platform
 import resource
 import sys
 import threading
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
@@ -63,7 +65,24 @@ def measure(db: str, mode: str, replicas: int, batch: int, processes: int,
     """Images/s and host CPU microseconds per image of ``replicas`` feeds in ``mode``, each
     cropping ``crop`` x ``crop``."""
     shape = record_shape(db)
-    LmdbReader.rereadable = mode == "stored"
+    with _settings(mode):
+        return _measure(db, mode, shape, replicas, batch, processes, seconds, warmup, crop)
+
+
+@contextlib.contextmanager
+def _settings(mode: str) -> Iterator[None]:
+    """``mode``'s reader settings while a measurement runs, as they were afterwards: the files
+    left in the LMDB or not, and no database kept decoded (as an ImageNet-sized one)."""
+    saved = LmdbReader.rereadable, reader_module.CACHE_BYTES
+    LmdbReader.rereadable, reader_module.CACHE_BYTES = mode == "stored", 0
+    try:
+        yield
+    finally:
+        LmdbReader.rereadable, reader_module.CACHE_BYTES = saved
+
+
+def _measure(db: str, mode: str, shape: tuple[int, int, int], replicas: int, batch: int,
+             processes: int, seconds: float, warmup: float, crop: int) -> dict:
     counts = [0] * replicas
     stop = threading.Event()
     errors: list[BaseException] = []
@@ -110,7 +129,6 @@ def measure(db: str, mode: str, replicas: int, batch: int, processes: int,
         split = images[0].crops.summary() if images[0].crops is not None else ""
         for each in images:
             each.close()
-    LmdbReader.rereadable = True
     if errors:
         raise errors[0]
     n = max(1, done1 - done0)
@@ -165,7 +183,6 @@ def main(argv: list[str] | None = None) -> list[dict]:
                                                               "interleaved")
     parser.add_argument("--save", type=Path, help="write the table into this markdown file")
     args = parser.parse_args(argv)
-    reader_module.CACHE_BYTES = 0  # as an ImageNet-sized database: never kept decoded
     runs: dict[str, list[dict]] = {mode: [] for mode in MODES}
     for _ in range(args.rounds):
         for mode in MODES:

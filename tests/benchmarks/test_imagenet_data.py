@@ -16,6 +16,7 @@ from support import ROOT, load_benchmark
 from caffe_py.io.db.lmdb_store import LmdbReader
 from caffe_py.io.formats.blobproto import read_mean_file
 from caffe_py.io.formats.datum import decode_datum
+from caffe_py.io.reader import reader
 
 BENCHMARKS = ROOT / "benchmarks"
 
@@ -94,10 +95,12 @@ def test_the_decode_host_cost_benchmark_runs_both_ways(tmp_path):
     bench = load_benchmark("decode_host_cost")
     db = str(tmp_path / "jpeg_lmdb")
     assert bench.record_shape(db) == (3, 40, 40)
+    cache = reader.CACHE_BYTES
     rows = bench.main([db, "--replicas", "2", "--batch", "4", "--crop", "32", "--processes",
                        "1", "--seconds", "0.5", "--warmup", "0.3", "--rounds", "1",
                        "--save", str(tmp_path / "out.md")])
-    assert [r["mode"] for r in rows] == ["stored", "buffers"] and LmdbReader.rereadable
+    assert [r["mode"] for r in rows] == ["stored", "buffers"]
+    assert LmdbReader.rereadable and reader.CACHE_BYTES == cache  # as they were
     assert all(r["images_per_s"] > 0 and r["host_us"] > 0 for r in rows)
     assert all(re.fullmatch(r"\d+ batches; per batch: write files and submit \d+\.\d ms, wait "
                             r"for the processes \d+\.\d ms, copy the crops out \d+\.\d ms",

@@ -223,3 +223,24 @@ def test_a_forked_process_reads_with_its_parents_environment_and_leaves_its_slot
         os.close(read)
         assert len(live_slots()) == 1  # still the parent's, still live
         cursor.close()
+
+
+def test_runs_of_stored_and_copied_files_join_as_files(tmp_path):
+    """A chunk the reader copied (a record in another field layout) next to stored ones: the
+    batch's files are read, in order."""
+    from caffe_py.io.reader.records import RecordBatch, join
+
+    db = tmp_path / "db"
+    with LmdbWriter(db) as writer:
+        for key, value in _records(4):
+            writer.put(key, value)
+    stored = _stored(db, [b"00000001", b"00000002"], [[0, 2, 10], [0, 3, 10]])
+    parts = [RecordBatch.of(0, 1, stored, np.array([1, 2]), stored.keys),
+             RecordBatch.of(2, 1, (b"xyz",), np.array([9]), (b"00000003",)),
+             RecordBatch.of(3, 1, stored[:1], np.array([1]), stored.keys[:1])]
+    batch = join(parts)
+    assert batch.files == (b"\x01" * 2, b"\x02" * 3, b"xyz", b"\x01" * 2)
+    assert batch.labels.tolist() == [1, 2, 9, 1] and batch.keys[2] == b"00000003"
+    alone = join([parts[0], parts[2]])
+    assert isinstance(alone.files, StoredFiles) and alone.files.read() == (
+        b"\x01" * 2, b"\x02" * 3, b"\x01" * 2)

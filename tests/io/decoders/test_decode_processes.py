@@ -255,6 +255,22 @@ def test_a_process_reads_many_batches_in_one_reader_slot(tmp_path, monkeypatch):
         crops.close()
         processes.close()
 
+def test_a_database_a_process_cannot_open_is_one_line(tmp_path):
+    from caffe_py.io.db.lmdb_store import StoredFiles
+
+    processes = DecodeProcesses(1)
+    crops = ProcessCrops(processes, "db", (3, H, W), None)
+    gone = str(tmp_path / "gone")
+    try:
+        with pytest.raises(DataError) as error:
+            decode(crops, StoredFiles(gone, (b"a",), np.array([[0, 9, 9]], np.int64)))
+        assert str(error.value) == (f"{gone}: database not found; create it with `cpy convert` "
+                                    "or fix data_param.source")
+        assert len(children()) == 1  # the process goes on
+    finally:
+        crops.close()
+        processes.close()
+
 def test_a_process_lets_go_of_buffers_their_feed_has_unlinked():
     """A buffer made anew for a bigger batch leaves the old one unlinked: a process that
     mapped it unmaps it at its next new buffer (its pages are freed), keeping the others."""
