@@ -469,7 +469,8 @@ def _transaction(source: str) -> lmdb.Transaction:
     and py-lmdb never frees the slot of one ended in a forked process through the environment
     fork copied: a transaction per part would fill the table within seconds (MDB_READERS_FULL).
     It sees the database as it was at this process's first part, as the training process's
-    reader sees it as it was at its start; a record written since is refused by its size."""
+    reader sees it as it was at its start; a record gone since, or of another size, is refused
+    (:func:`~caffe_py.io.db.lmdb_store.read_files`)."""
     txn = _transactions.get(source)
     if txn is None:
         txn = _transactions[source] = begin(forked_environment(source), buffers=True)
