@@ -31,7 +31,10 @@ from pathlib import Path
 import numpy as np
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+HERE = Path(__file__).resolve().parent
+sys.path[:0] = [str(HERE.parent), str(HERE)]
+
+from data_pipeline import save  # noqa: E402
 
 import caffe_py.io.reader.reader as reader_module  # noqa: E402
 from caffe_py.io import ReaderPool  # noqa: E402
@@ -157,18 +160,6 @@ def table(rows: list[dict], args, db: str) -> str:
     return "\n".join(lines)
 
 
-def save(path: Path, text: str) -> None:
-    """Put ``text`` between this benchmark's markers in ``path`` (appended the first time)."""
-    begin, end = "<!-- decode_host_cost:begin -->", "<!-- decode_host_cost:end -->"
-    old = path.read_text() if path.exists() else ""
-    block = f"{begin}\n{text}\n{end}"
-    if begin in old and end in old:
-        new = old[:old.index(begin)] + block + old[old.index(end) + len(end):]
-    else:
-        new = old.rstrip("\n") + "\n\n" + block + "\n"
-    path.write_text(new)
-
-
 def main(argv: list[str] | None = None) -> list[dict]:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("db", help="an encoded LMDB of JPEGs of one size "
@@ -195,7 +186,7 @@ def main(argv: list[str] | None = None) -> list[dict]:
     text = table(rows, args, args.db)
     print(text)
     if args.save:
-        save(args.save, text)
+        save(args.save, "decode-host-cost", text)
     return rows
 
 
