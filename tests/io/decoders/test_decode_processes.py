@@ -54,7 +54,11 @@ def data_layer_over(tmp_path: Path, files: list[bytes], batch: int, **transform)
     """A TRAIN Data layer over an encoded LMDB of ``files`` in ``tmp_path``, and a net of it
     for attach_feeds (the decode processes read the files from it themselves, unless
     :func:`through_buffers`)."""
-    db = write_encoded_db(tmp_path / "db", files)
+    return data_layer(write_encoded_db(tmp_path / "db", files), batch, **transform)
+
+
+def data_layer(db: str, batch: int, **transform):
+    """A TRAIN Data layer over the LMDB ``db``, and a net of it for attach_feeds."""
     spec = parse_layer({"name": "data", "type": "Data", "top": ["data", "label"],
                         "data_param": {"source": db, "batch_size": batch},
                         "transform_param": transform}, Source(), "layer")
@@ -208,6 +212,50 @@ def test_the_processes_read_the_files_from_the_lmdb_themselves(tmp_path, monkeyp
         assert all(p.stored is None and p.spans is None and p.files for p in parts)
         assert len(reserved) == 4
 
+
+def test_a_slice_of_a_larger_round_robin_reads_its_own_stored_files(tmp_path, monkeypatch):
+    """Pools of global replicas 0-1 and 2-3 of 4 (two hosts): each replica's batches are its
+    own records, read by the processes from the LMDB (the other pool's records are left out
+    of the chunk's spans, never read)."""
+    from caffe_py.io.db import lmdb_store
+
+    monkeypatch.setattr(reader, "CACHE_BYTES", 0)
+    read_keys: list[bytes] = []
+    stored_files = lmdb_store.read_files
+
+    def counted(txn, source, keys, spans):  # in the training process: the threads' fallback
+        read_keys.extend(keys)
+        return stored_files(txn, source, keys, spans)
+
+    monkeypatch.setattr(lmdb_store, "read_files", counted)
+    parts, submit = [], DecodeProcesses.submit
+
+    def recorded(self, part, where):
+        parts.append(part)
+        return submit(self, part, where)
+
+    monkeypatch.setattr(DecodeProcesses, "submit", recorded)
+    files = [image_file(i) for i in range(9)]
+    db = write_encoded_db(tmp_path / "db", files)
+    for offset in (0, 2):
+        layers = []
+        with ReaderPool(replicas=2, replica_offset=offset, total_replicas=4,
+                        decode=DecodeOptions(2, "off", processes="on")) as pool:
+            for replica in range(2):
+                layer, net = data_layer(db, 2)
+                attach_feeds(net, pool, replica=replica, seed=1)
+                layers.append(layer)
+            pool.start()
+            for replica, layer in enumerate(layers):
+                g = offset + replica
+                order = [(g + 4 * k) % 9 for k in range(4)]
+                batches = [layer() for _ in range(2)]
+                assert [b[1].tolist() for b in batches] == [[7 * i for i in order[:2]],
+                                                            [7 * i for i in order[2:]]]
+                assert np.array_equal(np.concatenate([b[0].numpy() for b in batches]),
+                                      np.stack([decode_image(files[i]) for i in order]))
+    assert read_keys == []  # every file was read by the processes, none copied
+    assert parts and all(p.stored == db and p.files == "" for p in parts)
 
 def test_a_process_reads_a_database_opened_after_it_started(tmp_path):
     """A database the training process opens after the fork: the process opens it itself."""
