@@ -635,6 +635,20 @@ def test_a_failing_process_part_is_one_line(monkeypatch):
     refused(2, r"^db: decoding failed \(MemoryError: no room at all\)$")
 
 
+def test_a_stored_file_that_does_not_decode_is_raised_naming_its_key(tmp_path, monkeypatch):
+    """Read from the LMDB by a process, a file no decoder reads is the one-line error of its
+    record, raised by the layer's forward."""
+    monkeypatch.setattr(reader, "CACHE_BYTES", 0)
+    files = [image_file(i) for i in range(4)]
+    files[2] = b"\xff\xd8 not a JPEG"
+    layer, net = data_layer_over(tmp_path, files, 4)
+    with ReaderPool(decode=DecodeOptions(2, "off", processes="on")) as pool:
+        attach_feeds(net, pool, seed=1)
+        pool.start()
+        with pytest.raises(DataError, match=r"db: record '00000002_img2\.jpg': encoded image "
+                                            r"does not decode \(cannot identify image file"):
+            layer()
+
 class Counting(DecodeProcesses):
     """Records the parts it is given instead of starting processes."""
 
