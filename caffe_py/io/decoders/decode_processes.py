@@ -468,6 +468,8 @@ def _transaction(source: str) -> lmdb.Transaction:
     never ended (the process's end ends it). Each transaction takes a reader slot in lock.mdb,
     and py-lmdb never frees the slot of one ended in a forked process through the environment
     fork copied: a transaction per part would fill the table within seconds (MDB_READERS_FULL).
+    The slot carries the training process's pid, and is freed when that process closes the
+    database (LMDB frees every slot of its pid then), or ends.
     It sees the database as it was at this process's first part, as the training process's
     reader sees it as it was at its start; a record gone since, or of another size, is refused
     (:func:`~caffe_py.io.db.lmdb_store.read_files`)."""
