@@ -20,8 +20,8 @@ from __future__ import annotations
 import argparse
 import contextlib
 import datetime
+import itertools
 import platform
-import resource
 import sys
 import threading
 import time
@@ -48,12 +48,6 @@ from caffe_py.io.reader import FeedSpec  # noqa: E402
 MODES = ("stored", "buffers")
 """stored: the processes read the files from the LMDB; buffers: the files are copied through
 the training process (as from a database the processes cannot read, LevelDB)."""
-
-
-def host_cpu_s() -> float:
-    """CPU seconds of this process's own threads (not its children)."""
-    usage = resource.getrusage(resource.RUSAGE_SELF)
-    return usage.ru_utime + usage.ru_stime
 
 
 def record_shape(db: str) -> tuple[int, int, int]:
@@ -102,12 +96,15 @@ def _measure(db: str, mode: str, shape: tuple[int, int, int], replicas: int, bat
             outs = [np.empty((batch, shape[0], crop, crop), np.uint8) for _ in range(2)]
             flying: list = []
             try:
-                while not stop.is_set():
+                for index in itertools.count():
+                    if stop.is_set():
+                        break
                     records = queues[r].get_batch(batch)
                     queues[r].mark_consumed(batch)
                     choices = Choices(rng.integers(0, shape[1] - crop + 1, (batch, 2)),
                                       rng.integers(0, 2, batch).astype(bool))
-                    flight = images[r].start_host(records, choices, outs[counts[r] % 2])
+                    # two batches in flight, each into its own buffer
+                    flight = images[r].start_host(records, choices, outs[index % 2])
                     flying.append(flight)
                     if len(flying) == 2:
                         done = flying.pop(0)
@@ -123,9 +120,9 @@ def _measure(db: str, mode: str, shape: tuple[int, int, int], replicas: int, bat
         for thread in threads:
             thread.start()
         time.sleep(warmup)
-        done0, cpu0, t0 = sum(counts), host_cpu_s(), time.perf_counter()
+        done0, cpu0, t0 = sum(counts), time.process_time(), time.perf_counter()
         time.sleep(seconds)
-        done1, cpu1, t1 = sum(counts), host_cpu_s(), time.perf_counter()
+        done1, cpu1, t1 = sum(counts), time.process_time(), time.perf_counter()
         stop.set()
         for thread in threads:
             thread.join(30)
