@@ -143,7 +143,7 @@ class ChunkDecoder:
         not in Caffe's layout (the full decoder then reads the chunk)."""
         assert self.stored_in is not None
         rows = [(0, 0, 0, 0)] * len(values)  # start, stop, size, label (unwanted: zeros)
-        for i in range(len(values)) if wanted is None else np.flatnonzero(wanted).tolist():
+        for i in _rows(len(values), wanted):
             found = file_span(values[i])
             if found is None:
                 return None
@@ -157,7 +157,7 @@ class ChunkDecoder:
         """The image files and labels of encoded records (views of ``values``)."""
         files: list = [None] * len(values)
         labels = np.zeros(len(values), np.int64)
-        for i in range(len(values)) if wanted is None else np.flatnonzero(wanted).tolist():
+        for i in _rows(len(values), wanted):
             found = image_file(values[i])
             try:
                 files[i], labels[i] = found if found is not None else self._file_of(
@@ -183,6 +183,11 @@ class ChunkDecoder:
             raise DataError(f"{self.path}: record {format_key(key)}: {exc}") from None
         check_record(self.path, key, array, self.record_shape, self.dtype)
         return array, int(datum.label)
+
+
+def _rows(n: int, wanted: np.ndarray | None) -> list[int] | range:
+    """The records of a chunk of ``n`` to hand over: all, or those ``wanted``."""
+    return range(n) if wanted is None else np.flatnonzero(wanted).tolist()
 
 
 def _owned(values: Sequence[bytes | memoryview]) -> Sequence[bytes]:

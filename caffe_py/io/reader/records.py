@@ -118,14 +118,15 @@ def join(parts: Sequence[RecordBatch]) -> RecordBatch:
     if len(parts) == 1:
         return parts[0]
     first = parts[0]
-    stored = [p.files for p in parts if isinstance(p.files, StoredFiles)]
     rows: np.ndarray | ImageFiles | StoredFiles
     if first.pixels is not None:
         rows = np.concatenate([p.pixels for p in parts])
-    elif len(stored) == len(parts):
-        rows = StoredFiles.join(stored)
-    else:  # a run of files the reader copied (another record layout) among them
-        rows = tuple(f for p in parts if p.files is not None for f in image_files(p.files))
+    else:
+        stored = [p.files for p in parts if isinstance(p.files, StoredFiles)]
+        if len(stored) == len(parts):
+            rows = StoredFiles.join(stored)
+        else:  # a run of files the reader copied (another record layout) among them
+            rows = tuple(f for p in parts for f in image_files(p.files))
     return RecordBatch.of(first.first, first.step, rows,
                           np.concatenate([p.labels for p in parts]),
                           tuple(k for p in parts for k in p.keys))
