@@ -34,10 +34,10 @@ import torch
 
 from ..errors import CaffePyError
 from ..io import attach_feeds, feed_of, swap_feed
-from ..net import Net, NetOutput
+from ..net import Net
 from ..solver.evaluate import raise_device_problems, run_batches
 from ..solver.graph_loop import GraphedLoop
-from ..solver.graphed_tests import GraphedForward
+from ..solver.graphed_tests import GraphedForward, RowLayout, batch_row, graphed_pass
 from .flat import Bucket, BucketCount, plan_reduction
 from .sync import ReplicaState, StopReplica, SyncGroup
 
@@ -273,19 +273,22 @@ class SplitTests:
     pass ends; then each replica's come to the host in one copy, are summed there in batch
     order (float32 adds, as one device sums them) and divided on the root as one device divides
     them: the pass prints the one device's numbers. With ``graphed`` (GPUs with graphs on)
-    every replica's forward is one CUDA graph replay
-    (:class:`~caffe_py.solver.graphed_tests.GraphedForward`): the one thread that launches
-    every replica's forward launches one graph each.
+    every replica's forward runs chunks of batches as CUDA graph replays
+    (:class:`~caffe_py.solver.graphed_tests.GraphedForward`, its ``"rows"``): a round reads
+    up to a chunk of batches a replica into their slots, in the stream's order, then replays
+    each replica's chunk once, so the one thread that launches every replica's forward
+    launches one graph a replica a round (``emulate``: CPU replicas run the same rounds
+    without a graph, as the tests do).
 
     On the root alone, the root computes every batch, its Data layers reading each from the
     feed whose turn it is, made on the root's device (:class:`_Turns`; from the decoded
     database, a small one, with no copy between devices); so does anything else that drives
     the root's TEST net (the detection evaluation). A small net's forward (LeNet: 0.1
-    ms) is shorter than the host's work a batch, which the split does not share out, and
+    ms) may be shorter than the host's work a batch, which the split does not share out, and
     switching devices every batch costs the host more; so with ``split`` None the passes choose
     by measurement: the first two on the root alone (the first captures), the third split
-    (timed after its first round, which captures the workers'), then whichever of the second
-    and third took less time a batch, said in one line; True splits every pass, False none.
+    (timed after its captures), then whichever of the second and third took less time a batch,
+    said in one line; True splits every pass, False none.
 
     :meth:`attach` builds the replicas' TEST nets and subscribes them, before the readers
     start (and before a resume loads their positions). A TEST net with a source the readers
@@ -294,10 +297,10 @@ class SplitTests:
     batch itself, and says so once."""
 
     def __init__(self, group: AllReduceGroup, solvers: Sequence[Solver], *,
-                 graphed: bool = False, split: bool | None = None,
+                 graphed: bool = False, emulate: bool = False, split: bool | None = None,
                  clock: Callable[[], float] = time.perf_counter):
         self.group, self.solvers, self.graphed = group, solvers, graphed
-        self.split, self.clock = split, clock
+        self.emulate, self.split, self.clock = emulate, split, clock
         self._nets: dict[int, list[Net] | None] = {}
         """Per TEST net: every replica's copy (the root's first), or None: the root alone."""
         self._queues: dict[int, list[Any]] = {}
@@ -317,26 +320,27 @@ class SplitTests:
         for k, net in enumerate(root.test_nets):
             self._nets[k] = nets = self._replica_nets(k, net, specs[k], root.test_pool)
             if self.graphed:
-                self._forwards[k] = [GraphedForward(net, f"test net #{k}")] if nets is None \
-                    else [GraphedForward(replica, f"test net #{k} on replica {r}")
-                          for r, replica in enumerate(nets)]
+                self._forwards[k] = [
+                    GraphedForward(replica, f"test net #{k}" + (f" on replica {r}" if r else ""),
+                                   emulate=self.emulate)
+                    for r, replica in enumerate([net] if nets is None else nets)]
 
     def __call__(self, k: int, net: Net, iterations: int, *,
                  autocast: Callable[[], AbstractContextManager[Any]],
                  between: Callable[[], bool]) -> dict[str, torch.Tensor] | None:
         nets = self._nets[k]
         forwards = self._forwards.get(k, [])
-        for forward in forwards:
-            forward.check_layout()
-        if nets is None:
-            return run_batches(net, iterations, autocast=autocast, between=between,
-                               forward=forwards[0] if forwards else None)
-        split = self._splits(k)
-        started = self.clock()
-        means, started, timed = self._pass(k, nets, iterations, autocast, between, split,
-                                           started)
-        if means is not None and k not in self._chosen:
-            self._measured(k, (self.clock() - started) / timed, len(nets))
+        split = nets is not None and self._splits(k)
+        if nets is None or not split:
+            started = self.clock()
+            means = (graphed_pass(forwards[0], iterations, autocast=autocast, between=between)
+                     if forwards else
+                     run_batches(net, iterations, autocast=autocast, between=between))
+            per_batch = (self.clock() - started) / max(1, iterations)
+        else:
+            means, per_batch = self._split_pass(k, nets, iterations, autocast, between)
+        if nets is not None and means is not None and k not in self._chosen:
+            self._measured(k, per_batch, len(nets))
         return means
 
     def _splits(self, k: int) -> bool:
@@ -360,43 +364,59 @@ class SplitTests:
             log.info(f"Test net #{k} tests {where}: {split * 1e3:.3g} ms a batch split over "
                      f"{n}, {alone * 1e3:.3g} ms on the root alone")
 
-    def _pass(self, k: int, nets: list[Net], iterations: int,
-              autocast: Callable[[], AbstractContextManager[Any]],
-              between: Callable[[], bool], split: bool, started: float
-              ) -> tuple[dict[str, torch.Tensor] | None, float, int]:
-        """The pass's means (None when ``between`` stopped it), and the clock reading its
-        timing starts from with the batches timed from it: a split pass's after its first
-        round (which captures the workers' forwards) when there is more than one."""
-        timed = iterations
-        forwards = self._forwards.get(k, [])
-        runs: list[Callable[[], NetOutput]] = (list(forwards) if forwards
-                                                else [replica.__call__ for replica in nets])
+    def _split_pass(self, k: int, nets: list[Net], iterations: int,
+                    autocast: Callable[[], AbstractContextManager[Any]],
+                    between: Callable[[], bool]
+                    ) -> tuple[dict[str, torch.Tensor] | None, float]:
+        """A split pass's means (None when ``between`` stopped it) and its seconds a batch,
+        timed after the replicas' chunks are captured."""
         n, queues = len(nets), self._queues[k]
-        if split:
-            self.group.spread_state()
+        forwards = self._forwards.get(k, [])
+        self.group.spread_state()
         first = _whose_turn(queues)
-        losses: list[list[torch.Tensor]] = [[] for _ in nets]
-        outputs: list[list[dict[str, torch.Tensor]]] = [[] for _ in nets]
-        order: list[int] = []   # the replica that computed each batch, in batch order
-        with torch.no_grad():
-            for i in range(iterations):
-                if i % n == 0:
-                    if between():
-                        return None, started, timed
-                    if split and i == n and iterations > n:
-                        started, timed = self.clock(), iterations - n
-                r = (first + i) % n if split else 0   # the root: its feeds read every turn
-                with _on_device(nets[r].device), autocast():
-                    out = runs[r]()
-                # copies: a top may be a buffer the net's next forward writes again
-                losses[r].append(out.loss.detach().float().clone())
-                outputs[r].append({name: value.detach().float().reshape(-1).clone()
-                                   for name, value in out.outputs.items()})
-                order.append(r)
-        for replica_net in nets if split else nets[:1]:
+        graphed = [False] * n
+        for r, forward in enumerate(forwards):
+            forward.check_layout()
+            with _on_device(nets[r].device):
+                graphed[r] = forward.ready(autocast)
+        chunk = min((forwards[r].slots for r in range(n) if graphed[r]), default=1)
+        rounds = _rounds(first, n, iterations, chunk)
+        for r, forward in enumerate(forwards):
+            if graphed[r]:
+                with _on_device(nets[r].device):
+                    graphed[r] = forward.capture([c[r] for c in _counts(rounds, n) if c[r]],
+                                                 "rows", autocast)
+        layout = next((forwards[r].layout for r in range(n) if graphed[r]), None)
+        started = self.clock()
+        rows: list[list[torch.Tensor]] = [[] for _ in nets]
+        for batches in rounds:
+            if between():
+                return None, 0.0
+            filled = [0] * n
+            for r in batches:   # in the stream's order: each replica's turn, its feed's batch
+                with _on_device(nets[r].device):
+                    if graphed[r]:
+                        forwards[r].fill(filled[r])
+                        filled[r] += 1
+                    else:
+                        with autocast(), torch.no_grad():
+                            out = nets[r]()
+                        layout = layout or RowLayout.of(out)
+                        rows[r].append(batch_row(out).reshape(1, -1))
+            for r in range(n):
+                if filled[r]:
+                    with _on_device(nets[r].device):
+                        forwards[r].replay(filled[r], "rows", autocast)
+                        chunk_rows = forwards[r].rows
+                        assert chunk_rows is not None
+                        # a copy: the next replay writes the rows again
+                        rows[r].append(chunk_rows[:filled[r]].clone())
+        for replica_net in nets:
             raise_device_problems(replica_net)
-        return (_host_means(order, losses, outputs, iterations, nets[0].device), started,
-                timed)
+        assert layout is not None   # a batch ran, graphed or not
+        means = _host_means([r for batches in rounds for r in batches], rows, layout,
+                            iterations, nets[0].device)
+        return means, (self.clock() - started) / max(1, iterations)
 
     def _replica_nets(self, k: int, net: Net, spec_state: tuple[Any, Any],
                       pool: Any) -> list[Net] | None:
@@ -430,33 +450,41 @@ class SplitTests:
         return nets
 
 
-def _host_means(order: Sequence[int], losses: Sequence[Sequence[torch.Tensor]],
-                outputs: Sequence[Sequence[dict[str, torch.Tensor]]], iterations: int,
-                root: torch.device) -> dict[str, torch.Tensor]:
+def _rounds(first: int, n: int, iterations: int, chunk: int) -> list[list[int]]:
+    """A split pass's rounds: up to ``chunk`` batches a replica, each round the replica of
+    each of its batches in the stream's order (batch i is replica (first + i) mod n's)."""
+    order = [(first + i) % n for i in range(iterations)]
+    size = chunk * n
+    return [order[at:at + size] for at in range(0, iterations, size)]
+
+
+def _counts(rounds: list[list[int]], n: int) -> list[list[int]]:
+    """Each round's batches per replica."""
+    return [[batches.count(r) for r in range(n)] for batches in rounds]
+
+
+def _host_means(order: Sequence[int], rows: Sequence[Sequence[torch.Tensor]],
+                layout: RowLayout, iterations: int, root: torch.device
+                ) -> dict[str, torch.Tensor]:
     """The means of a split pass as :func:`~caffe_py.solver.evaluate.run_batches` computes
-    them on one device: each replica's values come to the host in one copy a name, are summed
+    them on one device: each replica's rows (its batches' values,
+    :func:`~caffe_py.solver.graphed_tests.batch_row`) come to the host in one copy, are summed
     in batch order (``order``: the replica of each batch) in float32, and are divided on
-    ``root`` (where one device divides, the same operation)."""
-    names = list(outputs[order[-1]][-1])
-    host_losses = [torch.stack(list(part)).cpu().numpy() if part else None for part in losses]
-    host_outputs = [{name: torch.stack([batch[name] for batch in part]).cpu().numpy()
-                     for name in names} if part else {} for part in outputs]
-    taken = [0] * len(losses)
-    loss_sum = np.zeros((), np.float32)
-    sums: dict[str, np.ndarray] = {}
+    the root's device (where one device divides, the same operation)."""
+    host = [torch.cat(list(part)).cpu().numpy() if part else None for part in rows]
+    taken = [0] * len(rows)
+    total: np.ndarray | None = None
     for r in order:
         i, taken[r] = taken[r], taken[r] + 1
-        part_loss = host_losses[r]
-        assert part_loss is not None
-        loss_sum = loss_sum + part_loss[i]
-        for name in names:
-            value = host_outputs[r][name][i]
-            sums[name] = sums[name] + value if name in sums else value.copy()
-    means = {name: (torch.from_numpy(s).to(root) / iterations).cpu()
-             for name, s in sums.items()}
-    means["__loss__"] = (torch.from_numpy(np.asarray(loss_sum)).to(root)
-                         / iterations).cpu().reshape(1)
-    return means
+        part = host[r]
+        assert part is not None
+        if total is None:   # the eager pass adds the loss to zero and copies the outputs
+            total = part[i].copy()
+            total[0] = np.float32(0.0) + part[i][0]
+        else:
+            total = total + part[i]
+    assert total is not None
+    return layout.means(torch.from_numpy(total).to(root), iterations)
 
 
 def _host_sum(parts: Sequence[torch.Tensor], n: int) -> None:

@@ -89,7 +89,10 @@ class Tuning:
     True on CPU replicas runs that sequence unrecorded, as the tests do); ``split_tests``
     spreads the captured runs' test passes over the replicas, each computing the batches its
     feed reads, always (True), never (False: the root tests alone, reading every batch), or
-    where a pass measured so is the shorter (None; :class:`~.captured.SplitTests`)."""
+    where a pass measured so is the shorter (None; :class:`~.captured.SplitTests`);
+    ``graphed_tests`` replays the root's test passes in chunks of batches as CUDA graphs
+    (solver/graphed_tests.py; None: so on GPUs with graphs on; True on CPU replicas runs the
+    same chunks unrecorded, as the tests do)."""
 
     timeout: float = DEFAULT_TIMEOUT_S
     overlap: bool = True
@@ -100,6 +103,7 @@ class Tuning:
     bucket_bytes: int = DEFAULT_BUCKET_BYTES
     captured: bool | None = None
     split_tests: bool | None = None
+    graphed_tests: bool | None = None
 
 
 class ReplicatedRun:
@@ -128,9 +132,12 @@ class ReplicatedRun:
         if local and self.options.reduction == "nccl":
             raise SolverError("model_average_period averages the replicas through the tree; "
                               "use --reduction tree (or model_average_period: 0 with nccl)")
-        graphs = self.options.graphs != "off" and all(d.type == "cuda" for d in self.devices)
-        self.graphed_tests = graphs
+        cuda = all(d.type == "cuda" for d in self.devices)
+        graphs = self.options.graphs != "off" and cuda
+        self.graphed_tests = graphs if tuning.graphed_tests is None else tuning.graphed_tests
         """The root's test passes as CUDA graph replays (solver/graphed_tests.py)."""
+        self.emulated_tests = self.graphed_tests and not cuda
+        """... run unrecorded on CPU replicas (the tests' stand-in)."""
         captured = tuning.captured
         if captured is None:
             captured = graphs and self.options.reduction != "tree" and nccl_available()
@@ -199,12 +206,13 @@ class ReplicatedRun:
             kw["runner"] = CapturedReplicas(self.sync, self.solvers,
                                             required=self.options.graphs == "on")
             self.split_tests = SplitTests(self.sync, self.solvers, graphed=self.graphed_tests,
+                                          emulate=self.emulated_tests,
                                           split=self.tuning.split_tests)
             kw["test_batches"] = self.split_tests
             if self.tuning.split_tests is not False:
                 kw["test_replicas"] = len(self.devices)
         elif self.graphed_tests and i == 0:
-            kw["test_batches"] = GraphedTests()
+            kw["test_batches"] = GraphedTests(emulate=self.emulated_tests)
         try:
             solver = Solver(self.param, device=self.devices[i], replica=i, role=role,
                             seeds=Seeds(model=base_seed + self.hosts.offset + i, data=base_seed),

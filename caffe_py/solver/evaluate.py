@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 import torch
 
 from ..errors import DataError
-from ..net import Net, NetOutput
+from ..net import Net
 
 log = logging.getLogger(__name__)
 
@@ -19,24 +19,21 @@ log = logging.getLogger(__name__)
 def run_batches(net: Net, iterations: int, *, autocast: Callable = contextlib.nullcontext,
                 between: Callable[[], bool] | None = None,
                 on_batch: Callable[[int, dict[str, torch.Tensor], float], None] | None = None,
-                forward: Callable[[], NetOutput] | None = None,
                 ) -> dict[str, torch.Tensor] | None:
     """The mean of every output (flattened, on the CPU) over ``iterations`` forward passes.
 
     Sums stay on the device until the end (one host sync), unless ``on_batch`` wants each
     batch's values. ``between`` runs before each batch; True stops early (returns None).
-    ``forward`` runs a batch in place of ``net()`` (a captured forward, graphed_tests.py).
     The mean loss is under the key ``"__loss__"`` (:func:`output_means` drops it).
     """
     sums: dict[str, torch.Tensor] = {}
     loss_sum = torch.zeros((), device=net.device)
-    run = net.__call__ if forward is None else forward
     with torch.no_grad():
         for i in range(iterations):
             if between is not None and between():
                 return None
             with autocast():
-                out = run()
+                out = net()
             loss_sum += out.loss.detach().float()
             for name, value in out.outputs.items():
                 flat = value.detach().float().reshape(-1)

@@ -69,9 +69,13 @@ class StaticFeed:
     def fill(self, slots: int = 1) -> None:
         """Copy the real feed's next ``slots`` batches into slots 0 .. slots-1."""
         for k in range(slots):
-            data, label = self.real.next()
-            self.data[k].copy_(data, non_blocking=True)
-            self.label[k].copy_(label, non_blocking=True)
+            self.fill_slot(k)
+
+    def fill_slot(self, k: int) -> None:
+        """Copy the real feed's next batch into slot k."""
+        data, label = self.real.next()
+        self.data[k].copy_(data, non_blocking=True)
+        self.label[k].copy_(label, non_blocking=True)
 
 
 def install_static_feeds(net: Net, device: torch.device, slots: int = 1) -> list[StaticFeed]:

@@ -18,6 +18,7 @@ from caffe_py.io.reader.roundrobin import RoundRobin
 from caffe_py.options import TrainOptions
 from caffe_py.parallel import ReplicatedRun, Tuning
 from caffe_py.parallel.captured import AllReduceGroup, CapturedReplicas
+from caffe_py.solver import graphed_tests
 from caffe_py.solver.roles import UPDATING_WORKER
 from caffe_py.spec.solver_spec import load_solver
 
@@ -272,13 +273,17 @@ snapshot_prefix: {prefix}
 """
 
 
-@pytest.mark.parametrize("n, test_iter", [(2, 7), (3, 7), (3, 2)])
-def test_a_test_pass_spread_over_the_replicas_prints_one_devices_numbers(tmp_path, db, n,
-                                                                        test_iter, caplog):
+@pytest.mark.parametrize("n, test_iter, graphed", [(2, 7, None), (3, 7, None), (3, 2, None),
+                                                   (2, 7, True), (3, 7, True)])
+def test_a_test_pass_spread_over_the_replicas_prints_one_devices_numbers(
+        tmp_path, db, n, test_iter, graphed, caplog, monkeypatch):
     """Each replica reads and computes its own batches (batch g of the TEST stream on replica
     g mod N, passes going on where the last stopped), the sums in batch order: the same
-    numbers, to the bit, as the root testing alone (the tree, where only the root tests)."""
+    numbers, to the bit, as the root testing alone (the tree, where only the root tests).
+    ``graphed`` runs the forwards as the GPUs' replays do, unrecorded: rounds of up to 2
+    batches a replica, read in the stream's order, then each replica's chunk."""
     caplog.set_level(logging.INFO, logger="caffe_py")
+    monkeypatch.setattr(graphed_tests, "CHUNK_MAX", 2)
 
     def count_batches(run):
         """One more pass: the replica of each batch, in the order they ran."""
@@ -296,8 +301,9 @@ def test_a_test_pass_spread_over_the_replicas_prints_one_devices_numbers(tmp_pat
         path = tmp_path / f"{name}.yaml"
         path.write_text(TESTED.format(db=db, test_iter=test_iter, prefix=tmp_path / name / "s"))
         caplog.clear()
-        with ReplicatedRun(load_solver(path), ["cpu"] * n,
-                           tuning=Tuning(captured=captured, split_tests=True)) as run:
+        tuning = Tuning(captured=captured, split_tests=True,
+                        graphed_tests=graphed if captured else None)
+        with ReplicatedRun(load_solver(path), ["cpu"] * n, tuning=tuning) as run:
             run.run()
             lines = [m for m in caplog.messages if m.startswith(("Test", "    Test"))]
             return lines, run.root.last_test, run, count_batches(run) if captured else None
@@ -310,7 +316,10 @@ def test_a_test_pass_spread_over_the_replicas_prints_one_devices_numbers(tmp_pat
     nets = run.root.test_batches._nets[0]
     assert len(nets) == n and [net.device for net in nets] == [torch.device("cpu")] * n
     # the fourth pass: batches 3 x test_iter on, each on the replica whose turn it is
-    assert ran == [(3 * test_iter + i) % n for i in range(test_iter)]
+    turns = [(3 * test_iter + i) % n for i in range(test_iter)]
+    if graphed:   # each round's batches replayed replica by replica
+        turns = [r for at in range(0, test_iter, 2 * n) for r in sorted(turns[at:at + 2 * n])]
+    assert ran == turns
     # every replica's TEST feed read its own turns: N readers of one stream, 5 records a turn
     state = run.root.test_pool.state_dict()[db]["TEST/data"]
     read = 4 * test_iter * 5
@@ -371,10 +380,9 @@ def test_the_passes_measure_whether_a_split_pass_is_shorter(tmp_path, db, split_
                     .replace("max_iter: 8", "max_iter: 20"))
     with ReplicatedRun(load_solver(path), ["cpu"] * 2, tuning=Tuning(captured=True)) as run:
         tests = run.root.test_batches
-        # each pass reads the clock at its start and end (seconds), 5 batches a pass; the
-        # split pass also after its first round (2 batches, the workers' captures: untimed)
-        ticks = iter([0.0, 0.05, 0.05, 0.05 + 5 * 5e-3,
-                      0.08, 0.5, 0.5 + 3 * split_ms * 1e-3])
+        # each pass reads the clock at its start and end (seconds), 5 batches a pass (the
+        # split pass starts its clock after the replicas' captures)
+        ticks = iter([0.0, 0.05, 0.05, 0.05 + 5 * 5e-3, 0.5, 0.5 + 5 * split_ms * 1e-3])
         tests.clock = lambda: next(ticks, 0.0)
         run.run()
         means = run.root.last_test

@@ -308,7 +308,7 @@ def test_a_test_pass_split_over_gpus_prints_one_gpus_numbers(tmp_path, db, caplo
         lines[n] = [m for m in caplog.messages if m.lstrip().startswith("Test net output")]
         forwards = (root.test_batches._forwards[0] if n == 2
                     else list(root.test_batches.forwards.values()))
-        assert len(forwards) == n and all(f.graph is not None for f in forwards)
+        assert len(forwards) == n and all(f.graphs and f.fallback is None for f in forwards)
     assert len(lines[1]) == 3 and lines[2] == lines[1]   # iterations 0, 3 and 6: the loss
     assert not [m for m in caplog.messages if m.startswith("CUDA graphs off")]
 

@@ -1,18 +1,34 @@
 """Test passes as CUDA graph replays (solver/graphed_tests.py): on the CPU the forward says
-why it stays eager and gives the eager numbers; on a GPU the replayed pass prints the eager
-pass's numbers, and a blob that moves is captured again (skipped without CUDA)."""
+why it stays eager and gives the eager numbers, and the chunks run unrecorded (``emulate``)
+give the eager pass's numbers bit for bit and read its records; on a GPU the replayed pass
+prints the eager pass's numbers, and a blob that moves is captured again (skipped without
+CUDA)."""
 from __future__ import annotations
 
+import contextlib
 import logging
+import math
 
 import pytest
 import torch
 
+from caffe_py.net import NetOutput
+from caffe_py.solver import graphed_tests
 from caffe_py.solver.evaluate import run_batches
-from caffe_py.solver.graphed_tests import GraphedForward, GraphedTests
+from caffe_py.solver.graphed_tests import (
+    CHUNK_SLOT_BYTES,
+    GraphedForward,
+    GraphedTests,
+    RowLayout,
+    batch_row,
+    chunk_lengths,
+    chunk_slots,
+    graphed_pass,
+)
 from caffe_py.solver.solver import Solver, own_test_batches
 
 needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+NO_AUTOCAST = contextlib.nullcontext
 
 
 def _pass(solver: Solver, tests) -> dict[str, torch.Tensor]:
@@ -31,13 +47,118 @@ def test_on_the_cpu_a_test_forward_says_why_it_stays_eager(ws, caplog):
         solver.start()
         net = solver.test_nets[0]
         forward = GraphedForward(net, "test net #0")
-        graphed = run_batches(net, 13, forward=forward)
+        graphed = graphed_pass(forward, 13, autocast=NO_AUTOCAST, between=lambda: False)
         eager = run_batches(net, 13)
-    assert forward.graph is None and forward.fallback == "it runs on the CPU"
+    assert not forward.graphs and forward.fallback == "it runs on the CPU"
     assert [m for m in caplog.messages if m.startswith("CUDA graphs")] == [
         "CUDA graphs off for test net #0 (cpu): it runs on the CPU; testing eagerly"]
-    assert set(graphed) == {"acc", "loss", "__loss__"}
+    assert graphed is not None and set(graphed) == {"acc", "loss", "__loss__"}
     assert all(graphed[k].equal(eager[k]) for k in graphed)
+
+
+def test_a_pass_runs_in_chunks_of_the_slots_that_fit():
+    assert chunk_lengths(13, 4) == [4, 4, 4, 1]
+    assert chunk_lengths(8, 4) == [4, 4]
+    assert chunk_lengths(3, 32) == [3]
+
+    class Layer:   # a Data layer's tops: data (B, C, H, W), label (B,)
+        def __init__(self, *shapes):
+            self.top_shapes = list(shapes)
+
+    class Net:
+        def __init__(self, *layers):
+            self.layers = layers
+
+        def data_layers(self):
+            return self.layers
+
+    lenet = 100 * (4 * 28 * 28 + 8)   # LeNet's TEST batch of 100: 314,400 bytes
+    assert chunk_slots(Net(Layer((100, 1, 28, 28), (100,)))) == 32
+    assert chunk_slots(Net(*[Layer((100, 1, 28, 28), (100,))] * 7)) == \
+        CHUNK_SLOT_BYTES // (7 * lenet) == 30
+    imagenet = Layer((50, 3, 224, 224), (50,))   # 30 MB a batch: two a replay
+    assert chunk_slots(Net(imagenet)) == 2
+    assert chunk_slots(Net(Layer((256, 3, 224, 224), (256,)))) == 1
+    assert chunk_slots(Net(Layer((4, 3), ))) == 32   # no label top: the batch's (B,) counted
+
+
+def test_rows_summed_from_minus_zero_give_the_eager_sums_bit_for_bit():
+    """The eager pass adds the loss to +0.0 and copies the first batch's outputs; the total
+    starts at +0.0 for the loss and -0.0 for the outputs, so every sign of zero comes out as
+    the eager pass's (a start of +0.0 would turn an output of -0.0 into +0.0)."""
+    outs = [NetOutput(torch.tensor(v[0]), {"a": torch.tensor(v[1]), "b": torch.tensor(v[2])})
+            for v in ([-0.0, [-0.0, 1.5], [-0.0]], [-0.0, [-0.0, -2.0], [0.0]],
+                      [0.25, [-0.0, 0.5], [-0.0]])]
+    layout = RowLayout.of(outs[0])
+    assert layout == RowLayout(("a", "b"), (slice(1, 3), slice(3, 4)), 4)
+    total = layout.start(torch.device("cpu"))
+    loss_sum, sums = torch.zeros(()), {}
+    for i, out in enumerate(outs):
+        total += batch_row(out)
+        loss_sum += out.loss.float()
+        for name, value in out.outputs.items():
+            sums[name] = sums[name] + value.reshape(-1) if name in sums else value.reshape(-1)
+        if i < 2:   # each zero's sign after one batch and after two (b: -0.0 + 0.0 = +0.0)
+            eager = torch.cat([loss_sum.reshape(1), sums["a"], sums["b"]])
+            assert total.tolist() == eager.tolist()
+            assert [math.copysign(1, v) for v in total.tolist()] == \
+                [math.copysign(1, v) for v in eager.tolist()]
+    means = layout.means(total, 3)
+    assert set(means) == {"a", "b", "__loss__"}
+    assert means["a"].tolist() == [-0.0, 0.0] and math.copysign(1, means["a"][0]) == -1
+    assert means["b"].tolist() == [0.0] and math.copysign(1, means["b"][0]) == 1
+    assert means["__loss__"].tolist() == (torch.tensor([0.25]) / 3).tolist()
+
+
+@pytest.mark.parametrize("chunk_max, lengths", [(4, [4, 4, 3]), (32, [11])])
+def test_an_emulated_chunked_pass_gives_the_eager_numbers_and_reads_its_records(
+        ws, monkeypatch, chunk_max, lengths):
+    """Without a graph the chunks run the same forwards on the slots they fill: three passes
+    print the eager passes' numbers bit for bit, and the readers stand where the eager
+    passes left them."""
+    monkeypatch.setattr(graphed_tests, "CHUNK_MAX", chunk_max)
+    replays = []
+    replay = GraphedForward.replay
+
+    def counted(self, length, mode, autocast):
+        replays.append((length, mode))
+        replay(self, length, mode, autocast)
+
+    monkeypatch.setattr(GraphedForward, "replay", counted)
+    ws.net(ws.LMDB_NET)
+    passes, positions = {}, {}
+    for name, tests in (("chunked", GraphedTests(emulate=True)), ("eager", own_test_batches)):
+        # 13 records, 3 a batch: 11 batches a pass, so each pass starts somewhere else
+        with Solver(ws.load(test_iter=11, test_interval=100)) as solver:
+            passes[name] = [_pass(solver, tests) for _ in range(3)]
+            positions[name] = solver.test_pool.state_dict()
+    assert replays == [(length, "sum") for length in lengths] * 3
+    for chunked, eager in zip(passes["chunked"], passes["eager"], strict=True):
+        assert set(chunked) == set(eager) == {"acc", "loss", "__loss__"}
+        assert all(chunked[k].equal(eager[k]) for k in chunked)
+    assert len({p["loss"].item() for p in passes["eager"]}) == 3   # other records each pass
+    assert positions["chunked"] == positions["eager"]
+
+
+def test_a_stop_between_chunks_ends_the_pass(ws, monkeypatch):
+    """``between`` runs before each chunk: True ends the pass (None) with the batches of the
+    chunks before it read."""
+    monkeypatch.setattr(graphed_tests, "CHUNK_MAX", 4)
+    ws.net(ws.LMDB_NET)
+    with Solver(ws.load(test_iter=11, test_interval=100)) as solver:
+        solver.start()
+        net = solver.test_nets[0]
+        forward = GraphedForward(net, "test net #0", emulate=True)
+        asked = []
+
+        def between():
+            asked.append(len(asked))
+            return len(asked) == 3
+
+        assert graphed_pass(forward, 11, autocast=NO_AUTOCAST, between=between) is None
+        assert asked == [0, 1, 2]
+        taken = [feed.real for feed in forward.feeds][0].delivered
+    assert taken == 8   # two chunks of 4
 
 
 @pytest.mark.gpu
@@ -54,7 +175,7 @@ def test_a_replayed_test_pass_prints_the_eager_numbers(ws, precision, caplog):
             passes[name] = [_pass(solver, tests) for _ in range(3)]
             if name == "graphed":
                 forward = tests.forwards[0]
-                assert forward.fallback is None and forward.graph is not None
+                assert forward.fallback is None and list(forward.graphs) == [(13, "sum")]
     assert not [m for m in caplog.messages if m.startswith("CUDA graphs off")]
     for graphed, eager in zip(passes["graphed"], passes["eager"], strict=True):
         assert set(graphed) == set(eager) == {"acc", "loss", "__loss__"}
@@ -72,14 +193,13 @@ def test_a_weight_that_moves_is_captured_again(ws):
     for name, tests in (("graphed", GraphedTests()), ("eager", own_test_batches)):
         with Solver(ws.load(test_iter=13, test_interval=100), device="cuda:0") as solver:
             before = _pass(solver, tests)
-            first = tests.forwards[0].graph if name == "graphed" else None
+            first = tests.forwards[0].graphs[13, "sum"] if name == "graphed" else None
             weight = solver.net.learnable_params()[0].param
             # new storage (a graph would read the old one); a scale changes the softmax
             weight.data = weight.data * 3
             passes[name] = before, _pass(solver, tests)
             if name == "graphed":
-                assert tests.forwards[0].graph is not None
-                assert tests.forwards[0].graph is not first
+                assert tests.forwards[0].graphs[13, "sum"] is not first
     (before, moved), (eager_before, eager_moved) = passes["graphed"], passes["eager"]
     assert abs(moved["loss"].item() - before["loss"].item()) > 1e-3, (before, moved)
     for graphed, eager in ((before, eager_before), (moved, eager_moved)):
