@@ -4,6 +4,7 @@ constant DummyData and against the usual PyTorch DataLoader, in one run.
     python benchmarks/imagenet_data.py --save docs/data_pipeline.md         # one GPU, ~6 min
     python benchmarks/imagenet_data.py --smoke                              # toy size, CPU
     python benchmarks/imagenet_data.py --replicas 4 --save docs/data_pipeline.md   # 4 GPUs
+    python benchmarks/imagenet_data.py --replicas 4 --skip-decode --multi-trainer lockstep
 
 1. Data: benchmarks/make_imagenet_lmdb.py makes (or reuses, in --data) N synthetic photo-like
    images as convert_imageset writes them, raw and JPEG (quality 90), and their mean file.
@@ -18,9 +19,14 @@ constant DummyData and against the usual PyTorch DataLoader, in one run.
    by the Data layer on each database, and by the DataLoader peer on each: steps/s after a
    warm-up, with same-run ratios against DummyData (goals: raw >= 0.97, JPEG >= 0.95) and
    against the peer on the same database (goal >= 1.2). With --replicas N (N > 1) the rows
-   run on N GPUs, each in its own process: caffe-py's replicated run (benchmarks/multigpu.py
-   caffe, what `cpy train --gpus` runs) fed by DummyData and by each LMDB, and torchrun DDP fed
-   by the peer (benchmarks/ddp_baseline.py --peer-workers, cores / N workers per GPU).
+   run on N GPUs, each in its own process: caffe-py fed by DummyData and by each LMDB, and
+   torchrun DDP fed by the peer (benchmarks/ddp_baseline.py --peer-workers, cores / N workers
+   per GPU). caffe-py's rows are `cpy train --gpus 0,...,N-1` with no other flag, as a user
+   runs it (whole iterations captured on every replica, NCCL's all-reduce), on a solver that
+   fixes max_iter and display; their rate is the median of its display lines' rates after
+   the first two (benchmarks/scale_default.py's reading). --multi-trainer lockstep runs them the
+   older way, as the earlier tables of several GPUs were measured: benchmarks/multigpu.py
+   caffe --graphs (the reduction tree, CUDA graphs, one thread issuing every replica's step).
 
 The peer is the usual PyTorch way: a torch.utils.data.Dataset over the same LMDB (each worker
 process opens its own read-only environment), PIL for JPEG, torchvision's RandomCrop,
@@ -34,6 +40,7 @@ import argparse
 import contextlib
 import dataclasses
 import datetime
+import json
 import os
 import platform
 import subprocess
@@ -50,6 +57,7 @@ os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")  # as the CLI: idle OpenMP t
 
 import numpy as np  # noqa: E402
 import torch  # noqa: E402
+import yaml  # noqa: E402
 
 HERE = Path(__file__).resolve().parent
 sys.path[:0] = [str(HERE.parent), str(HERE)]
@@ -58,6 +66,7 @@ import resnet50_step  # noqa: E402
 from data_pipeline import save  # noqa: E402
 from imagenet_peer import channel_means, peer_feed, peer_missing  # noqa: E402
 from multigpu import constant_dummy_data, report_phases, write_solver  # noqa: E402
+from scale_default import _rates, _train_command  # noqa: E402
 
 from caffe_py.io import ReaderPool, attach_feeds, feed_of, swap_feed  # noqa: E402
 from caffe_py.io.decoders import libjpeg, nvjpeg  # noqa: E402
@@ -95,8 +104,6 @@ SMOKE = Setup(48, 40, 32, 8, Fraction(1, 16), 0.5, 1, 3, [1, 2])
 # --- data -------------------------------------------------------------------------------------
 def make_data(root: Path, s: Setup) -> dict:
     """Make the databases (or reuse them): make_imagenet_lmdb.py in its own process."""
-    import json
-
     cmd = [sys.executable, str(HERE / "make_imagenet_lmdb.py"), str(root), "--images",
            str(s.images), "--size", str(s.size), "--check"]
     subprocess.run(cmd, check=True)
@@ -404,57 +411,157 @@ def train_rows(root: Path, s: Setup, device: torch.device, peer_workers: int,
 
 
 # --- training on several GPUs -----------------------------------------------------------------
-def multi_train_rows(root: Path, s: Setup, gpus: int, peer_workers: int, out: Path,
-                     device: torch.device, left_out: frozenset[str] = frozenset()) -> list:
-    """(fed by, database, images/s) of ResNet-50 on ``gpus`` GPUs: caffe-py's replicated run
-    (what `cpy train --gpus 0,...` runs: one reader, a feed and a thread per GPU, the tree
-    reduction, CUDA graphs) fed by constant DummyData and by each LMDB, and torchrun DDP fed
-    by the DataLoader peer (``peer_workers`` processes per GPU). Each row is its own process:
-    benchmarks/multigpu.py and ddp_baseline.py, with their JSON result read back. The kinds of
-    row in ``left_out`` (:data:`ROW_KINDS`) are left out."""
-    import json
+MULTI_TRAINERS = ("cpy", "lockstep")
+"""What runs caffe-py's rows on several GPUs (``--multi-trainer``): `cpy train --gpus`, or
+benchmarks/multigpu.py caffe --graphs (the tree, one thread in lockstep), the older way."""
+TRAINER_NOTE = {
+    ("cpy", "cuda"): "`cpy train --gpus 0,...,N-1` with no flag: whole iterations captured on "
+                     "every replica, NCCL's all-reduce",
+    ("lockstep", "cuda"): "benchmarks/multigpu.py caffe --graphs: the reduction tree, CUDA "
+                          "graphs, one thread (lockstep)",
+    ("cpy", "cpu"): "`cpy train --gpus cpu:N` with no flag, eager",
+    ("lockstep", "cpu"): "benchmarks/multigpu.py caffe, eager",
+}
+"""How the table's heading names the trainer of caffe-py's rows, per device type."""
 
-    specs, results = out / "imagenet_specs", out / "imagenet_multigpu.jsonl"
-    raw, jpeg = root / "raw_lmdb", root / "jpeg_lmdb"
-    env = {**os.environ, "NCCL_NVLS_ENABLE": "0",
-           "PYTHONPATH": os.pathsep.join(filter(None, [str(HERE.parent),
-                                                       os.environ.get("PYTHONPATH")]))}
-    steps = ["--iters", str(s.steps), "--json", str(results)]
-    # the peer's rows warm up past what its DataLoaders hold ahead (2 batches a worker)
-    peer_warmup = s.warmup + 2 * peer_workers // gpus + 8
 
-    def solver(name: str, db: Path | None) -> str:
-        net = net_spec(s, None if db is None else data_spec(db, root, s))
-        return str(write_solver(constant_dummy_data(net), specs, name))
+def cpy_schedule(s: Setup) -> tuple[int, int]:
+    """(display, max_iter) of a `cpy train` row: a display line every D = steps / 5
+    iterations (1 to 10), and max_iter the warm-up and timed steps in whole intervals plus
+    one, since the interval that ends at max_iter displays no rate."""
+    display = max(1, min(10, s.steps // 5))
+    return display, display * (-(-(s.warmup + s.steps) // display) + 1)
 
-    cuda = device.type == "cuda"  # else a check of the script: CPU replicas, gloo
-    ids = ",".join(str(i) for i in range(gpus)) if cuda else f"cpu:{gpus}"
-    ours = [sys.executable, str(HERE / "multigpu.py"), "caffe", "--gpus", ids,
-            "--channels-last", *(["--graphs"] if cuda else [])]
-    peer = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node",
-            str(gpus), str(HERE / "ddp_baseline.py"), "--channels-last", "--peer-workers",
-            str(max(1, peer_workers // gpus)), *([] if cuda else ["--cpu"])]
-    runs: list = [("DummyData (constant), first", None, ours, {})]
-    runs += [(f"Data, {name} LMDB", db, ours, {}) for name, db in (("raw", raw), ("JPEG", jpeg))]
-    if cuda and nvjpeg.unavailable() is None and "nvjpeg" not in left_out:
-        runs += [("Data, JPEG LMDB (nvJPEG)", jpeg, ours, {"CPY_GPU_DECODE": "on"})]
-    if peer_missing() is None and "peer" not in left_out:
-        runs += [(f"DataLoader peer, {name} LMDB (DDP)", db, peer, {})
-                 for name, db in (("raw", raw), ("JPEG", jpeg))]
-    runs += [("DummyData (constant), last", None, ours, {})]
-    rows = []
-    for name, db, cmd, decode in runs:
-        path = solver("dummy" if db is None else db.name, db)
-        warmup = peer_warmup if cmd is peer else s.warmup
-        done = subprocess.run([*cmd, "--solver", path, "--warmup", str(warmup), *steps],
-                              env={**env, **decode}, capture_output=True, text=True)
-        with (out / "imagenet_multigpu.log").open("a") as log:
-            log.write(f"== {name}\n{done.stdout}\n{done.stderr}\n")
+
+def cpy_solver(path: Path, s: Setup) -> Path:
+    """The solver write_solver wrote (no test, no snapshot, not even at the end) with
+    :func:`cpy_schedule`'s display and max_iter."""
+    spec = yaml.safe_load(path.read_text())
+    spec["display"], spec["max_iter"] = cpy_schedule(s)
+    path.write_text(yaml.safe_dump(spec, sort_keys=False))
+    return path
+
+
+def child_env() -> dict:
+    """The rows' processes' environment: this one, NVLink multicast off, caffe_py importable."""
+    return {**os.environ, "NCCL_NVLS_ENABLE": "0",
+            "PYTHONPATH": os.pathsep.join(filter(None, [str(HERE.parent),
+                                                        os.environ.get("PYTHONPATH")]))}
+
+
+@dataclass
+class Replicas:
+    """The processes of the rows on ``gpus`` GPUs (a CPU check: as many CPU replicas): each
+    row's output goes into out/imagenet_multigpu.log, its result into
+    out/imagenet_multigpu.jsonl."""
+
+    s: Setup
+    gpus: int
+    cuda: bool
+    out: Path
+    env: dict = dataclasses.field(default_factory=child_env)
+
+    @property
+    def ids(self) -> str:
+        return ",".join(str(i) for i in range(self.gpus)) if self.cuda else f"cpu:{self.gpus}"
+
+    @property
+    def results(self) -> Path:
+        return self.out / "imagenet_multigpu.jsonl"
+
+    def cpy_train(self, name: str, solver: Path, tag: str, extra_env: dict) -> dict:
+        """`cpy train --gpus <ids>` with no other flag, on a copy of ``solver`` named by
+        ``tag`` with a snapshot prefix of its own: images/s = the median display rate after
+        the first two x batch x GPUs."""
+        cmd = _train_command(solver, self.ids, solver.parent, tag)
+        done = self._run(name, cmd, extra_env)
+        result = {"run": "cpy train", "row": name, "gpus": self.gpus, "command": cmd,
+                  **_rates(done.stdout + done.stderr, done.returncode,
+                           self.s.batch * self.gpus)}
+        with self.results.open("a") as f:
+            f.write(json.dumps(result) + "\n")
+        return result
+
+    def lockstep(self, name: str, solver: Path, extra_env: dict) -> dict:
+        """The older way: benchmarks/multigpu.py caffe (--graphs on GPUs) on ``solver``."""
+        cmd = [sys.executable, str(HERE / "multigpu.py"), "caffe", "--gpus", self.ids,
+               "--channels-last", *(["--graphs"] if self.cuda else [])]
+        return self.script(name, cmd, solver, self.s.warmup, extra_env)
+
+    def peer(self, name: str, solver: Path, peer_workers: int, extra_env: dict) -> dict:
+        """torchrun DDP fed by the DataLoader peer (``peer_workers`` processes in all), warmed
+        up past what its DataLoaders hold ahead (2 batches a worker)."""
+        workers = max(1, peer_workers // self.gpus)
+        cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone",
+               "--nproc_per_node", str(self.gpus), str(HERE / "ddp_baseline.py"),
+               "--channels-last", "--peer-workers", str(workers),
+               *([] if self.cuda else ["--cpu"])]
+        warmup = self.s.warmup + 2 * peer_workers // self.gpus + 8
+        return self.script(name, cmd, solver, warmup, extra_env)
+
+    def script(self, name: str, cmd: list[str], solver: Path, warmup: int,
+               extra_env: dict) -> dict:
+        """A benchmark script's run of ``warmup`` + the timed steps: its JSON line's
+        images/s."""
+        done = self._run(name, [*cmd, "--solver", str(solver), "--warmup", str(warmup),
+                                "--iters", str(self.s.steps), "--json", str(self.results)],
+                         extra_env)
         if done.returncode != 0:
-            print(f"train x{gpus}: {name}: failed (exit {done.returncode}); its last lines:\n"
-                  + "\n".join(done.stderr.strip().splitlines()[-5:]), flush=True)
+            return {"ok": False, "why": f"exit {done.returncode}; its last lines:\n"
+                    + "\n".join(done.stderr.strip().splitlines()[-5:])}
+        result = json.loads(self.results.read_text().strip().splitlines()[-1])
+        return {"ok": True, "images_per_s": result["images_per_s"]}
+
+    def _run(self, name: str, cmd: list[str], extra_env: dict) -> subprocess.CompletedProcess:
+        done = subprocess.run(cmd, env={**self.env, **extra_env}, capture_output=True,
+                              text=True)
+        with (self.out / "imagenet_multigpu.log").open("a") as log:
+            log.write(f"== {name}\n$ {' '.join(cmd)}\n{done.stdout}\n{done.stderr}\n")
+        return done
+
+
+def multi_train_rows(root: Path, s: Setup, gpus: int, peer_workers: int, out: Path,
+                     device: torch.device, left_out: frozenset[str] = frozenset(),
+                     trainer: str = "cpy") -> list:
+    """(fed by, database, images/s) of ResNet-50 on ``gpus`` GPUs: caffe-py (``trainer``, one
+    of :data:`MULTI_TRAINERS`: `cpy train --gpus 0,...` with no flag, or multigpu.py's
+    lockstep run) fed by constant DummyData and by each LMDB, and torchrun DDP fed by the
+    DataLoader peer (``peer_workers`` processes in all). Each row is its own process
+    (:class:`Replicas`). The kinds of row in ``left_out`` (:data:`ROW_KINDS`) are left out."""
+    out = out.resolve()  # the solvers name their nets by absolute paths
+    specs = out / "imagenet_specs"
+    raw, jpeg = root / "raw_lmdb", root / "jpeg_lmdb"
+    cuda = device.type == "cuda"  # else a check of the script: CPU replicas, gloo
+    replicas = Replicas(s, gpus, cuda, out)
+
+    def solver(db: Path | None) -> Path:
+        net = net_spec(s, None if db is None else data_spec(db, root, s))
+        return write_solver(constant_dummy_data(net), specs, "dummy" if db is None
+                            else db.name)
+
+    def ours(name: str, db: Path | None, extra_env: dict, k: int) -> dict:
+        if trainer == "lockstep":
+            return replicas.lockstep(name, solver(db), extra_env)
+        return replicas.cpy_train(name, cpy_solver(solver(db), s), f"x{gpus}_{k}", extra_env)
+
+    runs: list = [("DummyData (constant), first", None, "ours", {})]
+    runs += [(f"Data, {name} LMDB", db, "ours", {}) for name, db in (("raw", raw),
+                                                                     ("JPEG", jpeg))]
+    if cuda and nvjpeg.unavailable() is None and "nvjpeg" not in left_out:
+        runs += [("Data, JPEG LMDB (nvJPEG)", jpeg, "ours", {"CPY_GPU_DECODE": "on"})]
+    if peer_missing() is None and "peer" not in left_out:
+        runs += [(f"DataLoader peer, {name} LMDB (DDP)", db, "peer", {})
+                 for name, db in (("raw", raw), ("JPEG", jpeg))]
+    runs += [("DummyData (constant), last", None, "ours", {})]
+    rows = []
+    for k, (name, db, who, extra_env) in enumerate(runs):
+        result = (replicas.peer(name, solver(db), peer_workers, extra_env) if who == "peer"
+                  else ours(name, db, extra_env, k))
+        if not result["ok"]:
+            print(f"train x{gpus}: {name}: failed: {result['why']}", flush=True)
             continue
-        result = json.loads(results.read_text().strip().splitlines()[-1])
+        if any("CUDA graphs off" in note for note in result.get("notes", [])):
+            name += " (graphs fell back to eager)"
         rows.append((name, db, result["images_per_s"]))
         print(f"train x{gpus}: {name}: {result['images_per_s']:,.1f} images/s", flush=True)
     return rows
@@ -508,23 +615,33 @@ def decode_table(rows: list, replicas: int, device: str) -> list[str]:
     return lines
 
 
-def train_table(rows: list, s: Setup, gpus: int = 1, device_type: str = "cuda") -> list[str]:
+def train_table(rows: list, s: Setup, gpus: int = 1, device_type: str = "cuda",
+                trainer: str = "cpy") -> list[str]:
+    """The training rows' table; ``trainer`` (:data:`MULTI_TRAINERS`): what ran caffe-py's
+    rows on several devices."""
     dummy = [r[2] for r in rows if r[1] is None]
     if not dummy:
         return ["", "ResNet-50 training: no DummyData row ran (see the log)."]
     base = sum(dummy) / len(dummy)
     peers = {r[1]: r[2] for r in rows if r[0].startswith("DataLoader")}
-    where = (f" on {gpus} GPUs (batch {s.batch} per GPU; caffe-py's replicated run as "
-             "`cpy train --gpus` runs it, CUDA graphs; the peer under torchrun DDP)"
+    where = (f" on {gpus} GPUs (batch {s.batch} per GPU; caffe-py: "
+             f"{TRAINER_NOTE[trainer, 'cuda']}; the peer under torchrun DDP)"
              if gpus > 1 and device_type == "cuda" else
-             f" on {gpus} CPU replicas (batch {s.batch} each; the replicated run, eager; the "
-             "peer under torchrun DDP over gloo)" if gpus > 1 else
+             f" on {gpus} CPU replicas (batch {s.batch} each; caffe-py: "
+             f"{TRAINER_NOTE[trainer, 'cpu']}; the peer under torchrun DDP over gloo)"
+             if gpus > 1 else
              " on one GPU (the Solver's iterations as `cpy train` runs them: whole iterations "
              "as CUDA graph replays; the peer's batches go into the same iterations)"
              if device_type == "cuda" else " (the Solver's iterations, eager)")
+    steps = f"{s.warmup} warm-up + {s.steps} timed steps per row"
+    if gpus > 1 and trainer == "cpy":
+        display, max_iter = cpy_schedule(s)
+        steps = (f"caffe-py's rows: `cpy train` to max_iter {max_iter}, the median of its "
+                 f"display rates (every {'' if display == 1 else f'{display} '}iteration"
+                 f"{'s' * (display != 1)}) after the first two; the peer's: "
+                 f"{steps}")
     lines = ["", f"ResNet-50 training steps{where} (bf16 autocast, channels_last, Caffe's SGD; "
-             f"{s.warmup} warm-up + {s.steps} timed steps per row; ratios against the mean of "
-             "the DummyData rows):", "",
+             f"{steps}; ratios against the mean of the DummyData rows):", "",
              "| fed by | images/s | ms/step | vs DummyData | vs DataLoader peer | goal |",
              "|---|---:|---:|---:|---:|---|"]
     for name, db, images in rows:
@@ -565,6 +682,10 @@ def arguments() -> argparse.Namespace:
     ap.add_argument("--skip-train", action="store_true")
     ap.add_argument("--leave-out", default="", help="training rows to leave out, comma "
                     "separated: nvjpeg (the GPU decoder's rows), peer (the DataLoader's)")
+    ap.add_argument("--multi-trainer", choices=MULTI_TRAINERS, default="cpy",
+                    help="with --replicas N > 1, what runs caffe-py's rows: cpy (`cpy train "
+                    "--gpus 0,...,N-1` with no flag, the default) or lockstep (the older "
+                    "benchmarks/multigpu.py caffe --graphs; saved as its own section)")
     ap.add_argument("--out", type=Path, default=Path(os.environ.get("OUT", "/tmp/cpy_gpu")))
     ap.add_argument("--save", type=Path, help="write the tables into this markdown file")
     return ap.parse_args()
@@ -575,6 +696,9 @@ def run(args: argparse.Namespace, root: Path) -> str:
     if left_out - set(ROW_KINDS):
         raise SystemExit(f"--leave-out: {', '.join(sorted(left_out - set(ROW_KINDS)))} is "
                          f"not a row kind ({', '.join(ROW_KINDS)})")
+    if args.multi_trainer != "cpy" and args.replicas < 2:
+        raise SystemExit(f"--multi-trainer {args.multi_trainer}: it runs the rows of several "
+                         "GPUs; add --replicas N (N > 1)")
     base = SMOKE if args.smoke else REAL
     s = dataclasses.replace(base, **{k: getattr(args, k) for k in
                                      ("images", "steps", "warmup", "seconds")
@@ -599,8 +723,8 @@ def run(args: argparse.Namespace, root: Path) -> str:
             lines += ["", pixel_agreement(root)]
     if not args.skip_train and args.replicas > 1:
         lines += train_table(multi_train_rows(root, s, args.replicas, args.peer_workers,
-                                              args.out, device, left_out), s, args.replicas,
-                             device.type)
+                                              args.out, device, left_out, args.multi_trainer),
+                             s, args.replicas, device.type, args.multi_trainer)
     elif not args.skip_train:
         lines += train_table(train_rows(root, s, device, args.peer_workers, args.out,
                                         left_out), s, device_type=device.type)
@@ -620,7 +744,10 @@ def main() -> None:
     print("\n" + table, flush=True)
     if args.save:
         tag = "imagenet-smoke" if args.smoke else f"imagenet-{args.device_type}"
-        save(args.save, tag + (f"-x{args.replicas}" if args.replicas > 1 else ""), table)
+        if args.replicas > 1:
+            tag += f"-x{args.replicas}" + ("-lockstep" if args.multi_trainer == "lockstep"
+                                           else "")
+        save(args.save, tag, table)
     assert threading.active_count() == threads_before, "a pipeline thread outlived its pool"
 
 

@@ -1,15 +1,20 @@
 """The ImageNet benchmark's data (benchmarks/make_imagenet_lmdb.py): written as
 convert_imageset writes its raw and --encoded databases, with compute_image_mean's mean; and the
-benchmark's toy run from end to end (slow)."""
+benchmark's toy run from end to end (slow), its rows of several replicas run by `cpy train`
+or by the older lockstep script."""
 from __future__ import annotations
 
+import dataclasses
 import io
+import json
 import re
 import subprocess
 import sys
 
 import numpy as np
 import pytest
+import torch
+import yaml
 from PIL import Image
 from support import ROOT, load_benchmark
 
@@ -71,20 +76,109 @@ def test_the_benchmark_runs_at_toy_size(tmp_path):
 
 @pytest.mark.slow
 def test_the_several_replica_rows_run_at_toy_size(tmp_path):
-    """--replicas 2 on the CPU: every training row is its own process (the replicated run on
-    cpu:2), and the table gives each a rate and a ratio to DummyData."""
+    """--replicas 2 on the CPU: every caffe-py row is `cpy train --gpus cpu:2` in its own
+    process, on a solver that fixes max_iter and display and neither tests nor snapshots; the
+    table gives each its median display rate x 16 images and a ratio to DummyData."""
     done = subprocess.run([sys.executable, str(BENCHMARKS / "imagenet_data.py"), "--smoke",
                            "--replicas", "2", "--skip-decode", "--out", str(tmp_path)],
                           capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr[-2000:]
     table = (tmp_path / "imagenet_data.md").read_text()
-    assert "ResNet-50 training steps on 2 CPU replicas (batch 8 each;" in table
-    for row in ("DummyData (constant), first", "Data, raw LMDB", "Data, JPEG LMDB",
-                "DummyData (constant), last"):
-        assert re.search(rf"\| {re.escape(row)} \| [\d,]+\.\d \| [\d.]+ \| \d\.\d{{3}} \|",
-                         table), row
-    results = (tmp_path / "imagenet_multigpu.jsonl").read_text().splitlines()
-    assert len(results) == 4 and all('"gpus": 2' in line for line in results)
+    assert ("ResNet-50 training steps on 2 CPU replicas (batch 8 each; caffe-py: `cpy train "
+            "--gpus cpu:N` with no flag, eager; the peer under torchrun DDP over gloo) (bf16 "
+            "autocast, channels_last, Caffe's SGD; caffe-py's rows: `cpy train` to max_iter 5, "
+            "the median of its display rates (every iteration) after the first two; the "
+            "peer's: 1 warm-up + 3 timed steps per row;") in table
+    rows = ["DummyData (constant), first", "Data, raw LMDB", "Data, JPEG LMDB",
+            "DummyData (constant), last"]
+    results = [json.loads(line) for line in
+               (tmp_path / "imagenet_multigpu.jsonl").read_text().splitlines()]
+    assert [r["row"] for r in results] == rows
+    specs = tmp_path / "imagenet_specs"
+    for k, (row, result, stem) in enumerate(zip(rows, results, ["dummy", "raw_lmdb",
+                                                                "jpeg_lmdb", "dummy"],
+                                                strict=True)):
+        solver = specs / f"{stem}_solver_x2_{k}.yaml"
+        assert result["command"] == [sys.executable, str(ROOT / "cli.py"), "train",
+                                     "--solver", str(solver), "--gpus", "cpu:2",
+                                     "--log-format", "plain"]
+        spec = yaml.safe_load(solver.read_text())
+        assert (spec["max_iter"], spec["display"], spec["snapshot_after_train"]) == (5, 1, False)
+        assert spec["snapshot_prefix"] == str(specs / f"snap_{stem}_solver_x2_{k}" / "s")
+        assert "test_interval" not in spec and "test_iter" not in spec
+        assert result["ok"] and result["gpus"] == 2
+        assert result["images_per_s"] == pytest.approx(16 * result["iter_per_s"], rel=1e-12)
+        assert re.search(rf"\| {re.escape(row)} \| {result['images_per_s']:,.1f} \| [\d.]+ \| "
+                         r"\d\.\d{3} \|", table), row
+    log = (tmp_path / "imagenet_multigpu.log").read_text()
+    # display lines at iterations 0-4 (the first two not counted); none at max_iter 5
+    assert len(re.findall(r"^Iteration \d \([\d.e+]+ iter/s", log, re.M)) == 4 * 5
+
+
+def test_the_cpy_rows_display_often_enough_and_their_heading_says_how_they_ran():
+    bench = load_benchmark("imagenet_data")
+    assert bench.cpy_schedule(bench.REAL) == (10, 190)  # 25 + 150 -> 180, + 10 undisplayed
+    assert bench.cpy_schedule(bench.SMOKE) == (1, 5)
+    assert bench.cpy_schedule(dataclasses.replace(bench.REAL, warmup=0, steps=20)) == (4, 24)
+    heading = bench.train_table([("DummyData (constant), first", None, 1000.0)], bench.REAL, 4,
+                                "cuda")[1]
+    assert heading == (
+        "ResNet-50 training steps on 4 GPUs (batch 256 per GPU; caffe-py: `cpy train --gpus "
+        "0,...,N-1` with no flag: whole iterations captured on every replica, NCCL's "
+        "all-reduce; the peer under torchrun DDP) (bf16 autocast, channels_last, Caffe's SGD; "
+        "caffe-py's rows: `cpy train` to max_iter 190, the median of its display rates (every "
+        "10 iterations) after the first two; the peer's: 25 warm-up + 150 timed steps per row; "
+        "ratios against the mean of the DummyData rows):")
+
+
+@pytest.mark.slow
+def test_the_lockstep_trainer_still_runs_multigpu_py(tmp_path, monkeypatch):
+    """--multi-trainer lockstep: caffe-py's rows go to benchmarks/multigpu.py caffe, its
+    JSON line read back; the table's heading says so."""
+    bench = load_benchmark("imagenet_data")
+    s = bench.SMOKE
+    calls = []
+
+    def lockstep(self, name, solver, extra_env):
+        calls.append((name, solver.name, extra_env))
+        return {"ok": True, "images_per_s": 100.0}
+
+    monkeypatch.setattr(bench.Replicas, "lockstep", lockstep)
+    rows = bench.multi_train_rows(tmp_path / "db", s, 2, 2, tmp_path, torch.device("cpu"),
+                                  frozenset({"peer"}), trainer="lockstep")
+    assert calls == [("DummyData (constant), first", "dummy_solver.yaml", {}),
+                     ("Data, raw LMDB", "raw_lmdb_solver.yaml", {}),
+                     ("Data, JPEG LMDB", "jpeg_lmdb_solver.yaml", {}),
+                     ("DummyData (constant), last", "dummy_solver.yaml", {})]
+    assert [images for _, _, images in rows] == [100.0] * 4
+    heading = bench.train_table(rows, s, 2, "cuda", "lockstep")[1]
+    assert heading.startswith(
+        "ResNet-50 training steps on 2 GPUs (batch 8 per GPU; caffe-py: benchmarks/multigpu.py "
+        "caffe --graphs: the reduction tree, CUDA graphs, one thread (lockstep); the peer under "
+        "torchrun DDP) (bf16 autocast, channels_last, Caffe's SGD; 1 warm-up + 3 timed steps "
+        "per row;")
+    monkeypatch.undo()
+    replicas = bench.Replicas(s, 2, False, tmp_path)
+    solver = tmp_path / "imagenet_specs" / "dummy_solver.yaml"
+    result = replicas.lockstep("DummyData (constant), first", solver, {})
+    assert result["ok"], result["why"]
+    record = json.loads(replicas.results.read_text().splitlines()[-1])
+    assert (record["run"], record["gpus"], record["batch"]) == ("caffe-py tree", 2, 8)
+    assert result["images_per_s"] == record["images_per_s"]
+    assert (f"$ {sys.executable} {BENCHMARKS / 'multigpu.py'} caffe --gpus cpu:2 "
+            f"--channels-last --solver {solver} --warmup 1 --iters 3 --json "
+            f"{replicas.results}\n") in (tmp_path / "imagenet_multigpu.log").read_text()
+
+
+def test_a_cpy_row_that_fails_says_why(tmp_path):
+    bench = load_benchmark("imagenet_data")
+    solver = tmp_path / "broken_solver.yaml"
+    solver.write_text(f"net: {tmp_path / 'none_net.yaml'}\nbase_lr: 0.01\nmax_iter: 5\n")
+    result = bench.Replicas(bench.SMOKE, 2, False, tmp_path).cpy_train("DummyData", solver,
+                                                                        "x2_0", {})
+    assert not result["ok"]
+    assert result["why"].startswith(f"exit 1: Error: {tmp_path / 'none_net.yaml'}: file not "
+                                    "found;")
 
 
 def test_the_decode_host_cost_benchmark_runs_both_ways(tmp_path):
