@@ -253,8 +253,12 @@ class _Turns:
         self.feeds, self.device = list(feeds), device
         self.queues = [feed.records for feed in self.feeds]
 
+    def turn(self) -> int:
+        """The replica whose turn the stream's next batch is."""
+        return _whose_turn(self.queues)
+
     def next(self) -> tuple[torch.Tensor, torch.Tensor]:
-        turn = _whose_turn(self.queues)
+        turn = self.turn()
         if turn == 0:
             return self.feeds[0].next()
         return self.feeds[turn].next_on(self.device)
@@ -394,6 +398,10 @@ class SplitTests:
                 return None, 0.0
             filled = [0] * n
             for r in batches:   # in the stream's order: each replica's turn, its feed's batch
+                if graphed[r] and forwards[r].fills_on_host:   # indices only
+                    forwards[r].fill(filled[r])
+                    filled[r] += 1
+                    continue
                 with _on_device(nets[r].device):
                     if graphed[r]:
                         forwards[r].fill(filled[r])
@@ -468,22 +476,20 @@ def _host_means(order: Sequence[int], rows: Sequence[Sequence[torch.Tensor]],
                 ) -> dict[str, torch.Tensor]:
     """The means of a split pass as :func:`~caffe_py.solver.evaluate.run_batches` computes
     them on one device: each replica's rows (its batches' values,
-    :func:`~caffe_py.solver.graphed_tests.batch_row`) come to the host in one copy, are summed
-    in batch order (``order``: the replica of each batch) in float32, and are divided on
-    the root's device (where one device divides, the same operation)."""
+    :func:`~caffe_py.solver.graphed_tests.batch_row`) come to the host in one copy, are put in
+    batch order (``order``: the replica of each batch) after the total's start (+0.0 for the
+    loss, -0.0 for the outputs: what one device adds the first batch to), are summed in that
+    order in float32 (``np.add.accumulate``: one add after another down each column, where
+    ``np.sum`` would add in pairs), and are divided on the root's device (where one device
+    divides, the same operation)."""
     host = [torch.cat(list(part)).cpu().numpy() if part else None for part in rows]
-    taken = [0] * len(rows)
-    total: np.ndarray | None = None
-    for r in order:
-        i, taken[r] = taken[r], taken[r] + 1
-        part = host[r]
-        assert part is not None
-        if total is None:   # the eager pass adds the loss to zero and copies the outputs
-            total = part[i].copy()
-            total[0] = np.float32(0.0) + part[i][0]
-        else:
-            total = total + part[i]
-    assert total is not None
+    replicas = np.asarray(order)
+    batches = np.empty((len(order) + 1, layout.width), dtype=np.float32)
+    batches[0] = layout.start(torch.device("cpu")).numpy()
+    for r, part in enumerate(host):
+        if part is not None:   # replica r's rows, in its batches' order, where they fall
+            batches[1:][replicas == r] = part
+    total = np.add.accumulate(batches, axis=0)[-1]
     return layout.means(torch.from_numpy(total).to(root), iterations)
 
 

@@ -41,14 +41,16 @@ from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from typing import Any
 
+import numpy as np
 import torch
 
+from ..io.feed.feeds import feed_of, swap_feed
+from ..io.feed.gather import DeviceGather
 from ..net import Net, NetOutput
 from .evaluate import raise_device_problems, run_batches
 from .graphs import (
     _CAPTURE_LOCK,
     StaticFeed,
-    install_static_feeds,
     net_capture_blocker,
     register_generators,
     restore_feeds,
@@ -122,7 +124,7 @@ class GraphedForward:
     def __init__(self, net: Net, what: str, *, emulate: bool = False) -> None:
         self.net, self.what, self.emulate = net, what, emulate
         self.graphs: dict[tuple[int, str], torch.cuda.CUDAGraph] = {}
-        self.feeds: list[StaticFeed] = []
+        self.feeds: list[StaticFeed | GatherFeed] = []
         self.slots = 0
         """Batches a replay can run (0: not set up yet)."""
         self.layout: RowLayout | None = None
@@ -141,9 +143,17 @@ class GraphedForward:
         return self.fallback is not None
 
     def check_layout(self) -> None:
-        """Before a pass: drop the graphs if a blob they read has moved (captured anew)."""
+        """Before a pass: drop the graphs if a blob they read has moved, or if a feed copied
+        into a slot can now be gathered inside the graph (captured anew either way)."""
         if self.graphs and self._addresses() != self._layout:
             log.debug(f"{self.what}: a blob moved since the capture; capturing again")
+            self.graphs, self._pool = {}, None
+        if self.slots and any(isinstance(feed, StaticFeed)
+                              and device_gather(feed.real, self.net.device) is not None
+                              for feed in self.feeds):
+            log.debug(f"{self.what}: its database is on the device now; gathering in the graph")
+            restore_feeds(self.net, self.feeds)
+            self.feeds = install_feeds(self.net, self.slots)
             self.graphs, self._pool = {}, None
 
     def ready(self, autocast: Autocast) -> bool:
@@ -162,6 +172,12 @@ class GraphedForward:
                     return False
         return self.fallback is None
 
+    @property
+    def fills_on_host(self) -> bool:
+        """Whether a fill is host work only (every feed gathered inside the graph): no device
+        need be current for it."""
+        return all(isinstance(feed, GatherFeed) for feed in self.feeds)
+
     def fill(self, k: int) -> None:
         """The real feeds' next batch into slot k."""
         for feed in self.feeds:
@@ -175,6 +191,9 @@ class GraphedForward:
     def replay(self, length: int, mode: str, autocast: Autocast) -> None:
         """Run slots 0 .. length-1 (filled): add their rows to :attr:`total` (``"sum"``) or
         write them to :attr:`rows` (``"rows"``)."""
+        for feed in self.feeds:
+            if isinstance(feed, GatherFeed):
+                feed.flush(length)
         if self.emulate:
             with autocast():
                 self._chunk(length, mode)
@@ -195,7 +214,7 @@ class GraphedForward:
             self._give_up(reason)
             return
         slots = chunk_slots(net)
-        self.feeds = install_static_feeds(net, net.device, slots)
+        self.feeds = install_feeds(net, slots)
         state, saved = running_state(net)
         generators = [g for layer in net.layers for g in layer.generators().values()]
         draws = [g.get_state() for g in generators]
@@ -267,6 +286,85 @@ class GraphedForward:
         self.fallback = reason
         log.info(f"CUDA graphs off for {self.what} ({self.net.device}): {reason}; "
                  "testing eagerly")
+
+
+class GatherFeed:
+    """What a Data layer reads inside a test graph when its feed gathers from a database kept
+    on the device (:class:`~caffe_py.io.feed.gather.DeviceGather`): per slot, the host writes
+    the batch's record indices (the feed's own position arithmetic, its records marked
+    consumed as its ``next()`` marks them), one copy a chunk takes them to the device, and the
+    graph gathers and transforms the batch there, the ops ``DeviceGather.next`` runs. So a
+    batch costs the host no launch. ``real`` is the layer's feed: a feed, or the root's turns
+    over every replica's feed of one stream (``feeds``), each batch from the one whose turn it
+    is, all gathered from the first one's copy of the database."""
+
+    def __init__(self, real: Any, gather: DeviceGather, slots: int):
+        self.real, self.gather = real, gather
+        self.sources: list[Any] = list(getattr(real, "feeds", [real]))
+        self.batch = gather.batch_size
+        self.index = torch.zeros((slots, self.batch), dtype=torch.int64,
+                                 device=gather.pixels.device)
+        self.host = np.zeros((slots, self.batch), dtype=np.int64)
+        self.cursor = 0
+
+    def next(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """The batch of the next slot, gathered on the device (inside the capture)."""
+        slot = self.cursor % len(self.index)
+        self.cursor += 1
+        gather, index = self.gather, self.index[slot]
+        pixels = gather.pixels.index_select(0, index)
+        if gather.crops:
+            pixels = gather.transformer.device_crop(pixels, gather.choices_all)
+        data = gather.transformer.device(pixels, gather.choices_all, gather.mean)
+        return data, gather.labels.index_select(0, index)
+
+    def fill_slot(self, k: int) -> None:
+        """Slot k: the record indices of the next batch of the feed whose turn it is."""
+        source = self.sources[self.real.turn() if len(self.sources) > 1 else 0]
+        loop = source.gatherer
+        _, index = loop.positions(source.records.consumed)
+        self.host[k] = index
+        source.records.mark_consumed(self.batch)
+        source.delivered += 1
+
+    def flush(self, length: int) -> None:
+        """Slots 0 .. length-1's indices to the device (before the replay; a pinned copy, kept
+        by torch's host allocator until the device has read it)."""
+        self.index[:length].copy_(torch.from_numpy(self.host[:length]).pin_memory()
+                                  if self.index.is_cuda else torch.from_numpy(self.host[:length]),
+                                  non_blocking=True)
+
+
+def device_gather(real: Any, device: torch.device) -> DeviceGather | None:
+    """The database copy on ``device`` a test graph can gather ``real``'s batches from: its
+    feed's (the first's, for the root's turns over several) where that feed gathers from a
+    database kept on ``device`` and every feed gathers from the same database in the same
+    batches; None otherwise (the batches are copied into slots)."""
+    sources = list(getattr(real, "feeds", [real]))
+    loops = [getattr(source, "gatherer", None) for source in sources]
+    first = loops[0]
+    if not isinstance(first, DeviceGather) or first.pixels.device != device:
+        return None
+    if any(loop is None or loop.view.pixels is not first.view.pixels
+           or loop.batch_size != first.batch_size or loop.step != first.step
+           or loop.fixed is None for loop in loops):
+        return None
+    return first
+
+
+def install_feeds(net: Net, slots: int) -> list[StaticFeed | GatherFeed]:
+    """Every Data layer of ``net`` reading ``slots`` slots inside the graph: gathered there
+    (:class:`GatherFeed`) where its database is on the device, else copied in
+    (:class:`~.graphs.StaticFeed`)."""
+    feeds: list[StaticFeed | GatherFeed] = []
+    for layer in net.data_layers():
+        real = feed_of(layer)
+        gather = device_gather(real, net.device)
+        feed = (GatherFeed(real, gather, slots) if gather is not None
+                else StaticFeed(real, layer.top_shapes, net.device, slots))
+        swap_feed(layer, feed)
+        feeds.append(feed)
+    return feeds
 
 
 def chunk_slots(net: Net) -> int:

@@ -30,7 +30,7 @@ from __future__ import annotations
 
 import logging
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -88,7 +88,7 @@ def install_static_feeds(net: Net, device: torch.device, slots: int = 1) -> list
     return feeds
 
 
-def restore_feeds(net: Net, feeds: list[StaticFeed]) -> None:
+def restore_feeds(net: Net, feeds: Sequence[Any]) -> None:
     """The Data layers' real feeds back in place of the static ones."""
     for layer, feed in zip(net.data_layers(), feeds, strict=True):
         swap_feed(layer, feed.real)

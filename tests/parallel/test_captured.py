@@ -7,8 +7,10 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import logging
+import math
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
 from support import load_script
@@ -483,3 +485,29 @@ snapshot_prefix: """ + str(tmp_path / "s") + "\n")
     assert ("Note: test net #0 runs on the root alone: layer 'data' (DummyData) makes its own "
             "data, which the other replicas cannot read their share of") in caplog.messages
     assert sum("Testing net (#0)" in m for m in caplog.messages) == 2
+
+
+def test_a_split_pass_sums_its_rows_one_after_another_in_batch_order():
+    """The host adds the replicas' rows in batch order, one add after another as one device
+    does (a sum in pairs would not: 1e8 then 16 ones is 1e8 added one at a time in float32,
+    1e8 + 16 in pairs), the loss from +0.0 and the outputs from -0.0."""
+    from caffe_py.parallel.captured import _host_means
+    from caffe_py.solver.graphed_tests import RowLayout
+
+    layout = RowLayout(("acc",), (slice(1, 3),), 3)
+    values = np.ones((17, 3), dtype=np.float32)
+    values[0] = [1e8, 1e8, -0.0]
+    values[1:, 2] = -0.0   # acc[1] is -0.0 in every batch: its sum stays -0.0
+    order = [(i + 1) % 3 for i in range(17)]   # batch i on replica (i + 1) mod 3
+    rows = [[torch.from_numpy(values[[i for i, r in enumerate(order) if r == replica]])]
+            for replica in range(3)]
+    means = _host_means(order, rows, layout, 17, torch.device("cpu"))
+    total = np.float32(0.0)
+    sums = values[0, 1:].copy()
+    total = total + values[0, 0]
+    for row in values[1:]:
+        total, sums = total + row[0], sums + row[1:]
+    assert sums.tolist() == [1e8, -0.0] and float(values[:, 1].sum()) != 1e8
+    assert means["__loss__"].tolist() == (torch.tensor([float(total)]) / 17).tolist()
+    assert means["acc"].tolist() == (torch.from_numpy(sums) / 17).tolist()
+    assert math.copysign(1, means["acc"][1]) == -1

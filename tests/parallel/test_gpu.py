@@ -290,18 +290,23 @@ def test_captured_buckets_on_more_gpus_match_the_sum_after_backward(tmp_path, db
 
 
 @two_gpus
-def test_a_test_pass_split_over_gpus_prints_one_gpus_numbers(tmp_path, db, caplog):
+@pytest.mark.parametrize("iters, interval", [(6, 3), (14, 2)])
+def test_a_test_pass_split_over_gpus_prints_one_gpus_numbers(tmp_path, db, caplog, iters,
+                                                             interval):
     """The default on GPUs: each replica's test forward is a graph replay and the pass is split
     over the replicas. With base_lr 0 the weights stay as initialised, so every pass of 7
-    batches prints one GPU's numbers (one GPU replays its pass as a graph too)."""
+    batches prints one GPU's numbers (one GPU replays its pass as a graph too). With 8 passes
+    the 200 records are read whole by the fourth, kept decoded and on each device: the last
+    passes gather their batches inside the root's graph, its turns over both feeds too."""
     from caffe_py.train import train
 
     caplog.set_level(logging.INFO, logger="caffe_py")
     lines = {}
     for n in (1, 2):
         path = tmp_path / f"t{n}.yaml"
-        path.write_text(SOLVER.format(db=db, batch=B, iters=6, prefix=tmp_path / f"t{n}" / "s")
-                        + "test_iter: 7\ntest_interval: 3\n")
+        path.write_text(SOLVER.format(db=db, batch=B, iters=iters,
+                                      prefix=tmp_path / f"t{n}" / "s")
+                        + f"test_iter: 7\ntest_interval: {interval}\n")
         param = dataclasses.replace(load_solver(path), base_lr=0.0)
         caplog.clear()
         root = train(param, [f"cuda:{i}" for i in range(n)], TrainOptions(overwrite=True))
@@ -309,7 +314,9 @@ def test_a_test_pass_split_over_gpus_prints_one_gpus_numbers(tmp_path, db, caplo
         forwards = (root.test_batches._forwards[0] if n == 2
                     else list(root.test_batches.forwards.values()))
         assert len(forwards) == n and all(f.graphs and f.fallback is None for f in forwards)
-    assert len(lines[1]) == 3 and lines[2] == lines[1]   # iterations 0, 3 and 6: the loss
+        if iters > 6:   # the root's (its turns over both replicas' feeds, on 2)
+            assert [type(feed).__name__ for feed in forwards[0].feeds] == ["GatherFeed"]
+    assert len(lines[1]) == iters // interval + 1 and lines[2] == lines[1]
     assert not [m for m in caplog.messages if m.startswith("CUDA graphs off")]
 
 

@@ -9,6 +9,7 @@ import contextlib
 import logging
 import math
 
+import numpy as np
 import pytest
 import torch
 
@@ -176,6 +177,9 @@ def test_a_replayed_test_pass_prints_the_eager_numbers(ws, precision, caplog):
             if name == "graphed":
                 forward = tests.forwards[0]
                 assert forward.fallback is None and list(forward.graphs) == [(13, "sum")]
+                # the database is kept decoded after pass 1 and on the device from pass 2's
+                # first batch on: pass 3 gathers its batches inside the graph
+                assert [type(feed).__name__ for feed in forward.feeds] == ["GatherFeed"]
     assert not [m for m in caplog.messages if m.startswith("CUDA graphs off")]
     for graphed, eager in zip(passes["graphed"], passes["eager"], strict=True):
         assert set(graphed) == set(eager) == {"acc", "loss", "__loss__"}
@@ -205,3 +209,113 @@ def test_a_weight_that_moves_is_captured_again(ws):
     for graphed, eager in ((before, eager_before), (moved, eager_moved)):
         for key in graphed:
             torch.testing.assert_close(graphed[key], eager[key], rtol=1e-6, atol=1e-7)
+
+
+class _Records:
+    """A feed's record queue as the gathers read it: what it consumed."""
+
+    def __init__(self):
+        self.consumed = 0
+
+    def mark_consumed(self, n):
+        self.consumed += n
+
+
+class _Feed:
+    """A feed gathering in the loop: the in-loop gather, its queue, its count."""
+
+    def __init__(self, gatherer):
+        self.gatherer, self.records, self.delivered = gatherer, _Records(), 0
+
+    def next(self):
+        data, label = self.gatherer.next(self.records.consumed)
+        self.records.mark_consumed(self.gatherer.batch_size)
+        self.delivered += 1
+        return data, label
+
+
+class _Turns:
+    """The root's turns over two replicas' feeds of one stream: batch g is replica g mod 2's."""
+
+    def __init__(self, feeds):
+        self.feeds = feeds
+
+    def turn(self):
+        return 0 if self.feeds[0].delivered <= self.feeds[1].delivered else 1
+
+    def next(self):
+        return self.feeds[self.turn()].next()
+
+
+def _device_gather(pixels, labels, start=0, step=1, unit=1, mean_value=(10.0, 20.0, 30.0)):
+    from caffe_py.io.feed.gather import DeviceGather
+    from caffe_py.io.feed.transformer import Transformer
+    from caffe_py.io.reader.records import DecodedView
+    from caffe_py.spec.layer_params.data import TransformationParameter
+
+    tp = TransformationParameter(crop_size=2, scale=0.5, mean_value=list(mean_value))
+    transformer = Transformer(tp, "TEST", pixels.shape[1:])
+    view = DecodedView(pixels, labels, origin=3, start=start, step=step, unit=unit)
+    return DeviceGather(view, 4, transformer, torch.device("cpu"),
+                        transformer.device_mean(torch.device("cpu")))
+
+
+def _database(n=7):
+    rng = np.random.default_rng(5)
+    return (rng.integers(0, 256, (n, 3, 4, 4), dtype=np.uint8),
+            np.arange(100, 100 + n, dtype=np.int64))
+
+
+def test_a_gathered_slot_is_the_feeds_batch_bit_for_bit():
+    """Inside the graph the batch is gathered from the device's copy of the database by the
+    indices the host wrote: the values, labels and record counts of the feed's own next(),
+    across the end of the database (7 records, 4 a batch, from position 3)."""
+    from caffe_py.solver.graphed_tests import GatherFeed, device_gather
+
+    pixels, labels = _database()
+    eager, graphed = _Feed(_device_gather(pixels, labels)), _Feed(_device_gather(pixels, labels))
+    gather = device_gather(graphed, torch.device("cpu"))
+    assert gather is graphed.gatherer
+    feed = GatherFeed(graphed, gather, slots=3)
+    for _ in range(3):   # three chunks of 3 batches: 36 records, five passes over the 7
+        for k in range(3):
+            feed.fill_slot(k)
+        feed.flush(3)
+        feed.cursor = 0
+        for _ in range(3):
+            data, label = feed.next()
+            want_data, want_label = eager.next()
+            assert data.shape == (4, 3, 2, 2) and data.dtype == torch.float32
+            assert torch.equal(data, want_data) and torch.equal(label, want_label)
+    assert graphed.records.consumed == eager.records.consumed == 36
+    assert graphed.delivered == eager.delivered == 9
+
+
+def test_the_roots_turns_are_gathered_from_its_own_copy():
+    """The root's turns over two replicas' feeds (whole batches in turn): each slot holds the
+    batch of the feed whose turn it is, gathered from the root's copy of the database; a feed
+    over another database, or one copying batches into slots, keeps the turns copied in."""
+    from caffe_py.solver.graphed_tests import GatherFeed, device_gather
+
+    pixels, labels = _database()
+
+    def turns():   # replica r reads batches r, r + 2, ...: its turns of 4 records from 4 r
+        return _Turns([_Feed(_device_gather(pixels, labels, start=4 * r, unit=4))
+                       for r in range(2)])
+
+    eager, graphed = turns(), turns()
+    gather = device_gather(graphed, torch.device("cpu"))
+    assert gather is graphed.feeds[0].gatherer
+    feed = GatherFeed(graphed, gather, slots=5)
+    for k in range(5):
+        feed.fill_slot(k)
+    feed.flush(5)
+    for _ in range(5):
+        data, label = feed.next()
+        want_data, want_label = eager.next()
+        assert torch.equal(data, want_data) and torch.equal(label, want_label)
+    assert [f.delivered for f in graphed.feeds] == [3, 2]
+    other = _Turns([graphed.feeds[0], _Feed(_device_gather(pixels.copy(), labels, unit=4))])
+    assert device_gather(other, torch.device("cpu")) is None
+    staged = _Turns([graphed.feeds[0], _Feed(None)])
+    assert device_gather(staged, torch.device("cpu")) is None

@@ -189,7 +189,8 @@ class DeviceGather(HostGather):
         self.mean = mean
         self.pixels = torch.from_numpy(view.pixels).to(device)
         self.labels = torch.from_numpy(view.labels).to(device)
-        torch.cuda.current_stream(device).synchronize()  # once: any stream may read them now
+        if device.type == "cuda":  # once: any stream may read them now
+            torch.cuda.current_stream(device).synchronize()
         self.crops = tuple(transformer.out_shape) != tuple(view.pixels.shape[1:])
         """Whether a batch is cut to its (centre) crop window: a view, by the transformer."""
 
