@@ -129,7 +129,8 @@ class GraphedForward:
         """Batches a replay can run (0: not set up yet)."""
         self.layout: RowLayout | None = None
         self.rows: torch.Tensor | None = None
-        """(slots, width): the rows a ``"rows"`` replay wrote."""
+        """(slots, width): the rows a ``"rows"`` replay wrote (made with its first capture:
+        a forward of large outputs that only sums keeps no rows)."""
         self.total: torch.Tensor | None = None
         """(width,): the running total a ``"sum"`` replay adds to."""
         self.fallback: str | None = None
@@ -165,6 +166,8 @@ class GraphedForward:
     def capture(self, lengths: Iterable[int], mode: str, autocast: Autocast) -> bool:
         """A graph for each chunk length a pass needs (before its clock starts); False when
         the forward runs eagerly (a capture failed)."""
+        if mode == "rows" and self.rows is None and self.layout is not None:
+            self.rows = torch.zeros((self.slots, self.layout.width), device=self.net.device)
         for length in sorted(set(lengths)):
             if (length, mode) not in self.graphs and not self.emulate:
                 self._capture(length, mode, autocast)
@@ -236,7 +239,6 @@ class GraphedForward:
         self._undo(state, saved, generators, draws)
         self.layout = RowLayout.of(out)
         self.slots = slots
-        self.rows = torch.zeros((slots, self.layout.width), device=net.device)
         self.total = self.layout.start(net.device)
 
     def _undo(self, state: list[torch.Tensor], saved: list[torch.Tensor],
@@ -249,13 +251,14 @@ class GraphedForward:
 
     def _chunk(self, length: int, mode: str) -> None:
         """What a replay runs: ``length`` forwards, each reading its own slot."""
-        assert self.rows is not None and self.total is not None
+        assert self.total is not None
         for feed in self.feeds:
             feed.cursor = 0
         with torch.no_grad():
             for k in range(length):
                 out = self.net()
                 if mode == "rows":
+                    assert self.rows is not None   # made by capture()
                     batch_row(out, into=self.rows[k])
                 else:
                     self.total += batch_row(out)
