@@ -41,7 +41,7 @@ import threading
 import time
 from collections import OrderedDict
 from collections.abc import Iterable
-from concurrent.futures import Future, ProcessPoolExecutor
+from concurrent.futures import Future
 from concurrent.futures import TimeoutError as FutureTimeout
 from concurrent.futures.process import BrokenProcessPool
 from dataclasses import dataclass
@@ -54,6 +54,7 @@ import numpy as np
 from ...errors import DataError
 from ..db.lmdb_store import StoredFiles, begin, forked_environment, read_files
 from .file_crops import decode_crop
+from .process_pool import WorkerPool
 from .workers import JOIN_TIMEOUT_S, WAIT_SLICE_S, as_data_error
 
 log = logging.getLogger(__name__)
@@ -97,8 +98,8 @@ class DecodeProcesses:
         self.feeds = 0
         """The feeds sharing the processes (each cuts its batches into count // feeds parts:
         every process busy, no part waiting for one, and as few parts as that takes, since
-        each costs the training process a few pickles and thread wake-ups)."""
-        self._executor: ProcessPoolExecutor | None = None
+        each costs the training process a pickle, a pipe's write and read, and a wake-up)."""
+        self._pool: WorkerPool | None = None
         self._lock = threading.Lock()
         self._closed = threading.Event()
 
@@ -106,24 +107,27 @@ class DecodeProcesses:
         with self._lock:
             if self._closed.is_set():
                 raise DataError(f"{where}: the decode processes were closed")
-            if self._executor is None:
-                self._executor = ProcessPoolExecutor(
-                    self.count, mp_context=_context(), initializer=_process_start,
-                    initargs=(os.getpid(),))
-            # The first submit forks the processes, here: with SIGINT blocked, so that a Ctrl-C
-            # reaching the process group while one is still starting (before _process_start
-            # ignores it) is discarded there instead of killing it (a broken pool).
-            mask = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
-            try:
-                return self._executor.submit(_decode_part, part)
-            except BrokenProcessPool as exc:
-                raise _died(where, exc) from None
-            except OSError as exc:  # the fork failed (memory, process limits)
-                raise DataError(f"{where}: cannot start {self.count} decode processes "
-                                f"({exc.strerror or exc}); set CPY_DECODE_WORKERS lower, or "
-                                "CPY_DECODE_PROCESSES=off") from None
-            finally:
-                signal.pthread_sigmask(signal.SIG_SETMASK, mask)
+            if self._pool is None:
+                self._pool = self._start(where)
+            pool = self._pool
+        try:
+            return pool.submit(_decode_part, part)
+        except BrokenProcessPool as exc:
+            raise _died(where, exc) from None
+
+    def _start(self, where: str) -> WorkerPool:
+        # The processes are forked here with SIGINT blocked, so that a Ctrl-C reaching the
+        # process group while one is still starting (before _process_start ignores it) is
+        # discarded there instead of killing it (a broken pool).
+        mask = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
+        try:
+            return WorkerPool(self.count, _context(), _process_start, (os.getpid(),))
+        except OSError as exc:  # the fork failed (memory, process limits)
+            raise DataError(f"{where}: cannot start {self.count} decode processes "
+                            f"({exc.strerror or exc}); set CPY_DECODE_WORKERS lower, or "
+                            "CPY_DECODE_PROCESSES=off") from None
+        finally:
+            signal.pthread_sigmask(signal.SIG_SETMASK, mask)
 
     def wait(self, futures: list[Future], where: str) -> None:
         """Every part's end; the first failing part's error (by record order) is raised after
@@ -146,30 +150,17 @@ class DecodeProcesses:
             raise as_data_error(errors[min(errors)], where)
 
     def close(self) -> None:
-        """Stop the processes (idempotent); a waiting feed raises."""
+        """Stop the processes (idempotent); a waiting feed raises. A process stuck in a decode
+        is killed after a while."""
         with self._lock:
             self._closed.set()
-            executor, self._executor = self._executor, None
-        if executor is None:
-            return
-        # A process stuck in a decode would hold shutdown(); after a while it is terminated
-        # (the executor keeps its processes in a private map; there is no public one).
-        processes = list((getattr(executor, "_processes", None) or {}).values())
-        stuck = threading.Timer(JOIN_TIMEOUT_S, _terminate, (processes,))
-        stuck.start()
-        executor.shutdown(wait=True, cancel_futures=True)
-        stuck.cancel()
-        stuck.join()
+            pool, self._pool = self._pool, None
+        if pool is not None:
+            pool.shutdown(JOIN_TIMEOUT_S)
 
 
 class NoSharedMemory(DataError):
     """The shared-memory file system cannot hold a feed's buffers."""
-
-
-def _terminate(processes: list) -> None:
-    for process in processes:
-        if process.is_alive():
-            process.terminate()
 
 
 def _context():
