@@ -203,3 +203,26 @@ def test_the_decode_host_cost_benchmark_runs_both_ways(tmp_path):
     assert "--crop 32 --batch 4 --processes 1" in text and "(3 x 40 x 40 JPEG records" in text
     assert re.search(r"\| stored \| [\d,]+ \| \d+\.\d us \| \d\.\d\dx \|\n\| buffers \| [\d,]+ "
                      r"\| \d+\.\d us \| 1\.00x \|", text)
+
+
+def test_the_reader_gil_benchmark_compares_the_cursor_with_the_index(tmp_path):
+    """benchmarks/reader_gil.py on a toy set: the cursor rows never index, the index rows
+    are timed once the first pass has indexed the database, and the settings it changes are
+    as they were afterwards."""
+    make = load_benchmark("make_imagenet_lmdb")
+    make.main([str(tmp_path), "--images", "24", "--size", "40", "--workers", "1"])
+    bench = load_benchmark("reader_gil")
+    db = str(tmp_path / "jpeg_lmdb")
+    saved = reader.CACHE_BYTES, reader.STORED_INDEX_RECORDS
+    rows = bench.main([db, "--replicas", "2", "--batch", "4", "--busy", "0,1", "--seconds",
+                       "0.3", "--warmup", "0.2", "--rounds", "1", "--save",
+                       str(tmp_path / "out.md")])
+    assert [(r["busy"], r["mode"], r["indexed"]) for r in rows] == [
+        (0, "cursor", False), (0, "index", True), (1, "cursor", False), (1, "index", True)]
+    assert all(r["records_per_s"] > 0 for r in rows)
+    assert (reader.CACHE_BYTES, reader.STORED_INDEX_RECORDS) == saved
+    assert LmdbReader.rereadable
+    text = (tmp_path / "out.md").read_text()
+    assert "--replicas 2 --batch 4 --busy 0,1 --seconds 0.3 --rounds 1" in text
+    assert re.search(r"\| 0 \| [\d,]+ records/s \| [\d,]+ records/s \| \d+\.\d\dx \|\n"
+                     r"\| 1 \| [\d,]+ records/s \| [\d,]+ records/s \| \d+\.\d\dx \|", text)

@@ -46,12 +46,14 @@ from ..decoders.decode_processes import DecodeProcesses
 from ..decoders.workers import DecodeOptions, DecodeWorkers
 from .decode import ChunkDecoder
 from .records import (
+    STORED_INDEX_RECORDS,
     DecodedDatabase,
     DecodedView,
     FeedSpec,
     ImageFiles,
     RecordBatch,
     StoredFiles,
+    StoredIndex,
     join,
 )
 from .roundrobin import RoundRobin, resume
@@ -205,6 +207,7 @@ class _Stream:
     database: Database | None = None  # open from start() until the producer ends
     cursor: Any = None
     cache: DecodedDatabase | None = None
+    stored: StoredIndex | None = None  # where the files left in an LMDB lie (later passes)
 
     @property
     def detached(self) -> bool:
@@ -304,7 +307,7 @@ class _Source:
                 stream.cursor.close()
             if stream.database is not None:
                 stream.database.close()
-            stream.cursor = stream.cache = stream.database = None
+            stream.cursor = stream.cache = stream.database = stream.stored = None
 
     def _run(self) -> None:
         try:
@@ -323,6 +326,10 @@ class _Source:
                     if decoder.keep_encoded and getattr(decoder, "leave_files", False) and \
                             getattr(database, "rereadable", False):
                         decoder.stored_in = database.source
+                        # ... and, where every pass is the same, indexed by the first pass
+                        if database.fixed_order and not stream.sliced and \
+                                self.size <= STORED_INDEX_RECORDS:
+                            stream.stored = StoredIndex(self.size, database.source)
                 stream.cursor = database.cursor()
                 stream.position = min(plan.starts)
                 stream.cursor.seek(stream.origin + stream.position)
@@ -369,12 +376,15 @@ class _Source:
         delivered)."""
         index = (stream.origin + stream.position) % self.size
         count = min(count, self.size - index)
-        cache, error, plan = stream.cache, None, stream.plan
+        cache, stored, error, plan = stream.cache, stream.stored, None, stream.plan
         assert plan is not None  # fixed by ReaderPool.start, before the producer starts
         rows: np.ndarray | ImageFiles | StoredFiles
         if cache is not None and cache.complete:  # views: nothing per record
             keys = cache.keys[index:index + count]
             rows, labels = cache.pixels[index:index + count], cache.labels[index:index + count]
+        elif stored is not None and stored.complete:  # where the files lie: no record read
+            keys = stored.keys[index:index + count]
+            rows, labels = stored.files(index, count), stored.labels[index:index + count]
         else:
             self._reading = (stream, index, time.monotonic())
             try:
@@ -393,6 +403,11 @@ class _Source:
                 self._reading = None
             if cache is not None and isinstance(rows, np.ndarray):  # (files: never kept)
                 cache.store(index, keys, rows, labels)
+            elif stored is not None:
+                if error is None and isinstance(rows, StoredFiles) and len(rows) == count:
+                    stored.store(index, rows, labels)
+                else:  # a run of another field layout, or a failure: later passes read too
+                    stream.stored = None
         self._deliver(stream, keys, rows, labels)
         if error is not None:
             raise error

@@ -213,6 +213,48 @@ def test_the_processes_read_the_files_from_the_lmdb_themselves(tmp_path, monkeyp
         assert len(reserved) == 4
 
 
+@pytest.mark.parametrize("other_layout", [False, True])
+def test_later_passes_take_the_stored_files_from_the_first_passes_index(tmp_path, monkeypatch,
+                                                                         other_layout):
+    """The reader indexes where each record's file lies on the first pass and reads no record
+    after it (10 records, 10 batches of 4: four passes); the batches are the same. A record
+    of another field layout (a Datum with its shape fields set) leaves its run to the reader's
+    own decoder, and the index is dropped: every pass reads the database."""
+    from caffe_py.io.db.lmdb_store import LmdbCursor
+
+    monkeypatch.setattr(reader, "CACHE_BYTES", 0)
+    read: list[int] = []
+    cursor_read = LmdbCursor.read
+
+    def counted(self, count):
+        keys, values = cursor_read(self, count)
+        read.append(len(keys))
+        return keys, values
+
+    monkeypatch.setattr(LmdbCursor, "read", counted)
+    files = [image_file(i) for i in range(10)]
+    bad = {3: Datum(channels=3, height=H, width=W, data=files[3], label=21, encoded=True)} \
+        if other_layout else None
+    db = write_encoded_db(tmp_path / "db", files, bad=bad)
+    layer, net = data_layer(db, 4)
+    with ReaderPool(decode=DecodeOptions(2, "off", processes="on")) as pool:
+        attach_feeds(net, pool, seed=1)
+        pool.start()
+        batches = [layer() for _ in range(10)]
+        stream = pool._sources[db].streams[next(iter(pool._sources[db].streams))]
+        indexed = stream.stored
+    for k, (data, label) in enumerate(batches):
+        order = [(4 * k + i) % 10 for i in range(4)]
+        assert np.array_equal(data.numpy(), np.stack([decode_image(files[i]) for i in order]))
+        assert label.tolist() == [7 * i for i in order]
+    if other_layout:
+        assert indexed is None and sum(read) >= 40
+    else:
+        assert sum(read) == 10 and indexed is not None and indexed.complete
+        assert indexed.labels.tolist() == [7 * i for i in range(10)]
+        assert indexed.spans[:, 1].tolist() == [3 + len(f) for f in files]
+
+
 def test_a_slice_of_a_larger_round_robin_reads_its_own_stored_files(tmp_path, monkeypatch):
     """Pools of global replicas 0-1 and 2-3 of 4 (two hosts): each replica's batches are its
     own records, read by the processes from the LMDB (the other pool's records are left out
