@@ -138,11 +138,6 @@ class GraphedForward:
         self._layout: list[int] = []
         self._pool: Any = None
 
-    @property
-    def eager(self) -> bool:
-        """Whether the forward runs eagerly (it said why)."""
-        return self.fallback is not None
-
     def check_layout(self) -> None:
         """Before a pass: drop the graphs if a blob they read has moved, or if a feed copied
         into a slot can now be gathered inside the graph (captured anew either way)."""
