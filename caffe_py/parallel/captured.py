@@ -385,11 +385,12 @@ class SplitTests:
                 graphed[r] = forward.ready(autocast)
         chunk = min((forwards[r].slots for r in range(n) if graphed[r]), default=1)
         rounds = _rounds(first, n, iterations, chunk)
+        counts = _counts(rounds, n)
         for r, forward in enumerate(forwards):
             if graphed[r]:
                 with _on_device(nets[r].device):
-                    graphed[r] = forward.capture([c[r] for c in _counts(rounds, n) if c[r]],
-                                                 "rows", autocast)
+                    graphed[r] = forward.capture([c[r] for c in counts if c[r]], "rows",
+                                                 autocast)
         layout = next((forwards[r].layout for r in range(n) if graphed[r]), None)
         started = self.clock()
         rows: list[list[torch.Tensor]] = [[] for _ in nets]
@@ -398,19 +399,16 @@ class SplitTests:
                 return None, 0.0
             filled = [0] * n
             for r in batches:   # in the stream's order: each replica's turn, its feed's batch
-                if graphed[r] and forwards[r].fills_on_host:   # indices only
-                    forwards[r].fill(filled[r])
+                if graphed[r]:   # indices only need no device
+                    with (contextlib.nullcontext() if forwards[r].fills_on_host
+                          else _on_device(nets[r].device)):
+                        forwards[r].fill(filled[r])
                     filled[r] += 1
                     continue
-                with _on_device(nets[r].device):
-                    if graphed[r]:
-                        forwards[r].fill(filled[r])
-                        filled[r] += 1
-                    else:
-                        with autocast(), torch.no_grad():
-                            out = nets[r]()
-                        layout = layout or RowLayout.of(out)
-                        rows[r].append(batch_row(out).reshape(1, -1))
+                with _on_device(nets[r].device), autocast(), torch.no_grad():
+                    out = nets[r]()
+                layout = layout or RowLayout.of(out)
+                rows[r].append(batch_row(out).reshape(1, -1))
             for r in range(n):
                 if filled[r]:
                     with _on_device(nets[r].device):

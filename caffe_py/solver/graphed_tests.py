@@ -44,13 +44,13 @@ from typing import Any
 import numpy as np
 import torch
 
-from ..io.feed.feeds import feed_of, swap_feed
 from ..io.feed.gather import DeviceGather
 from ..net import Net, NetOutput
 from .evaluate import raise_device_problems, run_batches
 from .graphs import (
     _CAPTURE_LOCK,
     StaticFeed,
+    install_static_feeds,
     net_capture_blocker,
     register_generators,
     restore_feeds,
@@ -328,8 +328,8 @@ class GatherFeed:
     def flush(self, length: int) -> None:
         """Slots 0 .. length-1's indices to the device (before the replay; a pinned copy, kept
         by torch's host allocator until the device has read it)."""
-        self.index[:length].copy_(torch.from_numpy(self.host[:length]).pin_memory()
-                                  if self.index.is_cuda else torch.from_numpy(self.host[:length]),
+        host = torch.from_numpy(self.host[:length])
+        self.index[:length].copy_(host.pin_memory() if self.index.is_cuda else host,
                                   non_blocking=True)
 
 
@@ -354,15 +354,11 @@ def install_feeds(net: Net, slots: int) -> list[StaticFeed | GatherFeed]:
     """Every Data layer of ``net`` reading ``slots`` slots inside the graph: gathered there
     (:class:`GatherFeed`) where its database is on the device, else copied in
     (:class:`~.graphs.StaticFeed`)."""
-    feeds: list[StaticFeed | GatherFeed] = []
-    for layer in net.data_layers():
-        real = feed_of(layer)
+    def gathered(real: Any, layer: Any) -> GatherFeed | None:
         gather = device_gather(real, net.device)
-        feed = (GatherFeed(real, gather, slots) if gather is not None
-                else StaticFeed(real, layer.top_shapes, net.device, slots))
-        swap_feed(layer, feed)
-        feeds.append(feed)
-    return feeds
+        return None if gather is None else GatherFeed(real, gather, slots)
+
+    return install_static_feeds(net, net.device, slots, make=gathered)
 
 
 def chunk_slots(net: Net) -> int:

@@ -78,11 +78,16 @@ class StaticFeed:
         self.label[k].copy_(label, non_blocking=True)
 
 
-def install_static_feeds(net: Net, device: torch.device, slots: int = 1) -> list[StaticFeed]:
-    """Every Data layer of ``net`` reading from static slots (its real feed behind)."""
+def install_static_feeds(net: Net, device: torch.device, slots: int = 1,
+                         make: Callable[[Any, Any], Any] | None = None) -> list[Any]:
+    """Every Data layer of ``net`` reading from static slots (its real feed behind): a
+    :class:`StaticFeed`, or what ``make(real, layer)`` gives where it gives one."""
     feeds = []
     for layer in net.data_layers():
-        feed = StaticFeed(feed_of(layer), layer.top_shapes, device, slots)
+        real = feed_of(layer)
+        feed = make(real, layer) if make is not None else None
+        if feed is None:
+            feed = StaticFeed(real, layer.top_shapes, device, slots)
         swap_feed(layer, feed)
         feeds.append(feed)
     return feeds
