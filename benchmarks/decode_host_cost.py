@@ -112,7 +112,8 @@ def _measure(db: str, mode: str, shape: tuple[int, int, int], replicas: int, bat
                             done.wait()
                     counts[r] += batch
             except BaseException as exc:  # noqa: BLE001 (reported by the main thread)
-                errors.append(exc)
+                if not stop.is_set():  # (after it: the reader closed under a waiting take)
+                    errors.append(exc)
                 stop.set()
 
         threads = [threading.Thread(target=feed, args=(r,), daemon=True)
@@ -124,6 +125,9 @@ def _measure(db: str, mode: str, shape: tuple[int, int, int], replicas: int, bat
         time.sleep(seconds)
         done1, cpu1, t1 = sum(counts), time.process_time(), time.perf_counter()
         stop.set()
+        # a thread may wait for records the reader holds for another that stopped taking
+        # them: closing the reader ends that wait
+        pool.close()
         for thread in threads:
             thread.join(30)
         split = images[0].crops.summary() if images[0].crops is not None else ""

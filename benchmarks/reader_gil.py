@@ -80,7 +80,8 @@ def measure(db: str, mode: str, replicas: int, batch: int, busy: int, seconds: f
                     queues[r].mark_consumed(batch)
                     counts[r] += batch
             except BaseException as exc:  # noqa: BLE001 (reported by the main thread)
-                errors.append(exc)
+                if not stop.is_set():  # (after it: the reader closed under a waiting take)
+                    errors.append(exc)
                 stop.set()
 
         def spin() -> None:   # the GIL held half the time, in bursts of BURST_S
@@ -110,6 +111,9 @@ def measure(db: str, mode: str, replicas: int, batch: int, busy: int, seconds: f
         done1, t1 = sum(counts), time.perf_counter()
         was_indexed = indexed()
         stop.set()
+        # a thread may wait for records the reader holds for another that stopped taking
+        # them: closing the reader ends that wait
+        pool.close()
         for thread in threads:
             thread.join(30)
     if errors:
