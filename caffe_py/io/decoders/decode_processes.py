@@ -17,7 +17,10 @@ on a 64-core machine the training process's copies of every file, out of the map
 processes, held its GIL more than anything else. From other databases the feed writes the
 batch's files end to end into its shared input buffer (:mod:`multiprocessing.shared_memory`)
 first. Each process decodes its records with PIL (the reader's decoder: the same pixels, bit
-for bit) and writes each crop window, mirrored where the transform flips it and in Caffe's BGR
+for bit), or torchvision's JPEG decoder where the feed's threads would use it (the same pixels
+in about two-thirds of the time), or takes a raw record's pixels as they are (big raw records of
+an LMDB: the reader indexes them as it does stored files, and neither it nor the feed copies
+a record), and writes each crop window, mirrored where the transform flips it and in Caffe's BGR
 order, into the feed's shared output buffer; the feed waits for every part and copies the crops
 into its batch slot. A feed keeps two batches in the processes (:data:`IN_FLIGHT`, each with
 its own buffers): it submits the next batch before it waits for the last, so the processes
@@ -26,7 +29,8 @@ part that fails raises its record's error in the feed (the first by record order
 threads do.
 
 The processes are forked at the first batch (see :func:`_context`) and use only numpy, PIL,
-lmdb and this package's decode modules. They ignore SIGINT (the training process handles Ctrl-C
+lmdb, this package's decode modules and, for torchvision's decoder, the torch the fork copied
+(one thread, no CUDA). They ignore SIGINT (the training process handles Ctrl-C
 and closes the pool), and each one ends itself when the process that started it is gone. A
 process that dies (out of memory, killed) stops the run with one line naming the database.
 """
@@ -37,6 +41,7 @@ import mmap
 import multiprocessing
 import os
 import signal
+import sys
 import threading
 import time
 from collections import OrderedDict
@@ -53,7 +58,7 @@ import numpy as np
 
 from ...errors import DataError
 from ..db.lmdb_store import StoredFiles, begin, forked_environment, read_files
-from .file_crops import decode_crop
+from .file_crops import PIL, crop_record
 from .process_pool import WorkerPool
 from .workers import JOIN_TIMEOUT_S, WAIT_SLICE_S, as_data_error
 
@@ -88,6 +93,7 @@ class Part:
     color: bool | None
     stored: str | None = None  # the LMDB the files are read from by key (else: the input)
     spans: np.ndarray | None = None  # with stored: StoredFiles.spans of the part's records
+    reads: str = PIL  # what the files are and what reads them (file_crops.crop_record)
 
 
 class DecodeProcesses:
@@ -185,9 +191,11 @@ class ProcessCrops:
     A submit while every pair is busy first collects the oldest batch into its ``out``."""
 
     def __init__(self, processes: DecodeProcesses, path: str,
-                 record_shape: tuple[int, int, int], color: bool | None):
+                 record_shape: tuple[int, int, int], color: bool | None, reads: str = PIL):
         self.processes, self.path = processes, path
         self.record_shape, self.color = record_shape, color
+        self.reads = reads
+        """What the files are and what reads them (:func:`~.file_crops.crop_record`)."""
         processes.feeds += 1
         self._counted = True  # in processes.feeds, until close()
         self._buffers: list[dict[str, shared_memory.SharedMemory]] = [
@@ -236,7 +244,7 @@ class ProcessCrops:
             tuple(marks[a:b + 1]), tuple(keys[a:b]), tuple(tuple(o) for o in offsets[a:b]),
             tuple(flips[a:b]), self.path, self.record_shape, self.color,
             stored.database if stored is not None else None,
-            stored.spans[a:b] if stored is not None else None), self.path)
+            stored.spans[a:b] if stored is not None else None, self.reads), self.path)
             for a, b in zip(cuts, cuts[1:], strict=False)]
         self._turn = (self._turn + 1) % self.depth
         flight = InFlight(self, futures, crops_buffer, out)
@@ -415,6 +423,9 @@ def _process_start(parent: int) -> None:
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})  # blocked by the fork's caller
     signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    torch = sys.modules.get("torch")  # fork copied it (torchvision's decoder runs here)
+    if torch is not None:
+        torch.set_num_threads(1)  # no OpenMP team of the parent's in a fork
 
     def watch() -> None:
         while os.getppid() == parent:
@@ -487,5 +498,5 @@ def _decode_part(part: Part) -> None:
 
 def _decode_files(part: Part, crops: np.ndarray, files: Iterable[bytes | memoryview]) -> None:
     for k, (i, file) in enumerate(zip(range(part.start, part.stop), files, strict=True)):
-        decode_crop(part.path, part.record_shape, part.color, file, part.keys[k], crops[i],
-                    part.offsets[k], part.flips[k])
+        crop_record(part.path, part.record_shape, part.color, part.reads, file, part.keys[k],
+                    crops[i], part.offsets[k], part.flips[k])

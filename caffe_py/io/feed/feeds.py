@@ -66,8 +66,9 @@ def attach_feeds(net: NetWithData, pool: ReaderPool, *, replica: int = 0,
         transformer = Transformer(spec.transform, layer.phase, spec.record_shape, seed=seed,
                                   where=f"layer '{layer.name}' ({spec.source}): ")
         images = (BatchImages(spec.source, spec.record_shape, spec.color, pool.workers,
-                              pool.decode, on, pool.processes, pool.replicas)
-                  if spec.encoded else None)
+                              pool.decode, on, pool.processes, pool.replicas,
+                              raw=not spec.encoded)
+                  if spec.encoded or queue.leaves_raw else None)
         feed = Prefetcher(queue, transformer, spec.batch_size, device=on,
                           name=f"{stream}#{replica}", images=images)
         pool.manage(feed)

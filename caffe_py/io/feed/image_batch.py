@@ -1,7 +1,8 @@
 """A feed's batches of image files (encoded records the reader hands over undecoded), decoded
-and cropped: by the CPU decode processes (:mod:`~caffe_py.io.decoders.decode_processes`), by the
-decode threads (torchvision's libjpeg-turbo binding, :mod:`~caffe_py.io.decoders.libjpeg`, or PIL),
-or on the GPU (nvJPEG, :mod:`~caffe_py.io.decoders.nvjpeg`).
+and cropped (and the big raw records of an LMDB, cropped by the decode processes): by the CPU
+decode processes (:mod:`~caffe_py.io.decoders.decode_processes`), by the decode threads
+(torchvision's libjpeg-turbo binding, :mod:`~caffe_py.io.decoders.libjpeg`, or PIL), or on the
+GPU (nvJPEG, :mod:`~caffe_py.io.decoders.nvjpeg`).
 
 CPU: each worker decodes its part of the batch and writes each record's crop window, mirrored
 where the transform flips it and in Caffe's BGR order, straight into the batch buffer (the
@@ -24,7 +25,7 @@ import torch
 from ...errors import DataError
 from ..decoders import libjpeg
 from ..decoders.decode_processes import DecodeProcesses, InFlight, NoSharedMemory, ProcessCrops
-from ..decoders.file_crops import check_record, decode_crop
+from ..decoders.file_crops import PIL, RAW, TORCHVISION, check_record, crop_record
 from ..decoders.workers import THREADS_OVER_NVJPEG, DecodeOptions, DecodeWorkers
 from ..formats.envelope import is_jpeg
 from ..reader.records import RecordBatch, image_files
@@ -37,30 +38,37 @@ class BatchImages:
     """Decodes the image files of one feed's batches of records of ``record_shape`` (C, H, W)
     from database ``path`` (``color`` as the reader's decoder). ``device`` is the feed's; JPEG
     files are decoded there when ``options`` allow it. ``processes``: the pool's decode
-    processes (None: the threads decode); ``feeds``: how many feeds share the threads."""
+    processes (None: the threads decode); ``feeds``: how many feeds share the threads.
+    ``raw``: the files are raw records' pixels (uint8 ``record_shape``), for the processes to
+    crop (the reader hands a big LMDB's raw records over so: :attr:`.RecordQueue.raw_files`)."""
 
     def __init__(self, path: str, record_shape: tuple[int, int, int], color: bool | None,
                  workers: DecodeWorkers, options: DecodeOptions, device: torch.device,
-                 processes: DecodeProcesses | None = None, feeds: int = 1):
+                 processes: DecodeProcesses | None = None, feeds: int = 1, *,
+                 raw: bool = False):
         self.path, self.record_shape, self.color = path, record_shape, color
         self.workers = workers
         if device.type == "cuda" and device.index is None and torch.cuda.is_available():
             device = torch.device("cuda", torch.cuda.current_device())  # as the feed's
         self.options, self.device = options, device
         self.gpu_error: str | None = None  # nvJPEG refused a batch: see host()
-        self.libjpeg = (record_shape[0] == 3 and color is not False
+        self.raw = raw
+        self.libjpeg = (not raw and record_shape[0] == 3 and color is not False
                         and self._cpu_decoder() == "torchvision")
-        """Whether the CPU workers decode colour JPEGs with torchvision
-        (:mod:`~caffe_py.io.decoders.libjpeg`)."""
-        self.crops = (ProcessCrops(processes, path, record_shape, color)
+        """Whether the CPU workers (and the decode processes) decode colour JPEGs with
+        torchvision (:mod:`~caffe_py.io.decoders.libjpeg`)."""
+        self.reads = RAW if raw else TORCHVISION if self.libjpeg else PIL
+        """What the files are and what reads them (:func:`~.file_crops.crop_record`)."""
+        self.crops = (ProcessCrops(processes, path, record_shape, color, self.reads)
                       if processes is not None else None)
         """The decode processes' side of this feed (None: the decode threads decode)."""
         self.gpu = None
-        if device.type == "cuda" and options.gpu != "off" and record_shape[0] in (1, 3):
+        if device.type == "cuda" and options.gpu != "off" and record_shape[0] in (1, 3) \
+                and not raw:
             if options.gpu == "auto" and self.crops is not None:
-                log.info("%s: JPEG records are decoded in %d CPU processes (faster than nvJPEG "
-                         "beside training; CPY_GPU_DECODE=on for nvJPEG)", path,
-                         self.crops.processes.count)
+                log.info("%s: JPEG records are decoded in %d CPU processes by %s (faster than "
+                         "nvJPEG beside training; CPY_GPU_DECODE=on for nvJPEG)", path,
+                         self.crops.processes.count, self.reads)
             elif options.gpu == "auto" and self.libjpeg \
                     and workers.count // max(1, feeds) >= THREADS_OVER_NVJPEG:
                 log.info("%s: JPEG records are decoded by torchvision on %d CPU threads (faster "
@@ -155,8 +163,8 @@ class BatchImages:
     def _decode_into(self, file, key: bytes, out: np.ndarray, offset: list[int],
                      flip: bool) -> None:
         """One record: decode, check its size, write the crop window into ``out``."""
-        rgb = libjpeg.decode_rgb(file) if self.libjpeg and is_jpeg(file) else None
-        decode_crop(self.path, self.record_shape, self.color, file, key, out, offset, flip, rgb)
+        crop_record(self.path, self.record_shape, self.color, self.reads, file, key, out,
+                    offset, flip)
 
     def close(self) -> None:
         """Let go of the shared buffers of the decode processes (the feed has stopped)."""

@@ -17,7 +17,10 @@ per wake (docs/data_pipeline.md, "The training thread's GIL").
 
 Encoded records of a database too big to keep decoded reach the feed as image files: the
 thread has them decoded and cropped (:mod:`.image_batch`) by the decode workers into the slot,
-or on CUDA by nvJPEG on the device, and goes on as for decoded records. A batch of the decode
+or on CUDA by nvJPEG on the device, and goes on as for decoded records. Big raw records of such
+an LMDB reach it as files too where there are decode processes (the reader says so before the
+feed starts: :attr:`~caffe_py.io.reader.reader.RecordQueue.raw_files`), and the processes crop
+them. A batch of the decode
 processes is finished (waited for, copied, sent to the device) only after the thread has
 handed them the next one, so they are never idle while it works.
 
@@ -153,11 +156,9 @@ class Prefetcher:
         self._side: torch.cuda.Stream | None = None
         record_bytes = int(np.prod(records.record_shape)) * np.dtype(records.dtype).itemsize
         self._may_gather = batch_size * record_bytes <= DIRECT_BYTES
-        crop_bytes = int(np.prod(transformer.out_shape)) * np.dtype(records.dtype).itemsize
-        self._whole = (self._cuda and images is None and transformer.random
-                       and bool(transformer.tp.crop_size)
-                       and record_bytes <= WHOLE_RATIO * crop_bytes)
-        """Decoded records cross whole and are cropped on the device (see WHOLE_RATIO)."""
+        self._whole = False
+        """Decoded records cross whole and are cropped on the device (see WHOLE_RATIO; fixed
+        by :meth:`start`)."""
         self._loop: HostGather | None = None  # set once the loop gathers its own batches
         self._elsewhere: dict[torch.device, HostGather] = {}
         """In-loop gathers on other devices (:meth:`next_on`)."""
@@ -166,6 +167,10 @@ class Prefetcher:
 
     # --- lifetime -----------------------------------------------------------------------------
     def start(self) -> None:
+        if self.images is not None and self.images.raw and not self.records.raw_files:
+            self.images.close()  # the reader hands this stream's raw records over decoded
+            self.images = None
+        self._whole = self._crosses_whole()
         self.mean = self.transformer.device_mean(self.device)
         if self._cuda:
             self._slots = [_HostSlot(self._host_shape(), self._host_dtype(), self.device)
@@ -177,6 +182,14 @@ class Prefetcher:
         self.thread = threading.Thread(target=self._run, name=f"cpy-prefetch:{self.name}",
                                        daemon=True)
         self.thread.start()
+
+    def _crosses_whole(self) -> bool:
+        """Whether decoded records cross whole and are cropped on the device."""
+        transformer, dtype = self.transformer, np.dtype(self.records.dtype)
+        record_bytes = int(np.prod(self.records.record_shape)) * dtype.itemsize
+        crop_bytes = int(np.prod(transformer.out_shape)) * dtype.itemsize
+        return (self._cuda and self.images is None and transformer.random
+                and bool(transformer.tp.crop_size) and record_bytes <= WHOLE_RATIO * crop_bytes)
 
     def _host_shape(self) -> tuple[int, ...]:
         shape = self.transformer.record_shape if self._whole else self.transformer.out_shape

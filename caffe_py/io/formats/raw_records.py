@@ -53,6 +53,26 @@ def raw_chunk(values: Sequence[bytes | memoryview], prefix: np.ndarray,
         rows, labels = _raw_rows(joined, int(lengths[0]), k, prefix, shape)
         if rows.all():
             return _pixels(joined, int(lengths[0]), k, prefix, shape), labels, None
+    ok, labels = raw_labels(values, prefix, shape, lengths)
+    if not ok.any():
+        return None
+    pixels = np.empty((k, *shape), np.uint8)
+    rows = pixels.reshape(k, int(np.prod(shape)))
+    _copy_rows(rows, values, np.flatnonzero(ok).tolist(), len(prefix), run)
+    return pixels, labels, None if ok.all() else ok
+
+
+def raw_labels(values: Sequence[bytes | memoryview], prefix: np.ndarray,
+               shape: Sequence[int], lengths: np.ndarray | None = None
+               ) -> tuple[np.ndarray, np.ndarray]:
+    """Which ``values`` are raw records of ``shape`` in Caffe's field order (the ones
+    :func:`raw_chunk` takes), and their labels: ((k,) bool, (k,) int64), read from each
+    record's first and last bytes only (no pixel is copied). A record's pixels are then its
+    bytes ``len(prefix)`` .. ``len(prefix) + C*H*W``. ``lengths``: the records' lengths, where
+    known."""
+    k = len(values)
+    if lengths is None:
+        lengths = np.fromiter(map(len, values), np.int64, k)
     start, size = len(prefix), int(np.prod(shape))
     end = start + size  # the label's tag
     ok = lengths > end + 1  # room for the label's tag and a varint
@@ -66,12 +86,7 @@ def raw_chunk(values: Sequence[bytes | memoryview], prefix: np.ndarray,
         good, got = _label_tails(tails.reshape(len(idx), length - end))
         ok[idx[~good]] = False
         labels[idx[good]] = got[good]
-    if not ok.any():
-        return None
-    pixels = np.empty((k, *shape), np.uint8)
-    rows = pixels.reshape(k, size)
-    _copy_rows(rows, values, np.flatnonzero(ok).tolist(), start, run)
-    return pixels, labels, None if ok.all() else ok
+    return ok, labels
 
 
 SEPARATE_COPY_BYTES = 1 << 16

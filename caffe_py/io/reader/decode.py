@@ -16,7 +16,9 @@ LMDB, the files are not even copied out of the map: the chunk comes back as
 :class:`~.records.StoredFiles` (keys, and where each file lies in its record), and each decode
 process reads its records again by key (on a 64-core machine, copying every file out of the map
 and again into the processes' buffers held the training process's GIL more than anything
-else)."""
+else). Big raw records of such an LMDB go the same way (:attr:`ChunkDecoder.raw_files`): a
+record's "file" is then its pixels, which the processes crop; a chunk holding a record in
+another layout goes over as the full decoder's pixels, one buffer a record."""
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
@@ -29,12 +31,17 @@ from ..decoders.file_crops import check_record
 from ..decoders.workers import DecodeWorkers
 from ..formats.datum import datum_to_array, decode_record, format_key
 from ..formats.envelope import file_span, image_file
-from ..formats.raw_records import SEPARATE_COPY_BYTES, raw_chunk, raw_prefix
+from ..formats.raw_records import SEPARATE_COPY_BYTES, raw_chunk, raw_labels, raw_prefix
 from .records import ImageFiles, StoredFiles
 
 COPY_PART_BYTES = 1 << 20
 """The least a worker copies of a chunk of raw records (a hand-over to a thread costs tens of
 microseconds; a megabyte's copy about a quarter of a millisecond)."""
+RAW_FILES_BYTES = SEPARATE_COPY_BYTES
+"""Raw records of at least this size, of an LMDB too big to keep decoded, are cropped by the
+feeds' decode processes where there are some (:attr:`ChunkDecoder.raw_files`): a record the
+reader would copy out of the map in a worker thread (ImageNet's, 196 KB) is then read and
+cropped in a process, and the training process copies only the crops."""
 
 
 class ChunkDecoder:
@@ -42,11 +49,13 @@ class ChunkDecoder:
     (C, H, W); ``color`` forces encoded images to 3 channels (True) or 1 (False). ``encoded``:
     the records are image files (the first one is); ``workers`` decode them in parallel.
     ``leave_files``: the feeds decode the files in processes, which may read them from an LMDB
-    themselves (see :attr:`stored_in`)."""
+    themselves (see :attr:`stored_in`); ``raw_processes``: the feeds have decode processes to
+    crop big raw records (see :attr:`raw_files`)."""
 
     def __init__(self, path: str, record_shape: Sequence[int], dtype: np.dtype,
                  color: bool | None, *, encoded: bool = False,
-                 workers: DecodeWorkers | None = None, leave_files: bool = False):
+                 workers: DecodeWorkers | None = None, leave_files: bool = False,
+                 raw_processes: bool = False):
         self.path = path
         c, h, w = (int(d) for d in record_shape)
         self.record_shape = (c, h, w)
@@ -55,6 +64,7 @@ class ChunkDecoder:
         self.encoded = encoded
         self.workers = workers
         self.leave_files = leave_files
+        self.raw_processes = raw_processes
         self.keep_encoded = False
         """Hand encoded records over as their image files (the feeds decode them): set by the
         reader for a stream it does not keep decoded."""
@@ -64,6 +74,10 @@ class ChunkDecoder:
         None: the files are copied out of the map."""
         self.raw_prefix = raw_prefix(self.record_shape) if self.dtype == np.uint8 else None
         """What every raw record of record_shape starts with (None: no fast path)."""
+        self.raw_files = False
+        """Hand raw records over as files for the decode processes to crop (the stream's
+        LMDB, :attr:`stored_in`, is too big to keep decoded; :attr:`leaves_raw`): set by the
+        reader."""
 
     takes_views = True
     """:meth:`decode` accepts values that are views of the database's map (it copies what it
@@ -73,6 +87,13 @@ class ChunkDecoder:
     def record_bytes(self) -> int:
         c, h, w = self.record_shape
         return c * h * w * self.dtype.itemsize
+
+    @property
+    def leaves_raw(self) -> bool:
+        """Whether this stream's records may go over as raw files (:attr:`raw_files`): raw
+        uint8 records of at least :data:`RAW_FILES_BYTES`, and decode processes to crop them."""
+        return (self.raw_processes and not self.encoded and self.raw_prefix is not None
+                and self.record_bytes >= RAW_FILES_BYTES)
 
     @property
     def uses_workers(self) -> bool:
@@ -105,6 +126,22 @@ class ChunkDecoder:
                 return stored
             # the files outlive the chunk: copies, not views of the map
             return self._files(keys, _owned(values), wanted)
+        if self.raw_files:
+            stored = self._stored_raw(keys, values, wanted)
+            if stored is not None:
+                return stored
+            try:
+                pixels, labels = self._pixels(keys, values, wanted)
+            except PartialChunk as partial:
+                done, labels = partial.done
+                assert isinstance(done, np.ndarray)  # _pixels' records: pixels, never files
+                raise PartialChunk((_pixel_files(done), labels), partial.error) from None
+            return _pixel_files(pixels), labels
+        return self._pixels(keys, values, wanted)
+
+    def _pixels(self, keys: Sequence[bytes], values: Sequence[bytes],
+                wanted: np.ndarray | None) -> tuple[np.ndarray, np.ndarray]:
+        """Pixels (k, C, H, W) and labels (k,) of the records ``wanted`` (all: None)."""
         fast = None if self.raw_prefix is None else raw_chunk(values, self.raw_prefix,
                                                                self.record_shape, self._copy)
         if fast is not None and fast[2] is None:
@@ -152,6 +189,23 @@ class ChunkDecoder:
         spans = np.ascontiguousarray(table[:, :3])
         return StoredFiles(self.stored_in, tuple(keys), spans), table[:, 3].copy()
 
+    def _stored_raw(self, keys: Sequence[bytes], values: Sequence[bytes | memoryview],
+                    wanted: np.ndarray | None) -> tuple[StoredFiles, np.ndarray] | None:
+        """Where each raw record's pixels lie in it, and the labels; None where a record is
+        not a raw record in Caffe's layout (the full decoder then reads the chunk)."""
+        assert self.stored_in is not None and self.raw_prefix is not None  # raw_files' terms
+        lengths = np.fromiter(map(len, values), np.int64, len(values))
+        ok, labels = raw_labels(values, self.raw_prefix, self.record_shape, lengths)
+        if not (ok if wanted is None else ok[wanted]).all():
+            return None
+        start = len(self.raw_prefix)
+        spans = np.empty((len(values), 3), np.int64)
+        spans[:, 0], spans[:, 1], spans[:, 2] = start, start + self.record_bytes, lengths
+        if wanted is not None:  # the others' rows: zeros, as _stored leaves them
+            spans[~wanted] = 0
+            labels[~wanted] = 0
+        return StoredFiles(self.stored_in, tuple(keys), spans), labels
+
     def _files(self, keys: Sequence[bytes], values: Sequence[bytes],
                wanted: np.ndarray | None) -> tuple[ImageFiles, np.ndarray]:
         """The image files and labels of encoded records (views of ``values``)."""
@@ -183,6 +237,11 @@ class ChunkDecoder:
             raise DataError(f"{self.path}: record {format_key(key)}: {exc}") from None
         check_record(self.path, key, array, self.record_shape, self.dtype)
         return array, int(datum.label)
+
+
+def _pixel_files(pixels: np.ndarray) -> ImageFiles:
+    """Decoded records (k, C, H, W) uint8 as raw files: one buffer of each one's pixels."""
+    return tuple(memoryview(row.data).cast("B") for row in pixels.reshape(len(pixels), -1))
 
 
 def _rows(n: int, wanted: np.ndarray | None) -> list[int] | range:

@@ -180,6 +180,19 @@ class RecordQueue:
                            plan.total, plan.unit)
 
     @property
+    def leaves_raw(self) -> bool:
+        """Whether this stream's raw records may go over as files (known at subscription:
+        big raw records and decode processes); :attr:`raw_files` says whether they do."""
+        return bool(getattr(self._stream.decoder, "leaves_raw", False))
+
+    @property
+    def raw_files(self) -> bool:
+        """Whether the reader hands this stream's raw records over as files, for the decode
+        processes to crop (a big LMDB's big records; fixed by :meth:`ReaderPool.start`,
+        before the feeds start)."""
+        return bool(getattr(self._stream.decoder, "raw_files", False))
+
+    @property
     def next_position(self) -> int:
         """The stream position of the next record this replica takes (after
         :meth:`ReaderPool.start`)."""
@@ -296,9 +309,34 @@ class _Source:
         if self.size == 0:
             self.close_databases()
             raise DataError(f"{self.path}: the database is empty; convert the data again")
+        for stream in self.streams.values():
+            self._settle_hand_over(stream)
         self.thread = threading.Thread(target=self._run, name=f"cpy-reader:{self.path}",
                                        daemon=True)
         self.thread.start()
+
+    def _settle_hand_over(self, stream: _Stream) -> None:
+        """How the stream's records go over, fixed before its feeds start (a feed whose
+        records go over as files crops them there): decoded, from a copy kept after the first
+        pass where every pass is the same and the database is small; else encoded records as
+        their image files, left in an LMDB for the decode processes to read by key where they
+        decode them, and big raw records of an LMDB so too (the processes crop them); files
+        left in an LMDB are indexed by the first pass where every pass is the same."""
+        decoder, database = stream.decoder, stream.database
+        assert database is not None  # opened by start()
+        if database.fixed_order and self.size * decoder.record_bytes <= CACHE_BYTES:
+            stream.cache = DecodedDatabase(self.size, decoder.record_shape, decoder.dtype)
+        leaves = getattr(database, "rereadable", False) and stream.cache is None
+        if getattr(decoder, "encoded", False):
+            decoder.keep_encoded = stream.cache is None
+            if leaves and getattr(decoder, "leave_files", False):
+                decoder.stored_in = database.source
+        elif leaves and getattr(decoder, "leaves_raw", False):
+            decoder.raw_files = True
+            decoder.stored_in = database.source
+        if getattr(decoder, "stored_in", None) and database.fixed_order and \
+                not stream.sliced and self.size <= STORED_INDEX_RECORDS:
+            stream.stored = StoredIndex(self.size, database.source)
 
     def close_databases(self) -> None:
         """Close every stream's cursor and database (idempotent)."""
@@ -312,24 +350,9 @@ class _Source:
     def _run(self) -> None:
         try:
             for stream in self.streams.values():
-                decoder, database, plan = stream.decoder, stream.database, stream.plan
+                plan, database = stream.plan, stream.database
                 assert database is not None  # opened by start()
                 assert plan is not None  # fixed by ReaderPool.start
-                # a decoded copy stands in for later passes only when every pass is the same
-                if database.fixed_order and self.size * decoder.record_bytes <= CACHE_BYTES:
-                    stream.cache = DecodedDatabase(self.size, decoder.record_shape,
-                                                   decoder.dtype)
-                # encoded records of a database not kept decoded go over as files
-                if getattr(decoder, "encoded", False):
-                    decoder.keep_encoded = stream.cache is None
-                    # ... or left in an LMDB, for the decode processes to read by key
-                    if decoder.keep_encoded and getattr(decoder, "leave_files", False) and \
-                            getattr(database, "rereadable", False):
-                        decoder.stored_in = database.source
-                        # ... and, where every pass is the same, indexed by the first pass
-                        if database.fixed_order and not stream.sliced and \
-                                self.size <= STORED_INDEX_RECORDS:
-                            stream.stored = StoredIndex(self.size, database.source)
                 stream.cursor = database.cursor()
                 stream.position = min(plan.starts)
                 stream.cursor.seek(stream.origin + stream.position)
@@ -493,7 +516,8 @@ class ReaderPool:
             made = spec.decoder() if spec.decoder is not None else ChunkDecoder(
                 source, spec.record_shape, np.dtype(spec.dtype), spec.color,
                 encoded=spec.encoded, workers=self.workers,
-                leave_files=self.processes is not None and self.decode.gpu != "on")
+                leave_files=self.processes is not None and self.decode.gpu != "on",
+                raw_processes=self.processes is not None)
             if by_batch and self._sliced:
                 raise ValueError("turns of a batch need the whole round-robin in one pool")
             st = src.streams[stream] = _Stream(

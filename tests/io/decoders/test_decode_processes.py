@@ -213,6 +213,35 @@ def test_the_processes_read_the_files_from_the_lmdb_themselves(tmp_path, monkeyp
         assert len(reserved) == 4
 
 
+@pytest.mark.parametrize("cpu", ["pil", "auto"])
+def test_the_processes_decode_with_the_threads_jpeg_decoder(tmp_path, monkeypatch, cpu):
+    """Where the threads would decode colour JPEGs with torchvision ("auto", installed), the
+    processes do too (in the torch fork copied); with "pil", PIL. The pixels are PIL's."""
+    from caffe_py.io.decoders import libjpeg
+
+    if cpu == "auto" and libjpeg.unavailable() is not None:
+        pytest.skip("needs torchvision")
+    parts = []
+    submit = DecodeProcesses.submit
+
+    def recorded(self, part, where):
+        parts.append(part)
+        return submit(self, part, where)
+
+    monkeypatch.setattr(DecodeProcesses, "submit", recorded)
+    monkeypatch.setattr(reader, "CACHE_BYTES", 0)
+    files = [image_file(i) for i in range(10)]
+    layer, net = data_layer_over(tmp_path, files, 4)
+    with ReaderPool(decode=DecodeOptions(2, "off", cpu, processes="on")) as pool:
+        attach_feeds(net, pool, seed=1)
+        pool.start()
+        batches = [layer() for _ in range(5)]
+    assert {p.reads for p in parts} == {"torchvision" if cpu == "auto" else "pil"}
+    for k, (data, _) in enumerate(batches):
+        order = [(4 * k + i) % 10 for i in range(4)]
+        assert np.array_equal(data.numpy(), np.stack([decode_image(files[i]) for i in order]))
+
+
 @pytest.mark.parametrize("other_layout", [False, True])
 def test_later_passes_take_the_stored_files_from_the_first_passes_index(tmp_path, monkeypatch,
                                                                          other_layout):
@@ -523,8 +552,10 @@ def test_auto_leaves_nvjpeg_out_where_processes_decode(monkeypatch, caplog):
         assert images.crops is not None and (images.gpu == "nvJPEG") is nvjpeg
         images.close()
     assert processes.feeds == 0
-    assert caplog.text.count("db: JPEG records are decoded in 6 CPU processes (faster than "
-                             "nvJPEG beside training; CPY_GPU_DECODE=on for nvJPEG)") == 1
+    reads = "torchvision" if images.libjpeg else "pil"
+    assert caplog.text.count(f"db: JPEG records are decoded in 6 CPU processes by {reads} "
+                             "(faster than nvJPEG beside training; CPY_GPU_DECODE=on for "
+                             "nvJPEG)") == 1
     processes.close()
 
 
@@ -673,7 +704,7 @@ def test_a_failing_process_part_is_one_line(monkeypatch):
     def broken(*args):
         raise MemoryError("no room\nat all")
 
-    monkeypatch.setattr(decode_processes, "decode_crop", broken)  # forked with the processes
+    monkeypatch.setattr(decode_processes, "crop_record", broken)  # forked with the processes
     refused(2, r"^db: decoding failed \(MemoryError: no room at all\)$")
 
 

@@ -5,7 +5,7 @@ import numpy as np
 import pytest
 
 from caffe_py.io.formats.datum import datum_from_array, datum_to_array, decode_datum, encode_datum
-from caffe_py.io.formats.raw_records import raw_chunk, raw_prefix
+from caffe_py.io.formats.raw_records import raw_chunk, raw_labels, raw_prefix
 
 SHAPE = (2, 3, 4)
 
@@ -32,6 +32,16 @@ def test_mixed_lengths_are_grouped_and_other_records_are_left_out():
     assert ok.tolist() == [True, True, True, False, False, True, False]
     assert labels[ok].tolist() == [5, 200, 70000, 2**31 - 1]
     assert [int(p.max()) for p in pixels[ok]] == [0, 1, 2, 5]
+
+
+def test_raw_labels_reads_heads_and_tails_only_and_agrees_with_the_chunk():
+    """The check the decode processes' raw files take (no pixel copied): the same records and
+    labels as raw_chunk, from views of bytes that are not the pixels' own."""
+    values = [record(0, 5), record(1, 200), record(2, 70000, encoded=False),
+              record(3, -1), b"\x0a\x02\xff\xff", record(5, 2**31 - 1)]
+    ok, labels = raw_labels([memoryview(v) for v in values], raw_prefix(SHAPE), SHAPE)
+    assert ok.tolist() == [True, True, True, False, False, True]
+    assert labels[ok].tolist() == [5, 200, 70000, 2**31 - 1]
 
 
 def test_nothing_raw_gives_none():
