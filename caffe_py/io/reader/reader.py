@@ -28,6 +28,7 @@ consumers marked consumed (not what the threads read ahead), so
 from __future__ import annotations
 
 import atexit
+import logging
 import os
 import threading
 import time
@@ -57,6 +58,8 @@ from .records import (
     join,
 )
 from .roundrobin import RoundRobin, resume
+
+log = logging.getLogger(__name__)
 
 WAIT_SLICE_S = 0.2
 """Every blocking wait sleeps at most this long before it checks for errors and stop."""
@@ -334,6 +337,8 @@ class _Source:
         elif leaves and getattr(decoder, "leaves_raw", False):
             decoder.raw_files = True
             decoder.stored_in = database.source
+            log.info("%s: its raw records are read and cropped by the decode processes (the "
+                     "database is too big to keep decoded)", self.path)
         if getattr(decoder, "stored_in", None) and database.fixed_order and \
                 not stream.sliced and self.size <= STORED_INDEX_RECORDS:
             stream.stored = StoredIndex(self.size, database.source)
