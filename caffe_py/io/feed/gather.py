@@ -221,13 +221,20 @@ def resident_bytes(device: torch.device) -> int:
     return min(RESIDENT_BYTES, total // RESIDENT_SHARE)
 
 
+def resides(view: DecodedView, transformer: Transformer, device: torch.device) -> bool:
+    """Whether the in-loop gather keeps ``view``'s database on ``device``
+    (:class:`DeviceGather`): CUDA, a fixed transform, and a database of at most
+    :func:`resident_bytes`."""
+    return (device.type == "cuda" and not transformer.random
+            and view.pixels.nbytes + view.labels.nbytes <= resident_bytes(device))
+
+
 def loop_gather(view: DecodedView, batch_size: int, transformer: Transformer,
                 device: torch.device, mean: torch.Tensor | None) -> HostGather:
     """The in-loop gather for ``device``: on CUDA the database on the device where it is small
-    and the transform fixed, else staged; by numpy on the CPU."""
+    and the transform fixed (:func:`resides`), else staged; by numpy on the CPU."""
     if device.type == "cuda":
-        size = view.pixels.nbytes + view.labels.nbytes
-        if not transformer.random and size <= resident_bytes(device):
+        if resides(view, transformer, device):
             return DeviceGather(view, batch_size, transformer, device, mean)
         return StagedGather(view, batch_size, transformer, device, mean)
     return HostGather(view, batch_size, transformer)

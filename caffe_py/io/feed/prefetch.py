@@ -25,8 +25,10 @@ processes is finished (waited for, copied, sent to the device) only after the th
 handed them the next one, so they are never idle while it works.
 
 Once the stream's database is kept decoded (the reader's cache, complete after the first pass)
-and a batch of records is small (``DIRECT_BYTES``), no thread is needed at all: :meth:`next`
-stops this feed's thread, takes its queue off the producer, and from then on gathers each batch
+and a batch of records is small (``DIRECT_BYTES``), or on CUDA the database stays on the device
+(a fixed transform and a database small enough: :func:`~.gather.resides`; the gather is then
+the device's, however big the batch), no thread is needed at all: :meth:`next` stops this
+feed's thread, takes its queue off the producer, and from then on gathers each batch
 in the training thread from the decoded database (:mod:`.gather`). This switch happens in the
 middle of a run, at whatever iteration the first pass ends (see the comment in :meth:`next`
 and README.md); the batches are the ones the threads would have made, bit for bit.
@@ -57,7 +59,7 @@ from ...interrupts import interruptible
 from ..decoders.decode_processes import InFlight
 from ..reader.reader import JOIN_TIMEOUT_S, STALL_TIMEOUT_S, WAIT_SLICE_S, Detached, RecordQueue
 from ..reader.records import DecodedView, RecordBatch
-from .gather import HostGather, loop_gather
+from .gather import HostGather, loop_gather, resides
 from .image_batch import BatchImages
 from .transformer import Choices, Transformer
 
@@ -155,7 +157,11 @@ class Prefetcher:
         self._slots: list[_HostSlot] = []
         self._side: torch.cuda.Stream | None = None
         record_bytes = int(np.prod(records.record_shape)) * np.dtype(records.dtype).itemsize
-        self._may_gather = batch_size * record_bytes <= DIRECT_BYTES
+        self._small = batch_size * record_bytes <= DIRECT_BYTES
+        """A batch small enough to gather in the training thread from a database on the host."""
+        self._may_gather = self._small or (self._cuda and not transformer.random)
+        """Whether this feed may gather in the training thread once its database is kept
+        decoded (a big batch only from a database that stays on the device: next() decides)."""
         self._whole = False
         """Decoded records cross whole and are cropped on the device (see WHOLE_RATIO; fixed
         by :meth:`start`)."""
@@ -377,8 +383,10 @@ class Prefetcher:
             # replica, and on CUDA the batches are made on the compute stream.
             view = self.records.decoded()
             if view is not None:
-                self._go_direct(view)
-                return self._gathered()
+                if self._small or resides(view, self.transformer, self.device):
+                    self._go_direct(view)
+                    return self._gathered()
+                self._may_gather = False  # a big batch, a database kept on the host: the thread's
         item = self._take()
         if isinstance(item, _Failure):
             self._ready.put(item)  # every next() after a failure raises the same error

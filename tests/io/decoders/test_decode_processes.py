@@ -418,7 +418,8 @@ def test_a_process_that_dies_stops_the_feed_with_one_line():
     crops = ProcessCrops(processes, "db", (3, H, W), None)
     try:
         decode(crops, [image_file(i) for i in range(4)])
-        os.kill(children()[0].pid, signal.SIGKILL)
+        assert processes._pool is not None  # started by the first batch
+        os.kill(processes._pool.processes[0].pid, signal.SIGKILL)  # one of this pool's own
         with pytest.raises(DataError, match=r"^db: a decode process died \(.*\); see the log for "
                                             r"what killed it \(memory\?\), or set "
                                             r"CPY_DECODE_PROCESSES=off$"):

@@ -233,9 +233,11 @@ def _run_replicas(db, transform, device, steps, *, direct, monkeypatch, state=No
     batches, the pool state, whether the feeds went direct, and whether any pool thread was
     alive at the end. ``gatherers`` (a list) receives the class name of each feed's in-loop
     gather."""
-    from caffe_py.io.feed import prefetch
+    from caffe_py.io.feed import gather, prefetch
 
     monkeypatch.setattr(prefetch, "DIRECT_BYTES", direct_bytes if direct else 0)
+    if not direct:  # nor a database kept on the device, whatever the batch
+        monkeypatch.setattr(gather, "RESIDENT_BYTES", 0)
     layers = []
     for _ in range(local):
         spec = parse_layer({"name": "data", "type": "Data", "top": ["data", "label"],
@@ -395,3 +397,26 @@ def test_staged_cuda_batches_stay_valid_when_kept_and_across_streams(tmp_path, m
     for step, ((data, label), [(w_data, w_label)]) in enumerate(zip(kept, want, strict=True)):
         assert torch.equal(label.cpu(), w_label), step
         assert torch.equal(data.cpu(), w_data), step
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_big_batches_of_a_database_kept_on_the_device_are_gathered_there(tmp_path,
+                                                                         monkeypatch):
+    """A batch over DIRECT_BYTES still leaves the threads on CUDA where the database stays on
+    the device (a fixed transform): the gather is the device's, with the threads' batches; a
+    random transform keeps them on the threads."""
+    db, _ = make_db(tmp_path / "db", 10)
+    short = 3 * 3 * 6 * 6 - 1  # a batch's bytes, less one
+    for transform, goes in (({"scale": 0.5}, True), ({"mirror": True}, False)):
+        threaded, t_state, _, _ = _run_replicas(db, transform, "cuda", 9, direct=False,
+                                                monkeypatch=monkeypatch)
+        kinds: list[str] = []
+        got, g_state, went, _ = _run_replicas(db, transform, "cuda", 9, direct=True,
+                                              monkeypatch=monkeypatch, direct_bytes=short,
+                                              gatherers=kinds)
+        assert went == [goes, goes] and g_state == t_state
+        assert kinds == (["DeviceGather"] * 2 if goes else ["NoneType"] * 2)
+        for want, step in zip(threaded, got, strict=True):
+            assert all(torch.equal(a, b) for g, w in zip(step, want, strict=True)
+                       for a, b in zip(g, w, strict=True))
