@@ -150,6 +150,8 @@ def main(argv: list[str] | None = None) -> list[str]:
     ap.add_argument("--models", default="resnet50,lenet")
     ap.add_argument("--passes", type=int, help="test passes a run (default: the model's, "
                                                "6; on --cpu 5)")
+    ap.add_argument("--skip-eager", action="store_true",
+                    help="leave out the one-GPU `--graphs off` row")
     ap.add_argument("--cpu", action="store_true", help="smoke run on CPU replicas")
     args = ap.parse_args(argv)
     out = args.out.resolve()
@@ -165,7 +167,7 @@ def main(argv: list[str] | None = None) -> list[str]:
             one: dict | None = None
             eager: dict | None = None
             # one GPU eagerly (the replayed test forward's baseline), then 1..N with no flag
-            plan = [(1, ("--graphs", "off"))] if not args.cpu else []
+            plan = [(1, ("--graphs", "off"))] if not (args.cpu or args.skip_eager) else []
             plan += [(n, ()) for n in range(1, args.max_gpus + 1)]
             for n, flags in plan:
                 r = run(model, n, out, args.cpu, flags, args.passes)
