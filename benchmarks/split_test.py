@@ -143,6 +143,11 @@ def run(model: str, n: int, out: Path, cpu: bool, flags: tuple[str, ...] = (),
             "notes": notes}
 
 
+def _times(run: dict) -> str:
+    """A run's passes, in seconds, in order."""
+    return ", ".join(f"{t:.3f}" for t in run["times"])
+
+
 def main(argv: list[str] | None = None) -> list[str]:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--out", type=Path, required=True)
@@ -176,12 +181,13 @@ def main(argv: list[str] | None = None) -> list[str]:
                 log.write(json.dumps({"model": model, "gpus": n, "flags": flags, **r}) + "\n")
                 log.flush()
                 if not r["ok"]:
-                    rows.append(f"| {model} | {label} | failed: {r['why']} | | | | | | |")
+                    rows.append(f"| {model} | {label} | failed: {r['why']} | | | | | | | |")
                     continue
                 if flags:   # the eager baseline: its time against the replayed pass, below
                     eager = r
                     rows.append(f"| {model} | {label} | {r['test_iter']} | "
-                                f"{r['pass_s']:.3f} | - | {r['last_s']:.3f} | - | - | | |")
+                                f"{r['pass_s']:.3f} | - | {r['last_s']:.3f} | - | - | | | "
+                                f"{_times(r)} |")
                     print(rows[-1], flush=True)
                     continue
                 if n == 1:
@@ -198,17 +204,20 @@ def main(argv: list[str] | None = None) -> list[str]:
                 rows.append(f"| {model} | {label} | {r['test_iter']} | {r['pass_s']:.3f} | "
                             f"{'' if share is None else f'{share:.3f}'} | {r['last_s']:.3f} | "
                             f"{'' if last is None else f'{last:.3f}'} | "
-                            f"{'yes' if same else 'NO'} | {'; '.join(r['notes'])} | {goal} |")
+                            f"{'yes' if same else 'NO'} | {'; '.join(r['notes'])} | {goal} | "
+                            f"{_times(r)} |")
                 print(rows[-1], flush=True)
     stamp = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
     table = "\n".join([
         f"Machine: {machine}; {stamp}; `python benchmarks/split_test.py "
         f"--max-gpus {args.max_gpus} --models {args.models}"
-        f"{f' --passes {args.passes}' if args.passes else ''}{' --cpu' if args.cpu else ''}`",
+        f"{f' --passes {args.passes}' if args.passes else ''}"
+        f"{' --skip-eager' if args.skip_eager else ''}{' --cpu' if args.cpu else ''}`",
         "",
         "| model | GPUs | test_iter | a pass (s, median after the first) | of one GPU's | "
-        "the last pass (s) | of one GPU's last | every pass prints 1 GPU's | notes | goal |",
-        "|---|---|---|---|---|---|---|---|---|---|", *rows])
+        "the last pass (s) | of one GPU's last | every pass prints 1 GPU's | notes | goal | "
+        "each pass (s) |",
+        "|---|---|---|---|---|---|---|---|---|---|---|", *rows])
     (out / "split_test.md").write_text(table + "\n")
     print(table)
     return rows

@@ -236,8 +236,14 @@ def _run_replicas(db, transform, device, steps, *, direct, monkeypatch, state=No
     from caffe_py.io.feed import gather, prefetch
 
     monkeypatch.setattr(prefetch, "DIRECT_BYTES", direct_bytes if direct else 0)
-    if not direct:  # nor a database kept on the device, whatever the batch
-        monkeypatch.setattr(gather, "RESIDENT_BYTES", 0)
+    with pytest.MonkeyPatch.context() as this_run:
+        if not direct:  # nor from a database kept on the device (this run only)
+            this_run.setattr(gather, "RESIDENT_BYTES", 0)
+        return _replicas(db, transform, device, steps, state, local, offset, total, phase,
+                         gatherers)
+
+
+def _replicas(db, transform, device, steps, state, local, offset, total, phase, gatherers):
     layers = []
     for _ in range(local):
         spec = parse_layer({"name": "data", "type": "Data", "top": ["data", "label"],
