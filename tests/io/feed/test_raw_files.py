@@ -158,6 +158,30 @@ def test_small_raw_records_stay_with_the_reader(raw_db, monkeypatch):
     assert decode.RAW_FILES_BYTES == 1 << 16 and took == [False, False] and index is None
 
 
+def test_without_shared_memory_the_threads_crop_the_raw_files(raw_db, monkeypatch, caplog):
+    """/dev/shm too small for the processes' buffers ("auto"): the feed's threads read the
+    records' pixels from the LMDB and crop them, one warning a feed, the same batches."""
+    import errno
+    import logging
+
+    from caffe_py.io.decoders import decode_processes
+    from caffe_py.io.decoders import workers as workers_module
+
+    def full(fd, offset, length):
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    db, _ = raw_db
+    monkeypatch.setattr(reader, "CACHE_BYTES", 0)
+    want, _, _, _ = run(db, TRANSFORMS[0], 6, processes="off")
+    monkeypatch.setattr(decode, "RAW_FILES_BYTES", 0)
+    monkeypatch.setattr(decode_processes.os, "posix_fallocate", full)
+    monkeypatch.setattr(workers_module, "usable_cores", lambda: 12)  # auto: processes
+    caplog.set_level(logging.WARNING, logger="caffe_py")
+    got, _, took, _ = run(db, TRANSFORMS[0], 6, processes="auto")
+    assert took == [True, True] and same(got, want)
+    assert caplog.text.count("this feed decodes on 2 CPU threads instead") == 2
+
+
 def test_the_decoder_hands_stored_raw_spans_and_falls_back_to_pixel_files():
     values = [encode_datum(datum_from_array(pixels(i), 200 * i)) for i in range(3)]
     decoder = ChunkDecoder("db", SHAPE, np.dtype(np.uint8), None, raw_processes=True)
