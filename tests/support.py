@@ -58,6 +58,23 @@ def write_records(path: str | Path, records: Iterable[tuple[np.ndarray, int]],
                            for i, (array, label) in enumerate(records)))
 
 
+def count_cursor_reads(monkeypatch) -> list[int]:
+    """From now on, the records each LMDB cursor read returns, appended to the list returned
+    (how many records the readers read)."""
+    from caffe_py.io.db.lmdb_store import LmdbCursor
+
+    read: list[int] = []
+    cursor_read = LmdbCursor.read
+
+    def counted(self, count):
+        keys, values = cursor_read(self, count)
+        read.append(len(keys))
+        return keys, values
+
+    monkeypatch.setattr(LmdbCursor, "read", counted)
+    return read
+
+
 def cli_process(workdir: Path, *args: str) -> subprocess.Popen:
     """``python cli.py ARGS`` in ``workdir``, unbuffered, its output on pipes (text)."""
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}

@@ -20,9 +20,8 @@ thread has them decoded and cropped (:mod:`.image_batch`) by the decode workers 
 or on CUDA by nvJPEG on the device, and goes on as for decoded records. Big raw records of such
 an LMDB reach it as files too where there are decode processes (the reader says so before the
 feed starts: :attr:`~caffe_py.io.reader.reader.RecordQueue.raw_files`), and the processes crop
-them. A batch of the decode
-processes is finished (waited for, copied, sent to the device) only after the thread has
-handed them the next one, so they are never idle while it works.
+them. A batch of the decode processes is finished (waited for, copied, sent to the device)
+only after the thread has handed them the next one, so they are never idle while it works.
 
 Once the stream's database is kept decoded (the reader's cache, complete after the first pass)
 and a batch of records is small (``DIRECT_BYTES``), or on CUDA the database stays on the device

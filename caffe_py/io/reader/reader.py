@@ -319,12 +319,15 @@ class _Source:
         self.thread.start()
 
     def _settle_hand_over(self, stream: _Stream) -> None:
-        """How the stream's records go over, fixed before its feeds start (a feed whose
-        records go over as files crops them there): decoded, from a copy kept after the first
-        pass where every pass is the same and the database is small; else encoded records as
-        their image files, left in an LMDB for the decode processes to read by key where they
-        decode them, and big raw records of an LMDB so too (the processes crop them); files
-        left in an LMDB are indexed by the first pass where every pass is the same."""
+        """How the stream's records go over, fixed before its feeds start (each sets itself up
+        for it):
+
+        - decoded, and from a copy kept after the first pass where every pass is the same and
+          the database is small;
+        - else encoded records as their image files, left in an LMDB for the decode processes
+          to read by key where those decode them;
+        - big raw records of such an LMDB the same way, for the processes to crop;
+        - files left in an LMDB are indexed by the first pass where every pass is the same."""
         decoder, database = stream.decoder, stream.database
         assert database is not None  # opened by start()
         if database.fixed_order and self.size * decoder.record_bytes <= CACHE_BYTES:

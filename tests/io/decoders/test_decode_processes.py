@@ -15,6 +15,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from support import count_cursor_reads
 from synthetic import image_file, write_encoded_db
 
 from caffe_py.errors import DataError
@@ -249,18 +250,8 @@ def test_later_passes_take_the_stored_files_from_the_first_passes_index(tmp_path
     after it (10 records, 10 batches of 4: four passes); the batches are the same. A record
     of another field layout (a Datum with its shape fields set) leaves its run to the reader's
     own decoder, and the index is dropped: every pass reads the database."""
-    from caffe_py.io.db.lmdb_store import LmdbCursor
-
     monkeypatch.setattr(reader, "CACHE_BYTES", 0)
-    read: list[int] = []
-    cursor_read = LmdbCursor.read
-
-    def counted(self, count):
-        keys, values = cursor_read(self, count)
-        read.append(len(keys))
-        return keys, values
-
-    monkeypatch.setattr(LmdbCursor, "read", counted)
+    read = count_cursor_reads(monkeypatch)
     files = [image_file(i) for i in range(10)]
     bad = {3: Datum(channels=3, height=H, width=W, data=files[3], label=21, encoded=True)} \
         if other_layout else None

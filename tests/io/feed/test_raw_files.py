@@ -7,11 +7,11 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
-from support import write_records
+from support import count_cursor_reads, write_records
 
 from caffe_py.errors import DataError
 from caffe_py.io import ReaderPool, attach_feeds
-from caffe_py.io.db.lmdb_store import LmdbCursor, StoredFiles
+from caffe_py.io.db.lmdb_store import StoredFiles
 from caffe_py.io.decoders.file_crops import RAW, crop_record
 from caffe_py.io.decoders.workers import DecodeOptions
 from caffe_py.io.formats.blobproto import blob_from_array, write_blob_file
@@ -95,15 +95,7 @@ def test_raw_records_cropped_by_the_processes_are_the_readers_batches(raw_db, mo
     want, want_state, took, _ = run(db, transform, 9, processes="off")
     assert took == [False, False]
     monkeypatch.setattr(decode, "RAW_FILES_BYTES", 0)
-    read: list[int] = []
-    cursor_read = LmdbCursor.read
-
-    def counted(self, count):
-        keys, values = cursor_read(self, count)
-        read.append(len(keys))
-        return keys, values
-
-    monkeypatch.setattr(LmdbCursor, "read", counted)
+    read = count_cursor_reads(monkeypatch)
     got, state, took, index = run(db, transform, 9, processes="on")
     assert took == [True, True]
     assert same(got, want) and state == want_state
