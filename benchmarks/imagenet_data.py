@@ -563,7 +563,10 @@ def multi_train_rows(root: Path, s: Setup, gpus: int, peer_workers: int, out: Pa
         if any("CUDA graphs off" in note for note in result.get("notes", [])):
             name += " (graphs fell back to eager)"
         rows.append((name, db, result["images_per_s"]))
-        print(f"train x{gpus}: {name}: {result['images_per_s']:,.1f} images/s", flush=True)
+        series = result.get("rates")  # a `cpy train` row's display lines, iterations/s
+        print(f"train x{gpus}: {name}: {result['images_per_s']:,.1f} images/s"
+              + (f" (display lines: {' '.join(f'{r:.2f}' for r in series)} iter/s)"
+                 if series else ""), flush=True)
     return rows
 
 

@@ -151,7 +151,8 @@ def _train_command(solver: Path, gpus: str, out: Path, tag: str) -> list[str]:
 
 
 def _rates(text: str, code: int, images_per_iteration: int) -> dict:
-    """A run's result from its output: the median display rate after the first two."""
+    """A run's result from its output: the median display rate after the first two (every
+    display line's rate, iterations a second, in ``rates``)."""
     rates = [float(m.group(2)) for m in RATE.finditer(text)]
     notes = [line for line in text.splitlines() if "CUDA graphs off" in line
              or "whole iterations" in line or "reduction tree" in line]
@@ -160,7 +161,7 @@ def _rates(text: str, code: int, images_per_iteration: int) -> dict:
         return {"ok": False, "why": f"exit {code}: {tail}"}
     per_s = statistics.median(rates[2:])
     return {"ok": True, "iter_per_s": per_s, "images_per_s": per_s * images_per_iteration,
-            "notes": notes}
+            "notes": notes, "rates": rates}
 
 
 def _text(output: str | bytes | None) -> str:

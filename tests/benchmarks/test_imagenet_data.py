@@ -8,6 +8,7 @@ import dataclasses
 import io
 import json
 import re
+import statistics
 import subprocess
 import sys
 
@@ -108,6 +109,11 @@ def test_the_several_replica_rows_run_at_toy_size(tmp_path):
         assert "test_interval" not in spec and "test_iter" not in spec
         assert result["ok"] and result["gpus"] == 2
         assert result["images_per_s"] == pytest.approx(16 * result["iter_per_s"], rel=1e-12)
+        # every display line's rate is kept (iterations 0-4), the median taken after two
+        assert len(result["rates"]) == 5
+        assert result["iter_per_s"] == statistics.median(result["rates"][2:])
+        assert (f"train x2: {row}: {result['images_per_s']:,.1f} images/s (display lines: "
+                + " ".join(f"{r:.2f}" for r in result["rates"]) + " iter/s)") in done.stdout
         assert re.search(rf"\| {re.escape(row)} \| {result['images_per_s']:,.1f} \| [\d.]+ \| "
                          r"\d\.\d{3} \|", table), row
     log = (tmp_path / "imagenet_multigpu.log").read_text()
