@@ -155,8 +155,8 @@ class Prefetcher:
         self._cuda = self.device.type == "cuda"
         self._slots: list[_HostSlot] = []
         self._side: torch.cuda.Stream | None = None
-        record_bytes = int(np.prod(records.record_shape)) * np.dtype(records.dtype).itemsize
-        self._small = batch_size * record_bytes <= DIRECT_BYTES
+        self._record_bytes = int(np.prod(records.record_shape)) * np.dtype(records.dtype).itemsize
+        self._small = batch_size * self._record_bytes <= DIRECT_BYTES
         """A batch small enough to gather in the training thread from a database on the host."""
         self._may_gather = self._small or (self._cuda and not transformer.random)
         """Whether this feed may gather in the training thread once its database is kept
@@ -190,11 +190,11 @@ class Prefetcher:
 
     def _crosses_whole(self) -> bool:
         """Whether decoded records cross whole and are cropped on the device."""
-        transformer, dtype = self.transformer, np.dtype(self.records.dtype)
-        record_bytes = int(np.prod(self.records.record_shape)) * dtype.itemsize
-        crop_bytes = int(np.prod(transformer.out_shape)) * dtype.itemsize
+        transformer = self.transformer
+        crop_bytes = int(np.prod(transformer.out_shape)) * np.dtype(self.records.dtype).itemsize
         return (self._cuda and self.images is None and transformer.random
-                and bool(transformer.tp.crop_size) and record_bytes <= WHOLE_RATIO * crop_bytes)
+                and bool(transformer.tp.crop_size)
+                and self._record_bytes <= WHOLE_RATIO * crop_bytes)
 
     def _host_shape(self) -> tuple[int, ...]:
         shape = self.transformer.record_shape if self._whole else self.transformer.out_shape
