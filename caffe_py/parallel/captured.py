@@ -84,6 +84,9 @@ class AllReduceGroup(SyncGroup):
         self._side: list[torch.cuda.Stream] = []
         self._held: list[torch.cuda.Event] = []
         """Events recorded while a graph is being captured, kept until the next eager pass."""
+        self.divides: list[bool] = [True] * self.n
+        """Per replica: whether the all-reduce divides its sum by N, or leaves that to the
+        replica's update (:meth:`hand_mean`)."""
         self.in_backward = 0
         """Buckets (over all replicas) that backward's hooks found complete in the last
         iteration (a diagnostic; the rest waited for the end of backward)."""
@@ -103,6 +106,14 @@ class AllReduceGroup(SyncGroup):
         if self.collectives is not None:
             self._side.append(torch.cuda.Stream(rep.device))
         return rep
+
+    def hand_mean(self, i: int, solver: Solver) -> None:
+        """Leave the sum's 1/N to replica i's update where it can fold it into its kernel
+        (:meth:`~caffe_py.solver.rules.Updater.can_take_mean`): one pass less over the
+        gradient, on the side stream that backward shares, the same numbers."""
+        if self.collectives is not None and self.n > 1 and solver.can_take_mean():
+            solver.updater.mean_of = self.n
+            self.divides[i] = False
 
     def describe(self) -> str:
         """How the banner says the gradients are summed."""
@@ -151,9 +162,7 @@ class AllReduceGroup(SyncGroup):
             torch.cuda.current_stream(g.device) for g in grads]
         if not self.overlap:
             self.collectives.all_reduce(grads, streams=use)
-            for g, stream in zip(grads, use, strict=True):
-                with torch.cuda.device(g.device), torch.cuda.stream(stream):
-                    g.mul_(1.0 / self.n)
+            self._divide(grads, use)
             return
         ends = []   # the end of every replica's backward: for buckets the hooks did not finish
         for stream in use:
@@ -165,11 +174,17 @@ class AllReduceGroup(SyncGroup):
             for i, side in enumerate(self._side):
                 side.wait_event(self._ready[i][b] or ends[i])
             self.collectives.all_reduce(parts, streams=self._side)
-            for part, side in zip(parts, self._side, strict=True):
-                with torch.cuda.device(part.device), torch.cuda.stream(side):
-                    part.mul_(1.0 / self.n)
+            self._divide(parts, self._side)
         for stream, side in zip(use, self._side, strict=True):
             stream.wait_stream(side)
+
+    def _divide(self, parts: Sequence[torch.Tensor], streams: Sequence[torch.cuda.Stream]
+                ) -> None:
+        """Each replica's summed part times 1/N on its stream, where its update does not."""
+        for part, stream, divides in zip(parts, streams, self.divides, strict=True):
+            if divides:
+                with torch.cuda.device(part.device), torch.cuda.stream(stream):
+                    part.mul_(1.0 / self.n)
 
     def _spans(self) -> list[tuple[int, int]]:
         """[start, end) of each bucket the gradient is summed in (without overlap: one)."""

@@ -227,6 +227,8 @@ class ReplicatedRun:
             self.sync.setup(i, [lp.param for lp in solver.net.learnable_params()],
                             [*state_blobs(solver.net), *scale])   # the root's flows down
             solver.grads_in_place = True   # views into the flat gradient buffer
+            if isinstance(self.sync, AllReduceGroup):
+                self.sync.hand_mean(i, solver)
             # a sync's gradient hooks keep the engine's threads; captured iterations have none
             solver.backward_in_caller = self.captured
             if isinstance(self.sync, TreeSync) and self.tuning.layer_waits and not self.graphs:

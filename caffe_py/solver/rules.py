@@ -208,6 +208,10 @@ class Updater:
                       [self.p.weight_decay * g.decay_mult for g in self.groups])
         self._undo: Tensors = []
         """The weights and history as they were, for an update a device flag may skip."""
+        self.mean_of = 1
+        """How many replicas' gradients the gradients hold the sum of, where the all-reduce
+        leaves Caffe's division by their count to this update (:meth:`can_take_mean`): the
+        SGD kernel folds it into its first multiply."""
         self.fused = fused
         """Whether SGD runs as one CUDA kernel (:func:`~caffe_py.kernels.functions.sgd_update`)
         instead of op by op: None decides at the first update (SGD on float32 CUDA parameters
@@ -238,13 +242,30 @@ class Updater:
             return
         self._clip(grads)
         if skip is not None:
+            self._divide(grads)
             self._masked(grads, scales, skip)
             return
         if self.fused is None:
             self.fused = self._fusable()
         if self.fused and self._fused_sgd(grads, scales):
             return
+        self._divide(grads)
         self._pipeline(grads, scales)
+
+    def can_take_mean(self) -> bool:
+        """Whether this update can divide gradients summed over replicas by their count itself
+        (:attr:`mean_of`), in the SGD kernel's first multiply, with the numbers of a division
+        right after the sum: SGD in the kernel, ``iter_size`` 1 (one multiply, as the sum's
+        1/N is), no gradient clipping (whose norm reads the divided gradients) and every
+        parameter learning (a frozen one's gradient would stay a sum)."""
+        return (self.p.iter_size == 1 and self.p.clip_gradients <= 0
+                and len(self._order) == len(self.params) and self.fused is not False
+                and self._fusable())
+
+    def _divide(self, grads: Tensors) -> None:
+        """Caffe's 1/N of summed replicas' gradients, where the SGD kernel does not fold it."""
+        if self.mean_of > 1:
+            torch._foreach_mul_(grads, 1.0 / self.mean_of)
 
     def _masked(self, grads: Tensors, scales: Sequence[Scale] | torch.Tensor,
                 skip: torch.Tensor) -> None:
@@ -292,7 +313,7 @@ class Updater:
         else:
             rates = [float(v) for v in scales]
         weights, history, group, decays = self._flat
-        grad_scale = 1.0 / self.p.iter_size if self.p.iter_size > 1 else 1.0
+        grad_scale = 1.0 / (self.p.iter_size * self.mean_of)   # one of the two is 1
         return functions.sgd_update(weights, grads, history, group, rates, decays,
                                     self.p.momentum, grad_scale,
                                     self.p.regularization_type == "L1")

@@ -517,6 +517,12 @@ class Solver:
         self.updater.apply_scales(scales, skip=skip)
         scale.update()
 
+    def can_take_mean(self) -> bool:
+        """Whether this replica's update can divide gradients summed over the replicas by
+        their count itself (:meth:`~caffe_py.solver.rules.Updater.can_take_mean`; not with
+        FLOAT16, whose unscaling comes between the sum and the update)."""
+        return self.loss_scale is None and self.updater.can_take_mean()
+
     def backward(self, loss: torch.Tensor) -> None:
         """Backward from a pass's loss (scaled first with FLOAT16)."""
         (loss if self.loss_scale is None else self.loss_scale.scaled(loss)).backward()

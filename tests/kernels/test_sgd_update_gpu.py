@@ -29,11 +29,13 @@ def solver(**fields):
 
 
 def run(p, shapes, mults, fused, steps=5, device_rates=False, channels_last=False, seed=0,
-        offset=None):
+        offset=None, mean_of=1, divided=False):
     """The weights, gradients and history after ``steps`` updates of random gradients.
     ``offset``: every weight and gradient is a view into one flat buffer, the first starting
     ``offset`` elements in and each next one right after it (as in a replica's flat buffers;
-    an offset that is not a multiple of 4 leaves them off 16-byte boundaries)."""
+    an offset that is not a multiple of 4 leaves them off 16-byte boundaries). ``mean_of``:
+    the gradients are sums over that many replicas, divided by the update, or with
+    ``divided`` before it as the all-reduce would."""
     gen = torch.Generator(device="cuda").manual_seed(seed)
     fmt = torch.channels_last if channels_last else torch.contiguous_format
     params = [torch.nn.Parameter(torch.randn(s, generator=gen, device="cuda").contiguous(
@@ -41,6 +43,7 @@ def run(p, shapes, mults, fused, steps=5, device_rates=False, channels_last=Fals
     if offset is not None:
         params = [torch.nn.Parameter(view) for view in _views(params, offset)]
     up = Updater(p, params, mults, fused=fused)
+    up.mean_of = 1 if divided else mean_of
     step = 0
     for it in range(steps):
         rate, step = learning_rate(p, it, step)
@@ -48,6 +51,8 @@ def run(p, shapes, mults, fused, steps=5, device_rates=False, channels_last=Fals
             memory_format=fmt if w.dim() == 4 else torch.contiguous_format) for w in params]
         if offset is not None:
             grads = _views(grads, offset)
+        if divided:
+            torch._foreach_mul_(grads, 1.0 / mean_of)
         for w, g in zip(params, grads, strict=True):
             w.grad = g
         scales = up.scales(rate, it)
@@ -98,6 +103,24 @@ def test_lenet_update_is_the_pipelines_bit_for_bit(device_rates):
 def test_solver_fields_are_the_pipelines_bit_for_bit(fields, device_rates):
     assert_same(solver(**fields), LENET, [(1, 1), (2, 0), (1, 3), (0.5, 1)] * 2,
                 device_rates=device_rates)
+
+
+@pytest.mark.parametrize("n", [2, 3, 4])
+@pytest.mark.parametrize("device_rates", [False, True], ids=["host rate", "device rate"])
+def test_the_replicas_mean_folded_into_the_kernel_is_the_division_after_the_sum(n, device_rates):
+    # the all-reduce's part.mul_(1/N) then the kernel, against the kernel multiplying by 1/N
+    # itself and against the pipeline dividing first, bit for bit (1/3 is not exact)
+    p, shapes = solver(), [(5,), (64, 3, 3, 3), (4099,), (10, 7), (8192,)]
+    mults = [(1, 1), (2, 0), (1, 1), (1, 3), (0.5, 1)]
+    kw = {"device_rates": device_rates, "offset": 0}
+    up, folded = run(p, shapes, mults, None, mean_of=n, **kw)
+    _, divided = run(p, shapes, mults, None, mean_of=n, divided=True, **kw)
+    slow, pipeline = run(p, shapes, mults, False, mean_of=n, **kw)
+    assert up.fused is True and up.mean_of == n and slow.fused is False
+    assert up.can_take_mean() and not slow.can_take_mean()
+    for k, (a, b, c) in enumerate(zip(folded, divided, pipeline, strict=True)):
+        assert torch.equal(a, b), (k, (a - b).abs().max().item())
+        assert torch.equal(a, c), (k, (a - c).abs().max().item())
 
 
 def test_many_tensors_split_over_launches():
@@ -189,3 +212,16 @@ def test_one_update_replays_in_a_cuda_graph_with_new_rates():
     torch.cuda.synchronize()
     for a, b in zip([*params, *up.history], [*ref, *slow.history], strict=True):
         assert torch.equal(a, b)
+
+
+@pytest.mark.parametrize("fields,mults", [({}, LENET_MULTS),
+                                          ({"iter_size": 2}, LENET_MULTS),
+                                          ({"clip_gradients": 5.0}, LENET_MULTS),
+                                          ({"type": "Nesterov"}, LENET_MULTS),
+                                          ({}, [(1, 1), (0, 0)] * 4)],
+                         ids=["SGD", "iter_size", "clip", "Nesterov", "a frozen blob"])
+def test_which_updates_take_the_replicas_mean(fields, mults):
+    # only where dividing in the kernel's one multiply gives the all-reduce's numbers
+    params = [torch.nn.Parameter(torch.zeros(s, device="cuda")) for s in LENET]
+    assert Updater(solver(**fields), params, mults).can_take_mean() is (fields == {} and
+                                                                         mults is LENET_MULTS)

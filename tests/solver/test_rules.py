@@ -195,3 +195,33 @@ def test_cpu_parameters_keep_the_op_by_op_pipeline():
     assert torch.equal(a[0], b[0]) and torch.equal(a[1], b[1])
     # the bias (lr_mult 2, no decay): h = 0.1, 0.39, 0.851 after g = 0.5, 1.5, 2.5
     assert a[1].tolist() == pytest.approx([1 - (0.1 + 0.39 + 0.851)] * 3)
+
+
+@pytest.mark.parametrize("rule", ["SGD", "Adam"])
+@pytest.mark.parametrize("masked", [False, True], ids=["update", "skip flag"])
+def test_an_update_given_summed_gradients_divides_them_first(rule, masked):
+    """``mean_of``: the gradients hold the sum over 3 replicas and the update divides them by 3
+    first, what the all-reduce's 1/N gives (the multiply by 1/3, rounded) bit for bit; on the
+    CPU, which no kernel folds it into, the update says it cannot take the mean itself."""
+    p = solver(type=rule, momentum=0.9, weight_decay=0.01)
+    gen = torch.Generator().manual_seed(4)
+    start = [torch.randn(4, 3, generator=gen), torch.randn(3, generator=gen)]
+    sums = [[torch.randn(4, 3, generator=gen), torch.randn(3, generator=gen)] for _ in range(3)]
+    out = []
+    for mean_of in (3, 1):
+        params = [torch.nn.Parameter(w.clone()) for w in start]
+        up = Updater(p, params, [(1, 1), (2, 0)])
+        up.mean_of = mean_of
+        for it, grads in enumerate(sums):
+            for w, g in zip(params, grads, strict=True):
+                w.grad = g.clone() if mean_of == 3 else g * (1.0 / 3)
+            scales = up.scales(0.1, it)
+            if masked:
+                up.apply_scales(scales, skip=torch.zeros(()))
+            else:
+                up.apply_scales(scales)
+        assert not up.can_take_mean()
+        out.append([*params, *up.history])
+    for a, b in zip(*out, strict=True):
+        assert torch.equal(a, b)
+    assert not torch.equal(out[0][0], start[0])
