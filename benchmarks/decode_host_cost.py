@@ -1,7 +1,8 @@
 """The training process's own CPU time per JPEG record that the decode processes decode: the
 image files left in the LMDB (each process reads its records by key) against the files copied
-out of the map by the reader and into the processes' shared input buffers by the feeds, in
-the same run.
+out of the map by the reader and into the processes' shared input buffers by the feeds, and
+the crops written straight into the feed's shared batch buffers (a CUDA feed's slots) against
+copied out of the processes' own, in the same run.
 
     python benchmarks/make_imagenet_lmdb.py /tmp/cpy_imagenet --images 4096
     python benchmarks/decode_host_cost.py /tmp/cpy_imagenet/jpeg_lmdb --save docs/data_pipeline.md
@@ -39,15 +40,18 @@ from data_pipeline import save  # noqa: E402
 import caffe_py.io.reader.reader as reader_module  # noqa: E402
 from caffe_py.io import ReaderPool  # noqa: E402
 from caffe_py.io.db.lmdb_store import LmdbReader  # noqa: E402
+from caffe_py.io.decoders.decode_processes import release, shared_buffer  # noqa: E402
 from caffe_py.io.decoders.workers import DecodeOptions, usable_cores  # noqa: E402
 from caffe_py.io.feed.image_batch import BatchImages  # noqa: E402
 from caffe_py.io.feed.transformer import Choices  # noqa: E402
 from caffe_py.io.formats.datum import decode_datum  # noqa: E402
 from caffe_py.io.reader import FeedSpec  # noqa: E402
 
-MODES = ("stored", "buffers")
-"""stored: the processes read the files from the LMDB; buffers: the files are copied through
-the training process (as from a database the processes cannot read, LevelDB)."""
+MODES = ("slots", "stored", "buffers")
+"""slots: the processes read the files from the LMDB and write the crops into the feed's
+shared batch buffers (as into a CUDA feed's slots); stored: the same, the crops copied out of
+the processes' buffers (as into a CPU feed's batch); buffers: the files are copied through the
+training process too (as from a database the processes cannot read, LevelDB)."""
 
 
 def record_shape(db: str) -> tuple[int, int, int]:
@@ -71,7 +75,7 @@ def _settings(mode: str) -> Iterator[None]:
     """``mode``'s reader settings while a measurement runs, as they were afterwards: the files
     left in the LMDB or not, and no database kept decoded (as an ImageNet-sized one)."""
     saved = LmdbReader.rereadable, reader_module.CACHE_BYTES
-    LmdbReader.rereadable, reader_module.CACHE_BYTES = mode == "stored", 0
+    LmdbReader.rereadable, reader_module.CACHE_BYTES = mode != "buffers", 0
     try:
         yield
     finally:
@@ -91,9 +95,16 @@ def _measure(db: str, mode: str, shape: tuple[int, int, int], replicas: int, bat
                               pool.processes, replicas) for _ in range(replicas)]
         pool.start()
 
+        slots = ([shared_buffer(batch * shape[0] * crop * crop, db) for _ in range(2 * replicas)]
+                 if mode == "slots" else [])
+
         def feed(r: int) -> None:
             rng = np.random.default_rng(r)
-            outs = [np.empty((batch, shape[0], crop, crop), np.uint8) for _ in range(2)]
+            size = (batch, shape[0], crop, crop)
+            mine = slots[2 * r:2 * r + 2]
+            outs = ([np.ndarray(size, np.uint8, buffer=slot.buf) for slot in mine] if mine
+                    else [np.empty(size, np.uint8) for _ in range(2)])
+            names = [slot.name for slot in mine] if mine else [None, None]
             flying: list = []
             try:
                 for index in itertools.count():
@@ -104,7 +115,8 @@ def _measure(db: str, mode: str, shape: tuple[int, int, int], replicas: int, bat
                     choices = Choices(rng.integers(0, shape[1] - crop + 1, (batch, 2)),
                                       rng.integers(0, 2, batch).astype(bool))
                     # two batches in flight, each into its own buffer
-                    flight = images[r].start_host(records, choices, outs[index % 2])
+                    flight = images[r].start_host(records, choices, outs[index % 2],
+                                                  names[index % 2])
                     flying.append(flight)
                     if len(flying) == 2:
                         done = flying.pop(0)
@@ -133,6 +145,8 @@ def _measure(db: str, mode: str, shape: tuple[int, int, int], replicas: int, bat
         split = images[0].crops.summary() if images[0].crops is not None else ""
         for each in images:
             each.close()
+    for slot in slots:
+        release(slot)
     if errors:
         raise errors[0]
     n = max(1, done1 - done0)

@@ -188,26 +188,35 @@ def test_a_cpy_row_that_fails_says_why(tmp_path):
 
 
 def test_the_decode_host_cost_benchmark_runs_both_ways(tmp_path):
-    """benchmarks/decode_host_cost.py on a toy set: both modes feed batches of the database's
-    own shape, and the table compares them."""
+    """benchmarks/decode_host_cost.py on a toy set: every mode feeds batches of the
+    database's own shape (into shared slots: no crop copied out), and the table compares
+    them; no shared buffer is left behind."""
+    from pathlib import Path
+
+    def shm() -> set[str]:
+        return {p.name for p in Path("/dev/shm").iterdir()}
+
     make = load_benchmark("make_imagenet_lmdb")
     make.main([str(tmp_path), "--images", "24", "--size", "40", "--workers", "1"])
     bench = load_benchmark("decode_host_cost")
     db = str(tmp_path / "jpeg_lmdb")
     assert bench.record_shape(db) == (3, 40, 40)
     cache = reader.CACHE_BYTES
+    before = shm()
     rows = bench.main([db, "--replicas", "2", "--batch", "4", "--crop", "32", "--processes",
                        "1", "--seconds", "0.5", "--warmup", "0.3", "--rounds", "1",
                        "--save", str(tmp_path / "out.md")])
-    assert [r["mode"] for r in rows] == ["stored", "buffers"]
+    assert [r["mode"] for r in rows] == ["slots", "stored", "buffers"] and shm() == before
     assert LmdbReader.rereadable and reader.CACHE_BYTES == cache  # as they were
     assert all(r["images_per_s"] > 0 and r["host_us"] > 0 for r in rows)
     assert all(re.fullmatch(r"\d+ batches; per batch: write files and submit \d+\.\d ms, wait "
                             r"for the processes \d+\.\d ms, copy the crops out \d+\.\d ms",
                             r["feed"]) for r in rows)
+    assert rows[0]["feed"].endswith("copy the crops out 0.0 ms")
     text = (tmp_path / "out.md").read_text()
     assert "--crop 32 --batch 4 --processes 1" in text and "(3 x 40 x 40 JPEG records" in text
-    assert re.search(r"\| stored \| [\d,]+ \| \d+\.\d us \| \d\.\d\dx \|\n\| buffers \| [\d,]+ "
+    assert re.search(r"\| slots \| [\d,]+ \| \d+\.\d us \| \d\.\d\dx \|\n"
+                     r"\| stored \| [\d,]+ \| \d+\.\d us \| \d\.\d\dx \|\n\| buffers \| [\d,]+ "
                      r"\| \d+\.\d us \| 1\.00x \|", text)
 
 

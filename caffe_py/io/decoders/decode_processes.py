@@ -70,9 +70,9 @@ SHM_DIR = "/dev/shm"
 """Where POSIX shared memory (multiprocessing.shared_memory) lives on Linux."""
 IN_FLIGHT = 2
 """Batches a feed keeps in the decode processes at once (see :class:`ProcessCrops`)."""
-ATTACHED_BUFFERS = 32
-"""Shared buffers a decode process keeps mapped (two per batch in flight per feed; the oldest
-are let go)."""
+ATTACHED_BUFFERS = 64
+"""Shared buffers a decode process keeps mapped (per feed: its batch slots on CUDA, or two per
+batch in flight; the oldest are let go)."""
 
 
 @dataclass(frozen=True)
@@ -211,12 +211,15 @@ class ProcessCrops:
         and submitting the parts, waiting for them, copying the crops out (for benchmarks)."""
         self.batches = 0
 
-    def submit(self, files, keys, offsets: list, flips: list, out: np.ndarray) -> InFlight:
+    def submit(self, files, keys, offsets: list, flips: list, out: np.ndarray,
+               shared: str | None = None) -> InFlight:
         """Start decoding ``files`` (image files, or :class:`StoredFiles` the processes read
         themselves) into ``out`` (B, C, h, w) uint8, each record's crop window at ``offsets``
         (y, x), mirrored where ``flips``; the batch is in ``out`` after
-        :meth:`InFlight.wait`. Raises :class:`NoSharedMemory` (nothing submitted) where the
-        buffers cannot be made."""
+        :meth:`InFlight.wait`. ``shared``: the name of the buffer (:func:`shared_buffer`)
+        that ``out`` starts at: the processes write the crops there, and nothing is copied
+        out. Raises :class:`NoSharedMemory` (nothing submitted) where the buffers cannot be
+        made."""
         if len(self._flying) >= self.depth:  # every pair of buffers is busy: the oldest first
             self.collect(self._flying[0])
         started = time.perf_counter()
@@ -226,21 +229,23 @@ class ProcessCrops:
             sums = np.zeros(n + 1, np.int64)
             np.cumsum([len(f) for f in files], out=sums[1:])
             marks = sums.tolist()
-            inputs, crops_buffer = self._pair(marks[-1], out.nbytes)
+            inputs, crops_buffer = self._pair(marks[-1], out.nbytes if shared is None else None)
             assert inputs is not None and inputs.buf is not None  # asked for; created
             into = inputs.buf
             for file, at, end in zip(files, marks, marks[1:], strict=False):
                 into[at:end] = file
         else:  # each process reads its records from the database
             marks, keys = [], stored.keys
-            inputs, crops_buffer = self._pair(None, out.nbytes)
+            inputs, crops_buffer = self._pair(None, out.nbytes if shared is None else None)
         # every feed's parts at once find a process each: with more parts than processes
         # (ceil), the parts left over run after a whole part's time, doubling their batch's wait
         count = max(1, min(n, self.processes.count // max(1, self.processes.feeds)))
         cuts = [n * i // count for i in range(count + 1)] if n else [0]
         shape = tuple(out.shape)
+        crops = shared if crops_buffer is None else crops_buffer.name
+        assert crops is not None  # a buffer was asked for where none was given
         futures = [self.processes.submit(Part(
-            inputs.name if inputs is not None else "", crops_buffer.name, shape, a, b,
+            inputs.name if inputs is not None else "", crops, shape, a, b,
             tuple(marks[a:b + 1]), tuple(keys[a:b]), tuple(tuple(o) for o in offsets[a:b]),
             tuple(flips[a:b]), self.path, self.record_shape, self.color,
             stored.database if stored is not None else None,
@@ -252,10 +257,11 @@ class ProcessCrops:
         self.seconds["send"] += time.perf_counter() - started
         return flight
 
-    def _pair(self, files_size: int | None, crops_size: int
-              ) -> tuple[shared_memory.SharedMemory | None, shared_memory.SharedMemory]:
+    def _pair(self, files_size: int | None, crops_size: int | None
+              ) -> tuple[shared_memory.SharedMemory | None, shared_memory.SharedMemory | None]:
         """The next batch's buffers (pair :attr:`_turn`), grown where too small (``files_size``
-        None: no input buffer, the files are read from the database). Where shared memory holds
+        None: no input buffer, the files are read from the database; ``crops_size`` None: no
+        output buffer, the crops go straight into the feed's). Where shared memory holds
         the first pair but not the second, the feed goes on with one batch in flight (one log
         line); where it cannot hold the first, :class:`NoSharedMemory`."""
         turn = self._turn
@@ -271,10 +277,12 @@ class ProcessCrops:
             self.collect_all()  # their buffers are the ones the next batch takes
             return self._grown_pair(0, files_size, crops_size)
 
-    def _grown_pair(self, turn: int, files_size: int | None, crops_size: int
-                    ) -> tuple[shared_memory.SharedMemory | None, shared_memory.SharedMemory]:
+    def _grown_pair(self, turn: int, files_size: int | None, crops_size: int | None
+                    ) -> tuple[shared_memory.SharedMemory | None,
+                               shared_memory.SharedMemory | None]:
         files = self._grown(turn, "files", files_size) if files_size is not None else None
-        return files, self._grown(turn, "crops", crops_size)
+        crops = self._grown(turn, "crops", crops_size) if crops_size is not None else None
+        return files, crops
 
     def summary(self) -> str:
         """Where the feed thread's time went per batch (:attr:`seconds`), in one line."""
@@ -308,11 +316,12 @@ class ProcessCrops:
             raise
         finally:
             self.seconds["wait"] += time.perf_counter() - started
-        waited = time.perf_counter()
-        crops = np.ndarray(flight.out.shape, np.uint8, buffer=flight.crops.buf)
-        flight.out[...] = crops
-        del crops
-        self.seconds["copy"] += time.perf_counter() - waited
+        if flight.crops is not None:  # the crops are in the processes' buffer: copied out
+            waited = time.perf_counter()
+            crops = np.ndarray(flight.out.shape, np.uint8, buffer=flight.crops.buf)
+            flight.out[...] = crops
+            del crops
+            self.seconds["copy"] += time.perf_counter() - waited
         self.batches += 1
         flight.done = True
 
@@ -339,23 +348,8 @@ class ProcessCrops:
         if buffer is not None and buffer.size >= size:
             return buffer
         if buffer is not None:
-            _release(buffers.pop(kind))
-        want = max(1, size + size // 2)
-        created = None
-        try:
-            created = shared_memory.SharedMemory(create=True, size=want)
-            fd = os.open(_path(created.name), os.O_RDWR)
-            try:
-                os.posix_fallocate(fd, 0, want)
-            finally:
-                os.close(fd)
-        except OSError as exc:
-            if created is not None:
-                _release(created)
-            raise NoSharedMemory(
-                f"{self.path}: the decode processes need {_mb(want)} of shared memory for a "
-                f"batch and {SHM_DIR} cannot hold it ({exc.strerror}; {_mb(_free(SHM_DIR))} "
-                "free)") from None
+            release(buffers.pop(kind))
+        created = shared_buffer(max(1, size + size // 2), self.path)
         buffers[kind] = created
         return created
 
@@ -373,15 +367,16 @@ class ProcessCrops:
     def _release_pair(self, turn: int) -> None:
         buffers = self._buffers[turn]
         while buffers:
-            _release(buffers.popitem()[1])
+            release(buffers.popitem()[1])
 
 
 class InFlight:
     """A batch submitted to the decode processes (:meth:`ProcessCrops.submit`): ``wait()``
-    puts its crops in ``out`` (once), ``cancel()`` drops it."""
+    puts its crops in ``out`` (once; copied out of ``crops``, unless they were written into
+    ``out``'s own shared buffer), ``cancel()`` drops it."""
 
     def __init__(self, owner: ProcessCrops, futures: list[Future],
-                 crops: shared_memory.SharedMemory, out: np.ndarray):
+                 crops: shared_memory.SharedMemory | None, out: np.ndarray):
         self.owner, self.futures, self.crops, self.out = owner, futures, crops, out
         self.done = False
         """Whether the crops are in ``out``."""
@@ -395,8 +390,36 @@ class InFlight:
         self.owner.drop(self)
 
 
-def _release(buffer: shared_memory.SharedMemory) -> None:
-    buffer.close()
+def shared_buffer(size: int, where: str) -> shared_memory.SharedMemory:
+    """A new shared buffer of ``size`` bytes the decode processes can write into, its pages
+    reserved: a shared-memory file system too small for it (a container's 64 MB /dev/shm) is
+    a :class:`NoSharedMemory` error here (naming ``where``), not a SIGBUS at the first write.
+    Its owner lets go of it with :func:`release`."""
+    created = None
+    try:
+        created = shared_memory.SharedMemory(create=True, size=size)
+        fd = os.open(_path(created.name), os.O_RDWR)
+        try:
+            os.posix_fallocate(fd, 0, size)
+        finally:
+            os.close(fd)
+    except OSError as exc:
+        if created is not None:
+            release(created)
+        raise NoSharedMemory(
+            f"{where}: the decode processes need {_mb(size)} of shared memory for a batch "
+            f"and {SHM_DIR} cannot hold it ({exc.strerror}; {_mb(_free(SHM_DIR))} free)"
+        ) from None
+    return created
+
+
+def release(buffer: shared_memory.SharedMemory) -> None:
+    """Unmap and remove a buffer of :func:`shared_buffer`. A view of it that lives on (in a
+    traceback) keeps it mapped until that goes; its name is removed at once."""
+    try:
+        buffer.close()
+    except BufferError:
+        pass
     buffer.unlink()
 
 

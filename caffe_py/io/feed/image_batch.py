@@ -110,14 +110,16 @@ class BatchImages:
         if flight is not None:
             flight.wait()
 
-    def start_host(self, batch: RecordBatch, choices: Choices,
-                   out: np.ndarray) -> InFlight | None:
+    def start_host(self, batch: RecordBatch, choices: Choices, out: np.ndarray,
+                   shared: str | None = None) -> InFlight | None:
         """As :meth:`host`; with the decode processes it returns as soon as the batch is
         theirs, and ``out`` holds it after the returned batch's ``wait()`` (None: decoded
-        already, by the threads)."""
+        already, by the threads). ``shared``: the shared buffer ``out`` starts at
+        (:func:`~caffe_py.io.decoders.decode_processes.shared_buffer`), which the processes
+        write the crops into."""
         keys = batch.keys
         offsets, flips = choices.offsets.tolist(), choices.flips.tolist()
-        flight = (self._submitted(batch.files, keys, offsets, flips, out)
+        flight = (self._submitted(batch.files, keys, offsets, flips, out, shared)
                   if self.crops is not None else None)
         if flight is not None and self.gpu_error is None:
             return flight
@@ -140,13 +142,13 @@ class BatchImages:
             self._gpu_refused()
         return None
 
-    def _submitted(self, files, keys, offsets: list, flips: list,
-                   out: np.ndarray) -> InFlight | None:
+    def _submitted(self, files, keys, offsets: list, flips: list, out: np.ndarray,
+                   shared: str | None) -> InFlight | None:
         """The batch submitted to the processes; None where there is too little shared memory
         for them and the threads are to decode it (``auto``; ``on`` raises)."""
         assert self.crops is not None
         try:
-            return self.crops.submit(files, keys, offsets, flips, out)
+            return self.crops.submit(files, keys, offsets, flips, out, shared)
         except NoSharedMemory as exc:
             if self.options.processes == "on":
                 raise DataError(f"{exc}; give it more room (docker run --shm-size=1g) or set "

@@ -20,8 +20,12 @@ thread has them decoded and cropped (:mod:`.image_batch`) by the decode workers 
 or on CUDA by nvJPEG on the device, and goes on as for decoded records. Big raw records of such
 an LMDB reach it as files too where there are decode processes (the reader says so before the
 feed starts: :attr:`~caffe_py.io.reader.reader.RecordQueue.raw_files`), and the processes crop
-them. A batch of the decode processes is finished (waited for, copied, sent to the device)
-only after the thread has handed them the next one, so they are never idle while it works.
+them. A batch of the decode processes is finished (waited for, sent to the device) only after
+the thread has handed them the next one, so they are never idle while it works. On CUDA such a
+feed's slots are shared buffers the processes map, page-locked for the device's copy
+(``cudaHostRegister``): the processes write the crops straight into the slot and the thread
+copies nothing (with no room in /dev/shm, or where the buffer cannot be page-locked, the slots
+are pinned buffers of torch's and the crops are copied out of the processes' own).
 
 Once the stream's database is kept decoded (the reader's cache, complete after the first pass)
 and a batch of records is small (``DIRECT_BYTES``), or on CUDA the database stays on the device
@@ -43,19 +47,22 @@ The feed reads its queue through the reader's consumer calls only: ``get_batch``
 """
 from __future__ import annotations
 
+import logging
 import queue
 import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from functools import partial
+from multiprocessing import shared_memory
 
 import numpy as np
 import torch
 
 from ...errors import DataError
 from ...interrupts import interruptible
-from ..decoders.decode_processes import InFlight
+from ..decoders.decode_processes import InFlight, NoSharedMemory, shared_buffer
+from ..decoders.decode_processes import release as release_buffer
 from ..reader.reader import JOIN_TIMEOUT_S, STALL_TIMEOUT_S, WAIT_SLICE_S, Detached, RecordQueue
 from ..reader.records import DecodedView, RecordBatch
 from .gather import HostGather, loop_gather, resides
@@ -67,6 +74,10 @@ WHOLE_RATIO = 2.0
 gather) when a record is at most this many times its crop's bytes (ImageNet's 256 -> 224:
 1.31x): the host then copies each run of records in one call, instead of one window copy per
 record, each a GIL hand-over beside the training loop."""
+log = logging.getLogger(__name__)
+
+HOST_REGISTER_PORTABLE = 1
+"""cudaHostRegisterPortable: a shared slot is page-locked for every device's context."""
 SLOTS = 4
 """Batches a feed assembles ahead of the training loop (its ring of host buffers on CUDA).
 While two or more are ready the thread waits for two free slots and fills both in one wake:
@@ -108,12 +119,22 @@ class _HostSlot:
     """One slot of the CUDA ring: a pinned host buffer holding a batch's records (B, C, h, w)
     and, after them, its labels (B,) int64, so one copy moves both; a device buffer of the
     same bytes it is copied into (read only by this slot's own transform, which is ordered
-    after the copy on the side stream); and the event marking the batch done there."""
+    after the copy on the side stream); and the event marking the batch done there.
 
-    def __init__(self, shape: tuple[int, ...], dtype: np.dtype, device: torch.device):
+    ``shared`` (the feed's database, for messages): the decode processes crop into this slot,
+    so the host buffer is a shared one they map (:attr:`shared`, its name given with each
+    batch), page-locked; where that cannot be made, one warning and torch's pinned memory
+    (:attr:`shared` None)."""
+
+    def __init__(self, shape: tuple[int, ...], dtype: np.dtype, device: torch.device,
+                 shared: str | None = None):
         count = int(np.prod(shape))
         data_bytes = -(-count * dtype.itemsize // 8) * 8  # the labels start 8-aligned
-        self.host = torch.empty(data_bytes + 8 * shape[0], dtype=torch.uint8, pin_memory=True)
+        size = data_bytes + 8 * shape[0]
+        self.shared: shared_memory.SharedMemory | None = None
+        host = self._shared_host(size, shared) if shared is not None else None
+        self.host = host if host is not None else torch.empty(size, dtype=torch.uint8,
+                                                                pin_memory=True)
         raw = self.host.numpy()
         self.data = raw[:count * dtype.itemsize].view(dtype).reshape(shape)
         self.label = raw[data_bytes:].view(np.int64)
@@ -125,10 +146,43 @@ class _HostSlot:
         self.done = torch.cuda.Event()
         self.used = False
 
+    def _shared_host(self, size: int, where: str) -> torch.Tensor | None:
+        """A page-locked shared buffer of ``size`` bytes as a tensor (:attr:`shared` set), or
+        None (one warning) where /dev/shm cannot hold it or CUDA cannot lock it."""
+        try:
+            buffer = shared_buffer(size, where)
+        except NoSharedMemory as exc:
+            log.warning("%s; this feed copies the crops out of the processes' buffers", exc)
+            return None
+        host = torch.frombuffer(buffer.buf, dtype=torch.uint8, count=size)
+        error = torch.cuda.cudart().cudaHostRegister(host.data_ptr(), size,
+                                                     HOST_REGISTER_PORTABLE)
+        if int(error) != 0:
+            del host
+            release_buffer(buffer)
+            log.warning("%s: cannot page-lock a shared batch buffer (CUDA error %d); this "
+                        "feed copies the crops out of the processes' buffers", where,
+                        int(error))
+            return None
+        self.shared = buffer
+        return host
+
     def wait_free(self) -> None:
         """Block until the previous batch of this slot has left the host buffer."""
         if self.used and not self.done.query():
             self.done.synchronize()
+
+    def release(self) -> None:
+        """Let go of a shared host buffer once its last copy is done (torch frees a pinned
+        one itself, after its copies); the slot is not used again."""
+        if self.shared is None:
+            return
+        if self.used:
+            self.done.synchronize()
+        torch.cuda.cudart().cudaHostUnregister(self.host.data_ptr())
+        del self.host, self.data, self.label  # the views of the buffer, before it goes
+        buffer, self.shared = self.shared, None
+        release_buffer(buffer)
 
 
 class Prefetcher:
@@ -178,8 +232,7 @@ class Prefetcher:
         self._whole = self._crosses_whole()
         self.mean = self.transformer.device_mean(self.device)
         if self._cuda:
-            self._slots = [_HostSlot(self._host_shape(), self._host_dtype(), self.device)
-                           for _ in range(SLOTS)]
+            self._slots = self._ring()
             self._side = torch.cuda.Stream(self.device)
             self._side.wait_stream(torch.cuda.current_stream(self.device))  # the mean's copy
         for slot in range(SLOTS):
@@ -187,6 +240,24 @@ class Prefetcher:
         self.thread = threading.Thread(target=self._run, name=f"cpy-prefetch:{self.name}",
                                        daemon=True)
         self.thread.start()
+
+    def _ring(self) -> list[_HostSlot]:
+        """The CUDA ring's slots: shared ones where the decode processes crop into them (one
+        warning and pinned ones from the first that cannot be made)."""
+        crops = self.images is not None and self.images.crops is not None and not self._whole
+        shared = self.records.path if crops else None
+        slots = []
+        for _ in range(SLOTS):
+            slots.append(_HostSlot(self._host_shape(), self._host_dtype(), self.device,
+                                   shared=shared))
+            if slots[-1].shared is None:
+                shared = None
+        return slots
+
+    def _release_ring(self) -> None:
+        for slot in self._slots:
+            slot.release()
+        self._slots = []
 
     def _crosses_whole(self) -> bool:
         """Whether decoded records cross whole and are cropped on the device."""
@@ -209,8 +280,10 @@ class Prefetcher:
         self._free.put(-1)  # wakes a thread waiting for a slot now, not a wait slice later
         if self.thread is not None:
             self.thread.join(JOIN_TIMEOUT_S)
-        if self.images is not None and (self.thread is None or not self.thread.is_alive()):
-            self.images.close()
+        if self.thread is None or not self.thread.is_alive():
+            if self.images is not None:
+                self.images.close()
+            self._release_ring()
 
     # --- the thread ---------------------------------------------------------------------------
     def _run(self) -> None:
@@ -333,7 +406,8 @@ class Prefetcher:
         decoded = images.on_device(batch)  # on the side stream (this thread's)
         if decoded is None:  # the CPU workers: crops into the slot, one copy with the labels
             finish = partial(self._slot_values, slot, len(batch), choices, index)
-            flight = images.start_host(batch, choices, slot.data)
+            flight = images.start_host(batch, choices, slot.data,
+                                       slot.shared.name if slot.shared is not None else None)
             return finish() if flight is None else _Pending(flight, finish)
         # whole images (RGB or gray): crop, mirror, BGR, mean and scale in one pass
         at = slot.label_at
@@ -431,7 +505,7 @@ class Prefetcher:
         if self._cuda:  # the tensors the thread handed out were made on the side stream
             assert self._side is not None  # made by start() on CUDA
             torch.cuda.current_stream(self.device).wait_stream(self._side)
-            self._slots = []  # the thread's ring (the pinned allocator waits for its copies)
+            self._release_ring()  # the thread's (the pinned allocator waits for its copies)
         self._loop = loop_gather(view, self.batch_size, self.transformer, self.device,
                                  self.mean)
 

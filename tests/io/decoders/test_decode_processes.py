@@ -119,6 +119,42 @@ def test_the_crops_are_the_reader_decoders_pixels():
                         crops.summary())
 
 
+def test_crops_go_straight_into_a_shared_buffer_the_feed_names():
+    # a CUDA feed's batch slot: the processes write into it and nothing is copied out, and
+    # the processes make no output buffer of their own (only the files' input buffers)
+    from caffe_py.io.decoders.decode_processes import release, shared_buffer
+
+    files = [image_file(i) for i in range(9)]
+    before = shared_buffers()
+    processes = DecodeProcesses(3)
+    crops = ProcessCrops(processes, "db", (3, H, W), None)
+    slots = [shared_buffer(9 * 3 * 7 * 7 + 72, "db") for _ in range(2)]
+    outs = [np.ndarray((9, 3, 7, 7), np.uint8, buffer=slot.buf) for slot in slots]
+    try:
+        copied = decode(crops, files)
+        copy_s = crops.seconds["copy"]
+        for out in outs:
+            out[...] = 0
+        flights = [crops.submit(files, [b"k%d" % i for i in range(9)],
+                                [[i % 3, i % 4] for i in range(9)],
+                                [i % 2 == 1 for i in range(9)], out, slot.name)
+                   for out, slot in zip(outs, slots, strict=True)]
+        made = shared_buffers() - before - {s.name.lstrip("/") for s in slots}
+        for flight in flights:
+            flight.wait()
+        assert [flight.crops for flight in flights] == [None, None]
+        assert crops.batches == 3 and crops.seconds["copy"] == copy_s > 0
+    finally:
+        crops.close()
+        processes.close()
+    assert np.array_equal(outs[0], copied) and np.array_equal(outs[1], copied)
+    assert len(made) == 3   # the first batch's two buffers, the second pair's files buffer
+    del outs
+    for slot in slots:
+        release(slot)
+    assert children() == [] and shared_buffers() == before
+
+
 def test_two_batches_in_flight_each_get_their_own_crops():
     files = [image_file(i) for i in range(12)]
     want = [decode_image(f)[:, :7, :7] for f in files]

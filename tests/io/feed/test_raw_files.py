@@ -217,3 +217,64 @@ def test_raw_files_on_cuda_are_the_whole_records_batches(raw_db, monkeypatch):
     monkeypatch.setattr(decode, "RAW_FILES_BYTES", 0)
     got, _, took, _ = run(db, transform, 9, processes="on", device="cuda")
     assert took == [True, True] and same(got, want)
+
+
+def _cuda_slots_run(db, transform):
+    """9 lockstep batches of two CUDA feeds whose processes crop the raw files, and per feed
+    whether every slot was a shared one and the seconds it spent copying crops out."""
+    layers = [data_layer(db, transform) for _ in range(2)]
+    with ReaderPool(replicas=2, decode=DecodeOptions(2, "off", processes="on")) as pool:
+        feeds = [attach_feeds(net_of(layer), pool, replica=i, device="cuda", seed=3)[0]
+                 for i, layer in enumerate(layers)]
+        pool.start()
+        batches = [[tuple(t.cpu() for t in layer()) for layer in layers] for _ in range(9)]
+        shared = [all(slot.shared is not None for slot in f._slots) for f in feeds]
+        copied = [f.images.crops.seconds["copy"] for f in feeds]
+        return batches, shared, copied
+
+
+def _shm_names() -> set[str]:
+    from pathlib import Path
+    return {p.name for p in Path("/dev/shm").iterdir()}
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_on_cuda_the_processes_crop_into_the_feeds_page_locked_slots(raw_db, monkeypatch):
+    """The slots are shared buffers the processes write the crops into: nothing is copied
+    out, the batches are the reader's own, and closing leaves no shared buffer behind."""
+    db, _ = raw_db
+    monkeypatch.setattr(reader, "CACHE_BYTES", 0)
+    transform = {"crop_size": 4, "mirror": True, "scale": 0.5, "mean_value": [10, 20, 30]}
+    want, _, _, _ = run(db, transform, 9, processes="off", device="cuda")
+    monkeypatch.setattr(decode, "RAW_FILES_BYTES", 0)
+    before = _shm_names()
+    got, shared, copied = _cuda_slots_run(db, transform)
+    assert same(got, want) and shared == [True, True] and copied == [0.0, 0.0]
+    assert _shm_names() == before
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_a_slot_cuda_cannot_page_lock_is_a_pinned_one_the_crops_are_copied_into(
+        raw_db, monkeypatch, caplog):
+    import logging
+
+    class Refusing:   # cudaHostRegister answers cudaErrorInvalidValue (1)
+        @staticmethod
+        def cudaHostRegister(ptr, size, flags):
+            return 1
+
+    db, _ = raw_db
+    monkeypatch.setattr(reader, "CACHE_BYTES", 0)
+    transform = {"crop_size": 4, "mirror": True, "scale": 0.5}
+    want, _, _, _ = run(db, transform, 9, processes="off", device="cuda")
+    monkeypatch.setattr(decode, "RAW_FILES_BYTES", 0)
+    monkeypatch.setattr(torch.cuda, "cudart", lambda: Refusing)
+    caplog.set_level(logging.WARNING, logger="caffe_py")
+    before = _shm_names()
+    got, shared, copied = _cuda_slots_run(db, transform)
+    assert same(got, want) and shared == [False, False] and all(s > 0 for s in copied)
+    assert caplog.text.count(f"{db}: cannot page-lock a shared batch buffer (CUDA error 1); "
+                             "this feed copies the crops out of the processes' buffers") == 2
+    assert _shm_names() == before
