@@ -152,7 +152,8 @@ class _HostSlot:
         try:
             buffer = shared_buffer(size, where)
         except NoSharedMemory as exc:
-            log.warning("%s; this feed copies the crops out of the processes' buffers", exc)
+            log.warning("%s; this feed's batch slots are pinned memory instead, and the crops "
+                        "are copied out of the processes' buffers", exc)
             return None
         host = torch.frombuffer(buffer.buf, dtype=torch.uint8, count=size)
         error = torch.cuda.cudart().cudaHostRegister(host.data_ptr(), size,
@@ -244,7 +245,8 @@ class Prefetcher:
     def _ring(self) -> list[_HostSlot]:
         """The CUDA ring's slots: shared ones where the decode processes crop into them (one
         warning and pinned ones from the first that cannot be made)."""
-        crops = self.images is not None and self.images.crops is not None and not self._whole
+        crops = (self.images is not None and self.images.crops is not None
+                 and self.records.hands_files and not self._whole)
         shared = self.records.path if crops else None
         slots = []
         for _ in range(SLOTS):

@@ -196,6 +196,15 @@ class RecordQueue:
         return bool(getattr(self._stream.decoder, "raw_files", False))
 
     @property
+    def hands_files(self) -> bool:
+        """Whether the reader hands this stream's records over as image files (encoded records
+        of a database too big to keep decoded) or raw files (:attr:`raw_files`); fixed by
+        :meth:`ReaderPool.start`, before the feeds start."""
+        decoder = self._stream.decoder
+        return self.raw_files or bool(getattr(decoder, "encoded", False)
+                                      and getattr(decoder, "keep_encoded", False))
+
+    @property
     def next_position(self) -> int:
         """The stream position of the next record this replica takes (after
         :meth:`ReaderPool.start`)."""

@@ -791,3 +791,48 @@ def test_shared_memory_that_cannot_be_made_is_one_line(monkeypatch):
     monkeypatch.setattr(decode_processes.shared_memory, "SharedMemory", refuse)
     refused(2, r"^db: the decode processes need 0 MB of shared memory for a batch and /dev/shm "
                r"cannot hold it \(Too many open files; [\d,]+ MB free\)$")
+
+
+@pytest.mark.parametrize("kept", [False, True], ids=["too big to keep decoded", "kept decoded"])
+def test_the_queue_says_whether_its_records_go_over_as_files(tmp_path, monkeypatch, kept):
+    """Fixed by the pool's start, before the feeds start: a CUDA feed makes its slots for the
+    processes only where files come."""
+    if not kept:
+        monkeypatch.setattr(reader, "CACHE_BYTES", 0)
+    layer, net = data_layer_over(tmp_path, [image_file(i) for i in range(6)], 2)
+    with ReaderPool(decode=DecodeOptions(2, "off", processes="on")) as pool:
+        feed = attach_feeds(net, pool, seed=1)[0]
+        pool.start()
+        assert feed.records.hands_files is not kept
+        layer()
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("kept", [False, True], ids=["too big to keep decoded", "kept decoded"])
+def test_on_cuda_the_processes_decode_into_the_feeds_shared_slots(tmp_path, monkeypatch, kept):
+    """JPEG files: the slots are shared buffers the processes write the crops into, nothing
+    is copied out and the pixels are the reader decoder's; a database kept decoded (no files)
+    keeps torch's pinned slots. Closing leaves no shared buffer behind."""
+    import torch
+
+    if not torch.cuda.is_available():
+        pytest.skip("needs CUDA")
+    if not kept:
+        monkeypatch.setattr(reader, "CACHE_BYTES", 0)
+    files = [image_file(i) for i in range(10)]
+    layer, net = data_layer_over(tmp_path, files, 4)
+    before = shared_buffers()
+    with ReaderPool(decode=DecodeOptions(2, "off", processes="on")) as pool:
+        feed = attach_feeds(net, pool, device="cuda", seed=1)[0]
+        pool.start()
+        first = layer()
+        shared = [slot.shared is not None for slot in feed._slots]
+        batches = [first] + [layer() for _ in range(3)]
+        copied = feed.images.crops.seconds["copy"] if not kept else 0.0
+    assert shared == [not kept] * 4 and copied == 0.0
+    for k, (data, label) in enumerate(batches):
+        order = [(4 * k + i) % 10 for i in range(4)]
+        want = np.stack([decode_image(files[i]) for i in order])
+        assert np.array_equal(data.cpu().numpy(), want) and data.device.type == "cuda"
+        assert label.tolist() == [7 * i for i in order]
+    assert shared_buffers() == before and children() == []

@@ -68,7 +68,7 @@ def run(db, transform, steps, *, processes, replicas=2, state=None, device="cpu"
         pool.start()
         batches = [[tuple(t.cpu() for t in layer()) for layer in layers] for _ in range(steps)]
         took = [f.images is not None and f.images.reads == RAW and f.records.raw_files
-                for f in feeds]
+                and f.records.hands_files for f in feeds]
         stream = next(iter(pool._sources[db].streams.values()))
         return batches, pool.state_dict(), took, stream.stored
 
@@ -277,4 +277,36 @@ def test_a_slot_cuda_cannot_page_lock_is_a_pinned_one_the_crops_are_copied_into(
     assert same(got, want) and shared == [False, False] and all(s > 0 for s in copied)
     assert caplog.text.count(f"{db}: cannot page-lock a shared batch buffer (CUDA error 1); "
                              "this feed copies the crops out of the processes' buffers") == 2
+    assert _shm_names() == before
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_on_cuda_without_shared_memory_the_slots_are_pinned_and_the_threads_crop(
+        raw_db, monkeypatch, caplog):
+    """/dev/shm too small ("auto"): each feed says once that its slots are pinned memory,
+    once that its threads crop, and the batches are the reader's own."""
+    import errno
+    import logging
+
+    from caffe_py.io.decoders import decode_processes
+    from caffe_py.io.decoders import workers as workers_module
+
+    def full(fd, offset, length):
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    db, _ = raw_db
+    monkeypatch.setattr(reader, "CACHE_BYTES", 0)
+    transform = {"crop_size": 4, "mirror": True, "scale": 0.5}
+    want, _, _, _ = run(db, transform, 6, processes="off", device="cuda")
+    monkeypatch.setattr(decode, "RAW_FILES_BYTES", 0)
+    monkeypatch.setattr(decode_processes.os, "posix_fallocate", full)
+    monkeypatch.setattr(workers_module, "usable_cores", lambda: 12)  # auto: processes
+    caplog.set_level(logging.WARNING, logger="caffe_py")
+    before = _shm_names()
+    got, _, took, _ = run(db, transform, 6, processes="auto", device="cuda")
+    assert took == [True, True] and same(got, want)
+    assert caplog.text.count("this feed's batch slots are pinned memory instead, and the "
+                             "crops are copied out of the processes' buffers") == 2
+    assert caplog.text.count("this feed decodes on 2 CPU threads instead") == 2
     assert _shm_names() == before
