@@ -825,9 +825,8 @@ def test_on_cuda_the_processes_decode_into_the_feeds_shared_slots(tmp_path, monk
     with ReaderPool(decode=DecodeOptions(2, "off", processes="on")) as pool:
         feed = attach_feeds(net, pool, device="cuda", seed=1)[0]
         pool.start()
-        first = layer()
-        shared = [slot.shared is not None for slot in feed._slots]
-        batches = [first] + [layer() for _ in range(3)]
+        shared = [slot.shared is not None for slot in feed._slots]   # made by the start
+        batches = [layer() for _ in range(4)]
         copied = feed.images.crops.seconds["copy"] if not kept else 0.0
     assert shared == [not kept] * 4 and copied == 0.0
     for k, (data, label) in enumerate(batches):
