@@ -33,11 +33,10 @@ ahead), ``reverse`` launches the replicas' replays last GPU first, ``threads`` l
 from a thread of its own, all at once (on the stream the root copied its rates on), ``flat``
 (one GPU) lays the weights, gradients and state blobs out in flat buffers as a replica's are,
 with no other replica and no reduction, ``heuristic`` takes cuDNN's heuristic algorithms
-instead of its benchmark search (the same picks on every GPU), ``wholetail`` leaves the last
-bucket whole (no 1 MiB limit: ResNet-50's last 17.3 MB bucket reduced after backward, as
-before the limit), ``divide`` has the all-reduce divide each sum by N on its side stream
-instead of the update's kernel (as before the fold), ``KEY=VALUE`` sets an
-environment variable (NCCL's knobs). The table is printed last and written to
+instead of its benchmark search (the same picks on every GPU), ``divide`` has the all-reduce
+divide each sum by N on its side stream instead of the update's kernel (as before the fold),
+``KEY=VALUE`` sets an environment variable (NCCL's knobs). The table is printed last and
+written to
 DIR/replica_profile.md, with the kernels whose summed time grew most against one GPU, each
 GPU's longest idle gaps (between which kernels), when each GPU's graph launches were called
 against when their first kernels ran (the trace's host side: cudaGraphLaunch calls, matched
@@ -192,11 +191,11 @@ def parse_run(text: str) -> tuple[int, list[str], dict[str, str]]:
     flags = [p for p in parts if "=" not in p]
     env = dict(p.split("=", 1) for p in parts if "=" in p)
     unknown = {f for f in flags if f not in ("noreduce", "after", "reverse", "threads", "flat",
-                                                "heuristic", "wholetail", "divide")
+                                                "heuristic", "divide")
                and not (f.startswith("buffers") and f[7:].isdigit())}
     if unknown or not count.isdigit():
         raise SystemExit(f"--runs: '{text}' is not COUNT[+noreduce|+after|+reverse|+threads"
-                         "|+flat|+heuristic|+wholetail|+divide|+buffersK|+KEY=VALUE...]")
+                         "|+flat|+heuristic|+divide|+buffersK|+KEY=VALUE...]")
     return int(count), flags, env
 
 
@@ -226,14 +225,6 @@ def child(args: argparse.Namespace) -> None:
             return rep
 
         AllReduceGroup.setup = setup  # type: ignore[method-assign]
-    if "wholetail" in flags:
-        from caffe_py.parallel import captured
-        from caffe_py.parallel import flat as flat_module
-
-        def whole_tail(flat: Any, bucket_bytes: int) -> Any:
-            return flat_module.plan_reduction(flat, bucket_bytes, tail_bytes=None)
-
-        captured.plan_reduction = whole_tail  # type: ignore[assignment]
     if "divide" in flags:
         def keep_dividing(self: AllReduceGroup, i: int, solver: Any) -> None:
             return None

@@ -23,10 +23,6 @@ DEFAULT_BUCKET_BYTES = 25 * 2**20
 REDUCTION_PARTS = 4
 """A gradient smaller than this many default buckets is still reduced in about this many
 (:func:`plan_reduction`)."""
-TAIL_BYTES = 2**20
-"""The most the last bucket of :func:`plan_reduction` holds (its first layer's tensor alone
-where that is bigger): the one bucket backward finishes last, whose all-reduce nothing is left
-to hide."""
 
 
 @dataclass(frozen=True)
@@ -142,41 +138,19 @@ class FlatParams:
 
 
 def plan_reduction(flat: FlatParams, bucket_bytes: int = DEFAULT_BUCKET_BYTES,
-                   parts: int = REDUCTION_PARTS, tail_bytes: int | None = TAIL_BYTES
-                   ) -> list[Bucket]:
+                   parts: int = REDUCTION_PARTS) -> list[Bucket]:
     """The buckets a gradient is all-reduced in while backward runs, first ready first.
 
     Buckets of at least ``bucket_bytes`` (ResNet-50's 102 MB: 4), or of a ``parts``-th of the
     buffer when that is smaller, so that a small net's last layers are reduced while its first
     layers still run backward (LeNet's 1.7 MB: the two InnerProducts, then the two
     Convolutions). Cut at tensor boundaries in layout order, like :attr:`FlatParams.buckets`.
-    The last bucket, complete only when backward ends, holds at most ``tail_bytes`` of the first
-    layers (None: no limit); the rest of it becomes the bucket before, reduced while those
-    layers run backward (ResNet-50: conv1 and res2's 0.9 MB last, then res3 to res4c's 16 MB,
-    which were one 17 MB bucket reduced after backward).
     """
     if not flat.tensors:
         return []
     size = flat.numel * flat.data.element_size()
-    buckets = _cut(flat.tensors, flat.offsets, flat.numel,
-                   min(bucket_bytes, max(1, size // max(1, parts))))
-    return buckets if tail_bytes is None else _split_tail(flat, buckets, tail_bytes)
-
-
-def _split_tail(flat: FlatParams, buckets: list[Bucket], tail_bytes: int) -> list[Bucket]:
-    """``buckets`` with the last one cut in two where it holds more than ``tail_bytes``: the
-    longest run of its last members (the first layers) within ``tail_bytes``, at least one."""
-    last = buckets[-1]
-    members = last.members
-    per = flat.data.element_size()
-    cut = len(members) - 1
-    while cut > 0 and (last.end - flat.offsets[members[cut - 1]]) * per <= tail_bytes:
-        cut -= 1
-    if cut == 0:
-        return buckets
-    middle = flat.offsets[members[cut]]
-    return buckets[:-1] + [Bucket(last.index, last.start, middle, members[:cut]),
-                           Bucket(last.index + 1, middle, last.end, members[cut:])]
+    return _cut(flat.tensors, flat.offsets, flat.numel,
+                min(bucket_bytes, max(1, size // max(1, parts))))
 
 
 class BucketCount:
