@@ -175,14 +175,20 @@ class _HostSlot:
 
     def release(self) -> None:
         """Let go of a shared host buffer once its last copy is done (torch frees a pinned
-        one itself, after its copies); the slot is not used again."""
+        one itself, after its copies); the slot is not used again. Where the device has
+        failed (the run reports that error), the copy may never end: the buffer's name is
+        removed, and it stays mapped until the process ends."""
         if self.shared is None:
             return
-        if self.used:
-            self.done.synchronize()
-        torch.cuda.cudart().cudaHostUnregister(self.host.data_ptr())
-        del self.host, self.data, self.label  # the views of the buffer, before it goes
         buffer, self.shared = self.shared, None
+        try:
+            if self.used:
+                self.done.synchronize()
+            torch.cuda.cudart().cudaHostUnregister(self.host.data_ptr())
+        except RuntimeError:
+            buffer.unlink()
+            return
+        del self.host, self.data, self.label  # the views of the buffer, before it goes
         release_buffer(buffer)
 
 

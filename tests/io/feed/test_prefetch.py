@@ -426,3 +426,63 @@ def test_big_batches_of_a_database_kept_on_the_device_are_gathered_there(tmp_pat
         for want, step in zip(threaded, got, strict=True):
             assert all(torch.equal(a, b) for g, w in zip(step, want, strict=True)
                        for a, b in zip(g, w, strict=True))
+
+
+class _Unregistering:
+    """torch.cuda.cudart()'s stand-in: records cudaHostUnregister's pointers."""
+
+    def __init__(self):
+        self.unregistered = []
+
+    def cudaHostUnregister(self, ptr):
+        self.unregistered.append(ptr)
+        return 0
+
+
+def _shared_slot(used: bool, synchronize):
+    """A ring slot over a shared buffer (its CUDA parts stood in for), as _HostSlot makes it
+    for the decode processes: the slot, its buffer's path and the buffer's address."""
+    from pathlib import Path
+
+    from caffe_py.io.decoders.decode_processes import SHM_DIR, shared_buffer
+    from caffe_py.io.feed.prefetch import _HostSlot
+
+    slot = object.__new__(_HostSlot)
+    slot.shared = shared_buffer(4096, "db")
+    slot.host = torch.frombuffer(slot.shared.buf, dtype=torch.uint8, count=4096)
+    slot.data, slot.label = slot.host.numpy()[:4000], slot.host.numpy()[4000:].view(np.int64)
+    slot.used = used
+    slot.done = type("Event", (), {"synchronize": staticmethod(synchronize)})()
+    return slot, Path(SHM_DIR) / slot.shared.name.lstrip("/"), slot.host.data_ptr()
+
+
+@pytest.mark.parametrize("used", [True, False])
+def test_a_shared_slot_is_unregistered_unmapped_and_removed_after_its_last_copy(monkeypatch,
+                                                                                  used):
+    waited, cudart = [], _Unregistering()
+    monkeypatch.setattr(torch.cuda, "cudart", lambda: cudart)
+    slot, path, address = _shared_slot(used, lambda: waited.append(True))
+    assert path.exists()
+    slot.release()
+    assert waited == [True] * used and cudart.unregistered == [address]
+    assert not path.exists() and slot.shared is None and not hasattr(slot, "host")
+    slot.release()  # once
+    assert cudart.unregistered == [address]
+
+
+def test_a_slot_of_a_failed_device_is_removed_but_stays_mapped(monkeypatch):
+    """The device's error is the run's to report; its copy may never end, so the slot's
+    buffer is not unmapped under it."""
+    def failed():
+        raise RuntimeError("CUDA error: an illegal memory access was encountered")
+
+    cudart = _Unregistering()
+    monkeypatch.setattr(torch.cuda, "cudart", lambda: cudart)
+    slot, path, _ = _shared_slot(True, failed)
+    buffer = slot.shared
+    slot.release()
+    assert not path.exists() and slot.shared is None and cudart.unregistered == []
+    slot.host[:3] = 7   # still mapped
+    assert slot.data[:3].tolist() == [7, 7, 7]
+    del slot.host, slot.data, slot.label
+    buffer.close()
