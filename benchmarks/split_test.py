@@ -148,6 +148,22 @@ def _times(run: dict) -> str:
     return ", ".join(f"{t:.3f}" for t in run["times"])
 
 
+def first_difference(mine: list[list[str]], ones: list[list[str]]) -> str:
+    """Where a run's passes first print other test lines than one GPU's (for the notes)."""
+    for k, (lines, theirs) in enumerate(zip(mine, ones, strict=False), start=1):
+        for line, their in zip(lines, theirs, strict=False):
+            if line != their:
+                return f"pass {k} printed '{line}' where one GPU printed '{their}'"
+        if len(lines) != len(theirs):
+            return f"pass {k} printed {_count(len(lines), 'output line')} where one GPU " \
+                   f"printed {len(theirs)}"
+    return f"{_count(len(mine), 'pass', 'passes')} where one GPU ran {len(ones)}"
+
+
+def _count(n: int, one: str, many: str | None = None) -> str:
+    return f"{n} {one if n == 1 else many or one + 's'}"
+
+
 def main(argv: list[str] | None = None) -> list[str]:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--out", type=Path, required=True)
@@ -199,6 +215,9 @@ def main(argv: list[str] | None = None) -> list[str]:
                 share = r["pass_s"] / one["pass_s"] if one else None
                 last = r["last_s"] / one["last_s"] if one else None
                 same = one is not None and r["outputs"] == one["outputs"]
+                if one is not None and not same:
+                    r = {**r, "notes": [*r["notes"],
+                                        first_difference(r["outputs"], one["outputs"])]}
                 goal = "" if n == 1 or share is None else (
                     f"<= {1.1 / n:.3f}: {'met' if share <= 1.1 / n else 'NOT met'}")
                 rows.append(f"| {model} | {label} | {r['test_iter']} | {r['pass_s']:.3f} | "

@@ -27,3 +27,14 @@ def test_the_split_test_benchmark_runs_on_cpu_replicas(tmp_path):
     assert re.search(r"\| lenet \| 2 \| 20 \| \d\.\d{3} \| \d\.\d{3} \| \d\.\d{3} \| "
                      r"\d\.\d{3} \| yes \| .* \| <= 0\.550: (met|NOT met) \| "
                      r"\d\.\d{3}, \d\.\d{3}, \d\.\d{3} \|$", text, re.M)
+
+
+def test_a_run_that_prints_other_lines_says_where_first():
+    bench = load_benchmark("split_test")
+    one = [["accuracy = 0.5", "loss = 6.8144"], ["accuracy = 0.5", "loss = 6.8144"]]
+    assert bench.first_difference([one[0], ["accuracy = 0.5", "loss = 6.8145"]], one) == (
+        "pass 2 printed 'loss = 6.8145' where one GPU printed 'loss = 6.8144'")
+    assert bench.first_difference([one[0], ["accuracy = 0.5"]], one) == (
+        "pass 2 printed 1 output line where one GPU printed 2")
+    assert bench.first_difference(one[:1], one) == "1 pass where one GPU ran 2"
+    assert bench.first_difference(one + one[:1], one) == "3 passes where one GPU ran 2"
