@@ -55,9 +55,11 @@ def net_of(layer):
     return type("Net", (), {"data_layers": lambda self: [layer]})()
 
 
-def run(db, transform, steps, *, processes, replicas=2, state=None, device="cpu"):
+def run(db, transform, steps, *, processes, replicas=2, state=None, device="cpu", slots=None):
     """``steps`` lockstep batches of ``replicas`` feeds, the pool state, and per feed whether
-    it took raw files (its images read RAW) and the stream's index then."""
+    it took raw files (its images read RAW) and the stream's index then. ``slots`` (a list,
+    CUDA): gets per feed whether every slot was a shared one and the seconds it spent copying
+    crops out."""
     layers = [data_layer(db, transform) for _ in range(replicas)]
     with ReaderPool(replicas=replicas, decode=DecodeOptions(2, "off", processes=processes)
                     ) as pool:
@@ -69,6 +71,9 @@ def run(db, transform, steps, *, processes, replicas=2, state=None, device="cpu"
         batches = [[tuple(t.cpu() for t in layer()) for layer in layers] for _ in range(steps)]
         took = [f.images is not None and f.images.reads == RAW and f.records.raw_files
                 and f.records.hands_files for f in feeds]
+        if slots is not None:
+            slots += [(all(slot.shared is not None for slot in f._slots),
+                       f.images.crops.seconds["copy"]) for f in feeds]
         stream = next(iter(pool._sources[db].streams.values()))
         return batches, pool.state_dict(), took, stream.stored
 
@@ -219,20 +224,6 @@ def test_raw_files_on_cuda_are_the_whole_records_batches(raw_db, monkeypatch):
     assert took == [True, True] and same(got, want)
 
 
-def _cuda_slots_run(db, transform):
-    """9 lockstep batches of two CUDA feeds whose processes crop the raw files, and per feed
-    whether every slot was a shared one and the seconds it spent copying crops out."""
-    layers = [data_layer(db, transform) for _ in range(2)]
-    with ReaderPool(replicas=2, decode=DecodeOptions(2, "off", processes="on")) as pool:
-        feeds = [attach_feeds(net_of(layer), pool, replica=i, device="cuda", seed=3)[0]
-                 for i, layer in enumerate(layers)]
-        pool.start()
-        batches = [[tuple(t.cpu() for t in layer()) for layer in layers] for _ in range(9)]
-        shared = [all(slot.shared is not None for slot in f._slots) for f in feeds]
-        copied = [f.images.crops.seconds["copy"] for f in feeds]
-        return batches, shared, copied
-
-
 def _shm_names() -> set[str]:
     from pathlib import Path
     return {p.name for p in Path("/dev/shm").iterdir()}
@@ -248,9 +239,9 @@ def test_on_cuda_the_processes_crop_into_the_feeds_page_locked_slots(raw_db, mon
     transform = {"crop_size": 4, "mirror": True, "scale": 0.5, "mean_value": [10, 20, 30]}
     want, _, _, _ = run(db, transform, 9, processes="off", device="cuda")
     monkeypatch.setattr(decode, "RAW_FILES_BYTES", 0)
-    before = _shm_names()
-    got, shared, copied = _cuda_slots_run(db, transform)
-    assert same(got, want) and shared == [True, True] and copied == [0.0, 0.0]
+    before, slots = _shm_names(), []
+    got, _, _, _ = run(db, transform, 9, processes="on", device="cuda", slots=slots)
+    assert same(got, want) and slots == [(True, 0.0), (True, 0.0)]
     assert _shm_names() == before
 
 
@@ -272,9 +263,10 @@ def test_a_slot_cuda_cannot_page_lock_is_a_pinned_one_the_crops_are_copied_into(
     monkeypatch.setattr(decode, "RAW_FILES_BYTES", 0)
     monkeypatch.setattr(torch.cuda, "cudart", lambda: Refusing)
     caplog.set_level(logging.WARNING, logger="caffe_py")
-    before = _shm_names()
-    got, shared, copied = _cuda_slots_run(db, transform)
-    assert same(got, want) and shared == [False, False] and all(s > 0 for s in copied)
+    before, slots = _shm_names(), []
+    got, _, _, _ = run(db, transform, 9, processes="on", device="cuda", slots=slots)
+    assert same(got, want) and [shared for shared, _ in slots] == [False, False]
+    assert all(copied > 0 for _, copied in slots)
     assert caplog.text.count(f"{db}: cannot page-lock a shared batch buffer (CUDA error 1); "
                              "this feed copies the crops out of the processes' buffers") == 2
     assert _shm_names() == before
