@@ -5,12 +5,15 @@ trace on one GPU.
     python benchmarks/replica_profile.py --out DIR --runs 1,4
     python benchmarks/replica_profile.py --out DIR --runs 1,4,4+noreduce,4+NCCL_PROTO=Simple
 
-Each run is a fresh process that trains benchmarks/scale_default.py's ResNet-50 (constant
-DummyData, bf16, batch 256 per GPU) through ``caffe_py.train.train`` as `cpy train` does, with
-the replay of the captured iterations wrapped: after WARM replays it traces PROFILED replays
-(CUDA activity only, every device, between marker kernels; the trace starts before the
-capture), then times TIMED more on the wall clock, untraced (the host is ahead of the GPUs, so a
-replay's wall time is the iteration's period). Per GPU and
+    python benchmarks/replica_profile.py --out DIR --model lenet --runs 1,2,2+noreduce
+
+Each run is a fresh process that trains one of benchmarks/scale_default.py's models
+(``--model``: ResNet-50, constant DummyData, bf16, batch 256 per GPU; or LeNet, fp32, batch 64
+per GPU, whose replays run chunks of several iterations) through ``caffe_py.train.train`` as
+`cpy train` does, with the replay of the captured iterations wrapped: after WARM replays it
+traces PROFILED replays (CUDA activity only, every device, between marker kernels; the trace
+starts before the capture), then times TIMED[model] more on the wall clock, untraced (the host
+is ahead of the GPUs, so a replay's wall time is its iterations' period). Per GPU and
 iteration, from the trace:
 
 * *period*: the trace's span over the iterations traced;
@@ -32,8 +35,11 @@ after backward), ``buffersK`` gives the rates K pinned host buffers (the host ma
 ahead), ``reverse`` launches the replicas' replays last GPU first, ``threads`` launches each
 from a thread of its own, all at once (on the stream the root copied its rates on), ``flat``
 (one GPU) lays the weights, gradients and state blobs out in flat buffers as a replica's are,
-with no other replica and no reduction, ``heuristic`` takes cuDNN's heuristic algorithms
-instead of its benchmark search (the same picks on every GPU), ``divide`` has the all-reduce
+with no other replica and no reduction, ``partsK`` cuts the gradient into about K buckets
+(ResNet-50 keeps its 25 MB ones; the default is flat.REDUCTION_PARTS), ``chunkK`` replays K
+iterations at a time (K must divide the display interval, 1000 for LeNet), ``heuristic`` takes
+cuDNN's heuristic algorithms instead of its benchmark search (the same picks on every GPU),
+``divide`` has the all-reduce
 divide each sum by N on its side stream instead of the update's kernel (as before the fold),
 ``KEY=VALUE`` sets an environment variable (NCCL's knobs). The table is printed last and
 written to
@@ -69,7 +75,8 @@ sys.path.insert(0, str(ROOT))
 WARM = 4
 """Replays after the loop's own timed ones, before the trace (clocks and caches settle)."""
 PROFILED = 5
-TIMED = 20
+TIMED = {"resnet50": 20, "lenet": 300}
+"""Replays timed untraced per model (LeNet's 0.3 ms iterations need many for a steady mean)."""
 Interval = tuple[int, int]
 
 
@@ -125,13 +132,15 @@ def device_breakdown(events: Sequence[Event], iterations: int) -> dict:
     nccl = union((s, e) for n, _, s, e in events if is_nccl(n))
     compute = union((s, e) for n, _, s, e in events if not is_nccl(n))
     period = everything[-1][1] - everything[0][0]
+    each = period // max(1, iterations)   # one iteration's period, ns
     by_stream: dict[int, int] = defaultdict(int)
     for _, stream, s, e in events:
         by_stream[stream] += e - s
     main = max(by_stream, key=lambda k: by_stream[k])
     joins = []
     nccl_ends = sorted(e for n, _, _, e in events if is_nccl(n))
-    for s in _iteration_starts(sorted(s for n, _, s, _ in events if is_update(n))):
+    for s in _iteration_starts(sorted(s for n, _, s, _ in events if is_update(n)),
+                               gap_ns=each // 2):
         before = [e for e in nccl_ends if e <= s]
         if before:
             joins.append(s - before[-1])
@@ -139,7 +148,8 @@ def device_breakdown(events: Sequence[Event], iterations: int) -> dict:
     for n, _, s, e in events:
         names[n] += (e - s) / per
     return {
-        "gaps": idle_gaps(events, iterations),
+        "gaps": idle_gaps(events, iterations, least_ns=min(20_000, each // 100)),
+        "around_gap": around_longest_gap(events),
         "period_ms": period / per,
         "busy_ms": length(everything) / per,
         "idle_ms": (period - length(everything)) / per,
@@ -169,9 +179,26 @@ def idle_gaps(events: Sequence[Event], iterations: int, top: int = 4,
     return [(ms, a, b) for (a, b), ms in sorted(totals.items(), key=lambda kv: -kv[1])[:top]]
 
 
-def _iteration_starts(starts: Sequence[int], gap_ns: int = 1_000_000) -> list[int]:
-    """The first of each run of update kernels (an iteration's update launches lie within a
-    fraction of a millisecond; iterations are further apart than ``gap_ns``)."""
+def around_longest_gap(events: Sequence[Event], k: int = 4) -> list[tuple[str, int, float, float]]:
+    """The ``k`` events that end last before a device's longest idle gap and the ``k`` that
+    start first after it: (name, stream, start, end) in microseconds from the gap's start."""
+    spans = sorted(events, key=lambda ev: ev[2])
+    end, best, at = spans[0][3], -1, 0
+    for s, ev in enumerate(spans[1:], start=1):
+        if ev[2] - end > best:
+            best, at = ev[2] - end, s
+        end = max(end, ev[3])
+    if best <= 0:
+        return []
+    edge = max(ev[3] for ev in spans[:at])
+    before = sorted(spans[:at], key=lambda ev: ev[3])[-k:]
+    return [(n, stream, (a - edge) / 1e3, (b - edge) / 1e3)
+            for n, stream, a, b in [*before, *spans[at:at + k]]]
+
+
+def _iteration_starts(starts: Sequence[int], gap_ns: int) -> list[int]:
+    """The first of each run of update kernels (an iteration's update launches lie close
+    together; iterations are further apart than ``gap_ns``, half an iteration's period)."""
     return [s for k, s in enumerate(starts) if k == 0 or s - starts[k - 1] > gap_ns]
 
 
@@ -192,16 +219,19 @@ def parse_run(text: str) -> tuple[int, list[str], dict[str, str]]:
     env = dict(p.split("=", 1) for p in parts if "=" in p)
     unknown = {f for f in flags if f not in ("noreduce", "after", "reverse", "threads", "flat",
                                                 "heuristic", "divide")
-               and not (f.startswith("buffers") and f[7:].isdigit())}
+               and not (f.startswith("buffers") and f[7:].isdigit())
+               and not (f.startswith("parts") and f[5:].isdigit() and int(f[5:]) > 0)
+               and not (f.startswith("chunk") and f[5:].isdigit() and int(f[5:]) > 0)}
     if unknown or not count.isdigit():
         raise SystemExit(f"--runs: '{text}' is not COUNT[+noreduce|+after|+reverse|+threads"
-                         "|+flat|+heuristic|+divide|+buffersK|+KEY=VALUE...]")
+                         "|+flat|+heuristic|+divide|+buffersK|+partsK|+chunkK|+KEY=VALUE...]")
     return int(count), flags, env
 
 
 def child(args: argparse.Namespace) -> None:
     import torch
 
+    from caffe_py.parallel import captured
     from caffe_py.parallel.captured import AllReduceGroup
     from caffe_py.solver import graph_loop
     from caffe_py.solver.graph_loop import TIMED_REPLAYS, GraphedLoop
@@ -210,7 +240,7 @@ def child(args: argparse.Namespace) -> None:
 
     n, flags, _ = parse_run(args.child)
     out = args.out
-    solver = _solver(out, args.child, n, "after" in flags)
+    solver = _solver(out, args.model, args.child, "after" in flags)
     if "noreduce" in flags:
         def no_collective(parts: Any, streams: Any = None) -> None:
             return None
@@ -233,6 +263,15 @@ def child(args: argparse.Namespace) -> None:
     for flag in flags:
         if flag.startswith("buffers"):
             graph_loop.HOST_BUFFERS = int(flag[7:])
+        if flag.startswith("chunk"):
+            GraphedLoop._chunk_length = (  # type: ignore[method-assign]
+                lambda self, s, k=int(flag[5:]): k)
+        if flag.startswith("parts"):
+            plan = captured.plan_reduction
+            parts = int(flag[5:])
+            captured.plan_reduction = (  # type: ignore[assignment]
+                lambda flat, bucket_bytes, plan=plan, parts=parts: plan(flat, bucket_bytes,
+                                                                        parts=parts))
     if "flat" in flags:   # one GPU laid out as a replica is: no other replica, no reduction
         from caffe_py.parallel.replicated import state_blobs
         from caffe_py.parallel.sync import SyncGroup
@@ -262,7 +301,7 @@ def child(args: argparse.Namespace) -> None:
         def reverse(self: GraphedLoop, members: list[Any], graphs: Any) -> None:
             for i in reversed(range(len(members))):
                 with self.on_member(i, members[i]):
-                    graphs[i].replay()
+                    self._replay_one(graphs[i])
 
         GraphedLoop._launch = reverse  # type: ignore[method-assign]
     if "threads" in flags:
@@ -272,7 +311,8 @@ def child(args: argparse.Namespace) -> None:
             if not launchers:
                 launchers.extend(Launcher(m.device) for m in members)
             for launcher, graph in zip(launchers, graphs, strict=True):
-                launcher.launch(graph, torch.cuda.current_stream(launcher.device))
+                launcher.launch(graph, torch.cuda.current_stream(launcher.device),
+                                self._timing)
             for launcher in launchers:
                 launcher.wait()
 
@@ -302,7 +342,8 @@ def child(args: argparse.Namespace) -> None:
         "Event.synchronize", torch.cuda.Event.synchronize)
     torch.Tensor.copy_ = timed("Tensor.copy_", torch.Tensor.copy_)  # type: ignore
     devices = [torch.device("cuda", i) for i in range(n)]
-    seen = {"replays": 0}
+    seen = {"replays": 0, "profiled": 0, "timed": 0}
+    """Replays so far, and the iterations they ran in the traced and the timed windows."""
     result: dict[str, Any] = {"run": args.child, "gpus": n}
     prof: list[Any] = []
 
@@ -336,17 +377,23 @@ def child(args: argparse.Namespace) -> None:
             mark()
             sync()
             prof[0].__exit__(None, None, None)
-            result["devices"] = _breakdown(prof[0], n, PROFILED)
+            result["devices"] = _breakdown(prof[0], n, seen["profiled"])
+            result["chunk"] = k
             sync()
             result["wall0"], result["thread0"] = time.perf_counter(), time.thread_time()
             timing["on"] = True
+        if WARM < i <= WARM + PROFILED:
+            seen["profiled"] += k
+        elif i > WARM + PROFILED:
+            seen["timed"] += k
         replay(self, s, k)
-        if i == WARM + PROFILED + TIMED:
+        if i == WARM + PROFILED + TIMED[args.model]:
             sync()
-            result["step_ms"] = (time.perf_counter() - result["wall0"]) * 1e3 / TIMED
-            result["host_ms"] = (time.thread_time() - result["thread0"]) * 1e3 / TIMED
+            its = seen["timed"]
+            result["step_ms"] = (time.perf_counter() - result["wall0"]) * 1e3 / its
+            result["host_ms"] = (time.thread_time() - result["thread0"]) * 1e3 / its
             timing["on"] = False
-            result["host"] = {k: v * 1e3 / TIMED for k, v in sorted(host.items())}
+            result["host"] = {k: v * 1e3 / its for k, v in sorted(host.items())}
             for key in ("wall0", "thread0"):
                 del result[key]
             with (out / "replica_profile.jsonl").open("a") as f:
@@ -376,28 +423,47 @@ class Launcher:
 
         torch.cuda.set_device(self.device)
         while True:
-            graph, stream = self.todo.get()
+            graph, stream, timing = self.todo.get()
             with torch.cuda.stream(stream):
-                graph.replay()
+                if timing is None:
+                    graph.replay()
+                else:   # a timed replay (the loop's chunk is sized from these)
+                    start = torch.cuda.Event(enable_timing=True)
+                    end = torch.cuda.Event(enable_timing=True)
+                    start.record()
+                    graph.replay()
+                    end.record()
+                    timing.append((start, end))
             self.done.put(None)
 
-    def launch(self, graph: Any, stream: Any) -> None:
+    def launch(self, graph: Any, stream: Any, timing: list | None) -> None:
         """Replay ``graph`` on ``stream``: the caller's current stream of this device (where
-        the rates were copied; current streams are per thread)."""
-        self.todo.put((graph, stream))
+        the rates were copied; current streams are per thread); ``timing``: the loop's list of
+        a timed replay's events, or None."""
+        self.todo.put((graph, stream, timing))
 
     def wait(self) -> None:
         self.done.get()
 
 
-def _solver(out: Path, tag: str, n: int, after: bool) -> Path:
+def _solver(out: Path, model: str, tag: str, after: bool) -> Path:
+    """The model's solver as scale_default.py writes it, run long enough for the windows.
+    ResNet-50 displays nothing (its replays are one iteration each); LeNet keeps its display
+    interval, which the chunk length divides as in scale_default.py's run."""
     from scale_default import solver_for
 
-    base = solver_for("resnet50", out, cpu=False)
+    from caffe_py.solver.graph_loop import CHUNK_MAX
+
+    base = solver_for(model, out, cpu=False)
     spec = yaml.safe_load(base.read_text())
     safe = tag.replace("=", "_").replace("+", "_")
-    spec.update(max_iter=40 + WARM + PROFILED + TIMED, display=0,
-                snapshot_prefix=str(out / f"snap_{safe}" / "s"))
+    replays = 40 + WARM + PROFILED + TIMED[model]
+    if model == "resnet50":
+        spec.update(max_iter=replays, display=0)
+    else:
+        display = spec["display"]
+        spec["max_iter"] = display * -(-replays * CHUNK_MAX // display)
+    spec["snapshot_prefix"] = str(out / f"snap_{safe}" / "s")
     if after:
         spec["layer_wise_reduce"] = False
     path = out / f"profile_{safe}.yaml"
@@ -492,6 +558,11 @@ def table(rows: list[dict]) -> str:
         for g, d in enumerate(r.get("devices", [])):
             lines.append(f"- GPU {g} idles (ms per iteration, kernel before -> after): "
                          + "; ".join(f"{ms:.3f} {a} -> {b}" for ms, a, b in d.get("gaps", [])))
+            if d.get("around_gap"):
+                lines.append(f"- GPU {g}'s longest gap, the events around it (us from its "
+                             "start: stream, start-end, name): " + "; ".join(
+                                 f"{k} {a:.1f}-{b:.1f} {n[:50]}"
+                                 for n, k, a, b in d["around_gap"]))
             if "launches" in d:
                 la = d["launches"]
                 lines.append(f"- GPU {g}'s graph launches ({la['graphs']} traced): called "
@@ -505,6 +576,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--out", type=Path, required=True)
     ap.add_argument("--runs", default="1,4", help="runs in order, e.g. 1,4,4+noreduce")
+    ap.add_argument("--model", choices=("resnet50", "lenet"), default="resnet50")
     ap.add_argument("--child", default=None, help=argparse.SUPPRESS)
     ap.add_argument("--timeout-s", type=float, default=240)
     args = ap.parse_args()
@@ -517,7 +589,8 @@ def main() -> None:
     jsonl.unlink(missing_ok=True)
     for run in args.runs.split(","):
         _, _, env = parse_run(run)
-        cmd = [sys.executable, __file__, "--out", str(args.out), "--child", run]
+        cmd = [sys.executable, __file__, "--out", str(args.out), "--model", args.model,
+               "--child", run]
         try:
             done = subprocess.run(cmd, capture_output=True, text=True, timeout=args.timeout_s,
                                   env={**os.environ, **env})
@@ -535,7 +608,8 @@ def main() -> None:
     name = torch.cuda.get_device_name(0) if torch.cuda.is_available() else platform.node()
     report = (f"{name} x {torch.cuda.device_count()}, torch {torch.__version__}, "
               f"{datetime.datetime.now(datetime.timezone.utc):%Y-%m-%d %H:%M} UTC, "
-              f"`python benchmarks/replica_profile.py --out DIR --runs {args.runs}`\n\n"
+              f"`python benchmarks/replica_profile.py --out DIR --model {args.model} "
+              f"--runs {args.runs}`\n\n"
               + table(rows))
     (args.out / "replica_profile.md").write_text(report + "\n")
     print(report)

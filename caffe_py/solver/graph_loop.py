@@ -148,6 +148,9 @@ class GraphedLoop:
         """Per member, its update multipliers on its device."""
         self._warm = 0
         self._replay_ms: list[float] = []
+        """The timed replays' device time: per replay, its longest member's (ms)."""
+        self._timing: list[tuple[torch.cuda.Event, torch.cuda.Event]] | None = None
+        """While a replay is timed: each member's events around its graph's launch."""
         self._capturing: list[torch.cuda.Stream] | None = None
         """While recording on CUDA: each member's capture stream."""
         self._paused = False
@@ -274,25 +277,40 @@ class GraphedLoop:
         """Every member's replay (or the one emulated replay), in member order."""
         for i, (m, graph) in enumerate(zip(members, graphs, strict=False)):
             with self.on_member(i, m):
-                graph.replay()
+                self._replay_one(graph)
+
+    def _replay_one(self, graph: _Replayable) -> None:
+        """One member's replay on the current stream; while a replay is timed, between two
+        events on that stream."""
+        if self._timing is None:
+            graph.replay()
+            return
+        start = torch.cuda.Event(enable_timing=True)
+        end = torch.cuda.Event(enable_timing=True)
+        start.record()
+        graph.replay()
+        end.record()
+        self._timing.append((start, end))
 
     # --- capture, timing, the chunk ---------------------------------------------------------
     def _timed_replay(self, s: Solver) -> None:
-        """A real iteration replayed alone, its device time noted (CPU emulation: 0)."""
+        """A real iteration replayed alone, its device time noted: from each member's graph
+        launch to its end, the longest member's (a chunk waits for the slowest). The host's
+        work before the launches (the slots, the rates) is left out: a chunk of k iterations
+        does it once, not k times (CPU emulation: 0)."""
         if s.device.type != "cuda":
             self._replay(s, 1)
             self._replay_ms.append(0.0)
             return
-        members = self.members(s)
-        start = torch.cuda.Event(enable_timing=True)
-        end = torch.cuda.Event(enable_timing=True)
-        start.record()
-        self._replay(s, 1)
-        for m in members[1:]:   # the chunk waits for the slowest member
-            torch.cuda.current_stream(s.device).wait_stream(torch.cuda.current_stream(m.device))
-        end.record()
-        end.synchronize()
-        self._replay_ms.append(start.elapsed_time(end))
+        self._timing = []
+        try:
+            self._replay(s, 1)
+            spans = self._timing
+        finally:
+            self._timing = None
+        for _, end in spans:
+            end.synchronize()
+        self._replay_ms.append(max(start.elapsed_time(end) for start, end in spans))
 
     def _consider_compiling(self, s: Solver, stop_iter: int) -> None:
         """Once: compile the net when the measured step says the run is long (AutoCompile);

@@ -36,6 +36,23 @@ def test_two_iterations_taken_apart():
     assert d["gaps"][1] == (pytest.approx(0.5), "mul", "sgd_update_kernel")
 
 
+def test_short_iterations_taken_apart_at_their_own_scale():
+    # LeNet-like: 0.3 ms iterations; NCCL's last all-reduce ends at 0.24 ms, the update runs
+    # 0.25-0.26 ms, then 6 us idle before the last layer's kernel and 6 us before the next
+    # iteration's first: the joins and the few-microsecond gaps are found (ResNet-50's 1 ms
+    # and 20 us thresholds would merge the iterations and miss the gaps)
+    US = 1_000
+    one = [("conv", 1, 0, 200 * US), ("ncclDevKernel_AllReduce", 2, 150 * US, 240 * US),
+           ("sgd_update_kernel", 1, 250 * US, 260 * US), ("fc", 1, 266 * US, 294 * US)]
+    events = [(n, k, s + j * 300 * US, e + j * 300 * US) for j in range(3) for n, k, s, e in one]
+    d = rp.device_breakdown(events, 3)
+    assert d["before_update_ms"] == pytest.approx(0.010)
+    assert d["idle_ms"] == pytest.approx((894 - 3 * 278) / 3 / 1000)
+    assert d["gaps"][0] == (pytest.approx(0.010), "ncclDevKernel_AllReduce", "sgd_update_kernel")
+    assert d["gaps"][1] == (pytest.approx(0.006), "sgd_update_kernel", "fc")
+    assert d["gaps"][2] == (pytest.approx(0.006 * 2 / 3), "fc", "conv")
+
+
 def test_graph_launches_against_their_first_kernels():
     # three graph launches (ids 7, 8, 9): each called 30 ms before the previous graph's last
     # kernel ends and returning after 1 ms; each graph's first kernel 0.5 ms after the call
@@ -70,5 +87,19 @@ def test_run_syntax():
         2, ["buffers4", "threads", "reverse"], {})
     assert rp.parse_run("1+flat+heuristic") == (1, ["flat", "heuristic"], {})
     assert rp.parse_run("2+divide+threads") == (2, ["divide", "threads"], {})
+    assert rp.parse_run("2+parts8") == (2, ["parts8"], {})
+    with pytest.raises(SystemExit, match=r"--runs: '2\+parts0' is not COUNT"):
+        rp.parse_run("2+parts0")
     with pytest.raises(SystemExit, match=r"--runs: '4\+fast' is not COUNT"):
         rp.parse_run("4+fast")
+
+
+def test_the_events_around_the_longest_gap():
+    # a 2 us gap after "a", a 10 us one after "c" (while "b" on another stream ends earlier)
+    US = 1_000
+    events = [("a", 1, 0, 5 * US), ("b", 2, 3 * US, 8 * US), ("c", 1, 10 * US, 12 * US),
+              ("d", 1, 22 * US, 25 * US), ("e", 2, 23 * US, 30 * US)]
+    got = rp.around_longest_gap(events, k=2)
+    assert got == [("b", 2, -9.0, -4.0), ("c", 1, -2.0, 0.0),
+                   ("d", 1, 10.0, 13.0), ("e", 2, 11.0, 18.0)]
+    assert rp.around_longest_gap([("a", 1, 0, 5), ("b", 1, 3, 9)]) == []

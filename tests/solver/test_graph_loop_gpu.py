@@ -77,3 +77,27 @@ def test_deterministic_runs_of_the_default_path_are_bit_identical(ws):
         torch.use_deterministic_algorithms(False)
         torch.backends.cudnn.deterministic = False
     assert all(torch.equal(a, b) for a, b in zip(*runs, strict=True))
+
+
+def test_the_chunk_is_sized_by_the_devices_time_not_the_hosts_work_before_the_launch(
+        ws, monkeypatch):
+    """The timed replays measure from the graph's launch to its end: 30 ms of host work
+    before each launch (here in the rates' copy) leaves the tiny net's chunk at the most
+    its display interval allows, as a chunk does that work once, not once an iteration."""
+    import time
+
+    from caffe_py.solver import graph_loop
+
+    put = graph_loop._Scales.put
+
+    def slow_put(self, rows):
+        time.sleep(0.03)
+        put(self, rows)
+
+    monkeypatch.setattr(graph_loop._Scales, "put", slow_put)
+    ws.net(ws.LMDB_NET, batch=2)
+    loop = GraphedLoop()
+    run(ws.load(max_iter=40, display=10, lr_policy="fixed"), loop)
+    assert len(loop._replay_ms) == graph_loop.TIMED_REPLAYS
+    assert max(loop._replay_ms) < 4.0
+    assert loop.chunk == 10 and sorted(loop.graphs) == [1, 10]
