@@ -30,8 +30,8 @@ iteration, from the trace:
 
 A run's variant follows its count after ``+``: ``noreduce`` replaces NCCL's all-reduce by
 nothing (each replica trains on its own gradient: not a training run, a bound on what the
-reduction costs), ``after`` sets the solver's ``layer_wise_reduce: false`` (one all-reduce
-after backward), ``buffersK`` gives the rates K pinned host buffers (the host may run K replays
+reduction costs), ``after`` sets the solver's ``layer_wise_reduce: false`` (one all-reduce after
+backward), ``buffersK`` gives the rates K pinned host buffers (the host may run K replays
 ahead), ``reverse`` launches the replicas' replays last GPU first, ``threads`` launches each
 from a thread of its own, all at once (on the stream the root copied its rates on), ``flat``
 (one GPU) lays the weights, gradients and state blobs out in flat buffers as a replica's are,
@@ -39,17 +39,15 @@ with no other replica and no reduction, ``partsK`` cuts the gradient into about 
 (ResNet-50 keeps its 25 MB ones; the default is flat.REDUCTION_PARTS), ``chunkK`` replays K
 iterations at a time (K must divide the display interval, 1000 for LeNet), ``heuristic`` takes
 cuDNN's heuristic algorithms instead of its benchmark search (the same picks on every GPU),
-``divide`` has the all-reduce
+``twin`` captures each chunk twice and replays the two in turn, ``divide`` has the all-reduce
 divide each sum by N on its side stream instead of the update's kernel (as before the fold),
-``KEY=VALUE`` sets an environment variable (NCCL's knobs). The table is printed last and
-written to
-DIR/replica_profile.md, with the kernels whose summed time grew most against one GPU, each
+``KEY=VALUE`` sets an environment variable (NCCL's knobs). The table is printed last and written
+to DIR/replica_profile.md, with the kernels whose summed time grew most against one GPU, each
 GPU's longest idle gaps (between which kernels), when each GPU's graph launches were called
-against when their first kernels ran (the trace's host side: cudaGraphLaunch calls, matched
-to their kernels by correlation id), and the host thread's time per iteration in the graph
+against when their first kernels ran (the trace's host side: cudaGraphLaunch calls, matched to
+their kernels by correlation id), and the host thread's time per iteration in the graph
 launches, the rates' copies and the Solvers' end_iteration; every run is a JSON line in
-DIR/replica_profile.jsonl.
-"""
+DIR/replica_profile.jsonl."""
 from __future__ import annotations
 
 import argparse
@@ -150,6 +148,7 @@ def device_breakdown(events: Sequence[Event], iterations: int) -> dict:
     return {
         "gaps": idle_gaps(events, iterations, least_ns=min(20_000, each // 100)),
         "around_gap": around_longest_gap(events),
+        "iteration": one_iteration(events),
         "period_ms": period / per,
         "busy_ms": length(everything) / per,
         "idle_ms": (period - length(everything)) / per,
@@ -196,6 +195,21 @@ def around_longest_gap(events: Sequence[Event], k: int = 4) -> list[tuple[str, i
             for n, stream, a, b in [*before, *spans[at:at + k]]]
 
 
+def one_iteration(events: Sequence[Event], most: int = 300) -> list[tuple[str, int, float, float]]:
+    """The events from the second update kernel's end to the third's, in the order they start:
+    (name, stream, start, end) in microseconds from the first (empty for an iteration of more
+    than ``most`` events, or fewer than three updates)."""
+    ends = sorted(e for n, _, _, e in events if is_update(n))
+    if len(ends) < 3:
+        return []
+    lo, hi = ends[1], ends[2]
+    inside = sorted((ev for ev in events if lo <= ev[2] < hi), key=lambda ev: ev[2])
+    if not inside or len(inside) > most:
+        return []
+    t0 = inside[0][2]
+    return [(n, k, (a - t0) / 1e3, (b - t0) / 1e3) for n, k, a, b in inside]
+
+
 def _iteration_starts(starts: Sequence[int], gap_ns: int) -> list[int]:
     """The first of each run of update kernels (an iteration's update launches lie close
     together; iterations are further apart than ``gap_ns``, half an iteration's period)."""
@@ -221,10 +235,11 @@ def parse_run(text: str) -> tuple[int, list[str], dict[str, str]]:
                                                 "heuristic", "divide")
                and not (f.startswith("buffers") and f[7:].isdigit())
                and not (f.startswith("parts") and f[5:].isdigit() and int(f[5:]) > 0)
-               and not (f.startswith("chunk") and f[5:].isdigit() and int(f[5:]) > 0)}
+               and not (f.startswith("chunk") and f[5:].isdigit() and int(f[5:]) > 0)
+               and f != "twin"}
     if unknown or not count.isdigit():
         raise SystemExit(f"--runs: '{text}' is not COUNT[+noreduce|+after|+reverse|+threads"
-                         "|+flat|+heuristic|+divide|+buffersK|+partsK|+chunkK|+KEY=VALUE...]")
+                         "|+flat|+heuristic|+divide|+buffersK|+partsK|+chunkK|+twin|+KEY=VALUE...]")
     return int(count), flags, env
 
 
@@ -234,7 +249,7 @@ def child(args: argparse.Namespace) -> None:
     from caffe_py.parallel import captured
     from caffe_py.parallel.captured import AllReduceGroup
     from caffe_py.solver import graph_loop
-    from caffe_py.solver.graph_loop import TIMED_REPLAYS, GraphedLoop
+    from caffe_py.solver.graph_loop import GraphedLoop
     from caffe_py.solver.solver import Solver
     from caffe_py.train import train
 
@@ -263,6 +278,8 @@ def child(args: argparse.Namespace) -> None:
     for flag in flags:
         if flag.startswith("buffers"):
             graph_loop.HOST_BUFFERS = int(flag[7:])
+        if flag == "twin":
+            _twin_graphs(GraphedLoop)
         if flag.startswith("chunk"):
             GraphedLoop._chunk_length = (  # type: ignore[method-assign]
                 lambda self, s, k=int(flag[5:]): k)
@@ -369,8 +386,11 @@ def child(args: argparse.Namespace) -> None:
         capture(self, s)
 
     def traced(self: GraphedLoop, s: Any, k: int) -> None:
+        if not self.chunk or k != self.chunk:   # timed replays, single ones until aligned
+            replay(self, s, k)
+            return
         seen["replays"] += 1
-        i = seen["replays"] - TIMED_REPLAYS
+        i = seen["replays"]
         if i == WARM + 1:
             mark()
         if i == WARM + PROFILED + 1:
@@ -402,6 +422,27 @@ def child(args: argparse.Namespace) -> None:
     GraphedLoop._replay = traced  # type: ignore[method-assign]
     GraphedLoop._capture = capture_traced  # type: ignore[method-assign]
     train(str(solver), ",".join(str(i) for i in range(n)))
+
+
+def _twin_graphs(loop: Any) -> None:
+    """The ``twin`` variant: every chunk length captured twice and the two replayed in turn, so
+    that no graph is launched while its own previous launch may still run."""
+    add_chunk, replay = loop._add_chunk, loop._replay
+    twins: dict[int, list] = {}
+    turn = {"n": 0}
+
+    def add_twins(self: Any, s: Any) -> None:
+        add_chunk(self, s)
+        if self.chunk > 1 and self.chunk not in twins:
+            twins[self.chunk] = [self.graphs[self.chunk], self._record(s, self.chunk)]
+
+    def alternate(self: Any, s: Any, length: int) -> None:
+        if length in twins:
+            turn["n"] += 1
+            self.graphs[length] = twins[length][turn["n"] % 2]
+        replay(self, s, length)
+
+    loop._add_chunk, loop._replay = add_twins, alternate
 
 
 class Launcher:

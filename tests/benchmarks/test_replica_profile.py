@@ -103,3 +103,14 @@ def test_the_events_around_the_longest_gap():
     assert got == [("b", 2, -9.0, -4.0), ("c", 1, -2.0, 0.0),
                    ("d", 1, 10.0, 13.0), ("e", 2, 11.0, 18.0)]
     assert rp.around_longest_gap([("a", 1, 0, 5), ("b", 1, 3, 9)]) == []
+
+
+def test_one_iteration_runs_from_the_second_update_to_the_third():
+    US = 1_000
+    one = [("conv", 1, 0, 50 * US), ("sgd_update_kernel", 1, 60 * US, 70 * US)]
+    events = [(n, k, s + j * 100 * US, e + j * 100 * US) for j in range(4) for n, k, s, e in one]
+    assert rp.one_iteration(events) == [("conv", 1, 0.0, 50.0),
+                                        ("sgd_update_kernel", 1, 60.0, 70.0)]
+    assert rp.one_iteration(events, most=1) == []
+    assert rp.one_iteration(events[:4]) == []
+    assert rp.parse_run("2+twin+chunk20") == (2, ["twin", "chunk20"], {})
