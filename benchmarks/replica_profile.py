@@ -182,17 +182,41 @@ def around_longest_gap(events: Sequence[Event], k: int = 4) -> list[tuple[str, i
     """The ``k`` events that end last before a device's longest idle gap and the ``k`` that
     start first after it: (name, stream, start, end) in microseconds from the gap's start."""
     spans = sorted(events, key=lambda ev: ev[2])
-    end, best, at = spans[0][3], -1, 0
-    for s, ev in enumerate(spans[1:], start=1):
-        if ev[2] - end > best:
-            best, at = ev[2] - end, s
-        end = max(end, ev[3])
-    if best <= 0:
+    at = _longest_gap(spans)
+    if at is None:
         return []
     edge = max(ev[3] for ev in spans[:at])
     before = sorted(spans[:at], key=lambda ev: ev[3])[-k:]
     return [(n, stream, (a - edge) / 1e3, (b - edge) / 1e3)
             for n, stream, a, b in [*before, *spans[at:at + k]]]
+
+
+def _longest_gap(spans: Sequence[Event]) -> int | None:
+    """The index of the event (of ``spans``, sorted by start) that ends a device's longest idle
+    gap; None without a gap."""
+    end, best, at = spans[0][3], 0, None
+    for s, ev in enumerate(spans[1:], start=1):
+        if ev[2] - end > best:
+            best, at = ev[2] - end, s
+        end = max(end, ev[3])
+    return at
+
+
+def host_around_gap(events: Sequence[Event], calls: Sequence[tuple[str, int, int, int]],
+                    mine: set[int], before_ns: int = 3_000_000, most: int = 40
+                    ) -> list[tuple[str, bool, float, float]]:
+    """The host's CUDA calls (``calls``: name, correlation id, start, end) from ``before_ns``
+    before a device's longest idle gap to its end: (name, whether the call's work ran on this
+    device (its id among ``mine``), start, end) in microseconds from the gap's start, the
+    last ``most``."""
+    spans = sorted(events, key=lambda ev: ev[2])
+    at = _longest_gap(spans) if spans else None
+    if at is None:
+        return []
+    edge, after = max(ev[3] for ev in spans[:at]), spans[at][2]
+    near = sorted(c for c in ((c[2], c) for c in calls) if edge - before_ns <= c[0] <= after)
+    return [(name, corr in mine, (a - edge) / 1e3, (b - edge) / 1e3)
+            for _, (name, corr, a, b) in near[-most:]]
 
 
 def one_iteration(events: Sequence[Event], most: int = 300) -> list[tuple[str, int, float, float]]:
@@ -518,19 +542,27 @@ def _breakdown(prof: Any, n: int, iterations: int) -> list[dict]:
     per_device: dict[int, list[Event]] = defaultdict(list)
     correlated: dict[int, list[tuple[int, int, int]]] = defaultdict(list)
     calls: list[tuple[int, int, int]] = []
+    api: list[tuple[str, int, int, int]] = []
     for ev in prof.profiler.kineto_results.events():
         if str(ev.device_type()).endswith("CUDA") and ev.duration_ns() > 0:
             start, end = ev.start_ns(), ev.start_ns() + ev.duration_ns()
             per_device[ev.device_index()].append(
                 (ev.name(), ev.device_resource_id(), start, end))
             correlated[ev.device_index()].append((ev.correlation_id(), start, end))
-        elif "GraphLaunch" in ev.name():
+            continue
+        if ev.name().startswith("cuda"):
+            api.append((ev.name(), ev.correlation_id(), ev.start_ns(),
+                        ev.start_ns() + ev.duration_ns()))
+        if "GraphLaunch" in ev.name():
             calls.append((ev.correlation_id(), ev.start_ns(), ev.start_ns() + ev.duration_ns()))
     out = []
     for d in range(n):
-        breakdown = device_breakdown(between_marks(per_device.get(d, [])), iterations)
+        events = between_marks(per_device.get(d, []))
+        breakdown = device_breakdown(events, iterations)
         if breakdown:
             breakdown["launches"] = launch_delays(calls, correlated.get(d, []))
+            breakdown["host_around_gap"] = host_around_gap(
+                events, api, {c for c, _, _ in correlated.get(d, [])})
         out.append(breakdown)
     return out
 

@@ -114,3 +114,16 @@ def test_one_iteration_runs_from_the_second_update_to_the_third():
     assert rp.one_iteration(events, most=1) == []
     assert rp.one_iteration(events[:4]) == []
     assert rp.parse_run("2+twin+chunk20") == (2, ["twin", "chunk20"], {})
+
+
+def test_the_hosts_calls_before_the_longest_gap():
+    # the device idles 20-50 us; the host launched this device's graph (id 9) at 45 us, after
+    # waiting on an event from 5 to 44 us; a call 4 ms earlier is left out
+    US = 1_000
+    events = [("a", 1, 0, 20 * US), ("b", 1, 50 * US, 60 * US)]
+    calls = [("cudaLaunchKernel", 1, -4000 * US, -3999 * US),
+             ("cudaEventSynchronize", 2, 5 * US, 44 * US),
+             ("cudaGraphLaunch", 9, 45 * US, 48 * US)]
+    got = rp.host_around_gap(events, calls, mine={9})
+    assert got == [("cudaEventSynchronize", False, -15.0, 24.0),
+                   ("cudaGraphLaunch", True, 25.0, 28.0)]
