@@ -25,8 +25,8 @@ import torch
 from ..errors import CaffePyError
 
 NAME = "caffe_py_kernels"
-SOURCES = ("bindings.cpp", "elementwise.cu", "channel.cu", "batchnorm.cu", "softmax_loss.cu",
-           "transform.cu", "sgd_update.cu")
+SOURCES = ("bindings.cpp", "elementwise.cu", "channel.cu", "bias_grad.cu", "batchnorm.cu",
+           "softmax_loss.cu", "transform.cu", "sgd_update.cu")
 CSRC = Path(__file__).resolve().parent / "csrc"
 NVCC_FLAGS = ("-O3", "--expt-relaxed-constexpr", "-lineinfo")
 

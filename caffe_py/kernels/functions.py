@@ -167,6 +167,23 @@ class _BiasActivation(torch.autograd.Function):
         return grad_x, _as_grad(dbias, ctx.bias_dtype, ctx.bias_shape), None, None, None, None
 
 
+class _BiasAdd(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, y: torch.Tensor, bias: torch.Tensor) -> torch.Tensor:
+        b = _as_param(bias, y.dtype)
+        y.add_(b.view(1, -1, *([1] * (y.dim() - 2))))
+        ctx.mark_dirty(y)
+        ctx.C, ctx.inner = b.numel(), max(1, math.prod(y.shape[2:]))
+        ctx.bias_dtype, ctx.bias_shape = bias.dtype, bias.shape
+        return y
+
+    @staticmethod
+    @once_differentiable
+    def backward(ctx, g: torch.Tensor):
+        dbias = _ext().bias_grad(g if g.is_contiguous() else g.contiguous(), ctx.C, ctx.inner)
+        return g, _as_grad(dbias, ctx.bias_dtype, ctx.bias_shape)
+
+
 class _BatchNormReLU(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x: torch.Tensor, gamma: torch.Tensor | None, beta: torch.Tensor | None,
@@ -253,6 +270,23 @@ def bias_activation(x: torch.Tensor, bias: torch.Tensor, kind: int, p: float = 0
     if memory_format(x) is not torch.contiguous_format and axis != 1:
         x = x.contiguous()
     return _BiasActivation.apply(x, bias, kind, float(p), axis, inplace)
+
+
+def bias_add_fits(y: torch.Tensor, bias: torch.Tensor) -> bool:
+    """Whether :func:`bias_add` takes y: a contiguous (channel-first) float32, float16 or
+    bfloat16 CUDA tensor of at least 2 axes with ``bias.numel()`` channels on axis 1. A
+    channels_last output is left to PyTorch, whose reduction over its rows is fast."""
+    return (y.is_cuda and y.dtype in (torch.float32, torch.float16, torch.bfloat16)
+            and y.dim() >= 2 and y.is_contiguous() and y.shape[1] == bias.numel()
+            and bias.device == y.device)
+
+
+def bias_add(y: torch.Tensor, bias: torch.Tensor) -> torch.Tensor:
+    """y + bias along axis 1, in place on y (a producer's fresh output, which its backward does
+    not read); the backward passes the gradient through and sums it to the bias gradient in
+    one kernel (csrc/bias_grad.cu), the same bits on every run. y must pass
+    :func:`bias_add_fits`."""
+    return _BiasAdd.apply(y, bias)
 
 
 def crop_transform(records: torch.Tensor, where: torch.Tensor, mean: torch.Tensor | None,

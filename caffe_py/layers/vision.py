@@ -13,6 +13,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
+from ..kernels import build, functions
 from ..spec.layer_params.vision import ConvolutionParameter, PoolingParameter
 from .base import Layer, Shape, canonical_axis
 from .common import given, same_shapes
@@ -58,11 +59,22 @@ def deconv_out_size(size: int, k: int, s: int, p: int, d: int) -> int:
     return s * (size - 1) + d * (k - 1) + 1 - 2 * p
 
 
+BIAS_GRAD_KERNEL = "bias_grad_kernel"
+"""The net option that lets a GPU Convolution's bias gradient be summed by the kernel of
+csrc/bias_grad.cu (default true)."""
+
+
 @register("Convolution")
 class Convolution(Layer):
     """N-d convolution (1 to 3 spatial axes) with Caffe's weight (O, C/group, *kernel).
 
-    Several bottoms share the weights and give one top each, as in Caffe.
+    Several bottoms share the weights and give one top each, as in Caffe. On a GPU, a bias
+    on a channel-first output (NCHW) is added after the convolution by
+    :func:`~caffe_py.kernels.functions.bias_add`, whose backward sums the bias gradient in one
+    kernel; PyTorch's reduction over the batch and spatial axes of such an output keeps few
+    blocks busy (LeNet's conv2 on an H200: 19 us). The net option ``bias_grad_kernel: false``
+    leaves the bias to the convolution op, as does a CPU net, a channels_last output, float64,
+    torch.compile or a forward without gradients.
     """
 
     bottoms = (1, None)
@@ -94,6 +106,10 @@ class Convolution(Layer):
         self._check_groups(p, shape[self.axis])
         self.group = p.group
         self.has_bias = p.bias_term
+        self.bias_kernel = (p.bias_term and torch.device(self.ctx.device).type == "cuda"
+                            and bool(self.ctx.options.get(BIAS_GRAD_KERNEL, True))
+                            and build.available())
+        """Whether a forward with gradients may add the bias through functions.bias_add."""
         self.add_blob("weight", self._weight_shape(p.num_output, shape[self.axis]),
                       p.weight_filler)
         if p.bias_term:
@@ -146,6 +162,12 @@ class Convolution(Layer):
     def _convolve(self, x: torch.Tensor) -> torch.Tensor:
         bias = self.bias if self.has_bias else None
         if self.axis == 1:
+            if bias is not None and self.bias_kernel and bias.requires_grad \
+                    and torch.is_grad_enabled() and not torch.compiler.is_compiling():
+                y = self._conv(x, None)
+                if functions.bias_add_fits(y, bias):
+                    return functions.bias_add(y, bias)
+                return y.add_(bias.view(1, -1, *([1] * (y.dim() - 2))))
             return self._conv(x, bias)
         lead = x.shape[:self.axis]  # the axes before the channel axis act as the batch
         y = self._conv(x.reshape(-1, *x.shape[self.axis:]), bias)

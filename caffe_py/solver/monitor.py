@@ -136,8 +136,8 @@ class Monitor:
             self._polls += 1
             for h, t in zip(host, tensors, strict=True):
                 h.copy_(t, non_blocking=True)
-            event = torch.cuda.Event()
-            event.record()
+            event = torch.cuda.Event()   # on the copies' stream: the ring's device's
+            event.record(torch.cuda.current_stream(self.losses.device))
         else:
             host, event = [t.detach().cpu() for t in tensors], None
         return _Copy(host[0], list(self.iterations), upto, host[1:], event)

@@ -17,6 +17,7 @@ void bias_act_forward(const at::Tensor& x, const at::Tensor& bias, at::Tensor& o
 at::Tensor bias_act_backward(const at::Tensor& g, const at::Tensor& y, const at::Tensor& bias,
                              at::Tensor& grad_x, int64_t C, int64_t inner, int64_t kind,
                              double p);
+at::Tensor bias_grad(const at::Tensor& g, int64_t C, int64_t inner);
 at::Tensor bn_relu_forward(const at::Tensor& x, const c10::optional<at::Tensor>& gamma,
                            const c10::optional<at::Tensor>& beta,
                            const c10::optional<at::Tensor>& residual, at::Tensor& y,
@@ -102,6 +103,9 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("bias_act_backward", &caffe_py::bias_act_backward, "writes grad_x, returns dbias [C]",
         py::arg("grad_out"), py::arg("y"), py::arg("bias"), py::arg("grad_x"), py::arg("C"),
         py::arg("inner"), py::arg("kind"), py::arg("p"));
+  m.def("bias_grad", &caffe_py::bias_grad,
+        "returns g [outer, C, inner] summed over outer and inner: [C] float32",
+        py::arg("grad_out"), py::arg("C"), py::arg("inner"));
   m.def("bn_relu_forward", &caffe_py::bn_relu_forward,
         "y = relu_p(batchnorm(x) * gamma + beta [+ residual]) with batch statistics, the "
         "running sums updated; returns [4, C] (a, b, mean, rstd)", py::arg("x"),
