@@ -101,6 +101,11 @@ def channel_sum(t: torch.Tensor, axis: int = 1) -> torch.Tensor:
     return t.sum(dim=dims) if dims else t
 
 
+def bias_grad(g: torch.Tensor, C: int, inner: int) -> torch.Tensor:
+    """csrc/bias_grad.cu's result: g viewed as [outer, C, inner] summed to [C], in float32."""
+    return g.reshape(-1, C, inner).sum((0, 2), dtype=torch.float32)
+
+
 def prelu_backward(g: torch.Tensor, x: torch.Tensor, slope: torch.Tensor
                    ) -> tuple[torch.Tensor, torch.Tensor]:
     """(dL/dx, dL/dslope): Caffe sums g * x over x <= 0, per channel or over everything."""

@@ -122,7 +122,8 @@ def test_a_convolutions_bias_on_the_kernel_trains_as_on_the_convolution_op(spec_
         torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-4)
 
 
-def test_a_channels_last_output_keeps_pytorchs_bias_gradient(spec_of):
+def test_a_channels_last_output_keeps_pytorchs_bias_gradient(spec_of, monkeypatch):
+    monkeypatch.setattr(torch.backends.cudnn, "allow_tf32", False)
     net = Net(spec_of(CONV_NET), device="cuda", seed=2)
     x = values((16, 3, 20, 20), torch.float32, seed=9).contiguous(memory_format=torch.channels_last)
     net.to(memory_format=torch.channels_last)
