@@ -154,6 +154,20 @@ TINY_NET = tiny_net(extra="""\
     top: acc
     include: {phase: TEST}
 """)
+CONV_BIAS_NET = """
+name: conv
+layer:
+  - {name: data, type: Input, top: data, input_param: {shape: {dim: [4, 3, 9, 9]}}}
+  - {name: conv1, type: Convolution, bottom: data, top: conv1,
+     convolution_param: {num_output: 5, kernel_size: 3, weight_filler: {type: gaussian, std: 0.1},
+                         bias_filler: {type: gaussian, std: 0.5}}}
+  - {name: up, type: Deconvolution, bottom: conv1, top: up,
+     convolution_param: {num_output: 2, kernel_size: 2, stride: 2,
+                         weight_filler: {type: gaussian, std: 0.1},
+                         bias_filler: {type: gaussian, std: 0.5}}}
+"""
+"""A Convolution and a Deconvolution with biases (tests of the bias gradient's kernel)."""
+
 TINY_SOLVER = """\
 net: net.yaml
 base_lr: 0.05

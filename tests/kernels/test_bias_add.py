@@ -5,23 +5,11 @@ from __future__ import annotations
 
 import pytest
 import torch
+from support import CONV_BIAS_NET
 
 from caffe_py.kernels import functions, reference
 from caffe_py.layers.vision import BIAS_GRAD_KERNEL
 from caffe_py.net import Net
-
-NET = """
-name: conv
-layer:
-  - {name: data, type: Input, top: data, input_param: {shape: {dim: [4, 3, 9, 9]}}}
-  - {name: conv1, type: Convolution, bottom: data, top: conv1,
-     convolution_param: {num_output: 5, kernel_size: 3, weight_filler: {type: gaussian, std: 0.1},
-                         bias_filler: {type: gaussian, std: 0.5}}}
-  - {name: up, type: Deconvolution, bottom: conv1, top: up,
-     convolution_param: {num_output: 2, kernel_size: 2, stride: 2,
-                         weight_filler: {type: gaussian, std: 0.1},
-                         bias_filler: {type: gaussian, std: 0.5}}}
-"""
 
 
 class _Reference:
@@ -45,7 +33,7 @@ def stand_in(monkeypatch):
 
 
 def build(spec_of, kernel):
-    net = Net(spec_of(NET), seed=3)
+    net = Net(spec_of(CONV_BIAS_NET), seed=3)
     for name in ("conv1", "up"):
         net.layer_by_name(name).bias_kernel = kernel
     return net
@@ -80,7 +68,7 @@ def test_without_gradients_or_with_the_option_off_the_convolution_adds_its_bias(
     assert type(out.grad_fn).__name__ == "ConvolutionBackward0"
     out.sum().backward()
     assert stand_in.calls == []
-    off = Net(spec_of(NET), device="cpu", options={BIAS_GRAD_KERNEL: False})
+    off = Net(spec_of(CONV_BIAS_NET), device="cpu", options={BIAS_GRAD_KERNEL: False})
     assert not off.layer_by_name("conv1").bias_kernel
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+from support import CONV_BIAS_NET
 
 from caffe_py.kernels import build, functions
 from caffe_py.layers.vision import BIAS_GRAD_KERNEL
@@ -89,28 +90,13 @@ def test_bias_add_adds_in_place_and_passes_the_gradient_through(ext):
     assert not functions.bias_add_fits(out.double(), bias)
 
 
-CONV_NET = """
-name: conv
-layer:
-  - {name: data, type: Input, top: data, input_param: {shape: {dim: [16, 3, 20, 20]}}}
-  - {name: conv1, type: Convolution, bottom: data, top: conv1,
-     convolution_param: {num_output: 8, kernel_size: 5, weight_filler: {type: gaussian, std: 0.1},
-                         bias_filler: {type: constant, value: 0.2}}}
-  - {name: pool1, type: Pooling, bottom: conv1, top: pool1,
-     pooling_param: {pool: MAX, kernel_size: 2, stride: 2}}
-  - {name: conv2, type: Deconvolution, bottom: pool1, top: conv2,
-     convolution_param: {num_output: 4, kernel_size: 3, weight_filler: {type: gaussian, std: 0.1},
-                         bias_filler: {type: constant, value: -0.1}}}
-"""
-
-
 def test_a_convolutions_bias_on_the_kernel_trains_as_on_the_convolution_op(spec_of, monkeypatch):
     monkeypatch.setattr(torch.backends.cudnn, "allow_tf32", False)  # float32 against float32
-    x = values((16, 3, 20, 20), torch.float32, seed=8)
+    x = values((4, 3, 9, 9), torch.float32, seed=8)
     grads = {}
     for on in (True, False):
-        net = Net(spec_of(CONV_NET), device="cuda", seed=2, options={BIAS_GRAD_KERNEL: on})
-        assert [net.layer_by_name(n).bias_kernel for n in ("conv1", "conv2")] == [on, on]
+        net = Net(spec_of(CONV_BIAS_NET), device="cuda", seed=2, options={BIAS_GRAD_KERNEL: on})
+        assert [net.layer_by_name(n).bias_kernel for n in ("conv1", "up")] == [on, on]
         out = net(x)
         assert (type(out.grad_fn).__name__ == "_BiasAddBackward") == on
         out.square().sum().backward()
@@ -124,8 +110,8 @@ def test_a_convolutions_bias_on_the_kernel_trains_as_on_the_convolution_op(spec_
 
 def test_a_channels_last_output_keeps_pytorchs_bias_gradient(spec_of, monkeypatch):
     monkeypatch.setattr(torch.backends.cudnn, "allow_tf32", False)
-    net = Net(spec_of(CONV_NET), device="cuda", seed=2)
-    x = values((16, 3, 20, 20), torch.float32, seed=9).contiguous(memory_format=torch.channels_last)
+    net = Net(spec_of(CONV_BIAS_NET), device="cuda", seed=2)
+    x = values((4, 3, 9, 9), torch.float32, seed=9).contiguous(memory_format=torch.channels_last)
     net.to(memory_format=torch.channels_last)
     out = net.layer_by_name("conv1")(x)
     assert out.is_contiguous(memory_format=torch.channels_last)
