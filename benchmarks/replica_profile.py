@@ -181,25 +181,27 @@ def idle_gaps(events: Sequence[Event], iterations: int, top: int = 4,
 def around_longest_gap(events: Sequence[Event], k: int = 4) -> list[tuple[str, int, float, float]]:
     """The ``k`` events that end last before a device's longest idle gap and the ``k`` that
     start first after it: (name, stream, start, end) in microseconds from the gap's start."""
-    spans = sorted(events, key=lambda ev: ev[2])
-    at = _longest_gap(spans)
-    if at is None:
+    gap = _longest_gap(events)
+    if gap is None:
         return []
-    edge = max(ev[3] for ev in spans[:at])
+    spans, at, edge = gap
     before = sorted(spans[:at], key=lambda ev: ev[3])[-k:]
     return [(n, stream, (a - edge) / 1e3, (b - edge) / 1e3)
             for n, stream, a, b in [*before, *spans[at:at + k]]]
 
 
-def _longest_gap(spans: Sequence[Event]) -> int | None:
-    """The index of the event (of ``spans``, sorted by start) that ends a device's longest idle
-    gap; None without a gap."""
-    end, best, at = spans[0][3], 0, None
+def _longest_gap(events: Sequence[Event]) -> tuple[list[Event], int, int] | None:
+    """A device's longest idle gap: the events sorted by start, the index of the one that ends
+    the gap and the time the gap starts (None without a gap)."""
+    spans = sorted(events, key=lambda ev: ev[2])
+    end, best, at = (spans[0][3] if spans else 0), 0, None
     for s, ev in enumerate(spans[1:], start=1):
         if ev[2] - end > best:
             best, at = ev[2] - end, s
         end = max(end, ev[3])
-    return at
+    if at is None:
+        return None
+    return spans, at, max(ev[3] for ev in spans[:at])
 
 
 def host_around_gap(events: Sequence[Event], calls: Sequence[tuple[str, int, int, int]],
@@ -209,14 +211,14 @@ def host_around_gap(events: Sequence[Event], calls: Sequence[tuple[str, int, int
     before a device's longest idle gap to its end: (name, whether the call's work ran on this
     device (its id among ``mine``), start, end) in microseconds from the gap's start, the
     last ``most``."""
-    spans = sorted(events, key=lambda ev: ev[2])
-    at = _longest_gap(spans) if spans else None
-    if at is None:
+    gap = _longest_gap(events)
+    if gap is None:
         return []
-    edge, after = max(ev[3] for ev in spans[:at]), spans[at][2]
-    near = sorted(c for c in ((c[2], c) for c in calls) if edge - before_ns <= c[0] <= after)
+    spans, at, edge = gap
+    after = spans[at][2]
+    near = sorted((c for c in calls if edge - before_ns <= c[2] <= after), key=lambda c: c[2])
     return [(name, corr in mine, (a - edge) / 1e3, (b - edge) / 1e3)
-            for _, (name, corr, a, b) in near[-most:]]
+            for name, corr, a, b in near[-most:]]
 
 
 def one_iteration(events: Sequence[Event], most: int = 300) -> list[tuple[str, int, float, float]]:
@@ -352,8 +354,7 @@ def child(args: argparse.Namespace) -> None:
             if not launchers:
                 launchers.extend(Launcher(m.device) for m in members)
             for launcher, graph in zip(launchers, graphs, strict=True):
-                launcher.launch(graph, torch.cuda.current_stream(launcher.device),
-                                self._timing)
+                launcher.launch(self, graph, torch.cuda.current_stream(launcher.device))
             for launcher in launchers:
                 launcher.wait()
 
@@ -488,24 +489,15 @@ class Launcher:
 
         torch.cuda.set_device(self.device)
         while True:
-            graph, stream, timing = self.todo.get()
+            loop, graph, stream = self.todo.get()
             with torch.cuda.stream(stream):
-                if timing is None:
-                    graph.replay()
-                else:   # a timed replay (the loop's chunk is sized from these)
-                    start = torch.cuda.Event(enable_timing=True)
-                    end = torch.cuda.Event(enable_timing=True)
-                    start.record()
-                    graph.replay()
-                    end.record()
-                    timing.append((start, end))
+                loop._replay_one(graph)   # timed, while the loop times a replay
             self.done.put(None)
 
-    def launch(self, graph: Any, stream: Any, timing: list | None) -> None:
-        """Replay ``graph`` on ``stream``: the caller's current stream of this device (where
-        the rates were copied; current streams are per thread); ``timing``: the loop's list of
-        a timed replay's events, or None."""
-        self.todo.put((graph, stream, timing))
+    def launch(self, loop: Any, graph: Any, stream: Any) -> None:
+        """Replay ``graph`` through ``loop`` on ``stream``: the caller's current stream of this
+        device (where the rates were copied; current streams are per thread)."""
+        self.todo.put((loop, graph, stream))
 
     def wait(self) -> None:
         self.done.get()

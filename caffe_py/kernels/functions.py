@@ -283,9 +283,11 @@ def bias_add_fits(y: torch.Tensor, bias: torch.Tensor) -> bool:
 
 def bias_add(y: torch.Tensor, bias: torch.Tensor) -> torch.Tensor:
     """y + bias along axis 1, in place on y (a producer's fresh output, which its backward does
-    not read); the backward passes the gradient through and sums it to the bias gradient in
-    one kernel (csrc/bias_grad.cu), the same bits on every run. y must pass
-    :func:`bias_add_fits`."""
+    not read). Where y passes :func:`bias_add_fits` the backward passes the gradient through
+    and sums it to the bias gradient in one kernel (csrc/bias_grad.cu), the same bits on every
+    run; elsewhere it is PyTorch's in-place add."""
+    if not bias_add_fits(y, bias):
+        return y.add_(bias.view(1, -1, *([1] * (y.dim() - 2))))
     return _BiasAdd.apply(y, bias)
 
 

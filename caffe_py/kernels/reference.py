@@ -103,7 +103,7 @@ def channel_sum(t: torch.Tensor, axis: int = 1) -> torch.Tensor:
 
 def bias_grad(g: torch.Tensor, C: int, inner: int) -> torch.Tensor:
     """csrc/bias_grad.cu's result: g viewed as [outer, C, inner] summed to [C], in float32."""
-    return g.reshape(-1, C, inner).sum((0, 2), dtype=torch.float32)
+    return channel_sum(g.reshape(-1, C, inner).float())
 
 
 def prelu_backward(g: torch.Tensor, x: torch.Tensor, slope: torch.Tensor

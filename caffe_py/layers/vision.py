@@ -164,10 +164,7 @@ class Convolution(Layer):
         if self.axis == 1:
             if bias is not None and self.bias_kernel and bias.requires_grad \
                     and torch.is_grad_enabled() and not torch.compiler.is_compiling():
-                y = self._conv(x, None)
-                if functions.bias_add_fits(y, bias):
-                    return functions.bias_add(y, bias)
-                return y.add_(bias.view(1, -1, *([1] * (y.dim() - 2))))
+                return functions.bias_add(self._conv(x, None), bias)
             return self._conv(x, bias)
         lead = x.shape[:self.axis]  # the axes before the channel axis act as the batch
         y = self._conv(x.reshape(-1, *x.shape[self.axis:]), bias)
