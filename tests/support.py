@@ -18,6 +18,25 @@ from caffe_py.io.formats.datum import Datum, datum_from_array, encode_datum
 ROOT = Path(__file__).resolve().parent.parent
 
 
+def data_net(layer):
+    """A stand-in for a Net whose one Data layer is ``layer`` (what attach_feeds reads)."""
+    return type("Net", (), {"data_layers": lambda self: [layer]})()
+
+
+def lockstep_batches(pool, layers, steps: int, *, device="cpu", state=None):
+    """Each Data layer's feed attached to ``pool`` (replica i, seed 3), ``state`` loaded, the
+    pool started, then ``steps`` rounds of one batch from every layer, on the host:
+    (feeds, batches)."""
+    from caffe_py.io import attach_feeds
+
+    feeds = [attach_feeds(data_net(layer), pool, replica=i, device=device, seed=3)[0]
+             for i, layer in enumerate(layers)]
+    if state is not None:
+        pool.load_state_dict(state)
+    pool.start()
+    return feeds, [[tuple(t.cpu() for t in layer()) for layer in layers] for _ in range(steps)]
+
+
 def load_script(path: str | Path):
     """A script of the repository (``path`` relative to its root, or absolute) as a fresh
     module, registered under its file's stem first: a script's dataclasses resolve their

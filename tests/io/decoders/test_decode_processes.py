@@ -15,7 +15,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from support import count_cursor_reads
+from support import count_cursor_reads, data_net
 from synthetic import image_file, write_encoded_db
 
 from caffe_py.errors import DataError
@@ -64,7 +64,7 @@ def data_layer(db: str, batch: int, **transform):
                         "data_param": {"source": db, "batch_size": batch},
                         "transform_param": transform}, Source(), "layer")
     layer = lookup("Data")(spec, [], BuildContext(phase="TRAIN"))
-    return layer, type("Net", (), {"data_layers": lambda self: [layer]})()
+    return layer, data_net(layer)
 
 
 def record(file: bytes, label: int) -> bytes:

@@ -9,6 +9,7 @@ import logging
 import numpy as np
 import pytest
 import torch
+from support import data_net
 from synthetic import image_file as jpeg
 from synthetic import write_encoded_db as write_db
 
@@ -33,10 +34,6 @@ def data_layer(db, transform):
                         "data_param": {"source": db, "batch_size": 4},
                         "transform_param": transform}, Source(), "layer")
     return lookup("Data")(spec, [], BuildContext(phase="TRAIN"))
-
-
-def _net(layer):
-    return type("Net", (), {"data_layers": lambda self: [layer]})()
 
 
 class StandIn:
@@ -153,7 +150,7 @@ def _feed_batches(db, gpu: str, steps: int, device: str = "cuda"):
     layer = data_layer(db, {"crop_size": 8, "mirror": True, "mean_value": [5, 6, 7],
                             "scale": 0.5})
     with ReaderPool(decode=DecodeOptions(2, gpu)) as pool:
-        attach_feeds(_net(layer), pool, device=device, seed=5)
+        attach_feeds(data_net(layer), pool, device=device, seed=5)
         pool.start()
         out = [tuple(t.cpu() for t in layer()) for _ in range(steps)]
         return out, layer.feed.images.gpu is not None

@@ -7,7 +7,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
-from support import write_records
+from support import data_net, lockstep_batches, write_records
 from synthetic import image_file as jpeg
 from synthetic import write_encoded_db as write_db
 
@@ -48,21 +48,12 @@ def data_layer(db, transform, batch_size=4, rand_skip=5):
     return lookup("Data")(spec, [], BuildContext(phase="TRAIN"))
 
 
-def _net(layer):
-    return type("Net", (), {"data_layers": lambda self: [layer]})()
-
-
 def run(db, transform, workers, steps, *, replicas=2, state=None, device="cpu", processes="off"):
     """``steps`` lockstep batches of ``replicas`` feeds: their batches and the pool state."""
     layers = [data_layer(db, transform) for _ in range(replicas)]
     options = DecodeOptions(workers, "off", processes=processes)
     with ReaderPool(replicas=replicas, decode=options) as pool:
-        for i, layer in enumerate(layers):
-            attach_feeds(_net(layer), pool, replica=i, device=device, seed=3)
-        if state is not None:
-            pool.load_state_dict(state)
-        pool.start()
-        batches = [[tuple(t.cpu() for t in layer()) for layer in layers] for _ in range(steps)]
+        _, batches = lockstep_batches(pool, layers, steps, device=device, state=state)
         return batches, pool.state_dict()
 
 
@@ -124,7 +115,7 @@ def test_a_file_that_does_not_decode_is_raised_by_forward_naming_the_key(tmp_pat
     db = write_db(tmp_path / "db", [jpeg(i) for i in range(12)], bad={6: broken})
     layer = data_layer(db, {}, rand_skip=0)
     with ReaderPool(decode=DecodeOptions(workers, processes=processes)) as pool:
-        attach_feeds(_net(layer), pool, seed=0)
+        attach_feeds(data_net(layer), pool, seed=0)
         pool.start()
         layer()
         with pytest.raises(DataError) as err:
@@ -142,7 +133,7 @@ def test_a_file_of_another_size_is_raised_naming_the_key(tmp_path, monkeypatch):
     files[5] = jpeg(5, size=(H + 2, W))
     layer = data_layer(write_db(tmp_path / "db", files), {}, rand_skip=0)
     with ReaderPool(decode=DecodeOptions(2, processes="off")) as pool:
-        attach_feeds(_net(layer), pool, seed=0)
+        attach_feeds(data_net(layer), pool, seed=0)
         pool.start()
         layer()
         with pytest.raises(DataError, match=r"record '00000005_img5.jpg' is uint8 \[3, 14, 10\] "
@@ -160,7 +151,7 @@ def test_a_failing_worker_is_one_line_from_forward(jpeg_db, monkeypatch):
     monkeypatch.setattr(BatchImages, "_decode_into", broken)
     layer = data_layer(db, {})
     with ReaderPool(decode=DecodeOptions(3, processes="off")) as pool:
-        attach_feeds(_net(layer), pool, seed=0)
+        attach_feeds(data_net(layer), pool, seed=0)
         pool.start()
         with pytest.raises(DataError) as err:
             layer()
@@ -172,7 +163,7 @@ def test_the_decode_threads_run_with_the_pool_and_stop_with_it(jpeg_db, monkeypa
     monkeypatch.setattr(reader, "CACHE_BYTES", 0)
     layer = data_layer(db, {})
     with ReaderPool(decode=DecodeOptions(3, processes="off")) as pool:
-        attach_feeds(_net(layer), pool, seed=0)
+        attach_feeds(data_net(layer), pool, seed=0)
         pool.start()
         layer()
         names = sorted(t.name for t in pool.threads())
@@ -186,7 +177,7 @@ def test_raw_databases_start_no_decode_threads(tmp_path):
     db = write_records(tmp_path / "db", [(np.zeros((3, 4, 4), np.uint8), i) for i in range(4)])
     layer = data_layer(db, {}, rand_skip=0)
     with ReaderPool(decode=DecodeOptions(4, processes="off")) as pool:
-        attach_feeds(_net(layer), pool, seed=0)
+        attach_feeds(data_net(layer), pool, seed=0)
         pool.start()
         layer()
         assert not any(t.name.startswith("cpy-decode") for t in pool.threads())

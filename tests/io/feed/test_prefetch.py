@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
-from support import write_db, write_records
+from support import data_net, lockstep_batches, write_db, write_records
 
 from caffe_py.errors import DataError
 from caffe_py.io import ReaderPool, attach_feeds
@@ -37,10 +37,6 @@ def data_layer(db, phase="TRAIN", batch_size=4, tops=("data", "label")):
     return lookup("Data")(spec, [], BuildContext(phase=phase))
 
 
-def _net(layer):
-    return type("Net", (), {"data_layers": lambda self: [layer]})()
-
-
 def expected(layer, arrays, positions, seed, device="cpu"):
     t = Transformer(layer.param("transform_param"), layer.phase, SHAPE, seed=seed)
     return t([arrays[p % len(arrays)] for p in positions], positions).to(device)
@@ -53,7 +49,7 @@ def check_batches(device: str):
         db, arrays = make_db(f"{tmp}/db", 10)
         layer = data_layer(db)
         with ReaderPool() as pool:
-            (feed,) = attach_feeds(_net(layer), pool, device=device, seed=11)
+            (feed,) = attach_feeds(data_net(layer), pool, device=device, seed=11)
             pool.start()
             batches = [layer() for _ in range(5)]
             first = batches[0][0].clone()
@@ -89,7 +85,7 @@ def _cpu_and_cuda_batches(db: str, transform: dict, n: int) -> tuple[dict, dict]
                             "transform_param": transform}, Source(), "layer")
         layer = lookup("Data")(spec, [], BuildContext(phase="TRAIN"))
         with ReaderPool() as pool:
-            (feeds[device],) = attach_feeds(_net(layer), pool, device=device, seed=5)
+            (feeds[device],) = attach_feeds(data_net(layer), pool, device=device, seed=5)
             pool.start()
             out[device] = [layer() for _ in range(n)]
         torch.cuda.synchronize()
@@ -135,7 +131,7 @@ def test_a_corrupt_record_is_raised_by_forward_naming_the_key(tmp_path):
     db, _ = make_db(tmp_path / "db", 10, corrupt=5)
     layer = data_layer(db)
     with ReaderPool() as pool:
-        attach_feeds(_net(layer), pool, seed=0)
+        attach_feeds(data_net(layer), pool, seed=0)
         pool.start()
         assert layer()[1].tolist() == [100, 101, 102, 103]
         for _ in range(2):  # the second batch, and every call after it
@@ -148,7 +144,7 @@ def test_forward_before_start_and_after_close(tmp_path):
     db, _ = make_db(tmp_path / "db", 10)
     layer = data_layer(db, tops=("data",))
     pool = ReaderPool()
-    attach_feeds(_net(layer), pool, seed=0)
+    attach_feeds(data_net(layer), pool, seed=0)
     with pytest.raises(DataError, match="the data feed TRAIN/data#0 has not started; call "
                                         r"ReaderPool.start\(\)"):
         layer()
@@ -171,7 +167,7 @@ def test_close_wakes_a_feed_waiting_for_a_free_slot(tmp_path, monkeypatch):
     db, _ = make_db(tmp_path / "db", 10)
     layer = data_layer(db)
     with ReaderPool() as pool:
-        (feed,) = attach_feeds(_net(layer), pool, seed=0)
+        (feed,) = attach_feeds(data_net(layer), pool, seed=0)
         pool.start()
         layer()
         pool.settle()
@@ -186,7 +182,7 @@ def _pipeline_batch(db, transform, batch_size=2):
                         "transform_param": transform}, Source(), "layer")
     layer = lookup("Data")(spec, [], BuildContext(phase="TEST"))
     with ReaderPool() as pool:
-        attach_feeds(_net(layer), pool, seed=0)
+        attach_feeds(data_net(layer), pool, seed=0)
         pool.start()
         return layer, layer()
 
@@ -251,12 +247,7 @@ def _replicas(db, transform, device, steps, state, local, offset, total, phase, 
                             "transform_param": transform}, Source(), "layer")
         layers.append(lookup("Data")(spec, [], BuildContext(phase=phase)))
     with ReaderPool(replicas=local, replica_offset=offset, total_replicas=total) as pool:
-        feeds = [attach_feeds(_net(layer), pool, replica=i, device=device, seed=3)[0]
-                 for i, layer in enumerate(layers)]
-        if state is not None:
-            pool.load_state_dict(state)
-        pool.start()
-        batches = [[tuple(t.cpu() for t in layer()) for layer in layers] for _ in range(steps)]
+        feeds, batches = lockstep_batches(pool, layers, steps, device=device, state=state)
         went = [f.gathers_in_loop for f in feeds]
         if gatherers is not None:
             gatherers += [type(f.gatherer).__name__ for f in feeds]
@@ -388,7 +379,7 @@ def test_staged_cuda_batches_stay_valid_when_kept_and_across_streams(tmp_path, m
     layer = lookup("Data")(spec, [], BuildContext(phase="TRAIN"))
     side = torch.cuda.Stream()
     with ReaderPool() as pool:
-        (feed,) = attach_feeds(_net(layer), pool, device="cuda", seed=3)
+        (feed,) = attach_feeds(data_net(layer), pool, device="cuda", seed=3)
         pool.start()
         kept = []
         for step in range(16):

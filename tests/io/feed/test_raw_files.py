@@ -7,10 +7,10 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
-from support import count_cursor_reads, write_records
+from support import count_cursor_reads, lockstep_batches, write_records
 
 from caffe_py.errors import DataError
-from caffe_py.io import ReaderPool, attach_feeds
+from caffe_py.io import ReaderPool
 from caffe_py.io.db.lmdb_store import StoredFiles
 from caffe_py.io.decoders.file_crops import RAW, crop_record
 from caffe_py.io.decoders.workers import DecodeOptions
@@ -51,10 +51,6 @@ def data_layer(db, transform, batch_size=4):
     return lookup("Data")(spec, [], BuildContext(phase="TRAIN"))
 
 
-def net_of(layer):
-    return type("Net", (), {"data_layers": lambda self: [layer]})()
-
-
 def run(db, transform, steps, *, processes, replicas=2, state=None, device="cpu", slots=None):
     """``steps`` lockstep batches of ``replicas`` feeds, the pool state, and per feed whether
     it took raw files (its images read RAW) and the stream's index then. ``slots`` (a list,
@@ -63,12 +59,7 @@ def run(db, transform, steps, *, processes, replicas=2, state=None, device="cpu"
     layers = [data_layer(db, transform) for _ in range(replicas)]
     with ReaderPool(replicas=replicas, decode=DecodeOptions(2, "off", processes=processes)
                     ) as pool:
-        feeds = [attach_feeds(net_of(layer), pool, replica=i, device=device, seed=3)[0]
-                 for i, layer in enumerate(layers)]
-        if state is not None:
-            pool.load_state_dict(state)
-        pool.start()
-        batches = [[tuple(t.cpu() for t in layer()) for layer in layers] for _ in range(steps)]
+        feeds, batches = lockstep_batches(pool, layers, steps, device=device, state=state)
         took = [f.images is not None and f.images.reads == RAW and f.records.raw_files
                 and f.records.hands_files for f in feeds]
         if slots is not None:
