@@ -21,6 +21,7 @@ import statistics
 import sys
 import tempfile
 from collections.abc import Callable
+from contextlib import AbstractContextManager
 from pathlib import Path
 
 import torch
@@ -99,11 +100,13 @@ class _Rates(logging.Handler):
             self.rates.append(float(m.group(1)))
 
 
-def lenet_rounds(iters: int, rounds: int) -> list[tuple[bool, float]]:
+def lenet_rounds(iters: int, rounds: int,
+                 setting: Callable[[bool], AbstractContextManager[object]]
+                 ) -> list[tuple[bool, float]]:
+    """LeNet's `cpy train` rate (it/s, the median of a round's display lines after the first)
+    in ``rounds`` pairs of rounds, ``setting(True)`` then ``setting(False)`` around each."""
     from scale_default import solver_for
 
-    from caffe_py.layers.vision import BIAS_GRAD_KERNEL
-    from caffe_py.net import default_options
     from caffe_py.options import TrainOptions
     from caffe_py.train import train
 
@@ -119,7 +122,7 @@ def lenet_rounds(iters: int, rounds: int) -> list[tuple[bool, float]]:
             handler = _Rates()
             logging.getLogger("caffe_py").addHandler(handler)
             try:
-                with default_options({BIAS_GRAD_KERNEL: on}):
+                with setting(on):
                     train(str(path), "0", TrainOptions(overwrite=True))
             finally:
                 logging.getLogger("caffe_py").removeHandler(handler)
@@ -140,7 +143,11 @@ def main() -> None:
              f"`python benchmarks/bias_grad.py --iters {args.iters} --rounds {args.rounds}`",
              "", "| gradient | MB | PyTorch's sum, us | csrc/bias_grad.cu, us | speed-up | "
              "max rel. error |", "|---|---|---|---|---|---|", *kernel_rows()]
-    rounds = lenet_rounds(args.iters, args.rounds)
+    from caffe_py.layers.vision import BIAS_GRAD_KERNEL
+    from caffe_py.net import default_options
+
+    rounds = lenet_rounds(args.iters, args.rounds,
+                          lambda on: default_options({BIAS_GRAD_KERNEL: on}))
     on = [r for flag, r in rounds if flag]
     off = [r for flag, r in rounds if not flag]
     lines += ["", "| LeNet `cpy train`, one GPU | it/s (rounds) | median |", "|---|---|---|",

@@ -44,7 +44,13 @@ def same_shapes(layer: Layer, shapes: list[Shape], rule: str) -> None:
 # --- InnerProduct ---------------------------------------------------------------------------
 @register("InnerProduct")
 class InnerProduct(Layer):
-    """y = x W^T + b over x flattened from ``axis``: (..., K) -> (..., N)."""
+    """y = x W^T + b over x flattened from ``axis``: (..., K) -> (..., N).
+
+    A float32 batch on a GPU takes Caffe's own two steps, the product and then the bias added
+    to it (:func:`linear_fp32`), not cuBLAS's fused ``addmm``: for outputs of a few columns that
+    one runs a split-K sequence (a memset, a scale, the product, an epilogue) that is slower on
+    the device and far slower to launch in a CUDA graph (docs/performance.md, "InnerProduct on a
+    GPU")."""
 
 
     def setup(self, bottom_shapes: list[Shape]) -> list[Shape]:
@@ -65,7 +71,19 @@ class InnerProduct(Layer):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         x = x.flatten(self.axis)  # (..., K)
         weight = self.weight.t() if self.transpose else self.weight  # (N, K)
-        return F.linear(x, weight, self.bias if self.has_bias else None)
+        bias = self.bias if self.has_bias else None
+        if x.dim() == 2 and x.is_cuda and x.dtype == torch.float32 \
+                and not torch.is_autocast_enabled("cuda"):
+            return linear_fp32(x, weight, bias)
+        return F.linear(x, weight, bias)
+
+
+def linear_fp32(x: torch.Tensor, weight: torch.Tensor,
+                bias: torch.Tensor | None) -> torch.Tensor:
+    """Caffe's InnerProduct forward for a (M, K) batch: ``x @ weight^T`` (M, N), then the bias
+    added in place, each rounded once as Caffe's two gemm calls round them."""
+    y = torch.mm(x, weight.t())
+    return y.add_(bias) if bias is not None else y
 
 
 # --- Flatten --------------------------------------------------------------------------------

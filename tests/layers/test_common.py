@@ -7,6 +7,7 @@ import torch
 from layer_helpers import build, gradcheck, rand
 
 from caffe_py.errors import NetError, SpecError
+from caffe_py.layers.common import linear_fp32
 
 
 def layer_yaml(kind: str, bottoms="data", tops="out", param: str = "") -> str:
@@ -60,6 +61,29 @@ def test_inner_product_transpose_stores_k_by_n():
 @pytest.mark.parametrize("param", ["num_output: 3", "num_output: 3, transpose: true"])
 def test_inner_product_gradients(param):
     assert gradcheck(build(ip_yaml(param), [(2, 2, 2)]), rand(2, 2, 2))
+
+
+@pytest.mark.parametrize("with_bias", [True, False])
+def test_linear_fp32_is_the_product_then_the_bias(with_bias):
+    """A GPU's float32 InnerProduct path (Caffe's two steps) against float64, and its
+    gradients against F.linear's."""
+    x, w, b = rand(6, 5, seed=1), rand(3, 5, seed=2), rand(3, seed=3)
+    bias = b if with_bias else None
+    want = x @ w.T + (b if with_bias else 0)
+    np.testing.assert_allclose(linear_fp32(x.float(), w.float(), bias if bias is None
+                                           else bias.float()).numpy(), want.numpy(),
+                               rtol=1e-6, atol=1e-6)
+    leaves = [t.clone().requires_grad_(True) for t in (x, w, b)]
+    ours = linear_fp32(leaves[0], leaves[1], leaves[2] if with_bias else None)
+    ours.backward(torch.arange(18.0, dtype=torch.float64).reshape(6, 3))
+    theirs = [t.clone().requires_grad_(True) for t in (x, w, b)]
+    torch.nn.functional.linear(theirs[0], theirs[1], theirs[2] if with_bias else None).backward(
+        torch.arange(18.0, dtype=torch.float64).reshape(6, 3))
+    for a, t in zip(leaves, theirs, strict=True):
+        if t.grad is None:
+            assert a.grad is None
+        else:
+            torch.testing.assert_close(a.grad, t.grad, rtol=1e-12, atol=1e-12)
 
 
 def test_inner_product_needs_num_output():
