@@ -135,11 +135,25 @@ TRIM_THRESHOLD = 1 << 30
 
 
 def prepare_host(devices: Sequence[torch.device]) -> None:
-    """Host settings for a run on ``devices``: where one is the CPU, keep freed memory and size
-    torch's thread count to the CPUs the process may use (cpu_threads.py)."""
+    """Host and backend settings for a run on ``devices``: where one is the CPU, keep freed
+    memory and size torch's thread count to the CPUs the process may use (cpu_threads.py);
+    where one is a GPU, float32 in IEEE single precision (:func:`ieee_float32`)."""
+    if any(d.type == "cuda" for d in devices):
+        ieee_float32()
     if any(d.type == "cpu" for d in devices):
         keep_freed_host_memory()
         size_threads()
+
+
+def ieee_float32() -> None:
+    """Float32 convolutions and matrix products in IEEE single precision, as Caffe computes
+    them. PyTorch lets cuDNN use TF32 (products of 10-bit mantissas) for float32 convolutions
+    unless told otherwise: not Caffe's arithmetic, and for small nets the slower kernels too
+    (LeNet's step on an H200: 0.240 ms with TF32, 0.217 ms without; docs/performance.md).
+    BF16 and FLOAT16 runs keep their speed: autocast runs their convolutions in half
+    precision."""
+    torch.backends.cudnn.allow_tf32 = False
+    torch.backends.cuda.matmul.allow_tf32 = False
 
 
 @functools.cache

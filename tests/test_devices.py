@@ -93,3 +93,22 @@ def test_a_cpu_run_keeps_freed_host_memory_instead_of_mapping_each_block():
                                          timeout=120).stdout)
               for device in ("meta", "cpu")}
     assert mapped["meta"] >= 24 << 20 and mapped["cpu"] == 0
+
+
+FLOAT32 = """
+import sys
+import torch
+from caffe_py.devices import prepare_host
+prepare_host([torch.device(sys.argv[1])])
+print(torch.backends.cudnn.allow_tf32, torch.backends.cuda.matmul.allow_tf32)
+"""
+
+
+def test_a_gpu_run_computes_float32_in_ieee_single_precision():
+    """PyTorch's default lets cuDNN use TF32 for float32 convolutions; a run on a GPU turns
+    that off (Caffe's arithmetic), a CPU run leaves the defaults alone."""
+    flags = {device: subprocess.run([sys.executable, "-c", FLOAT32, device],
+                                    capture_output=True, text=True, check=True,
+                                    timeout=120).stdout.split()
+             for device in ("cpu", "cuda:0")}
+    assert flags == {"cpu": ["True", "False"], "cuda:0": ["False", "False"]}

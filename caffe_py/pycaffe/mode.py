@@ -42,4 +42,7 @@ def device() -> torch.device:
 
         raise PycaffeError(f"caffe.set_device({_state['device']}): this machine has {count} "
                            f"CUDA device(s) (0 to {count - 1})")
+    from ..devices import ieee_float32
+
+    ieee_float32()   # Caffe's float32 arithmetic on the GPU too
     return torch.device(f"cuda:{_state['device']}")
