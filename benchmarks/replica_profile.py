@@ -41,6 +41,9 @@ iterations at a time (K must divide the display interval, 1000 for LeNet), ``heu
 cuDNN's heuristic algorithms instead of its benchmark search (the same picks on every GPU),
 ``twin`` captures each chunk twice and replays the two in turn, ``divide`` has the all-reduce
 divide each sum by N on its side stream instead of the update's kernel (as before the fold),
+``solo`` replays only the first replica's graphs after the warm-up (with ``noreduce``: the
+other devices stay idle, a bound on what driving them costs the first), ``monitorK`` polls the
+Monitor's device checks every K iterations (the host may run further ahead),
 ``KEY=VALUE`` sets an environment variable (NCCL's knobs). The table is printed last and written
 to DIR/replica_profile.md, with the kernels whose summed time grew most against one GPU, each
 GPU's longest idle gaps (between which kernels), when each GPU's graph launches were called
@@ -258,14 +261,15 @@ def parse_run(text: str) -> tuple[int, list[str], dict[str, str]]:
     flags = [p for p in parts if "=" not in p]
     env = dict(p.split("=", 1) for p in parts if "=" in p)
     unknown = {f for f in flags if f not in ("noreduce", "after", "reverse", "threads", "flat",
-                                                "heuristic", "divide")
+                                                "heuristic", "divide", "solo", "twin", "mmadd")
                and not (f.startswith("buffers") and f[7:].isdigit())
+               and not (f.startswith("monitor") and f[7:].isdigit() and int(f[7:]) > 0)
                and not (f.startswith("parts") and f[5:].isdigit() and int(f[5:]) > 0)
-               and not (f.startswith("chunk") and f[5:].isdigit() and int(f[5:]) > 0)
-               and f != "twin"}
+               and not (f.startswith("chunk") and f[5:].isdigit() and int(f[5:]) > 0)}
     if unknown or not count.isdigit():
         raise SystemExit(f"--runs: '{text}' is not COUNT[+noreduce|+after|+reverse|+threads"
-                         "|+flat|+heuristic|+divide|+buffersK|+partsK|+chunkK|+twin|+KEY=VALUE...]")
+                         "|+flat|+heuristic|+divide|+solo|+buffersK|+partsK|+chunkK|+monitorK|+twin"
+                         "|+KEY=VALUE...]")
     return int(count), flags, env
 
 
@@ -302,6 +306,10 @@ def child(args: argparse.Namespace) -> None:
 
         AllReduceGroup.hand_mean = keep_dividing  # type: ignore[method-assign]
     for flag in flags:
+        if flag.startswith("monitor"):
+            from caffe_py.solver.monitor import Monitor
+
+            Monitor.__init__.__defaults__ = (int(flag[7:]),)
         if flag.startswith("buffers"):
             graph_loop.HOST_BUFFERS = int(flag[7:])
         if flag == "twin":
@@ -347,6 +355,24 @@ def child(args: argparse.Namespace) -> None:
                     self._replay_one(graphs[i])
 
         GraphedLoop._launch = reverse  # type: ignore[method-assign]
+    if "mmadd" in flags:
+        import torch.nn.functional as F
+
+        from caffe_py.layers.common import InnerProduct
+
+        def mm_add(self: Any, x: Any) -> Any:
+            x = x.flatten(self.axis)
+            weight = self.weight.t() if self.transpose else self.weight
+            y = torch.mm(x, weight.t()) if x.dim() == 2 else F.linear(x, weight)
+            return y.add_(self.bias) if self.has_bias else y
+
+        InnerProduct.forward = mm_add  # type: ignore[method-assign]
+    if "solo" in flags:
+        def solo(self: GraphedLoop, members: list[Any], graphs: Any) -> None:
+            with self.on_member(0, members[0]):
+                self._replay_one(graphs[0])
+
+        GraphedLoop._launch = solo  # type: ignore[method-assign]
     if "threads" in flags:
         launchers: list[Launcher] = []
 
@@ -376,8 +402,24 @@ def child(args: argparse.Namespace) -> None:
                 host[key] += time.perf_counter() - t
         return wrapper
 
-    torch.cuda.CUDAGraph.replay = timed(  # type: ignore[method-assign]
-        "graph.replay (current cuda:{device})", torch.cuda.CUDAGraph.replay)
+    launches: dict[str, list[float]] = defaultdict(list)
+    """Per device and whether its stream was idle at the call: each graph launch's host time."""
+    graph_replay = torch.cuda.CUDAGraph.replay
+
+    def replay_noted(self: Any) -> None:
+        if not timing["on"]:
+            return graph_replay(self)
+        idle = torch.cuda.current_stream().query()
+        t = time.perf_counter()
+        try:
+            return graph_replay(self)
+        finally:
+            dt = time.perf_counter() - t
+            device = torch.cuda.current_device()
+            host[f"graph.replay (current cuda:{device})"] += dt
+            launches[f"cuda:{device}, {'idle' if idle else 'busy'}"].append(dt)
+
+    torch.cuda.CUDAGraph.replay = replay_noted  # type: ignore[method-assign]
     graph_loop._Scales.put = timed("rates put", graph_loop._Scales.put)  # type: ignore
     Solver.end_iteration = timed("end_iteration", Solver.end_iteration)  # type: ignore
     torch.cuda.Event.synchronize = timed(  # type: ignore[method-assign]
@@ -385,6 +427,8 @@ def child(args: argparse.Namespace) -> None:
     torch.Tensor.copy_ = timed("Tensor.copy_", torch.Tensor.copy_)  # type: ignore
     devices = [torch.device("cuda", i) for i in range(n)]
     seen = {"replays": 0, "profiled": 0, "timed": 0}
+    spans: list[tuple[Any, Any]] = []
+    """The timed window's replays: (start, end) events around each member's graph."""
     """Replays so far, and the iterations they ran in the traced and the timed windows."""
     result: dict[str, Any] = {"run": args.child, "gpus": n}
     prof: list[Any] = []
@@ -431,14 +475,23 @@ def child(args: argparse.Namespace) -> None:
             seen["profiled"] += k
         elif i > WARM + PROFILED:
             seen["timed"] += k
-        replay(self, s, k)
+            self._timing = []   # each member's replay between two events (untraced)
+        try:
+            replay(self, s, k)
+        finally:
+            if self._timing is not None:
+                spans.extend(self._timing)
+                self._timing = None
         if i == WARM + PROFILED + TIMED[args.model]:
             sync()
             its = seen["timed"]
+            result["replays"] = replay_spans(spans, its)
             result["step_ms"] = (time.perf_counter() - result["wall0"]) * 1e3 / its
             result["host_ms"] = (time.thread_time() - result["thread0"]) * 1e3 / its
             timing["on"] = False
             result["host"] = {k: v * 1e3 / its for k, v in sorted(host.items())}
+            result["launch_us"] = {k: [len(v), 1e6 * statistics.median(v)]
+                                   for k, v in sorted(launches.items())}
             for key in ("wall0", "thread0"):
                 del result[key]
             with (out / "replica_profile.jsonl").open("a") as f:
@@ -447,6 +500,29 @@ def child(args: argparse.Namespace) -> None:
     GraphedLoop._replay = traced  # type: ignore[method-assign]
     GraphedLoop._capture = capture_traced  # type: ignore[method-assign]
     train(str(solver), ",".join(str(i) for i in range(n)))
+
+
+def replay_spans(spans: Sequence[tuple[Any, Any]], iterations: int) -> list[dict[str, float]]:
+    """Per device, from the events around each of its graph launches in the untraced window:
+    the time inside its graphs and the time between one graph's end and the next one's start
+    (the rates' copy, and the device waiting for the host's launch), ms per iteration."""
+    by_device: dict[int, list[tuple[Any, Any]]] = defaultdict(list)
+    for start, end in spans:
+        by_device[start.device.index].append((start, end))
+    return [replay_times([(start.elapsed_time(end),
+                           prev[1].elapsed_time(start) if prev is not None else None)
+                          for prev, (start, end) in zip([None, *mine], mine, strict=False)],
+                         iterations) | {"device": d}
+            for d, mine in sorted(by_device.items())]
+
+
+def replay_times(times: Sequence[tuple[float, float | None]], iterations: int) -> dict[str, float]:
+    """(each graph's span, the gap before it or None for the first) in ms -> ms per iteration
+    inside the graphs and between them (the first graph's gap is outside the window)."""
+    inside = sum(t for t, _ in times)
+    between = sum(g for _, g in times if g is not None)
+    return {"in_graphs_ms": inside / iterations, "between_ms": between / iterations,
+            "graphs": len(times)}
 
 
 def _twin_graphs(loop: Any) -> None:
@@ -618,8 +694,17 @@ def table(rows: list[dict]) -> str:
                          "most against one GPU (ms):")
             lines += [f"- {ms:+.3f} {name[:110]}" for name, ms in grown(r, one)]
     for r in rows:
+        for d in r.get("replays", []):
+            lines.append(f"- run {r['run']}, GPU {d['device']}, untraced: "
+                         f"{d['in_graphs_ms']:.4f} ms an iteration inside its graphs, "
+                         f"{d['between_ms']:.4f} between them ({d['graphs']} graphs)")
+    for r in rows:
         lines.append(f"\nRun {r['run']}: the host's time per iteration (ms): "
                      + ", ".join(f"{k} {v:.3f}" for k, v in r.get("host", {}).items()))
+        if r.get("launch_us"):
+            lines.append("- its graph launches, host time (count, median us; the device's "
+                         "stream idle or busy at the call): " + "; ".join(
+                             f"{k} {n} x {us:.0f}" for k, (n, us) in r["launch_us"].items()))
         for g, d in enumerate(r.get("devices", [])):
             lines.append(f"- GPU {g} idles (ms per iteration, kernel before -> after): "
                          + "; ".join(f"{ms:.3f} {a} -> {b}" for ms, a, b in d.get("gaps", [])))
