@@ -130,33 +130,43 @@ def lenet_rounds(iters: int, rounds: int,
     return out
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+def parse_args(script: str) -> argparse.Namespace:
+    """--iters and --rounds for an A/B script of LeNet rounds; exits without a CUDA device."""
+    ap = argparse.ArgumentParser(description=sys.modules["__main__"].__doc__.split("\n")[0])
     ap.add_argument("--iters", type=int, default=6000)
     ap.add_argument("--rounds", type=int, default=2)
     args = ap.parse_args()
     if not torch.cuda.is_available():
-        raise SystemExit("bias_grad.py: needs a CUDA device")
+        raise SystemExit(f"{script}: needs a CUDA device")
     logging.basicConfig(level=logging.INFO, format="%(message)s")
-    lines = [f"{torch.cuda.get_device_name()}, torch {torch.__version__}, "
-             f"{datetime.datetime.now(datetime.timezone.utc):%Y-%m-%d %H:%M} UTC, "
-             f"`python benchmarks/bias_grad.py --iters {args.iters} --rounds {args.rounds}`",
-             "", "| gradient | MB | PyTorch's sum, us | csrc/bias_grad.cu, us | speed-up | "
-             "max rel. error |", "|---|---|---|---|---|---|", *kernel_rows()]
+    args.title = (f"{torch.cuda.get_device_name()}, torch {torch.__version__}, "
+                  f"{datetime.datetime.now(datetime.timezone.utc):%Y-%m-%d %H:%M} UTC, "
+                  f"`python benchmarks/{script} --iters {args.iters} --rounds {args.rounds}`")
+    return args
+
+
+def rounds_table(rounds: list[tuple[bool, float]], on: str, off: str, verdict: str) -> list[str]:
+    """The LeNet rounds' table: each setting's rates and median, then ``verdict`` with the
+    ratio of the medians (on over off)."""
+    rates = {flag: [r for f, r in rounds if f == flag] for flag in (True, False)}
+    median = {flag: statistics.median(rates[flag]) for flag in (True, False)}
+    return ["", "| LeNet `cpy train`, one GPU | it/s (rounds) | median |", "|---|---|---|",
+            *(f"| {label} | {', '.join(f'{r:,.0f}' for r in rates[flag])} | "
+              f"{median[flag]:,.0f} |" for flag, label in ((True, on), (False, off))),
+            f"\n{verdict.format(ratio=median[True] / median[False])}"]
+
+
+def main() -> None:
+    args = parse_args("bias_grad.py")
+    lines = [args.title, "", "| gradient | MB | PyTorch's sum, us | csrc/bias_grad.cu, us | "
+             "speed-up | max rel. error |", "|---|---|---|---|---|---|", *kernel_rows()]
     from caffe_py.layers.vision import BIAS_GRAD_KERNEL
     from caffe_py.net import default_options
 
     rounds = lenet_rounds(args.iters, args.rounds,
                           lambda on: default_options({BIAS_GRAD_KERNEL: on}))
-    on = [r for flag, r in rounds if flag]
-    off = [r for flag, r in rounds if not flag]
-    lines += ["", "| LeNet `cpy train`, one GPU | it/s (rounds) | median |", "|---|---|---|",
-              f"| bias_grad_kernel (default) | {', '.join(f'{r:,.0f}' for r in on)} | "
-              f"{statistics.median(on):,.0f} |",
-              f"| bias_grad_kernel: false | {', '.join(f'{r:,.0f}' for r in off)} | "
-              f"{statistics.median(off):,.0f} |",
-              f"\nThe kernel's LeNet rate: {statistics.median(on) / statistics.median(off):.3f}x "
-              "PyTorch's sum's."]
+    lines += rounds_table(rounds, "bias_grad_kernel (default)", "bias_grad_kernel: false",
+                          "The kernel's LeNet rate: {ratio:.3f}x PyTorch's sum's.")
     print("\n".join(lines))
 
 

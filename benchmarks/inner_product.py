@@ -12,10 +12,7 @@ DummyData, batch 64), the layer's path and ``F.linear`` in alternating rounds.
 """
 from __future__ import annotations
 
-import argparse
 import contextlib
-import datetime
-import logging
 import statistics
 import sys
 import time
@@ -29,7 +26,13 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "benchmarks"))
 sys.path.insert(0, str(ROOT))
 
-from bias_grad import PER_GRAPH, device_us, lenet_rounds  # noqa: E402
+from bias_grad import (  # noqa: E402
+    PER_GRAPH,
+    device_us,
+    lenet_rounds,
+    parse_args,
+    rounds_table,
+)
 
 SHAPES = [   # name, (M, K, N)
     ("LeNet ip2", (64, 500, 10)),
@@ -105,29 +108,13 @@ def layer_path(on: bool) -> Iterator[None]:
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--iters", type=int, default=6000)
-    ap.add_argument("--rounds", type=int, default=2)
-    args = ap.parse_args()
-    if not torch.cuda.is_available():
-        raise SystemExit("inner_product.py: needs a CUDA device")
-    logging.basicConfig(level=logging.INFO, format="%(message)s")
-    lines = [f"{torch.cuda.get_device_name()}, torch {torch.__version__}, "
-             f"{datetime.datetime.now(datetime.timezone.utc):%Y-%m-%d %H:%M} UTC, "
-             f"`python benchmarks/inner_product.py --iters {args.iters} --rounds {args.rounds}`",
-             "", f"| shape | F.linear, us | mm, add_, us | speed-up | launch of {PER_GRAPH}: "
-             "F.linear, us | mm, add_, us | rel. error (F.linear / mm, add_) |",
+    args = parse_args("inner_product.py")
+    lines = [args.title, "", f"| shape | F.linear, us | mm, add_, us | speed-up | launch of "
+             f"{PER_GRAPH}: F.linear, us | mm, add_, us | rel. error (F.linear / mm, add_) |",
              "|---|---|---|---|---|---|---|", *shape_rows()]
     rounds = lenet_rounds(args.iters, args.rounds, layer_path)
-    on = [r for flag, r in rounds if flag]
-    off = [r for flag, r in rounds if not flag]
-    lines += ["", "| LeNet `cpy train`, one GPU | it/s (rounds) | median |", "|---|---|---|",
-              f"| mm, add_ (the layer's float32 path) | {', '.join(f'{r:,.0f}' for r in on)} | "
-              f"{statistics.median(on):,.0f} |",
-              f"| F.linear | {', '.join(f'{r:,.0f}' for r in off)} | "
-              f"{statistics.median(off):,.0f} |",
-              f"\nThe layer's path's LeNet rate: "
-              f"{statistics.median(on) / statistics.median(off):.3f}x F.linear's."]
+    lines += rounds_table(rounds, "mm, add_ (the layer's float32 path)", "F.linear",
+                          "The layer's path's LeNet rate: {ratio:.3f}x F.linear's.")
     print("\n".join(lines))
 
 

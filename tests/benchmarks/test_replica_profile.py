@@ -88,8 +88,12 @@ def test_run_syntax():
     assert rp.parse_run("1+flat+heuristic") == (1, ["flat", "heuristic"], {})
     assert rp.parse_run("2+divide+threads") == (2, ["divide", "threads"], {})
     assert rp.parse_run("2+parts8") == (2, ["parts8"], {})
+    assert rp.parse_run("2+noreduce+solo+monitor256+mmadd") == (
+        2, ["noreduce", "solo", "monitor256", "mmadd"], {})
     with pytest.raises(SystemExit, match=r"--runs: '2\+parts0' is not COUNT"):
         rp.parse_run("2+parts0")
+    with pytest.raises(SystemExit, match=r"--runs: '2\+monitor0' is not COUNT"):
+        rp.parse_run("2+monitor0")
     with pytest.raises(SystemExit, match=r"--runs: '4\+fast' is not COUNT"):
         rp.parse_run("4+fast")
 
@@ -127,3 +131,31 @@ def test_the_hosts_calls_before_the_longest_gap():
     got = rp.host_around_gap(events, calls, mine={9})
     assert got == [("cudaEventSynchronize", False, -15.0, 24.0),
                    ("cudaGraphLaunch", True, 25.0, 28.0)]
+
+
+def test_time_inside_and_between_graphs_per_iteration():
+    # three 2.5 ms graphs of 10 iterations, 0.1 ms and 0.3 ms apart: the first one's gap is
+    # before the window
+    times = [(2.5, None), (2.5, 0.1), (2.5, 0.3)]
+    assert rp.replay_times(times, 30) == pytest.approx(
+        {"in_graphs_ms": 0.25, "between_ms": 0.4 / 30, "graphs": 3})
+
+
+def test_replay_spans_per_device():
+    """Events from two devices in launch order, each device's gaps from its own previous
+    graph (stand-in events: the device and a clock in ms)."""
+    class Ev:
+        def __init__(self, device, t):
+            self.device, self.t = type("D", (), {"index": device})(), t
+
+        def elapsed_time(self, other):
+            return other.t - self.t
+
+    spans = [(Ev(0, 0.0), Ev(0, 2.0)), (Ev(1, 0.5), Ev(1, 2.4)),
+             (Ev(0, 2.1), Ev(0, 4.1)), (Ev(1, 3.0), Ev(1, 4.8))]
+    out = rp.replay_spans(spans, 4)
+    assert [d["device"] for d in out] == [0, 1]
+    assert out[0]["in_graphs_ms"] == pytest.approx(4.0 / 4)
+    assert out[0]["between_ms"] == pytest.approx(0.1 / 4)
+    assert out[1]["in_graphs_ms"] == pytest.approx((1.9 + 1.8) / 4)
+    assert out[1]["between_ms"] == pytest.approx(0.6 / 4)
