@@ -42,8 +42,8 @@ SHAPES = [
 PER_GRAPH = 20
 
 
-def device_us(op: Callable[[], object], seconds: float = 0.2) -> float:
-    """Microseconds of device time per call of ``op``, from replays of a graph of PER_GRAPH."""
+def graph_of(op: Callable[[], object]) -> torch.cuda.CUDAGraph:
+    """PER_GRAPH calls of ``op`` captured in one CUDA graph (after three warm-up calls)."""
     stream = torch.cuda.Stream()
     stream.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(stream):
@@ -54,6 +54,12 @@ def device_us(op: Callable[[], object], seconds: float = 0.2) -> float:
     with torch.cuda.graph(graph):
         for _ in range(PER_GRAPH):
             op()
+    return graph
+
+
+def device_us(op: Callable[[], object], seconds: float = 0.2) -> float:
+    """Microseconds of device time per call of ``op``, from replays of a graph of PER_GRAPH."""
+    graph = graph_of(op)
     graph.replay()
     start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
     start.record()

@@ -29,6 +29,7 @@ sys.path.insert(0, str(ROOT))
 from bias_grad import (  # noqa: E402
     PER_GRAPH,
     device_us,
+    graph_of,
     lenet_rounds,
     parse_args,
     rounds_table,
@@ -47,15 +48,7 @@ SHAPES = [   # name, (M, K, N)
 
 def launch_us(op: Callable[[], object]) -> float:
     """The host's time to launch a graph of PER_GRAPH calls of ``op`` (median of 9, idle)."""
-    stream = torch.cuda.Stream()
-    stream.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(stream):
-        op()
-    torch.cuda.current_stream().wait_stream(stream)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        for _ in range(PER_GRAPH):
-            op()
+    graph = graph_of(op)
     times = []
     for _ in range(9):
         torch.cuda.synchronize()
