@@ -49,8 +49,8 @@ class InnerProduct(Layer):
     A float32 batch on a GPU takes Caffe's own two steps, the product and then the bias added
     to it (:func:`linear_fp32`), not cuBLAS's fused ``addmm``: for outputs of a few columns that
     one runs a split-K sequence (a memset, a scale, the product, an epilogue) that is slower on
-    the device and far slower to launch in a CUDA graph (docs/performance.md, "InnerProduct on a
-    GPU")."""
+    the device and far slower to launch in a CUDA graph (docs/performance.md, "Fast by
+    default")."""
 
 
     def setup(self, bottom_shapes: list[Shape]) -> list[Shape]:
