@@ -35,6 +35,8 @@ from bias_grad import (  # noqa: E402
     rounds_table,
 )
 
+from caffe_py.layers.common import InnerProduct, linear_fp32  # noqa: E402
+
 SHAPES = [   # name, (M, K, N)
     ("LeNet ip2", (64, 500, 10)),
     ("LeNet ip1", (64, 800, 500)),
@@ -60,8 +62,6 @@ def launch_us(op: Callable[[], object]) -> float:
 
 
 def shape_rows() -> list[str]:
-    from caffe_py.layers.common import linear_fp32
-
     rows = []
     for name, (m, k, n) in SHAPES:
         g = torch.Generator(device="cuda").manual_seed(0)
@@ -82,18 +82,19 @@ def shape_rows() -> list[str]:
     return rows
 
 
+def fused_forward(self: InnerProduct, x: torch.Tensor) -> torch.Tensor:
+    """InnerProduct's forward through PyTorch's fused ``F.linear`` (cuBLAS's ``addmm``): the
+    layer's float32 GPU path before ``linear_fp32``."""
+    weight = self.weight.t() if self.transpose else self.weight
+    return F.linear(x.flatten(self.axis), weight, self.bias if self.has_bias else None)
+
+
 @contextlib.contextmanager
 def layer_path(on: bool) -> Iterator[None]:
     """The layer's float32 path (on), or every InnerProduct through F.linear (off)."""
-    from caffe_py.layers.common import InnerProduct
-
     forward = InnerProduct.forward
     if not on:
-        def fused(self: InnerProduct, x: torch.Tensor) -> torch.Tensor:
-            weight = self.weight.t() if self.transpose else self.weight
-            return F.linear(x.flatten(self.axis), weight, self.bias if self.has_bias else None)
-
-        InnerProduct.forward = fused  # type: ignore[method-assign]
+        InnerProduct.forward = fused_forward  # type: ignore[method-assign]
     try:
         yield
     finally:

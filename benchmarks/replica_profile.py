@@ -43,7 +43,9 @@ cuDNN's heuristic algorithms instead of its benchmark search (the same picks on 
 divide each sum by N on its side stream instead of the update's kernel (as before the fold),
 ``solo`` replays only the first replica's graphs after the warm-up (with ``noreduce``: the
 other devices stay idle, a bound on what driving them costs the first), ``monitorK`` polls the
-Monitor's device checks every K iterations (the host may run further ahead),
+Monitor's device checks every K iterations (the host may run further ahead), ``addmm`` runs
+InnerProduct's float32 forward through PyTorch's fused ``F.linear`` (its path before
+``layers.common.linear_fp32``),
 ``KEY=VALUE`` sets an environment variable (NCCL's knobs). The table is printed last and written
 to DIR/replica_profile.md, with the kernels whose summed time grew most against one GPU, each
 GPU's longest idle gaps (between which kernels), when each GPU's graph launches were called
@@ -261,14 +263,14 @@ def parse_run(text: str) -> tuple[int, list[str], dict[str, str]]:
     flags = [p for p in parts if "=" not in p]
     env = dict(p.split("=", 1) for p in parts if "=" in p)
     unknown = {f for f in flags if f not in ("noreduce", "after", "reverse", "threads", "flat",
-                                                "heuristic", "divide", "solo", "twin", "mmadd")
+                                                "heuristic", "divide", "solo", "twin", "addmm")
                and not (f.startswith("buffers") and f[7:].isdigit())
                and not (f.startswith("monitor") and f[7:].isdigit() and int(f[7:]) > 0)
                and not (f.startswith("parts") and f[5:].isdigit() and int(f[5:]) > 0)
                and not (f.startswith("chunk") and f[5:].isdigit() and int(f[5:]) > 0)}
     if unknown or not count.isdigit():
         raise SystemExit(f"--runs: '{text}' is not COUNT[+noreduce|+after|+reverse|+threads"
-                         "|+flat|+heuristic|+divide|+solo|+buffersK|+partsK|+chunkK|+monitorK|+twin"
+                         "|+flat|+heuristic|+divide|+solo|+addmm|+buffersK|+partsK|+chunkK|+monitorK|+twin"
                          "|+KEY=VALUE...]")
     return int(count), flags, env
 
@@ -355,18 +357,12 @@ def child(args: argparse.Namespace) -> None:
                     self._replay_one(graphs[i])
 
         GraphedLoop._launch = reverse  # type: ignore[method-assign]
-    if "mmadd" in flags:
-        import torch.nn.functional as F
+    if "addmm" in flags:   # InnerProduct's forward as before linear_fp32
+        from inner_product import fused_forward
 
         from caffe_py.layers.common import InnerProduct
 
-        def mm_add(self: Any, x: Any) -> Any:
-            x = x.flatten(self.axis)
-            weight = self.weight.t() if self.transpose else self.weight
-            y = torch.mm(x, weight.t()) if x.dim() == 2 else F.linear(x, weight)
-            return y.add_(self.bias) if self.has_bias else y
-
-        InnerProduct.forward = mm_add  # type: ignore[method-assign]
+        InnerProduct.forward = fused_forward  # type: ignore[method-assign]
     if "solo" in flags:
         def solo(self: GraphedLoop, members: list[Any], graphs: Any) -> None:
             with self.on_member(0, members[0]):

@@ -88,8 +88,8 @@ def test_run_syntax():
     assert rp.parse_run("1+flat+heuristic") == (1, ["flat", "heuristic"], {})
     assert rp.parse_run("2+divide+threads") == (2, ["divide", "threads"], {})
     assert rp.parse_run("2+parts8") == (2, ["parts8"], {})
-    assert rp.parse_run("2+noreduce+solo+monitor256+mmadd") == (
-        2, ["noreduce", "solo", "monitor256", "mmadd"], {})
+    assert rp.parse_run("2+noreduce+solo+monitor256+addmm") == (
+        2, ["noreduce", "solo", "monitor256", "addmm"], {})
     with pytest.raises(SystemExit, match=r"--runs: '2\+parts0' is not COUNT"):
         rp.parse_run("2+parts0")
     with pytest.raises(SystemExit, match=r"--runs: '2\+monitor0' is not COUNT"):
