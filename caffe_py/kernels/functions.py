@@ -171,7 +171,7 @@ class _BiasAdd(torch.autograd.Function):
     @staticmethod
     def forward(ctx, y: torch.Tensor, bias: torch.Tensor) -> torch.Tensor:
         b = _as_param(bias, y.dtype)
-        y.add_(b.view(1, -1, *([1] * (y.dim() - 2))))
+        y.add_(_on_channels(b, y.dim()))
         ctx.mark_dirty(y)
         ctx.C, ctx.inner = b.numel(), max(1, math.prod(y.shape[2:]))
         ctx.bias_dtype, ctx.bias_shape = bias.dtype, bias.shape
@@ -281,13 +281,18 @@ def bias_add_fits(y: torch.Tensor, bias: torch.Tensor) -> bool:
             and bias.device == y.device)
 
 
+def _on_channels(bias: torch.Tensor, dims: int) -> torch.Tensor:
+    """A (C,) bias viewed to broadcast along axis 1 of a tensor of ``dims`` axes."""
+    return bias.view(1, -1, *([1] * (dims - 2)))
+
+
 def bias_add(y: torch.Tensor, bias: torch.Tensor) -> torch.Tensor:
     """y + bias along axis 1, in place on y (a producer's fresh output, which its backward does
     not read). Where y passes :func:`bias_add_fits` the backward passes the gradient through
     and sums it to the bias gradient in one kernel (csrc/bias_grad.cu), the same bits on every
     run; elsewhere it is PyTorch's in-place add."""
     if not bias_add_fits(y, bias):
-        return y.add_(bias.view(1, -1, *([1] * (y.dim() - 2))))
+        return y.add_(_on_channels(bias, y.dim()))
     return _BiasAdd.apply(y, bias)
 
 

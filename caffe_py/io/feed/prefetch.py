@@ -69,13 +69,13 @@ from .gather import HostGather, loop_gather, resides
 from .image_batch import BatchImages
 from .transformer import Choices, Transformer
 
+log = logging.getLogger(__name__)
+
 WHOLE_RATIO = 2.0
 """On CUDA, records with random crops cross to the device whole and are cropped there (one
 gather) when a record is at most this many times its crop's bytes (ImageNet's 256 -> 224:
 1.31x): the host then copies each run of records in one call, instead of one window copy per
 record, each a GIL hand-over beside the training loop."""
-log = logging.getLogger(__name__)
-
 HOST_REGISTER_PORTABLE = 1
 """cudaHostRegisterPortable: a shared slot is page-locked for every device's context."""
 SLOTS = 4
