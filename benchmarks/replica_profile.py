@@ -45,7 +45,11 @@ divide each sum by N on its side stream instead of the update's kernel (as befor
 other devices stay idle, a bound on what driving them costs the first), ``monitorK`` polls the
 Monitor's device checks every K iterations (the host may run further ahead), ``addmm`` runs
 InnerProduct's float32 forward through PyTorch's fused ``F.linear`` (its path before
-``layers.common.linear_fp32``),
+``layers.common.linear_fp32``), ``ctx`` (with fewer GPUs than the host has) opens a CUDA
+context on every GPU the run does not train on, ``peer`` also enables peer access between GPU
+0 and each of them and makes an NCCL communicator over all of them (what a multi-GPU run sets
+up, with nothing run there), ``nccl`` sums every
+bucket with NCCL's all-reduce (no peer sums: the default before csrc/peer_sum.cu),
 ``KEY=VALUE`` sets an environment variable (NCCL's knobs). The table is printed last and written
 to DIR/replica_profile.md, with the kernels whose summed time grew most against one GPU, each
 GPU's longest idle gaps (between which kernels), when each GPU's graph launches were called
@@ -263,14 +267,16 @@ def parse_run(text: str) -> tuple[int, list[str], dict[str, str]]:
     flags = [p for p in parts if "=" not in p]
     env = dict(p.split("=", 1) for p in parts if "=" in p)
     unknown = {f for f in flags if f not in ("noreduce", "after", "reverse", "threads", "flat",
-                                                "heuristic", "divide", "solo", "twin", "addmm")
+                                                "heuristic", "divide", "solo", "twin", "addmm",
+                                                "ctx", "peer", "nccl")
                and not (f.startswith("buffers") and f[7:].isdigit())
                and not (f.startswith("monitor") and f[7:].isdigit() and int(f[7:]) > 0)
                and not (f.startswith("parts") and f[5:].isdigit() and int(f[5:]) > 0)
                and not (f.startswith("chunk") and f[5:].isdigit() and int(f[5:]) > 0)}
     if unknown or not count.isdigit():
         raise SystemExit(f"--runs: '{text}' is not COUNT[+noreduce|+after|+reverse|+threads"
-                         "|+flat|+heuristic|+divide|+solo|+addmm|+buffersK|+partsK|+chunkK|+monitorK|+twin"
+                         "|+flat|+heuristic|+divide|+solo|+addmm|+ctx|+peer|+nccl|+buffersK|+partsK"
+                         "|+chunkK|+monitorK|+twin"
                          "|+KEY=VALUE...]")
     return int(count), flags, env
 
@@ -302,6 +308,11 @@ def child(args: argparse.Namespace) -> None:
             return rep
 
         AllReduceGroup.setup = setup  # type: ignore[method-assign]
+    if "nccl" in flags:
+        from caffe_py.parallel.peer_sum import PeerCollectives
+
+        PeerCollectives.on = classmethod(  # type: ignore[method-assign, assignment]
+            lambda cls, devices, nccl: None)
     if "divide" in flags:
         def keep_dividing(self: AllReduceGroup, i: int, solver: Any) -> None:
             return None
@@ -466,6 +477,7 @@ def child(args: argparse.Namespace) -> None:
             result["chunk"] = k
             sync()
             result["wall0"], result["thread0"] = time.perf_counter(), time.thread_time()
+            result["window"] = [time.time()]
             timing["on"] = True
         if WARM < i <= WARM + PROFILED:
             seen["profiled"] += k
@@ -483,6 +495,7 @@ def child(args: argparse.Namespace) -> None:
             its = seen["timed"]
             result["replays"] = replay_spans(spans, its)
             result["step_ms"] = (time.perf_counter() - result["wall0"]) * 1e3 / its
+            result["window"].append(time.time())   # the untraced window, seconds since epoch
             result["host_ms"] = (time.thread_time() - result["thread0"]) * 1e3 / its
             timing["on"] = False
             result["host"] = {k: v * 1e3 / its for k, v in sorted(host.items())}
@@ -495,7 +508,28 @@ def child(args: argparse.Namespace) -> None:
 
     GraphedLoop._replay = traced  # type: ignore[method-assign]
     GraphedLoop._capture = capture_traced  # type: ignore[method-assign]
+    if "ctx" in flags or "peer" in flags:
+        _idle_devices(n, peer="peer" in flags)
     train(str(solver), ",".join(str(i) for i in range(n)))
+
+
+def _idle_devices(n: int, peer: bool) -> None:
+    """The ``ctx`` and ``peer`` variants: a context on every GPU from n on; with ``peer``, peer
+    access both ways between GPU 0 and each, and one NCCL all-reduce over every GPU."""
+    import torch
+    import torch.cuda.nccl as nccl
+
+    count = torch.cuda.device_count()
+    if count <= n:
+        raise SystemExit(f"--runs: ctx and peer need more GPUs than the run's {n}")
+    ones = [torch.ones(1, device=f"cuda:{d}") for d in range(count)]
+    if peer:
+        for d in range(n, count):
+            ones[d].copy_(ones[0])
+            ones[0].copy_(ones[d])
+        nccl.all_reduce(ones)
+    for d in range(count):
+        torch.cuda.synchronize(d)
 
 
 def replay_spans(spans: Sequence[tuple[Any, Any]], iterations: int) -> list[dict[str, float]]:

@@ -39,6 +39,7 @@ from ..solver.evaluate import raise_device_problems, run_batches
 from ..solver.graph_loop import GraphedLoop
 from ..solver.graphed_tests import GraphedForward, RowLayout, batch_row, graphed_pass
 from .flat import Bucket, BucketCount, plan_reduction
+from .peer_sum import PeerCollectives
 from .sync import ReplicaState, StopReplica, SyncGroup
 
 if TYPE_CHECKING:
@@ -69,11 +70,13 @@ class AllReduceGroup(SyncGroup):
                  **kw: object):
         super().__init__(devices, **kw)  # type: ignore[arg-type]
         self.overlap = overlap
-        self.collectives = None
+        self.collectives: Any = None
+        """``torch.cuda.nccl``, or :class:`~.peer_sum.PeerCollectives` over it where the GPUs
+        reach each other's memory (small buckets summed over peer access); None on CPUs."""
         if all(d.type == "cuda" for d in self.devices):
             import torch.cuda.nccl as nccl
 
-            self.collectives = nccl
+            self.collectives = PeerCollectives.on(self.devices, nccl) or nccl
         self.plans: list[list[Bucket]] = [[] for _ in range(self.n)]
         """Per replica, the buckets its gradient is reduced in (overlap only)."""
         self._counts: dict[int, BucketCount] = {}
@@ -118,6 +121,16 @@ class AllReduceGroup(SyncGroup):
     def describe(self) -> str:
         """How the banner says the gradients are summed."""
         total = "NCCL's all-reduce" if self.collectives is not None else "a host sum"
+        if isinstance(self.collectives, PeerCollectives):
+            grad = self.replica(0).flat.grad
+            assert grad is not None
+            peer = sum(self.collectives.takes(grad[start:end]) for start, end in self._spans())
+            up_to = f"up to {self.collectives.max_numel * 4 // 1024} KiB"
+            if peer == len(self._spans()):
+                total = f"reads of the peers' memory (buckets {up_to})"
+            elif peer:
+                total = (f"reads of the peers' memory ({peer} bucket{'s' * (peer != 1)} "
+                         f"{up_to}) and NCCL's all-reduce")
         if not self.overlap:
             return f"gradients summed by {total} inside them after backward"
         k = len(self.plans[0])

@@ -90,6 +90,8 @@ def test_run_syntax():
     assert rp.parse_run("2+parts8") == (2, ["parts8"], {})
     assert rp.parse_run("2+noreduce+solo+monitor256+addmm") == (
         2, ["noreduce", "solo", "monitor256", "addmm"], {})
+    assert rp.parse_run("1+ctx+peer") == (1, ["ctx", "peer"], {})
+    assert rp.parse_run("4+nccl") == (4, ["nccl"], {})
     with pytest.raises(SystemExit, match=r"--runs: '2\+parts0' is not COUNT"):
         rp.parse_run("2+parts0")
     with pytest.raises(SystemExit, match=r"--runs: '2\+monitor0' is not COUNT"):

@@ -40,6 +40,11 @@ bool sgd_update(const std::vector<at::Tensor>& w, const std::vector<at::Tensor>&
                 const std::vector<at::Tensor>& h, const std::vector<int64_t>& group,
                 const std::vector<double>& rates, const c10::optional<at::Tensor>& device_rates,
                 const std::vector<double>& decays, double momentum, double grad_scale, bool l1);
+int64_t peer_sum_flag_count();
+int64_t peer_sum_counter_count();
+void peer_sum(const std::vector<at::Tensor>& parts, int64_t rank,
+              const std::vector<at::Tensor>& flags, at::Tensor& scratch, at::Tensor& counters);
+bool enable_peer_access(const std::vector<int64_t>& devices);
 
 // Caffe's SoftmaxWithLoss as a C++ autograd Function over the two kernels (softmax_loss.cu):
 // forward returns (loss, prob), prob without a gradient; backward runs without Python.
@@ -134,6 +139,17 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         "stream, nothing written", py::arg("w"), py::arg("g"), py::arg("h"), py::arg("group"),
         py::arg("rates"), py::arg("device_rates"), py::arg("decays"), py::arg("momentum"),
         py::arg("grad_scale"), py::arg("l1"));
+  m.def("peer_sum", &caffe_py::peer_sum,
+        "parts[rank] = parts[0] + ... + parts[N-1] (replica order), read over peer access; "
+        "every replica's call meets the others' (csrc/peer_sum.cu)", py::arg("parts"),
+        py::arg("rank"), py::arg("flags"), py::arg("scratch"), py::arg("counters"));
+  m.def("peer_sum_flag_count", &caffe_py::peer_sum_flag_count,
+        "int32 flags a device holds for peer_sum (zero to start)");
+  m.def("peer_sum_counter_count", &caffe_py::peer_sum_counter_count,
+        "int32 call counters a device holds for peer_sum (zero to start)");
+  m.def("enable_peer_access", &caffe_py::enable_peer_access,
+        "peer access between every pair of the devices; False if a pair has none",
+        py::arg("devices"));
   m.def("softmax_loss_backward", &caffe_py::softmax_loss_backward,
         "dx = (prob - onehot) * grad / divisor", py::arg("prob"), py::arg("label"),
         py::arg("grad"), py::arg("div"), py::arg("dx"), py::arg("ignore"),
