@@ -24,9 +24,11 @@ import torch
 
 log = logging.getLogger(__name__)
 
-PEER_SUM_BYTES = 2 * 2**20
-"""A float32 bucket of up to PEER_SUM_BYTES / (N - 1) bytes is summed over peer access
-(benchmarks/peer_sum.py measures both ways by bucket size)."""
+PEER_SUM_BYTES = 4 * 2**20
+"""A float32 bucket of up to PEER_SUM_BYTES / (N - 1) bytes is summed over peer access: 4 MiB
+on 2 GPUs, 2 MiB on 3, 1.33 MiB on 4, each within the sizes where the peer sum was the faster
+on 4 x H200 (benchmarks/peer_sum.py, docs/parallel.md: up to 8 MiB on 2 GPUs, 4 MiB on 3,
+2 MiB on 4)."""
 
 
 class PeerCollectives:
@@ -49,8 +51,9 @@ class PeerCollectives:
     @classmethod
     def on(cls, devices: Sequence[torch.device], nccl: Any) -> PeerCollectives | None:
         """The collectives for ``devices``, or None where peer sums cannot run there (a CPU
-        device, one device or more than 8, a pair without peer access, the CUDA extension not
-        built): NCCL's all-reduce alone then."""
+        device, one device or more than 8, a pair without peer access or without native
+        atomics between them (PCIe), the CUDA extension not built): NCCL's all-reduce alone
+        then."""
         if not 2 <= len(devices) <= 8 or any(d.type != "cuda" for d in devices):
             return None
         from ..kernels import build
@@ -62,7 +65,7 @@ class PeerCollectives:
             return None
         if not ext.enable_peer_access([torch.device(d).index for d in devices]):
             log.info("Small gradient buckets go through NCCL: a pair of the GPUs has no peer "
-                     "access")
+                     "access over an NVLink-class link")
             return None
         return cls(devices, nccl, ext)
 

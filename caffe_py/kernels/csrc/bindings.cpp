@@ -148,7 +148,8 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("peer_sum_counter_count", &caffe_py::peer_sum_counter_count,
         "int32 call counters a device holds for peer_sum (zero to start)");
   m.def("enable_peer_access", &caffe_py::enable_peer_access,
-        "peer access between every pair of the devices; False if a pair has none",
+        "peer access between every pair of the devices; False if a pair has none or no "
+        "native atomics (a PCIe link)",
         py::arg("devices"));
   m.def("softmax_loss_backward", &caffe_py::softmax_loss_backward,
         "dx = (prob - onehot) * grad / divisor", py::arg("prob"), py::arg("label"),

@@ -174,14 +174,19 @@ bool enable_peer_access(const std::vector<int64_t>& devices) {
   for (int64_t d : devices) {
     for (int64_t p : devices) {
       if (p == d) continue;
-      int can = 0;
-      C10_CUDA_CHECK(cudaDeviceCanAccessPeer(&can, static_cast<int>(d), static_cast<int>(p)));
-      if (!can) {
+      const int a = static_cast<int>(d), b = static_cast<int>(p);
+      // Native atomics between the pair: an NVLink-class link. Over PCIe a peer read is slow
+      // enough that NCCL's all-reduce is the better sum at any size.
+      int can = 0, atomics = 0;
+      C10_CUDA_CHECK(cudaDeviceCanAccessPeer(&can, a, b));
+      C10_CUDA_CHECK(
+          cudaDeviceGetP2PAttribute(&atomics, cudaDevP2PAttrNativeAtomicSupported, a, b));
+      if (!can || !atomics) {
         ok = false;
         continue;
       }
-      C10_CUDA_CHECK(cudaSetDevice(static_cast<int>(d)));
-      const cudaError_t err = cudaDeviceEnablePeerAccess(static_cast<int>(p), 0);
+      C10_CUDA_CHECK(cudaSetDevice(a));
+      const cudaError_t err = cudaDeviceEnablePeerAccess(b, 0);
       if (err == cudaErrorPeerAccessAlreadyEnabled) {
         (void)cudaGetLastError();   // enabled before (PyTorch's copies enable it too)
       } else if (err != cudaSuccess) {
