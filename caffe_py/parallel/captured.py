@@ -6,11 +6,12 @@ iteration: its batch slots, forward and backward passes, loss and Caffe's update
 members are all the replicas of a run, each captured in a graph on its own device (the
 captures open at once in the root's thread), and before the updates the replicas' flat
 gradients are summed by NCCL's all-reduce, which a graph holds because its kernels meet their
-peers through device memory, not through the host: bucket by bucket on a side stream while
-backward still runs (Caffe's ``layer_wise_reduce``, the default; :class:`AllReduceGroup`), or
-the whole buffer after backward. Every replica then divides the sum by N and applies the same
-update (its own copy of the history), so the replicas' weights stay equal bit for bit without
-a broadcast (NCCL hands every device the same sum). Several iterations go into one replay when
+peers through device memory, not through the host (small buckets by a kernel that reads the
+peers' memory, :mod:`.peer_sum`, likewise): bucket by bucket on a side stream while backward
+still runs (Caffe's ``layer_wise_reduce``, the default; :class:`AllReduceGroup`), or the whole
+buffer after backward. Every replica then divides the sum by N and applies the same update
+(its own copy of the history), so the replicas' weights stay equal bit for bit without a
+broadcast (every device gets the same sum). Several iterations go into one replay when
 the step is short, as on one device; per chunk the host fills each replica's batch slots,
 copies the rates, replays N graphs and does the Solvers' Step bookkeeping.
 
