@@ -126,7 +126,7 @@ class AllReduceGroup(SyncGroup):
             grad = self.replica(0).flat.grad
             assert grad is not None
             peer = sum(self.collectives.takes(grad[start:end]) for start, end in self._spans())
-            up_to = f"up to {self.collectives.max_numel * 4 // 1024} KiB"
+            up_to = f"up to {self.collectives.limit_text()}"
             if peer == len(self._spans()):
                 total = f"reads of the peers' memory (buckets {up_to})"
             elif peer:

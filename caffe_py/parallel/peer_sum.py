@@ -69,6 +69,14 @@ class PeerCollectives:
             return None
         return cls(devices, nccl, ext)
 
+    def limit_text(self) -> str:
+        """The longest bucket summed over peer access, as the banner says it ("4 MiB")."""
+        size = self.max_numel * 4
+        for unit, scale in (("MiB", 2**20), ("KiB", 2**10)):
+            if size >= scale:
+                return f"{size / scale:.3g} {unit}"
+        return f"{size} bytes"
+
     def takes(self, part: torch.Tensor) -> bool:
         """Whether a bucket of this size and type is summed over peer access."""
         return (0 < part.numel() <= self.max_numel and part.dtype == torch.float32

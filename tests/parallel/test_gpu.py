@@ -220,7 +220,7 @@ def test_captured_whole_iterations_give_the_graphed_trees_weights_bit_for_bit(tm
         torch.backends.cudnn.deterministic, torch.backends.cudnn.benchmark = saved
     assert "whole iterations captured on every replica (cuda:0, cuda:1), issued by one " \
            "thread; gradients summed by reads of the peers' memory (buckets up to " \
-           f"{PEER_SUM_BYTES // 1024} KiB) inside them in 2 buckets, each started as soon as " \
+           f"{PEER_SUM_BYTES // 2**20} MiB) inside them in 2 buckets, each started as soon as " \
            "backward has finished it; every replica applies the update" in caplog.messages
     assert all(torch.equal(a, b) for a, b in zip(captured[1], captured[0], strict=True))
     assert _rel(captured[0], graphed) < 1e-6, [(a - b).abs().max().item()

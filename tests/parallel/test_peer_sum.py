@@ -48,7 +48,10 @@ def test_buckets_up_to_the_bytes_over_n_minus_1_are_taken_and_the_rest_go_to_ncc
     long = [torch.zeros(peers.max_numel + 1) for _ in devices]
     peers.all_reduce(long, streams=None)
     assert nccl.calls == [([peers.max_numel + 1] * 3, None)]
-    assert PeerCollectives(devices[:2], nccl, _Ext(), max_bytes=4096).max_numel == 1024
+    two = PeerCollectives(devices[:2], nccl, _Ext(), max_bytes=4096)
+    assert two.max_numel == 1024 and two.limit_text() == "4 KiB"
+    assert peers.limit_text() == "2 MiB" and PeerCollectives(
+        devices + devices[:1], nccl, _Ext()).limit_text() == "1.33 MiB"
 
 
 def test_the_reference_adds_in_replica_order_in_float32():
@@ -57,3 +60,35 @@ def test_the_reference_adds_in_replica_order_in_float32():
     assert torch.equal(peer_sum_reference(parts), torch.tensor([0.0, 0.0]))
     assert torch.equal(peer_sum_reference(parts[::-1]), torch.tensor([0.0, 1.0]))
     assert parts[0].tolist() == [1e8, 1.0]   # the inputs untouched
+
+
+def _group(sizes):
+    """Two CPU replicas' AllReduceGroup over parameters of ``sizes`` elements, bucketed."""
+    from caffe_py.parallel.captured import AllReduceGroup
+
+    devices = [torch.device("cpu")] * 2
+    group = AllReduceGroup(devices)
+    for i in range(2):
+        group.setup(i, [torch.zeros(n, requires_grad=True) for n in sizes])
+    return group, devices
+
+
+def test_the_banner_names_the_buckets_the_peer_sum_takes():
+    group, devices = _group([64, 16, 3920, 16, 4000, 16])
+    spans = [end - start for start, end in group._spans()]
+    assert spans == [4016, 3936, 80]   # in reverse order, each padded to 64 bytes
+    assert group.describe().startswith("gradients summed by a host sum inside them in 3 buckets")
+    group.collectives = PeerCollectives(devices, _Nccl(), _Ext(), max_bytes=4 * 80)
+    assert group.describe() == (
+        "gradients summed by reads of the peers' memory (1 bucket up to 320 bytes) and "
+        "NCCL's all-reduce inside them in 3 buckets, each started as soon as backward has "
+        "finished it")
+    group.collectives = PeerCollectives(devices, _Nccl(), _Ext(), max_bytes=4 * 3936)
+    assert group.describe() == (
+        "gradients summed by reads of the peers' memory (2 buckets up to 15.4 KiB) and "
+        "NCCL's all-reduce inside them in 3 buckets, each started as soon as backward has "
+        "finished it")
+    group.collectives = PeerCollectives(devices, _Nccl(), _Ext(), max_bytes=4 * 2**20)
+    assert group.describe() == (
+        "gradients summed by reads of the peers' memory (buckets up to 4 MiB) inside them "
+        "in 3 buckets, each started as soon as backward has finished it")
