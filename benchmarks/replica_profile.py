@@ -48,9 +48,8 @@ InnerProduct's float32 forward through PyTorch's fused ``F.linear`` (its path be
 ``layers.common.linear_fp32``), ``ctx`` (with fewer GPUs than the host has) opens a CUDA
 context on every GPU the run does not train on, ``peer`` also enables peer access between GPU
 0 and each of them and makes an NCCL communicator over all of them (what a multi-GPU run sets
-up, with nothing run there), ``nccl`` sums every
-bucket with NCCL's all-reduce (no peer sums: the default before csrc/peer_sum.cu),
-``KEY=VALUE`` sets an environment variable (NCCL's knobs). The table is printed last and written
+up, with nothing run there), ``nccl`` sums every bucket with NCCL's all-reduce (no peer sums:
+the default before csrc/peer_sum.cu), ``KEY=VALUE`` sets an environment variable (NCCL's knobs). The table is printed last and written
 to DIR/replica_profile.md, with the kernels whose summed time grew most against one GPU, each
 GPU's longest idle gaps (between which kernels), when each GPU's graph launches were called
 against when their first kernels ran (the trace's host side: cudaGraphLaunch calls, matched to

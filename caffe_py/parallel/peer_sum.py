@@ -51,10 +51,12 @@ class PeerCollectives:
     @classmethod
     def on(cls, devices: Sequence[torch.device], nccl: Any) -> PeerCollectives | None:
         """The collectives for ``devices``, or None where peer sums cannot run there (a CPU
-        device, one device or more than 8, a pair without peer access or without native
-        atomics between them (PCIe), the CUDA extension not built): NCCL's all-reduce alone
-        then."""
-        if not 2 <= len(devices) <= 8 or any(d.type != "cuda" for d in devices):
+        device, one device or more than 8, a GPU twice or without its index, a pair without
+        peer access or without native atomics between them (PCIe), the CUDA extension not
+        built): NCCL's all-reduce alone then."""
+        indices = [torch.device(d).index for d in devices]
+        if (not 2 <= len(devices) <= 8 or any(d.type != "cuda" for d in devices)
+                or None in indices or len(set(indices)) != len(indices)):
             return None
         from ..kernels import build
 
@@ -63,7 +65,7 @@ class PeerCollectives:
         except build.BuildError as exc:
             log.info(f"Small gradient buckets go through NCCL: {exc}")
             return None
-        if not ext.enable_peer_access([torch.device(d).index for d in devices]):
+        if not ext.enable_peer_access(indices):
             log.info("Small gradient buckets go through NCCL: a pair of the GPUs has no peer "
                      "access over an NVLink-class link")
             return None

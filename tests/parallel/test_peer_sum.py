@@ -29,6 +29,8 @@ def test_nothing_but_two_to_eight_gpus_gets_peer_sums():
     assert PeerCollectives.on([cpu, cpu], _Nccl()) is None
     assert PeerCollectives.on([torch.device("cuda", 0)], _Nccl()) is None
     assert PeerCollectives.on([torch.device("cuda", i) for i in range(9)], _Nccl()) is None
+    assert PeerCollectives.on([torch.device("cuda", 0)] * 2, _Nccl()) is None
+    assert PeerCollectives.on([torch.device("cuda"), torch.device("cuda", 1)], _Nccl()) is None
 
 
 def test_buckets_up_to_the_bytes_over_n_minus_1_are_taken_and_the_rest_go_to_nccl():
