@@ -41,21 +41,21 @@ iterations at a time (K must divide the display interval, 1000 for LeNet), ``heu
 cuDNN's heuristic algorithms instead of its benchmark search (the same picks on every GPU),
 ``twin`` captures each chunk twice and replays the two in turn, ``divide`` has the all-reduce
 divide each sum by N on its side stream instead of the update's kernel (as before the fold),
-``solo`` replays only the first replica's graphs after the warm-up (with ``noreduce``: the
-other devices stay idle, a bound on what driving them costs the first), ``monitorK`` polls the
+``solo`` replays only the first replica's graphs after the warm-up (with ``noreduce``: the other
+devices stay idle, a bound on what driving them costs the first), ``monitorK`` polls the
 Monitor's device checks every K iterations (the host may run further ahead), ``addmm`` runs
 InnerProduct's float32 forward through PyTorch's fused ``F.linear`` (its path before
-``layers.common.linear_fp32``), ``ctx`` (with fewer GPUs than the host has) opens a CUDA
-context on every GPU the run does not train on, ``peer`` also enables peer access between GPU
-0 and each of them and makes an NCCL communicator over all of them (what a multi-GPU run sets
-up, with nothing run there), ``nccl`` sums every bucket with NCCL's all-reduce (no peer sums:
-the default before csrc/peer_sum.cu), ``KEY=VALUE`` sets an environment variable (NCCL's knobs). The table is printed last and written
-to DIR/replica_profile.md, with the kernels whose summed time grew most against one GPU, each
-GPU's longest idle gaps (between which kernels), when each GPU's graph launches were called
-against when their first kernels ran (the trace's host side: cudaGraphLaunch calls, matched to
-their kernels by correlation id), and the host thread's time per iteration in the graph
-launches, the rates' copies and the Solvers' end_iteration; every run is a JSON line in
-DIR/replica_profile.jsonl."""
+``layers.common.linear_fp32``), ``ctx`` (with fewer GPUs than the host has) opens a CUDA context
+on every GPU the run does not train on, ``peer`` also enables peer access between GPU 0 and each
+of them and makes an NCCL communicator over all of them (what a multi-GPU run sets up, with
+nothing run there), ``nccl`` sums every bucket with NCCL's all-reduce (no peer sums: the default
+before csrc/peer_sum.cu), ``KEY=VALUE`` sets an environment variable (NCCL's knobs). The table
+is printed last and written to DIR/replica_profile.md, with the kernels whose summed time grew
+most against one GPU, each GPU's longest idle gaps (between which kernels), when each GPU's
+graph launches were called against when their first kernels ran (the trace's host side:
+cudaGraphLaunch calls, matched to their kernels by correlation id), and the host thread's time
+per iteration in the graph launches, the rates' copies and the Solvers' end_iteration; every run
+is a JSON line in DIR/replica_profile.jsonl."""
 from __future__ import annotations
 
 import argparse
