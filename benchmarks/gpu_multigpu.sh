@@ -7,8 +7,8 @@
 # bf16 autocast, channels_last) with a plain 1-GPU PyTorch loop, torchrun DDP x4, caffe-py
 # tree on 1-4 GPUs (eager, and with each replica's step as a CUDA graph) and NCCL on 4; LeNet
 # (batch 64, fp32) on 1 and 4; the time to reduce ResNet-50's gradient (tree vs
-# torch.cuda.nccl.all_reduce); a torch.profiler summary. The GPU tests of tests/parallel run
-# first.
+# torch.cuda.nccl.all_reduce); the peer sum against NCCL by bucket size; a torch.profiler
+# summary. The GPU tests of tests/parallel run first.
 # The package need not be installed (PYTHONPATH points here); the CUDA kernels are built first
 # (sm_90 unless TORCH_CUDA_ARCH_LIST says otherwise), so no timed run pays for the compile.
 set -u
@@ -90,6 +90,13 @@ if [[ "${CPU_SMOKE:-0}" != 1 ]]; then
         benchmarks/scale_default.py --out "$OUT/scale" --max-gpus "$N"
 fi
 
+# the replicas' gradient sum by bucket size: peer sums against NCCL (its own table:
+# $OUT/peer_sum/peer_sum.md)
+if [[ "${CPU_SMOKE:-0}" != 1 ]] && (( NGPU >= 2 )); then
+    run "gradient sums by bucket size, 2-$N GPUs (benchmarks/peer_sum.py)" 120 "$PY" \
+        benchmarks/peer_sum.py --gpus "$(seq -s, 2 "$N")" --out "$OUT/peer_sum"
+fi
+
 # the most telling rows first: a later row is skipped if the time budget runs out
 run "ResNet-50 PyTorch 1-GPU loop" 150 \
     "$PY" benchmarks/ddp_baseline.py --solver "$R" --plain --channels-last "${T[@]}" "${CPU[@]}"
@@ -140,3 +147,4 @@ run "ResNet-50 caffe-py tree x$N, profiled" 150 "$PY" benchmarks/multigpu.py caf
 echo "== done in $(( $(date +%s) - START ))s; logs, results and profile in $OUT" | tee -a "$LOG"
 "$PY" benchmarks/multigpu.py table --json "$JSON" | tee "$OUT/multigpu_table.md"
 [[ -f "$OUT/scale/scale_default.md" ]] && cat "$OUT/scale/scale_default.md"
+if [[ -f "$OUT/peer_sum/peer_sum.md" ]]; then cat "$OUT/peer_sum/peer_sum.md"; fi
