@@ -19,14 +19,13 @@ import time
 from collections.abc import Callable
 from functools import partial
 from pathlib import Path
-from typing import Any
 
 import torch
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from caffe_py.parallel.peer_sum import PEER_SUM_BYTES, PeerCollectives, peer_sum_reference  # noqa: E402
+from caffe_py.parallel.peer_sum import PeerCollectives, replica_sum  # noqa: E402
 
 SIZES_KIB = [4, 16, 64, 256, 512, 1024, 2048, 4096, 8192]
 CALLS = 20
@@ -83,35 +82,29 @@ def rows_for(devices: list[torch.device]) -> list[str]:
     import torch.cuda.nccl as nccl
 
     n = len(devices)
-    peers = PeerCollectives(devices, nccl, _ext(devices),
+    default = PeerCollectives.on(devices, nccl)   # what a run gets: its limit says "where"
+    if default is None:
+        raise SystemExit("peer_sum.py: these GPUs have no peer access over an NVLink-class "
+                         "link, or the CUDA kernels do not build (`cpy build-ext` says why)")
+    peers = PeerCollectives(devices, nccl, default.ext,   # every size through the kernel
                             max_bytes=max(SIZES_KIB) * 1024 * (n - 1))
-    limit = PEER_SUM_BYTES // (n - 1)
     rows = []
     for kib in SIZES_KIB:
         numel = kib * 256
         parts = [torch.randn(numel, device=d) for d in devices]
-        want = peer_sum_reference(parts)
+        want = replica_sum(parts)
         peers.all_reduce(parts)
         for d in devices:
             torch.cuda.synchronize(d)
         exact = all(torch.equal(p.cpu(), want) for p in parts)
         peer = call_us(devices, graphs_of(devices, partial(peers.all_reduce, parts)))
         ring = call_us(devices, graphs_of(devices, partial(nccl.all_reduce, parts)))
-        where = "peer" if kib * 1024 <= limit else "NCCL"
+        where = "peer" if default.takes(parts[0]) else "NCCL"
         faster = "peer" if peer < ring else "NCCL"
         rows.append(f"| {n} | {kib:,} KiB | {peer:.1f} | {ring:.1f} | {ring / peer:.2f}x | "
                     f"{faster} | {where} | {'yes' if exact else 'NO'} |")
         print(rows[-1], flush=True)
     return rows
-
-
-def _ext(devices: list[torch.device]) -> Any:
-    from caffe_py.kernels import build
-
-    ext = build.load()
-    if not ext.enable_peer_access([d.index for d in devices]):
-        raise SystemExit("peer_sum.py: these GPUs have no peer access to each other")
-    return ext
 
 
 def main() -> None:

@@ -40,7 +40,7 @@ from ..solver.evaluate import raise_device_problems, run_batches
 from ..solver.graph_loop import GraphedLoop
 from ..solver.graphed_tests import GraphedForward, RowLayout, batch_row, graphed_pass
 from .flat import Bucket, BucketCount, plan_reduction
-from .peer_sum import PeerCollectives
+from .peer_sum import PeerCollectives, replica_sum
 from .sync import ReplicaState, StopReplica, SyncGroup
 
 if TYPE_CHECKING:
@@ -522,9 +522,7 @@ def _host_means(order: Sequence[int], rows: Sequence[Sequence[torch.Tensor]],
 
 def _host_sum(parts: Sequence[torch.Tensor], n: int) -> None:
     """CPU replicas: each part becomes the sum of all (in replica order) divided by n."""
-    total = parts[0].clone()
-    for part in parts[1:]:
-        total.add_(part)
+    total = replica_sum(parts)
     for part in parts:
         part.copy_(total).mul_(1.0 / n)
 

@@ -98,8 +98,9 @@ class PeerCollectives:
                 self.ext.peer_sum(parts, r, self.flags, self.scratch[r], self.counters[r])
 
 
-def peer_sum_reference(parts: Sequence[torch.Tensor]) -> torch.Tensor:
-    """The kernel's sum on the host: float32 adds in replica order (the kernel's bits)."""
+def replica_sum(parts: Sequence[torch.Tensor]) -> torch.Tensor:
+    """The parts' sum on the host, float32 adds in replica order: the peer sum's bits (its
+    tests' oracle) and CPU replicas' all-reduce (:class:`~.captured.AllReduceGroup`)."""
     total = parts[0].detach().cpu().clone()
     for part in parts[1:]:
         total += part.detach().cpu()

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import torch
 
-from caffe_py.parallel.peer_sum import PEER_SUM_BYTES, PeerCollectives, peer_sum_reference
+from caffe_py.parallel.peer_sum import PEER_SUM_BYTES, PeerCollectives, replica_sum
 
 
 class _Ext:
@@ -59,8 +59,8 @@ def test_buckets_up_to_the_bytes_over_n_minus_1_are_taken_and_the_rest_go_to_ncc
 def test_the_reference_adds_in_replica_order_in_float32():
     parts = [torch.tensor([1e8, 1.0]), torch.tensor([1.0, 1e8]), torch.tensor([-1e8, -1e8])]
     # 1e8 + 1 rounds to 1e8 in float32: the first 1 is lost where it comes second
-    assert torch.equal(peer_sum_reference(parts), torch.tensor([0.0, 0.0]))
-    assert torch.equal(peer_sum_reference(parts[::-1]), torch.tensor([0.0, 1.0]))
+    assert torch.equal(replica_sum(parts), torch.tensor([0.0, 0.0]))
+    assert torch.equal(replica_sum(parts[::-1]), torch.tensor([0.0, 1.0]))
     assert parts[0].tolist() == [1e8, 1.0]   # the inputs untouched
 
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from caffe_py.parallel.peer_sum import PEER_SUM_BYTES, PeerCollectives, peer_sum_reference
+from caffe_py.parallel.peer_sum import PEER_SUM_BYTES, PeerCollectives, replica_sum
 
 pytestmark = [pytest.mark.gpu,
               pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs 2 GPUs")]
@@ -44,7 +44,7 @@ def sync(devices):
 @pytest.mark.parametrize("numel", [1, 3, 4, 1000, 25_000, 131_075])
 def test_every_replica_gets_the_sum_in_replica_order_bit_for_bit(devices, peers, numel):
     parts = draw(devices, numel, seed=numel)
-    want = peer_sum_reference(parts)
+    want = replica_sum(parts)
     assert peers.takes(parts[0])
     peers.all_reduce(parts)
     sync(devices)
@@ -54,7 +54,7 @@ def test_every_replica_gets_the_sum_in_replica_order_bit_for_bit(devices, peers,
 
 def test_a_view_off_the_16_byte_grid_takes_the_one_value_path(devices, peers):
     parts = draw(devices, 4099, seed=5, offset=1)
-    want = peer_sum_reference(parts)
+    want = replica_sum(parts)
     peers.all_reduce(parts)
     sync(devices)
     assert all(torch.equal(part.cpu(), want) for part in parts)
@@ -67,7 +67,7 @@ def test_calls_in_a_row_on_side_streams_keep_meeting(devices, peers):
     wants, results = [], []
     for k in range(100):
         parts = draw(devices, 777 if k % 2 else 60_001, seed=100 + k)
-        wants.append(peer_sum_reference(parts))
+        wants.append(replica_sum(parts))
         for stream, d in zip(streams, devices, strict=True):
             stream.wait_stream(torch.cuda.current_stream(d))
         peers.all_reduce(parts, streams=streams)
@@ -103,7 +103,7 @@ def test_captured_in_one_graph_per_device_and_replayed(devices, peers):
             with torch.cuda.device(d):
                 graph.replay()
         sync(devices)
-        want = peer_sum_reference(fresh)
+        want = replica_sum(fresh)
         assert all(torch.equal(b.cpu(), want) for b in buffers), k
 
 
