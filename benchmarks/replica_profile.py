@@ -28,34 +28,35 @@ iteration, from the trace:
 * *update*: Caffe's update kernel (``sgd_update_kernel``), and *before update*: from the end of
   the last NCCL kernel to the update's start (the reduction's join).
 
-A run's variant follows its count after ``+``: ``noreduce`` replaces NCCL's all-reduce by
-nothing (each replica trains on its own gradient: not a training run, a bound on what the
-reduction costs), ``after`` sets the solver's ``layer_wise_reduce: false`` (one all-reduce after
-backward), ``buffersK`` gives the rates K pinned host buffers (the host may run K replays
-ahead), ``reverse`` launches the replicas' replays last GPU first, ``threads`` launches each
-from a thread of its own, all at once (on the stream the root copied its rates on), ``flat``
-(one GPU) lays the weights, gradients and state blobs out in flat buffers as a replica's are,
-with no other replica and no reduction, ``partsK`` cuts the gradient into about K buckets
-(ResNet-50 keeps its 25 MB ones; the default is flat.REDUCTION_PARTS), ``chunkK`` replays K
-iterations at a time (K must divide the display interval, 1000 for LeNet), ``heuristic`` takes
-cuDNN's heuristic algorithms instead of its benchmark search (the same picks on every GPU),
-``twin`` captures each chunk twice and replays the two in turn, ``divide`` has the all-reduce
-divide each sum by N on its side stream instead of the update's kernel (as before the fold),
-``solo`` replays only the first replica's graphs after the warm-up (with ``noreduce``: the other
-devices stay idle, a bound on what driving them costs the first), ``monitorK`` polls the
-Monitor's device checks every K iterations (the host may run further ahead), ``addmm`` runs
-InnerProduct's float32 forward through PyTorch's fused ``F.linear`` (its path before
-``layers.common.linear_fp32``), ``ctx`` (with fewer GPUs than the host has) opens a CUDA context
-on every GPU the run does not train on, ``peer`` also enables peer access between GPU 0 and each
-of them and makes an NCCL communicator over all of them (what a multi-GPU run sets up, with
+A run's variant follows its count after ``+``: ``noreduce`` replaces NCCL's all-reduce by nothing
+(each replica trains on its own gradient: not a training run, a bound on what the reduction costs),
+``after`` sets the solver's ``layer_wise_reduce: false`` (one all-reduce after backward),
+``buffersK`` gives the rates K pinned host buffers (the host may run K replays ahead), ``reverse``
+launches the replicas' replays last GPU first, ``threads`` launches each from a thread of its own,
+all at once (on the stream the root copied its rates on), ``flat`` (one GPU) lays the weights,
+gradients and state blobs out in flat buffers as a replica's are, with no other replica and no
+reduction, ``partsK`` cuts the gradient into about K buckets (ResNet-50 keeps its 25 MB ones; the
+default is flat.REDUCTION_PARTS), ``chunkK`` replays K iterations at a time (K must divide the
+display interval, 1000 for LeNet), ``heuristic`` takes cuDNN's heuristic algorithms instead of its
+benchmark search (the same picks on every GPU), ``twin`` captures each chunk twice and replays the
+two in turn, ``divide`` has the all-reduce divide each sum by N on its side stream instead of the
+update's kernel (as before the fold), ``solo`` replays only the first replica's graphs after the
+warm-up (with ``noreduce``: the other devices stay idle, a bound on what driving them costs the
+first), ``monitorK`` polls the Monitor's device checks every K iterations (the host may run further
+ahead), ``addmm`` runs InnerProduct's float32 forward through PyTorch's fused ``F.linear`` (its path
+before ``layers.common.linear_fp32``), ``ctx`` (with fewer GPUs than the host has) opens a CUDA
+context on every GPU the run does not train on, ``peer`` also enables peer access between GPU 0 and
+each of them and makes an NCCL communicator over all of them (what a multi-GPU run sets up, with
 nothing run there), ``nccl`` sums every bucket with NCCL's all-reduce (no peer sums: the default
-before csrc/peer_sum.cu), ``KEY=VALUE`` sets an environment variable (NCCL's knobs). The table
-is printed last and written to DIR/replica_profile.md, with the kernels whose summed time grew
-most against one GPU, each GPU's longest idle gaps (between which kernels), when each GPU's
-graph launches were called against when their first kernels ran (the trace's host side:
-cudaGraphLaunch calls, matched to their kernels by correlation id), and the host thread's time
-per iteration in the graph launches, the rates' copies and the Solvers' end_iteration; every run
-is a JSON line in DIR/replica_profile.jsonl."""
+before csrc/peer_sum.cu), ``sidehigh`` gives the side streams where the buckets are summed the
+highest CUDA stream priority and ``computehigh`` the streams the iterations are captured on (the
+graphs keep their nodes' priorities), ``KEY=VALUE`` sets an environment variable (NCCL's knobs). The
+table is printed last and written to DIR/replica_profile.md, with the kernels whose summed time grew
+most against one GPU, each GPU's longest idle gaps (between which kernels), when each GPU's graph
+launches were called against when their first kernels ran (the trace's host side: cudaGraphLaunch
+calls, matched to their kernels by correlation id), and the host thread's time per iteration in the
+graph launches, the rates' copies and the Solvers' end_iteration; every run is a JSON line in
+DIR/replica_profile.jsonl."""
 from __future__ import annotations
 
 import argparse
@@ -267,7 +268,8 @@ def parse_run(text: str) -> tuple[int, list[str], dict[str, str]]:
     env = dict(p.split("=", 1) for p in parts if "=" in p)
     unknown = {f for f in flags if f not in ("noreduce", "after", "reverse", "threads", "flat",
                                                 "heuristic", "divide", "solo", "twin", "addmm",
-                                                "ctx", "peer", "nccl")
+                                                "ctx", "peer", "nccl", "sidehigh",
+                                                "computehigh")
                and not (f.startswith("buffers") and f[7:].isdigit())
                and not (f.startswith("monitor") and f[7:].isdigit() and int(f[7:]) > 0)
                and not (f.startswith("parts") and f[5:].isdigit() and int(f[5:]) > 0)
@@ -275,7 +277,7 @@ def parse_run(text: str) -> tuple[int, list[str], dict[str, str]]:
     if unknown or not count.isdigit():
         raise SystemExit(f"--runs: '{text}' is not COUNT[+noreduce|+after|+reverse|+threads"
                          "|+flat|+heuristic|+divide|+solo|+addmm|+ctx|+peer|+nccl|+buffersK|+partsK"
-                         "|+chunkK|+monitorK|+twin"
+                         "|+chunkK|+monitorK|+twin|+sidehigh|+computehigh"
                          "|+KEY=VALUE...]")
     return int(count), flags, env
 
@@ -312,6 +314,10 @@ def child(args: argparse.Namespace) -> None:
 
         PeerCollectives.on = classmethod(  # type: ignore[method-assign, assignment]
             lambda cls, devices, nccl: None)
+    if "sidehigh" in flags:   # clamped to the device's highest priority
+        captured.SIDE_PRIORITY = -100
+    if "computehigh" in flags:
+        graph_loop.CAPTURE_PRIORITY = -100
     if "divide" in flags:
         def keep_dividing(self: AllReduceGroup, i: int, solver: Any) -> None:
             return None

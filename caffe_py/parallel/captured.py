@@ -48,6 +48,11 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
+SIDE_PRIORITY = 0
+"""The CUDA stream priority of each replica's side stream, where its gradient buckets are summed
+beside backward (lower is higher; the graphs keep it, as
+:data:`~caffe_py.solver.graph_loop.CAPTURE_PRIORITY`)."""
+
 
 class AllReduceGroup(SyncGroup):
     """The replicas' flat parameter and gradient buffers, and the all-reduce of the gradients
@@ -108,7 +113,7 @@ class AllReduceGroup(SyncGroup):
 
         self._counts[i].hook(complete)
         if self.collectives is not None:
-            self._side.append(torch.cuda.Stream(rep.device))
+            self._side.append(torch.cuda.Stream(rep.device, priority=SIDE_PRIORITY))
         return rep
 
     def hand_mean(self, i: int, solver: Solver) -> None:

@@ -57,6 +57,10 @@ CHUNK_TARGET_MS = 4.0
 HOST_BUFFERS = 2
 """Pinned host buffers of the rates per member, filled in turn: a buffer is written again once
 the copy that read it has run, so the host may run this many replays ahead."""
+CAPTURE_PRIORITY = 0
+"""The CUDA stream priority the iterations are captured on (lower is higher; 0 is the default
+and the lowest). PyTorch instantiates graphs with their nodes' own priorities, so a replay's
+kernels keep it whatever stream launches them."""
 SLOT_BYTES_MAX = 256 << 20
 """The static batch slots of a chunk take at most this much device memory."""
 
@@ -432,7 +436,7 @@ class GraphedLoop:
         if self.emulate:
             return _Graph(length, [_Emulated(iterations)], losses, outs)
         graphs = [torch.cuda.CUDAGraph() for _ in members]
-        streams = [torch.cuda.Stream(m.device) for m in members]
+        streams = [torch.cuda.Stream(m.device, priority=CAPTURE_PRIORITY) for m in members]
         for m, graph, stream in zip(members, graphs, streams, strict=True):
             register_generators(graph, _device_generators(m))
             stream.wait_stream(torch.cuda.current_stream(m.device))

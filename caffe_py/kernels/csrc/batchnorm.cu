@@ -77,7 +77,7 @@ Grid bn_grid(int64_t M, int64_t cp) {
   while (tx < 32 && tx < cp) tx *= 2;
   const int ty = kBlock / tx;
   const int64_t gx = (cp + tx - 1) / tx;
-  TORCH_CHECK(gx <= INT32_MAX, "a row of ", cp, " packs is too long");
+  TORCH_CHECK(gx <= INT32_MAX, "a row of " + num(cp) + " packs is too long");
   const int64_t rows_needed = (M + static_cast<int64_t>(ty) * U - 1) / (ty * U);
   const int64_t want = (wave_blocks() + gx - 1) / gx;
   const int64_t gy = std::max<int64_t>(1, std::min({want, rows_needed, int64_t{65535}}));
@@ -394,7 +394,8 @@ bn_grad_apply(const T* g, const T* x, const T* r, const float* coef, const float
 // The channel is x's fastest axis: an (N, C) matrix, or channels_last with C = size(1).
 void check_rows(const at::Tensor& x, int64_t C, const char* what) {
   TORCH_CHECK(x.is_cuda(), what, ": x must be a CUDA tensor");
-  TORCH_CHECK(x.dim() >= 2 && x.size(1) == C, what, ": x must have ", C, " channels on axis 1");
+  TORCH_CHECK(x.dim() >= 2 && x.size(1) == C, what,
+              ": x must have " + num(C) + " channels on axis 1");
   TORCH_CHECK((C == 1 || x.stride(1) == 1) && x.is_non_overlapping_and_dense() &&
                   (x.dim() == 2 ? x.is_contiguous()
                    : x.dim() == 4 ? x.is_contiguous(at::MemoryFormat::ChannelsLast)
@@ -406,8 +407,8 @@ void check_rows(const at::Tensor& x, int64_t C, const char* what) {
 void check_float(const at::Tensor& t, int64_t n, const at::Tensor& x, const char* name) {
   TORCH_CHECK(t.is_cuda() && t.device() == x.device(), name, " must be on x's device");
   TORCH_CHECK(t.scalar_type() == at::kFloat && t.is_contiguous() && t.numel() == n, name,
-              " must be a contiguous float tensor of ", n, " elements, got ", t.scalar_type(),
-              " ", t.sizes());
+              " must be a contiguous float tensor of " + num(n) + " elements, got ",
+              t.scalar_type(), " " + shape(t.sizes()));
 }
 
 // Every tensor's pointer 16-byte aligned and whole packs per row: the vector kernels apply.

@@ -95,11 +95,11 @@ void launch_bias_grad_any(const T* gp, float* dst, int64_t outer, int64_t C, int
 at::Tensor bias_grad(const at::Tensor& g, int64_t C, int64_t inner) {
   TORCH_CHECK(g.is_cuda(), "bias_grad: g must be a CUDA tensor");
   TORCH_CHECK(g.is_contiguous(), "bias_grad: g must be contiguous; call .contiguous() first");
-  // The messages name no numbers: an integer streamed into a TORCH_CHECK message from this
-  // extension crashed the process on the H200 hosts (torch 2.11, CUDA 13) instead of raising.
-  TORCH_CHECK(C >= 1 && inner >= 1, "bias_grad: C and inner must be >= 1");
-  TORCH_CHECK(g.numel() % (C * inner) == 0,
-              "bias_grad: g's elements do not split into [outer, C, inner]");
+  TORCH_CHECK(C >= 1 && inner >= 1,
+              "bias_grad: C and inner must be >= 1, got " + num(C) + " and " + num(inner));
+  TORCH_CHECK(g.numel() % (C * inner) == 0, "bias_grad: g's " + num(g.numel()) +
+                                                " elements do not split into [outer, " + num(C) +
+                                                ", " + num(inner) + "]");
   TORCH_CHECK(C <= INT32_MAX, "bias_grad: more channels than a grid holds");
   TORCH_CHECK(g.scalar_type() == at::kFloat || g.scalar_type() == at::kHalf ||
                   g.scalar_type() == at::kBFloat16,

@@ -302,7 +302,7 @@ void cols_shape(int64_t outer, int64_t packs_per_row, dim3& grid, dim3& block) {
   while (tx < 32 && tx < packs_per_row) tx *= 2;
   const int ty = kBlock / tx;
   const int64_t gx_blocks = (packs_per_row + tx - 1) / tx;
-  TORCH_CHECK(gx_blocks <= INT32_MAX, "a row of ", packs_per_row, " packs is too long");
+  TORCH_CHECK(gx_blocks <= INT32_MAX, "a row of " + num(packs_per_row) + " packs is too long");
   const int64_t rows_needed = (outer + static_cast<int64_t>(ty) * U - 1) / (ty * U);
   const int64_t want = (wave_blocks() + gx_blocks - 1) / gx_blocks;
   int64_t gy_blocks = std::max<int64_t>(1, std::min({want, rows_needed, int64_t{65535}}));
@@ -365,15 +365,17 @@ at::Tensor launch_channel_bwd(const at::Tensor& g, const at::Tensor& s, const at
 
 void check_channels(const at::Tensor& x, const at::Tensor& param, int64_t C, int64_t inner,
                     const char* what) {
-  TORCH_CHECK(C >= 1 && inner >= 1, what, ": C and inner must be >= 1, got ", C, " and ", inner);
-  TORCH_CHECK(x.numel() % (C * inner) == 0, what, ": ", x.numel(),
-              " elements do not split into [outer, ", C, ", ", inner, "]");
+  TORCH_CHECK(C >= 1 && inner >= 1, what,
+              ": C and inner must be >= 1, got " + num(C) + " and " + num(inner));
+  TORCH_CHECK(x.numel() % (C * inner) == 0, what,
+              ": " + num(x.numel()) + " elements do not split into [outer, " + num(C) + ", " +
+                  num(inner) + "]");
   TORCH_CHECK(param.is_cuda() && param.device() == x.device(), what,
               ": the parameter must be on x's device");
   TORCH_CHECK(param.scalar_type() == x.scalar_type(), what, ": the parameter has dtype ",
               param.scalar_type(), " but x has ", x.scalar_type());
   TORCH_CHECK(param.is_contiguous() && param.numel() == C, what, ": the parameter must be a ",
-              "contiguous tensor of ", C, " elements, got ", param.sizes());
+              "contiguous tensor of " + num(C) + " elements, got " + shape(param.sizes()));
 }
 
 }  // namespace
@@ -422,7 +424,7 @@ void bias_act_forward(const at::Tensor& x, const at::Tensor& bias, at::Tensor& o
         break;
       case kTanh: launch_channel_fwd<scalar_t>(x, bias, out, C, inner, p, BiasActFwd<TanhFwd>{});
         break;
-      default: TORCH_CHECK(false, "unknown activation kind ", kind);
+      default: TORCH_CHECK(false, "unknown activation kind " + num(kind));
     }
   });
 }
@@ -456,7 +458,7 @@ at::Tensor bias_act_backward(const at::Tensor& g, const at::Tensor& y, const at:
         dbias = launch_channel_bwd<scalar_t>(g, y, bias, grad_x, C, inner, p,
                                              BiasActBwd<TanhBwd>{});
         break;
-      default: TORCH_CHECK(false, "unknown activation kind ", kind);
+      default: TORCH_CHECK(false, "unknown activation kind " + num(kind));
     }
   });
   return dbias;

@@ -15,8 +15,21 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <string>
 
 namespace caffe_py {
+
+// Numbers and shapes go into TORCH_CHECK messages as std::string. On the hosts with torch 2.11
+// and CUDA 13, a number or a shape streamed into a message of this extension (c10::str's
+// ostream) crashed the process with a segmentation fault instead of raising, whether nvcc or
+// g++ built it; strings, dtypes and std::to_string's text raise as they should.
+inline std::string num(int64_t v) { return std::to_string(v); }
+
+inline std::string shape(at::IntArrayRef sizes) {
+  std::string text = "[";
+  for (size_t i = 0; i < sizes.size(); ++i) text += (i ? ", " : "") + std::to_string(sizes[i]);
+  return text + "]";
+}
 
 // Streaming elementwise kernels (PyTorch's vectorized_elementwise_kernel design): 128-thread
 // blocks, each thread moving a fixed chunk of kPacks 16-byte packs, one block per
@@ -228,11 +241,11 @@ inline bool dense_like(const at::Tensor& a, const at::Tensor& ref) {
 
 inline void check_same(const at::Tensor& a, const at::Tensor& ref, const char* name) {
   TORCH_CHECK(a.is_cuda(), name, " must be a CUDA tensor");
-  TORCH_CHECK(a.device() == ref.device(), name, " is on ", a.device(), " but x is on ",
-              ref.device());
+  TORCH_CHECK(a.device() == ref.device(), name, " is on " + a.device().str() + " but x is on " +
+              ref.device().str());
   TORCH_CHECK(a.scalar_type() == ref.scalar_type(), name, " has dtype ", a.scalar_type(),
               " but x has ", ref.scalar_type());
-  TORCH_CHECK(dense_like(a, ref), name, " must have x's shape ", ref.sizes(),
+  TORCH_CHECK(dense_like(a, ref), name, " must have x's shape " + shape(ref.sizes()) +
               " and the same dense memory layout");
 }
 

@@ -99,7 +99,7 @@ void act_forward(const at::Tensor& x, at::Tensor& out, int64_t kind, double p) {
       case kElu: launch_unary<scalar_t, kFwdMath>(x, out, p, EluFwd{}); break;
       case kSigmoid: launch_unary<scalar_t, kFwdMath>(x, out, p, SigmoidFwd{}); break;
       case kTanh: launch_unary<scalar_t, kFwdMath>(x, out, p, TanhFwd{}); break;
-      default: TORCH_CHECK(false, "unknown activation kind ", kind);
+      default: TORCH_CHECK(false, "unknown activation kind " + num(kind));
     }
   });
 }
@@ -122,7 +122,7 @@ void act_backward(const at::Tensor& g, const at::Tensor& s, at::Tensor& grad_in,
         break;
       case kSigmoid: launch_binary<scalar_t>(g, s, grad_in, p, SigmoidBwd{}); break;
       case kTanh: launch_binary<scalar_t>(g, s, grad_in, p, TanhBwd{}); break;
-      default: TORCH_CHECK(false, "unknown activation kind ", kind);
+      default: TORCH_CHECK(false, "unknown activation kind " + num(kind));
     }
   });
 }

@@ -176,7 +176,7 @@ bool sgd_update(const std::vector<at::Tensor>& w, const std::vector<at::Tensor>&
     const int64_t numel = w[i].numel();
     if (numel == 0) continue;
     const int64_t chunks = (numel + kChunk - 1) / kChunk;
-    TORCH_CHECK(chunks <= kMaxBlocks, "sgd_update: a tensor of ", numel,
+    TORCH_CHECK(chunks <= kMaxBlocks, "sgd_update: a tensor of " + num(numel) +
                 " elements is over one launch's blocks");
     if (b.tensors == kMaxTensors || blocks + chunks > kMaxBlocks) launch();
     const int slot = b.tensors++;
