@@ -7,14 +7,20 @@ trace on one GPU.
 
     python benchmarks/replica_profile.py --out DIR --model lenet --runs 1,2,2+noreduce
 
+    python benchmarks/imagenet_data.py --replicas 4 --skip-decode --leave-out nvjpeg,peer
+    python benchmarks/replica_profile.py --out DIR \
+        --solver /tmp/cpy_gpu/imagenet_specs/raw_lmdb_solver.yaml --runs 1,4
+
 Each run is a fresh process that trains one of benchmarks/scale_default.py's models
 (``--model``: ResNet-50, constant DummyData, bf16, batch 256 per GPU; or LeNet, fp32, batch 64
-per GPU, whose replays run chunks of several iterations) through ``caffe_py.train.train`` as
-`cpy train` does, with the replay of the captured iterations wrapped: after WARM replays it
-traces PROFILED replays (CUDA activity only, every device, between marker kernels; the trace
-starts before the capture), then times TIMED[model] more on the wall clock, untraced (the host
-is ahead of the GPUs, so a replay's wall time is its iterations' period). Per GPU and
-iteration, from the trace:
+per GPU, whose replays run chunks of several iterations), or the solver spec ``--solver`` names
+(its net by an absolute path, as imagenet_data.py writes them: a ResNet-50 fed by a raw or JPEG
+LMDB, to see what the data pipeline costs each iteration; timed as ``--model``'s), through
+``caffe_py.train.train`` as `cpy train` does, with the replay of the captured iterations
+wrapped: after WARM replays it traces PROFILED replays (CUDA activity only, every device,
+between marker kernels; the trace starts before the capture), then times TIMED[model] more on
+the wall clock, untraced (the host is ahead of the GPUs, so a replay's wall time is its
+iterations' period). Per GPU and iteration, from the trace:
 
 * *period*: the trace's span over the iterations traced;
 * *busy*: the time some kernel or copy runs; *idle* = period - busy;
@@ -294,7 +300,7 @@ def child(args: argparse.Namespace) -> None:
 
     n, flags, _ = parse_run(args.child)
     out = args.out
-    solver = _solver(out, args.model, args.child, "after" in flags)
+    solver = _solver(out, args.model, args.child, "after" in flags, args.solver)
     if "noreduce" in flags:
         def no_collective(parts: Any, streams: Any = None) -> None:
             return None
@@ -614,15 +620,16 @@ class Launcher:
         self.done.get()
 
 
-def _solver(out: Path, model: str, tag: str, after: bool) -> Path:
-    """The model's solver as scale_default.py writes it, run long enough for the windows.
-    ResNet-50 displays nothing (its replays are one iteration each); LeNet keeps its display
-    interval, which the chunk length divides as in scale_default.py's run."""
+def _solver(out: Path, model: str, tag: str, after: bool, given: Path | None = None) -> Path:
+    """The model's solver as scale_default.py writes it (or the ``given`` solver spec, whose
+    net is an absolute path, as imagenet_data.py writes them), run long enough for the
+    windows. ResNet-50 displays nothing (its replays are one iteration each); LeNet keeps its
+    display interval, which the chunk length divides as in scale_default.py's run."""
     from scale_default import solver_for
 
     from caffe_py.solver.graph_loop import CHUNK_MAX
 
-    base = solver_for(model, out, cpu=False)
+    base = given if given is not None else solver_for(model, out, cpu=False)
     spec = yaml.safe_load(base.read_text())
     safe = tag.replace("=", "_").replace("+", "_")
     replays = 40 + WARM + PROFILED + TIMED[model]
@@ -762,11 +769,19 @@ def main() -> None:
     ap.add_argument("--out", type=Path, required=True)
     ap.add_argument("--runs", default="1,4", help="runs in order, e.g. 1,4,4+noreduce")
     ap.add_argument("--model", choices=("resnet50", "lenet"), default="resnet50")
+    ap.add_argument("--solver", type=Path, default=None,
+                    help="trace this solver spec instead of --model's, timed as --model's "
+                         "(e.g. imagenet_data.py's imagenet_specs/raw_lmdb_solver.yaml: a "
+                         "ResNet-50 fed by an LMDB)")
     ap.add_argument("--child", default=None, help=argparse.SUPPRESS)
     ap.add_argument("--timeout-s", type=float, default=240)
     args = ap.parse_args()
     args.out = args.out.resolve()
     args.out.mkdir(parents=True, exist_ok=True)
+    if args.solver is not None:
+        args.solver = args.solver.resolve()
+        if not args.solver.is_file():
+            raise SystemExit(f"--solver: {args.solver} is not a file")
     if args.child is not None:
         child(args)
         return
@@ -775,7 +790,7 @@ def main() -> None:
     for run in args.runs.split(","):
         _, _, env = parse_run(run)
         cmd = [sys.executable, __file__, "--out", str(args.out), "--model", args.model,
-               "--child", run]
+               "--child", run, *(["--solver", str(args.solver)] if args.solver else [])]
         try:
             done = subprocess.run(cmd, capture_output=True, text=True, timeout=args.timeout_s,
                                   env={**os.environ, **env})
@@ -794,7 +809,8 @@ def main() -> None:
     report = (f"{name} x {torch.cuda.device_count()}, torch {torch.__version__}, "
               f"{datetime.datetime.now(datetime.timezone.utc):%Y-%m-%d %H:%M} UTC, "
               f"`python benchmarks/replica_profile.py --out DIR --model {args.model} "
-              f"--runs {args.runs}`\n\n"
+              + (f"--solver {args.solver} " if args.solver else "")
+              + f"--runs {args.runs}`\n\n"
               + table(rows))
     (args.out / "replica_profile.md").write_text(report + "\n")
     print(report)

@@ -161,3 +161,16 @@ def test_replay_spans_per_device():
     assert out[0]["between_ms"] == pytest.approx(0.1 / 4)
     assert out[1]["in_graphs_ms"] == pytest.approx((1.9 + 1.8) / 4)
     assert out[1]["between_ms"] == pytest.approx(0.6 / 4)
+
+
+def test_a_given_solver_is_run_long_enough_for_the_windows(tmp_path):
+    given = tmp_path / "raw_lmdb_solver.yaml"
+    given.write_text("net: /data/specs/raw_lmdb_net.yaml\nbase_lr: 0.01\nmax_iter: 190\n"
+                     "display: 10\nsnapshot_prefix: /data/specs/raw_snap\n")
+    path = rp._solver(tmp_path, "resnet50", "4+noreduce", True, given)
+    spec = rp.yaml.safe_load(path.read_text())
+    assert path == tmp_path / "profile_4_noreduce.yaml"
+    assert spec == {"net": "/data/specs/raw_lmdb_net.yaml", "base_lr": 0.01,
+                    "max_iter": 40 + rp.WARM + rp.PROFILED + rp.TIMED["resnet50"],
+                    "display": 0, "snapshot_prefix": str(tmp_path / "snap_4_noreduce" / "s"),
+                    "layer_wise_reduce": False}
