@@ -15,10 +15,14 @@ Variants:
   (PyTorch's batch_norm, the ReLU in its own op), ``fuse_batchnorm_scale`` off,
   ``fuse_bias_activation`` off, and those fusions off with the Scale/Bias bf16 cast undone
   (float32 blobs promote activations to float32, as before)
+- caffe-py + max_pool_kernel  pool1 on csrc/max_pool.cu instead of PyTorch's channels_last
+  kernels (the net option, off by default until its GPU tests have run)
 - caffe-py + inplace_activations  the opt-in in-place ReLU (batch_norm's backward keeps its
   input, not the output the ReLU overwrites)
 
-``--width`` divides every Convolution's num_output (a quick CPU check of the script);
+``--variants`` runs only the caffe-py variants whose names hold one of its comma-separated words
+(e.g. ``--variants default,max_pool``). ``--width`` divides every Convolution's num_output (a
+quick CPU check of the script);
 torchvision runs only at width 1. A torch.profiler table of the default caffe-py step (top 15
 CUDA kernels by self time) and the markdown table are written to ``--out``.
 """
@@ -181,7 +185,8 @@ def variants(spec: dict, device: torch.device) -> list[tuple[str, dict, bool]]:
             ("caffe-py, every fusion off + float32 Scale (before)",
              {"fuse_batchnorm_scale": False, "fuse_bias_activation": False,
               "fuse_batchnorm_relu": False}, True),
-            ("caffe-py + inplace_activations", {"inplace_activations": True}, False)]
+            ("caffe-py + inplace_activations", {"inplace_activations": True}, False),
+            ("caffe-py + max_pool_kernel", {"max_pool_kernel": True}, False)]
 
 
 def main() -> None:
@@ -194,6 +199,9 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=20)
     ap.add_argument("--out", type=Path, default=Path("/tmp/cpy_resnet50"))
     ap.add_argument("--no-profile", action="store_true")
+    ap.add_argument("--variants", default="",
+                    help="comma-separated words: only the caffe-py variants whose names hold "
+                         "one (default: all)")
     args = ap.parse_args()
     device = torch.device(args.device)
     if device.type == "cuda" and not torch.cuda.is_available():
@@ -210,7 +218,10 @@ def main() -> None:
         except ImportError:
             print("torchvision is not installed here: its row is left out", flush=True)
     default_net = None
+    words = [w for w in args.variants.split(",") if w]
     for name, options, promote in variants(spec, device):
+        if words and not any(w in name for w in words):
+            continue
         with scale_promotes_to_float32() if promote else contextlib.nullcontext():
             net = build_net(spec, device, options)
             make = lambda net=net: (caffe_step(net), [p.param for p in net.learnable_params()])

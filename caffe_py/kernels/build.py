@@ -26,7 +26,7 @@ from ..errors import CaffePyError
 
 NAME = "caffe_py_kernels"
 SOURCES = ("bindings.cpp", "elementwise.cu", "channel.cu", "bias_grad.cu", "batchnorm.cu",
-           "softmax_loss.cu", "transform.cu", "sgd_update.cu", "peer_sum.cu")
+           "softmax_loss.cu", "transform.cu", "sgd_update.cu", "peer_sum.cu", "max_pool.cu")
 CSRC = Path(__file__).resolve().parent / "csrc"
 NVCC_FLAGS = ("-O3", "--expt-relaxed-constexpr", "-lineinfo")
 

@@ -296,6 +296,53 @@ def bias_add(y: torch.Tensor, bias: torch.Tensor) -> torch.Tensor:
     return _BiasAdd.apply(y, bias)
 
 
+class _MaxPool(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x: torch.Tensor, kernel: tuple[int, int], stride: tuple[int, int],
+                pad: tuple[int, int], out: tuple[int, int]) -> torch.Tensor:
+        y, offsets = _ext().max_pool_forward(x, *kernel, *stride, *pad, *out)
+        ctx.save_for_backward(offsets)
+        ctx.window = (*x.shape[2:], *kernel, *stride, *pad)
+        return y
+
+    @staticmethod
+    @once_differentiable
+    def backward(ctx, g: torch.Tensor):
+        (offsets,) = ctx.saved_tensors
+        g = g.contiguous(memory_format=torch.channels_last)
+        if g.data_ptr() % 16:   # a view that starts inside a 16-byte pack
+            g = g.clone(memory_format=torch.channels_last)
+        return _ext().max_pool_backward(g, offsets, *ctx.window), None, None, None, None
+
+
+MAX_POOL_WINDOW = 255
+"""The most elements a window of :func:`max_pool` may hold (its argmax is kept in a byte)."""
+
+
+def max_pool_fits(x: torch.Tensor, kernel: tuple[int, int]) -> bool:
+    """Whether :func:`max_pool` takes x: a channels_last 4-D float32, float16 or bfloat16 CUDA
+    tensor whose channels fill whole 16-byte packs (a multiple of 4 in float32, of 8 in the
+    half types) and that starts on a 16-byte boundary, a window of at most
+    :data:`MAX_POOL_WINDOW` elements."""
+    if not x.is_cuda or x.dim() != 4 or x.dtype not in (torch.float32, torch.float16,
+                                                          torch.bfloat16):
+        return False
+    if x.shape[1] % (16 // x.element_size()) or kernel[0] * kernel[1] > MAX_POOL_WINDOW:
+        return False
+    return (x.is_contiguous(memory_format=torch.channels_last) and x.stride(1) == 1
+            and x.data_ptr() % 16 == 0)
+
+
+def max_pool(x: torch.Tensor, kernel: tuple[int, int], stride: tuple[int, int],
+             pad: tuple[int, int], out: tuple[int, int]) -> torch.Tensor:
+    """``F.max_pool2d(x, kernel, stride, pad)`` with the output size ``out`` (PyTorch's, floor or
+    ceil), bit for bit, by csrc/max_pool.cu: each output's argmax kept as a byte (its offset in
+    the window) instead of PyTorch's 64-bit index, and the backward a gather over the windows
+    that hold each input. x must pass :func:`max_pool_fits`; the output and the input's gradient
+    are channels_last."""
+    return _MaxPool.apply(x, tuple(kernel), tuple(stride), tuple(pad), tuple(out))
+
+
 def crop_transform(records: torch.Tensor, where: torch.Tensor, mean: torch.Tensor | None,
                    scale: float, reverse: bool, out: torch.Tensor) -> torch.Tensor:
     """Caffe's transform of whole records in one kernel (csrc/transform.cu): ``out`` (B, C, h,

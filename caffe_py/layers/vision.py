@@ -64,6 +64,11 @@ BIAS_GRAD_KERNEL = "bias_grad_kernel"
 csrc/bias_grad.cu (default true)."""
 
 
+MAX_POOL_KERNEL = "max_pool_kernel"
+"""The net option that lets a GPU MAX Pooling on a channels_last input run the kernels of
+csrc/max_pool.cu (default false until their GPU tests and benchmark have run on a device)."""
+
+
 @register("Convolution")
 class Convolution(Layer):
     """N-d convolution (1 to 3 spatial axes) with Caffe's weight (O, C/group, *kernel).
@@ -244,6 +249,12 @@ class Pooling(Layer):
     """MAX, AVE and STOCHASTIC pooling over (N, C, H, W) with Caffe's rounding.
 
     A second top (MAX only) is Caffe's argmax mask: the flat index h * W + w in the input plane.
+    With the net option ``max_pool_kernel: true``, MAX pooling of a channels_last input on a GPU
+    (a net in ``memory_format`` CHANNELS_LAST, or AUTO's choice) runs
+    :func:`~caffe_py.kernels.functions.max_pool` where Caffe's window is PyTorch's and the input
+    fits: PyTorch's values and gradients bit for bit, with one byte of argmax an output instead
+    of eight (docs/kernels.md, "Max pooling"). A mask top, torch.compile or an input that does
+    not fit leave it to PyTorch, as does the default until the kernels' GPU tests have run.
     """
 
     tops = (1, 2)
@@ -267,6 +278,12 @@ class Pooling(Layer):
             self.pad = self._pair(p, "pad", p.pad)
             self._check_window(p, shape)
         self._plans: dict[tuple[int, int], _PoolPlan] = {}
+        self.max_kernel = (p.pool == "MAX" and len(self.spec.top) == 1
+                           and torch.device(self.ctx.device).type == "cuda"
+                           and bool(self.ctx.options.get(MAX_POOL_KERNEL, False))
+                           and build.available())
+        """Whether MAX pooling may run csrc/max_pool.cu (functions.max_pool) where its input
+        fits."""
         out = self._plan(shape[2], shape[3]).out
         return [shape[:2] + out] * len(self.spec.top)
 
@@ -353,6 +370,9 @@ class Pooling(Layer):
         want_mask = len(self.top_shapes) == 2
         # torch's stubs type return_indices only as Literal[True] / Literal[False], not bool
         if plan.direct:
+            if self.max_kernel and functions.max_pool_fits(x, kernel) \
+                    and not torch.compiler.is_compiling():
+                return functions.max_pool(x, kernel, plan.stride, self.pad, plan.out)
             y = F.max_pool2d(x, kernel, plan.stride, self.pad, ceil_mode=self.ceil,  # type: ignore[call-overload]
                              return_indices=want_mask)
             if not want_mask:

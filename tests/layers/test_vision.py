@@ -602,6 +602,27 @@ def test_pooling_built_from_messages_in_code():
                                                             (0, 0)), rtol=1e-12)
 
 
+@pytest.mark.parametrize("param,tops,device,options,want", [
+    ("{pool: MAX, kernel_size: 3, stride: 2}", "out", "cuda", {"max_pool_kernel": True}, True),
+    ("{pool: MAX, kernel_size: 3, stride: 2}", "out", "cuda", {}, False),
+    ("{pool: MAX, kernel_size: 3, stride: 2}", "[out, mask]", "cuda", {"max_pool_kernel": True},
+     False),
+    ("{pool: AVE, kernel_size: 3, stride: 2}", "out", "cuda", {"max_pool_kernel": True}, False),
+    ("{pool: MAX, kernel_size: 3, stride: 2}", "out", "cpu", {"max_pool_kernel": True}, False),
+])
+def test_which_max_poolings_may_run_the_cuda_kernels(monkeypatch, param, tops, device, options,
+                                                     want):
+    from caffe_py.kernels import build as kernels_build
+    from caffe_py.spec.net_spec import parse_layer
+    from caffe_py.spec.schema import Source
+    from caffe_py.spec.yamlio import loads
+
+    monkeypatch.setattr(kernels_build, "available", lambda: True)   # as where it builds
+    spec = parse_layer(loads(pool_yaml(param, tops)), Source(), "layer[0]")
+    ctx = BuildContext(device=torch.device(device), options=options)
+    assert lookup("Pooling")(spec, [(2, 16, 9, 9)], ctx).max_kernel is want
+
+
 # --- LRN ------------------------------------------------------------------------------------
 def lrn_yaml(param: str = "") -> str:
     text = "name: norm\ntype: LRN\nbottom: data\ntop: out\n"

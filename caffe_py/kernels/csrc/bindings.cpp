@@ -1,7 +1,8 @@
 // Python bindings of the activation kernels, the fused BatchNorm + ReLU, the fused
-// SoftmaxWithLoss and the SGD update. Every function writes into tensors the caller allocated
-// (so tests can poison them with NaN and see any element a kernel leaves unwritten); the
-// backward of a per-channel op returns the parameter's gradient as a new [C] tensor.
+// SoftmaxWithLoss, the SGD update and max pooling. The elementwise functions write into tensors
+// the caller allocated (so tests can poison them with NaN and see any element a kernel leaves
+// unwritten); the backward of a per-channel op returns the parameter's gradient as a new [C]
+// tensor, and max pooling returns its outputs.
 #include <torch/extension.h>
 
 namespace caffe_py {
@@ -45,6 +46,12 @@ int64_t peer_sum_counter_count();
 void peer_sum(const std::vector<at::Tensor>& parts, int64_t rank,
               const std::vector<at::Tensor>& flags, at::Tensor& scratch, at::Tensor& counters);
 bool enable_peer_access(const std::vector<int64_t>& devices);
+std::vector<at::Tensor> max_pool_forward(const at::Tensor& x, int64_t kh, int64_t kw,
+                                         int64_t sh, int64_t sw, int64_t ph, int64_t pw,
+                                         int64_t OH, int64_t OW);
+at::Tensor max_pool_backward(const at::Tensor& gy, const at::Tensor& at_, int64_t H, int64_t W,
+                             int64_t kh, int64_t kw, int64_t sh, int64_t sw, int64_t ph,
+                             int64_t pw);
 
 // Caffe's SoftmaxWithLoss as a C++ autograd Function over the two kernels (softmax_loss.cu):
 // forward returns (loss, prob), prob without a gradient; backward runs without Python.
@@ -151,6 +158,15 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         "peer access between every pair of the devices; False if a pair has none or no "
         "native atomics (a PCIe link)",
         py::arg("devices"));
+  m.def("max_pool_forward", &caffe_py::max_pool_forward,
+        "channels_last max pooling: [y, offsets], each output's argmax as its offset in the "
+        "window (uint8; csrc/max_pool.cu)", py::arg("x"), py::arg("kh"), py::arg("kw"),
+        py::arg("sh"), py::arg("sw"), py::arg("ph"), py::arg("pw"), py::arg("OH"),
+        py::arg("OW"));
+  m.def("max_pool_backward", &caffe_py::max_pool_backward,
+        "the input's gradient (N, C, H, W), channels_last, from the output's and the offsets",
+        py::arg("grad_out"), py::arg("offsets"), py::arg("H"), py::arg("W"), py::arg("kh"),
+        py::arg("kw"), py::arg("sh"), py::arg("sw"), py::arg("ph"), py::arg("pw"));
   m.def("softmax_loss_backward", &caffe_py::softmax_loss_backward,
         "dx = (prob - onehot) * grad / divisor", py::arg("prob"), py::arg("label"),
         py::arg("grad"), py::arg("div"), py::arg("dx"), py::arg("ignore"),
