@@ -24,6 +24,7 @@ from __future__ import annotations
 import argparse
 import statistics
 import sys
+import time
 from collections.abc import Callable
 from pathlib import Path
 
@@ -94,23 +95,17 @@ def kernels_build() -> str | None:
 
 
 def timed(fn: Callable[[], object], reps: int, cuda: bool) -> float:
-    """Milliseconds a call, the median of ``reps``."""
-    for _ in range(3):
-        fn()
+    """Milliseconds a call, the median of ``reps`` (on CUDA, by events: sgd_update.time_ms)."""
+    if cuda:
+        from sgd_update import time_ms
+
+        return time_ms(fn, reps)
+    fn()
     times = []
     for _ in range(reps):
-        if cuda:
-            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            start.record()
-            fn()
-            end.record()
-            end.synchronize()
-            times.append(start.elapsed_time(end))
-        else:
-            import time
-            t0 = time.perf_counter()
-            fn()
-            times.append((time.perf_counter() - t0) * 1e3)
+        t0 = time.perf_counter()
+        fn()
+        times.append((time.perf_counter() - t0) * 1e3)
     return statistics.median(times)
 
 
@@ -155,7 +150,7 @@ def main() -> int:
     name = torch.cuda.get_device_name(0) if cuda else "CPU"
     print(f"{name}, torch {torch.__version__}: max pooling {n} x {c} x {hw} x {hw} {dtype}, "
           f"kernel {k}, stride {s}, ceil; forward with indices + backward, ms a call "
-          f"(median of {args.reps})\n")
+          f"(median of {args.reps} after warm-up)\n")
     print("| way | ms | same bits as channels_last | outputs channels_last |")
     print("|---|---:|---|---|")
     for row_name, ms, same, layout in rows:

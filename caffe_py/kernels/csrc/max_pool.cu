@@ -34,6 +34,23 @@ struct alignas(V) Offsets {
   uint8_t v[V];
 };
 
+// A thread's place: pixel (n, y, x) of a (height, width) plane, its channel pack cp.
+struct Place {
+  int64_t pixel, n;
+  int y, x, cp;
+};
+
+__device__ __forceinline__ Place place_of(int64_t t, int packs, int height, int width) {
+  Place p;
+  p.cp = static_cast<int>(t % packs);
+  p.pixel = t / packs;
+  p.x = static_cast<int>(p.pixel % width);
+  const int64_t rows = p.pixel / width;
+  p.y = static_cast<int>(rows % height);
+  p.n = rows / height;
+  return p;
+}
+
 template <typename T, int V>
 __global__ void max_pool_forward_kernel(const T* __restrict__ x, T* __restrict__ y,
                                         uint8_t* __restrict__ at, int64_t total, int packs,
@@ -41,12 +58,9 @@ __global__ void max_pool_forward_kernel(const T* __restrict__ x, T* __restrict__
   const int64_t t = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
   if (t >= total) return;
   const int64_t C = static_cast<int64_t>(packs) * V;
-  const int cp = static_cast<int>(t % packs);
-  int64_t pixel = t / packs;  // (n, oh, ow)
-  const int ow = static_cast<int>(pixel % g.OW);
-  const int64_t rows = pixel / g.OW;
-  const int oh = static_cast<int>(rows % g.OH);
-  const int64_t n = rows / g.OH;
+  const Place at_out = place_of(t, packs, g.OH, g.OW);
+  const int64_t n = at_out.n, pixel = at_out.pixel;
+  const int oh = at_out.y, ow = at_out.x, cp = at_out.cp;
   const int h0 = oh * g.sh - g.ph, w0 = ow * g.sw - g.pw;
   const int hs = max(h0, 0), he = min(h0 + g.kh, g.H);
   const int ws = max(w0, 0), we = min(w0 + g.kw, g.W);
@@ -91,12 +105,9 @@ __global__ void max_pool_backward_kernel(const T* __restrict__ gy,
   const int64_t t = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
   if (t >= total) return;
   const int64_t C = static_cast<int64_t>(packs) * V;
-  const int cp = static_cast<int>(t % packs);
-  int64_t pixel = t / packs;  // (n, ih, iw)
-  const int iw = static_cast<int>(pixel % g.W);
-  const int64_t rows = pixel / g.W;
-  const int ih = static_cast<int>(rows % g.H);
-  const int64_t n = rows / g.H;
+  const Place at_in = place_of(t, packs, g.H, g.W);
+  const int64_t n = at_in.n, pixel = at_in.pixel;
+  const int ih = at_in.y, iw = at_in.x, cp = at_in.cp;
   // the windows that hold (ih, iw): oh * sh - ph <= ih < oh * sh - ph + kh, likewise for w
   const int oh0 = ih + g.ph < g.kh ? 0 : (ih + g.ph - g.kh) / g.sh + 1;
   const int oh1 = min((ih + g.ph) / g.sh + 1, g.OH);
@@ -151,6 +162,24 @@ void check_dtype(const at::Tensor& t) {
               "max_pool: float32, float16 or bfloat16 only, got ", t.scalar_type());
 }
 
+// The geometry as the kernels take it, checked: windows of 1 to 255 elements, padding smaller
+// than the window, and every window starting inside the input.
+Window window_of(int64_t H, int64_t W, int64_t OH, int64_t OW, int64_t kh, int64_t kw,
+                 int64_t sh, int64_t sw, int64_t ph, int64_t pw) {
+  TORCH_CHECK(kh >= 1 && kw >= 1 && kh * kw <= 255 && sh >= 1 && sw >= 1 && ph >= 0 &&
+                  pw >= 0 && ph < kh && pw < kw && OH >= 1 && OW >= 1 &&
+                  (OH - 1) * sh - ph < H && (OW - 1) * sw - pw < W && H <= INT32_MAX &&
+                  W <= INT32_MAX,
+              "max_pool: a window of " + num(kh) + " x " + num(kw) + ", stride " + num(sh) +
+                  " x " + num(sw) + ", pad " + num(ph) + " x " + num(pw) + " from " + num(H) +
+                  " x " + num(W) + " to " + num(OH) + " x " + num(OW) +
+                  " is not one this kernel takes");
+  return Window{static_cast<int>(H),  static_cast<int>(W),  static_cast<int>(OH),
+                static_cast<int>(OW), static_cast<int>(kh), static_cast<int>(kw),
+                static_cast<int>(sh), static_cast<int>(sw), static_cast<int>(ph),
+                static_cast<int>(pw)};
+}
+
 int64_t pack_of(const at::Tensor& t) {
   const int64_t V = 16 / static_cast<int64_t>(t.element_size());
   TORCH_CHECK(t.size(1) % V == 0, "max_pool: the channels, " + num(t.size(1)) +
@@ -167,24 +196,14 @@ std::vector<at::Tensor> max_pool_forward(const at::Tensor& x, int64_t kh, int64_
                                          int64_t OH, int64_t OW) {
   check_nhwc(x, "x");
   check_dtype(x);
-  TORCH_CHECK(kh >= 1 && kw >= 1 && kh * kw <= 255 && sh >= 1 && sw >= 1 && ph >= 0 &&
-                  pw >= 0 && ph < kh && pw < kw && OH >= 1 && OW >= 1,
-              "max_pool: a window of " + num(kh) + " x " + num(kw) + ", stride " + num(sh) +
-                  " x " + num(sw) + ", pad " + num(ph) + " x " + num(pw) + " to " + num(OH) +
-                  " x " + num(OW) + " is not one this kernel takes");
   const int64_t V = pack_of(x);
   const int64_t N = x.size(0), C = x.size(1), H = x.size(2), W = x.size(3);
-  TORCH_CHECK((OH - 1) * sh - ph < H && (OW - 1) * sw - pw < W,
-              "max_pool: the last window starts past the input");
+  const Window g = window_of(H, W, OH, OW, kh, kw, sh, sw, ph, pw);
   const auto cl = at::MemoryFormat::ChannelsLast;
   at::Tensor y = at::empty({N, C, OH, OW}, x.options().memory_format(cl));
   at::Tensor at_ = at::empty({N, C, OH, OW}, x.options().dtype(at::kByte).memory_format(cl));
   const int64_t total = N * OH * OW * (C / V);
   if (total == 0) return {y, at_};
-  const Window g{static_cast<int>(H), static_cast<int>(W), static_cast<int>(OH),
-                 static_cast<int>(OW), static_cast<int>(kh), static_cast<int>(kw),
-                 static_cast<int>(sh), static_cast<int>(sw), static_cast<int>(ph),
-                 static_cast<int>(pw)};
   const c10::cuda::CUDAGuard guard(x.device());
   auto stream = c10::cuda::getCurrentCUDAStream();
   const int packs = static_cast<int>(C / V);
@@ -211,20 +230,13 @@ at::Tensor max_pool_backward(const at::Tensor& gy, const at::Tensor& at_, int64_
                   at_.device() == gy.device(),
               "max_pool: the offsets must be uint8 of the gradient's shape " +
                   shape(gy.sizes()) + ", got " + shape(at_.sizes()));
-  TORCH_CHECK(kh >= 1 && kw >= 1 && kh * kw <= 255 && sh >= 1 && sw >= 1 && ph >= 0 && pw >= 0,
-              "max_pool: a window of " + num(kh) + " x " + num(kw) + ", stride " + num(sh) +
-                  " x " + num(sw) + ", pad " + num(ph) + " x " + num(pw) +
-                  " is not one this kernel takes");
   const int64_t V = pack_of(gy);
   const int64_t N = gy.size(0), C = gy.size(1), OH = gy.size(2), OW = gy.size(3);
+  const Window g = window_of(H, W, OH, OW, kh, kw, sh, sw, ph, pw);
   at::Tensor gx =
       at::empty({N, C, H, W}, gy.options().memory_format(at::MemoryFormat::ChannelsLast));
   const int64_t total = N * H * W * (C / V);
   if (total == 0) return gx;
-  const Window g{static_cast<int>(H), static_cast<int>(W), static_cast<int>(OH),
-                 static_cast<int>(OW), static_cast<int>(kh), static_cast<int>(kw),
-                 static_cast<int>(sh), static_cast<int>(sw), static_cast<int>(ph),
-                 static_cast<int>(pw)};
   const c10::cuda::CUDAGuard guard(gy.device());
   auto stream = c10::cuda::getCurrentCUDAStream();
   const int packs = static_cast<int>(C / V);
