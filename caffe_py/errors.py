@@ -26,6 +26,27 @@ def one_line(problem: str, fix: str | None = None, *, file: str | None = None,
     return f"{where}{key}{named}{problem}{tail}"
 
 
+REASON_CHARS = 120
+"""The most characters of another library's message that an error line quotes by default."""
+
+
+def one_line_reason(exc: BaseException, limit: int = REASON_CHARS) -> str:
+    """Another library's exception as a reason inside one error line: its message on one line,
+    whole when it fits ``limit`` characters, else its first sentence (torch's zip reader, for
+    one, appends a paragraph of advice), else cut at a word with an ellipsis; the exception's
+    type where it has no message."""
+    text = " ".join(str(exc).split())
+    if not text:
+        return type(exc).__name__
+    if len(text) <= limit:
+        return text
+    first = text.split(". ", 1)[0]
+    if len(first) <= limit:
+        return first
+    cut = text.rfind(" ", 0, limit - 2)
+    return text[:cut if cut > 0 else limit - 3] + "..."
+
+
 class CaffePyError(Exception):
     """An error caused by the user's input or environment, shown as one line."""
 

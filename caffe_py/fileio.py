@@ -18,7 +18,7 @@ from pathlib import Path
 from types import TracebackType
 from typing import Any, BinaryIO
 
-from .errors import CaffePyError, WriteError
+from .errors import CaffePyError, WriteError, one_line_reason
 
 TEMP_SUFFIX = ".tmp"
 FULL = (errno.ENOSPC, errno.EDQUOT, errno.EFBIG)
@@ -74,7 +74,7 @@ def write_error(path: Path, exc: BaseException, *, full: bool | None = None) -> 
     if code in FULL or full:
         return WriteError(str(path), f"no space left on device writing {path}; free space or "
                           "write elsewhere (nothing was replaced)", disk_full=True)
-    reason = (getattr(exc, "strerror", None) or " ".join(str(exc).split())[:120]).lower()
+    reason = (getattr(exc, "strerror", None) or one_line_reason(exc)).lower()
     blocking = next((p for p in path.parents if p.exists() and not p.is_dir()), None)
     if blocking is not None:
         reason = f"{blocking} is a file, not a directory"

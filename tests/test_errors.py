@@ -1,9 +1,10 @@
-"""errors.one_line: the one formatter of every message that points into a spec."""
+"""errors.one_line, the one formatter of every message that points into a spec, and
+one_line_reason, which quotes another library's message inside one."""
 from __future__ import annotations
 
 import pytest
 
-from caffe_py.errors import SpecError, one_line
+from caffe_py.errors import SpecError, one_line, one_line_reason
 
 
 @pytest.mark.parametrize(("kwargs", "text"), [
@@ -27,3 +28,15 @@ def test_spec_error_keeps_its_parts():
     err = SpecError("bad", file="s.yaml", line=2, path="momentum", fix="use 0.9")
     assert (str(err), err.problem, err.file, err.line, err.path, err.fix) == \
         ("s.yaml:2: momentum: bad; use 0.9", "bad", "s.yaml", 2, "momentum", "use 0.9")
+
+
+@pytest.mark.parametrize("message,want", [
+    ("", "ValueError"),
+    ("short  and\n spread", "short and spread"),
+    ("a first sentence. Then a long paragraph of advice " + "x" * 150,
+     "a first sentence"),
+    ("word " * 40, ("word " * 23).strip() + "..."),
+])
+def test_one_line_reason(message, want):
+    assert one_line_reason(ValueError(message)) == want
+    assert one_line_reason(ValueError("a b c d e f g h"), limit=8) == "a b c..."

@@ -28,7 +28,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from ..errors import DataError, SolverError
+from ..errors import DataError, SolverError, one_line_reason
 from ..io.formats.blobproto import blob_from_array, encode_blob
 from ..io.formats.wire import LEN, VARINT, WireError, WireStream, as_int32, len_field, varint
 from ..io.formats.wire import tag as wire_tag
@@ -164,9 +164,8 @@ def _load_extras(payload: bytes) -> dict[str, Any]:
             warnings.simplefilter("ignore")
             extras = torch.load(io.BytesIO(payload), map_location="cpu", weights_only=True)
     except Exception as exc:  # noqa: BLE001 (an unpickling refusal: nothing in it ran)
-        reason = " ".join(str(exc).split())[:100] or type(exc).__name__
-        raise ValueError(f"field 1000, caffe-py's extras, does not load safely: {reason}") \
-            from None
+        raise ValueError("field 1000, caffe-py's extras, does not load safely: "
+                         f"{one_line_reason(exc, 100)}") from None
     if not isinstance(extras, dict):
         raise ValueError("field 1000 is not caffe-py's extras table")
     return extras

@@ -26,7 +26,7 @@ from typing import Any, BinaryIO
 
 import torch
 
-from ..errors import SolverError
+from ..errors import SolverError, one_line_reason
 from ..fileio import atomic_write, atomic_write_bytes, exists, is_file
 from . import caffemodel, hdf5_snapshot
 
@@ -308,11 +308,6 @@ def _crc_of(raw: BinaryIO, start: int, length: int) -> int:
         crc = zlib.crc32(chunk, crc)
         length -= len(chunk)
     return crc
-
-
-def one_line_reason(exc: BaseException) -> str:
-    text = " ".join(str(exc).split())
-    return text[:120] if text else type(exc).__name__
 
 
 def _load(path: Path, want: str) -> dict[str, Any]:

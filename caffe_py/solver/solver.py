@@ -41,7 +41,7 @@ from typing import Any, Protocol
 import torch
 
 from .. import interrupts
-from ..errors import CaffePyError, SolverError, WriteError
+from ..errors import CaffePyError, SolverError, WriteError, one_line_reason
 from ..net import Net, NetOutput
 from ..spec.solver_spec import SolverParameter
 from . import snapshot as snap
@@ -808,6 +808,6 @@ def _damaged_entry(path: str, key: str) -> Iterator[None]:
     except (TypeError, AttributeError, KeyError, ValueError, IndexError, RuntimeError) as exc:
         if isinstance(exc, CaffePyError):
             raise
-        reason = " ".join(str(exc).split())[:120] or type(exc).__name__
-        raise SolverError(f"{path}: the solver state's '{key}' entry is damaged ({reason}); "
+        raise SolverError(f"{path}: the solver state's '{key}' entry is damaged "
+                          f"({one_line_reason(exc)}); "
                           "use an earlier snapshot") from None

@@ -19,7 +19,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from ..errors import CaffePyError
+from ..errors import CaffePyError, one_line_reason
 from ..fileio import atomic_write_bytes
 from ..net import Net
 
@@ -132,7 +132,7 @@ def _try(run: Any, what: str, declared: int,
     except Exception as exc:  # noqa: BLE001 (a runtime's refusal names an op, not a file)
         if isinstance(exc, CaffePyError) and (not inputs or len(inputs[0]) == declared):
             raise
-        reason = " ".join(str(exc).split())[:200] or type(exc).__name__
+        reason = one_line_reason(exc, 200)
         raise ExportError(f"the {what} does not run at batch {len(inputs[0])} (declared "
                           f"{declared}): {reason}; export with --static-batch") from None
 
@@ -164,7 +164,7 @@ def _exported(module: _Forward, example: tuple[torch.Tensor, ...], fmt: str, net
     except CaffePyError:
         raise
     except Exception as exc:  # noqa: BLE001 (an exporter's refusal names an op, not a file)
-        reason = " ".join(str(exc).split())[:200] or type(exc).__name__
+        reason = one_line_reason(exc, 200)
         hint = "" if static_batch else " (with a free batch size; --static-batch fixes it)"
         raise ExportError(f"the net does not export as {fmt}{hint}: {reason}") from None
 

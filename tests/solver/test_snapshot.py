@@ -74,6 +74,17 @@ def test_truncated_file_is_a_one_line_error(tmp_path):
         snap.load_weights(path)
 
 
+def test_a_truncated_zip_names_its_first_sentence_only(tmp_path):
+    path = tmp_path / "w_iter_9.solverstate.pt"
+    snap.save_state({"iter": 9, "current_step": 0, "history": []}, path)
+    path.write_bytes(path.read_bytes()[:1000])
+    with pytest.raises(SolverError) as err:
+        snap.load_state(path)
+    assert str(err.value) == (f"{path}: not a caffe-py snapshot that loads safely "
+                              "(PytorchStreamReader failed reading zip archive: failed finding "
+                              "central directory); give a file written by cpy train")
+
+
 def test_swapped_files_say_which_flag_takes_them(tmp_path):
     weights, state = tmp_path / "a_iter_1.pt", tmp_path / "a_iter_1.solverstate.pt"
     snap.save_weights({"ip": [torch.ones(1)]}, weights)
