@@ -293,6 +293,11 @@ def test_list_line_without_label(imageset, tmp_path):
         convert_imageset(root, listfile, tmp_path / "db")
     assert str(info.value) == (f"{listfile}:2: label 'x' is not an integer; each line is "
                                "'path label'")
+    listfile.write_text("a.png 2147483647\nb.png 2147483648\n")
+    with pytest.raises(DataError) as info:
+        convert_imageset(root, listfile, tmp_path / "db")
+    assert str(info.value) == (f"{listfile}:2: label 2147483648 does not fit a Datum's 32-bit "
+                               "label; use labels from -2147483648 to 2147483647")
 
 
 def test_missing_image_is_named(imageset, tmp_path):

@@ -32,6 +32,10 @@ class ListEntry:
     line: int  # 1-based line in the list file, for messages
 
 
+LABEL_MIN, LABEL_MAX = -(2 ** 31), 2 ** 31 - 1
+"""A Datum's label is an int32 (Caffe reads list labels with atoi)."""
+
+
 def read_list_text(listfile: Path) -> str:
     """A list file's text: a missing file, or one that is not UTF-8, is one line."""
     try:
@@ -73,10 +77,14 @@ def read_image_list(listfile: str | Path) -> list[ListEntry]:
     for number, path, label in last_space_lines(listfile, form="path label",
                                                 missing="has no label"):
         try:
-            entries.append(ListEntry(path, int(label), number))
+            value = int(label)
         except ValueError:
             raise DataError(f"{listfile}:{number}: label {label!r} is not an integer; each "
                             "line is 'path label'") from None
+        if not LABEL_MIN <= value <= LABEL_MAX:
+            raise DataError(f"{listfile}:{number}: label {label} does not fit a Datum's 32-bit "
+                            f"label; use labels from {LABEL_MIN} to {LABEL_MAX}")
+        entries.append(ListEntry(path, value, number))
     return entries
 
 
