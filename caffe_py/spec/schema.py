@@ -310,6 +310,10 @@ def resolve_path(value: str, src: Source) -> Path:
 
 def _bounds(value: float, meta: typing.Mapping, fail) -> None:
     lo, hi = meta.get("min"), meta.get("max")
+    if value != value and (lo is not None or hi is not None):   # NaN: no bound holds or fails
+        fail("nan is not a number", "use a number" + (f" >= {lo}" if lo is not None else "")
+             + (" and" if lo is not None and hi is not None else "")
+             + (f" <= {hi}" if hi is not None else ""))
     if lo is not None and value < lo:
         fail(f"{value} is below the minimum {lo}", f"use a value >= {lo}")
     if hi is not None and value > hi:

@@ -131,6 +131,10 @@ def test_inline_net_param_and_explicit_test_nets(tmp_path):
      "host_average_async"),
     ("net: net.yaml\nbase_lr: 0.1\nmodel_average_period: -4\n",
      "solver.yaml:3: model_average_period: -4 is below the minimum 0; use a value >= 0"),
+    ("net: net.yaml\nbase_lr: .nan\n",
+     "solver.yaml:2: base_lr: nan is not a number; use a number >= 0"),
+    ("net: net.yaml\nbase_lr: 0.1\nmomentum: .NaN\n",
+     "solver.yaml:3: momentum: nan is not a number; use a number >= 0 and <= 1"),
 ])
 def test_errors_name_file_line_key_and_fix(tmp_path, text, message):
     got = error_of(tmp_path, text)
