@@ -6,6 +6,7 @@
 # 1. builds the extension for sm_90 only (H100/H200; set TORCH_CUDA_ARCH_LIST for others),
 # 2. runs the GPU tests (pytest -m gpu tests/kernels tests/benchmarks),
 # 3. runs the benchmark, whose markdown report also lands in $OUT/kernels.md when OUT is set,
+#    then benchmarks/max_pool.py (ResNet-50's pool1: csrc/max_pool.cu against PyTorch's ways),
 # 4. runs the forward launch sweep (activations.py --variants: ReLU over kFwd's 54 launches,
 #    ELU, Sigmoid and TanH over kFwdMath's 12; its module builds in the background during
 #    steps 1-3): $OUT/fwd_variants.md ends with the kFwd and kFwdMath lines to ship.
@@ -63,6 +64,9 @@ test_status=${PIPESTATUS[0]}
 echo "== benchmark" | tee -a "$LOG"
 "$PY" benchmarks/activations.py "$@" 2>&1 | tee -a "$LOG"
 bench_status=${PIPESTATUS[0]}
+echo "== max pooling" | tee -a "$LOG"
+"$PY" benchmarks/max_pool.py 2>&1 | tee -a "$LOG"
+[ "${PIPESTATUS[0]}" -eq 0 ] || bench_status=1
 
 variants_status=0
 if [ "${VARIANTS:-1}" != 0 ]; then
