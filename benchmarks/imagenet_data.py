@@ -425,6 +425,13 @@ TRAINER_NOTE = {
 """How the table's heading names the trainer of caffe-py's rows, per device type."""
 
 
+def row_solver(s: Setup, root: Path, specs: Path, db: Path | None) -> Path:
+    """The solver spec of a training row on several GPUs: ResNet-50 fed by constant DummyData
+    (``db`` None) or by the database ``db`` of ``root``, written into ``specs``."""
+    net = net_spec(s, None if db is None else data_spec(db, root, s))
+    return write_solver(constant_dummy_data(net), specs, "dummy" if db is None else db.name)
+
+
 def cpy_schedule(s: Setup) -> tuple[int, int]:
     """(display, max_iter) of a `cpy train` row: a display line every D = steps / 5
     iterations (1 to 10), and max_iter the warm-up and timed steps in whole intervals plus
@@ -535,9 +542,7 @@ def multi_train_rows(root: Path, s: Setup, gpus: int, peer_workers: int, out: Pa
     replicas = Replicas(s, gpus, cuda, out)
 
     def solver(db: Path | None) -> Path:
-        net = net_spec(s, None if db is None else data_spec(db, root, s))
-        return write_solver(constant_dummy_data(net), specs, "dummy" if db is None
-                            else db.name)
+        return row_solver(s, root, specs, db)
 
     def ours(name: str, db: Path | None, extra_env: dict, k: int) -> dict:
         if trainer == "lockstep":
@@ -683,6 +688,10 @@ def arguments() -> argparse.Namespace:
     ap.add_argument("--seconds", type=float, help="per decode measurement")
     ap.add_argument("--skip-decode", action="store_true")
     ap.add_argument("--skip-train", action="store_true")
+    ap.add_argument("--specs-only", action="store_true",
+                    help="make the databases and write the training rows' solver specs "
+                         "(OUT/imagenet_specs: dummy, raw_lmdb, jpeg_lmdb), then stop: for "
+                         "replica_profile.py --solver")
     ap.add_argument("--leave-out", default="", help="training rows to leave out, comma "
                     "separated: nvjpeg (the GPU decoder's rows), peer (the DataLoader's)")
     ap.add_argument("--multi-trainer", choices=MULTI_TRAINERS, default="cpy",
@@ -715,6 +724,11 @@ def run(args: argparse.Namespace, root: Path) -> str:
     # ones made here are not either, so every pass is read and decoded as ImageNet's would be.
     reader.CACHE_BYTES = 0
     info = make_data(root, s)
+    if args.specs_only:
+        specs = args.out.resolve() / "imagenet_specs"
+        return "\n".join(f"{name}: {row_solver(s, root, specs, db)}" for name, db in
+                         (("dummy", None), ("raw", root / "raw_lmdb"),
+                          ("jpeg", root / "jpeg_lmdb")))
     lines = header(args, s, device, info)
     if not args.skip_decode:
         devices = ([torch.device("cuda", i) for i in range(args.replicas)]

@@ -61,6 +61,26 @@ def test_the_databases_are_convert_imagesets_with_their_mean(tmp_path):
     assert again == info  # reused, not made again
 
 
+def test_specs_only_writes_the_rows_solvers_for_replica_profile(tmp_path):
+    data = tmp_path / "data"
+    done = subprocess.run([sys.executable, str(BENCHMARKS / "imagenet_data.py"), "--smoke",
+                           "--specs-only", "--data", str(data), "--out", str(tmp_path)],
+                          capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]
+    specs = tmp_path / "imagenet_specs"
+    assert done.stdout.strip().splitlines()[-3:] == [
+        f"dummy: {specs / 'dummy_solver.yaml'}", f"raw: {specs / 'raw_lmdb_solver.yaml'}",
+        f"jpeg: {specs / 'jpeg_lmdb_solver.yaml'}"]
+    for stem, source in (("raw_lmdb", data / "raw_lmdb"), ("jpeg_lmdb", data / "jpeg_lmdb")):
+        solver = yaml.safe_load((specs / f"{stem}_solver.yaml").read_text())
+        net = yaml.safe_load(open(solver["net"]).read())
+        assert net["layer"][0]["data_param"]["source"] == str(source)
+        assert source.is_dir()
+    rp = load_benchmark("replica_profile")   # what replica_profile.py --solver runs
+    path = rp._solver(tmp_path, "resnet50", "4", False, specs / "raw_lmdb_solver.yaml")
+    assert yaml.safe_load(path.read_text())["net"] == str(specs / "raw_lmdb_net.yaml")
+
+
 @pytest.mark.slow
 def test_the_benchmark_runs_at_toy_size(tmp_path):
     done = subprocess.run([sys.executable, str(BENCHMARKS / "imagenet_data.py"), "--smoke",
