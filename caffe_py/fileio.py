@@ -5,6 +5,9 @@ renamed over the target (atomic on POSIX); the directory is fsynced so the renam
 survives a power loss. The file gets the mode a plain ``open`` would give it (0666 less the
 umask). A write that fails (a full disk, a read-only or missing place, no permission) removes
 its temporary file and is a one-line :class:`~caffe_py.errors.WriteError`.
+
+A target that is not a regular file (``/dev/null``, ``/dev/stdout``, a FIFO, a terminal) is
+written through instead: a rename would replace the device or the pipe with a plain file.
 """
 from __future__ import annotations
 
@@ -12,6 +15,7 @@ import errno
 import fcntl
 import os
 import shutil
+import stat
 import tempfile
 from collections.abc import Callable
 from pathlib import Path
@@ -31,8 +35,12 @@ def _file_mode() -> int:
 
 
 def atomic_write(path: str | os.PathLike, write: Callable[[BinaryIO], Any]) -> None:
-    """Run ``write`` on a temporary binary file beside ``path``, then move it onto ``path``."""
+    """Run ``write`` on a temporary binary file beside ``path``, then move it onto ``path``; a
+    stream (:func:`is_stream`) is written directly."""
     path = Path(path)
+    if is_stream(path):
+        _write_through(path, write)
+        return
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
         fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=TEMP_SUFFIX)
@@ -55,6 +63,35 @@ def atomic_write(path: str | os.PathLike, write: Callable[[BinaryIO], Any]) -> N
             raise write_error(path, exc, full=full) from None
         raise
     fsync_dir(path.parent)
+
+
+STREAM_DIRS = ("/dev/", "/proc/")
+"""Paths under these are devices or the process's own descriptors (``/dev/stdout``), never
+files to replace, even where one resolves to a regular file (a redirected stdout)."""
+
+
+def is_stream(path: str | os.PathLike) -> bool:
+    """Whether ``path`` names something other than a regular file or a new one: a device, a
+    FIFO, a socket, or any path under /dev or /proc."""
+    if os.path.abspath(path).startswith(STREAM_DIRS):
+        return True
+    try:
+        mode = os.stat(path).st_mode
+    except OSError:
+        return False
+    return not (stat.S_ISREG(mode) or stat.S_ISDIR(mode))
+
+
+def _write_through(path: Path, write: Callable[[BinaryIO], Any]) -> None:
+    """``write`` straight into ``path`` (a device or a pipe: nothing to keep atomic)."""
+    try:
+        with open(path, "wb") as file:
+            write(file)
+            file.flush()
+    except BaseException as exc:
+        if isinstance(exc, OSError) or _short_write(exc):
+            raise write_error(path, exc, full=False) from None
+        raise
 
 
 def _short_write(exc: BaseException) -> bool:

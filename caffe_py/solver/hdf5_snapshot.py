@@ -25,8 +25,8 @@ from typing import Any
 import numpy as np
 import torch
 
-from ..errors import SolverError
-from ..fileio import fsync_dir
+from ..errors import SolverError, WriteError
+from ..fileio import fsync_dir, is_stream
 
 HDF5_MAGIC = b"\x89HDF\r\n\x1a\n"
 EXTRAS = "caffe_py_extras"
@@ -162,6 +162,9 @@ def load_state(path: str | Path) -> dict[str, Any]:
 
 def _atomic_h5(path: Path, fill: Any, h5py: Any) -> None:
     """Write an HDF5 file through a temporary file beside ``path``, fsynced, then renamed."""
+    if is_stream(path):
+        raise WriteError(str(path), f"cannot write {path}: an HDF5 snapshot needs a regular "
+                         "file, not a device or a pipe; write it elsewhere")
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, name = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     os.close(fd)
