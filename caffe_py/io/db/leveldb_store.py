@@ -41,6 +41,9 @@ def plyvel_module() -> Any:
 class LeveldbWriter(PartialWriter):
     """A :class:`~.partial.PartialWriter` into a LevelDB: each batch is one ``WriteBatch``."""
 
+    own_files = ("CURRENT", "LOCK", "LOG", "LOG.old", "MANIFEST-*", "*.ldb", "*.log", "*.sst",
+                 "*.dbtmp")
+
     def __init__(self, path: str | os.PathLike, *, resume: bool = False,
                  commit_every: int = COMMIT_EVERY):
         super().__init__(path, resume=resume, commit_every=commit_every)

@@ -54,6 +54,8 @@ class LmdbWriter(PartialWriter):
     the map starts at ``map_size`` and doubles whenever LMDB reports it full (the batch is
     retried)."""
 
+    own_files = ("data.mdb", "lock.mdb")
+
     def __init__(self, path: str | os.PathLike, *, resume: bool = False,
                  map_size: int = INITIAL_MAP_SIZE, commit_every: int = COMMIT_EVERY):
         self.map_size = map_size

@@ -14,6 +14,7 @@ import os
 import shutil
 from collections.abc import Sequence
 from dataclasses import dataclass
+from fnmatch import fnmatch
 from pathlib import Path
 from typing import Any
 
@@ -72,6 +73,9 @@ class PartialWriter:
     """
 
     map_size = 0
+    own_files: tuple[str, ...] = ()
+    """fnmatch patterns of the files the backend keeps in its database folder: a ``DB.partial``
+    holding anything else is not a leftover conversion, and a resume refuses it."""
 
     def __init__(self, path: str | os.PathLike, *, resume: bool = False,
                  commit_every: int = COMMIT_EVERY):
@@ -107,6 +111,26 @@ class PartialWriter:
         if self.partial.exists() and not resume:
             raise DataError(f"{self.partial} is left from an interrupted conversion; delete it, "
                             "or pass --resume to continue it")
+        if resume and (self.partial.exists() or self.partial.is_symlink()):
+            self._check_leftover()
+
+    def _check_leftover(self) -> None:
+        """A resume continues only what a conversion left: a real folder (a link would be
+        renamed to ``DB`` with the records elsewhere) holding the backend's files alone."""
+        if self.partial.is_symlink():
+            raise DataError(f"{self.partial} is a link, and conversions write their own "
+                            f"folder; remove the link and convert again")
+        if not self.partial.is_dir():
+            return   # the backend's open names it (a file where its folder should be)
+        theirs = sorted(p.name for p in self.partial.iterdir()
+                        if not any(fnmatch(p.name, own) for own in
+                                   (*self.own_files, INPUTS_FILE)))
+        if theirs:
+            shown = ", ".join(theirs[:3]) + (f" and {len(theirs) - 3} more"
+                                              if len(theirs) > 3 else "")
+            raise DataError(f"{self.partial} holds {shown}, which no conversion writes: it is "
+                            "not one left by an interrupted conversion; move it away, or "
+                            "convert to another path")
 
     # --- what a backend implements ------------------------------------------------------------
     def _open(self) -> None:

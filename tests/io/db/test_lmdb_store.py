@@ -82,6 +82,31 @@ def test_resume_continues_after_the_last_committed_key(tmp_path):
         assert list(reader) == records
 
 
+def test_a_resume_refuses_a_folder_no_conversion_left(tmp_path):
+    """--resume into a DB.partial that is some other folder (or a link to one) would write
+    data.mdb among its files and rename it to DB: refused, nothing written."""
+    db, other = tmp_path / "db", tmp_path / "photos"
+    other.mkdir()
+    for name in ("a.jpg", "b.jpg", "c.jpg", "d.jpg"):
+        (other / name).write_bytes(b"jpeg")
+    (tmp_path / "db.partial").symlink_to(other)
+    with pytest.raises(DataError) as info:
+        LmdbWriter(db, resume=True)
+    assert str(info.value) == (f"{tmp_path / 'db.partial'} is a link, and conversions write "
+                               "their own folder; remove the link and convert again")
+    (tmp_path / "db.partial").unlink()
+    other.rename(tmp_path / "db.partial")
+    with pytest.raises(DataError) as info:
+        LmdbWriter(db, resume=True)
+    assert str(info.value) == (f"{tmp_path / 'db.partial'} holds a.jpg, b.jpg, c.jpg and 1 "
+                               "more, which no conversion writes: it is not one left by an "
+                               "interrupted conversion; move it away, or convert to another "
+                               "path")
+    assert sorted(p.name for p in (tmp_path / "db.partial").iterdir()) == [
+        "a.jpg", "b.jpg", "c.jpg", "d.jpg"]
+    assert not db.exists()
+
+
 def test_existing_database_is_not_overwritten(tmp_path):
     db = tmp_path / "db"
     with LmdbWriter(db) as writer:
