@@ -119,7 +119,7 @@ class PartialWriter:
         renamed to ``DB`` with the records elsewhere) holding the backend's files alone."""
         if self.partial.is_symlink():
             raise DataError(f"{self.partial} is a link, and conversions write their own "
-                            f"folder; remove the link and convert again")
+                            "folder; remove the link and convert again")
         if not self.partial.is_dir():
             return   # the backend's open names it (a file where its folder should be)
         theirs = sorted(p.name for p in self.partial.iterdir()
