@@ -17,6 +17,7 @@ import os
 import shutil
 import stat
 import tempfile
+import time
 from collections.abc import Callable
 from pathlib import Path
 from types import TracebackType
@@ -192,6 +193,9 @@ class Busy(CaffePyError):
 
 
 LOCK_SUFFIX = ".lock"
+HOLDER_WAIT_S = 1.0
+"""How long a refused process waits for the holder's pid: a holder writes it just after taking
+the lock, so a refusal in between finds the file still empty."""
 
 
 class PathLock:
@@ -249,11 +253,17 @@ class PathLock:
         return self._fd is not None
 
     def _holder(self) -> str:
-        try:
-            text = self.path.read_text().strip()
-        except OSError:
-            text = ""
-        return f"pid {text}" if text.isdigit() else "pid unknown"
+        """The holder as a refusal names it, its pid read from the lock file (read again for
+        up to :data:`HOLDER_WAIT_S` while the holder has yet to write it)."""
+        deadline = time.monotonic() + HOLDER_WAIT_S
+        while True:
+            try:
+                text = self.path.read_text().strip()
+            except OSError:
+                text = ""
+            if text.isdigit() or time.monotonic() >= deadline:
+                return f"pid {text}" if text.isdigit() else "pid unknown"
+            time.sleep(0.02)
 
     def _same_file(self, fd: int) -> bool:
         try:

@@ -2,6 +2,7 @@
 device or a pipe is written through, never replaced by a plain file."""
 from __future__ import annotations
 
+import fcntl
 import os
 import stat
 import threading
@@ -9,7 +10,7 @@ import threading
 import pytest
 
 from caffe_py.errors import WriteError
-from caffe_py.fileio import atomic_write, atomic_write_bytes, is_stream
+from caffe_py.fileio import Busy, PathLock, atomic_write, atomic_write_bytes, is_stream
 
 
 def test_writes_and_replaces(tmp_path):
@@ -72,3 +73,21 @@ def test_a_regular_file_and_a_new_name_are_not_streams(tmp_path):
     (tmp_path / "f").write_bytes(b"")
     assert not is_stream(tmp_path / "f") and not is_stream(tmp_path / "new")
     assert not is_stream(tmp_path)
+
+
+def test_a_refusal_names_a_holder_that_writes_its_pid_late(tmp_path):
+    """The holder takes the lock, then writes its pid: a second process refused in between
+    reads an empty file, and waits for the pid rather than naming no one."""
+    lock = tmp_path / "snaps.lock"
+    fd = os.open(lock, os.O_RDWR | os.O_CREAT)
+    fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)   # held, pid not yet written
+    late = threading.Timer(0.2, lambda: os.write(fd, b"4242\n"))
+    late.start()
+    try:
+        with pytest.raises(Busy) as err:
+            PathLock(tmp_path / "snaps", "snapshot_prefix snaps", "wait").acquire()
+    finally:
+        late.join()
+        os.close(fd)
+    assert str(err.value) == (f"snapshot_prefix snaps is in use by another process (pid 4242, "
+                              f"holding {lock}); wait")
