@@ -39,7 +39,8 @@ def test_a_fifo_is_written_through_not_replaced(tmp_path):
     fifo = tmp_path / "pipe"
     os.mkfifo(fifo)
     got = []
-    reader = threading.Thread(target=lambda: got.append(fifo.read_bytes()))
+    # a daemon: were the pipe replaced, its reader would wait forever, not the test run
+    reader = threading.Thread(target=lambda: got.append(fifo.read_bytes()), daemon=True)
     reader.start()
     atomic_write_bytes(fifo, b"through the pipe")
     reader.join(timeout=10)
