@@ -7,7 +7,8 @@ umask). A write that fails (a full disk, a read-only or missing place, no permis
 its temporary file and is a one-line :class:`~caffe_py.errors.WriteError`.
 
 A target that is not a regular file (``/dev/null``, ``/dev/stdout``, a FIFO, a terminal) is
-written through instead: a rename would replace the device or the pipe with a plain file.
+written through instead: a rename would replace the device or the pipe with a plain file
+(:func:`is_stream`).
 """
 from __future__ import annotations
 
@@ -57,7 +58,7 @@ def atomic_write(path: str | os.PathLike, write: Callable[[BinaryIO], Any]) -> N
     except BaseException as exc:
         # whether the disk is full is judged before the temporary goes: removing it frees
         # the space the write had filled
-        failed = isinstance(exc, OSError) or _short_write(exc)
+        failed = _write_failed(exc)
         full = failed and getattr(exc, "errno", None) is None and _full(path)
         Path(tmp).unlink(missing_ok=True)
         if failed:
@@ -66,18 +67,19 @@ def atomic_write(path: str | os.PathLike, write: Callable[[BinaryIO], Any]) -> N
     fsync_dir(path.parent)
 
 
-STREAM_DIRS = ("/dev/", "/proc/")
-"""Paths under these are devices or the process's own descriptors (``/dev/stdout``), never
-files to replace, even where one resolves to a regular file (a redirected stdout)."""
-
-
 def is_stream(path: str | os.PathLike) -> bool:
     """Whether ``path`` names something other than a regular file or a new one: a device, a
-    FIFO, a socket, or any path under /dev or /proc."""
-    if os.path.abspath(path).startswith(STREAM_DIRS):
+    FIFO, a socket, or one of the process's descriptors reached through /proc (``/dev/stdout``,
+    ``/dev/fd/1``, ``/proc/self/fd/1``), which stays a stream even where it resolves to a
+    regular file (a redirected stdout). A new file in /dev/shm is a file."""
+    where = os.path.abspath(path)
+    folder = os.path.dirname(where)
+    if os.path.realpath(folder).startswith("/proc/"):
+        return True
+    if os.path.islink(where) and os.path.join(folder, os.readlink(where)).startswith("/proc/"):
         return True
     try:
-        mode = os.stat(path).st_mode
+        mode = os.stat(where).st_mode
     except OSError:
         return False
     return not (stat.S_ISREG(mode) or stat.S_ISDIR(mode))
@@ -90,17 +92,19 @@ def _write_through(path: Path, write: Callable[[BinaryIO], Any]) -> None:
             write(file)
             file.flush()
     except BaseException as exc:
-        if isinstance(exc, OSError) or _short_write(exc):
+        if _write_failed(exc):
             raise write_error(path, exc, full=False) from None
         raise
 
 
-def _short_write(exc: BaseException) -> bool:
-    """torch.save's zip writer reports a failed write of its file (ENOSPC included) as a
-    RuntimeError about the position it expected (``unexpected pos 960 vs 854``)."""
-    return isinstance(exc, RuntimeError) and (
+def _write_failed(exc: BaseException) -> bool:
+    """Whether ``exc`` is the write failing (the system's error, or torch.save's zip writer
+    reporting one: a full disk included), not the writer's own error or an interrupt.
+    torch.save reports a failed write of its file as a RuntimeError about the position it
+    expected (``unexpected pos 960 vs 854``)."""
+    return isinstance(exc, OSError) or (isinstance(exc, RuntimeError) and (
         "unexpected pos" in str(exc) or "inline_container" in str(exc)
-        or "file write failed" in str(exc))
+        or "file write failed" in str(exc)))
 
 
 def write_error(path: Path, exc: BaseException, *, full: bool | None = None) -> WriteError:

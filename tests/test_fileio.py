@@ -63,8 +63,8 @@ def test_a_full_device_is_a_one_line_error_and_stays_a_device(tmp_path):
 
 
 @pytest.mark.parametrize("path,want", [
-    ("/dev/null", True), ("/dev/stdout", True), ("/proc/self/fd/1", True),
-    ("relative/new.bin", False),
+    ("/dev/null", True), ("/dev/stdout", True), ("/dev/fd/1", True), ("/proc/self/fd/1", True),
+    ("relative/new.bin", False), ("/dev/shm/caffe_py_no_such_snapshot.pt", False),
 ])
 def test_which_paths_are_streams(path, want):
     assert is_stream(path) is want
