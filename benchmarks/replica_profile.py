@@ -7,7 +7,7 @@ trace on one GPU.
 
     python benchmarks/replica_profile.py --out DIR --model lenet --runs 1,2,2+noreduce
 
-    python benchmarks/imagenet_data.py --replicas 4 --skip-decode --leave-out nvjpeg,peer
+    python benchmarks/imagenet_data.py --specs-only
     python benchmarks/replica_profile.py --out DIR \
         --solver /tmp/cpy_gpu/imagenet_specs/raw_lmdb_solver.yaml --runs 1,4
 
@@ -267,24 +267,27 @@ def grown(run: dict, one: dict, top: int = 8) -> list[tuple[str, float]]:
 
 
 # --- one run, in its own process ----------------------------------------------------------------
+VARIANTS = ("noreduce", "after", "reverse", "threads", "flat", "heuristic", "divide", "solo",
+            "twin", "addmm", "ctx", "peer", "nccl", "sidehigh", "computehigh")
+"""The variants a run may name after its count (the module docstring says what each does)."""
+COUNTED = {"buffers": 0, "monitor": 1, "parts": 1, "chunk": 1}
+"""The variants that take a count K (``chunk8``), with the smallest K each allows."""
+
+
 def parse_run(text: str) -> tuple[int, list[str], dict[str, str]]:
     """'4+noreduce+NCCL_PROTO=Simple' -> (4, ['noreduce'], {'NCCL_PROTO': 'Simple'})."""
     count, *parts = text.split("+")
     flags = [p for p in parts if "=" not in p]
     env = dict(p.split("=", 1) for p in parts if "=" in p)
-    unknown = {f for f in flags if f not in ("noreduce", "after", "reverse", "threads", "flat",
-                                                "heuristic", "divide", "solo", "twin", "addmm",
-                                                "ctx", "peer", "nccl", "sidehigh",
-                                                "computehigh")
-               and not (f.startswith("buffers") and f[7:].isdigit())
-               and not (f.startswith("monitor") and f[7:].isdigit() and int(f[7:]) > 0)
-               and not (f.startswith("parts") and f[5:].isdigit() and int(f[5:]) > 0)
-               and not (f.startswith("chunk") and f[5:].isdigit() and int(f[5:]) > 0)}
-    if unknown or not count.isdigit():
-        raise SystemExit(f"--runs: '{text}' is not COUNT[+noreduce|+after|+reverse|+threads"
-                         "|+flat|+heuristic|+divide|+solo|+addmm|+ctx|+peer|+nccl|+buffersK|+partsK"
-                         "|+chunkK|+monitorK|+twin|+sidehigh|+computehigh"
-                         "|+KEY=VALUE...]")
+
+    def known(flag: str) -> bool:
+        stem = flag.rstrip("0123456789")
+        k = flag[len(stem):]
+        return flag in VARIANTS or (stem in COUNTED and k != "" and int(k) >= COUNTED[stem])
+
+    if not all(known(f) for f in flags) or not count.isdigit():
+        choices = [*VARIANTS, *(f"{stem}K" for stem in COUNTED), "KEY=VALUE..."]
+        raise SystemExit(f"--runs: '{text}' is not COUNT[{'|'.join('+' + c for c in choices)}]")
     return int(count), flags, env
 
 
