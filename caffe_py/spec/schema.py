@@ -310,10 +310,9 @@ def resolve_path(value: str, src: Source) -> Path:
 
 def _bounds(value: float, meta: typing.Mapping, fail) -> None:
     lo, hi = meta.get("min"), meta.get("max")
-    if value != value and (lo is not None or hi is not None):   # NaN: no bound holds or fails
-        fail("nan is not a number", "use a number" + (f" >= {lo}" if lo is not None else "")
-             + (" and" if lo is not None and hi is not None else "")
-             + (f" <= {hi}" if hi is not None else ""))
+    limits = [f"{op} {bound}" for op, bound in ((">=", lo), ("<=", hi)) if bound is not None]
+    if value != value and limits:   # NaN: no comparison with a bound fails
+        fail("nan is not a number", f"use a number {' and '.join(limits)}")
     if lo is not None and value < lo:
         fail(f"{value} is below the minimum {lo}", f"use a value >= {lo}")
     if hi is not None and value > hi:
