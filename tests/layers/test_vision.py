@@ -604,7 +604,8 @@ def test_pooling_built_from_messages_in_code():
 
 @pytest.mark.parametrize("param,tops,device,options,want", [
     ("{pool: MAX, kernel_size: 3, stride: 2}", "out", "cuda", {"max_pool_kernel": True}, True),
-    ("{pool: MAX, kernel_size: 3, stride: 2}", "out", "cuda", {}, False),
+    ("{pool: MAX, kernel_size: 3, stride: 2}", "out", "cuda", {}, True),
+    ("{pool: MAX, kernel_size: 3, stride: 2}", "out", "cuda", {"max_pool_kernel": False}, False),
     ("{pool: MAX, kernel_size: 3, stride: 2}", "[out, mask]", "cuda", {"max_pool_kernel": True},
      False),
     ("{pool: AVE, kernel_size: 3, stride: 2}", "out", "cuda", {"max_pool_kernel": True}, False),
