@@ -30,6 +30,10 @@ on 2 GPUs, 2 MiB on 3, 1.33 MiB on 4, each within the sizes where the peer sum w
 on 4 x H200 (benchmarks/peer_sum.py, docs/parallel.md: up to 8 MiB on 2 GPUs, 4 MiB on 3,
 2 MiB on 4)."""
 
+PEER_WAIT_S = 60.0
+"""How long a peer sum waits for a peer's call before it traps (a CUDA error on its device,
+which the run reports, instead of a hang): a replica that never launched its call."""
+
 
 class PeerCollectives:
     """``all_reduce(parts, streams)`` as ``torch.cuda.nccl``'s, sending small float32 buckets
@@ -95,7 +99,8 @@ class PeerCollectives:
         for r, part in enumerate(parts):
             stream = streams[r] if streams is not None else torch.cuda.current_stream(part.device)
             with torch.cuda.device(part.device), torch.cuda.stream(stream):
-                self.ext.peer_sum(parts, r, self.flags, self.scratch[r], self.counters[r])
+                self.ext.peer_sum(parts, r, self.flags, self.scratch[r], self.counters[r],
+                                  PEER_WAIT_S)
 
 
 def replica_sum(parts: Sequence[torch.Tensor]) -> torch.Tensor:

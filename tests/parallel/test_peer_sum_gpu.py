@@ -131,3 +131,45 @@ def test_bad_arguments_are_one_line_errors(devices, peers):
     with pytest.raises(RuntimeError, match="peer_sum: the scratch must be float32 on the "
                                            "rank's device"):
         peers.ext.peer_sum(parts, 0, peers.flags, peers.scratch[1], peers.counters[0])
+    with pytest.raises(RuntimeError, match="peer_sum: the timeout must be above 0 and at most "
+                                           "3600 s"):
+        peers.ext.peer_sum(parts, 0, peers.flags, peers.scratch[0], peers.counters[0], 0.0)
+
+
+TRAP_CHILD = r"""
+import time
+import torch
+import torch.cuda.nccl as nccl
+from caffe_py.parallel.peer_sum import PeerCollectives
+
+devices = [torch.device("cuda", 0), torch.device("cuda", 1)]
+peers = PeerCollectives.on(devices, nccl)
+parts = [torch.ones(1000, device=d) for d in devices]
+for d in devices:
+    torch.cuda.synchronize(d)
+start = time.monotonic()
+with torch.cuda.device(0):
+    peers.ext.peer_sum(parts, 0, peers.flags, peers.scratch[0], peers.counters[0], 1.0)
+try:
+    torch.cuda.synchronize(0)
+    print("no error")
+except RuntimeError as e:
+    print(f"{time.monotonic() - start:.1f} s: {str(e).splitlines()[0]}")
+"""
+
+
+def test_a_peer_that_never_calls_traps_instead_of_hanging():
+    """Replica 0 sums while replica 1 never calls: its kernel traps after the 1 s timeout and
+    the host sees a CUDA error (in a child process: the trap ends its CUDA context)."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[2]
+    done = subprocess.run([sys.executable, "-c", TRAP_CHILD], capture_output=True, text=True,
+                          timeout=120, cwd=root)
+    lines = done.stdout.strip().splitlines()
+    assert done.returncode == 0 and lines, done.stderr[-2000:]
+    seconds, said = lines[-1].split(" s: ", 1)
+    assert said.startswith("CUDA error: "), lines[-1]
+    assert 1.0 <= float(seconds) < 20.0, lines[-1]

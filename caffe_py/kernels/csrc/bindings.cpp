@@ -44,7 +44,8 @@ bool sgd_update(const std::vector<at::Tensor>& w, const std::vector<at::Tensor>&
 int64_t peer_sum_flag_count();
 int64_t peer_sum_counter_count();
 void peer_sum(const std::vector<at::Tensor>& parts, int64_t rank,
-              const std::vector<at::Tensor>& flags, at::Tensor& scratch, at::Tensor& counters);
+              const std::vector<at::Tensor>& flags, at::Tensor& scratch, at::Tensor& counters,
+              double timeout_s);
 bool enable_peer_access(const std::vector<int64_t>& devices);
 std::vector<at::Tensor> max_pool_forward(const at::Tensor& x, int64_t kh, int64_t kw,
                                          int64_t sh, int64_t sw, int64_t ph, int64_t pw,
@@ -148,8 +149,10 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         py::arg("grad_scale"), py::arg("l1"));
   m.def("peer_sum", &caffe_py::peer_sum,
         "parts[rank] = parts[0] + ... + parts[N-1] (replica order), read over peer access; "
-        "every replica's call meets the others' (csrc/peer_sum.cu)", py::arg("parts"),
-        py::arg("rank"), py::arg("flags"), py::arg("scratch"), py::arg("counters"));
+        "every replica's call meets the others' (csrc/peer_sum.cu); a wait for a peer longer than "
+        "timeout_s seconds traps (a CUDA error, not a hang)", py::arg("parts"),
+        py::arg("rank"), py::arg("flags"), py::arg("scratch"), py::arg("counters"),
+        py::arg("timeout_s") = 60.0);
   m.def("peer_sum_flag_count", &caffe_py::peer_sum_flag_count,
         "int32 flags a device holds for peer_sum (zero to start)");
   m.def("peer_sum_counter_count", &caffe_py::peer_sum_counter_count,

@@ -18,8 +18,8 @@
 // order: the buckets of one iteration, in one order). A peer that is one call ahead has
 // already written epoch + 1, so a wait is "flag >= epoch". Stores to peers are st.release.sys
 // and the waits ld.acquire.sys: what a device wrote before its signal is visible to the peer
-// that sees the signal. A wait that lasts kTimeoutNs (a peer that never launched: a failed
-// replica) traps, which the host sees as a CUDA error instead of a hang.
+// that sees the signal. A wait that lasts the call's timeout (a peer that never launched: a
+// failed replica) traps, which the host sees as a CUDA error instead of a hang.
 #include "common.cuh"
 
 namespace caffe_py {
@@ -29,7 +29,6 @@ constexpr int kMaxPeers = 8;
 constexpr int kPeerThreads = 256;
 // Blocks a call uses at most; the flag arrays hold this many per phase and source.
 constexpr int kPeerBlocks = 64;
-constexpr unsigned long long kTimeoutNs = 60ull * 1000 * 1000 * 1000;
 
 struct PeerArgs {
   const float* in[kMaxPeers];   // each replica's bucket, on its own device
@@ -54,7 +53,7 @@ __device__ __forceinline__ unsigned long long now_ns() {
 
 // Threads 0..n-1 but `rank` each signal one peer, then wait for that peer's signal.
 __device__ __forceinline__ void meet(const PeerArgs& a, int phase, int rank, int n,
-                                     unsigned epoch) {
+                                     unsigned epoch, unsigned long long timeout_ns) {
   const int p = threadIdx.x;
   if (p < n && p != rank) {
     const int slot = (phase * kMaxPeers) * kPeerBlocks + blockIdx.x;
@@ -62,7 +61,7 @@ __device__ __forceinline__ void meet(const PeerArgs& a, int phase, int rank, int
     const unsigned* mine = a.flags[rank] + slot + p * kPeerBlocks;
     const unsigned long long start = now_ns();
     while (static_cast<int>(load_acquire(mine) - epoch) < 0) {
-      if (now_ns() - start > kTimeoutNs) __trap();
+      if (now_ns() - start > timeout_ns) __trap();
     }
   }
   __syncthreads();
@@ -71,11 +70,11 @@ __device__ __forceinline__ void meet(const PeerArgs& a, int phase, int rank, int
 template <int V>
 __global__ void __launch_bounds__(kPeerThreads)
 peer_sum_kernel(PeerArgs a, float* out, float* scratch, unsigned* counters, int64_t numel,
-                int64_t per, int rank, int n) {
+                int64_t per, int rank, int n, unsigned long long timeout_ns) {
   __shared__ unsigned epoch;
   if (threadIdx.x == 0) epoch = counters[blockIdx.x] + 1;
   __syncthreads();
-  meet(a, 0, rank, n, epoch);
+  meet(a, 0, rank, n, epoch, timeout_ns);
   const int64_t lo = blockIdx.x * per;
   const int64_t hi = lo + per < numel ? lo + per : numel;
   using P = Pack<float, V>;
@@ -97,7 +96,7 @@ peer_sum_kernel(PeerArgs a, float* out, float* scratch, unsigned* counters, int6
     }
   }
   __syncthreads();
-  meet(a, 1, rank, n, epoch);
+  meet(a, 1, rank, n, epoch, timeout_ns);
   for (int64_t i = lo + threadIdx.x * V; i < hi; i += kPeerThreads * V) {   // as written above
     if (i + V <= hi) {
       *reinterpret_cast<P*>(out + i) = *reinterpret_cast<const P*>(scratch + i);
@@ -117,11 +116,14 @@ int64_t peer_sum_flag_count() { return 2 * kMaxPeers * kPeerBlocks; }
 int64_t peer_sum_counter_count() { return kPeerBlocks; }
 
 void peer_sum(const std::vector<at::Tensor>& parts, int64_t rank,
-              const std::vector<at::Tensor>& flags, at::Tensor& scratch, at::Tensor& counters) {
+              const std::vector<at::Tensor>& flags, at::Tensor& scratch, at::Tensor& counters,
+              double timeout_s) {
   const int64_t n = static_cast<int64_t>(parts.size());
   TORCH_CHECK(n >= 2 && n <= kMaxPeers, "peer_sum: needs 2 to 8 replicas");
   TORCH_CHECK(static_cast<int64_t>(flags.size()) == n, "peer_sum: one flag tensor a replica");
   TORCH_CHECK(rank >= 0 && rank < n, "peer_sum: rank outside the replicas");
+  TORCH_CHECK(timeout_s > 0 && timeout_s <= 3600, "peer_sum: the timeout must be above 0 and at "
+              "most 3600 s");
   const at::Tensor& out = parts[rank];
   const int64_t numel = out.numel();
   PeerArgs a{};
@@ -156,14 +158,15 @@ void peer_sum(const std::vector<at::Tensor>& parts, int64_t rank,
   float* tmp = scratch.data_ptr<float>();
   unsigned* cnt = reinterpret_cast<unsigned*>(counters.data_ptr<int>());
   const auto stream = c10::cuda::getCurrentCUDAStream();
+  const auto timeout_ns = static_cast<unsigned long long>(timeout_s * 1e9);
   if (vec)
     peer_sum_kernel<4><<<grid, kPeerThreads, 0, stream>>>(a, dst, tmp, cnt, numel, per,
                                                             static_cast<int>(rank),
-                                                            static_cast<int>(n));
+                                                            static_cast<int>(n), timeout_ns);
   else
     peer_sum_kernel<1><<<grid, kPeerThreads, 0, stream>>>(a, dst, tmp, cnt, numel, per,
                                                             static_cast<int>(rank),
-                                                            static_cast<int>(n));
+                                                            static_cast<int>(n), timeout_ns);
   C10_CUDA_KERNEL_LAUNCH_CHECK();
 }
 
