@@ -354,6 +354,17 @@ def crop_transform(records: torch.Tensor, where: torch.Tensor, mean: torch.Tenso
     return out
 
 
+def cropped_transform(crops: torch.Tensor, where: torch.Tensor, mean: torch.Tensor | None,
+                      scale: float, flip_pixels: bool, out: torch.Tensor) -> torch.Tensor:
+    """Caffe's transform of records already cropped, in one kernel (csrc/transform.cu): ``out``
+    (B, C, h, w) float32 = (each crop (B, C, h, w; uint8 or float32), mirrored where its flip in
+    ``where`` ((B, 3) int32 rows of (h0, w0, flip)) is set and ``flip_pixels`` is, minus
+    ``mean`` (C values, or C x MH x MW read where the crop's pixel lay in its record: at
+    (h0 + y, w0 + x), mirrored with the flip)) times ``scale``. Returns ``out``."""
+    _ext().cropped_transform(crops, where, mean, scale, flip_pixels, out)
+    return out
+
+
 def softmax_loss(x: torch.Tensor, label: torch.Tensor, seen: torch.Tensor | None,
                  work: torch.Tensor, done: torch.Tensor, ignore: int | None, divisor: float,
                  count_valid: bool) -> tuple[torch.Tensor, torch.Tensor]:

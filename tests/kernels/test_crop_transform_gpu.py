@@ -91,3 +91,104 @@ def test_device_transform_takes_the_kernel_for_dense_records_and_the_ops_otherwi
     strided = wide[..., ::2]
     assert torch.equal(t.device_transform(strided, choices, mean).cpu(), want)
     assert calls == [1]
+
+
+def crops_one_by_one(crops, where, mean, scale, flip_pixels):
+    """Crops made on the host: mirrored here where flip_pixels says, the mean read where each
+    pixel lay in its record (mirrored with the flip)."""
+    h, w = crops.shape[2:]
+    out = []
+    for b, (h0, w0, flip) in enumerate(where.tolist()):
+        pix = crops[b].float()
+        if flip and flip_pixels:
+            pix = pix.flip(-1)
+        value = pix
+        if mean is not None:
+            m = mean.reshape(-1, 1, 1) if mean.numel() == crops.shape[1] else \
+                mean[:, h0:h0 + h, w0:w0 + w]
+            value = pix - (m.flip(-1) if flip and m.shape[-1] > 1 else m)
+        if scale != 1.0:
+            value = value * scale
+        out.append(value)
+    return torch.stack(out)
+
+
+@pytest.mark.parametrize("dtype", [torch.uint8, torch.float32])
+@pytest.mark.parametrize("mean_kind", ["none", "channel", "pixel"])
+@pytest.mark.parametrize("flip_pixels", [False, True])
+@pytest.mark.parametrize("record,crop", [((3, 40, 300), (33, 290)), ((1, 9, 7), (9, 7)),
+                                         ((3, 256, 256), (224, 224))])
+def test_the_crops_kernel_is_the_transform_record_by_record(dtype, mean_kind, flip_pixels,
+                                                            record, crop):
+    g = torch.Generator(device="cuda").manual_seed(11)
+    b, (c, hh, ww), (h, w) = 5, record, crop
+    if dtype == torch.uint8:
+        crops = torch.randint(0, 256, (b, c, h, w), generator=g, device="cuda",
+                              dtype=torch.uint8)
+    else:
+        crops = torch.rand((b, c, h, w), generator=g, device="cuda") * 300 - 20
+    rng = np.random.default_rng(5)
+    where = np.stack([rng.integers(0, hh - h + 1, b), rng.integers(0, ww - w + 1, b),
+                      np.array([1, 0, 1, 1, 0])], 1).astype(np.int32)
+    mean = {"none": None, "channel": torch.tensor([104.0, 117.0, 123.5][:c], device="cuda"),
+            "pixel": torch.rand((c, hh, ww), generator=g, device="cuda") * 255}[mean_kind]
+    for scale in (1.0, 0.017):
+        out = torch.full((b, c, h, w), float("nan"), device="cuda")
+        got = functions.cropped_transform(crops, torch.from_numpy(where).cuda(), mean, scale,
+                                          flip_pixels, out)
+        want = crops_one_by_one(crops, where, mean, scale, flip_pixels)
+        assert got is out
+        assert torch.equal(got, want), (scale, float((got - want).abs().max()))
+
+
+@pytest.mark.parametrize("mean", ["value", "file"])
+@pytest.mark.parametrize("mirror", [False, True])
+def test_device_takes_the_crops_kernel_with_the_ops_bits(monkeypatch, tmp_path, mean, mirror):
+    """Transformer.device on CUDA crops gives the two-op way's bits (the kernel's oracle, taken
+    with the kernel turned off) and the CPU path's, flipping on the device or not."""
+    from caffe_py.io.feed import transformer as transformer_module
+    from caffe_py.io.formats.blobproto import blob_from_array, write_blob_file
+
+    shape = (3, 12, 10)
+    rng = np.random.default_rng(2)
+    if mean == "file":
+        path = tmp_path / "mean.binaryproto"
+        write_blob_file(path, blob_from_array(rng.random((1, *shape), np.float32) * 200))
+        tp = TransformationParameter(crop_size=7, mirror=True, scale=0.25, mean_file=str(path))
+    else:
+        tp = TransformationParameter(crop_size=7, mirror=True, scale=0.25,
+                                     mean_value=[10, 20, 30])
+    t = Transformer(tp, "TRAIN", shape, seed=3)
+    records = rng.integers(0, 256, (8, *shape), dtype=np.uint8)
+    choices = t.choices_for(0, 1, 8)
+    assert choices.flips.any() and not choices.flips.all()
+    want = torch.from_numpy(t.numpy(records, choices))
+    crops = np.empty((8, *t.out_shape), np.uint8)
+    t.host(records, choices, crops, mirror=not mirror)
+    device_mean = t.device_mean(torch.device("cuda"))
+    calls = []
+    kernel = functions.cropped_transform
+    monkeypatch.setattr(functions, "cropped_transform",
+                        lambda *a: calls.append(1) or kernel(*a))
+    got = t.device(torch.from_numpy(crops).cuda(), choices, device_mean, mirror=mirror)
+    assert calls == [1]
+    monkeypatch.setattr(transformer_module, "_values_fusable", lambda *a: False)
+    ops = t.device(torch.from_numpy(crops).cuda(), choices, device_mean, mirror=mirror)
+    assert calls == [1]
+    assert torch.equal(got, ops)
+    assert torch.equal(got.cpu(), want)
+
+
+def test_the_crops_kernels_bad_arguments_are_one_line_errors():
+    crops = torch.zeros((2, 3, 5, 6), dtype=torch.uint8, device="cuda")
+    where = torch.zeros((2, 3), dtype=torch.int32, device="cuda")
+    with pytest.raises(RuntimeError, match="^cropped_transform: out must be the crops' shape"):
+        functions.cropped_transform(crops, where, None, 1.0, False,
+                                    torch.empty((2, 3, 4, 6), device="cuda"))
+    with pytest.raises(RuntimeError, match=r"^cropped_transform: mean must hold C values or be "
+                                           r"C x MH x MW with MH >= h and MW >= w"):
+        functions.cropped_transform(crops, where, torch.zeros((3, 4, 6), device="cuda"), 1.0,
+                                    False, torch.empty((2, 3, 5, 6), device="cuda"))
+    with pytest.raises(RuntimeError, match=r"^crop_transform: records must be uint8 or float32"):
+        functions.crop_transform(crops.half(), where, None, 1.0, False,
+                                 torch.empty((2, 3, 5, 6), device="cuda"))

@@ -37,6 +37,9 @@ void softmax_loss_backward(const at::Tensor& prob, const at::Tensor& label,
 void crop_transform(const at::Tensor& in, const at::Tensor& where,
                     const c10::optional<at::Tensor>& mean, double scale, bool reverse,
                     at::Tensor& out);
+void cropped_transform(const at::Tensor& in, const at::Tensor& where,
+                       const c10::optional<at::Tensor>& mean, double scale, bool flip_pixels,
+                       at::Tensor& out);
 bool sgd_update(const std::vector<at::Tensor>& w, const std::vector<at::Tensor>& g,
                 const std::vector<at::Tensor>& h, const std::vector<int64_t>& group,
                 const std::vector<double>& rates, const c10::optional<at::Tensor>& device_rates,
@@ -142,6 +145,10 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         "out = (in[crop window, mirrored, channels reversed] - mean) * scale, per record",
         py::arg("records"), py::arg("where"), py::arg("mean"), py::arg("scale"),
         py::arg("reverse"), py::arg("out"));
+  m.def("cropped_transform", &caffe_py::cropped_transform,
+        "out = (crops, mirrored where flip and flip_pixels - mean at each crop's window) * "
+        "scale, per record", py::arg("crops"), py::arg("where"), py::arg("mean"),
+        py::arg("scale"), py::arg("flip_pixels"), py::arg("out"));
   m.def("sgd_update", &caffe_py::sgd_update,
         "Caffe's SGD update of every parameter in place (w, g, h); False: a layout it does not "
         "stream, nothing written", py::arg("w"), py::arg("g"), py::arg("h"), py::arg("group"),
