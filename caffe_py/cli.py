@@ -16,7 +16,7 @@ import click
 
 from . import configs_dir, start_load
 from .commands.output import log_user_error, logging_to_console
-from .errors import CaffePyError
+from .errors import CaffePyError, device_fault
 from .limits import one_line_limits
 from .spec import yamlio
 
@@ -58,6 +58,12 @@ class _Group(click.Group):
                     message = printable(str(exc))
                     log_user_error(message)  # the log files keep it too, as Caffe's do
                     raise click.ClickException(message) from None
+                except RuntimeError as exc:   # a GPU's failure is a fault, not a bug
+                    fault = device_fault(exc)
+                    if fault is None:
+                        raise
+                    log_user_error(printable(fault))
+                    raise click.ClickException(printable(fault)) from None
         except CaffePyError as exc:  # before the command ran (a GLOG_* variable)
             raise click.ClickException(printable(str(exc))) from None
 

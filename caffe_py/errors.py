@@ -7,6 +7,8 @@ message and exits non-zero, with no traceback. Anything else that escapes is a b
 """
 from __future__ import annotations
 
+import sys
+
 
 def one_line(problem: str, fix: str | None = None, *, file: str | None = None,
              line: int | None = None, column: int | None = None, path: str = "",
@@ -45,6 +47,30 @@ def one_line_reason(exc: BaseException, limit: int = REASON_CHARS) -> str:
         return first
     cut = text.rfind(" ", 0, limit - 2)
     return text[:cut if cut > 0 else limit - 3] + "..."
+
+
+DEVICE_FAULT_STARTS = ("CUDA error", "CUDA driver error", "NCCL error", "NCCL Error",
+                       "cuDNN error", "CUBLAS_STATUS", "CUDNN_STATUS")
+"""How the first line of a GPU's or NCCL's failure starts, as torch raises it."""
+
+DEVICE_FAULT_FIX = ("this process's CUDA context is lost, so the run stops here; resume from "
+                    "the last snapshot with --snapshot, and if it happens again check the GPUs "
+                    "with nvidia-smi and rerun with CUDA_LAUNCH_BLOCKING=1 to name the kernel")
+
+
+def device_fault(exc: BaseException) -> str | None:
+    """A GPU's or NCCL's failure (torch's AcceleratorError, or a RuntimeError whose message
+    starts as one: a faulting kernel, a peer sum that waited too long for another GPU, a lost
+    device, an NCCL error) as one line, what the device said and the fix; None for any other
+    exception. torch's message goes on with lines of debugging advice; only its first is
+    kept."""
+    accelerator = getattr(sys.modules.get("torch"), "AcceleratorError", None)
+    lines = str(exc).strip().splitlines()
+    first = " ".join(lines[0].split()) if lines else ""
+    if not (accelerator is not None and isinstance(exc, accelerator)) and \
+            not (isinstance(exc, RuntimeError) and first.startswith(DEVICE_FAULT_STARTS)):
+        return None
+    return f"the GPU failed: {first or type(exc).__name__}; {DEVICE_FAULT_FIX}"
 
 
 class CaffePyError(Exception):

@@ -32,7 +32,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from .. import interrupts
-from ..errors import CaffePyError, SolverError
+from ..errors import CaffePyError, SolverError, device_fault
 from .flat import DEFAULT_BUCKET_BYTES, BucketCount, FlatParams
 from .pull import LayerWaits, Pull, Unit
 from .topology import Tree, build_tree, peer_matrix
@@ -453,6 +453,8 @@ def replica_error(failure: Failure, stuck: Sequence[str] = ()) -> CaffePyError:
                f"full batch) or use fewer/larger GPUs")
     elif isinstance(err, CaffePyError):
         msg = str(err) if str(err).startswith(where) else f"{where}: {err}"
+    elif (fault := device_fault(err)) is not None:
+        msg = f"{where}: {fault}"
     else:
         msg = f"{where} failed: {type(err).__name__}: {err}"
     if stuck:
