@@ -41,23 +41,38 @@ def one_by_one(records, where, mean, scale, reverse, h, w):
 @pytest.mark.parametrize("shape,crop", [((3, 40, 300), (33, 290)), ((1, 9, 7), (9, 7)),
                                         ((3, 256, 256), (224, 224))])
 def test_the_kernel_is_the_transform_record_by_record(dtype, mean_kind, reverse, shape, crop):
-    g = torch.Generator(device="cuda").manual_seed(7)
-    b, (c, hh, ww), (h, w) = 5, shape, crop
+    records, where, mean = draw(7, 3, dtype, mean_kind, shape, crop, whole=True)
+    both_scales(lambda scale, out: functions.crop_transform(records, where, mean, scale,
+                                                            reverse, out),
+                lambda scale: one_by_one(records, where, mean, scale, reverse, *crop),
+                (len(records), shape[0], *crop))
+
+
+def draw(seed, rng_seed, dtype, mean_kind, record, crop, *, whole):
+    """Five records of shape ``record`` (``whole``) or their ``crop``-sized windows, uint8 or
+    float32; each one's (h0, w0, flip) on the device (three of the five flipped); the mean."""
+    g = torch.Generator(device="cuda").manual_seed(seed)
+    b, (c, hh, ww), (h, w) = 5, record, crop
+    shape = (b, c, hh, ww) if whole else (b, c, h, w)
     if dtype == torch.uint8:
-        records = torch.randint(0, 256, (b, c, hh, ww), generator=g, device="cuda",
-                                dtype=torch.uint8)
+        data = torch.randint(0, 256, shape, generator=g, device="cuda", dtype=torch.uint8)
     else:
-        records = torch.rand((b, c, hh, ww), generator=g, device="cuda") * 300 - 20
-    rng = np.random.default_rng(3)
+        data = torch.rand(shape, generator=g, device="cuda") * 300 - 20
+    rng = np.random.default_rng(rng_seed)
     where = np.stack([rng.integers(0, hh - h + 1, b), rng.integers(0, ww - w + 1, b),
                       np.array([1, 0, 1, 1, 0])], 1).astype(np.int32)
     mean = {"none": None, "channel": torch.tensor([104.0, 117.0, 123.5][:c], device="cuda"),
             "pixel": torch.rand((c, hh, ww), generator=g, device="cuda") * 255}[mean_kind]
+    return data, torch.from_numpy(where).cuda(), mean
+
+
+def both_scales(call, reference, out_shape):
+    """``call(scale, out)`` writes ``out`` and returns it, equal to ``reference(scale)`` bit for
+    bit, with a scale of 1 and another."""
     for scale in (1.0, 0.017):
-        out = torch.full((b, c, h, w), float("nan"), device="cuda")
-        got = functions.crop_transform(records, torch.from_numpy(where).cuda(), mean, scale,
-                                       reverse, out)
-        want = one_by_one(records, where, mean, scale, reverse, h, w)
+        out = torch.full(out_shape, float("nan"), device="cuda")
+        got = call(scale, out)
+        want = reference(scale)
         assert got is out
         assert torch.equal(got, want), (scale, float((got - want).abs().max()))
 
@@ -120,25 +135,11 @@ def crops_one_by_one(crops, where, mean, scale, flip_pixels):
                                          ((3, 256, 256), (224, 224))])
 def test_the_crops_kernel_is_the_transform_record_by_record(dtype, mean_kind, flip_pixels,
                                                             record, crop):
-    g = torch.Generator(device="cuda").manual_seed(11)
-    b, (c, hh, ww), (h, w) = 5, record, crop
-    if dtype == torch.uint8:
-        crops = torch.randint(0, 256, (b, c, h, w), generator=g, device="cuda",
-                              dtype=torch.uint8)
-    else:
-        crops = torch.rand((b, c, h, w), generator=g, device="cuda") * 300 - 20
-    rng = np.random.default_rng(5)
-    where = np.stack([rng.integers(0, hh - h + 1, b), rng.integers(0, ww - w + 1, b),
-                      np.array([1, 0, 1, 1, 0])], 1).astype(np.int32)
-    mean = {"none": None, "channel": torch.tensor([104.0, 117.0, 123.5][:c], device="cuda"),
-            "pixel": torch.rand((c, hh, ww), generator=g, device="cuda") * 255}[mean_kind]
-    for scale in (1.0, 0.017):
-        out = torch.full((b, c, h, w), float("nan"), device="cuda")
-        got = functions.cropped_transform(crops, torch.from_numpy(where).cuda(), mean, scale,
-                                          flip_pixels, out)
-        want = crops_one_by_one(crops, where, mean, scale, flip_pixels)
-        assert got is out
-        assert torch.equal(got, want), (scale, float((got - want).abs().max()))
+    crops, where, mean = draw(11, 5, dtype, mean_kind, record, crop, whole=False)
+    both_scales(lambda scale, out: functions.cropped_transform(crops, where, mean, scale,
+                                                               flip_pixels, out),
+                lambda scale: crops_one_by_one(crops, where, mean, scale, flip_pixels),
+                crops.shape)
 
 
 @pytest.mark.parametrize("mean", ["value", "file"])
