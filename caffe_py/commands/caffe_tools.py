@@ -33,6 +33,12 @@ class GFlag:
     help: str
 
 
+HELP_FLAGS = ("-h", "-help", "--help", "-helpshort", "--helpshort")
+"""gflags' help flags. click's own short help option would read a single-dash flag holding an
+'h' (-shuffle, -resize_height, -check_size) as a cluster of short options and print the help
+instead of running the tool."""
+
+
 class GFlagsError(click.ClickException):
     """An argument gflags would refuse (printed as one line, ``Error: ...``, exit status 1)."""
 
@@ -93,12 +99,16 @@ def caffe_tool(name: str, short: str, usage: str,
 
     def decorate(fn: Callable[[dict[str, Any], list[str]], None]) -> click.Command:
         def run(args: tuple[str, ...]) -> None:
+            if any(a in HELP_FLAGS for a in args[:args.index("--") if "--" in args else None]):
+                ctx = click.get_current_context()
+                click.echo(ctx.get_help())
+                ctx.exit(0)
             values, positional = parse_gflags(name, args, flags)
             fn(values, positional)
         doc = inspect.cleandoc(fn.__doc__ or "")
         text = f"{doc}\n\n\b\nUsage: cpy {usage}" + (f"\n\n\b\nFlags:\n{table}" if table else "")
         command = click.command(name, help=text, context_settings={
-            "ignore_unknown_options": True, "help_option_names": ["--help", "-h"]})(
+            "ignore_unknown_options": True, "help_option_names": ["--help"]})(
             click.argument("args", nargs=-1, type=click.UNPROCESSED)(run))
         command.short_help = short
         return command

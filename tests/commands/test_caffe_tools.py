@@ -48,6 +48,32 @@ def test_a_tools_usage_error_is_one_line():
         "net_proto_file_out" in result.stdout
 
 
+def test_single_dash_flags_holding_an_h_run_the_tool(tmp_path):
+    """-shuffle, -resize_height and -check_size are flags, not click's -h in a cluster of short
+    options (which printed the help and converted nothing, exit status 0)."""
+    import cv2
+    import numpy as np
+
+    (tmp_path / "img").mkdir()
+    for i in range(3):
+        cv2.imwrite(str(tmp_path / "img" / f"{i}.png"), np.full((6, 5, 3), 40 * i, np.uint8))
+    (tmp_path / "list.txt").write_text("0.png 0\n1.png 1\n2.png 2\n")
+    result = CliRunner().invoke(cli, ["convert_imageset", "-shuffle", "-resize_height=4",
+                                      "-resize_width=3", "-check_size", f"{tmp_path}/img/",
+                                      str(tmp_path / "list.txt"), str(tmp_path / "db")])
+    assert result.exit_code == 0, result.output
+    assert "Usage:" not in result.output
+    from caffe_py.io.formats.datum import decode_datum
+
+    shapes = {(d.channels, d.height, d.width) for d in
+              (decode_datum(bytes.fromhex(v)) for _, v in _records(tmp_path / "db"))}
+    assert (len(_records(tmp_path / "db")), shapes) == (3, {(3, 4, 3)})
+    for flag in ("-h", "-help", "--help"):
+        result = CliRunner().invoke(cli, ["convert_imageset", flag])
+        assert result.exit_code == 0 and "Usage: cpy convert_imageset [FLAGS] ROOTFOLDER/ " \
+            "LISTFILE DB_NAME" in result.stdout
+
+
 FIXTURE = Path(__file__).resolve().parent / "fixtures" / "caffe_tools"
 
 
