@@ -180,14 +180,17 @@ def read_idx_bytes(path: Path) -> bytes:
 
 def _idx_header(path: Path, data: bytes, magic: int, dims: int, what: str) -> tuple[int, ...]:
     size = 4 * (1 + dims)
-    found = struct.unpack(">i", data[:4])[0] if len(data) >= 4 else None
+    found = struct.unpack(">I", data[:4])[0] if len(data) >= 4 else None
     if found is not None and found != magic:
         raise DataError(f"{path}: not an IDX {what} file (magic number {found}, expected "
                         f"{magic}); check the argument order: IMAGES LABELS DB")
     if len(data) < size:
         raise DataError(f"{path}: truncated IDX file ({len(data)} bytes, shorter than its "
                         f"{size}-byte header); download it again")
-    return struct.unpack(f">{dims}i", data[4:size])
+    return struct.unpack(f">{dims}I", data[4:size])   # unsigned, as Caffe's reader
+
+
+INT32_MAX = 2**31 - 1
 
 
 class IdxSource:
@@ -203,6 +206,13 @@ class IdxSource:
         if count != label_count:
             raise DataError(f"{images} holds {count} images but {labels} holds {label_count} "
                             "labels; pass the matching pair of files")
+        if count == 0:
+            raise DataError(f"{images}: its header says it holds no images; pass a file "
+                            "with images")
+        if not (1 <= self.rows <= INT32_MAX and 1 <= self.cols <= INT32_MAX):
+            raise DataError(f"{images}: its header says each image is {self.rows} x "
+                            f"{self.cols} pixels, which no image is (1 to {INT32_MAX} each); "
+                            "the file is damaged, download it again")
         pixels = self.rows * self.cols
         _check_length(images, len(image_bytes), 16 + count * pixels,
                       f"{count} images of {self.rows}x{self.cols}")

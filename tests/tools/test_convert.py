@@ -93,6 +93,30 @@ def test_idx_truncated_file(tmp_path):
         convert_idx(images_path, labels_path, tmp_path / "db")
 
 
+@pytest.mark.parametrize("count,rows,cols,want", [
+    (3, 0xFFFFFFFF, 0xFFFFFFFF, "{i}: its header says each image is 4294967295 x 4294967295 "
+                                "pixels, which no image is (1 to 2147483647 each); the file is "
+                                "damaged, download it again"),
+    (3, 0, 5, "{i}: its header says each image is 0 x 5 pixels, which no image is (1 to "
+              "2147483647 each); the file is damaged, download it again"),
+    (0, 2, 2, "{i}: its header says it holds no images; pass a file with images"),
+    (0xFFFFFFFF, 2, 2, "{i}: truncated IDX file: its header says 4294967295 images of 2x2 "
+                       "(17179869196 bytes) but it has 28 bytes; download it again"),
+])
+def test_an_idx_header_is_read_unsigned_and_checked(tmp_path, count, rows, cols, want):
+    """Caffe reads the header's numbers unsigned: 0xFFFFFFFF rows is not -1 (which made
+    records of -1 x -1 pixels that every later reader failed on)."""
+    import struct
+
+    images, labels = tmp_path / "i", tmp_path / "l"
+    images.write_bytes(struct.pack(">IIII", 2051, count, rows, cols) + bytes(12))
+    labels.write_bytes(struct.pack(">II", 2049, count) + bytes(3))
+    with pytest.raises(DataError) as info:
+        convert_idx(images, labels, tmp_path / "db")
+    assert str(info.value) == want.format(i=images)
+    assert not (tmp_path / "db").exists()
+
+
 def test_idx_truncated_gzip(tmp_path):
     images_path, labels_path, *_ = random_idx(tmp_path, 50)
     images_path.write_bytes(images_path.read_bytes()[:-30])
