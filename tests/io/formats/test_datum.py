@@ -103,6 +103,19 @@ def test_data_size_mismatch_is_reported():
         datum_to_array(Datum(1, 2, 2, b"abc"))
 
 
+@pytest.mark.parametrize("datum,shape", [
+    (Datum(-1, -1, 1, b"\0"), "-1 x -1 x 1"), (Datum(0, 0, 0, b""), "0 x 0 x 0"),
+    (Datum(1, -1, -1, b"", 0, [1.0]), "1 x -1 x -1"), (Datum(3, 0, 4, b""), "3 x 0 x 4"),
+])
+def test_a_record_without_a_shape_is_refused(datum, shape):
+    """A negative or zero side (a damaged header converted, or an empty value) is an error
+    naming the shape, not numpy's reshape failure or an empty array."""
+    with pytest.raises(DataError) as info:
+        datum_to_array(datum)
+    assert str(info.value) == (f"channels x height x width = {shape}: a record needs at least "
+                               "one of each")
+
+
 def _png(array_hwc: np.ndarray, mode: str) -> bytes:
     buffer = io.BytesIO()
     Image.fromarray(array_hwc, mode=mode).save(buffer, format="PNG")
