@@ -232,7 +232,14 @@ def decode_image(data: bytes, *, color: bool | None = None) -> np.ndarray:
 
 
 def pil_to_chw(image, *, color: bool | None = None) -> np.ndarray:
-    """A Pillow image as a (C, H, W) uint8 array, colour in BGR order."""
+    """A Pillow image as a (C, H, W) uint8 array, colour in BGR order; a 16-bit gray image
+    (PNG) as OpenCV reads it, each value's high byte (libpng's strip_16), where Pillow's own
+    conversion would clip every value above 255 to 255."""
+    if image.mode.startswith("I;16") or (image.mode == "I" and image.format == "PNG"):
+        from PIL import Image
+
+        high = np.asarray(image).astype(np.int64) >> 8
+        image = Image.fromarray(np.clip(high, 0, 255).astype(np.uint8), "L")
     if color is False or (color is None and image.mode in ("1", "L", "I;16", "I", "F")):
         return np.asarray(image.convert("L"), dtype=np.uint8)[None]
     if color is None and image.mode in ("RGBA", "LA", "PA") or (

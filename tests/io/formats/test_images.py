@@ -76,6 +76,20 @@ def test_load_image_colour_is_bgr_and_gray_is_one_channel(tmp_path):
     assert int(load_image(path, color=False)[0, 0, 0]) == 76
 
 
+def test_a_16_bit_gray_png_reads_as_opencv_reads_it(tmp_path):
+    """OpenCV (and so Caffe) keeps each 16-bit value's high byte; Pillow's own conversion
+    clipped every value above 255 to 255. The same for a DB's encoded record."""
+    from PIL import Image
+
+    values = (np.arange(64, dtype=np.uint16).reshape(8, 8) * 1000)
+    path = tmp_path / "g16.png"
+    Image.fromarray(values).save(path)   # a uint16 array: mode I;16
+    want = (values >> 8).astype(np.uint8)
+    np.testing.assert_array_equal(load_image(path, color=False), want[None])
+    np.testing.assert_array_equal(load_image(path, color=True), np.stack([want] * 3))
+    np.testing.assert_array_equal(decode_image(path.read_bytes()), want[None])
+
+
 def test_load_image_errors(tmp_path):
     with pytest.raises(DataError) as info:
         load_image(tmp_path / "x.png", color=True)
