@@ -36,6 +36,7 @@ from ..io.formats.annotated import (
 from ..io.formats.datum import Datum
 from ..io.formats.images import (
     ENCODE_TYPES,
+    check_image_file,
     encode_image,
     extension_type,
     load_image,
@@ -297,12 +298,15 @@ def write_image_sizes(root: str | Path, listfile: str | Path, out: str | Path) -
     for entry in read_annoset_list(listfile):
         path = Path(root) / entry.image
         try:
+            check_image_file(path)
             with Image.open(path) as image:  # reads the header only
                 width, height = image.size
         except FileNotFoundError:
             raise DataError(f"{listfile}:{entry.line}: image {path} not found") from None
         except UnidentifiedImageError:
             raise DataError(f"{listfile}:{entry.line}: {path} is not an image") from None
+        except DataError as exc:
+            raise DataError(f"{listfile}:{entry.line}: {exc}") from None
         lines.append(f"{Path(entry.image).stem} {height} {width}\n")
     Path(out).write_text("".join(lines), encoding="utf-8")
     return len(lines)

@@ -324,6 +324,23 @@ def test_list_line_without_label(imageset, tmp_path):
                                "label; use labels from -2147483648 to 2147483647")
 
 
+def test_a_fifo_listed_as_an_image_is_refused_instead_of_waited_on(imageset, tmp_path):
+    import os
+
+    from caffe_py.tools.annoset import write_image_sizes
+
+    root, listfile, _ = imageset
+    os.mkfifo(root / "pipe.png")
+    listfile.write_text("a.png 0\npipe.png 1\n")
+    want = f"{listfile}:2: {root}/pipe.png: not a regular file (a FIFO); list image files only"
+    with pytest.raises(DataError) as info:
+        convert_imageset(root, listfile, tmp_path / "db")
+    assert str(info.value) == want
+    with pytest.raises(DataError) as info:
+        write_image_sizes(root, listfile, tmp_path / "sizes.txt")
+    assert str(info.value) == want
+
+
 def test_missing_image_is_named(imageset, tmp_path):
     root, listfile, _ = imageset
     listfile.write_text("a.png 0\nmissing.png 1\n")

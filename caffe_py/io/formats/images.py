@@ -9,6 +9,7 @@ benchmarks/image_resize.py).
 from __future__ import annotations
 
 import io
+import stat
 from pathlib import Path
 from typing import Any
 
@@ -24,12 +25,30 @@ _COEF_SCALE = 1 << _COEF_BITS
 ENCODE_TYPES = ("png", "jpg")
 
 
+SPECIAL_FILES = ((stat.S_ISFIFO, "a FIFO"), (stat.S_ISSOCK, "a socket"),
+                 (stat.S_ISCHR, "a character device"), (stat.S_ISBLK, "a block device"))
+
+
+def check_image_file(path: Path) -> None:
+    """Refuse a FIFO, socket or device where an image file is listed: opening a FIFO waits for
+    a writer, so one such entry would stop a conversion of a million images with no word.
+    (A missing file is left to the open, which names it.)"""
+    try:
+        mode = path.stat().st_mode
+    except OSError:
+        return
+    for test, kind in SPECIAL_FILES:
+        if test(mode):
+            raise DataError(f"{path}: not a regular file ({kind}); list image files only")
+
+
 def load_image(path: Path, *, color: bool) -> np.ndarray:
     """An image file as (C, H, W) uint8: 3 channels BGR when ``color``, else 1 (cv::imread with
     IMREAD_COLOR / IMREAD_GRAYSCALE, including how each of OpenCV's decoders makes gray: see
     :func:`_gray`). Raises :class:`DataError` naming the file."""
     from PIL import Image, UnidentifiedImageError
 
+    check_image_file(path)
     try:
         with Image.open(path) as image:
             if not color and image.format == "JPEG" and image.mode != "L":
