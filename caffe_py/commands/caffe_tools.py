@@ -138,6 +138,8 @@ def upgrade_net_proto_text(_flags: dict[str, Any], positional: list[str]) -> Non
 
 
 BACKEND = GFlag("backend", str, "lmdb", "the database kind: lmdb or leveldb")
+RESUME = GFlag("resume", bool, False, "continue an interrupted conversion (DB_NAME.partial) "
+               "after its last committed record (caffe-py's)")
 IMAGESET_USAGE = "convert_imageset [FLAGS] ROOTFOLDER/ LISTFILE DB_NAME"
 
 
@@ -150,7 +152,8 @@ IMAGESET_USAGE = "convert_imageset [FLAGS] ROOTFOLDER/ LISTFILE DB_NAME"
              GFlag("resize_height", int, 0, "height images are resized to"),
              GFlag("check_size", bool, False, "check that all the datum have the same size"),
              GFlag("encoded", bool, False, "save the encoded image in the datum"),
-             GFlag("encode_type", str, "", "what to encode the image as ('png', 'jpg')")])
+             GFlag("encode_type", str, "", "what to encode the image as ('png', 'jpg')"),
+             RESUME])
 def convert_imageset(flags: dict[str, Any], positional: list[str]) -> None:
     """Convert a set of images to the leveldb/lmdb format used as input for Caffe (Caffe's
     convert_imageset; cpy convert imageset is the same converter)."""
@@ -170,7 +173,11 @@ def convert_imageset(flags: dict[str, Any], positional: list[str]) -> None:
                               check_size=flags["check_size"],
                               encoded=flags["encoded"] or bool(encode_type),
                               encode_type="jpg" if encode_type == "jpeg" else encode_type)
-    result = convert(root, listfile, db, options, backend=flags["backend"])
+    from .data import resumable
+
+    with resumable(db):
+        result = convert(root, listfile, db, options, resume=flags["resume"],
+                         backend=flags["backend"])
     log.info(f"A total of {result.records} images.")
     log.info(f"Processed {result.written} files.")
 
@@ -201,14 +208,16 @@ MNIST_USAGE = "convert_mnist_data [FLAGS] input_image_file input_label_file outp
 
 
 @caffe_tool("convert_mnist_data", "Caffe's tool: MNIST files into a DB", MNIST_USAGE,
-            [GFlag("backend", str, "lmdb", "the backend for storing the result")])
+            [GFlag("backend", str, "lmdb", "the backend for storing the result"), RESUME])
 def convert_mnist_data(flags: dict[str, Any], positional: list[str]) -> None:
     """Convert the MNIST dataset (IDX files, gzipped or not) to the lmdb/leveldb format used by
     Caffe to load data (Caffe's convert_mnist_data; cpy convert idx is the same converter)."""
     need("convert_mnist_data", MNIST_USAGE, positional, 3, 3)
     from ..tools.convert import convert_idx
+    from .data import resumable
 
-    result = convert_idx(*positional, backend=flags["backend"])
+    with resumable(positional[2]):
+        result = convert_idx(*positional, resume=flags["resume"], backend=flags["backend"])
     log.info(f"A total of {result.records} items.")
     log.info(f"Processed {result.written} files.")
 

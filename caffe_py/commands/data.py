@@ -3,6 +3,8 @@
 LevelDB (``--backend``, lmdb by default as in Caffe's tools)."""
 from __future__ import annotations
 
+import signal
+import threading
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -51,18 +53,40 @@ def image_list_options(command: F) -> F:
     return command
 
 
+class Stopped(Exception):
+    """SIGTERM or SIGHUP during a conversion, raised where the writer is, as Ctrl-C's
+    KeyboardInterrupt is: the writer keeps (or drops, if empty) DB.partial either way."""
+
+    def __init__(self, signum: int):
+        super().__init__(signal.Signals(signum).name)
+
+
 @contextmanager
 def resumable(*dbs: str | Path) -> Iterator[None]:
-    """Turn Ctrl-C during a conversion into one line that says how to continue it."""
+    """Turn Ctrl-C, SIGTERM or SIGHUP during a conversion into one line that says how to
+    continue it (without this, SIGTERM ended the process with no word, status 143)."""
+    def stop(signum: int, _frame: Any) -> None:
+        raise Stopped(signum)
+
+    main = threading.current_thread() is threading.main_thread()
+    previous = {s: signal.signal(s, stop) for s in STOP_SIGNALS} if main else {}
     try:
         yield
-    except KeyboardInterrupt:
+    except (KeyboardInterrupt, Stopped) as exc:
+        how = f"stopped by {exc}" if isinstance(exc, Stopped) else "interrupted"
         left = [str(partial_path(db)) for db in dbs if partial_path(db).exists()]
         if left:
             raise click.ClickException(
-                f"interrupted: {', '.join(left)} keeps the records written so far; run the "
-                "same command with --resume to continue it") from None
-        raise click.ClickException("interrupted before any record was written") from None
+                f"{how}: {', '.join(left)} keeps the records written so far; run the same "
+                "command with --resume to continue it") from None
+        raise click.ClickException(f"{how} before any record of {', '.join(map(str, dbs))} "
+                                   "was written; nothing was kept") from None
+    finally:
+        for s, handler in previous.items():
+            signal.signal(s, handler)
+
+
+STOP_SIGNALS = (signal.SIGTERM, signal.SIGHUP)
 
 
 @click.group("convert")

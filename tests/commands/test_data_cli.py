@@ -2,8 +2,11 @@
 from __future__ import annotations
 
 import gzip
+import os
 import re
+import signal
 import struct
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -134,36 +137,68 @@ def test_db_info_missing_and_corrupt(tmp_path):
                         r"convert the data again\n", result.stderr)
 
 
-@pytest.mark.parametrize("calls, message", [
-    (1, "interrupted before any record was written"),
-    (3, "interrupted: {db}.partial keeps the records written so far; run the same command "
-        "with --resume to continue it"),
+@pytest.mark.parametrize("calls, how, message", [
+    (1, "int", "interrupted before any record of {db} was written; nothing was kept"),
+    (3, "int", "interrupted: {db}.partial keeps the records written so far; run the same "
+               "command with --resume to continue it"),
+    (3, "term", "stopped by SIGTERM: {db}.partial keeps the records written so far; run the "
+                "same command with --resume to continue it"),
+    (1, "hup", "stopped by SIGHUP before any record of {db} was written; nothing was kept"),
 ])
-def test_ctrl_c_says_how_to_resume(idx, tmp_path, monkeypatch, calls, message):
+def test_a_stop_says_how_to_resume(idx, tmp_path, monkeypatch, calls, how, message):
+    """Ctrl-C, SIGTERM and SIGHUP (a job scheduler's stop, a closed terminal) each end a
+    conversion in one line; SIGTERM used to end it with no word (status 143)."""
     from caffe_py.commands import data as commands
     from caffe_py.tools.convert import convert_idx
 
     def interrupted(*args, **kwargs):
-        kwargs["progress"] = lambda total, name: _Interrupt(calls)
+        kwargs["progress"] = lambda total, name: _Interrupt(calls, how)
         return convert_idx(*args, **kwargs)
 
     monkeypatch.setattr(commands, "convert_idx", interrupted)
     db = tmp_path / "db"
     result = _run("convert", "idx", *idx, db)
     assert (result.exit_code, result.stderr) == (1, f"Error: {message.format(db=db)}\n")
+    assert signal.getsignal(signal.SIGTERM) is signal.SIG_DFL   # the handlers put back
+
+
+def test_caffes_converter_resumes_with_its_resume_flag(idx, tmp_path, monkeypatch):
+    """convert_mnist_data's advice to continue with --resume is a flag it takes."""
+    from caffe_py.tools import convert
+
+    original = convert.convert_idx
+
+    def stopped(*args, **kwargs):
+        kwargs["progress"] = lambda total, name: _Interrupt(3, "term")
+        return original(*args, **kwargs)
+
+    monkeypatch.setattr(convert, "convert_idx", stopped)
+    db = tmp_path / "db"
+    result = _run("convert_mnist_data", *idx, db)
+    assert (result.exit_code, result.stderr.splitlines()[-1]) == (
+        1, f"Error: stopped by SIGTERM: {db}.partial keeps the records written so far; run the "
+           "same command with --resume to continue it")
+    monkeypatch.setattr(convert, "convert_idx", original)
+    result = _run("convert_mnist_data", "-resume", *idx, db)
+    assert result.exit_code == 0, result.stderr
+    assert db.is_dir() and not Path(f"{db}.partial").exists()
 
 
 class _Interrupt:
-    """A progress bar that raises KeyboardInterrupt on its ``calls``-th update (the first
-    update reports the resumed records, then one per record written)."""
+    """A progress bar that stops the conversion on its ``calls``-th update (the first update
+    reports the resumed records, then one per record written): Ctrl-C's KeyboardInterrupt
+    (``int``), or SIGTERM or SIGHUP sent to this process (``term``, ``hup``)."""
 
-    def __init__(self, calls: int):
-        self.left = calls
+    def __init__(self, calls: int, how: str = "int"):
+        self.left, self.how = calls, how
 
     def update(self, n: int) -> None:
         self.left -= 1
-        if not self.left:
+        if self.left:
+            return
+        if self.how == "int":
             raise KeyboardInterrupt
+        os.kill(os.getpid(), signal.SIGTERM if self.how == "term" else signal.SIGHUP)
 
     def close(self) -> None:
         pass

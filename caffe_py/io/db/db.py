@@ -86,10 +86,11 @@ class PartialChunk(Exception):
 
 
 def backend_of(name: str) -> str:
-    """``lmdb`` or ``leveldb`` for a backend name in either case; a ValueError otherwise."""
+    """``lmdb`` or ``leveldb`` for a backend name in either case; a DataError otherwise."""
     key = str(name).lower()
     if key not in BACKENDS:
-        raise ValueError(f"backend {name!r} is not one of {', '.join(BACKENDS)}")
+        raise DataError(f"the database backend {name!r} is not one of {', '.join(BACKENDS)}; "
+                        "give lmdb or leveldb")
     return key
 
 
