@@ -78,6 +78,11 @@ class _Group(click.Group):
         except click.exceptions.NoArgsIsHelpError as exc:  # `cpy` alone: the help, as is
             click.echo(exc.ctx.get_help() if exc.ctx else exc.message, err=True)
             sys.exit(1)
+        except click.UsageError as exc:   # one line too, with where to read the usage
+            see = f" (see '{exc.ctx.command_path} --help')" if exc.ctx is not None else ""
+            message = printable(exc.format_message()).rstrip(".")
+            click.echo(f"Error: {message}{see}", err=True)
+            sys.exit(1)
         except click.ClickException as exc:
             exc.message = printable(exc.message)
             exc.show()

@@ -68,3 +68,19 @@ def test_cpy_exits_with_each_commands_status(tmp_path):
         if args == ():  # the help, its lines as they are
             assert done.stderr.startswith("Usage: cpy [OPTIONS] COMMAND [ARGS]...\n\n")
     assert "none.yaml: file not found" in done.stderr
+
+
+def test_a_usage_error_is_one_line_naming_the_help():
+    """click's usage errors print the usage, a hint and a blank line before the error; cpy's
+    are one line, as every other error."""
+    cases = {("db-info",): "Error: Missing argument 'DB' (see 'cpy db-info --help')",
+             ("train", "--bogus"): "Error: No such option '--bogus'. Did you mean '--gpus'? "
+                                   "(see 'cpy train --help')",
+             ("bogus",): "Error: No such command 'bogus' (see 'cpy --help')",
+             ("convert", "imageset", "--seed", "abc", "r/", "l", "db"):
+                 "Error: Invalid value for '--seed': 'abc' is not a valid integer (see 'cpy "
+                 "convert imageset --help')"}
+    for args, line in cases.items():
+        done = subprocess.run([sys.executable, str(ROOT / "cli.py"), *args],
+                              capture_output=True, text=True, timeout=120)
+        assert (done.returncode, done.stderr) == (1, line + "\n"), args

@@ -39,7 +39,8 @@ def image_list_options(command: F) -> F:
     options = [
         click.option("--gray", is_flag=True, help="store one gray channel instead of BGR"),
         click.option("--shuffle", is_flag=True, help="shuffle the list before writing"),
-        click.option("--seed", type=int, default=0, show_default=True,
+        click.option("--seed", type=click.IntRange(0, 2**32 - 1), default=0,
+                     show_default=True,
                      help="the shuffle's seed"),
         click.option("--resize-width", type=int, default=0, show_default=True,
                      help="resize every image to this width (with --resize-height)"),

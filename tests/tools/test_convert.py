@@ -367,6 +367,13 @@ def test_resize_flags_go_together(imageset, tmp_path):
         convert_imageset(root, listfile, tmp_path / "db", ImagesetOptions(resize_width=3))
     assert str(info.value) == ("--resize-width and --resize-height go together: give both "
                                "(or neither)")
+    # OpenCV's allocation error (or minutes of work) before: now the limit of a decoded image
+    with pytest.raises(DataError) as info:
+        convert_imageset(root, listfile, tmp_path / "db",
+                         ImagesetOptions(resize_width=100_000, resize_height=100_000))
+    assert str(info.value) == ("--resize-width x --resize-height = 100000 x 100000 is over the "
+                               "179-megapixel limit of an image; resize smaller")
+    assert not (tmp_path / "db").exists()
 
 
 # ----------------------------------------------------------------------------------- CIFAR

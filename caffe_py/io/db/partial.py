@@ -30,8 +30,12 @@ HEAD_BYTES = 1 << 20
 
 
 def partial_path(path: str | os.PathLike) -> Path:
-    """Where a database is written until it is complete: ``DB.partial`` beside ``DB``."""
+    """Where a database is written until it is complete: ``DB.partial`` beside ``DB``. A
+    path with no name of its own (``.``, ``..``, ``/``, empty) is a DataError."""
     path = Path(path)
+    if path.name in ("", ".."):
+        raise DataError(f"{str(path)!r} is not a database path (it names no folder of its "
+                        "own); give a new folder name such as train_lmdb")
     return path.with_name(path.name + PARTIAL_SUFFIX)
 
 
