@@ -88,3 +88,12 @@ def test_an_uncovered_module_name_is_one_line():
                                "what is covered)")
     assert caffe.__version__ == "1.0.0" and caffe.TRAIN == 0 and caffe.TEST == 1
     assert "Convolution" in caffe.layer_type_list()
+
+
+def test_caffe_pb2_is_reached_through_the_package_after_a_plain_import(tmp_path):
+    """``import caffe`` then ``caffe.proto.caffe_pb2``, as pycaffe's own package imports it."""
+    script = tmp_path / "s.py"
+    script.write_text("import caffe\nprint(caffe.proto.caffe_pb2.NetParameter().name == '')\n")
+    done = subprocess.run([sys.executable, "-m", "caffe_py.pycaffe", str(script)],
+                          capture_output=True, text=True, timeout=120)
+    assert (done.returncode, done.stdout) == (0, "True\n"), done.stderr[-2000:]
