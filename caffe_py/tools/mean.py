@@ -16,6 +16,7 @@ import numpy as np
 from ..errors import DataError
 from ..io.db.db import open_db
 from ..io.formats.blobproto import blob_from_array, write_blob_file
+from ..io.formats.datum import format_key
 from .convert import ProgressFactory, no_progress
 from .dbinfo import scan_records
 
@@ -48,7 +49,12 @@ def compute_mean(db: str | os.PathLike, out: str | os.PathLike | None, *,
     total: np.ndarray | None = None
     count = 0
     with open_db(db, backend) as reader:
-        for _, _, array in scan_records(reader, progress=progress):
+        for key, _, array in scan_records(reader, progress=progress):
+            if array.dtype != np.uint8 and not np.isfinite(array).all():
+                bad = array[~np.isfinite(array)][0]
+                raise DataError(f"{reader.source}: record {format_key(key)} holds a non-finite "
+                                f"value ({bad}) in its float_data, which would make the whole "
+                                "mean non-finite; fix or drop that record (nothing was written)")
             # Sums in float64: exact for any realistic count of uint8 images.
             if total is None:
                 total = array.astype(np.float64)

@@ -63,3 +63,15 @@ def test_empty_database(tmp_path):
     with pytest.raises(DataError) as info:
         compute_mean(db, tmp_path / "m.binaryproto")
     assert str(info.value) == f"{db}: the database is empty; there is no mean to compute"
+
+
+def test_a_non_finite_float_record_is_named_and_nothing_written(tmp_path):
+    datums = [datum_from_array(np.ones((1, 1, 2), np.float32), 0),
+              Datum(1, 1, 2, b"", 1, [float("nan"), 1.0])]
+    db = _db(tmp_path / "db", datums)
+    with pytest.raises(DataError) as info:
+        compute_mean(db, tmp_path / "m.binaryproto")
+    assert str(info.value) == (f"{db}: record '00000001' holds a non-finite value (nan) in its "
+                               "float_data, which would make the whole mean non-finite; fix or "
+                               "drop that record (nothing was written)")
+    assert not (tmp_path / "m.binaryproto").exists()
