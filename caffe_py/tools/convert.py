@@ -121,9 +121,11 @@ def write_source(source: RecordSource[Any], db: str | Path, *, resume: bool = Fa
     ``db.partial``), each as ``encode`` makes its bytes (a Datum's by default)."""
     began = time.perf_counter()
     writer = open_writer(db, backend, resume=resume)
+    started = False   # past the resume checks, writing records
     try:
         writer.record_inputs(source.inputs)
         _check_resume_point(source, writer)
+        started = True
         bar = progress(source.count, Path(db).name)
         bar.update(writer.resumed)
         try:
@@ -132,6 +134,15 @@ def write_source(source: RecordSource[Any], db: str | Path, *, resume: bool = Fa
                 bar.update(1)
         finally:
             bar.close()
+    except DataError as exc:   # a bad input: say what was kept and how to go on from it
+        kept = writer.abandon(discard_if_empty=True)
+        if not (started and kept.records):
+            raise
+        partial = partial_path(db)
+        n = kept.records
+        raise DataError(f"{exc}; {partial} keeps the {n} record{'s' * (n != 1)} before it: "
+                        "fix that input and run the same command with --resume to continue, "
+                        f"or delete {partial} to start again") from None
     except BaseException:
         writer.abandon(discard_if_empty=True)  # nothing worth resuming: leave no trace
         raise

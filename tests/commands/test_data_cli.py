@@ -86,7 +86,9 @@ def test_imageset_errors(tmp_path):
     listfile.write_text("a.png 0\nb.png 1\n")
     result = _run("convert", "imageset", tmp_path, listfile, tmp_path / "db")
     assert (result.exit_code, result.stderr) == (
-        1, f"Error: {listfile}:2: {tmp_path}/b.png: image not found\n")
+        1, f"Error: {listfile}:2: {tmp_path}/b.png: image not found; {tmp_path}/db.partial "
+           "keeps the 1 record before it: fix that input and run the same command with "
+           f"--resume to continue, or delete {tmp_path}/db.partial to start again\n")
     result = _run("convert", "imageset", tmp_path, listfile, tmp_path / "x", "--encode-type",
                   "png")
     assert result.exit_code == 1 and "--encode-type needs --encoded" in result.stderr

@@ -259,13 +259,22 @@ def test_imageset_resize_and_check_size(imageset, tmp_path):
         assert (datum.channels, datum.height, datum.width) == (3, 2, 3)
 
 
+def kept(db, n):
+    """What a conversion's bad-input error adds once records were written before it."""
+    partial = f"{db}.partial"
+    return (f"; {partial} keeps the {n} record{'s' * (n != 1)} before it: fix that input and "
+            f"run the same command with --resume to continue, or delete {partial} to start "
+            "again")
+
+
 def test_check_size_names_the_odd_image(imageset, tmp_path):
     root, listfile, _ = imageset
     write_png(root / "c.png", np.zeros((6, 5, 3), dtype=np.uint8))
     with pytest.raises(DataError) as info:
         convert_imageset(root, listfile, tmp_path / "db", ImagesetOptions(check_size=True))
     assert str(info.value) == (f"{listfile}:4: c.png is 3x6x5 but the first image is 3x4x5; "
-                               "resize with --resize-width/--resize-height or drop --check-size")
+                               "resize with --resize-width/--resize-height or drop --check-size"
+                               + kept(tmp_path / "db", 2))
 
 
 def test_shuffle_is_deterministic_with_the_seed(imageset, tmp_path):
@@ -335,7 +344,7 @@ def test_a_fifo_listed_as_an_image_is_refused_instead_of_waited_on(imageset, tmp
     want = f"{listfile}:2: {root}/pipe.png: not a regular file (a FIFO); list image files only"
     with pytest.raises(DataError) as info:
         convert_imageset(root, listfile, tmp_path / "db")
-    assert str(info.value) == want
+    assert str(info.value) == want + kept(tmp_path / "db", 1)
     with pytest.raises(DataError) as info:
         write_image_sizes(root, listfile, tmp_path / "sizes.txt")
     assert str(info.value) == want
@@ -346,7 +355,8 @@ def test_missing_image_is_named(imageset, tmp_path):
     listfile.write_text("a.png 0\nmissing.png 1\n")
     with pytest.raises(DataError) as info:
         convert_imageset(root, listfile, tmp_path / "db")
-    assert str(info.value) == f"{listfile}:2: {root}/missing.png: image not found"
+    assert str(info.value) == (f"{listfile}:2: {root}/missing.png: image not found"
+                               + kept(tmp_path / "db", 1))
     # a.png was written: once the image is there, the conversion resumes after it.
     write_png(root / "missing.png", np.zeros((2, 2, 3), dtype=np.uint8))
     result = convert_imageset(root, listfile, tmp_path / "db", resume=True)
