@@ -172,23 +172,25 @@ def _png_bytes(value: int) -> bytes:
     return out.getvalue()
 
 
+STALLED_IMAGES = 4000
+
+
 @pytest.fixture
 def stalled_conversion(tmp_path):
-    """`cpy convert imageset` of 1,500 images whose 1,201st is a FIFO: it commits its first
-    1,000 records into db.partial, then waits on the FIFO (as on a hung network share) until
-    the test writes an image into it."""
+    """`cpy convert imageset` of 4,000 images stopped (SIGSTOP, as a process stalled on a hung
+    network share) once it has committed its first 1,000 records into db.partial, holding its
+    lock; ``release`` lets it go on (SIGCONT). (A FIFO among the images stalled it before;
+    such an entry is refused now.)"""
     import os
+    import signal
 
     images = tmp_path / "images"
     images.mkdir()
     png = _png_bytes(7)
     lines = []
-    for i in range(1500):
+    for i in range(STALLED_IMAGES):
         name = f"{i:04d}.png"
-        if i == 1200:
-            os.mkfifo(images / name)
-        else:
-            (images / name).write_bytes(png)
+        (images / name).write_bytes(png)
         lines.append(f"{name} {i % 3}")
     (tmp_path / "list.txt").write_text("\n".join(lines) + "\n")
     live = cli_process(tmp_path, "convert", "imageset", "images", "list.txt", "db")
@@ -196,11 +198,11 @@ def stalled_conversion(tmp_path):
     while not (tmp_path / "db.partial" / "data.mdb").exists() or \
             (tmp_path / "db.partial" / "data.mdb").stat().st_size < 16384:
         assert live.poll() is None and time.monotonic() < deadline, live.stderr.read()
-        time.sleep(0.1)
+        time.sleep(0.005)
+    os.kill(live.pid, signal.SIGSTOP)
 
     def release():
-        with open(images / "1200.png", "wb") as fifo:
-            fifo.write(png)
+        os.kill(live.pid, signal.SIGCONT)
 
     yield tmp_path, live, release
     live.kill()
@@ -220,7 +222,7 @@ def test_a_second_conversion_into_a_live_ones_database_is_refused(stalled_conver
     release()
     out, err = live.communicate(timeout=60)
     assert live.returncode == 0, err
-    assert out.startswith("db: 1500 records, ")
+    assert out.startswith(f"db: {STALLED_IMAGES} records, ")
     assert sorted(p.name for p in work.iterdir() if p.name.startswith("db")) == ["db"]
 
 
