@@ -187,6 +187,7 @@ class AnnosetSource:
         opts = self.options
         file = self.root / entry.image
         try:
+            check_image_file(file)
             original = load_image(file, color=not opts.gray)
         except DataError as exc:
             raise DataError(f"{self.listfile}:{entry.line}: {exc}") from None

@@ -31,6 +31,7 @@ from ..io.db.partial import PartialWriter, partial_path
 from ..io.formats.datum import Datum, encode_datum, format_key
 from ..io.formats.images import (
     ENCODE_TYPES,
+    check_image_file,
     encode_image,
     extension_type,
     load_image,
@@ -374,6 +375,7 @@ class ImagesetSource:
         opts = self.options
         file = self.root / entry.path
         try:
+            check_image_file(file)
             array = load_image(file, color=not opts.gray)
         except DataError as exc:
             raise DataError(f"{self.listfile}:{entry.line}: {exc}") from None

@@ -30,9 +30,10 @@ SPECIAL_FILES = ((stat.S_ISFIFO, "a FIFO"), (stat.S_ISSOCK, "a socket"),
 
 
 def check_image_file(path: Path) -> None:
-    """Refuse a FIFO, socket or device where an image file is listed: opening a FIFO waits for
-    a writer, so one such entry would stop a conversion of a million images with no word.
-    (A missing file is left to the open, which names it.)"""
+    """Refuse a FIFO, socket or device where a conversion lists an image file: opening a FIFO
+    waits for a writer, so one such entry would stop a conversion of a million images with no
+    word. (A missing file is left to the open, which names it. A training run's reads have the
+    reader's watchdog instead, which names the file a read is stuck on.)"""
     try:
         mode = path.stat().st_mode
     except OSError:
@@ -48,7 +49,6 @@ def load_image(path: Path, *, color: bool) -> np.ndarray:
     :func:`_gray`). Raises :class:`DataError` naming the file."""
     from PIL import Image, UnidentifiedImageError
 
-    check_image_file(path)
     try:
         with Image.open(path) as image:
             if not color and image.format == "JPEG" and image.mode != "L":
