@@ -214,7 +214,11 @@ def _open_readonly(path: Path, fix: str) -> Any:
                             "again")
         raise DataError(f"{path}: database not found; {fix}")
     try:
-        return plyvel.DB(str(path), create_if_missing=False, max_open_files=MAX_OPEN_FILES)
+        # paranoid_checks: a damaged log is an error at open. Without it LevelDB's recovery
+        # drops the damaged records and rewrites the log into a table, so that reading the
+        # database lost records silently, and for good.
+        return plyvel.DB(str(path), create_if_missing=False, max_open_files=MAX_OPEN_FILES,
+                         paranoid_checks=True)
     except plyvel.IOError as exc:
         if "lock" in str(exc).lower():
             raise DataError(f"{path}: the LevelDB database is open in another process (LevelDB "
@@ -224,8 +228,8 @@ def _open_readonly(path: Path, fix: str) -> Any:
         raise DataError(f"{path}: cannot open the LevelDB database ({_reason(exc)}); {fix}") \
             from None
     except plyvel.Error as exc:
-        raise DataError(f"{path}: corrupt LevelDB database ({_reason(exc)}); delete it and "
-                        "convert the data again") from None
+        raise DataError(f"{path}: corrupt LevelDB database ({_reason(exc)}); restore a copy, "
+                        "or delete it and convert the data again") from None
 
 
 def _reason(exc: BaseException) -> str:

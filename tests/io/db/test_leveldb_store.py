@@ -147,3 +147,21 @@ def test_reader_pool_gives_the_same_records_and_state_from_either_backend(tmp_pa
     assert got["lmdb"] == got["leveldb"] == (
         [[0, 2, 4, 6], [1, 3, 5, 0]], {"TRAIN/d": {"replicas": 2, "origin": 0, "next": [8, 9]}},
         [1, 2, 3])
+
+
+def test_a_damaged_log_is_refused_and_left_as_it_was(tmp_path):
+    """LevelDB's recovery at open used to drop the damaged records and rewrite the log into a
+    table: db-info then counted fewer records, said every record decodes, and the records were
+    gone for good. Opened with paranoid checks, the database is refused in one line and its
+    files are left as they were."""
+    db = fill(tmp_path / "db", 250)
+    logs = [p for p in db.iterdir() if p.suffix == ".log" and p.stat().st_size > 1000]
+    assert logs, sorted(p.name for p in db.iterdir())
+    data = bytearray(logs[0].read_bytes())
+    data[len(data) // 2] ^= 0xFF
+    logs[0].write_bytes(bytes(data))
+    with pytest.raises(DataError) as info:
+        open_db(db, "leveldb")
+    assert str(info.value) == (f"{db}: corrupt LevelDB database (checksum mismatch); restore a "
+                               "copy, or delete it and convert the data again")
+    assert logs[0].read_bytes() == bytes(data)
