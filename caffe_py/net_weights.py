@@ -103,12 +103,15 @@ class WeightsMixin:
                     f"are not in the file and keep their fillers' values: "
                     f"{', '.join(unfilled)}")
 
-    def share_weights_with(self, other: Net) -> list[str]:
+    def share_weights_with(self, other: Net, *,
+                           fix: str = "layers of one name must match across phases"
+                           ) -> list[str]:
         """Caffe's ShareTrainedLayersWith: use ``other``'s blob tensors for same-named layers.
 
         Each layer of ``other`` is matched with the first layer of this net of its name (a later
         one of a repeated name wins, as in Caffe). Returns the names of the layers that now
-        share. A layer of this net that ``other`` lacks keeps its own blobs, as in Caffe.
+        share. A layer of this net that ``other`` lacks keeps its own blobs, as in Caffe. A
+        layer whose blobs differ is a NetError ending in ``fix``.
         """
         first = self._first_by_name()
         pairs: dict[str, tuple[Layer, Layer]] = {}
@@ -119,15 +122,14 @@ class WeightsMixin:
             if len(src.blob_names) != len(layer.blob_names):
                 raise NetError(f"layer {self._ref(layer)} has {len(layer.blob_names)} blob(s) "
                                f"here but {len(src.blob_names)} in net '{other.name}' "
-                               f"({other.phase}); layers of one name must match across phases")
+                               f"({other.phase}); {fix}")
             for i, (attr, src_attr) in enumerate(zip(layer.blob_names, src.blob_names,
                                                      strict=True)):
                 a, b = getattr(layer, attr), getattr(src, src_attr)
                 if a.shape != b.shape:
                     raise NetError(f"layer {self._ref(layer)} blob {i}: shape {list(a.shape)} "
                                    f"here but {list(b.shape)} in net '{other.name}' "
-                                   f"({other.phase}); layers of one name must match across "
-                                   "phases")
+                                   f"({other.phase}); {fix}")
             if layer.blob_names:
                 pairs[src.name] = (layer, src)
         for layer, src in pairs.values():

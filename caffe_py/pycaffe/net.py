@@ -430,6 +430,12 @@ class Net:
             for top, shape in zip(step.tops, top_shapes(step), strict=False):
                 self._memory[top].reshape(shape)
 
+    def _built_inputs(self) -> list[tuple[str, tuple[int, ...]]]:
+        """Each Input top's name and the shape the caffe-py net was built for."""
+        return [(self._names[top], tuple(built)) for step in self._steps
+                if step.type == "Input" and step.layer is not None
+                for top, built in zip(step.tops, step.layer.top_shapes, strict=True)]
+
     def _rebuild_for_inputs(self, batch_too: bool) -> None:
         """Set the caffe-py net up again when an input blob's shape differs from the one it
         was built for beyond the batch axis (or at all, with ``batch_too``), sharing every
@@ -450,7 +456,12 @@ class Net:
         old = self._net
         new = build(with_input_shapes(old.spec, shapes), old.phase, old.stages, old.level,
                      device=old.device, record=False)
-        new.share_weights_with(old)
+        built = {name: "x".join(map(str, shape)) for name, shape in self._built_inputs()}
+        wanted = ", ".join(f"{name} {'x'.join(map(str, shape))}" for name, shape in
+                           shapes.items() if "x".join(map(str, shape)) != built.get(name))
+        back = ", ".join(f"{name} {shape}" for name, shape in built.items())
+        new.share_weights_with(old, fix=f"the inputs' new shapes ({wanted}) change this "
+                                        f"layer's weights; reshape the inputs back to {back}")
         caffe_stream.use_caffe_dropout(new)
         by_name: dict[str, list[Layer]] = {}
         for layer in new.layers:

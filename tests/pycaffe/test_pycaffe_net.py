@@ -140,6 +140,20 @@ def test_reshape_gives_every_blob_its_new_shape(net):
     assert net.blobs["sig"].data.shape == (4, 5)
 
 
+def test_input_shapes_that_change_a_layers_weights_say_so(net):
+    """An InnerProduct fed 2 x 3 x 2 x 2 where its weights take 3 x 4 x 4 values: the error
+    names the reshaped input and the shape to go back to (it spoke of layers across phases)."""
+    from caffe_py.errors import NetError
+
+    net.blobs["data"].reshape(2, 3, 2, 2)
+    with pytest.raises(NetError) as info:
+        net.forward()
+    assert str(info.value) == ("layer 'ip' blob 0: shape [5, 12] here but "
+                               "[5, 48] in net 'small' (TEST); the inputs' new shapes (data "
+                               "2x3x2x2) change this layer's weights; reshape the inputs back to "
+                               "data 2x3x4x4, target 2x5")
+
+
 def test_an_image_of_another_size_sets_the_net_up_again(tmp_path):
     path = tmp_path / "conv.prototxt"
     path.write_text('input: "data"\ninput_shape { dim: 1 dim: 1 dim: 6 dim: 6 }\n'
