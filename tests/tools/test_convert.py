@@ -324,8 +324,20 @@ def test_list_line_without_label(imageset, tmp_path):
     listfile.write_text("a.png 0\na.png x\n")
     with pytest.raises(DataError) as info:
         convert_imageset(root, listfile, tmp_path / "db")
-    assert str(info.value) == (f"{listfile}:2: label 'x' is not an integer; each line is "
-                               "'path label'")
+    assert str(info.value) == (f"{listfile}:2: label 'x' is not a decimal integer; each line "
+                               "is 'path label'")
+    # int() would take these; Caffe's atoi reads 1 of '1_000' and 0 of the Arabic-Indic 3
+    for label in ("1_000", "\u0663", "0x10", "1e3"):
+        listfile.write_text(f"a.png 0\na.png {label}\n")
+        with pytest.raises(DataError) as info:
+            convert_imageset(root, listfile, tmp_path / "db")
+        assert str(info.value) == (f"{listfile}:2: label {label!r} is not a decimal integer; "
+                                   "each line is 'path label'")
+    listfile.write_text("a.png 0\na.png 1 \n")
+    with pytest.raises(DataError) as info:
+        convert_imageset(root, listfile, tmp_path / "db")
+    assert str(info.value) == (f"{listfile}:2: the line ends with a space (the label is what "
+                               "follows the last space); each line is 'path label'")
     listfile.write_text("a.png 2147483647\nb.png 2147483648\n")
     with pytest.raises(DataError) as info:
         convert_imageset(root, listfile, tmp_path / "db")

@@ -13,6 +13,7 @@ reads relative paths from where it runs) to the current directory.
 from __future__ import annotations
 
 import os
+import re
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -32,6 +33,8 @@ class ListEntry:
     line: int  # 1-based line in the list file, for messages
 
 
+DECIMAL = re.compile(r"[+-]?[0-9]+")
+"""A list label: ASCII decimal digits with an optional sign (what Caffe's atoi reads whole)."""
 LABEL_MIN, LABEL_MAX = -(2 ** 31), 2 ** 31 - 1
 """A Datum's label is an int32 (Caffe reads list labels with atoi)."""
 
@@ -76,11 +79,11 @@ def read_image_list(listfile: str | Path) -> list[ListEntry]:
     entries = []
     for number, path, label in last_space_lines(listfile, form="path label",
                                                 missing="has no label"):
-        try:
-            value = int(label)
-        except ValueError:
-            raise DataError(f"{listfile}:{number}: label {label!r} is not an integer; each "
-                            "line is 'path label'") from None
+        if not DECIMAL.fullmatch(label):   # int() also takes '1_000' and other digits
+            why = "the line ends with a space (the label is what follows the last space)" \
+                if not label else f"label {label!r} is not a decimal integer"
+            raise DataError(f"{listfile}:{number}: {why}; each line is 'path label'")
+        value = int(label)
         if not LABEL_MIN <= value <= LABEL_MAX:
             raise DataError(f"{listfile}:{number}: label {label} does not fit a Datum's 32-bit "
                             f"label; use labels from {LABEL_MIN} to {LABEL_MAX}")
