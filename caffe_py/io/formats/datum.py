@@ -227,7 +227,11 @@ def decode_image(data: bytes, *, color: bool | None = None) -> np.ndarray:
         from .images import bomb_reason
 
         raise DataError(bomb_reason(exc)) from None
-    except (UnidentifiedImageError, OSError, ValueError) as exc:
+    except UnidentifiedImageError:   # its message names Pillow's BytesIO object
+        begin = f": they begin {bytes(data[:8]).hex(' ')}" if len(data) else ""
+        raise DataError(f"encoded image does not decode (its {len(data)} bytes are no image "
+                        f"format Pillow reads{begin})") from None
+    except (OSError, ValueError) as exc:
         raise DataError(f"encoded image does not decode ({exc})") from None
 
 

@@ -144,5 +144,12 @@ def test_encoded_gray_keeps_one_channel_unless_colour_forced():
 
 
 def test_encoded_garbage_is_a_data_error():
-    with pytest.raises(DataError, match="encoded image does not decode"):
+    """The message shows the bytes, not Pillow's name for its BytesIO object."""
+    with pytest.raises(DataError) as info:
         datum_to_array(Datum(data=b"not an image", encoded=True))
+    assert str(info.value) == ("encoded image does not decode (its 12 bytes are no image format "
+                               "Pillow reads: they begin 6e 6f 74 20 61 6e 20 69)")
+    with pytest.raises(DataError) as info:
+        datum_to_array(Datum(data=b"", encoded=True))
+    assert str(info.value) == ("encoded image does not decode (its 0 bytes are no image format "
+                               "Pillow reads)")
