@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import inspect
 import logging
+import re
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -33,6 +34,8 @@ class GFlag:
     help: str
 
 
+NUMBER = re.compile(r"-[0-9]+(\.[0-9]*)?")
+"""A negative number among the arguments (e.g. extract_features' num_mini_batches)."""
 HELP_FLAGS = ("-h", "-help", "--help", "-helpshort", "--helpshort")
 """gflags' help flags. click's own short help option would read a single-dash flag holding an
 'h' (-shuffle, -resize_height, -check_size) as a cluster of short options and print the help
@@ -57,8 +60,8 @@ def parse_gflags(tool: str, args: Sequence[str],
         if arg == "--":
             positional.extend(items[i:])
             break
-        if not arg.startswith("-") or arg == "-":
-            positional.append(arg)
+        if not arg.startswith("-") or arg == "-" or NUMBER.fullmatch(arg):
+            positional.append(arg)   # a negative number is a value, as in gflags
             continue
         name, eq, value = arg.lstrip("-").partition("=")
         name = name.replace("-", "_")

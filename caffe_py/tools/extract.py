@@ -12,6 +12,7 @@ layer after it included), as Caffe's blob is.
 from __future__ import annotations
 
 import logging
+import os
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -48,6 +49,13 @@ def extract_features(weights: str | Path, spec: str | Path, blobs: Sequence[str]
                         "blob names and dataset names must be equal; give one database per blob")
     if batches < 1:
         raise DataError(f"num_mini_batches is {batches}; give a number >= 1")
+    seen: dict[str, str] = {}
+    for blob, db in zip(blobs, dbs, strict=True):
+        key = os.path.realpath(db)
+        if key in seen:
+            raise DataError(f"database {db} is named for blobs {seen[key]} and {blob}; give "
+                            "each blob a database of its own")
+        seen[key] = blob
     net = load_net(spec, weights, device=device)
     unknown = [b for b in blobs if b not in net.blobs]
     if unknown:

@@ -66,6 +66,10 @@ def test_extract_features_errors_are_one_line(tmp_path, monkeypatch):
                                             "equal; give one database per blob",
         ("ip", "f_lmdb", "x", "lmdb"): "Error: extract_features: num_mini_batches 'x' is not a "
                                        "number",
+        ("ip", "f_lmdb", "-1", "lmdb"): "Error: num_mini_batches is -1; give a number >= 1",
+        ("ip,data", "f_lmdb,./f_lmdb", "1", "lmdb"): "Error: database ./f_lmdb is named for "
+                                                     "blobs ip and data; give each blob a "
+                                                     "database of its own",
         ("ip", "f_lmdb"): "Error: extract_features: expected 6 to 8 arguments, got 4; usage: "
                           "cpy extract_features pretrained_net_param "
                           "feature_extraction_proto_file extract_feature_blob_name1[,name2,...] "
