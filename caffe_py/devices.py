@@ -30,6 +30,11 @@ class DeviceError(CaffePyError):
     """A device list that names devices this machine does not have."""
 
 
+MAX_CPU_REPLICAS = 64
+"""The most CPU replicas ``--gpus cpu:N`` takes (or the cores, where there are more): each is a
+thread with its own copy of the net, and thousands of them exhausted the machine's memory or
+its threads before the first iteration, past a stop signal."""
+
 def parse_devices(text: str | None, *, solver_mode: str = "GPU",
                   device_id: int = 0) -> list[torch.device]:
     """The devices ``--gpus text`` names (``None``: the default described above)."""
@@ -47,6 +52,11 @@ def parse_devices(text: str | None, *, solver_mode: str = "GPU",
             raise DeviceError(f"--gpus {text}: expected cpu:N with N >= 1 CPU replicas, "
                               "e.g. cpu:2")
         cores = os.cpu_count() or 1
+        most = max(MAX_CPU_REPLICAS, cores)
+        if len(count) > 6 or int(count) > most:
+            raise DeviceError(f"--gpus {text}: {count} CPU replicas is more than cpu:{most} "
+                              f"({cores} cores here; each replica is a thread with a copy of "
+                              f"the net); use at most cpu:{most}")
         if int(count) > cores:
             log.warning(f"Warning: --gpus {text}: {count} CPU replicas on {cores} cores; they "
                         f"take turns, so the run is slower than with cpu:{cores} (the numbers "

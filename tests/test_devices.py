@@ -44,6 +44,19 @@ def test_malformed(text, message):
     assert str(err.value) == message
 
 
+@pytest.mark.parametrize("count", ["5000", "99999999999999999999999"])
+def test_cpu_replicas_are_bounded(monkeypatch, count):
+    """Thousands of CPU replicas exhausted memory (OOM-killed, or a segfault under ulimit -v)
+    or ran past a stop signal before the first iteration; an integer past 64 bits overflowed."""
+    monkeypatch.setattr("os.cpu_count", lambda: 2)
+    with pytest.raises(DeviceError) as err:
+        parse_devices(f"cpu:{count}")
+    assert str(err.value) == (f"--gpus cpu:{count}: {count} CPU replicas is more than cpu:64 "
+                              "(2 cores here; each replica is a thread with a copy of the net); "
+                              "use at most cpu:64")
+    assert len(parse_devices("cpu:64")) == 64
+
+
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 def test_cuda_ids_are_checked():
