@@ -15,8 +15,6 @@ dataset, ``caffe_py_extras`` (the bytes of a ``torch.save``, loaded with
 from __future__ import annotations
 
 import io
-import os
-import tempfile
 import warnings
 from collections.abc import Mapping, Sequence
 from pathlib import Path
@@ -26,7 +24,7 @@ import numpy as np
 import torch
 
 from ..errors import SolverError, WriteError
-from ..fileio import fsync_dir, is_stream
+from ..fileio import atomic_write_bytes, is_stream
 
 HDF5_MAGIC = b"\x89HDF\r\n\x1a\n"
 EXTRAS = "caffe_py_extras"
@@ -161,24 +159,18 @@ def load_state(path: str | Path) -> dict[str, Any]:
 
 
 def _atomic_h5(path: Path, fill: Any, h5py: Any) -> None:
-    """Write an HDF5 file through a temporary file beside ``path``, fsynced, then renamed."""
+    """Write an HDF5 file atomically: made in memory, then written as every other file is
+    (:func:`~caffe_py.fileio.atomic_write_bytes`: a temporary beside ``path``, fsynced, renamed;
+    the mode a plain open gives; a full disk is the one-line error, the previous file intact).
+    Written by HDF5 itself into the temporary, a full disk was a traceback from HDF5, or a
+    segfault inside it, and the file's mode was 0600."""
     if is_stream(path):
         raise WriteError(str(path), f"cannot write {path}: an HDF5 snapshot needs a regular "
                          "file, not a device or a pipe; write it elsewhere")
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, name = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    os.close(fd)
-    tmp = Path(name)
-    try:
-        with h5py.File(tmp, "w") as h5:
-            fill(h5)
-        with open(tmp, "rb+") as f:
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        tmp.unlink(missing_ok=True)
-        raise
-    fsync_dir(path.parent)
+    buffer = io.BytesIO()
+    with h5py.File(buffer, "w") as h5:
+        fill(h5)
+    atomic_write_bytes(path, buffer.getvalue())
 
 
 def _numbered(group: Any, where: str) -> list[torch.Tensor]:

@@ -170,3 +170,20 @@ def test_garbage_caffemodel_is_a_one_line_error(tmp_path):
     with pytest.raises(SolverError, match=r"w.caffemodel.h5: not an HDF5 file \(no HDF5 "
                                           r"signature\); give a Caffe .caffemodel.h5"):
         snap.load_weights(h5)
+
+
+def test_hdf5_snapshots_get_a_plain_files_mode_and_no_temporary(tmp_path):
+    """HDF5 files were 0600 (HDF5 wrote the mkstemp temporary); every other file caffe-py
+    writes gets 0666 less the umask."""
+    pytest.importorskip("h5py")
+    from caffe_py.solver import hdf5_snapshot
+
+    umask = os.umask(0o022)
+    try:
+        hdf5_snapshot.save_weights({"ip": [torch.ones(2, 3)]}, tmp_path / "w.caffemodel.h5")
+    finally:
+        os.umask(umask)
+    assert oct((tmp_path / "w.caffemodel.h5").stat().st_mode & 0o777) == oct(0o644)
+    assert [p.name for p in tmp_path.iterdir()] == ["w.caffemodel.h5"]
+    assert torch.equal(hdf5_snapshot.load_weights(tmp_path / "w.caffemodel.h5")["ip"][0],
+                       torch.ones(2, 3))
