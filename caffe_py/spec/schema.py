@@ -277,6 +277,9 @@ def convert(raw: Any, tp: Any, meta: typing.Mapping, src: Source, path: str, lin
         value = _to_float(raw)
         if value is None:
             fail(f"expected a number, got {_show(raw)}")
+        if math.isfinite(value) and abs(value) > FLOAT32_MAX:
+            fail(f"{value:g} does not fit in a 32-bit float, as Caffe's float fields are "
+                 "(at most 3.4e+38)", "use a smaller value")
         _bounds(value, meta, fail)
         return value
     if tp is str:
@@ -300,6 +303,11 @@ def convert(raw: Any, tp: Any, meta: typing.Mapping, src: Source, path: str, lin
         return text
     raise TypeError(f"unsupported field type {tp!r} at {path}")  # a schema bug, not user input
 
+
+
+FLOAT32_MAX = 3.4028234663852886e38
+"""The largest finite float32: a finite value past it (1e300 as a weight_decay, a ReLU slope or
+a filler's value) would become inf in the net's float32 tensors, or fail converting to them."""
 
 def resolve_path(value: str, src: Source) -> Path:
     """A path written in a spec, resolved against that spec's directory."""

@@ -48,6 +48,10 @@ CASES = {
         num_output=18446744073709551616),
         "layer[2].convolution_param.num_output: 18446744073709551616 does not fit in 64 bits; "
         "use a value between -2^63 and 2^63 - 1"),
+    "past float32": (lambda layers: layers[2]["convolution_param"].update(
+        weight_filler={"type": "constant", "value": -1e300}),
+        "layer[2].convolution_param.weight_filler.value: -1e+300 does not fit in a 32-bit "
+        "float, as Caffe's float fields are (at most 3.4e+38); use a smaller value"),
     "kernel over the input": (lambda layers: layers[2]["convolution_param"].update(
         kernel_size=500),
         "layer 'conv1' (Convolution): bottom 'data' (index 0) of spatial size [28, 28] padded "
@@ -71,6 +75,15 @@ def test_a_hostile_net_is_one_line(tmp_path, case):
     assert message in err
 
 
+def test_a_solver_value_past_float32_is_one_line(tmp_path):
+    """weight_decay 1e300 ended in torch's overflow error at the first update."""
+    (tmp_path / "s.yaml").write_text("net: n.yaml\nbase_lr: 0.1\nweight_decay: 1e300\n")
+    code, err = cpy("train", "--solver", str(tmp_path / "s.yaml"))
+    assert (code, err) == (1, f"Error: {tmp_path / 's.yaml'}:3: weight_decay: 1e+300 does not "
+                              "fit in a 32-bit float, as Caffe's float fields are (at most "
+                              "3.4e+38); use a smaller value")
+
+
 def test_values_with_newlines_stay_one_line(tmp_path):
     (tmp_path / "s.yaml").write_text('net: n.yaml\nbase_lr: 0.1\nlr_policy: "fi\\nxed"\n')
     code, err = cpy("train", "--solver", str(tmp_path / "s.yaml"))
@@ -84,7 +97,7 @@ def test_values_with_newlines_stay_one_line(tmp_path):
 
 def test_a_usage_error_exits_1():
     code, err = cpy("frobnicate")
-    assert code == 1 and err.endswith("Error: No such command 'frobnicate'.")
+    assert code == 1 and err.startswith("Error: No such command 'frobnicate' (see '")
 
 
 class Exploit:
