@@ -43,13 +43,13 @@ import torch
 from .. import interrupts
 from ..errors import CaffePyError, SolverError, WriteError, one_line_reason
 from ..net import Net, NetOutput
+from ..spec.lr_policy import learning_rate
 from ..spec.solver_spec import SolverParameter
 from . import snapshot as snap
 from .callbacks import Callback
 from .detection_eval import detection_outputs, run_detection_batches
 from .evaluate import format_output_lines, output_means, run_batches
 from .loss_scale import LossScale
-from .lr_policy import learning_rate
 from .metrics import FIXED, MetricsFile, metrics_path, output_columns, seconds_at
 from .monitor import Monitor
 from .roles import ROOT, Role, Seeds, StepFn, eager_step

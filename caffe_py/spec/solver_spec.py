@@ -10,6 +10,7 @@ test net...), reported at the offending key's line.
 """
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -225,6 +226,35 @@ class SolverParameter(Message):
         if any(b <= a for a, b in zip(self.stepvalue, self.stepvalue[1:], strict=False)):
             v.fail("stepvalue", f"stepvalue must increase, got {self.stepvalue}",
                    "list the iterations in ascending order")
+        self._check_rates(v)
+        if self.type == "Adam" and (self.momentum >= 1 or self.momentum2 >= 1):
+            key = "momentum" if self.momentum >= 1 else "momentum2"
+            v.fail(key, f"Adam needs {key} < 1 (its bias correction divides by 1 - "
+                        f"{key}^t), got {getattr(self, key):g}",
+                   f"use e.g. {key}: {0.9 if key == 'momentum' else 0.999}")
+
+    def _check_rates(self, v: Check) -> None:
+        """The policy's rate at the first and the last iteration (each policy is monotone in
+        the iteration) must be a finite number: an overflow (step with gamma 1e300) or no real
+        value (inv with 1 + gamma * iter below 0) stopped the run at that iteration, after
+        the ones before it had trained."""
+        from .lr_policy import learning_rate
+
+        if not (is_set(self, "base_lr") and all(is_set(self, n) or n == "stepvalue"
+                                                for n in _POLICY_NEEDS[self.lr_policy])):
+            return
+        for it in sorted({0, max(self.max_iter - 1, 0)}):
+            step = len(self.stepvalue) if it else 0
+            try:
+                rate = learning_rate(self, it, step)[0]
+            except (OverflowError, ValueError, ZeroDivisionError):
+                rate = math.nan
+            if not math.isfinite(rate):
+                v.fail("lr_policy", f"lr_policy {self.lr_policy} gives no finite learning rate "
+                                    f"at iteration {it} with these gamma, power and stepsize",
+                       "check gamma (inv: 1 + gamma * iter must stay > 0; step, exp, multistep: "
+                       "gamma^iter must stay finite)")
+                return
 
     def inert_notes(self) -> list[str]:
         """One line per field written in the spec that caffe-py accepts but does not act on."""

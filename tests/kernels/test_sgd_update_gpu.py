@@ -11,8 +11,8 @@ import pytest
 import torch
 
 from caffe_py.kernels import functions
-from caffe_py.solver.lr_policy import learning_rate
 from caffe_py.solver.rules import Updater
+from caffe_py.spec.lr_policy import learning_rate
 from caffe_py.spec.schema import Source
 from caffe_py.spec.solver_spec import parse_solver
 

@@ -4,7 +4,7 @@ import math
 import numpy as np
 import pytest
 
-from caffe_py.solver.lr_policy import learning_rate
+from caffe_py.spec.lr_policy import learning_rate
 from caffe_py.spec.schema import Source
 from caffe_py.spec.solver_spec import parse_solver
 
@@ -56,3 +56,10 @@ def test_multistep_rises_one_step_per_call_and_keeps_state():
 def test_step_sets_current_step_from_iteration():
     p = solver(lr_policy="step", gamma=0.1, stepsize=10)
     assert learning_rate(p, 25, 0) == (f32(0.1 * 0.01), 2)
+
+
+def test_sigmoid_past_exps_range_is_a_rate_of_zero():
+    """Caffe's 1 / (1 + exp(z)) with exp overflowing to inf: the rate is 0, not an error."""
+    p = solver(lr_policy="sigmoid", gamma=-1e30, stepsize=1)
+    assert learning_rate(p, 5, 0) == (0.0, 0)
+    assert learning_rate(p, 0, 0) == (f32(0.1), 0)

@@ -4,8 +4,8 @@ import math
 import pytest
 import torch
 
-from caffe_py.solver.lr_policy import learning_rate
 from caffe_py.solver.rules import Updater, group_params
+from caffe_py.spec.lr_policy import learning_rate
 from caffe_py.spec.schema import Source
 from caffe_py.spec.solver_spec import parse_solver
 

@@ -131,6 +131,20 @@ def test_inline_net_param_and_explicit_test_nets(tmp_path):
      "host_average_async"),
     ("net: net.yaml\nbase_lr: 0.1\nmodel_average_period: -4\n",
      "solver.yaml:3: model_average_period: -4 is below the minimum 0; use a value >= 0"),
+    ("net: net.yaml\nbase_lr: 0.1\nlr_policy: inv\ngamma: -0.5\npower: 1\nmax_iter: 3\n",
+     "solver.yaml:3: lr_policy: lr_policy inv gives no finite learning rate at iteration 2 "
+     "with these gamma, power and stepsize; check gamma (inv: 1 + gamma * iter must stay > 0; "
+     "step, exp, multistep: gamma^iter must stay finite)"),
+    ("net: net.yaml\nbase_lr: 0.1\nlr_policy: step\nstepsize: 1\ngamma: 1e30\nmax_iter: 10\n",
+     "solver.yaml:3: lr_policy: lr_policy step gives no finite learning rate at iteration 9 "
+     "with these gamma, power and stepsize; check gamma (inv: 1 + gamma * iter must stay > 0; "
+     "step, exp, multistep: gamma^iter must stay finite)"),
+    ("net: net.yaml\nbase_lr: 0.1\ntype: Adam\nmomentum: 1\n",
+     "solver.yaml:4: momentum: Adam needs momentum < 1 (its bias correction divides by 1 - "
+     "momentum^t), got 1; use e.g. momentum: 0.9"),
+    ("net: net.yaml\nbase_lr: 0.1\ntype: Adam\nmomentum2: 1\n",
+     "solver.yaml:4: momentum2: Adam needs momentum2 < 1 (its bias correction divides by 1 - "
+     "momentum2^t), got 1; use e.g. momentum2: 0.999"),
     ("net: net.yaml\nbase_lr: .nan\n",
      "solver.yaml:2: base_lr: nan is not a number; use a number >= 0"),
     ("net: net.yaml\nbase_lr: 0.1\nmomentum: .NaN\n",

@@ -7,10 +7,12 @@
 from __future__ import annotations
 
 import math
+from typing import TYPE_CHECKING
 
 import numpy as np
 
-from ..spec.solver_spec import SolverParameter
+if TYPE_CHECKING:
+    from .solver_spec import SolverParameter
 
 
 def learning_rate(p: SolverParameter, it: int, current_step: int) -> tuple[float, int]:
@@ -31,8 +33,9 @@ def learning_rate(p: SolverParameter, it: int, current_step: int) -> tuple[float
         rate = p.base_lr * math.pow(p.gamma, current_step)
     elif policy == "poly":
         rate = p.base_lr * math.pow(1.0 - it / p.max_iter, p.power)
-    elif policy == "sigmoid":
-        rate = p.base_lr / (1.0 + math.exp(-p.gamma * (it - p.stepsize)))
+    elif policy == "sigmoid":   # past exp's range the rate is 0, as Caffe's 1 / (1 + inf)
+        z = -p.gamma * (it - p.stepsize)
+        rate = p.base_lr / (1.0 + math.exp(z)) if z < 709.0 else 0.0
     else:  # the spec's choices make this unreachable from YAML
         raise ValueError(f"unknown lr_policy {policy!r}")
     return float(np.float32(rate)), current_step
