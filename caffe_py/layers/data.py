@@ -287,7 +287,8 @@ class Data(FedLayer):
         try:
             first = datum_to_array(datum, color=self.color)
         except DataError as exc:
-            raise DataError(f"{dp.source}: record {format_key(key)}: {exc}") from None
+            raise DataError(f"{dp.source}: record {format_key(key)}: {exc}; convert the data "
+                            "again (the records must hold the images)") from None
         channels, height, width = (int(d) for d in first.shape)
         if channels * height * width == 0:
             raise DataError(f"{dp.source}: record {format_key(key)} holds no data ({channels} x "

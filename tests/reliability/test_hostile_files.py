@@ -85,8 +85,9 @@ def test_records_without_data_are_refused(work):
     shutil.rmtree(work / "db")
     write_db(work / "db", [Datum(0, 0, 0, data=b"", label=0)] * 5)
     line = one_line_error(cpy(work, "train", "--solver", "solver.yaml"))
-    assert line.endswith("db: record '00000000' holds no data (0 x 0 x 0); convert the data "
-                         "again (the records must hold the images)")
+    assert line.endswith("db: record '00000000': holds no image (channels x height x width = "
+                         "0 x 0 x 0); convert the data again (the records must hold the "
+                         "images)")
 
 
 @pytest.fixture

@@ -196,8 +196,7 @@ def datum_to_array(datum: Datum, *, color: bool | None = None) -> np.ndarray:
         return decode_image(datum.data, color=color)
     c, h, w = datum.channels, datum.height, datum.width
     if min(c, h, w) < 1:
-        raise DataError(f"channels x height x width = {c} x {h} x {w}: a record needs at "
-                        "least one of each")
+        raise DataError(f"holds no image (channels x height x width = {c} x {h} x {w})")
     if datum.data:
         if len(datum.data) != c * h * w:
             raise DataError(f"data holds {len(datum.data)} bytes but channels x height x width "

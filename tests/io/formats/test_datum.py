@@ -112,8 +112,7 @@ def test_a_record_without_a_shape_is_refused(datum, shape):
     naming the shape, not numpy's reshape failure or an empty array."""
     with pytest.raises(DataError) as info:
         datum_to_array(datum)
-    assert str(info.value) == (f"channels x height x width = {shape}: a record needs at least "
-                               "one of each")
+    assert str(info.value) == f"holds no image (channels x height x width = {shape})"
 
 
 def _png(array_hwc: np.ndarray, mode: str) -> bytes:
