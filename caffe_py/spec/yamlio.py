@@ -200,26 +200,36 @@ def load(path: str | Path) -> Any:
     reader = FOREIGN.get(path.suffix.lower())
     if reader is not None and path.is_file():
         return loads(reader(path), source=str(path))
+    data = read_spec_bytes(path, "give a YAML file")
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise SpecError(f"not UTF-8 text (byte {exc.start})", file=str(path),
+                        fix="save the spec as UTF-8") from None
+    return loads(text, source=str(path))
+
+
+def read_spec_bytes(path: Path, fix: str) -> bytes:
+    """A spec file's bytes (a YAML spec, a prototxt): a regular file of at most
+    :data:`MAX_SPEC_BYTES`; a directory, a device or a pipe (``/dev/zero`` would be read until
+    memory ran out, a FIFO waited on) and a missing or unreadable file are one-line
+    SpecErrors ending in ``fix``."""
     try:
         if path.exists() and not path.is_file():
             kind = "a directory" if path.is_dir() else "not a regular file (a device or a pipe)"
-            raise SpecError(f"{kind}, not a spec", file=str(path), fix="give a YAML file")
+            raise SpecError(f"{kind}, not a spec", file=str(path), fix=fix)
         with path.open("rb") as file:
             data = file.read(MAX_SPEC_BYTES + 1)
         if len(data) > MAX_SPEC_BYTES:
             raise SpecError(f"larger than {MAX_SPEC_BYTES >> 20} MiB, not a spec",
-                            file=str(path), fix="give a YAML file")
-        text = data.decode("utf-8")
+                            file=str(path), fix=fix)
+        return data
     except FileNotFoundError:
         raise SpecError("file not found", file=str(path),
                         fix="check the path (relative to the current directory)") from None
-    except UnicodeDecodeError as exc:
-        raise SpecError(f"not UTF-8 text (byte {exc.start})", file=str(path),
-                        fix="save the spec as UTF-8") from None
     except OSError as exc:
         raise SpecError(f"cannot read ({(exc.strerror or type(exc).__name__).lower()})",
                         file=str(path), fix="check the path") from None
-    return loads(text, source=str(path))
 
 
 def _reader_error(exc: yaml.reader.ReaderError, text: str, source: str) -> SpecError:

@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from ..errors import SpecError
+from ..spec.yamlio import read_spec_bytes
 
 # Bare words protobuf accepts for a bool field.
 BOOL_WORDS = {"true": True, "True": True, "t": True, "false": False, "False": False, "f": False}
@@ -106,18 +107,13 @@ def parse(text: str, source: str = "<string>") -> Message:
 def parse_file(path: str | Path) -> Message:
     """Parse a .prototxt file; a missing or unreadable file is a one-line error."""
     path = Path(path)
+    data = read_spec_bytes(path, "give a .prototxt file")
     try:
-        text = path.read_text(encoding="utf-8")
-    except FileNotFoundError:
-        raise SpecError("file not found", file=str(path),
-                        fix="check the path (relative to the current directory)") from None
+        text = data.decode("utf-8")
     except UnicodeDecodeError as exc:
         raise SpecError(f"not UTF-8 text (byte {exc.start})", file=str(path),
                         fix="a .prototxt is text; a binary .caffemodel cannot be imported "
                             "as a spec") from None
-    except OSError as exc:
-        raise SpecError(f"cannot read: {exc.strerror or exc.__class__.__name__}",
-                        file=str(path)) from None
     return parse(text, str(path))
 
 

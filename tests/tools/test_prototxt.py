@@ -139,3 +139,24 @@ def test_parse_file_errors(tmp_path):
     good = tmp_path / "ok.prototxt"
     good.write_text("name: 'ok'\n")
     assert parse_file(good).first("name").value == "ok"
+
+
+def test_a_device_a_pipe_or_an_oversized_file_is_refused_before_reading(tmp_path, monkeypatch):
+    """import-prototxt read /dev/zero until memory ran out and waited on a FIFO forever; it
+    now takes what a YAML spec takes: a regular file of at most 64 MiB."""
+    import os
+
+    from caffe_py.spec import yamlio
+
+    os.mkfifo(tmp_path / "f.prototxt")
+    for path in ("/dev/zero", str(tmp_path / "f.prototxt")):
+        with pytest.raises(SpecError) as info:
+            parse_file(path)
+        assert str(info.value) == (f"{path}: not a regular file (a device or a pipe), not a "
+                                   "spec; give a .prototxt file")
+    (tmp_path / "big.prototxt").write_text("# padding\n" * 20 + 'name: "n"\n')
+    monkeypatch.setattr(yamlio, "MAX_SPEC_BYTES", 64)
+    with pytest.raises(SpecError) as info:
+        parse_file(tmp_path / "big.prototxt")
+    assert str(info.value) == (f"{tmp_path / 'big.prototxt'}: larger than 0 MiB, not a spec; "
+                               "give a .prototxt file")
