@@ -12,12 +12,14 @@ from __future__ import annotations
 
 import csv
 import datetime
+import io
 import re
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 from ..errors import CaffePyError
+from ..fileio import atomic_write_bytes
 
 Point = tuple[int, float | None, float]
 Series = dict[str, list[Point]]
@@ -140,6 +142,10 @@ def plot(runs: Sequence[str | Path], out: str | Path, *, x: str = "iterations",
          names: Sequence[str] = ("loss", "accuracy", "lr")) -> dict[str, dict[str, list]]:
     """Draw ``names`` of every run into the image ``out`` (png, svg or pdf); returns what was
     drawn: column -> run -> [(x, value)]."""
+    kind = Path(out).suffix.lower().lstrip(".")
+    if kind not in PLOT_FORMATS:
+        raise PlotError(f"{out}: cpy plot writes {', '.join(PLOT_FORMATS)} images, chosen by the "
+                        "file's extension; name the file with one of them (e.g. curves.png)")
     picked = [(run, pick(read_run(run), names)) for run in runs]  # bad inputs first
     try:
         import matplotlib
@@ -166,10 +172,14 @@ def plot(runs: Sequence[str | Path], out: str | Path, *, x: str = "iterations",
         ax.legend(fontsize="small")
     axes[-1, 0].set_xlabel(x)
     fig.tight_layout()
+    image = io.BytesIO()
     try:
-        fig.savefig(out)
-    except OSError as exc:
-        raise PlotError(f"cannot write {out} ({(exc.strerror or str(exc)).lower()})") from None
+        fig.savefig(image, format=kind)
     finally:
         plt.close(fig)
+    atomic_write_bytes(out, image.getvalue())   # as every file: atomic, a full disk one line
     return drawn
+
+
+PLOT_FORMATS = ("png", "svg", "pdf")
+"""The image kinds ``cpy plot`` writes, by the output's extension."""

@@ -2,6 +2,8 @@
 and the picture drawn from them."""
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 from click.testing import CliRunner
 from support import TINY_NET as NET
@@ -54,6 +56,15 @@ def test_plot_draws_the_tables_and_the_logs_numbers(tmp_path, monkeypatch):
         [p[2] for p in table["test0/acc"]]
     with pytest.raises(PlotError, match="^none of nope is in the runs"):
         plot(["snaps/tiny"], tmp_path / "x.png", names=["nope"])
+    # matplotlib's traceback for .txt; a name without an extension became NAME.png, and
+    # /dev/full a new /dev/full.png
+    for out in ("curves.txt", "curves", "/dev/full"):
+        with pytest.raises(PlotError) as info:
+            plot(["snaps/tiny"], out, names=["acc"])
+        assert str(info.value) == (f"{out}: cpy plot writes png, svg, pdf images, chosen by "
+                                   "the file's extension; name the file with one of them "
+                                   "(e.g. curves.png)")
+    assert not Path("curves.png.png").exists() and not Path("/dev/full.png").exists()
     result = CliRunner().invoke(cli, ["plot", "missing", "-o", "x.png"])
     assert (result.exit_code, result.stderr.strip()) == (
         1, "Error: missing: no such metrics table, snapshot prefix or log; give "
