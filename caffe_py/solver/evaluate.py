@@ -75,10 +75,12 @@ def format_output_lines(prefix: str, values: Mapping[str, torch.Tensor],
 
 @dataclass
 class LayerTimes:
-    """Milliseconds summed over the timed iterations, per layer name, in layer order."""
+    """Milliseconds summed over the timed iterations, per layer in layer order (a name may
+    repeat: each layer has its own row)."""
 
-    forward: dict[str, float] = field(default_factory=dict)
-    backward: dict[str, float] = field(default_factory=dict)
+    names: list[str] = field(default_factory=list)
+    forward: list[float] = field(default_factory=list)
+    backward: list[float] = field(default_factory=list)
     iterations: list[float] = field(default_factory=list)
     """Forward-backward milliseconds of each iteration."""
 
@@ -89,35 +91,39 @@ def time_layers(net: Net, iterations: int,
 
     Forward is timed around each layer's call within a real forward pass. Backward is timed
     per layer in isolation, from the bottoms that pass saw (the gradient of each top is ones),
-    as Caffe's Backward calls each layer on its own.
+    as Caffe's Backward calls each layer on its own. Layers are told apart by their place in
+    the net, not their names (two layers may share one).
     """
     sync = (lambda: torch.cuda.synchronize(net.device)) if net.device.type == "cuda" \
         else (lambda: None)
-    times = LayerTimes({layer.name: 0.0 for layer in net.layers},
-                       {layer.name: 0.0 for layer in net.layers})
-    seen: dict[str, tuple] = {}
-    starts: dict[str, float] = {}
+    layers = list(net.layers)
+    place = {id(layer): i for i, layer in enumerate(layers)}
+    times = LayerTimes([layer.name for layer in layers], [0.0] * len(layers),
+                       [0.0] * len(layers))
+    seen: dict[int, tuple] = {}
+    starts: dict[int, float] = {}
 
     def before(layer, args):
         sync()
-        seen[layer.name] = tuple(a.detach() for a in args)
-        starts[layer.name] = time.perf_counter()
+        seen[place[id(layer)]] = tuple(a.detach() for a in args)
+        starts[place[id(layer)]] = time.perf_counter()
 
     def after(layer, args, out):
         sync()
-        times.forward[layer.name] += (time.perf_counter() - starts[layer.name]) * 1e3
+        i = place[id(layer)]
+        times.forward[i] += (time.perf_counter() - starts[i]) * 1e3
 
-    needs = _bottoms_needing_grad(net, inputs)
-    hooks = [layer.register_forward_pre_hook(before) for layer in net.layers]
+    needs = _bottoms_needing_grad(net, inputs, place)
+    hooks = [layer.register_forward_pre_hook(before) for layer in layers]
     try:  # warm-up: the first isolated backward of a layer pays one-time setup costs
         with torch.no_grad():
             net(inputs)
-        for layer in reversed(net.layers):
-            _time_backward(layer, seen[layer.name], needs[layer.name], sync)
+        for i in reversed(range(len(layers))):
+            _time_backward(layers[i], seen[i], needs[i], sync)
     finally:
         for h in hooks:
             h.remove()
-    hooks = [h for layer in net.layers
+    hooks = [h for layer in layers
              for h in (layer.register_forward_pre_hook(before),
                        layer.register_forward_hook(after))]
     try:
@@ -125,9 +131,8 @@ def time_layers(net: Net, iterations: int,
             start = time.perf_counter()
             with torch.no_grad():
                 net(inputs)
-            for layer in reversed(net.layers):
-                times.backward[layer.name] += _time_backward(
-                    layer, seen[layer.name], needs[layer.name], sync)
+            for i in reversed(range(len(layers))):
+                times.backward[i] += _time_backward(layers[i], seen[i], needs[i], sync)
             times.iterations.append((time.perf_counter() - start) * 1e3)
             log.info(f"Iteration: {len(times.iterations)} forward-backward time: "
                      f"{times.iterations[-1]:.3f} ms.")
@@ -137,14 +142,15 @@ def time_layers(net: Net, iterations: int,
     return times
 
 
-def _bottoms_needing_grad(net: Net, inputs: Mapping[str, torch.Tensor] | None
-                          ) -> dict[str, list[bool]]:
-    """Per layer, which bottoms a real backward computes gradients for (Caffe's
-    bottom_need_backward): the data layers' tops, for one, need none."""
-    needs: dict[str, list[bool]] = {}
+def _bottoms_needing_grad(net: Net, inputs: Mapping[str, torch.Tensor] | None,
+                          place: Mapping[int, int]) -> dict[int, list[bool]]:
+    """Per layer (its place in the net), which bottoms a real backward computes gradients for
+    (Caffe's bottom_need_backward): the data layers' tops, for one, need none."""
+    needs: dict[int, list[bool]] = {}
 
     def record(layer, args):
-        needs[layer.name] = [isinstance(a, torch.Tensor) and a.requires_grad for a in args]
+        needs[place[id(layer)]] = [isinstance(a, torch.Tensor) and a.requires_grad
+                                   for a in args]
 
     hooks = [layer.register_forward_pre_hook(record) for layer in net.layers]
     try:
@@ -180,12 +186,13 @@ def _time_backward(layer: torch.nn.Module, bottoms: tuple, needs: list[bool],
 def time_report(net: Net, times: LayerTimes, iterations: int) -> list[str]:
     """Caffe's summary lines: per layer averages, then the totals."""
     lines = ["Average time per layer: "]
-    width = max([10] + [len(n) for n in times.forward])
-    for name in times.forward:
-        lines.append(f"{name:>{width}}\tforward: {times.forward[name] / iterations:.5g} ms.")
-        lines.append(f"{name:>{width}}\tbackward: {times.backward[name] / iterations:.5g} ms.")
-    fwd = sum(times.forward.values()) / iterations
-    bwd = sum(times.backward.values()) / iterations
+    width = max([10] + [len(n) for n in times.names])
+    for name, forward, backward in zip(times.names, times.forward, times.backward,
+                                       strict=True):
+        lines.append(f"{name:>{width}}\tforward: {forward / iterations:.5g} ms.")
+        lines.append(f"{name:>{width}}\tbackward: {backward / iterations:.5g} ms.")
+    fwd = sum(times.forward) / iterations
+    bwd = sum(times.backward) / iterations
     total = sum(times.iterations)
     lines += [f"Average Forward pass: {fwd:.5g} ms.",
               f"Average Backward pass: {bwd:.5g} ms.",

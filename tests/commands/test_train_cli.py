@@ -132,6 +132,27 @@ def test_time_lists_every_layer_and_the_totals(work):
     assert lines[-1] == "*** Benchmark ends ***"
 
 
+def test_time_gives_layers_of_one_name_a_row_each(work):
+    """Timings were kept by layer name: a ReLU named as the DummyData before it was called with
+    the DummyData's bottoms (a TypeError), and two InnerProducts named alike shared one row."""
+    (work / "dup.yaml").write_text(
+        "name: dup\nlayer:\n"
+        "  - {name: data, type: DummyData, top: [data, label], dummy_data_param: {shape: "
+        "[{dim: [4, 3, 8, 8]}, {dim: [4]}], data_filler: [{type: gaussian}, {type: constant, "
+        "value: 1}]}}\n"
+        "  - {name: data, type: ReLU, bottom: data, top: a}\n"
+        "  - {name: ip, type: InnerProduct, bottom: a, top: b, inner_product_param: "
+        "{num_output: 3}}\n"
+        "  - {name: ip, type: InnerProduct, bottom: b, top: c, inner_product_param: "
+        "{num_output: 3}}\n"
+        "  - {name: loss, type: SoftmaxWithLoss, bottom: [c, label], top: loss}\n")
+    result = invoke("time", "--model", "dup.yaml", "--iterations", "1")
+    assert result.exit_code == 0, result.output
+    rows = [ln.strip().split("\t")[0] for ln in result.stderr.splitlines()
+            if "\tforward: " in ln]
+    assert [r.split()[-1] for r in rows] == ["data", "data", "ip", "ip", "loss"]
+
+
 def test_device_query(work):
     result = invoke("device-query")
     assert result.exit_code == 0
