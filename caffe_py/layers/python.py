@@ -381,17 +381,23 @@ class _CaffeForm:
             pycaffe.TEST
         obj.param_str_ = param_str  # pycaffe's name until 2016 (Faster R-CNN's layers read it)
         self.bottom = [pycaffe.Blob(s) for s in bottom_shapes]
+        self._require(("setup", "reshape"))   # a class of another kind: before it is called
         host._call(obj.setup, "setup", self.bottom, self.top)
         host._call(obj.reshape, "reshape", self.bottom, self.top)
-        for method in ("forward", "backward"):
-            if not callable(getattr(obj, method, None)):
-                raise host.fail(f"{host.where} has no {method}(...) method",
-                                f"define {method} as a Caffe Python layer does")
+        self._require(("forward", "backward"))
         for i, blob in enumerate(obj.blobs):
             param = host.add_blob(f"blob{i}", blob.shape)
             with torch.no_grad():
                 param.copy_(torch.from_numpy(np.asarray(blob.data, dtype=np.float32)))
         return [tuple(t.shape) for t in self.top]
+
+    def _require(self, methods: tuple[str, ...]) -> None:
+        for method in methods:
+            if not callable(getattr(self.obj, method, None)):
+                raise self.host.fail(f"{self.host.where} has no {method}(...) method",
+                                     f"define {method} as a Caffe Python layer does (subclass "
+                                     "caffe.Layer and define setup, reshape, forward and "
+                                     "backward)")
 
     def params(self) -> list[torch.Tensor]:
         return self.host.blobs()

@@ -206,3 +206,18 @@ def test_the_stand_in_caffe_module_says_what_it_lacks():
     assert (blob.num, blob.channels, blob.height, blob.width, blob.count) == (2, 3, 4, 1, 24)
     blob.reshape(5)
     assert blob.data.shape == blob.diff.shape == (5,)
+
+
+def test_a_class_without_caffes_methods_is_one_line(tmp_path):
+    """A class with no setup was an AttributeError from the call; every method is checked
+    before any is called."""
+    write_module(tmp_path, "bare_mod_d", "class L:\n    def __init__(self, *args):\n"
+                                         "        pass\n")
+    sys.path.append(str(tmp_path))
+    try:
+        assert error_of(python("L", module="bare_mod_d")) == (
+            "<string>:1: layer[0]: layer 'py' (Python): bare_mod_d.L has no setup(...) method; "
+            "define setup as a Caffe Python layer does (subclass caffe.Layer and define setup, "
+            "reshape, forward and backward)")
+    finally:
+        sys.path.remove(str(tmp_path))
