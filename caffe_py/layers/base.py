@@ -137,7 +137,10 @@ class Layer(nn.Module):
         """Create the next blob in Caffe order, initialised by ``filler`` (None: zeros)."""
         # training keeps a learnable blob three times: its values, gradient and solver history
         self.check_fits(f"blob '{name}'", shape, copies=3 if learnable else 1)
-        value = fillers.fill(filler, tuple(shape), self.ctx.generator)
+        try:
+            value = fillers.fill(filler, tuple(shape), self.ctx.generator)
+        except fillers.FillerError as exc:
+            raise self.fail(f"blob '{name}': {exc.args[0]}", exc.args[1]) from None
         value = value.to(self.ctx.device)
         if learnable:
             setattr(self, name, nn.Parameter(value))

@@ -111,6 +111,14 @@ class DummyData(Layer):
             gen.manual_seed(int(torch.randint(2**62, (1,), generator=self.ctx.generator)))
         self._gen = gen if any(self._refill) else None   # only a refilling layer draws
         for i, (shape, filler) in enumerate(zip(shapes, self._fillers, strict=True)):
+            if 0 in shape:
+                raise self.fail(f"top '{self.spec.top[i]}' has the shape {list(shape)}, with "
+                                "nothing in it", "give every dimension >= 1")
+            try:
+                fillers.check(filler, shape)
+            except fillers.FillerError as exc:
+                raise self.fail(f"top '{self.spec.top[i]}': {exc.args[0]}", exc.args[1]) \
+                    from None
             self.check_fits(f"top '{self.spec.top[i]}'", shape)   # before it is filled
             if not self._refill[i]:
                 self.register_buffer(f"_top{i}", fillers.fill(filler, shape, gen),

@@ -14,6 +14,19 @@ import torch
 from ..spec.layer_params.shared import FillerParameter
 
 
+class FillerError(ValueError):
+    """A filler that cannot fill its blob: (problem, fix); the layer names itself."""
+
+
+def check(spec: FillerParameter, shape: tuple[int, ...]) -> None:
+    """A FillerError where ``spec`` cannot fill a blob of ``shape``: a gaussian filler's sparse
+    above the blob's outputs (Caffe's CHECK in its Bernoulli draw)."""
+    if spec.type == "gaussian" and spec.sparse >= 0 and shape and spec.sparse > shape[0]:
+        raise FillerError(f"gaussian filler's sparse {spec.sparse} is more than the blob's "
+                          f"{shape[0]} outputs (sparse / outputs is the chance a weight is "
+                          "kept)", f"use sparse <= {shape[0]}")
+
+
 def fill(spec: FillerParameter | None, shape: tuple[int, ...],
          gen: torch.Generator) -> torch.Tensor:
     """A new float32 tensor of ``shape`` on ``gen``'s device, filled as ``spec`` says."""
@@ -34,6 +47,7 @@ def fill_(spec: FillerParameter, out: torch.Tensor, gen: torch.Generator) -> tor
     elif kind == "gaussian":
         out.normal_(spec.mean, spec.std, generator=gen)
         if spec.sparse >= 0:
+            check(spec, shape)
             keep = torch.empty(shape, device=gen.device).bernoulli_(spec.sparse / shape[0],
                                                                     generator=gen)
             out.mul_(keep)

@@ -99,6 +99,31 @@ def test_dummy_data_count_errors():
                "dummy_data_param": {"num": 1, "channels": [1, 2], "height": 1, "width": 1}})
 
 
+def test_dummy_data_refuses_an_empty_top_and_a_sparse_filler_past_its_outputs():
+    """A 0-sized batch ended in the loss's reshape error; a gaussian filler's sparse above the
+    top's first dimension in torch's Bernoulli error at the first forward."""
+    with pytest.raises(NetError) as info:
+        build({"name": "d", "type": "DummyData", "top": ["a", "b"],
+               "dummy_data_param": {"shape": [{"dim": [0, 3]}, {"dim": [0]}]}})
+    assert str(info.value).endswith("layer 'd' (DummyData): top 'a' has the shape [0, 3], with "
+                                    "nothing in it; give every dimension >= 1")
+    with pytest.raises(NetError) as info:
+        build({"name": "d", "type": "DummyData", "top": ["a"],
+               "dummy_data_param": {"shape": {"dim": [4, 3]},
+                                    "data_filler": {"type": "gaussian", "sparse": 9}}})
+    assert str(info.value).endswith("layer 'd' (DummyData): top 'a': gaussian filler's sparse 9 "
+                                    "is more than the blob's 4 outputs (sparse / outputs is the "
+                                    "chance a weight is kept); use sparse <= 4")
+    with pytest.raises(NetError) as info:
+        build({"name": "ip", "type": "InnerProduct", "bottom": "x", "top": "y",
+               "inner_product_param": {"num_output": 2, "weight_filler": {
+                   "type": "gaussian", "sparse": 1000}}}, [(2, 4)])
+    assert str(info.value).endswith("layer 'ip' (InnerProduct): blob 'weight': gaussian "
+                                    "filler's sparse 1000 is more than the blob's 2 outputs "
+                                    "(sparse / outputs is the chance a weight is kept); use "
+                                    "sparse <= 2")
+
+
 # --- Data -----------------------------------------------------------------------------------
 def make_db(path, shape=(3, 10, 12), n=3, floats=False) -> str:
     dtype = np.float32 if floats else np.uint8
