@@ -132,10 +132,10 @@ class BatchNorm(Layer):
         weight, bias = self._weight_bias()
         if self.use_global_stats:
             y = self._normalize_global(x, weight, bias)
-        elif x.numel() // self.channels > 1:
+        elif x.numel() // self.channels > 1 and self.eps > 0:
             y = self._normalize_batch(x, weight, bias)
-        else:
-            y = self._normalize_single(x, weight, bias)
+        else:   # one value per channel, or eps 0 (Caffe's, which PyTorch refuses in training)
+            y = self._normalize_plain(x, weight, bias)
         y = y.view(shape)
         return y if self._relu is None else self._relu[0].activate(y)
 
@@ -171,16 +171,19 @@ class BatchNorm(Layer):
         self._update_stats(mean, var)
         return y
 
-    def _normalize_single(self, x: torch.Tensor, weight: torch.Tensor | None,
-                          bias: torch.Tensor | None) -> torch.Tensor:
-        # One value per channel (N = 1, no spatial axes): PyTorch refuses, Caffe gives
-        # variance 0, an output of 0 and (m / (m - 1) undefined) a bias correction of 1.
+    def _normalize_plain(self, x: torch.Tensor, weight: torch.Tensor | None,
+                         bias: torch.Tensor | None) -> torch.Tensor:
+        # Caffe's arithmetic in plain ops, where PyTorch's batch_norm refuses: one value per
+        # channel (N = 1, no spatial axes: variance 0, an output of 0 and, m / (m - 1)
+        # undefined, a bias correction of 1), or eps 0.
         dims = [0] + list(range(2, x.dim()))
+        m = x.numel() // self.channels
         mean = x.mean(dim=dims, keepdim=True)
         centred = x - mean
         var = centred.square().mean(dim=dims, keepdim=True)
         y = centred / torch.sqrt(var + self.eps)
-        self._update_stats(mean.detach().flatten(), var.detach().flatten())
+        unbiased = var * (m / (m - 1)) if m > 1 else var
+        self._update_stats(mean.detach().flatten(), unbiased.detach().flatten())
         if weight is not None and bias is not None:  # a fused Scale gives both
             trailing = x.dim() - 2
             y = torch.addcmul(trailing_view(as_dtype(bias, y), trailing), y,

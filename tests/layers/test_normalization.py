@@ -43,6 +43,20 @@ def np_global_norm(x: np.ndarray, sums: dict, eps: float) -> np.ndarray:
     return (x - mean) / np.sqrt(var + eps)
 
 
+def test_batch_norm_with_eps_0_trains_as_caffes_does():
+    """Caffe takes eps 0; PyTorch's batch_norm refuses it in training (a traceback before)."""
+    rng = np.random.default_rng(1)
+    layer = build(bn_spec("    batch_norm_param: {eps: 0}\n"), [(4, 3, 5, 6)], "TRAIN").double()
+    sums = {"mean": np.zeros(3), "var": np.zeros(3), "count": 0.0}
+    for _ in range(2):
+        x = rng.normal(loc=1, scale=2, size=(4, 3, 5, 6))
+        y = layer(torch.from_numpy(x)).numpy()
+        np.testing.assert_allclose(y, np_batch_norm_step(x, sums, 0.999, 0.0), rtol=1e-10,
+                                   atol=1e-10)
+        np.testing.assert_allclose(layer.var_sum.numpy(), sums["var"], rtol=1e-12)
+        np.testing.assert_allclose(layer.mean_sum.numpy(), sums["mean"], rtol=1e-12)
+
+
 def test_batch_norm_blobs_in_caffe_order_are_state_not_parameters():
     layer = build(bn_spec(), [(4, 3, 5, 5)])
     assert layer.blob_names == ["mean_sum", "var_sum", "count"]
