@@ -203,6 +203,17 @@ def edit_distance(a: list[int], b: list[int]) -> int:
     return row[-1]
 
 
+def require_scores(layer: Layer, shape: Shape) -> None:
+    """The CTC layers' scores: T x N x C, or with a fourth axis of 1 (an InnerProduct's
+    output reshaped as the forks do); a 4-D image blob was a reshape error at forward."""
+    layer.require_axes(0, shape, (3, 4))
+    if len(shape) == 4 and shape[3] != 1:
+        raise layer.bottom_error(0, f"of shape {list(shape)} is not T x N x C scores (a fourth "
+                                    "axis must be 1)",
+                                 "give time steps x items x classes (e.g. Reshape or Permute "
+                                 "the scores to that)")
+
+
 @register("CTCGreedyDecoder")
 class CTCGreedyDecoder(Layer):
     """Greedy CTC decoding (module docstring): scores (T, N, C) [, labels (N, L)]."""
@@ -211,7 +222,7 @@ class CTCGreedyDecoder(Layer):
     capturable = False  # decoding is host work
 
     def setup(self, bottom_shapes: list[Shape]) -> list[Shape]:
-        self.require_axes(0, bottom_shapes[0], (3, 4))
+        require_scores(self, bottom_shapes[0])
         steps, batch, classes = bottom_shapes[0][:3]
         p: CTCDecoderParameter = self.param()
         self.blank = p.blank_index if p.blank_index >= 0 else classes - 1
@@ -285,7 +296,7 @@ class WarpCTCLoss(Layer):
     is_loss = True
 
     def setup(self, bottom_shapes: list[Shape]) -> list[Shape]:
-        self.require_axes(0, bottom_shapes[0], (3, 4))
+        require_scores(self, bottom_shapes[0])
         if len(bottom_shapes) == 3:
             raise self.fail("the fork's three-bottom form (sequence indicators and target "
                             "sequences) is not supported here",

@@ -187,3 +187,18 @@ def test_warp_ctc_loss_is_the_mean_cost_with_warp_ctcs_gradient():
                                              reduction="sum") for n in range(3))
     total.backward()
     np.testing.assert_allclose(x.grad.numpy(), summed.grad.numpy(), rtol=1e-8, atol=1e-10)
+
+
+@pytest.mark.parametrize("layer,bottoms", [("CTCGreedyDecoder", "x"),
+                                           ("WarpCTCLoss", "[x, labels]")])
+def test_ctc_layers_refuse_image_blobs_at_setup(layer, bottoms):
+    """A 4-D bottom like an image batch was a reshape error at the first forward."""
+    from caffe_py.errors import NetError
+
+    with pytest.raises(NetError) as info:
+        build(f"name: s\ntype: {layer}\nbottom: {bottoms}\ntop: s\n", [(4, 3, 8, 8), (4, 2)])
+    assert str(info.value).endswith(
+        f"layer 's' ({layer}): bottom 'x' (index 0) of shape [4, 3, 8, 8] is not T x N x C "
+        "scores (a fourth axis must be 1); give time steps x items x classes (e.g. Reshape or "
+        "Permute the scores to that)")
+    build(f"name: s\ntype: {layer}\nbottom: {bottoms}\ntop: s\n", [(5, 4, 6, 1), (4, 2)])
