@@ -22,6 +22,13 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 
+REAL_DTYPES = (torch.float32, torch.float64, torch.float16, torch.bfloat16, torch.int64,
+               torch.int32, torch.int16, torch.int8, torch.uint8)
+"""The dtypes a weights file's blob may hold: it is copied into the net's float blobs
+(complex values would lose their imaginary part; float8 and sparse tensors are no weights
+caffe-py writes)."""
+
+
 @dataclass
 class CopyResult:
     """What :meth:`Net.copy_from` did: layers copied, and source layers the net lacks."""
@@ -76,12 +83,25 @@ class WeightsMixin:
                                    f"{list(value.shape)} in the weights, {list(target.shape)} in "
                                    "the net; the weights are for another net (or rename the "
                                    "layer to start it afresh)")
+                if value.layout != torch.strided or value.dtype not in REAL_DTYPES:
+                    kind = str(value.layout if value.layout != torch.strided else value.dtype)
+                    raise NetError(f"{source}: layer {self._ref(layer)} blob {i} holds "
+                                   f"{kind.removeprefix('torch.')} values, not real numbers; "
+                                   "the file is damaged or not weights: use an earlier "
+                                   "snapshot")
                 if value.is_floating_point() and not bool(torch.isfinite(value).all()):
                     raise NetError(f"{source}: layer {self._ref(layer)} blob {i} holds NaN or "
                                    "infinite values; the file is damaged or was saved from a "
                                    "diverged run: use an earlier snapshot")
+                converted = value.to(target.dtype)
+                if converted.is_floating_point() and not bool(torch.isfinite(converted).all()):
+                    raise NetError(f"{source}: layer {self._ref(layer)} blob {i} holds values "
+                                   f"past {str(target.dtype).removeprefix('torch.')}'s range "
+                                   f"(the largest magnitude is "
+                                   f"{float(value.abs().max()):g}); the file is damaged or "
+                                   "not this net's weights")
                 with torch.no_grad():
-                    target.copy_(value.reshape(target.shape))
+                    target.copy_(converted.reshape(target.shape))
             result.copied.append(name)
         self._report_unfilled(result, by_name, len(blobs_by_layer), source)
         return result

@@ -267,6 +267,26 @@ def test_copy_from_by_layer_name(spec_of):
                               "the net; the weights are for another net")
 
 
+@pytest.mark.parametrize("value,problem", [
+    (torch.full((1, 1, 1, 3), 1e300, dtype=torch.float64),
+     "holds values past float32's range (the largest magnitude is 1e+300); the file is damaged "
+     "or not this net's weights"),
+    (torch.zeros((1, 1, 1, 3), dtype=torch.complex64),
+     "holds complex64 values, not real numbers; the file is damaged or not weights: use an "
+     "earlier snapshot"),
+    (torch.zeros((1, 1, 1, 3)).to_sparse(),
+     "holds sparse_coo values, not real numbers; the file is damaged or not weights: use an "
+     "earlier snapshot"),
+])
+def test_weights_that_would_load_wrong_are_refused(spec_of, value, problem):
+    """float64 1e300 passed the finite check and became inf (the run's loss then NaN, exit 0);
+    complex values lost their imaginary part; float8 and sparse tensors were tracebacks."""
+    net = Net(spec_of(MULTS))
+    with pytest.raises(NetError) as err:
+        net.copy_from({"s1": [torch.full((3,), 7.0), value]}, source="w.pt")
+    assert str(err.value) == f"w.pt: layer 's1' blob 1 {problem}"
+
+
 def test_test_net_shares_the_train_nets_blobs(spec_of):
     spec = spec_of(MULTS.replace("  - {name: frozen",
                                  "  - {name: only_test, type: ToyScale, bottom: s1, top: t, "
