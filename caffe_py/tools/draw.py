@@ -3,6 +3,7 @@ type and the main parameters), an octagon per blob, edges from bottoms to layers
 DOT text is written here; an .svg, .png or .pdf goes through Graphviz's ``dot``."""
 from __future__ import annotations
 
+import re
 import shutil
 import subprocess
 from pathlib import Path
@@ -32,7 +33,19 @@ def _label(layer: LayerParameter) -> str:
             if value not in (None, [], 0, ""):
                 shown = value[0] if isinstance(value, list) and len(value) == 1 else value
                 lines.append(f"{field} {shown}")
-    return "\\n".join(lines)
+    return "\\n".join(_record_text(line) for line in lines)
+
+
+def _record_text(text: str) -> str:
+    """Text as it may stand in a record node's label: a backslash, and the braces, bars and
+    angle brackets that would otherwise start fields or ports, escaped (a layer named 'a{b'
+    made a .dot file Graphviz rejects, and a '|' split the node in two)."""
+    return re.sub(r"([{}|<>\\])", r"\\\1", text)
+
+
+def _quote_record(label: str) -> str:
+    """A record label made by :func:`_label` as a DOT string: its escapes kept, quotes escaped."""
+    return '"' + label.replace('"', '\\"') + '"'
 
 
 def _quote(text: str) -> str:
@@ -50,7 +63,7 @@ def to_dot(net: NetParameter, *, phase: str | None = None, rankdir: str = "LR") 
         node = f"layer{i}"
         color = _COLORS.get(layer.type, "#6495ED")
         lines.append(f"  {node} [shape=record, style=filled, fillcolor={_quote(color)}, "
-                     f"label={_quote(_label(layer))}];")
+                     f"label={_quote_record(_label(layer))}];")
         for blob in [*layer.bottom, *layer.top]:
             if blob not in blobs:
                 blobs.add(blob)

@@ -39,3 +39,26 @@ def test_a_picture_through_graphviz(tmp_path, monkeypatch):
     assert (tmp_path / "net.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert CliRunner().invoke(cli, ["draw", "net.yaml", "-o", "net.svg"]).exit_code == 0
     assert "<svg" in (tmp_path / "net.svg").read_text()
+
+
+def test_record_characters_in_a_layer_name_are_escaped(tmp_path):
+    """A layer named 'a{b' made a .dot file Graphviz rejects ('bad label format'), and a '|'
+    split its node in two fields."""
+    from caffe_py.spec.net_spec import parse_net
+    from caffe_py.spec.schema import Source
+    from caffe_py.spec.yamlio import loads
+    from caffe_py.tools.draw import to_dot
+
+    net = parse_net(loads('name: n\ninput: data\ninput_shape: {dim: [2, 3]}\nlayer:\n'
+                          '  - {name: "a{b|c<d>\\\\e\\"f", type: ReLU, bottom: data, top: r}\n'),
+                    Source())
+    text = to_dot(net)
+    assert 'label="a\\{b\\|c\\<d\\>\\\\e\\"f\\n(ReLU)"' in text
+    if shutil.which("dot"):
+        (tmp_path / "n.dot").write_text(text)
+        import subprocess
+
+        done = subprocess.run(["dot", "-Tsvg", str(tmp_path / "n.dot")], capture_output=True,
+                              text=True, timeout=60)
+        assert done.returncode == 0, done.stderr
+        assert "a{b|c&lt;d&gt;\\e&quot;f" in done.stdout
