@@ -15,6 +15,7 @@ the old file or none, never a truncated one that loads.
 from __future__ import annotations
 
 import itertools
+import math
 import struct
 import tempfile
 import warnings
@@ -166,9 +167,28 @@ def load_state(path: str | Path) -> dict[str, Any]:
         state.setdefault("type", None)
     else:
         state = _load(path, STATE_KIND)
-    for key, kind in (("iter", int), ("current_step", int), ("history", list)):
-        if not isinstance(state.get(key), kind):
-            raise SolverError(f"{path}: the solver state is damaged ('{key}' is missing)")
+    for key in ("iter", "current_step"):
+        value = state.get(key)
+        if type(value) is not int or not 0 <= value <= INT64_MAX:   # bool is an int too
+            raise SolverError(f"{path}: the solver state is damaged ('{key}' is "
+                              f"{'missing' if value is None else repr(value)}, not an "
+                              "iteration count); resume from another state")
+    if not isinstance(state.get("history"), list):
+        raise SolverError(f"{path}: the solver state is damaged ('history' is missing); "
+                          "resume from another state")
+    seed, seconds = state.get("random_seed"), state.get("seconds")
+    if seed is not None and (type(seed) is not int or not -INT64_MAX - 1 <= seed <= INT64_MAX):
+        raise SolverError(f"{path}: the solver state is damaged ('random_seed' is {seed!r}, "
+                          "not a 64-bit integer); resume from another state")
+    if seconds is not None and (not isinstance(seconds, (int, float))
+                                or not math.isfinite(seconds) or seconds < 0):
+        raise SolverError(f"{path}: the solver state is damaged ('seconds' is {seconds!r}, "
+                          "not a time); resume from another state")
+    paired = state.get(PAIRED)
+    if paired is not None and not (isinstance(paired, dict) and all(
+            type(paired.get(k)) is int for k in ("size", "crc32"))):
+        raise SolverError(f"{path}: the solver state is damaged ('{PAIRED}' is {paired!r}, not "
+                          "a size and a CRC); resume from another state")
     return state
 
 
@@ -190,6 +210,9 @@ def weights_path_of(state: Mapping[str, Any], state_path: str | Path) -> Path:
     """The weights file a state goes with (saved by name, found next to the state file)."""
     return Path(state_path).parent / str(state.get("learned_net", ""))
 
+
+INT64_MAX = (1 << 63) - 1
+"""The largest iteration count or seed a solver state holds (Caffe's are 64-bit at most)."""
 
 PAIRED = "learned_net_file"
 """The solver state's record of the weights file written with it: its size and CRC-32."""
@@ -330,7 +353,7 @@ def _load(path: Path, want: str) -> dict[str, Any]:
         raise SolverError(f"{path}: holds {what}, which {flag} does not take; pass weights to "
                           "--weights and <prefix>_iter_<N>.solverstate.pt to --snapshot")
     if data.get("version") != FORMAT_VERSION:
-        raise SolverError(f"{path}: snapshot format version {data.get('version')} is not "
+        raise SolverError(f"{path}: snapshot format version {data.get('version')!r} is not "
                           f"{FORMAT_VERSION}; write it again with this caffe-py")
     return data
 

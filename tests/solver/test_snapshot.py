@@ -187,3 +187,23 @@ def test_hdf5_snapshots_get_a_plain_files_mode_and_no_temporary(tmp_path):
     assert [p.name for p in tmp_path.iterdir()] == ["w.caffemodel.h5"]
     assert torch.equal(hdf5_snapshot.load_weights(tmp_path / "w.caffemodel.h5")["ip"][0],
                        torch.ones(2, 3))
+
+
+@pytest.mark.parametrize("field,value,shown", [
+    ("iter", -5, "'iter' is -5, not an iteration count"),
+    ("iter", True, "'iter' is True, not an iteration count"),
+    ("iter", 2.5, "'iter' is 2.5, not an iteration count"),
+    ("random_seed", 2**70, "'random_seed' is 1180591620717411303424, not a 64-bit integer"),
+    ("seconds", float("nan"), "'seconds' is nan, not a time"),
+    ("learned_net_file", {"size": "x", "crc32": None},
+     "'learned_net_file' is {'size': 'x', 'crc32': None}, not a size and a CRC"),
+])
+def test_a_hand_edited_solver_state_is_refused_naming_the_entry(tmp_path, field, value, shown):
+    """Each was re-saved whole (its checksums valid): a seed past 64 bits and a fingerprint of
+    strings were tracebacks; a negative or boolean iteration and a NaN time trained on."""
+    path = tmp_path / "s_iter_1.solverstate.pt"
+    snap.save_state({"iter": 1, "current_step": 0, "history": [], field: value}, path)
+    with pytest.raises(SolverError) as err:
+        snap.load_state(path)
+    assert str(err.value) == (f"{path}: the solver state is damaged ({shown}); resume from "
+                              "another state")
