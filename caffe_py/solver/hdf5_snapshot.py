@@ -23,7 +23,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from ..errors import SolverError, WriteError
+from ..errors import SolverError, WriteError, one_line_reason
 from ..fileio import atomic_write_bytes, is_stream
 
 HDF5_MAGIC = b"\x89HDF\r\n\x1a\n"
@@ -178,7 +178,21 @@ def _numbered(group: Any, where: str) -> list[torch.Tensor]:
     names = sorted(group.keys(), key=lambda k: int(k) if k.isdigit() else -1)
     if any(not n.isdigit() for n in names) or [int(n) for n in names] != list(range(len(names))):
         raise SolverError(f"{where} holds {', '.join(names)}; Caffe numbers blobs 0, 1, ...")
-    return [torch.from_numpy(np.asarray(group[n], dtype=np.float32)) for n in names]
+    return [_float_blob(group, n, where) for n in names]
+
+
+def _float_blob(group: Any, name: str, where: str) -> torch.Tensor:
+    """Dataset ``name`` of ``group`` as a float32 tensor; a dataset of strings, complex or
+    compound values, or a link to nothing, is a one-line error."""
+    try:
+        dataset = group[name]
+        if dataset.dtype.kind not in "fiu":
+            raise TypeError(f"its values are {dataset.dtype}")
+        return torch.from_numpy(np.asarray(dataset, dtype=np.float32))
+    except (KeyError, OSError, TypeError, ValueError, AttributeError) as exc:
+        raise SolverError(f"{where} blob {name} is not an array of numbers "
+                          f"({one_line_reason(exc)}); the file is damaged: use another "
+                          "copy") from None
 
 
 def _extras(payload: bytes, path: Path) -> dict[str, Any]:

@@ -207,3 +207,28 @@ def test_a_hand_edited_solver_state_is_refused_naming_the_entry(tmp_path, field,
         snap.load_state(path)
     assert str(err.value) == (f"{path}: the solver state is damaged ({shown}); resume from "
                               "another state")
+
+
+@pytest.mark.parametrize("case,reason", [
+    ("strings", "its values are |S3"),
+    ("complex", "its values are complex64"),
+    ("link", "'Unable to synchronously open object (component not found)'"),
+])
+def test_hdf5_weights_whose_blob_is_no_array_of_numbers_are_one_line(tmp_path, case, reason):
+    """A dataset of strings or complex values, or a link to nothing: OSError and KeyError
+    tracebacks from h5py before."""
+    h5py = pytest.importorskip("h5py")
+    import numpy as np
+
+    from caffe_py.solver import hdf5_snapshot
+
+    path = tmp_path / "w.caffemodel.h5"
+    hdf5_snapshot.save_weights({"conv1": [torch.ones(2, 3)]}, path)
+    with h5py.File(path, "a") as h5:
+        del h5["data/conv1/0"]
+        h5["data/conv1/0"] = {"strings": np.array([b"abc"]), "complex": np.ones(3, np.complex64),
+                              "link": h5py.SoftLink("/nowhere")}[case]
+    with pytest.raises(SolverError) as err:
+        hdf5_snapshot.load_weights(path)
+    assert str(err.value) == (f"{path}: layer 'conv1' blob 0 is not an array of numbers "
+                              f"({reason}); the file is damaged: use another copy")
