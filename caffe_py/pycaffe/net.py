@@ -456,10 +456,10 @@ class Net:
         old = self._net
         new = build(with_input_shapes(old.spec, shapes), old.phase, old.stages, old.level,
                      device=old.device, record=False)
-        built = {name: "x".join(map(str, shape)) for name, shape in self._built_inputs()}
-        wanted = ", ".join(f"{name} {'x'.join(map(str, shape))}" for name, shape in
-                           shapes.items() if "x".join(map(str, shape)) != built.get(name))
-        back = ", ".join(f"{name} {shape}" for name, shape in built.items())
+        as_built = {name: "x".join(map(str, dims)) for name, dims in self._built_inputs()}
+        wanted = ", ".join(f"{name} {'x'.join(map(str, dims))}" for name, dims in
+                           shapes.items() if "x".join(map(str, dims)) != as_built.get(name))
+        back = ", ".join(f"{name} {dims}" for name, dims in as_built.items())
         new.share_weights_with(old, fix=f"the inputs' new shapes ({wanted}) change this "
                                         f"layer's weights; reshape the inputs back to {back}")
         caffe_stream.use_caffe_dropout(new)
