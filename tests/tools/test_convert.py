@@ -314,30 +314,26 @@ def test_encoded_reencodes_when_resizing_or_changing_type(imageset, tmp_path):
     assert data[:4] == b"\x89PNG" and decode_image(data).shape == (3, 3, 2)
 
 
-def test_list_line_without_label(imageset, tmp_path):
-    root, listfile, _ = imageset
-    listfile.write_text("a.png 0\nb.png\n")
-    with pytest.raises(DataError) as info:
-        convert_imageset(root, listfile, tmp_path / "db")
-    assert str(info.value) == (f"{listfile}:2: 'b.png' has no label; each line is "
-                               "'path label'")
-    listfile.write_text("a.png 0\na.png x\n")
-    with pytest.raises(DataError) as info:
-        convert_imageset(root, listfile, tmp_path / "db")
-    assert str(info.value) == (f"{listfile}:2: label 'x' is not a decimal integer; each line "
-                               "is 'path label'")
+@pytest.mark.parametrize("second,problem", [
+    ("b.png", "'b.png' has no label"),
+    ("a.png x", "label 'x' is not a decimal integer"),
     # int() would take these; Caffe's atoi reads 1 of '1_000' and 0 of the Arabic-Indic 3
-    for label in ("1_000", "\u0663", "0x10", "1e3"):
-        listfile.write_text(f"a.png 0\na.png {label}\n")
-        with pytest.raises(DataError) as info:
-            convert_imageset(root, listfile, tmp_path / "db")
-        assert str(info.value) == (f"{listfile}:2: label {label!r} is not a decimal integer; "
-                                   "each line is 'path label'")
-    listfile.write_text("a.png 0\na.png 1 \n")
+    ("a.png 1_000", "label '1_000' is not a decimal integer"),
+    ("a.png \u0663", "label '\u0663' is not a decimal integer"),
+    ("a.png 0x10", "label '0x10' is not a decimal integer"),
+    ("a.png 1e3", "label '1e3' is not a decimal integer"),
+    ("a.png 1 ", "the line ends with a space (the label is what follows the last space)"),
+])
+def test_a_list_line_without_a_decimal_label(imageset, tmp_path, second, problem):
+    root, listfile, _ = imageset
+    listfile.write_text(f"a.png 0\n{second}\n")
     with pytest.raises(DataError) as info:
         convert_imageset(root, listfile, tmp_path / "db")
-    assert str(info.value) == (f"{listfile}:2: the line ends with a space (the label is what "
-                               "follows the last space); each line is 'path label'")
+    assert str(info.value) == f"{listfile}:2: {problem}; each line is 'path label'"
+
+
+def test_a_list_label_past_int32(imageset, tmp_path):
+    root, listfile, _ = imageset
     listfile.write_text("a.png 2147483647\nb.png 2147483648\n")
     with pytest.raises(DataError) as info:
         convert_imageset(root, listfile, tmp_path / "db")
