@@ -31,7 +31,7 @@ import torch
 
 from .devices import DeviceLike, check_devices, describe, parse_devices, prepare_host
 from .errors import CaffePyError, SolverError
-from .fileio import PathLock, atomic_write_bytes, is_file, remove_stale_temporaries
+from .fileio import PathLock, atomic_write_bytes, exists, remove_stale_temporaries
 from .limits import one_line_limits
 from .options import TrainOptions
 from .solver import snapshot as snap
@@ -89,8 +89,10 @@ def check_start_files(options: TrainOptions) -> None:
                           "'.solverstate'); pass weights to --weights, or give the "
                           "<prefix>_iter_<N>.solverstate.pt file to --snapshot")
     for path in [*options.weights, *([options.snapshot] if options.snapshot else [])]:
-        if not is_file(path):
+        if not exists(path):
             raise snap.not_found(path)
+        snap.require_regular(Path(path), "weights" if path in options.weights else
+                             "a solver state")
 
 
 def resolve(solver: SolverSource, sets: Sequence[str] = ()) -> Resolved:

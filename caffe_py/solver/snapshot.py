@@ -73,6 +73,15 @@ def not_found(path: str | Path) -> SolverError:
     return SolverError(f"{path}: file not found; check the path")
 
 
+def require_regular(path: Path, what: str) -> None:
+    """A file that exists but is a directory, a device or a pipe (``--weights /dev/null``) is
+    named as such, not as a missing file."""
+    if not is_file(path):
+        kind = "a directory" if path.is_dir() else "a device or a pipe"
+        raise SolverError(f"{path}: is {kind}, not a file; give {what} written by cpy train "
+                          "(or Caffe)")
+
+
 def is_state_path(path: str | Path) -> bool:
     """Whether the file name says solver state (``*.solverstate`` or ``*.solverstate.<ext>``)."""
     name = Path(path).name
@@ -88,8 +97,12 @@ def check_writable(prefix: str) -> None:
         with tempfile.NamedTemporaryFile(dir=directory, prefix=".write_test_", suffix=".tmp"):
             pass
     except OSError as exc:
+        blocking = next((p for p in (directory, *directory.parents)
+                         if p.exists() and not p.is_dir()), None)
+        reason = f"{blocking} is a file, not a directory" if blocking is not None else \
+            exc.strerror or str(exc)
         raise SolverError(f"cannot write snapshots to '{directory}' (snapshot_prefix {prefix}): "
-                          f"{exc.strerror or exc}; make the directory writable or change "
+                          f"{reason}; make the directory writable or change "
                           "snapshot_prefix") from None
 
 
@@ -123,6 +136,7 @@ def load_weights(path: str | Path) -> dict[str, list[torch.Tensor]]:
                           "resume training, or give the matching weights file to --weights")
     if not exists(path):
         raise not_found(path)
+    require_regular(path, "weights")
     if hdf5_snapshot.is_hdf5(path) or path.suffix == ".h5":  # by content, as H5Fis_hdf5
         return hdf5_snapshot.load_weights(path)
     if path.suffix == ".caffemodel":
@@ -159,6 +173,7 @@ def load_state(path: str | Path) -> dict[str, Any]:
                           ".pt file to --snapshot")
     if not exists(path):
         raise not_found(path)
+    require_regular(path, "a solver state")
     if hdf5_snapshot.is_hdf5(path) or path.suffix == ".h5":
         state = hdf5_snapshot.load_state(path)
         state.setdefault("type", None)

@@ -108,6 +108,15 @@ def test_missing_solver_and_unwritable_snapshot_dir(work):
     assert result.exit_code == 1
     assert error_line(result.stderr).startswith(
         f"Error: cannot write snapshots to '{work / 'snaps'}'")
+    assert error_line(result.stderr).endswith(   # it said "File exists"
+        f"{work / 'snaps'} is a file, not a directory; make the directory writable or change "
+        "snapshot_prefix")
+    (work / "snaps").unlink()
+    result = CliRunner().invoke(cli, ["train", "--solver", "solver.yaml", "--weights",
+                                      "/dev/null"])   # it said "file not found"
+    assert (result.exit_code, error_line(result.stderr)) == (
+        1, "Error: /dev/null: is a device or a pipe, not a file; give weights written by cpy "
+           "train (or Caffe)")
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the no-CUDA message")
