@@ -215,6 +215,11 @@ class SolverParameter(Message):
     def _check_policy(self, v: Check) -> None:
         if not is_set(self, "base_lr"):
             v.fail(None, "base_lr is not set", "add e.g. 'base_lr: 0.01'")
+        for key in ("base_lr", "weight_decay", "momentum", "momentum2", "delta", "gamma",
+                    "power"):
+            if not math.isfinite(getattr(self, key)):   # inf passes a minimum
+                v.fail(key, f"{key} is {getattr(self, key)}, not a finite number",
+                       "give a finite value")
         for need in _POLICY_NEEDS[self.lr_policy]:
             if not is_set(self, need):
                 v.fail("lr_policy", f"lr_policy {self.lr_policy} needs {need}",

@@ -145,6 +145,10 @@ def test_inline_net_param_and_explicit_test_nets(tmp_path):
     ("net: net.yaml\nbase_lr: 0.1\ntype: Adam\nmomentum2: 1\n",
      "solver.yaml:4: momentum2: Adam needs momentum2 < 1 (its bias correction divides by 1 - "
      "momentum2^t), got 1; use e.g. momentum2: 0.999"),
+    ("net: net.yaml\nbase_lr: .inf\n",
+     "solver.yaml:2: base_lr: base_lr is inf, not a finite number; give a finite value"),
+    ("net: net.yaml\nbase_lr: 0.1\nlr_policy: exp\ngamma: .inf\n",
+     "solver.yaml:4: gamma: gamma is inf, not a finite number; give a finite value"),
     ("net: net.yaml\nbase_lr: .nan\n",
      "solver.yaml:2: base_lr: nan is not a number; use a number >= 0"),
     ("net: net.yaml\nbase_lr: 0.1\nmomentum: .NaN\n",
