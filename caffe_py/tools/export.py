@@ -80,6 +80,10 @@ def export(spec: Any, weights: str | Path | None, fmt: str | None, out: str | Pa
                           "NAME=N,C,H,W for each data top (e.g. data=1,3,224,224) to export "
                           "the deploy form")
     net = load_net(spec, weights)
+    if not net.output_names:
+        raise ExportError(f"{spec.name}: the net has no output blob (every top is a later "
+                          "layer's bottom, or Silence's); there is nothing to export: leave the "
+                          "blob to export unconsumed")
     module = _Forward(net).eval()
     declared = [tuple(net.blobs[name]) for name in net.input_names]
     # torch.export takes a batch of one for a constant: trace a free batch at two or more

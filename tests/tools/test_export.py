@@ -144,3 +144,25 @@ layer:
     assert result.stderr.strip().endswith("; export with --static-batch")
     result = CliRunner().invoke(cli, [*args, "--static-batch"])
     assert result.exit_code == 0, result.output
+
+
+def test_a_net_without_outputs_has_nothing_to_export(tmp_path):
+    """Every top consumed (here by Silence): onnxruntime's own log and an error naming its
+    initializer step before; the .pt form a tracer error."""
+    spec = tmp_path / "sil.yaml"
+    spec.write_text("""
+name: sil
+input: data
+input_shape: {dim: [2, 1, 8, 8]}
+layer:
+  - {name: conv1, type: Convolution, bottom: data, top: conv1,
+     convolution_param: {num_output: 2, kernel_size: 3}}
+  - {name: s, type: Silence, bottom: conv1}
+""")
+    snap.save_weights({"conv1": [torch.ones(2, 1, 3, 3), torch.zeros(2)]}, tmp_path / "w.pt")
+    result = CliRunner().invoke(cli, ["export", str(spec), str(tmp_path / "w.pt"), "-o",
+                                      str(tmp_path / "sil.pt")])
+    assert (result.exit_code, result.stderr.strip()) == (1, (
+        "Error: sil: the net has no output blob (every top is a later layer's bottom, or "
+        "Silence's); there is nothing to export: leave the blob to export unconsumed"))
+    assert not (tmp_path / "sil.pt").exists()
