@@ -79,7 +79,15 @@ def export(spec: Any, weights: str | Path | None, fmt: str | None, out: str | Pa
         raise ExportError(f"{spec.name}: layer '{readers[0]}' reads data; give --input-shape "
                           "NAME=N,C,H,W for each data top (e.g. data=1,3,224,224) to export "
                           "the deploy form")
-    net = load_net(spec, weights)
+    try:
+        net = load_net(spec, weights)
+    except CaffePyError as exc:
+        if not input_shapes:
+            raise
+        given = " ".join(f"{name}={','.join(map(str, dims))}"
+                         for name, dims in input_shapes.items())
+        raise ExportError(f"{exc} (with --input-shape {given}: the net was built for those "
+                          "shapes; check them)") from None
     if not net.output_names:
         raise ExportError(f"{spec.name}: the net has no output blob (every top is a later "
                           "layer's bottom, or Silence's); there is nothing to export: leave the "

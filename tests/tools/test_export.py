@@ -166,3 +166,16 @@ layer:
         "Error: sil: the net has no output blob (every top is a later layer's bottom, or "
         "Silence's); there is nothing to export: leave the blob to export unconsumed"))
     assert not (tmp_path / "sil.pt").exists()
+
+
+def test_an_input_shape_the_net_cannot_take_is_named_in_the_error(tmp_path, lenet):
+    """The error blamed the net's layer alone; the shape given on the command line is the
+    likely cause, and the line says so."""
+    result = CliRunner().invoke(cli, ["export", str(caffe_py.configs_dir() / "lenet.yaml"),
+                                      str(tmp_path / "w.pt"), "--input-shape", "data=",
+                                      "-o", str(tmp_path / "x.pt")])
+    assert result.exit_code == 1
+    line = result.stderr.strip()
+    assert line.startswith("Error: ") and "\n" not in line
+    assert line.endswith("(with --input-shape data=: the net was built for those shapes; check "
+                         "them)")
