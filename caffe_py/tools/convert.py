@@ -494,6 +494,7 @@ CIFAR_SIZE = 32
 CIFAR_IMAGE_BYTES = 3 * CIFAR_SIZE * CIFAR_SIZE
 CIFAR_RECORD_BYTES = 1 + CIFAR_IMAGE_BYTES  # label byte, then R, G, B planes
 CIFAR_BATCH = 10000
+CIFAR_CLASSES = 10
 CIFAR_TRAIN_FILES = tuple(f"data_batch_{i}.bin" for i in range(1, 6))
 CIFAR_TEST_FILES = ("test_batch.bin",)
 
@@ -518,6 +519,13 @@ class CifarSource:
             if len(data) // CIFAR_RECORD_BYTES > CIFAR_BATCH:
                 raise DataError(f"{file}: holds more than {CIFAR_BATCH} records; not a "
                                 "CIFAR-10 batch file")
+            labels = data[::CIFAR_RECORD_BYTES]   # each record's first byte
+            bad = next((i for i, label in enumerate(labels) if label >= CIFAR_CLASSES), None)
+            if bad is not None:
+                raise DataError(f"{file}: record {bad} has the label {labels[bad]}, past "
+                                f"CIFAR-10's {CIFAR_CLASSES} classes; not a CIFAR-10 batch "
+                                "(CIFAR-100's binary has two label bytes): download the "
+                                "CIFAR-10 binary version again")
             self.batches.append(data)
         self._index = [(b, i) for b, data in enumerate(self.batches)
                        for i in range(len(data) // CIFAR_RECORD_BYTES)]

@@ -448,3 +448,12 @@ def test_cifar_bad_batches(tmp_path):
         convert_cifar(folder, tmp_path / "c")
     assert str(info.value) == (f"{folder}/data_batch_3.bin: CIFAR-10 batch not found; download "
                                "the binary version (cifar-10-binary.tar.gz) and extract it")
+    # a label byte past the 10 classes (CIFAR-100's binary, say) was stored as it was
+    write_cifar_batch(folder / "data_batch_3.bin", np.zeros((3, 3, 32, 32), np.uint8),
+                      np.array([1, 200, 2]))
+    with pytest.raises(DataError) as info:
+        convert_cifar(folder, tmp_path / "c")
+    assert str(info.value) == (f"{folder}/data_batch_3.bin: record 1 has the label 200, past "
+                               "CIFAR-10's 10 classes; not a CIFAR-10 batch (CIFAR-100's binary "
+                               "has two label bytes): download the CIFAR-10 binary version "
+                               "again")
