@@ -235,7 +235,8 @@ class DetectionOutput(Layer):
 
     def _num_priors(self, bottom_shapes: list[Shape]) -> int:
         loc, conf, prior = bottom_shapes[:3]
-        if len(prior) < 3 or prior[-2] != 2 and count(prior) % 8:
+        if len(prior) not in (3, 4) or prior[1] != 2 or prior[2] % 4 or \
+                any(d != 1 for d in prior[3:]):   # (1, 2, P x 4), or with a last axis of 1
             raise self.bottom_error(2, f"has shape {list(prior)}; expected PriorBox's "
                                        "(1, 2, P x 4)")
         priors = prior[2] // 4 if len(prior) >= 3 else 0

@@ -292,6 +292,9 @@ class Interp(Layer):
             raise self.fail(f"the output size {out_h} x {out_w} is not positive",
                             "give a positive height and width")
         self.eff = (h_eff, w_eff)
+        # before the per-axis tables (as long as the output's sides): a zoom_factor of 1e9 built
+        # them for minutes, then ran out of memory
+        self.check_fits(f"top '{self.spec.top[0]}'", (n, c, out_h, out_w))
         rows, cols = interp_axis(h_eff, out_h), interp_axis(w_eff, out_w)
         dev = self.ctx.device
         for name, (first, step, weight) in (("row", rows), ("col", cols)):

@@ -166,3 +166,74 @@ def test_a_decompression_bomb_is_refused(tmp_path):
                           "image is too large to decode safely (Image size (900000000 pixels) "
                           "exceeds limit of ")
     assert not (tmp_path / "db").exists()
+
+
+FORK_HEAD = ("name: t\nlayer:\n  - {name: data, type: DummyData, top: [d0, d1], "
+             "dummy_data_param: {shape: [{dim: [1, 2, 4, 4]}, {dim: [1, 3, 16, 16]}]}}\n")
+ROIS = ("  - {name: r, type: DummyData, top: rois, dummy_data_param: {shape: {dim: [1, 5]}, "
+        "data_filler: {type: constant, value: 1}}}\n")
+
+FORK_CASES = {
+    # a ZeroDivisionError, a math domain error, or NaN priors
+    "prior aspect ratio 0": (
+        "  - {name: L, type: PriorBox, bottom: [d0, d1], top: out, prior_box_param: "
+        "{min_size: 4, aspect_ratio: 0}}\n",
+        ":4: layer[1].prior_box_param.aspect_ratio: aspect ratio 0 is not a positive finite "
+        "number (a prior's width over its height); give ratios > 0"),
+    "prior aspect ratio -2": (
+        "  - {name: L, type: PriorBox, bottom: [d0, d1], top: out, prior_box_param: "
+        "{min_size: 4, aspect_ratio: -2}}\n",
+        ":4: layer[1].prior_box_param.aspect_ratio: aspect ratio -2 is not a positive finite "
+        "number (a prior's width over its height); give ratios > 0"),
+    # every region pooled from one pixel, or NaN's conversion error
+    "roi spatial_scale 0": (
+        ROIS + "  - {name: L, type: ROIPooling, bottom: [d0, rois], top: out, "
+               "roi_pooling_param: {pooled_h: 2, pooled_w: 2, spatial_scale: 0}}\n",
+        ":5: layer[2].roi_pooling_param.spatial_scale: spatial_scale 0 is not a positive finite "
+        "number; give the feature map's scale, e.g. 0.0625 (1/16)"),
+    # a ZeroDivisionError at the first forward
+    "smooth l1 sigma 0": (
+        "  - {name: L, type: SmoothL1Loss, bottom: [d0, d0], top: loss, smooth_l1_loss_param: "
+        "{sigma: 0}}\n",
+        ":4: layer[1].smooth_l1_loss_param.sigma: sigma 0 is not a positive finite number; give "
+        "sigma > 0 (Faster R-CNN's RPN uses 3, its head 1)"),
+    # minutes of building per-axis tables, then the OOM killer
+    "interp zoom 1e9": (
+        "  - {name: L, type: Interp, bottom: d0, top: out, interp_param: "
+        "{zoom_factor: 1000000000}}\n",
+        ":4: layer[1]: layer 'L' (Interp): top 'out' of shape [1, 2, 3000000001, 3000000001] "
+        "needs "),
+    # a size mismatch at the first forward
+    "detection output prior of 3 rows": (
+        "  - {name: p, type: DummyData, top: [loc, conf, prior], dummy_data_param: {shape: "
+        "[{dim: [1, 16]}, {dim: [1, 12]}, {dim: [1, 3, 16]}]}}\n"
+        "  - {name: L, type: DetectionOutput, bottom: [loc, conf, prior], top: det, "
+        "detection_output_param: {num_classes: 3}}\n",
+        ":5: layer[2]: layer 'L' (DetectionOutput): bottom 'prior' (index 2) has shape "
+        "[1, 3, 16]; expected PriorBox's (1, 2, P x 4)"),
+}
+
+
+@pytest.mark.parametrize("case", list(FORK_CASES))
+def test_a_fork_layers_hostile_parameter_is_one_line(tmp_path, case):
+    body, message = FORK_CASES[case]
+    (tmp_path / "net.yaml").write_text(FORK_HEAD + body)
+    code, err = cpy("net", str(tmp_path / "net.yaml"))
+    assert code == 1
+    assert err.startswith(f"Error: {tmp_path / 'net.yaml'}{message}")
+
+
+@pytest.mark.parametrize("layer,param,fix", [
+    ("HDF5Data", "hdf5_data_param: {source: SRC, batch_size: 2}",
+     "hdf5_data_param.source names a text file listing the .h5 files, one per line"),
+    ("ImageData", "image_data_param: {source: SRC, batch_size: 2}",
+     "the source names a list file, one 'path label' line per image"),
+])
+def test_a_data_source_that_is_a_directory_is_one_line(tmp_path, layer, param, fix):
+    """IsADirectoryError tracebacks before."""
+    (tmp_path / "net.yaml").write_text(
+        f"name: t\nlayer:\n  - {{name: d, type: {layer}, top: [data, label], "
+        f"{param.replace('SRC', str(tmp_path))}}}\n")
+    code, err = cpy("net", str(tmp_path / "net.yaml"))
+    assert (code, err) == (1, f"Error: {tmp_path / 'net.yaml'}:3: layer[0]: layer 'd' "
+                              f"({layer}): {tmp_path}: is a directory; {fix}")

@@ -45,6 +45,9 @@ def read_file_list(listfile: Path) -> list[Path]:
     except FileNotFoundError:
         raise DataError(f"{listfile}: HDF5 file list not found; fix hdf5_data_param.source") \
             from None
+    except IsADirectoryError:
+        raise DataError(f"{listfile}: is a directory; hdf5_data_param.source names a text "
+                        "file listing the .h5 files, one per line") from None
     except UnicodeDecodeError as exc:
         raise DataError(f"{listfile}: not a text file ({exc.reason} at byte {exc.start}); "
                         "hdf5_data_param.source lists .h5 files, one per line") from None

@@ -45,6 +45,9 @@ def read_list_text(listfile: Path) -> str:
         return listfile.read_text(encoding="utf-8")
     except FileNotFoundError:
         raise DataError(f"{listfile}: list file not found") from None
+    except IsADirectoryError:
+        raise DataError(f"{listfile}: is a directory; the source names a list file, one "
+                        "'path label' line per image") from None
     except UnicodeDecodeError as exc:
         raise DataError(f"{listfile}: not UTF-8 text ({exc.reason} at byte {exc.start})") \
             from None

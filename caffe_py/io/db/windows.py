@@ -62,6 +62,9 @@ def read_window_file(path: Path, root: str, fg_threshold: float,
         tokens = path.read_text(encoding="utf-8").split()
     except FileNotFoundError:
         raise DataError(f"{path}: window file not found; fix window_data_param.source") from None
+    except IsADirectoryError:
+        raise DataError(f"{path}: is a directory; window_data_param.source names a window "
+                        "file") from None
     if not tokens:
         raise DataError(f"{path}: the window file is empty")
     images: list[tuple[Path, tuple[int, int, int]]] = []

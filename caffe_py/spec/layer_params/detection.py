@@ -8,6 +8,7 @@ and PSROIPooling. Field names, defaults and documented meanings are the forks' c
 """
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 from ..schema import Check, Message, field
@@ -54,6 +55,10 @@ class PriorBoxParameter(Message):
                 if hi <= lo:
                     v.fail("max_size", f"max_size {hi:g} is not greater than min_size {lo:g}",
                            "give max_size > min_size")
+        if any(not (math.isfinite(r) and r > 0) for r in self.aspect_ratio):
+            bad = next(r for r in self.aspect_ratio if not (math.isfinite(r) and r > 0))
+            v.fail("aspect_ratio", f"aspect ratio {bad:g} is not a positive finite number "
+                                   "(a prior's width over its height)", "give ratios > 0")
         if len(self.variance) not in (0, 1, 4):
             v.fail("variance", f"{len(self.variance)} variances", "give none, one or four")
         if any(x <= 0 for x in self.variance):
@@ -421,6 +426,15 @@ class ROIPoolingParameter(Message):
         if self.pooled_h <= 0 or self.pooled_w <= 0:
             v.fail("pooled_h" if self.pooled_h <= 0 else "pooled_w",
                    "pooled_h and pooled_w must be > 0", "give the output grid, e.g. 7 x 7")
+        positive_scale(v, self.spatial_scale)
+
+
+def positive_scale(v: Check, scale: float | None) -> None:
+    """spatial_scale maps image coordinates onto the feature map: 0, a negative or a
+    non-finite value pooled every region from one pixel, or failed converting NaN."""
+    if scale is not None and not (math.isfinite(scale) and scale > 0):
+        v.fail("spatial_scale", f"spatial_scale {scale:g} is not a positive finite number",
+               "give the feature map's scale, e.g. 0.0625 (1/16)")
 
 
 @dataclass
@@ -438,6 +452,7 @@ class PSROIPoolingParameter(Message):
             if getattr(self, key) is None:
                 v.fail(key, f"psroi_pooling_param.{key} is not set (required)",
                        f"give {key}")
+        positive_scale(v, self.spatial_scale)
 
 
 @dataclass
@@ -446,6 +461,11 @@ class SmoothL1LossParameter(Message):
 
     sigma: float = field(1.0, "0.5 (sigma x)^2 where |x| < 1 / sigma^2, else |x| - 0.5 / "
                               "sigma^2")
+
+    def check(self, v: Check) -> None:
+        if not (math.isfinite(self.sigma) and self.sigma > 0):   # 1 / sigma^2 divides by it
+            v.fail("sigma", f"sigma {self.sigma:g} is not a positive finite number",
+                   "give sigma > 0 (Faster R-CNN's RPN uses 3, its head 1)")
 
 
 # AnnotatedData reads data_param as Data does.
