@@ -97,6 +97,12 @@ class MultiBoxLoss(Layer):
             item = int(row[0])
             if item == -1:
                 continue
+            if not 0 <= int(row[1]) < self.num_classes:   # an IndexError in the loss before
+                raise DataError(message_at(self.spec, f"found the label {int(row[1])} in the "
+                                           f"ground truth, outside its {self.num_classes} "
+                                           "classes [0, num_classes)",
+                                           "check the data's labels and num_classes",
+                                           named=True))
             if int(row[1]) == p.background_label_id:
                 raise DataError(message_at(self.spec, "found the background label "
                                            f"{p.background_label_id} in the ground truth",

@@ -214,6 +214,13 @@ def test_multibox_loss_errors():
     bad[0, 0, 1, 1] = 0
     with pytest.raises(DataError, match="found the background label 0 in the ground truth"):
         multibox()(torch.zeros(2, P * 4), torch.zeros(2, P * C), grid_priors(), bad)
+    for label in (C, -3):   # an IndexError in the confidence loss before
+        bad[0, 0, 1, 1] = label
+        with pytest.raises(DataError) as info:
+            multibox()(torch.zeros(2, P * 4), torch.zeros(2, P * C), grid_priors(), bad)
+        assert str(info.value).endswith(f"found the label {label} in the ground truth, outside "
+                                        f"its {C} classes [0, num_classes); check the data's "
+                                        "labels and num_classes")
 
 
 # --- DetectionEvaluate ----------------------------------------------------------------------
