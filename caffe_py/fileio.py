@@ -117,11 +117,17 @@ def write_error(path: Path, exc: BaseException, *, full: bool | None = None) -> 
         return WriteError(str(path), f"no space left on device writing {path}; free space or "
                           "write elsewhere (nothing was replaced)", disk_full=True)
     reason = (getattr(exc, "strerror", None) or one_line_reason(exc)).lower()
-    blocking = next((p for p in path.parents if p.exists() and not p.is_dir()), None)
+    blocking = blocking_file(path)
     if blocking is not None:
         reason = f"{blocking} is a file, not a directory"
     return WriteError(str(path), f"cannot write {path} ({reason}); check the directory "
                       "exists and is writable, or write elsewhere")
+
+
+def blocking_file(path: Path) -> Path | None:
+    """The first folder on ``path``'s way that is a file instead (nothing can be written under
+    it), or None."""
+    return next((p for p in path.parents if p.exists() and not p.is_dir()), None)
 
 
 def _full(path: Path) -> bool:

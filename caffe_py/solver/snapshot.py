@@ -28,7 +28,8 @@ from typing import Any, BinaryIO
 import torch
 
 from ..errors import SolverError, one_line_reason
-from ..fileio import atomic_write, atomic_write_bytes, exists, is_file
+from ..fileio import atomic_write, atomic_write_bytes, blocking_file, exists, is_file
+from ..spec.schema import INT64_MAX, INT64_MIN
 from . import caffemodel, hdf5_snapshot
 
 FORMAT_VERSION = 1
@@ -97,8 +98,7 @@ def check_writable(prefix: str) -> None:
         with tempfile.NamedTemporaryFile(dir=directory, prefix=".write_test_", suffix=".tmp"):
             pass
     except OSError as exc:
-        blocking = next((p for p in (directory, *directory.parents)
-                         if p.exists() and not p.is_dir()), None)
+        blocking = blocking_file(Path(prefix))
         reason = f"{blocking} is a file, not a directory" if blocking is not None else \
             exc.strerror or str(exc)
         raise SolverError(f"cannot write snapshots to '{directory}' (snapshot_prefix {prefix}): "
@@ -192,7 +192,7 @@ def load_state(path: str | Path) -> dict[str, Any]:
         raise SolverError(f"{path}: the solver state is damaged ('history' is missing); "
                           "resume from another state")
     seed, seconds = state.get("random_seed"), state.get("seconds")
-    if seed is not None and (type(seed) is not int or not -INT64_MAX - 1 <= seed <= INT64_MAX):
+    if seed is not None and (type(seed) is not int or not INT64_MIN <= seed <= INT64_MAX):
         raise SolverError(f"{path}: the solver state is damaged ('random_seed' is {seed!r}, "
                           "not a 64-bit integer); resume from another state")
     if seconds is not None and (not isinstance(seconds, (int, float))
@@ -225,9 +225,6 @@ def weights_path_of(state: Mapping[str, Any], state_path: str | Path) -> Path:
     """The weights file a state goes with (saved by name, found next to the state file)."""
     return Path(state_path).parent / str(state.get("learned_net", ""))
 
-
-INT64_MAX = (1 << 63) - 1
-"""The largest iteration count or seed a solver state holds (Caffe's are 64-bit at most)."""
 
 PAIRED = "learned_net_file"
 """The solver state's record of the weights file written with it: its size and CRC-32."""

@@ -19,6 +19,7 @@ from typing import Any
 from ..errors import SpecError
 from ..fileio import exists, is_dir
 from . import yamlio
+from .lr_policy import learning_rate
 from .net_spec import NetParameter, NetState, merge_states, parse_net
 from .schema import Check, Message, Source, field, is_set, location, parse_message
 
@@ -243,8 +244,6 @@ class SolverParameter(Message):
         the iteration) must be a finite number: an overflow (step with gamma 1e300) or no real
         value (inv with 1 + gamma * iter below 0) stopped the run at that iteration, after
         the ones before it had trained."""
-        from .lr_policy import learning_rate
-
         if not (is_set(self, "base_lr") and all(is_set(self, n) or n == "stepvalue"
                                                 for n in _POLICY_NEEDS[self.lr_policy])):
             return

@@ -34,6 +34,7 @@ from ..io.formats.images import (
     check_image_file,
     encode_image,
     extension_type,
+    largest_image_pixels,
     load_image,
     resize_linear,
 )
@@ -278,11 +279,6 @@ class ImagesetOptions:
         check_image_options(self.resize_width, self.resize_height, self.encode_type)
 
 
-RESIZE_MAX_PIXELS = 178_956_970
-"""The largest resized image (width x height): the size Pillow decodes at most, 2 x its
-MAX_IMAGE_PIXELS, above which an input image is refused as a decompression bomb too."""
-
-
 def check_image_options(resize_width: int, resize_height: int, encode_type: str) -> None:
     """The flags convert_imageset and convert_annoset share: the resize pair and the format."""
     if (resize_width > 0) != (resize_height > 0):
@@ -290,10 +286,10 @@ def check_image_options(resize_width: int, resize_height: int, encode_type: str)
                         "(or neither)")
     if resize_width < 0 or resize_height < 0:
         raise DataError("--resize-width and --resize-height must be positive")
-    if resize_width * resize_height > RESIZE_MAX_PIXELS:
+    if resize_width * resize_height > (most := largest_image_pixels()):
         raise DataError(f"--resize-width x --resize-height = {resize_width} x {resize_height} "
-                        f"is over the {RESIZE_MAX_PIXELS / 1e6:.0f}-megapixel limit of an "
-                        "image; resize smaller")
+                        f"is over the {most / 1e6:.0f}-megapixel limit of an image; resize "
+                        "smaller")
     if encode_type and encode_type not in ENCODE_TYPES:
         raise DataError(f"--encode-type {encode_type!r} is not one of "
                         f"{', '.join(ENCODE_TYPES)}")

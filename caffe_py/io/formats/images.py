@@ -63,11 +63,17 @@ def load_image(path: Path, *, color: bool) -> np.ndarray:
         raise DataError(f"{path}: not a readable image ({exc})") from None
 
 
-def bomb_reason(exc: Exception) -> str:
-    """Pillow's decompression-bomb refusal in caffe-py's words."""
+def largest_image_pixels() -> int:
+    """The most pixels an image may have: Pillow refuses more (2 x its MAX_IMAGE_PIXELS) as a
+    possible decompression bomb; a resize to more is refused too."""
     from PIL import Image
 
-    limit = (Image.MAX_IMAGE_PIXELS or 0) * 2 / 1e6
+    return int((Image.MAX_IMAGE_PIXELS or 0) * 2)
+
+
+def bomb_reason(exc: Exception) -> str:
+    """Pillow's decompression-bomb refusal in caffe-py's words."""
+    limit = largest_image_pixels() / 1e6
     return (f"the image is too large to decode safely ({exc}); over {limit:,.0f} megapixels "
             "Pillow refuses an image as a possible decompression bomb: resize it first")
 
